@@ -1,0 +1,1 @@
+"""The only Airflow-facing code: the DAG builder and the task adapters."""

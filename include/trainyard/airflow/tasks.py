@@ -1,0 +1,74 @@
+"""Task adapters: Airflow context in, a library stage out, errors mapped.
+
+Each adapter opens the run from the context Airflow passes and calls one
+function of ``trainyard.stages``. Errors a retry cannot fix (a bad spec, bad
+data, too few healthy nodes, an invalid checkpoint) fail the task with no
+retry; the rest fail it normally, so the task's retries apply.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from airflow.sdk import get_current_context
+from airflow.sdk.exceptions import AirflowFailException
+
+from trainyard import stages
+from trainyard.errors import FAIL_FAST
+from trainyard.report.summary import format_summary, summarize
+from trainyard.run import Run, open_run
+
+log = logging.getLogger(__name__)
+
+
+def _open(spec_path: str) -> Run:
+    ctx = get_current_context()
+    return open_run(spec_path, ctx["dag"].dag_id, ctx["run_id"], ctx["ds"], dict(ctx["params"]))
+
+
+@contextmanager
+def _mapped_errors() -> Iterator[None]:
+    try:
+        yield
+    except FAIL_FAST as exc:
+        raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
+
+
+def stage_dataset(spec_path: str) -> dict[str, Any]:
+    with _mapped_errors():
+        return stages.stage_dataset(_open(spec_path))
+
+
+def check_dataset(spec_path: str) -> dict[str, Any]:
+    with _mapped_errors():
+        return stages.check_dataset(_open(spec_path))
+
+
+def burn_in(spec_path: str) -> dict[str, Any]:
+    with _mapped_errors():
+        return stages.burn_in(_open(spec_path))
+
+
+def train(spec_path: str, burn_in: dict[str, Any]) -> dict[str, Any]:
+    with _mapped_errors():
+        return stages.train(_open(spec_path), burn_in["healthy"])
+
+
+def check_checkpoint(spec_path: str, train: dict[str, Any]) -> dict[str, Any]:
+    with _mapped_errors():
+        return stages.check_checkpoint(_open(spec_path), train["checkpoint"], train["target_step"])
+
+
+def publish(spec_path: str, check_checkpoint: dict[str, Any]) -> dict[str, Any]:
+    with _mapped_errors():
+        return stages.publish(_open(spec_path), check_checkpoint["checkpoint"])
+
+
+def report(spec_path: str) -> dict[str, Any]:
+    run = _open(spec_path)
+    result = stages.report(run)
+    log.info("%s", format_summary({**summarize(run.ledger), "report": result["report"]}))
+    return result

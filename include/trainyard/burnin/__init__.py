@@ -1,0 +1,1 @@
+"""Pressure test of the candidate nodes before training, and the verdict on each."""

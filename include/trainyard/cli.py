@@ -1,0 +1,90 @@
+"""The ``trainyard`` command: check specs, write demo data, summarize runs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from trainyard.errors import TrainyardError
+from trainyard.ledger import Ledger, safe_name
+from trainyard.report.summary import format_summary, summarize
+from trainyard.spec import check_files
+from trainyard.templating import render
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """One line per problem: ``FILE: field.path: what is wrong``; exit 1 on any."""
+    problems = check_files(args.files)
+    for line in problems:
+        print(line)
+    if not problems:
+        print(f"{len(args.files)} spec(s) valid")
+    return 1 if problems else 0
+
+
+def cmd_demo_data(args: argparse.Namespace) -> int:
+    """Write the demo corpora into the cold tier: the nightly partition and the fine-tune set."""
+    from trainyard.shards import write_synthetic_corpus
+
+    cold = Path(render(args.cold, {}))
+    for folder, seed in ((cold / "tokens" / args.date, 0), (cold / "finetune", 1)):
+        paths = write_synthetic_corpus(folder, shards=args.shards, seed=seed)
+        print(f"wrote {len(paths)} shards to {folder}")
+    return 0
+
+
+def cmd_summary(args: argparse.Namespace) -> int:
+    """Print a run's summary from its ledger."""
+    if args.run_dir:
+        run_dir = Path(args.run_dir)
+    else:
+        runs = Path(render(args.runs_root, {})) / safe_name(args.dag_id)
+        candidates = sorted((p for p in runs.glob("*") if (p / "events.jsonl").exists()),
+                            key=lambda p: (p / "events.jsonl").stat().st_mtime)
+        if not candidates:
+            print(f"no runs of {args.dag_id} under {runs}", file=sys.stderr)
+            return 1
+        run_dir = candidates[-1]
+    summary = summarize(Ledger.in_dir(run_dir))
+    report = run_dir / "report.html"
+    summary["report"] = str(report) if report.exists() else None
+    print(f"run folder:         {run_dir}")
+    print(format_summary(summary))
+    failed = [name for name, s in summary["stages"].items() if not s["ok"]]
+    return 1 if failed else 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="trainyard", description="Declarative distributed-training pipelines on Airflow.")
+    sub = p.add_subparsers(dest="command", required=True)
+    check = sub.add_parser("check", help="validate pipeline spec files")
+    check.add_argument("files", nargs="+", type=Path)
+    check.set_defaults(func=cmd_check)
+    demo = sub.add_parser("demo-data", help="write the synthetic demo corpora into the cold tier")
+    demo.add_argument("--date", required=True, help="the nightly partition to write (YYYY-MM-DD)")
+    demo.add_argument("--cold", default="${TRAINYARD_HOME}/cold")
+    demo.add_argument("--shards", type=int, default=4)
+    demo.set_defaults(func=cmd_demo_data)
+    summary = sub.add_parser("summary", help="print the summary of a run")
+    summary.add_argument("run_dir", nargs="?", help="a run folder (default: the latest run of --dag-id)")
+    summary.add_argument("--dag-id")
+    summary.add_argument("--runs-root", default="${TRAINYARD_HOME}/runs")
+    summary.add_argument("--latest", action="store_true", help="the most recent run of --dag-id (the default)")
+    summary.set_defaults(func=cmd_summary)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.command == "summary" and not (args.run_dir or args.dag_id):
+        parser().error("summary needs a run folder or --dag-id")
+    try:
+        return args.func(args)
+    except TrainyardError as exc:
+        print(f"trainyard: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

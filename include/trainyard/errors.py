@@ -1,0 +1,48 @@
+"""Errors named by what to do about them (DESIGN rule 9).
+
+The Airflow layer maps each class to fail-fast or retry; the CLI prints them as
+one line. None of them should ever surface as a bare traceback.
+"""
+
+from __future__ import annotations
+
+
+class TrainyardError(Exception):
+    """Base class: a problem trainyard can explain in one sentence."""
+
+
+class SpecError(TrainyardError):
+    """The pipeline spec is wrong: fix the file. Carries one line per problem."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+class DataError(TrainyardError):
+    """The dataset is unusable (missing, empty, corrupt shard): fix the data."""
+
+
+class NodeUnhealthy(TrainyardError):
+    """Too few nodes passed the pressure test to train."""
+
+
+class CheckpointInvalid(TrainyardError):
+    """A checkpoint failed validation; it must not be resumed from or published."""
+
+
+class TransientError(TrainyardError):
+    """Worth retrying as is: a server outage, a connection reset."""
+
+
+class TrainingFailed(TrainyardError):
+    """A training attempt failed; ``kind`` says how, ``evidence`` says why we think so."""
+
+    def __init__(self, message: str, kind: str = "unknown", evidence: str = ""):
+        self.kind = kind
+        self.evidence = evidence
+        super().__init__(message)
+
+
+# Which errors a retry cannot fix. The Airflow adapter fails these fast.
+FAIL_FAST = (SpecError, DataError, NodeUnhealthy, CheckpointInvalid)

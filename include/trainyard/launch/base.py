@@ -1,0 +1,72 @@
+"""The launcher protocol every backend implements: ``launch``, ``poll``, ``cancel``.
+
+A plan says everything an attempt needs; statuses use one vocabulary whatever
+the backend, so the supervisor and the recovery policy never ask which
+backend ran the attempt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+NodeState = Literal["running", "succeeded", "failed"]
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    run_id: str
+    attempt: int
+    nodes: list[str]
+    procs_per_node: int
+    entrypoint: str
+    """Dotted module (run with ``-m``) or a ``.py`` script."""
+    args: list[str]
+    env: dict[str, str]
+    """The training contract (TRAINYARD_* variables), the same on every node."""
+    log_dir: Path
+
+    @property
+    def world_size(self) -> int:
+        return len(self.nodes) * self.procs_per_node
+
+    def entry_argv(self) -> list[str]:
+        target = [self.entrypoint] if self.entrypoint.endswith(".py") else ["-m", self.entrypoint]
+        return [*target, *self.args]
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    node: str
+    state: NodeState
+    exit_code: int | None = None
+    log: str = ""
+    """Path of the node's log file, for evidence."""
+
+
+@dataclass(frozen=True)
+class AttemptStatus:
+    nodes: list[NodeStatus] = field(default_factory=list)
+
+    @property
+    def state(self) -> NodeState:
+        states = {n.state for n in self.nodes}
+        if "failed" in states:
+            return "failed"
+        return "succeeded" if states == {"succeeded"} else "running"
+
+    def failed(self) -> list[NodeStatus]:
+        return [n for n in self.nodes if n.state == "failed"]
+
+
+class Launcher(Protocol):
+    def launch(self, plan: LaunchPlan) -> Any:
+        """Start every node of the attempt; returns a handle for ``poll`` and ``cancel``."""
+        ...
+
+    def poll(self, handle: Any) -> AttemptStatus: ...
+
+    def cancel(self, handle: Any) -> None:
+        """End every process (or pod) of the attempt; safe to call twice."""
+        ...

@@ -1,0 +1,121 @@
+"""Local backend: one torchrun agent per node, all on this machine.
+
+Each node is its own process session with its own identity (TRAINYARD_NODE)
+and log file; the agents meet through c10d rendezvous on a free 127.0.0.1
+port and train over gloo. Node 0's agent hosts the rendezvous store.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from trainyard.launch.base import AttemptStatus, LaunchPlan, NodeStatus
+
+log = logging.getLogger(__name__)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class LocalHandle:
+    plan: LaunchPlan
+    port: int
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    logs: dict[str, Path] = field(default_factory=dict)
+
+
+def torchrun_argv(plan: LaunchPlan, port: int, node_index: int) -> list[str]:
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        f"--nnodes={len(plan.nodes)}",
+        f"--nproc-per-node={plan.procs_per_node}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        f"--rdzv-id={plan.run_id}-a{plan.attempt}",
+        f"--rdzv-conf=is_host={1 if node_index == 0 else 0}",
+        "--local-addr=127.0.0.1",
+        "--max-restarts=0",  # restarts are the supervisor's decision, not torchrun's
+        "--monitor-interval=0.5",
+        *plan.entry_argv(),
+    ]
+
+
+class LocalLauncher:
+    def launch(self, plan: LaunchPlan) -> LocalHandle:
+        plan.log_dir.mkdir(parents=True, exist_ok=True)
+        handle = LocalHandle(plan=plan, port=free_port())
+        base_env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", **plan.env}
+        # Local nodes share this machine's cores: one thread per rank unless told otherwise.
+        base_env.setdefault("OMP_NUM_THREADS", "1")
+        for index, node in enumerate(plan.nodes):
+            path = plan.log_dir / f"{node}.log"
+            with path.open("ab") as out:
+                handle.procs[node] = subprocess.Popen(
+                    torchrun_argv(plan, handle.port, index),
+                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    env={**base_env, "TRAINYARD_NODE": node},
+                    start_new_session=True,
+                )
+            handle.logs[node] = path
+        log.info("attempt %d: %d node(s) rendezvous on 127.0.0.1:%d", plan.attempt, len(plan.nodes), handle.port)
+        return handle
+
+    def poll(self, handle: LocalHandle) -> AttemptStatus:
+        statuses = []
+        for node, proc in handle.procs.items():
+            code = proc.poll()
+            state = "running" if code is None else "succeeded" if code == 0 else "failed"
+            statuses.append(NodeStatus(node, state, code, str(handle.logs[node])))
+        return AttemptStatus(statuses)
+
+    def cancel(self, handle: LocalHandle, grace_s: float = 10.0) -> None:
+        """SIGTERM every node's process tree, then SIGKILL what is left after ``grace_s``.
+
+        torchrun starts its workers in sessions of their own, so killing the
+        agent's process group is not enough: we collect the whole tree first.
+        """
+        tree = [p for proc in handle.procs.values() for p in _tree(proc.pid)]
+        _signal_all(tree, signal.SIGTERM)
+        _, alive = psutil.wait_procs(tree, timeout=grace_s)
+        _signal_all(alive, signal.SIGKILL)
+        psutil.wait_procs(alive, timeout=5)
+        for proc in handle.procs.values():
+            if proc.poll() is None:
+                proc.wait(timeout=5)
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _signal_all(procs: list[psutil.Process], sig: signal.Signals) -> None:
+    for proc in procs:
+        try:
+            proc.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass
+
+
+def wait_all(launcher: LocalLauncher, handle: LocalHandle, poll_s: float = 0.5) -> AttemptStatus:
+    """Block until the attempt ends (for scripts and tests; the supervisor polls itself)."""
+    while (status := launcher.poll(handle)).state == "running":
+        time.sleep(poll_s)
+    return status

@@ -1,0 +1,1 @@
+"""Recovery: watch training attempts, and tell failures apart."""

@@ -1,0 +1,1 @@
+"""Run reports, computed from the run ledger alone."""

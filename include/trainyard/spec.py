@@ -1,0 +1,494 @@
+"""The pipeline spec: pydantic models of one ``dags/pipelines/*.yaml`` file.
+
+One spec tree, validated once (DESIGN rule 3). ``load_spec`` turns any bad
+file into a ``SpecError`` whose lines read ``FILE: field.path: what is wrong
+and what is allowed`` -- never a traceback. Structural checks (types, unknown
+keys, ranges) come from the models; checks that relate two fields live in
+``_cross_field_problems`` so each message can name the exact field.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal, get_args
+
+import yaml
+from croniter import croniter
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from trainyard.errors import SpecError
+from trainyard.templating import placeholder_problems
+
+FailureKind = Literal["node_lost", "hang", "transient", "oom", "diverged", "user_error", "data_error"]
+Action = Literal["retry", "scale_down", "rollback", "fail"]
+ParamName = Literal["nodes", "min_nodes", "max_steps", "resume_from"]
+
+CRON_PRESETS = ("@hourly", "@daily", "@weekly", "@monthly", "@yearly", "@once")
+URI_SCHEMES = ("file", "s3")
+_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
+
+# DESIGN.md's table of failure kinds and their default actions; ``recovery.actions`` overrides.
+DEFAULT_ACTIONS: dict[str, str] = {
+    "node_lost": "scale_down",
+    "hang": "scale_down",
+    "transient": "retry",
+    "oom": "retry",
+    "diverged": "rollback",
+    "user_error": "fail",
+    "data_error": "fail",
+}
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class DataExpectations(_Model):
+    min_shards: int = Field(1, ge=1)
+    """Fewest non-empty shards the staged dataset may have."""
+    min_tokens_per_shard: int = Field(1, ge=1)
+    """A shard with fewer tokens than this counts as empty."""
+    max_vocab: int | None = Field(None, ge=1)
+    """Largest vocabulary a shard header may declare (the model's embedding size); null: no bound."""
+
+
+class DatasetSpec(_Model):
+    source: str
+    """Cold-tier URI of the shard folder (``file:///abs/path`` or ``s3://bucket/prefix``); may use ``{{ ds }}`` and ``${VAR}``."""
+    hot: str = "file://${TRAINYARD_HOME}/hot"
+    """Hot-tier root near the compute; a ``file://`` URI."""
+    name: str
+    """Key of the staged copy inside the hot root (relative, no ``..``); may use ``{{ ds }}``."""
+    connection: str | None = None
+    """Airflow connection id (type aws, ``endpoint_url`` in extra) for an ``s3://`` source."""
+    expectations: DataExpectations = DataExpectations()
+    """Checks the staged data must pass before any node is spent on it."""
+
+
+class KubernetesSpec(_Model):
+    namespace: str = Field("default", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    """Namespace of the training Job, Service and PodGroup."""
+    image: str = Field(min_length=1)
+    """Trainer image (torch plus trainyard)."""
+    service_account: str | None = None
+    """Service account of the training pods."""
+    scheduler: Literal["default", "volcano"] = "default"
+    """``volcano`` adds a PodGroup with minMember = nodes for gang scheduling."""
+    cpu: str = "1"
+    """CPU request and limit per pod (Kubernetes quantity)."""
+    memory: str = "2Gi"
+    """Memory request and limit per pod (Kubernetes quantity)."""
+    gpus: int = Field(0, ge=0)
+    """``nvidia.com/gpu`` per pod."""
+    node_selector: dict[str, str] = {}
+    """Node labels the pods must match."""
+    tolerations: list[dict[str, str]] = []
+    """Pod tolerations, as in a pod spec."""
+    hot_pvc: str | None = None
+    """PersistentVolumeClaim that holds the hot tier, mounted in every pod."""
+    evicted_label: str = "trainyard.io/evicted"
+    """Label put on nodes the pressure test evicted; training pods avoid it."""
+
+
+class NodesSpec(_Model):
+    count: int = Field(ge=1, le=512)
+    """Nodes to train on."""
+    min: int = Field(1, ge=1)
+    """Fewest nodes a run may scale down to after a failure."""
+    max: int | None = Field(None, ge=1)
+    """Most nodes a UI trigger may ask for (default: count + spare)."""
+    spare: int = Field(0, ge=0)
+    """Extra candidates pressure-tested beside ``count``, so weak ones can be left out."""
+    procs_per_node: int = Field(1, ge=1, le=16)
+    """Training processes (ranks) per node."""
+    backend: Literal["local", "kubernetes"] = "local"
+    """``local``: one torchrun agent process per node on this machine; ``kubernetes``: pods."""
+    kubernetes: KubernetesSpec | None = None
+    """Settings of the kubernetes backend (required with it)."""
+
+    @property
+    def upper(self) -> int:
+        return self.max if self.max is not None else self.count + self.spare
+
+
+class PressureTestSpec(_Model):
+    enabled: bool = True
+    """Run the pressure test before training."""
+    duration_s: float = Field(20.0, gt=0, le=3600)
+    """Time budget of the probes on every node."""
+    timeout_s: float = Field(60.0, gt=0, le=3600)
+    """A node that reports nothing within this is dead."""
+    matmul_size: int = Field(256, ge=16, le=16384)
+    """Side of the square matrices of the compute probe."""
+    min_gflops: float = Field(0.0, ge=0)
+    """Absolute floor of the compute probe (GFLOP/s)."""
+    straggler_ratio: float = Field(0.9, gt=0, le=1)
+    """A node below this fraction of the batch median is a straggler."""
+
+
+class TrainingSpec(_Model):
+    entrypoint: str = "trainyard.train"
+    """Python module (``-m``) or ``.py`` script run by torchrun on every rank."""
+    args: dict[str, str | int | float | bool] = {}
+    """Extra ``--key value`` arguments of the entrypoint (model size, learning rate)."""
+    max_steps: int = Field(ge=1)
+    """Optimizer steps to train."""
+    global_batch: int = Field(ge=1)
+    """Sequences per optimizer step, kept constant when the world size changes."""
+    micro_batch: int = Field(ge=1)
+    """Sequences per forward pass on one rank."""
+    checkpoint_every: int = Field(ge=1)
+    """Steps between checkpoints (the final step is always saved)."""
+    heartbeat_timeout_s: float = Field(60.0, gt=0)
+    """A rank silent for this long is hung."""
+    seed: int = Field(0, ge=0)
+    """Seed of weights and data order."""
+    resume_from: str = "latest"
+    """``latest`` (the newest valid checkpoint, if any), ``none``, or a checkpoint path."""
+
+
+class MetricExpectations(_Model):
+    max_loss: float | None = Field(None, gt=0)
+    """A checkpoint whose loss is above this is not published; null: no bound."""
+
+
+class CheckpointSpec(_Model):
+    hot: str = "file://${TRAINYARD_HOME}/checkpoints"
+    """Root of checkpoints near the compute (``file://``); the pipeline's folder lives under it."""
+    cold: str = "file://${TRAINYARD_HOME}/cold/checkpoints"
+    """Where valid checkpoints are published (``file://`` or ``s3://``)."""
+    connection: str | None = None
+    """Airflow connection id for an ``s3://`` cold tier."""
+    keep_hot: int = Field(3, ge=1)
+    """Latest valid checkpoints kept in the hot tier."""
+    expectations: MetricExpectations = MetricExpectations()
+    """Metric bounds a checkpoint must meet."""
+
+
+class RecoverySpec(_Model):
+    max_attempts: int = Field(3, ge=1, le=100)
+    """Training attempts per run, the first included."""
+    backoff_s: float = Field(5.0, ge=0, le=3600)
+    """Pause before a retry."""
+    actions: dict[FailureKind, Action] = {}
+    """Per-failure-kind action overriding the defaults (see DESIGN.md)."""
+
+    def action_for(self, kind: str) -> str:
+        return self.actions.get(kind, DEFAULT_ACTIONS[kind])  # type: ignore[call-overload]
+
+
+class PipelineSpec(_Model):
+    pipeline: str | None = Field(None, pattern=_NAME, max_length=200)
+    """DAG id (default: the file name without ``.yaml``)."""
+    description: str = ""
+    """Shown in the Airflow UI."""
+    owner: str = "trainyard"
+    """Airflow owner of the tasks."""
+    tags: list[str] = []
+    """Airflow DAG tags."""
+    schedule: str | None = None
+    """Cron expression or preset (``@daily``); null: triggered by hand only."""
+    start_date: dt.date = dt.date(2026, 1, 1)
+    """First logical date of a scheduled pipeline."""
+    catchup: bool = False
+    """Run the missed intervals since ``start_date``."""
+    max_active_runs: int = Field(1, ge=1)
+    """Concurrent runs of this pipeline."""
+    runs_root: str = "file://${TRAINYARD_HOME}/runs"
+    """Where each run keeps its ledger and report (``file://``)."""
+    dataset: DatasetSpec
+    """What to train on."""
+    nodes: NodesSpec
+    """Where to train."""
+    pressure_test: PressureTestSpec = PressureTestSpec()
+    """How nodes are tested before training."""
+    training: TrainingSpec
+    """What to run and how long."""
+    checkpoint: CheckpointSpec = CheckpointSpec()
+    """Where checkpoints go and what makes one valid."""
+    recovery: RecoverySpec = RecoverySpec()
+    """What to do when training fails."""
+    params: list[ParamName] = ["nodes", "min_nodes", "max_steps", "resume_from"]
+    """Which settings a UI trigger may override."""
+
+    def dag_id(self, source: Path) -> str:
+        return self.pipeline or source.stem
+
+
+# ---------------------------------------------------------------- loading
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.safe_load`` that refuses duplicate keys (the last one would win silently)."""
+
+
+def _no_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}; each key may appear once", key_node.start_mark
+            )
+        seen.add(key)
+    return loader.construct_mapping(node, deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
+
+
+def parse_yaml(text: str) -> Any:
+    """Parse spec text; ``ValueError`` carries ``line L, column C: problem``."""
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 -- a SafeLoader subclass
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise ValueError(f"{where}invalid YAML: {exc.problem or exc.context}") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"invalid YAML: {exc}") from None
+
+
+def load_spec(path: str | Path) -> PipelineSpec:
+    """Read and validate one spec file; ``SpecError`` lists every problem."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError([f"{path}: cannot read the file: {exc}"]) from None
+    return spec_from_text(text, path)
+
+
+def spec_from_text(text: str, path: Path) -> PipelineSpec:
+    try:
+        data = parse_yaml(text)
+    except ValueError as exc:
+        raise SpecError([f"{path}: {exc}"]) from None
+    if data is None:
+        raise SpecError([f"{path}: the file is empty; a spec needs at least dataset, nodes and training"])
+    if not isinstance(data, dict):
+        raise SpecError([f"{path}: the top level must be a mapping of fields, not a {_type_name(data)}"])
+    return spec_from_data(data, path)
+
+
+def spec_from_data(data: Mapping[str, Any], path: Path) -> PipelineSpec:
+    try:
+        spec = PipelineSpec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError([f"{path}: {line}" for line in _describe(exc)]) from None
+    problems = _cross_field_problems(spec)
+    if problems:
+        raise SpecError([f"{path}: {line}" for line in problems])
+    return spec
+
+
+def check_files(paths: Iterable[str | Path]) -> list[str]:
+    """Every problem in every file, one line each; empty when all are valid."""
+    problems: list[str] = []
+    for path in paths:
+        try:
+            load_spec(path)
+        except SpecError as exc:
+            problems.extend(exc.problems)
+    return problems
+
+
+# ---------------------------------------------------------------- messages
+
+
+def _describe(exc: ValidationError) -> list[str]:
+    return [f"{_dotted(err['loc'])}: {_message(err)}" for err in exc.errors()]
+
+
+def _dotted(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if part == "[key]":
+            continue  # pydantic's marker for "the key of this mapping"; the key is already named
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def _message(err: Mapping[str, Any]) -> str:
+    kind, value = err["type"], err.get("input")
+    if kind == "missing":
+        return "required field is missing"
+    if kind == "extra_forbidden":
+        allowed = _allowed_fields(err["loc"][:-1])
+        return f"unknown field; allowed here: {', '.join(allowed)}"
+    got = f" (got {_show(value)})"
+    msg = err["msg"]
+    if kind == "literal_error":
+        return f"{_show(value)} is not allowed; expected {msg.removeprefix('Input should be ')}"
+    if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
+        return f"{_show(value)} is out of range; it should be {msg.removeprefix('Input should be ')}"
+    if kind == "string_pattern_mismatch":
+        return f"{_show(value)} has characters that are not allowed; use letters, digits, '_', '.' and '-'"
+    return msg[0].lower() + msg[1:] + got
+
+
+def _allowed_fields(loc: tuple[Any, ...]) -> list[str]:
+    model: Any = PipelineSpec
+    for part in loc:
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        model = next((a for a in (field.annotation, *get_args(field.annotation)) if hasattr(a, "model_fields")), None)
+    return sorted(getattr(model, "model_fields", {}))
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _type_name(value: Any) -> str:
+    return {list: "list", str: "string", int: "number", float: "number", bool: "boolean"}.get(type(value), type(value).__name__)
+
+
+# ---------------------------------------------------------------- cross-field checks
+
+
+def _cross_field_problems(spec: PipelineSpec) -> list[str]:
+    nodes, training = spec.nodes, spec.training
+    problems: list[str] = []
+    if nodes.min > nodes.count:
+        problems.append(f"nodes.min: {nodes.min} must be <= nodes.count ({nodes.count})")
+    if nodes.max is not None and nodes.max < nodes.count:
+        problems.append(f"nodes.max: {nodes.max} must be >= nodes.count ({nodes.count})")
+    if nodes.backend == "kubernetes" and nodes.kubernetes is None:
+        problems.append("nodes.kubernetes: required when nodes.backend is kubernetes (at least its image)")
+    if nodes.backend == "local" and nodes.kubernetes is not None:
+        problems.append("nodes.kubernetes: only allowed with nodes.backend: kubernetes")
+    ranks = training.micro_batch * nodes.count * nodes.procs_per_node
+    if training.global_batch % ranks:
+        problems.append(
+            f"training.global_batch: {training.global_batch} must be divisible by training.micro_batch x nodes.count"
+            f" x nodes.procs_per_node ({training.micro_batch} x {nodes.count} x {nodes.procs_per_node} = {ranks})"
+        )
+    if training.entrypoint.endswith(".py") is False and not _MODULE.match(training.entrypoint):
+        problems.append(
+            f"training.entrypoint: {training.entrypoint!r} is neither a dotted module name nor a .py script"
+        )
+    if not _valid_resume(training.resume_from):
+        problems.append(
+            f"training.resume_from: {training.resume_from!r} must be 'latest', 'none' or an absolute checkpoint path"
+        )
+    problems += _schedule_problems(spec.schedule)
+    problems += _uri_problems(spec)
+    problems += _key_problems("dataset.name", spec.dataset.name)
+    if spec.dataset.source.startswith("s3://") and not spec.dataset.connection:
+        problems.append("dataset.connection: required for an s3:// source (an Airflow connection id of type aws)")
+    if spec.checkpoint.cold.startswith("s3://") and not spec.checkpoint.connection:
+        problems.append("checkpoint.connection: required for an s3:// cold tier (an Airflow connection id of type aws)")
+    for i, name in enumerate(spec.params):
+        if name in spec.params[:i]:
+            problems.append(f"params[{i}]: {name!r} is listed twice")
+    return problems
+
+
+def _valid_resume(value: str) -> bool:
+    return value in ("latest", "none") or (value.startswith("/") and ".." not in PurePosixPath(value).parts)
+
+
+def _schedule_problems(schedule: str | None) -> list[str]:
+    if schedule is None or schedule in CRON_PRESETS:
+        return []
+    if schedule.startswith("@") or not croniter.is_valid(schedule):
+        return [
+            f"schedule: {schedule!r} is not a cron expression ('minute hour day month weekday', e.g. '0 2 * * *')"
+            f" or one of {', '.join(CRON_PRESETS)}"
+        ]
+    return []
+
+
+def _uri_problems(spec: PipelineSpec) -> list[str]:
+    fields = {
+        "runs_root": (spec.runs_root, ("file",)),
+        "dataset.source": (spec.dataset.source, URI_SCHEMES),
+        "dataset.hot": (spec.dataset.hot, ("file",)),
+        "checkpoint.hot": (spec.checkpoint.hot, ("file",)),
+        "checkpoint.cold": (spec.checkpoint.cold, URI_SCHEMES),
+    }
+    problems = []
+    for field, (uri, schemes) in fields.items():
+        problems += [f"{field}: {p}" for p in uri_problems(uri, schemes)]
+    # Only the dataset source is per run; the other roots must not move between runs.
+    for field, (uri, _) in fields.items():
+        if field != "dataset.source" and "{{" in uri:
+            problems.append(f"{field}: run templates are only allowed in dataset.source and dataset.name")
+    return problems
+
+
+def uri_problems(uri: str, schemes: tuple[str, ...]) -> list[str]:
+    """Problems with a tier URI; ``file://`` paths must be absolute and stay inside their root."""
+    scheme, sep, rest = uri.partition("://")
+    if not sep or scheme not in schemes:
+        return [f"{uri!r} must start with {' or '.join(s + '://' for s in schemes)}"]
+    problems = placeholder_problems(uri)
+    if scheme == "file" and not (rest.startswith("/") or rest.startswith("${")):
+        problems.append(f"{uri!r} must be an absolute path (file:///abs/path or file://${{TRAINYARD_HOME}}/...)")
+    if scheme == "s3" and not re.match(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/|\Z)", rest):
+        problems.append(f"{uri!r} must name a valid bucket (s3://bucket/prefix)")
+    if ".." in PurePosixPath(rest).parts or "\\" in rest or "\x00" in rest:
+        problems.append(f"{uri!r} may not contain '..', backslashes or NUL")
+    return problems
+
+
+def _key_problems(field: str, key: str) -> list[str]:
+    problems = [f"{field}: {p}" for p in placeholder_problems(key)]
+    parts = PurePosixPath(key).parts
+    if not key or key.startswith("/") or ".." in parts or "\\" in key or "\x00" in key:
+        problems.append(f"{field}: {key!r} escapes the hot root; use a relative key without '..' (e.g. tokens/{{{{ ds }}}})")
+    return problems
+
+
+# ---------------------------------------------------------------- UI params
+
+# Each UI Param overrides one spec field; the override is validated by the same
+# models, so a trigger can never run a spec that ``trainyard check`` would refuse.
+PARAM_FIELDS: dict[str, tuple[str, str]] = {
+    "nodes": ("nodes", "count"),
+    "min_nodes": ("nodes", "min"),
+    "max_steps": ("training", "max_steps"),
+    "resume_from": ("training", "resume_from"),
+}
+
+
+def param_schemas(spec: PipelineSpec) -> dict[str, dict[str, Any]]:
+    """JSON schema (with default, title, description) of each exposed UI Param."""
+    schemas = {
+        "nodes": {
+            "type": "integer", "minimum": 1, "maximum": spec.nodes.upper, "default": spec.nodes.count,
+            "title": "Nodes", "description": f"Nodes to train on (1 to {spec.nodes.upper}).",
+        },
+        "min_nodes": {
+            "type": "integer", "minimum": 1, "maximum": spec.nodes.upper, "default": spec.nodes.min,
+            "title": "Minimum nodes", "description": "Fewest nodes a failure may scale the run down to; at most Nodes.",
+        },
+        "max_steps": {
+            "type": "integer", "minimum": 1, "maximum": 10_000_000, "default": spec.training.max_steps,
+            "title": "Max steps", "description": "Optimizer steps to train.",
+        },
+        "resume_from": {
+            "type": "string", "pattern": r"^(latest|none|/.+)$", "default": spec.training.resume_from,
+            "title": "Resume from",
+            "description": "'latest' valid checkpoint, 'none' for a fresh start, or an absolute checkpoint path.",
+        },
+    }
+    return {name: schemas[name] for name in spec.params}
+
+
+def with_params(spec: PipelineSpec, params: Mapping[str, Any], source: Path) -> PipelineSpec:
+    """The spec with a trigger's Params applied; ``SpecError`` names the Param's field."""
+    data = spec.model_dump(mode="json", exclude_unset=True)
+    for name, value in params.items():
+        if name not in PARAM_FIELDS or name not in spec.params:
+            continue  # Airflow's own params (and ones this spec does not expose) pass by
+        section, field = PARAM_FIELDS[name]
+        data.setdefault(section, {})[field] = value
+    return spec_from_data(data, source)

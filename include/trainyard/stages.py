@@ -1,0 +1,200 @@
+"""The pipeline's stages as plain functions: ``stage(run, ...) -> dict``.
+
+The Airflow layer calls these one task each and passes the returned dicts
+between tasks as XComs. Each stage records its start, end and failure in the
+run ledger, so the report and SLO figures never depend on task logs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from trainyard.burnin.local import probe_local
+from trainyard.burnin.verdict import decide, format_table
+from trainyard.checkpoint.format import latest_valid, read_manifest, verify
+from trainyard.errors import CheckpointInvalid, NodeUnhealthy, SpecError
+from trainyard.launch.base import LaunchPlan
+from trainyard.launch.local import LocalLauncher
+from trainyard.quality.dataset import check_dataset as _check_dataset
+from trainyard.recovery.supervisor import run_attempt
+from trainyard.report.summary import write_report
+from trainyard.run import Run
+from trainyard.storage import LocalTier, open_tier
+from trainyard.storage.staging import stage
+
+log = logging.getLogger(__name__)
+
+
+def recorded(name: str) -> Callable[[Callable[..., dict[str, Any]]], Callable[..., dict[str, Any]]]:
+    """Record the stage's start, end (with seconds and result) or failure in the run's ledger."""
+
+    def wrap(fn: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+        def run_stage(run: Run, *args: Any, **kwargs: Any) -> dict[str, Any]:
+            started = time.monotonic()
+            run.ledger.append(name, "stage_start")
+            try:
+                result = fn(run, *args, **kwargs)
+            except Exception as exc:
+                run.ledger.append(name, "stage_failed", error=type(exc).__name__, message=str(exc)[:2000],
+                                  seconds=round(time.monotonic() - started, 3))
+                raise
+            run.ledger.append(name, "stage_end", seconds=round(time.monotonic() - started, 3), result=result)
+            return result
+
+        run_stage.__name__ = fn.__name__
+        run_stage.__doc__ = fn.__doc__
+        return run_stage
+
+    return wrap
+
+
+@recorded("stage_dataset")
+def stage_dataset(run: Run) -> dict[str, Any]:
+    """Copy the cold shards to the hot tier, verified; only what changed is copied."""
+    return stage(open_tier(run.source_uri), run.hot_dataset_dir, ledger=run.ledger).as_dict()
+
+
+@recorded("check_dataset")
+def check_dataset(run: Run) -> dict[str, Any]:
+    """Fail fast (``DataError``) unless the staged shards meet the spec's expectations."""
+    report = _check_dataset(run.hot_dataset_dir, run.spec.dataset.expectations).as_dict()
+    run.ledger.append("check_dataset", "dataset_checked", **report)
+    return report
+
+
+def candidates(run: Run) -> list[str]:
+    return [f"node-{i}" for i in range(run.spec.nodes.count + run.spec.nodes.spare)]
+
+
+@recorded("burn_in")
+def burn_in(run: Run) -> dict[str, Any]:
+    """Probe every candidate node at once and keep the best ``nodes.count`` healthy ones."""
+    cfg, nodes = run.spec.pressure_test, run.spec.nodes
+    if not cfg.enabled:
+        return {"healthy": candidates(run)[: nodes.count], "skipped": True}
+    _require_local(run)
+    figures = probe_local(candidates(run), cfg)
+    verdict = decide(figures, nodes.count, cfg.min_gflops, cfg.straggler_ratio)
+    table = format_table(verdict)
+    log.info("pressure test verdict:\n%s", table)
+    for node, value in figures.items():
+        run.ledger.append("burn_in", "node_verdict", node=node, matmul_gflops=value,
+                          verdict="evicted" if node in verdict.evicted else "healthy",
+                          reason=verdict.evicted.get(node, ""))
+    if len(verdict.healthy) < nodes.min:
+        raise NodeUnhealthy(f"only {len(verdict.healthy)} healthy node(s), nodes.min is {nodes.min}:\n{table}")
+    return {"healthy": verdict.healthy, "evicted": verdict.evicted, "median_gflops": verdict.median}
+
+
+def _require_local(run: Run) -> None:
+    if run.spec.nodes.backend != "local":
+        raise SpecError([f"{run.spec_path}: nodes.backend: only the local backend can run in this version"])
+
+
+def _cli_args(args: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    for key, value in args.items():
+        if value is True:
+            out.append(f"--{key}")
+        elif value is not False:
+            out += [f"--{key}", str(value)]
+    return out
+
+
+def resume_point(run: Run) -> tuple[str, int]:
+    """The checkpoint this run starts from (``none`` or a path) and its step.
+
+    Decided once per run and kept in the ledger, so a retried train task aims
+    at the same final step instead of training ``max_steps`` more.
+    """
+    first = next(run.ledger.events("train", "resume_point"), None)
+    if first:
+        return first["resume_from"], first["start_step"]
+    choice = run.spec.training.resume_from
+    path = latest_valid(run.checkpoint_root) if choice == "latest" else None if choice == "none" else Path(choice)
+    problems = verify(path) if path is not None else []
+    if problems:
+        raise CheckpointInvalid(f"cannot resume from {path}: " + "; ".join(problems))
+    start = read_manifest(path)["step"] if path else 0
+    resume_from = str(path) if path else "none"
+    run.ledger.append("train", "resume_point", resume_from=resume_from, start_step=start)
+    return resume_from, start
+
+
+@recorded("train")
+def train(run: Run, nodes: list[str]) -> dict[str, Any]:
+    """Launch the training workload on ``nodes`` with torchrun and supervise it to the end."""
+    _require_local(run)
+    training = run.spec.training
+    resume_from, start = resume_point(run)
+    target = start + training.max_steps
+    attempt = sum(1 for _ in run.ledger.events("train", "attempt_start")) + 1
+    attempt_dir = run.dir / f"attempt-{attempt}"
+    heartbeat_dir = attempt_dir / "heartbeat"
+    plan = LaunchPlan(
+        run_id=run.dir.name, attempt=attempt, nodes=list(nodes), procs_per_node=run.spec.nodes.procs_per_node,
+        entrypoint=training.entrypoint, args=_cli_args(training.args), log_dir=attempt_dir,
+        env={
+            "TRAINYARD_DATA_DIR": str(run.hot_dataset_dir),
+            "TRAINYARD_CHECKPOINT_DIR": str(run.checkpoint_root),
+            "TRAINYARD_RESUME_FROM": resume_from if attempt == 1 else "latest",
+            "TRAINYARD_HEARTBEAT_DIR": str(heartbeat_dir),
+            "TRAINYARD_LEDGER": str(run.ledger.path),
+            "TRAINYARD_RUN_ID": run.run_id,
+            "TRAINYARD_ATTEMPT": str(attempt),
+            "TRAINYARD_MAX_STEPS": str(target),
+            "TRAINYARD_GLOBAL_BATCH": str(training.global_batch),
+            "TRAINYARD_MICRO_BATCH": str(training.micro_batch),
+            "TRAINYARD_CHECKPOINT_EVERY": str(training.checkpoint_every),
+            "TRAINYARD_SEED": str(training.seed),
+        },
+    )
+    result = run_attempt(LocalLauncher(), plan, heartbeat_dir, training.heartbeat_timeout_s, run.ledger)
+    final = latest_valid(run.checkpoint_root)
+    return {"nodes": list(nodes), "start_step": start, "target_step": target, "last_step": result.last_step,
+            "checkpoint": str(final) if final else None, "attempts": attempt}
+
+
+@recorded("check_checkpoint")
+def check_checkpoint(run: Run, checkpoint: str | None, target_step: int) -> dict[str, Any]:
+    """The run's final checkpoint must be whole (hashes) and meet the metric expectations."""
+    if not checkpoint:
+        raise CheckpointInvalid(f"no valid checkpoint under {run.checkpoint_root}")
+    path = Path(checkpoint)
+    problems = verify(path)
+    manifest = read_manifest(path) if not problems else {}
+    if manifest and manifest["step"] != target_step:
+        problems.append(f"step {manifest['step']} is not the run's final step {target_step}")
+    max_loss = run.spec.checkpoint.expectations.max_loss
+    loss = manifest.get("metrics", {}).get("loss")
+    if manifest and max_loss is not None and not (loss is not None and loss <= max_loss):
+        problems.append(f"loss {loss} is above checkpoint.expectations.max_loss {max_loss}")
+    run.ledger.append("check_checkpoint", "checkpoint_checked", path=str(path), valid=not problems, problems=problems)
+    if problems:
+        raise CheckpointInvalid(f"{path}: " + "; ".join(problems))
+    return {"checkpoint": str(path), "step": manifest["step"], "metrics": manifest.get("metrics", {})}
+
+
+@recorded("publish")
+def publish(run: Run, checkpoint: str) -> dict[str, Any]:
+    """Copy the valid checkpoint to the cold tier, verified, its manifest last."""
+    src = Path(checkpoint)
+    cold = open_tier(run.cold_checkpoint_uri)
+    files = [o.key for o in LocalTier(src).list() if o.key != "manifest.json"]
+    moved = 0
+    for key in [*files, "manifest.json"]:  # the manifest last: without it the copy does not exist
+        size, _ = cold.upload(src / key, f"{src.name}/{key}")
+        moved += size
+    uri = f"{run.cold_checkpoint_uri}/{src.name}"
+    run.ledger.append("publish", "published", uri=uri, files=len(files) + 1, bytes=moved)
+    return {"uri": uri, "bytes": moved}
+
+
+@recorded("report")
+def report(run: Run) -> dict[str, Any]:
+    """Write the run's summary and HTML report from its ledger."""
+    return write_report(run.dir, run.ledger)

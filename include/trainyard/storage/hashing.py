@@ -1,0 +1,58 @@
+"""Streaming sha256 and the copy that verifies what it wrote."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+from pathlib import Path
+from typing import BinaryIO
+
+BLOCK = 1 << 20
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while block := fh.read(BLOCK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def temp_name(final: Path) -> Path:
+    """A hidden sibling name: a partial file is never visible under its final name."""
+    return final.with_name(f".{final.name}.part-{uuid.uuid4().hex[:8]}")
+
+
+def write_verified(stream: BinaryIO, final: Path, expect_size: int | None = None, expect_sha256: str | None = None) -> tuple[int, str]:
+    """Copy ``stream`` to ``final`` through a temporary file, verify, then rename.
+
+    The source is hashed as it is read and the written file is hashed again
+    after fsync, so a short write or a bad disk cannot pass as a good copy.
+    Returns ``(size, sha256)``.
+    """
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_name(final)
+    digest, size = hashlib.sha256(), 0
+    try:
+        with tmp.open("wb") as out:
+            while block := stream.read(BLOCK):
+                digest.update(block)
+                out.write(block)
+                size += len(block)
+            out.flush()
+            os.fsync(out.fileno())
+        sha = digest.hexdigest()
+        problems = []
+        if expect_size is not None and size != expect_size:
+            problems.append(f"size {size} != expected {expect_size}")
+        if expect_sha256 is not None and sha != expect_sha256:
+            problems.append(f"sha256 {sha[:12]}... != expected {expect_sha256[:12]}...")
+        if tmp.stat().st_size != size or sha256_file(tmp) != sha:
+            problems.append("the written file differs from the bytes read")
+        if problems:
+            raise OSError(f"copy to {final} failed verification: {'; '.join(problems)}")
+        os.replace(tmp, final)
+        return size, sha
+    finally:
+        tmp.unlink(missing_ok=True)

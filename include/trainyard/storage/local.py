@@ -1,0 +1,48 @@
+"""``file://`` tier: a folder on a local or mounted file system."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from trainyard.storage.hashing import sha256_file, write_verified
+from trainyard.storage.keys import check_key, key_path
+from trainyard.storage.tier import ObjectInfo
+
+
+class LocalTier:
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self.uri = f"file://{self.root}"
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        base = self.root / prefix if prefix else self.root
+        if not base.is_dir():
+            return []
+        found = []
+        for dirpath, dirnames, filenames in os.walk(base):
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+            for name in filenames:
+                if name.startswith("."):
+                    continue  # temporary names of copies in flight are never objects
+                path = Path(dirpath) / name
+                st = path.stat()
+                key = path.relative_to(self.root).as_posix()
+                found.append(ObjectInfo(key=key, size=st.st_size, version=f"{st.st_size}-{st.st_mtime_ns}"))
+        return sorted(found, key=lambda o: o.key)
+
+    def download(self, key: str, dest: Path, expect: ObjectInfo | None = None) -> tuple[int, str]:
+        src = key_path(self.root, key)
+        with src.open("rb") as stream:
+            return write_verified(
+                stream,
+                dest,
+                expect_size=expect.size if expect else None,
+                expect_sha256=expect.sha256 if expect else None,
+            )
+
+    def upload(self, src: Path, key: str) -> tuple[int, str]:
+        check_key(key)
+        expected = sha256_file(src)
+        with src.open("rb") as stream:
+            return write_verified(stream, key_path(self.root, key), expect_sha256=expected)

@@ -1,0 +1,38 @@
+"""The Tier protocol: a flat namespace of objects under one URI root.
+
+One implementation per scheme (DESIGN rule 5). Staging, publishing and
+checkpoint tiering only ever talk to this protocol, so adding a scheme never
+touches them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str
+    size: int
+    version: str
+    """Changes whenever the content may have changed (mtime for files, ETag for S3)."""
+    sha256: str | None = None
+    """Content hash when the tier stores one beside the object."""
+
+
+class Tier(Protocol):
+    uri: str
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        """Every object under ``prefix``, sorted by key."""
+        ...
+
+    def download(self, key: str, dest: Path, expect: ObjectInfo | None = None) -> tuple[int, str]:
+        """Copy one object to ``dest`` (temporary name, verified, renamed); returns (size, sha256)."""
+        ...
+
+    def upload(self, src: Path, key: str) -> tuple[int, str]:
+        """Copy a local file to ``key``, verified; returns (size, sha256)."""
+        ...
