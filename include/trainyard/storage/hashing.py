@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import os
-import uuid
 from pathlib import Path
 from typing import BinaryIO
+
+from trainyard.atomic import temp_name
 
 BLOCK = 1 << 20
 
@@ -17,11 +18,6 @@ def sha256_file(path: Path) -> str:
         while block := fh.read(BLOCK):
             digest.update(block)
     return digest.hexdigest()
-
-
-def temp_name(final: Path) -> Path:
-    """A hidden sibling name: a partial file is never visible under its final name."""
-    return final.with_name(f".{final.name}.part-{uuid.uuid4().hex[:8]}")
 
 
 def write_verified(stream: BinaryIO, final: Path, expect_size: int | None = None, expect_sha256: str | None = None) -> tuple[int, str]:

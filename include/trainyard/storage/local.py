@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from trainyard.atomic import is_temp_name
 from trainyard.storage.hashing import sha256_file, write_verified
 from trainyard.storage.keys import check_key, key_path
 from trainyard.storage.tier import ObjectInfo
@@ -20,11 +21,10 @@ class LocalTier:
         if not base.is_dir():
             return []
         found = []
-        for dirpath, dirnames, filenames in os.walk(base):
-            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        for dirpath, _, filenames in os.walk(base):
             for name in filenames:
-                if name.startswith("."):
-                    continue  # temporary names of copies in flight are never objects
+                if is_temp_name(name):
+                    continue  # copies in flight (or left by a killed writer) are never objects
                 path = Path(dirpath) / name
                 st = path.stat()
                 key = path.relative_to(self.root).as_posix()

@@ -1,0 +1,101 @@
+"""The demo pipeline end to end through a real ``airflow dags test`` on 2 local nodes."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainyard.checkpoint.format import verify
+from trainyard.ledger import Ledger
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+DATE = "2026-11-28"
+STAGES = ["stage_dataset", "check_dataset", "burn_in", "train", "check_checkpoint", "publish", "report"]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    home = tmp_path_factory.mktemp("demo")
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(home / "airflow"),
+        "TRAINYARD_HOME": str(home / "trainyard"),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "PATH": f"{BIN}:{os.environ['PATH']}",
+    }
+    for argv in (
+        ["airflow", "db", "migrate"],
+        [sys.executable, "-m", "trainyard.airflow.settings", str(ROOT / "airflow_settings.yaml")],
+        ["trainyard", "demo-data", "--date", DATE],
+    ):
+        subprocess.run(argv, env=env, check=True, capture_output=True, timeout=300)
+    return env
+
+
+def airflow(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["airflow", *args], env=env, capture_output=True, text=True, timeout=600)
+
+
+def task_states(env: dict[str, str], dag_id: str, date: str) -> dict[str, tuple[str, int]]:
+    """``task_id -> (state, try_number)`` of the run at logical ``date`` (``dags test`` exits 0 either way)."""
+    with sqlite3.connect(Path(env["AIRFLOW_HOME"]) / "airflow.db") as db:
+        rows = db.execute(
+            "SELECT ti.task_id, ti.state, ti.try_number FROM task_instance ti JOIN dag_run r"
+            " ON ti.dag_id = r.dag_id AND ti.run_id = r.run_id WHERE r.dag_id = ? AND r.logical_date LIKE ?",
+            (dag_id, f"{date}%"),
+        ).fetchall()
+    return {task: (state, tries) for task, state, tries in rows}
+
+
+def test_demo_pipeline_runs_end_to_end(env: dict[str, str]) -> None:
+    done = airflow(env, "dags", "test", "nightly_pretrain", DATE)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert {t: s for t, (s, _) in task_states(env, "nightly_pretrain", DATE).items()} == dict.fromkeys(STAGES, "success")
+
+    home = Path(env["TRAINYARD_HOME"])
+    hot = home / "checkpoints" / "nightly_pretrain" / "step_000060"
+    cold = home / "cold" / "checkpoints" / "nightly_pretrain" / "step_000060"
+    assert verify(hot) == [] and verify(cold) == []
+    assert json.loads((cold / "manifest.json").read_text())["files"] == json.loads((hot / "manifest.json").read_text())["files"]
+
+    [run_dir] = (home / "runs" / "nightly_pretrain").iterdir()
+    ledger = Ledger.in_dir(run_dir)
+    assert {e["stage"] for e in ledger.events(event="stage_end")} == set(STAGES)
+    losses = [e["loss"] for e in ledger.events("train", "step")]
+    assert len(losses) == 60 and losses[-1] < losses[0]
+    assert len([e for e in ledger.events("burn_in", "node_verdict")]) == 2
+    assert (run_dir / "report.html").exists() and (run_dir / "spec.json").exists()
+
+    summary = subprocess.run(["trainyard", "summary", "--dag-id", "nightly_pretrain"], env=env, capture_output=True, text=True)
+    assert summary.returncode == 0, summary.stderr
+    assert "steps trained:    60" in summary.stdout and str(hot) in summary.stdout
+
+
+def test_invalid_param_is_refused_with_the_schema_message(env: dict[str, str]) -> None:
+    done = airflow(env, "dags", "test", "nightly_pretrain", "2026-11-27", "-c", json.dumps({"nodes": 99}))
+    assert done.returncode != 0
+    assert "Invalid input for param nodes: 99 is greater than the maximum of 2" in done.stdout + done.stderr
+    assert task_states(env, "nightly_pretrain", "2026-11-27") == {}  # refused before any task ran
+
+
+def test_bad_data_fails_fast_without_retry(env: dict[str, str]) -> None:
+    partition = Path(env["TRAINYARD_HOME"]) / "cold" / "tokens" / "2026-11-26"
+    partition.mkdir(parents=True)
+    (partition / "shard_0000.tok").write_bytes(b"not a shard at all")
+    done = airflow(env, "dags", "test", "nightly_pretrain", "2026-11-26")
+    states = task_states(env, "nightly_pretrain", "2026-11-26")
+    assert states["stage_dataset"] == ("success", 1)
+    assert states["check_dataset"] == ("failed", 1)  # AirflowFailException: no retry
+    assert states["train"][0] == "upstream_failed"
+    assert states["report"][0] == "success"  # the report is written whatever happened
+    out = done.stdout + done.stderr
+    assert "DataError: shard" in out and "shard_0000.tok: truncated header" in out

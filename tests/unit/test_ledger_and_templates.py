@@ -1,0 +1,39 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainyard.ledger import Ledger, run_dir, safe_name
+from trainyard.templating import placeholder_problems, render
+
+
+def test_ledger_appends_filters_and_skips_a_torn_line(tmp_path: Path) -> None:
+    ledger = Ledger.in_dir(tmp_path)
+    ledger.append("train", "step", step=1, loss=2.5)
+    ledger.append("burn_in", "node_verdict", node="node-0")
+    with ledger.path.open("a") as fh:
+        fh.write('{"stage": "train", "eve')  # a writer killed mid-line
+    assert [e["step"] for e in ledger.events("train", "step")] == [1]
+    assert len(list(ledger.events())) == 2
+
+
+def test_run_dirs_of_two_runs_never_collide(tmp_path: Path) -> None:
+    a = run_dir(tmp_path, "nightly", "backfill__2026-11-01T02:00:00+00:00")
+    b = run_dir(tmp_path, "nightly", "backfill__2026-11-02T02:00:00+00:00")
+    assert a != b and a.parent == b.parent
+    assert safe_name("../../etc") == "etc"
+
+
+def test_render_fills_run_and_environment() -> None:
+    run = {"ds": "2026-11-28", "ds_nodash": "20261128", "dag_id": "d", "run_id": "r"}
+    assert render("file://${ROOT}/x/{{ ds }}/{{ds_nodash}}", run, {"ROOT": "/data"}) == "file:///data/x/2026-11-28/20261128"
+    assert render("${TRAINYARD_HOME}/x", run, {}).endswith(".trainyard/x")
+    with pytest.raises(KeyError, match="environment variable NOPE is not set"):
+        render("${NOPE}/x", run, {})
+
+
+def test_placeholder_problems() -> None:
+    assert placeholder_problems("a/{{ ds }}/${HOME}") == []
+    assert "unknown template variable" in placeholder_problems("{{ execution_date }}")[0]
+    assert "unbalanced" in placeholder_problems("a/{{ ds }/b")[0]

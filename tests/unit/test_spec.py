@@ -1,0 +1,136 @@
+"""Spec validation: every bad file gets one clear line naming file and field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainyard.cli import main as cli
+from trainyard.errors import SpecError
+from trainyard.spec import check_files, load_spec, param_schemas, with_params
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "dags" / "pipelines").glob("*.yaml"))
+
+GOOD = """\
+dataset: {source: "file:///data/tokens/{{ ds }}", name: "tokens/{{ ds }}"}
+nodes: {count: 2}
+training: {max_steps: 10, global_batch: 8, micro_batch: 2, checkpoint_every: 5}
+"""
+
+
+def spec_text(**sections: str) -> str:
+    """GOOD with whole top-level sections replaced or added (``key=None`` text removes one)."""
+    lines = {line.split(":", 1)[0]: line for line in GOOD.splitlines()}
+    for key, value in sections.items():
+        if value is None:
+            lines.pop(key)
+        else:
+            lines[key] = f"{key}: {value}"
+    return "\n".join(lines.values()) + "\n"
+
+
+# (case id, file text, expected fragment of the one problem line after "FILE: ")
+BAD = [
+    ("yaml-syntax", "nodes: [1\n", "line 2, column 1: invalid YAML"),
+    ("empty", "", "the file is empty"),
+    ("only-comments", "# nothing here\n", "the file is empty"),
+    ("top-level-list", "- a\n- b\n", "the top level must be a mapping of fields, not a list"),
+    ("duplicate-key", GOOD + "nodes: {count: 3}\n", "duplicate key 'nodes'"),
+    ("unknown-top-key", spec_text(colour="red"), "colour: unknown field; allowed here: catchup, checkpoint"),
+    ("unknown-nested-key", spec_text(nodes="{count: 2, gpus: 8}"), "nodes.gpus: unknown field; allowed here: backend, count"),
+    ("missing-section", spec_text(dataset=None), "dataset: required field is missing"),
+    ("missing-field", spec_text(training="{max_steps: 10, global_batch: 8, micro_batch: 2}"), "training.checkpoint_every: required field is missing"),
+    ("wrong-type", spec_text(nodes="{count: two}"), "nodes.count: input should be a valid integer"),
+    ("min-above-count", spec_text(nodes="{count: 4, min: 5}"), "nodes.min: 5 must be <= nodes.count (4)"),
+    ("negative-steps", spec_text(training="{max_steps: -3, global_batch: 8, micro_batch: 2, checkpoint_every: 5}"),
+     "training.max_steps: -3 is out of range; it should be greater than or equal to 1"),
+    ("negative-spare", spec_text(nodes="{count: 2, spare: -1}"), "nodes.spare: -1 is out of range"),
+    ("bad-cron", spec_text(schedule='"61 2 * * *"'), "schedule: '61 2 * * *' is not a cron expression"),
+    ("bad-preset", spec_text(schedule="'@fortnightly'"), "schedule: '@fortnightly' is not a cron expression"),
+    ("bad-backend", spec_text(nodes="{count: 2, backend: slurm}"), "nodes.backend: 'slurm' is not allowed; expected 'local' or 'kubernetes'"),
+    ("k8s-without-settings", spec_text(nodes="{count: 2, backend: kubernetes}"), "nodes.kubernetes: required when nodes.backend is kubernetes"),
+    ("name-escapes-root", spec_text(dataset='{source: "file:///d", name: "../../etc"}'), "dataset.name: '../../etc' escapes the hot root"),
+    ("absolute-name", spec_text(dataset='{source: "file:///d", name: "/etc"}'), "dataset.name: '/etc' escapes the hot root"),
+    ("uri-with-dotdot", spec_text(dataset='{source: "file:///data/../etc", name: t}'), "dataset.source: 'file:///data/../etc' may not contain '..'"),
+    ("relative-file-uri", spec_text(dataset='{source: "file://data/x", name: t}'), "dataset.source: 'file://data/x' must be an absolute path"),
+    ("bad-scheme", spec_text(dataset='{source: "http://host/x", name: t}'), "dataset.source: 'http://host/x' must start with file:// or s3://"),
+    ("s3-without-connection", spec_text(dataset='{source: "s3://bucket/x", name: t}'), "dataset.connection: required for an s3:// source"),
+    ("unknown-template", spec_text(dataset='{source: "file:///d/{{ dss }}", name: t}'), "dataset.source: unknown template variable {{ dss }}; allowed: ds"),
+    ("template-in-root", spec_text(checkpoint='{hot: "file:///ck/{{ ds }}"}'), "checkpoint.hot: run templates are only allowed in dataset.source and dataset.name"),
+    ("indivisible-batch", spec_text(nodes="{count: 3}"), "training.global_batch: 8 must be divisible by training.micro_batch x nodes.count x nodes.procs_per_node (2 x 3 x 1 = 6)"),
+    ("unknown-failure-kind", spec_text(recovery="{actions: {meteor: retry}}"), "recovery.actions.meteor: 'meteor' is not allowed"),
+    ("unknown-action", spec_text(recovery="{actions: {oom: pray}}"), "recovery.actions.oom: 'pray' is not allowed; expected 'retry', 'scale_down', 'rollback' or 'fail'"),
+    ("bad-entrypoint", spec_text(training="{entrypoint: 'my script', max_steps: 1, global_batch: 8, micro_batch: 2, checkpoint_every: 5}"),
+     "training.entrypoint: 'my script' is neither a dotted module name nor a .py script"),
+    ("relative-resume", spec_text(training="{resume_from: ckpt/x, max_steps: 1, global_batch: 8, micro_batch: 2, checkpoint_every: 5}"),
+     "training.resume_from: 'ckpt/x' must be 'latest', 'none' or an absolute checkpoint path"),
+    ("unknown-param", spec_text(params="[nodes, gpus]"), "params[1]: 'gpus' is not allowed"),
+    ("ratio-above-one", spec_text(pressure_test="{straggler_ratio: 1.5}"), "pressure_test.straggler_ratio: 1.5 is out of range"),
+]
+
+
+@pytest.mark.parametrize("text,expected", [(t, e) for _, t, e in BAD], ids=[c for c, _, _ in BAD])
+def test_bad_file_gets_one_clear_line(tmp_path: Path, text: str, expected: str) -> None:
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(text)
+    problems = check_files([path])
+    assert len(problems) == 1, problems
+    assert problems[0].startswith(f"{path}: "), problems
+    assert expected in problems[0], problems
+
+
+def test_undecodable_file_is_a_problem_not_a_traceback(tmp_path: Path) -> None:
+    path = tmp_path / "binary.yaml"
+    path.write_bytes(b"\xff\xfe\x00garbage")
+    [problem] = check_files([path])
+    assert problem.startswith(f"{path}: cannot read the file")
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    [problem] = check_files([tmp_path / "nope.yaml"])
+    assert "cannot read the file" in problem
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_examples_are_valid(path: Path) -> None:
+    spec = load_spec(path)
+    assert spec.dag_id(path) == path.stem
+
+
+def test_every_field_is_documented() -> None:
+    from trainyard import spec as module
+
+    models = [getattr(module, n) for n in dir(module) if isinstance(getattr(module, n), type)]
+    undocumented = [
+        f"{m.__name__}.{name}"
+        for m in models
+        if issubclass(m, module._Model) and m is not module._Model
+        for name, field in m.model_fields.items()
+        if not field.description
+    ]
+    assert undocumented == []
+
+
+def test_cli_check_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(spec_text(nodes="{count: 4, min: 5}"))
+    assert cli(["check", *map(str, EXAMPLES)]) == 0
+    assert cli(["check", str(bad), *map(str, EXAMPLES)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert f"{bad}: nodes.min: 5 must be <= nodes.count (4)" in out
+
+
+def test_params_schema_and_overrides(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(spec_text(nodes="{count: 2, max: 4}"))
+    spec = load_spec(path)
+    schemas = param_schemas(spec)
+    assert set(schemas) == {"nodes", "min_nodes", "max_steps", "resume_from"}
+    assert schemas["nodes"]["maximum"] == 4
+    assert schemas["nodes"]["default"] == 2
+    changed = with_params(spec, {"nodes": 4, "max_steps": 3, "unrelated_airflow_param": 1}, path)
+    assert (changed.nodes.count, changed.training.max_steps) == (4, 3)
+    with pytest.raises(SpecError, match=r"nodes\.min: 3 must be <= nodes\.count \(2\)"):
+        with_params(spec, {"min_nodes": 3}, path)

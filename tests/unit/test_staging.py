@@ -1,0 +1,98 @@
+"""Local staging: verified copies, incremental re-stage, no escape from the root."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trainyard.errors import DataError
+from trainyard.ledger import Ledger
+from trainyard.storage import LocalTier
+from trainyard.storage.keys import check_key, key_path
+from trainyard.storage.staging import STAGED_MANIFEST, stage
+
+
+def make_source(root: Path, files: dict[str, bytes]) -> LocalTier:
+    for key, data in files.items():
+        (root / key).parent.mkdir(parents=True, exist_ok=True)
+        (root / key).write_bytes(data)
+    return LocalTier(root)
+
+
+def test_stage_copies_and_verifies(tmp_path: Path) -> None:
+    source = make_source(tmp_path / "cold", {"a.tok": b"a" * 1000, "sub/b.tok": b"b" * 10})
+    ledger = Ledger.in_dir(tmp_path / "run")
+    result = stage(source, tmp_path / "hot", ledger=ledger)
+    assert (result.files, result.transferred, result.bytes_transferred) == (2, 2, 1010)
+    assert (tmp_path / "hot" / "sub" / "b.tok").read_bytes() == b"b" * 10
+    manifest = json.loads((tmp_path / "hot" / STAGED_MANIFEST).read_text())
+    assert set(manifest["files"]) == {"a.tok", "sub/b.tok"}
+    assert len(manifest["files"]["a.tok"]["sha256"]) == 64
+    assert [e["event"] for e in ledger.events("stage_dataset")] == ["plan", "staged"]
+
+
+def test_restage_unchanged_transfers_nothing_and_changed_only(tmp_path: Path) -> None:
+    source = make_source(tmp_path / "cold", {"a.tok": b"a" * 100, "b.tok": b"b" * 100})
+    stage(source, tmp_path / "hot")
+    again = stage(source, tmp_path / "hot")
+    assert (again.transferred, again.bytes_transferred) == (0, 0)
+    (tmp_path / "cold" / "b.tok").write_bytes(b"c" * 150)
+    changed = stage(source, tmp_path / "hot")
+    assert (changed.transferred, changed.bytes_transferred) == (1, 150)
+    assert (tmp_path / "hot" / "b.tok").read_bytes() == b"c" * 150
+
+
+def test_hot_file_damaged_is_restaged(tmp_path: Path) -> None:
+    source = make_source(tmp_path / "cold", {"a.tok": b"a" * 100})
+    stage(source, tmp_path / "hot")
+    (tmp_path / "hot" / "a.tok").write_bytes(b"short")
+    assert stage(source, tmp_path / "hot").transferred == 1
+    assert (tmp_path / "hot" / "a.tok").read_bytes() == b"a" * 100
+
+
+def test_removed_source_object_leaves_the_staged_set(tmp_path: Path) -> None:
+    source = make_source(tmp_path / "cold", {"a.tok": b"a", "b.tok": b"b"})
+    stage(source, tmp_path / "hot")
+    (tmp_path / "cold" / "b.tok").unlink()
+    stage(source, tmp_path / "hot")
+    assert not (tmp_path / "hot" / "b.tok").exists()
+    assert set(json.loads((tmp_path / "hot" / STAGED_MANIFEST).read_text())["files"]) == {"a.tok"}
+
+
+def test_empty_source_is_a_data_error(tmp_path: Path) -> None:
+    (tmp_path / "cold").mkdir()
+    with pytest.raises(DataError, match="holds no objects to stage"):
+        stage(LocalTier(tmp_path / "cold"), tmp_path / "hot")
+
+
+def test_no_partial_file_under_its_final_name(tmp_path: Path) -> None:
+    class Broken(LocalTier):
+        def download(self, key, dest, expect=None):  # the copy fails verification half-way
+            from trainyard.storage.hashing import write_verified
+
+            with (self.root / key).open("rb") as stream:
+                return write_verified(stream, dest, expect_size=expect.size + 1)
+
+    source = make_source(tmp_path / "cold", {"a.tok": b"a" * 100})
+    with pytest.raises(OSError, match="failed verification"):
+        stage(Broken(source.root), tmp_path / "hot")
+    hot = tmp_path / "hot"
+    assert not (hot / "a.tok").exists() and not (hot / STAGED_MANIFEST).exists()
+    assert [p.name for p in hot.iterdir()] == []  # the temporary file is gone too
+
+
+@pytest.mark.parametrize("key", ["../x", "a/../../x", "/etc/passwd", "a\\b", "a\x00b", "", "./a", "a//b"])
+def test_escaping_keys_are_refused(tmp_path: Path, key: str) -> None:
+    with pytest.raises(DataError, match="escape the tier root"):
+        check_key(key)
+    with pytest.raises(DataError):
+        key_path(tmp_path, key)
+
+
+def test_symlink_escape_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "root").mkdir()
+    (tmp_path / "root" / "link").symlink_to(tmp_path)
+    with pytest.raises(DataError, match="resolves outside"):
+        key_path(tmp_path / "root", "link/secret")
