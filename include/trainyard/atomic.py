@@ -22,15 +22,26 @@ def is_temp_name(name: str) -> bool:
     return bool(_TEMP.match(name))
 
 
+def fsync_dir(directory: Path) -> None:
+    """Make a rename or a new entry in ``directory`` durable, not just visible."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_name(path)
     try:
         with tmp.open("w", encoding="utf-8") as fh:
             json.dump(data, fh, indent=1, sort_keys=True)
+            fh.write("\n")
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+        fsync_dir(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
 

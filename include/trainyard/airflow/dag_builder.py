@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
-from typing import Any
-
 from airflow.sdk import DAG, Param, task
 
 from trainyard.airflow import tasks
@@ -48,24 +46,9 @@ def build_dag(spec_path: Path, spec: PipelineSpec) -> DAG:
     return dag
 
 
-def _broken_specs_dag(problems: list[str]) -> DAG:
-    """A DAG that fails validation with every spec problem as its message.
-
-    Airflow records a DAG's validation error as an import error of the file it
-    came from and still keeps the file's other DAGs: exactly what we want.
-    """
-    dag = DAG(dag_id="trainyard_invalid_specs", schedule=None)
-
-    def fail_validation() -> None:
-        raise SpecError(["invalid pipeline spec(s); fix and the DAG appears:", *problems])
-
-    dag.validate = fail_validation  # type: ignore[method-assign]
-    return dag
-
-
-def build_dags(folder: str | Path) -> dict[str, Any]:
-    """``{dag_id: DAG}`` for every ``*.yaml`` in ``folder``, plus the broken-spec sentinel if any fail."""
-    dags: dict[str, Any] = {}
+def scan(folder: str | Path) -> tuple[dict[str, tuple[Path, PipelineSpec]], list[str]]:
+    """Valid specs by DAG id, and one line per problem of the others."""
+    valid: dict[str, tuple[Path, PipelineSpec]] = {}
     problems: list[str] = []
     for spec_path in sorted(Path(folder).glob("*.y*ml")):
         try:
@@ -74,10 +57,26 @@ def build_dags(folder: str | Path) -> dict[str, Any]:
             problems.extend(exc.problems)
             continue
         dag_id = spec.dag_id(spec_path)
-        if dag_id in dags:
-            problems.append(f"{spec_path}: pipeline: DAG id {dag_id!r} is already used by another spec")
+        if dag_id in valid:
+            problems.append(f"{spec_path}: pipeline: DAG id {dag_id!r} is already used by {valid[dag_id][0].name}")
             continue
-        dags[dag_id] = build_dag(spec_path, spec)
+        valid[dag_id] = (spec_path, spec)
+    return valid, problems
+
+
+def build_dags(folder: str | Path) -> dict[str, DAG]:
+    """``{dag_id: DAG}`` for every valid ``*.yaml`` spec in ``folder``; invalid ones are skipped."""
+    valid, _ = scan(folder)
+    return {dag_id: build_dag(path, spec) for dag_id, (path, spec) in valid.items()}
+
+
+def raise_spec_problems(folder: str | Path) -> None:
+    """Raise one ``SpecError`` naming every invalid spec's file and field.
+
+    Called from its own DAG file: Airflow 3 marks every DAG of a file with an
+    import error as stale, so the error must come from a file other than the
+    one that builds the valid pipelines.
+    """
+    _, problems = scan(folder)
     if problems:
-        dags["trainyard_invalid_specs"] = _broken_specs_dag(problems)
-    return dags
+        raise SpecError(["invalid pipeline spec(s); fix them and their DAGs appear:", *problems])

@@ -12,11 +12,14 @@ from trainyard.atomic import temp_name
 BLOCK = 1 << 20
 
 
-def sha256_file(path: Path) -> str:
+def sha256_file(path: str | Path) -> str:
+    """Hex sha256 of a file, streamed in 1 MiB blocks into one reused buffer."""
     digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while block := fh.read(BLOCK):
-            digest.update(block)
+    buffer = bytearray(BLOCK)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as fh:
+        while n := fh.readinto(buffer):
+            digest.update(view[:n])
     return digest.hexdigest()
 
 

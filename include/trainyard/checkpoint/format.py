@@ -1,0 +1,240 @@
+"""The checkpoint directory format: layout, manifest, integrity check, atomic commit.
+
+This module owns what a checkpoint *is* on disk, independent of torch::
+
+    <root>/step_000120/            one checkpoint (torch.distributed.checkpoint files)
+        .metadata, __0_0.distcp, ...
+        manifest.json              written LAST: step, world size, batch, metrics,
+                                   size + sha256 of every other file
+    <root>/step_000130.tmp/        a save in progress (never read)
+    <root>/superseded/step_000120-1764450000/
+                                   an older save of the same step, moved aside
+
+A directory without a manifest is not a checkpoint (DESIGN rule 8): the
+manifest is the commit record, so it is written after every tensor file and
+the staged directory is renamed into place only once it is complete. Saving
+never deletes a committed checkpoint; a re-save of the same step moves the old
+one to ``superseded/``. Deeper validation (loadable, finite tensors, metric
+expectations) builds on ``verify`` elsewhere; this module checks integrity.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from trainyard.atomic import fsync_dir, write_json_atomic
+from trainyard.errors import CheckpointInvalid
+from trainyard.storage.hashing import sha256_file
+
+FORMAT = "trainyard.checkpoint"
+VERSION = 1
+MANIFEST = "manifest.json"
+SUPERSEDED = "superseded"
+_STEP_DIR = re.compile(r"^step_(\d{6,})$")
+_REQUIRED = {"step": int, "world_size": int, "global_batch": int, "micro_batch": int, "files": dict}
+
+
+def step_dir(root: str | Path, step: int) -> Path:
+    """The final directory of the checkpoint at ``step`` (``step_000120``)."""
+    return Path(root) / f"step_{step:06d}"
+
+
+def staging_dir(root: str | Path, step: int) -> Path:
+    """Where a save of ``step`` is assembled before it is committed (``step_000120.tmp``)."""
+    return Path(root) / f"step_{step:06d}.tmp"
+
+
+def step_of(ckpt_dir: str | Path) -> int | None:
+    """The step encoded in a final checkpoint directory's name, or None for any other name."""
+    match = _STEP_DIR.match(Path(ckpt_dir).name)
+    return int(match.group(1)) if match else None
+
+
+def _payload_files(ckpt_dir: Path) -> list[str]:
+    """Relative POSIX paths of every file in the checkpoint except its manifest."""
+    files = (p for p in ckpt_dir.rglob("*") if p.is_file() or p.is_symlink())
+    return sorted(rel for p in files if (rel := p.relative_to(ckpt_dir).as_posix()) != MANIFEST)
+
+
+def write_manifest(
+    ckpt_dir: str | Path,
+    *,
+    step: int,
+    world_size: int,
+    global_batch: int,
+    micro_batch: int,
+    metrics: dict[str, Any],
+    run_id: str,
+) -> dict[str, Any]:
+    """Hash every file in ``ckpt_dir`` and write ``manifest.json`` atomically; return it.
+
+    Call this after all tensor files are written and synced: the manifest is
+    the checkpoint's commit record.
+    """
+    ckpt_dir = Path(ckpt_dir)
+    files = {
+        rel: {"size": (ckpt_dir / rel).stat().st_size, "sha256": sha256_file(ckpt_dir / rel)}
+        for rel in _payload_files(ckpt_dir)
+    }
+    manifest = {
+        "format": FORMAT,
+        "version": VERSION,
+        "step": int(step),
+        "world_size": int(world_size),
+        "global_batch": int(global_batch),
+        "micro_batch": int(micro_batch),
+        "metrics": dict(metrics),
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "run_id": str(run_id),
+        "files": files,
+    }
+    write_json_atomic(ckpt_dir / MANIFEST, manifest)
+    return manifest
+
+
+def read_manifest(ckpt_dir: str | Path) -> dict[str, Any]:
+    """The parsed manifest of ``ckpt_dir``; ``CheckpointInvalid`` says why it is unusable."""
+    path = Path(ckpt_dir) / MANIFEST
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CheckpointInvalid(f"{ckpt_dir}: no {MANIFEST} (incomplete save or not a checkpoint)") from None
+    except OSError as exc:
+        raise CheckpointInvalid(f"{ckpt_dir}: cannot read {MANIFEST} ({exc.strerror or exc})") from exc
+    try:
+        manifest = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CheckpointInvalid(f"{ckpt_dir}: {MANIFEST} is not valid JSON ({exc})") from exc
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise CheckpointInvalid(f"{ckpt_dir}: {MANIFEST} has format {found!r}, expected {FORMAT!r}")
+    if manifest.get("version") != VERSION:
+        raise CheckpointInvalid(
+            f"{ckpt_dir}: {MANIFEST} version {manifest.get('version')!r} is not supported (this trainyard reads {VERSION})"
+        )
+    for key, kind in _REQUIRED.items():
+        if not isinstance(manifest.get(key), kind):
+            raise CheckpointInvalid(f"{ckpt_dir}: {MANIFEST} field {key!r} missing or not {kind.__name__}")
+    return manifest
+
+
+def _file_problems(ckpt_dir: Path, rel: str, entry: Any) -> list[str]:
+    """Why one listed file does not match its manifest entry ([] when it does)."""
+    target = ckpt_dir / rel
+    if Path(rel).is_absolute() or ".." in Path(rel).parts:
+        return [f"{rel}: path escapes the checkpoint directory"]
+    if not isinstance(entry, dict) or not isinstance(entry.get("size"), int) or not isinstance(entry.get("sha256"), str):
+        return [f"{rel}: manifest entry malformed (needs integer size and sha256)"]
+    if not target.is_file():
+        return [f"{rel}: missing"]
+    size = target.stat().st_size
+    if size != entry["size"]:
+        return [f"{rel}: size mismatch (manifest {entry['size']} bytes, file {size})"]
+    if sha256_file(target) != entry["sha256"]:
+        return [f"{rel}: sha256 mismatch (contents changed after the save)"]
+    return []
+
+
+def verify(ckpt_dir: str | Path) -> list[str]:
+    """Integrity problems of a checkpoint, one human-readable reason each; [] when valid.
+
+    Sizes are compared before hashing, so a truncated file is reported without
+    reading it.
+    """
+    ckpt_dir = Path(ckpt_dir)
+    if not ckpt_dir.is_dir():
+        return [f"{ckpt_dir}: not a directory"]
+    try:
+        manifest = read_manifest(ckpt_dir)
+    except CheckpointInvalid as exc:
+        return [str(exc)]
+    problems: list[str] = []
+    named = step_of(ckpt_dir)
+    if named is not None and named != manifest["step"]:
+        problems.append(f"manifest step {manifest['step']} does not match directory name {ckpt_dir.name}")
+    listed = manifest["files"]
+    for rel, entry in sorted(listed.items()):
+        problems.extend(_file_problems(ckpt_dir, rel, entry))
+    problems.extend(f"{rel}: not listed in the manifest" for rel in _payload_files(ckpt_dir) if rel not in listed)
+    return problems
+
+
+def list_checkpoints(root: str | Path) -> list[Path]:
+    """Committed checkpoints under ``root`` (``step_NNNNNN`` with a manifest), oldest step first.
+
+    Having a manifest is not the same as being valid; see ``verify``.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if step_of(p) is not None and (p / MANIFEST).is_file()]
+    return sorted(found, key=lambda p: step_of(p) or 0)
+
+
+def latest_valid(
+    root: str | Path, on_invalid: Callable[[Path, list[str]], None] | None = None
+) -> Path | None:
+    """The highest-step checkpoint under ``root`` that passes ``verify``, or None.
+
+    ``on_invalid(path, problems)`` hears about every newer checkpoint skipped on
+    the way down, so callers can record why a resume went further back.
+    """
+    for ckpt in reversed(list_checkpoints(root)):
+        problems = verify(ckpt)
+        if not problems:
+            return ckpt
+        if on_invalid is not None:
+            on_invalid(ckpt, problems)
+    return None
+
+
+def prepare_staging(root: str | Path, step: int) -> Path:
+    """Create an empty staging directory for ``step``, clearing a stale one from a crashed save.
+
+    A ``.tmp`` directory was never committed, so removing it cannot lose a checkpoint.
+    """
+    staging = staging_dir(root, step)
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    return staging
+
+
+def _supersede(final: Path) -> Path:
+    """Move an existing checkpoint aside to ``<root>/superseded/`` (never deleted)."""
+    target_dir = final.parent / SUPERSEDED
+    target_dir.mkdir(exist_ok=True)
+    stamp = int(time.time())
+    target = target_dir / f"{final.name}-{stamp}"
+    suffix = 1
+    while target.exists():  # two re-saves within one second keep both old copies
+        target = target_dir / f"{final.name}-{stamp}.{suffix}"
+        suffix += 1
+    os.replace(final, target)
+    return target
+
+
+def commit(staging: str | Path, root: str | Path, step: int) -> Path:
+    """Rename a staged checkpoint (manifest already written) to its final name; return it.
+
+    If a checkpoint of that step already exists it is moved to ``superseded/``
+    first, so the only window without a final ``step_NNNNNN`` still keeps both
+    copies on disk.
+    """
+    staging = Path(staging)
+    if not (staging / MANIFEST).is_file():
+        raise CheckpointInvalid(f"{staging}: refusing to commit a checkpoint without {MANIFEST}")
+    final = step_dir(root, step)
+    if final.exists():
+        _supersede(final)
+    os.replace(staging, final)
+    fsync_dir(final.parent)
+    return final

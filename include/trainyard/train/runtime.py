@@ -1,0 +1,316 @@
+"""The workload contract: what a training script calls to be run by trainyard.
+
+Any script launched by trainyard (the reference ``python -m trainyard.train`` or
+a user's own) reads its settings from environment variables the launcher sets
+and reports through four calls::
+
+    ctx = runtime.context()                 # the TRAINYARD_* environment, validated
+    start = runtime.load_latest(state)      # resume (or 0 for a fresh run)
+    for step in range(start + 1, ctx.max_steps + 1):
+        ...
+        runtime.heartbeat(step, {"loss": loss})
+        if step % ctx.checkpoint_every == 0 or step == ctx.max_steps:
+            runtime.save_checkpoint(step, state, {"loss": loss})
+    runtime.finish(step, {"loss": loss})
+
+Environment (set by the launcher; only the first three are required):
+
+    TRAINYARD_DATA_DIR          directory of *.tok shards (the hot tier)
+    TRAINYARD_CHECKPOINT_DIR    checkpoint root (step_NNNNNN/ below it); shared by all ranks
+    TRAINYARD_MAX_STEPS         last step to train (steps are numbered from 1)
+    TRAINYARD_RESUME_FROM       "" or "none": fresh; "latest": newest valid checkpoint
+                                under the checkpoint dir (fresh if none); else a checkpoint dir
+    TRAINYARD_HEARTBEAT_DIR     where rank-<RANK>.json heartbeats go (unset: none written)
+    TRAINYARD_LEDGER            the run's events.jsonl (unset: no ledger events)
+    TRAINYARD_RUN_ID            default "local"
+    TRAINYARD_NODE              node name, e.g. "node-1" (default: host name)
+    TRAINYARD_ATTEMPT           attempt number, default 1
+    TRAINYARD_GLOBAL_BATCH      sequences per optimizer step over all ranks, default 32
+    TRAINYARD_MICRO_BATCH       sequences per forward pass (unset: global / world, no accumulation)
+    TRAINYARD_CHECKPOINT_EVERY  steps between checkpoints, default 50 (0: only the last step)
+    TRAINYARD_SEED              default 0
+
+Heartbeats are files rather than ledger events because the watcher needs the
+latest state of *every* rank cheaply; rank 0 alone writes ledger events so the
+log holds one record per step. Collective calls (``save_checkpoint``,
+``load_latest``) must be made by every rank; rank 0 decides and writes the
+shared files and broadcasts its outcome, so ranks never disagree or deadlock
+on an error.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from trainyard.checkpoint import format as ckpt_format
+from trainyard.errors import CheckpointInvalid
+from trainyard.ledger import Ledger
+
+log = logging.getLogger("trainyard.train")
+T = TypeVar("T")
+STAGE = "train"
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """The TRAINYARD_* environment of one training process, parsed and checked."""
+
+    data_dir: Path
+    checkpoint_dir: Path
+    max_steps: int
+    resume_from: str = ""
+    heartbeat_dir: Path | None = None
+    ledger: Path | None = None
+    run_id: str = "local"
+    node: str = ""
+    attempt: int = 1
+    global_batch: int = 32
+    micro_batch: int | None = None
+    checkpoint_every: int = 50
+    seed: int = 0
+
+    def should_checkpoint(self, step: int) -> bool:
+        """Checkpoint every ``checkpoint_every`` steps and always at the last step."""
+        every = self.checkpoint_every
+        return step == self.max_steps or (every > 0 and step % every == 0)
+
+
+def _env(name: str, env: dict[str, str]) -> str | None:
+    value = env.get(name, "").strip()
+    return value or None
+
+
+def _required(name: str, env: dict[str, str]) -> str:
+    value = _env(name, env)
+    if value is None:
+        raise ValueError(f"{name} is not set; the trainyard launcher sets it (see trainyard.train.runtime)")
+    return value
+
+
+_MISSING: Any = object()
+
+
+def _int(name: str, env: dict[str, str], minimum: int, default: Any = _MISSING) -> Any:
+    """An integer variable >= ``minimum``; without ``default`` it is required."""
+    raw = _env(name, env)
+    if raw is None:
+        return _required(name, env) if default is _MISSING else default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer") from None
+    if value < minimum:
+        raise ValueError(f"{name}={value} must be >= {minimum}")
+    return value
+
+
+def context(env: dict[str, str] | None = None) -> RunContext:
+    """Parse the TRAINYARD_* environment; ``ValueError`` names the variable that is missing or malformed."""
+    env = dict(os.environ if env is None else env)
+    optional_path = lambda name: Path(v) if (v := _env(name, env)) else None  # noqa: E731
+    return RunContext(
+        data_dir=Path(_required("TRAINYARD_DATA_DIR", env)),
+        checkpoint_dir=Path(_required("TRAINYARD_CHECKPOINT_DIR", env)),
+        max_steps=_int("TRAINYARD_MAX_STEPS", env, 1),
+        resume_from=_env("TRAINYARD_RESUME_FROM", env) or "",
+        heartbeat_dir=optional_path("TRAINYARD_HEARTBEAT_DIR"),
+        ledger=optional_path("TRAINYARD_LEDGER"),
+        run_id=_env("TRAINYARD_RUN_ID", env) or "local",
+        node=_env("TRAINYARD_NODE", env) or socket.gethostname(),
+        attempt=_int("TRAINYARD_ATTEMPT", env, 0, 1),
+        global_batch=_int("TRAINYARD_GLOBAL_BATCH", env, 1, 32),
+        micro_batch=_int("TRAINYARD_MICRO_BATCH", env, 1, None),
+        checkpoint_every=_int("TRAINYARD_CHECKPOINT_EVERY", env, 0, 50),
+        seed=_int("TRAINYARD_SEED", env, 0, 0),
+    )
+
+
+# --- process-group helpers: the contract also works in a plain single process ---
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def _on_rank0(fn: Callable[[], T]) -> T:
+    """Run ``fn`` on rank 0 only and give every rank its result (or re-raise its error everywhere).
+
+    Without this, an exception on rank 0 would leave the other ranks waiting
+    in the next collective until the timeout, and the failure would look like
+    a hang instead of what it is.
+    """
+    outcome: list[Any] = [None]
+    if rank() == 0:
+        try:
+            outcome[0] = ("ok", fn())
+        except Exception as exc:  # noqa: BLE001 - forwarded to every rank and re-raised there
+            outcome[0] = ("error", exc if _picklable(exc) else RuntimeError(f"rank 0 failed: {exc!r}"))
+    if dist.is_initialized():
+        dist.broadcast_object_list(outcome, src=0)
+    status, value = outcome[0]
+    if status == "error":
+        raise value
+    return value
+
+
+def _picklable(value: Any) -> bool:
+    try:
+        pickle.dumps(value)
+    except Exception:  # noqa: BLE001 - any pickling failure means "send a plain error instead"
+        return False
+    return True
+
+
+# Fields every train event carries; a metric with one of these names must not clobber them.
+_RESERVED = {"stage", "event", "ts", "run_id", "attempt", "node", "world_size", "step"}
+
+
+def _ledger_event(ctx: RunContext, event: str, **fields: Any) -> None:
+    """Append a ``train`` event to the run ledger (rank 0 only; no ledger configured: no-op)."""
+    if ctx.ledger is not None and rank() == 0:
+        fixed = {"run_id": ctx.run_id, "attempt": ctx.attempt, "node": ctx.node, "world_size": world_size()}
+        Ledger(ctx.ledger).append(STAGE, event, **{**fields, **fixed})
+
+
+def _metric_fields(metrics: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in metrics.items() if k not in _RESERVED}
+
+
+# --- heartbeats ---
+
+
+def _write_heartbeat(ctx: RunContext, step: int, metrics: dict[str, Any], status: str) -> None:
+    if ctx.heartbeat_dir is None:
+        return
+    ctx.heartbeat_dir.mkdir(parents=True, exist_ok=True)
+    me = rank()
+    record = {
+        "rank": me, "node": ctx.node, "pid": os.getpid(), "step": step, "time": time.time(),
+        "status": status, "metrics": metrics, "attempt": ctx.attempt, "run_id": ctx.run_id,
+    }  # fmt: skip
+    final = ctx.heartbeat_dir / f"rank-{me}.json"
+    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+    # Rename makes the update atomic for the watcher; no fsync, because a heartbeat
+    # is only meaningful while this process lives and one is written every step.
+    tmp.write_text(json.dumps(record, default=float), encoding="utf-8")
+    os.replace(tmp, final)
+
+
+def heartbeat(step: int, metrics: dict[str, Any], *, status: str = "running", ctx: RunContext | None = None) -> None:
+    """Record progress: this rank's heartbeat file, plus a ledger ``step`` event from rank 0."""
+    ctx = ctx or context()
+    _write_heartbeat(ctx, step, metrics, status)
+    if status == "running":
+        _ledger_event(ctx, "step", **_metric_fields(metrics), step=step)
+
+
+def finish(step: int, metrics: dict[str, Any], *, ctx: RunContext | None = None) -> None:
+    """Mark this rank finished (heartbeat status "finished"); rank 0 logs a ``finished`` event."""
+    ctx = ctx or context()
+    _write_heartbeat(ctx, step, metrics, "finished")
+    _ledger_event(ctx, "finished", **_metric_fields(metrics), step=step)
+
+
+# --- checkpoints ---
+
+
+def save_checkpoint(
+    step: int,
+    state_dict: dict[str, Any],
+    metrics: dict[str, Any],
+    *,
+    micro_batch: int | None = None,
+    ctx: RunContext | None = None,
+) -> Path:
+    """Collectively save ``state_dict`` as the checkpoint of ``step``; every rank must call it.
+
+    All ranks write their DCP shards into ``step_NNNNNN.tmp``; after a barrier
+    rank 0 hashes them into the manifest and renames the directory into place
+    (moving an older save of the same step to ``superseded/``). ``micro_batch``
+    is the effective micro-batch recorded in the manifest (default: the
+    context's, else global / world).
+    """
+    ctx = ctx or context()
+    started = time.monotonic()
+    _write_heartbeat(ctx, step, metrics, "saving")  # a long save must not look like a hang
+    staging = _on_rank0(lambda: ckpt_format.prepare_staging(ctx.checkpoint_dir, step))
+    dcp.save(state_dict, checkpoint_id=staging)
+    if dist.is_initialized():
+        dist.barrier()  # every rank's files are on disk before rank 0 hashes them
+    micro = micro_batch or ctx.micro_batch or ctx.global_batch // world_size()
+
+    def commit() -> Path:
+        ckpt_format.write_manifest(
+            staging, step=step, world_size=world_size(), global_batch=ctx.global_batch,
+            micro_batch=micro, metrics=metrics, run_id=ctx.run_id,
+        )  # fmt: skip
+        final = ckpt_format.commit(staging, ctx.checkpoint_dir, step)
+        seconds = round(time.monotonic() - started, 3)
+        _ledger_event(ctx, "checkpoint_saved", step=step, path=str(final), seconds=seconds)
+        log.info("saved checkpoint %s in %.2fs", final, seconds)
+        return final
+
+    return _on_rank0(commit)
+
+
+def _resolve_resume(ctx: RunContext) -> tuple[Path, dict[str, Any]] | None:
+    """Which checkpoint TRAINYARD_RESUME_FROM names, with its manifest; None for a fresh start."""
+    mode = ctx.resume_from.strip()
+    if mode.lower() in ("", "none"):
+        return None
+    if mode.lower() == "latest":
+        def skipped(path: Path, problems: list[str]) -> None:
+            log.warning("skipping invalid checkpoint %s: %s", path, "; ".join(problems))
+            _ledger_event(ctx, "checkpoint_skipped", path=str(path), problems=problems)
+
+        found = ckpt_format.latest_valid(ctx.checkpoint_dir, on_invalid=skipped)
+        if found is None:
+            log.info("no valid checkpoint under %s; starting fresh", ctx.checkpoint_dir)
+            return None
+        return found, ckpt_format.read_manifest(found)
+    path = Path(mode)
+    problems = ckpt_format.verify(path)
+    if problems:
+        raise CheckpointInvalid(f"TRAINYARD_RESUME_FROM={mode}: " + "; ".join(problems))
+    return path, ckpt_format.read_manifest(path)
+
+
+def load_latest(state_dict: dict[str, Any], *, ctx: RunContext | None = None) -> int:
+    """Resume per TRAINYARD_RESUME_FROM by loading into ``state_dict`` in place; return the step.
+
+    Returns 0 for a fresh start. Every rank must call it. Rank 0 picks and
+    verifies the checkpoint (hashing once, not once per rank) and broadcasts
+    the choice, so all ranks load the same one. ``CheckpointInvalid`` if an
+    explicitly named checkpoint fails verification.
+    """
+    ctx = ctx or context()
+    chosen = _on_rank0(lambda: _resolve_resume(ctx))
+    if chosen is None:
+        return 0
+    path, manifest = chosen
+    started = time.monotonic()
+    dcp.load(state_dict, checkpoint_id=path)
+    step = int(manifest["step"])
+    if rank() == 0:
+        log.info("resumed from %s at step %d (saved on %d ranks)", path, step, manifest["world_size"])
+        _ledger_event(
+            ctx, "resumed", step=step, path=str(path), from_world_size=manifest["world_size"],
+            from_global_batch=manifest["global_batch"], seconds=round(time.monotonic() - started, 3),
+        )  # fmt: skip
+    return step

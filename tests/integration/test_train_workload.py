@@ -1,0 +1,207 @@
+"""The reference workload under real torchrun: two local nodes on gloo, checkpoints, resume.
+
+Each "node" is its own torchrun agent process (as the local launcher runs them)
+joined by c10d rendezvous on 127.0.0.1. The model and corpus are tiny so the
+whole module takes well under a minute and a half on two CPU cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from trainyard.checkpoint import format as fmt
+from trainyard.ledger import Ledger
+from trainyard.shards import write_synthetic_corpus
+
+pytestmark = pytest.mark.integration
+
+GLOBAL_BATCH = 16
+MICRO_BATCH = 4  # 2 ranks x 4 = 8 per pass: accumulation 2 on two nodes, 4 on one
+MODEL_ARGS = ["--seq-len", "32", "--d-model", "32", "--n-heads", "2"]
+RUN_TIMEOUT_S = 120
+
+
+@dataclass
+class Run:
+    """Where one training run kept its files."""
+
+    root: Path
+    checkpoints: Path
+    heartbeats: Path
+    ledger: Path
+
+    @classmethod
+    def in_dir(cls, root: Path) -> Run:
+        return cls(root, root / "ckpt", root / "hb", root / "events.jsonl")
+
+    def losses(self) -> dict[int, float]:
+        """Loss per step from the ledger's step events (a resumed run's later attempt wins)."""
+        return {e["step"]: e["loss"] for e in Ledger(self.ledger).events("train", "step")}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _env(data: Path, run: Run, node: int, **settings: object) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINYARD_", "TORCHELASTIC_"))}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    env.update(
+        GLOO_SOCKET_IFNAME="lo",
+        OMP_NUM_THREADS="1",  # two ranks on two cores: no thread oversubscription
+        TRAINYARD_DATA_DIR=str(data),
+        TRAINYARD_CHECKPOINT_DIR=str(run.checkpoints),
+        TRAINYARD_HEARTBEAT_DIR=str(run.heartbeats),
+        TRAINYARD_LEDGER=str(run.ledger),
+        TRAINYARD_RUN_ID=run.root.name,
+        TRAINYARD_NODE=f"node-{node}",
+        TRAINYARD_GLOBAL_BATCH=str(GLOBAL_BATCH),
+        TRAINYARD_MICRO_BATCH=str(MICRO_BATCH),
+    )
+    env.update({f"TRAINYARD_{k.upper()}": str(v) for k, v in settings.items()})
+    return env
+
+
+def _torchrun_args(nodes: int, node: int, port: int, rdzv_id: str) -> list[str]:
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        f"--nnodes={nodes}", "--nproc-per-node=1",
+        "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={rdzv_id}",
+        f"--rdzv-conf=is_host={1 if node == 0 else 0}", "--local-addr=127.0.0.1",
+        "--max-restarts=0", "--monitor-interval=0.1",
+        "-m", "trainyard.train", *MODEL_ARGS,
+    ]  # fmt: skip
+
+
+def train(data: Path, run: Run, nodes: int, **settings: object) -> list[str]:
+    """Run the workload on ``nodes`` local torchrun agents; return each node's output.
+
+    Fails the test (with every node's log tail) unless all agents exit 0.
+    """
+    run.root.mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    rdzv_id = f"{run.root.name}-{port}"
+    logs = [run.root / f"node-{i}.{port}.log" for i in range(nodes)]
+    procs = []
+    for node, log in enumerate(logs):
+        with log.open("wb") as out:
+            procs.append(
+                subprocess.Popen(
+                    _torchrun_args(nodes, node, port, rdzv_id),
+                    env=_env(data, run, node, **settings),
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # so a hung run can be killed with its workers
+                )
+            )
+    codes = [_wait(p) for p in procs]
+    outputs = [log.read_text(errors="replace") for log in logs]
+    detail = "\n".join(f"--- node-{i} (exit {c}) ---\n{o[-3000:]}" for i, (c, o) in enumerate(zip(codes, outputs)))
+    assert codes == [0] * nodes, detail
+    return outputs
+
+
+def _wait(proc: subprocess.Popen) -> int | None:
+    try:
+        return proc.wait(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the session we started: the agent and its worker
+        proc.wait()
+        return None
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("data")
+    write_synthetic_corpus(directory, shards=4, tokens_per_shard=16_384, vocab_size=256, seed=3)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def reference(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """An uninterrupted 40-step run on two nodes, checkpointing every 10 steps."""
+    run = Run.in_dir(tmp_path_factory.mktemp("reference"))
+    train(corpus, run, nodes=2, max_steps=40, checkpoint_every=10, resume_from="latest")
+    return run
+
+
+def test_two_nodes_train_checkpoint_and_heartbeat(reference: Run) -> None:
+    losses = reference.losses()
+    assert sorted(losses) == list(range(1, 41))
+    assert losses[1] == pytest.approx(5.545, abs=0.15)  # ~ln(256): a fresh model, not a resumed one
+    assert losses[40] < losses[1] - 1.0, losses
+
+    checkpoints = fmt.list_checkpoints(reference.checkpoints)
+    assert [fmt.step_of(c) for c in checkpoints] == [10, 20, 30, 40]
+    for ckpt in checkpoints:
+        assert fmt.verify(ckpt) == []
+        manifest = fmt.read_manifest(ckpt)
+        assert (manifest["world_size"], manifest["global_batch"], manifest["micro_batch"]) == (2, 16, 4)
+        assert manifest["metrics"]["loss"] == pytest.approx(losses[manifest["step"]])
+        assert any(name.endswith(".distcp") for name in manifest["files"])
+    saved = [e["step"] for e in Ledger(reference.ledger).events("train", "checkpoint_saved")]
+    assert saved == [10, 20, 30, 40]
+
+    beats = {p.name: json.loads(p.read_text()) for p in reference.heartbeats.glob("rank-*.json")}
+    assert set(beats) == {"rank-0.json", "rank-1.json"}
+    assert {b["node"] for b in beats.values()} == {"node-0", "node-1"}
+    assert all(b["status"] == "finished" and b["step"] == 40 for b in beats.values())
+
+
+def test_resume_reproduces_the_uninterrupted_run(corpus: Path, reference: Run, tmp_path: Path) -> None:
+    run = Run.in_dir(tmp_path / "interrupted")
+    train(corpus, run, nodes=2, max_steps=20, checkpoint_every=100)  # stops at 20; saves the last step
+    assert [fmt.step_of(c) for c in fmt.list_checkpoints(run.checkpoints)] == [20]
+
+    train(corpus, run, nodes=2, max_steps=25, checkpoint_every=100, resume_from="latest")
+
+    resumed = list(Ledger(run.ledger).events("train", "resumed"))
+    assert [(e["step"], e["from_world_size"], e["world_size"]) for e in resumed] == [(20, 2, 2)]
+    expected, got = reference.losses(), run.losses()
+    for step in range(21, 26):
+        assert got[step] == pytest.approx(expected[step], abs=1e-5), step
+
+
+def test_checkpoint_from_two_nodes_resumes_on_one(corpus: Path, reference: Run, tmp_path: Path) -> None:
+    run = Run.in_dir(tmp_path / "scaled-down")
+    source = fmt.step_dir(reference.checkpoints, 20)
+    train(corpus, run, nodes=1, max_steps=23, checkpoint_every=100, resume_from=source)
+
+    resumed = next(Ledger(run.ledger).events("train", "resumed"))
+    assert (resumed["path"], resumed["from_world_size"], resumed["world_size"]) == (str(source), 2, 1)
+    # Same global batch, same samples per step: only the summation order differs (accumulation 4 vs 2).
+    expected, got = reference.losses(), run.losses()
+    for step in (21, 22, 23):
+        assert got[step] == pytest.approx(expected[step], abs=1e-4), step
+    assert fmt.read_manifest(fmt.step_dir(run.checkpoints, 23))["world_size"] == 1
+
+
+def test_explicit_invalid_checkpoint_is_refused(corpus: Path, reference: Run, tmp_path: Path) -> None:
+    damaged = tmp_path / "step_000010"
+    shutil.copytree(fmt.step_dir(reference.checkpoints, 10), damaged)
+    (damaged / "__1_0.distcp").write_bytes(b"corrupt")
+    run = Run.in_dir(tmp_path / "refused")
+    env = _env(corpus, run, 0, max_steps=12, resume_from=damaged)
+
+    # One process, no torchrun: the workload's own single-process mode is enough here.
+    result = subprocess.run(
+        [sys.executable, "-m", "trainyard.train", *MODEL_ARGS],
+        env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+    )  # fmt: skip
+
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "CheckpointInvalid" in result.stderr and "__1_0.distcp: size mismatch" in result.stderr
+    assert not run.losses()  # refused before training a single step
