@@ -25,9 +25,10 @@ help:
 # The venv is rebuilt when the pinned requirements change.
 $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -r requirements.txt -r requirements-dev.txt -c constraints.txt
-	$(BIN)/pip install -q --no-deps -e .
+	@echo "installing pinned requirements into $(VENV) (log: $(VENV)/pip.log)"
+	($(BIN)/pip install --upgrade pip \
+	  && $(BIN)/pip install -r requirements.txt -r requirements-dev.txt -c constraints.txt \
+	  && $(BIN)/pip install --no-deps -e .) > $(VENV)/pip.log 2>&1 || (tail -30 $(VENV)/pip.log; exit 1)
 	touch $@
 
 venv: $(VENV)/.installed

@@ -13,7 +13,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -113,9 +112,3 @@ def _signal_all(procs: list[psutil.Process], sig: signal.Signals) -> None:
         except psutil.NoSuchProcess:
             pass
 
-
-def wait_all(launcher: LocalLauncher, handle: LocalHandle, poll_s: float = 0.5) -> AttemptStatus:
-    """Block until the attempt ends (for scripts and tests; the supervisor polls itself)."""
-    while (status := launcher.poll(handle)).state == "running":
-        time.sleep(poll_s)
-    return status

@@ -1,0 +1,69 @@
+"""The local launcher under the supervisor: crashes and hangs end the whole attempt."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psutil
+import pytest
+
+from trainyard.errors import TrainingFailed
+from trainyard.launch.base import LaunchPlan
+from trainyard.launch.local import LocalHandle, LocalLauncher
+from trainyard.ledger import Ledger
+from trainyard.recovery.supervisor import run_attempt
+
+pytestmark = pytest.mark.integration
+
+
+class Recording(LocalLauncher):
+    """Keeps every process of the attempt so the test can prove none survives."""
+
+    def __init__(self) -> None:
+        self.pids: list[int] = []
+
+    def poll(self, handle: LocalHandle):
+        for proc in handle.procs.values():
+            try:
+                self.pids += [p.pid for p in psutil.Process(proc.pid).children(recursive=True)] + [proc.pid]
+            except psutil.NoSuchProcess:
+                pass
+        return super().poll(handle)
+
+
+def plan_for(tmp_path: Path, script: str) -> LaunchPlan:
+    entry = tmp_path / "entry.py"
+    entry.write_text(script)
+    return LaunchPlan(run_id="t", attempt=1, nodes=["node-0", "node-1"], procs_per_node=1,
+                      entrypoint=str(entry), args=[], env={}, log_dir=tmp_path / "attempt-1")
+
+
+def alive(pids: list[int]) -> list[int]:
+    return [p for p in set(pids) if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_crashed_node_fails_the_attempt_and_ends_the_others(tmp_path: Path) -> None:
+    script = "import os, sys, time\nif os.environ['RANK'] == '1':\n    sys.exit(3)\ntime.sleep(120)\n"
+    launcher, ledger = Recording(), Ledger.in_dir(tmp_path)
+    with pytest.raises(TrainingFailed, match=r"\(crash\): node-\d exited 1") as err:
+        run_attempt(launcher, plan_for(tmp_path, script), tmp_path / "hb", 60.0, ledger, poll_s=0.2)
+    assert err.value.kind == "crash"
+    assert launcher.pids and alive(launcher.pids) == []
+    [end] = ledger.events("train", "attempt_end")
+    assert end["state"] == "failed" and end["kind"] == "crash"
+
+
+def test_a_silent_rank_is_a_hang_and_every_process_ends(tmp_path: Path) -> None:
+    launcher = Recording()
+    with pytest.raises(TrainingFailed, match=r"\(hang\): no heartbeat for 3 s from rank-0, rank-1") as err:
+        run_attempt(launcher, plan_for(tmp_path, "import time\ntime.sleep(120)\n"), tmp_path / "hb", 3.0,
+                    Ledger.in_dir(tmp_path), poll_s=0.2)
+    assert err.value.kind == "hang"
+    assert launcher.pids and alive(launcher.pids) == []
+
+
+def test_a_clean_exit_succeeds(tmp_path: Path) -> None:
+    result = run_attempt(LocalLauncher(), plan_for(tmp_path, "print('ok')\n"), tmp_path / "hb", 30.0,
+                         Ledger.in_dir(tmp_path), poll_s=0.2)
+    assert result.attempt == 1
+    assert "ok" in (tmp_path / "attempt-1" / "node-0.log").read_text()
