@@ -6,8 +6,8 @@ identifiers Airflow knows (DAG id, run id, logical date, Params).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -16,7 +16,7 @@ from trainyard.atomic import write_json_atomic
 from trainyard.errors import SpecError
 from trainyard.ledger import Ledger, run_dir, safe_name
 from trainyard.spec import PipelineSpec, load_spec, with_params
-from trainyard.storage import local_path
+from trainyard.storage import S3Settings, Tier, local_path, open_tier
 from trainyard.templating import render
 
 SNAPSHOT = "spec.json"
@@ -29,6 +29,18 @@ class Run:
     dag_id: str
     run_id: str
     ds: str
+    connections: Callable[[str], S3Settings] | None = field(default=None, repr=False)
+    """Resolves a connection id to S3 settings (Airflow connections); None: the environment."""
+
+    def tier(self, uri: str, connection: str | None) -> Tier:
+        if uri.startswith("s3://") and connection and self.connections:
+            return open_tier(uri, self.connections(connection))
+        return open_tier(uri)
+
+    @property
+    def holder(self) -> str:
+        """Who pins hot-tier data for this run."""
+        return f"{self.dag_id}/{self.run_id}"
 
     @property
     def variables(self) -> dict[str, str]:
@@ -56,8 +68,11 @@ class Run:
 
     @property
     def hot_dataset_dir(self) -> Path:
-        hot = Path(local_path(self.resolve("dataset.hot", self.spec.dataset.hot)))
-        return hot / self.resolve("dataset.name", self.spec.dataset.name)
+        return self.hot_root / self.resolve("dataset.name", self.spec.dataset.name)
+
+    @property
+    def hot_root(self) -> Path:
+        return Path(local_path(self.resolve("dataset.hot", self.spec.dataset.hot)))
 
     @property
     def checkpoint_root(self) -> Path:
@@ -69,13 +84,20 @@ class Run:
         return self.resolve("checkpoint.cold", self.spec.checkpoint.cold).rstrip("/") + "/" + safe_name(self.dag_id)
 
 
-def open_run(spec_path: str | Path, dag_id: str, run_id: str, ds: str, params: Mapping[str, Any] | None = None) -> Run:
+def open_run(
+    spec_path: str | Path,
+    dag_id: str,
+    run_id: str,
+    ds: str,
+    params: Mapping[str, Any] | None = None,
+    connections: Callable[[str], S3Settings] | None = None,
+) -> Run:
     """Load the spec, apply the trigger's Params, and snapshot both in the run folder once."""
     spec_path = Path(spec_path)
     spec = load_spec(spec_path)
     if params:
         spec = with_params(spec, params, spec_path)
-    run = Run(spec=spec, spec_path=spec_path, dag_id=dag_id, run_id=run_id, ds=ds)
+    run = Run(spec=spec, spec_path=spec_path, dag_id=dag_id, run_id=run_id, ds=ds, connections=connections)
     snapshot = run.dir / SNAPSHOT
     if not snapshot.exists():
         write_json_atomic(snapshot, {

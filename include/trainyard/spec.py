@@ -49,11 +49,28 @@ class _Model(BaseModel):
 
 class DataExpectations(_Model):
     min_shards: int = Field(1, ge=1)
-    """Fewest non-empty shards the staged dataset may have."""
+    """Fewest shards the staged dataset may have."""
+    max_shards: int | None = Field(None, ge=1)
+    """Most shards the staged dataset may have; null: no bound."""
     min_tokens_per_shard: int = Field(1, ge=1)
-    """A shard with fewer tokens than this counts as empty."""
+    """Fewest tokens a shard may hold (a shard below it is empty or truncated)."""
+    max_tokens_per_shard: int | None = Field(None, ge=1)
+    """Most tokens a shard may hold; null: no bound."""
     max_vocab: int | None = Field(None, ge=1)
     """Largest vocabulary a shard header may declare (the model's embedding size); null: no bound."""
+    dtypes: list[Literal["uint16", "uint32"]] = ["uint16", "uint32"]
+    """Token dtypes a shard may use."""
+    unique_shards: bool = True
+    """No two shards may have the same content (sha256)."""
+
+
+class Lifecycle(_Model):
+    expire_days: int | None = Field(None, ge=1)
+    """Delete objects under the cold prefix this many days after they were written."""
+    transition_days: int | None = Field(None, ge=1)
+    """Move objects to ``storage_class`` this many days after they were written."""
+    storage_class: str | None = None
+    """Target storage class of the transition (e.g. GLACIER, or a MinIO tier name)."""
 
 
 class DatasetSpec(_Model):
@@ -67,6 +84,13 @@ class DatasetSpec(_Model):
     """Airflow connection id (type aws, ``endpoint_url`` in extra) for an ``s3://`` source."""
     expectations: DataExpectations = DataExpectations()
     """Checks the staged data must pass before any node is spent on it."""
+    hot_capacity_gb: float | None = Field(None, gt=0)
+    """Size of the hot root, shared by every dataset staged there; least recently used
+    unpinned datasets are evicted to make room. Null: unbounded."""
+    concurrency: int = Field(4, ge=1, le=64)
+    """Objects transferred at once."""
+    lifecycle: Lifecycle | None = None
+    """Expiration or transition rule set on the ``s3://`` source prefix."""
 
 
 class KubernetesSpec(_Model):
@@ -167,6 +191,8 @@ class CheckpointSpec(_Model):
     """Latest valid checkpoints kept in the hot tier."""
     expectations: MetricExpectations = MetricExpectations()
     """Metric bounds a checkpoint must meet."""
+    lifecycle: Lifecycle | None = None
+    """Expiration or transition rule set on the ``s3://`` cold prefix of published checkpoints."""
 
 
 class RecoverySpec(_Model):
@@ -364,6 +390,14 @@ def _cross_field_problems(spec: PipelineSpec) -> list[str]:
         problems.append("nodes.kubernetes: required when nodes.backend is kubernetes (at least its image)")
     if nodes.backend == "local" and nodes.kubernetes is not None:
         problems.append("nodes.kubernetes: only allowed with nodes.backend: kubernetes")
+    expect = spec.dataset.expectations
+    if expect.max_shards is not None and expect.max_shards < expect.min_shards:
+        problems.append(f"dataset.expectations.max_shards: {expect.max_shards} must be >= min_shards ({expect.min_shards})")
+    if expect.max_tokens_per_shard is not None and expect.max_tokens_per_shard < expect.min_tokens_per_shard:
+        problems.append(
+            f"dataset.expectations.max_tokens_per_shard: {expect.max_tokens_per_shard} must be >= min_tokens_per_shard"
+            f" ({expect.min_tokens_per_shard})"
+        )
     ranks = training.micro_batch * nodes.count * nodes.procs_per_node
     if training.global_batch % ranks:
         problems.append(
@@ -385,9 +419,24 @@ def _cross_field_problems(spec: PipelineSpec) -> list[str]:
         problems.append("dataset.connection: required for an s3:// source (an Airflow connection id of type aws)")
     if spec.checkpoint.cold.startswith("s3://") and not spec.checkpoint.connection:
         problems.append("checkpoint.connection: required for an s3:// cold tier (an Airflow connection id of type aws)")
+    for field, uri, rule in (("dataset", spec.dataset.source, spec.dataset.lifecycle),
+                             ("checkpoint", spec.checkpoint.cold, spec.checkpoint.lifecycle)):
+        if rule is not None:
+            problems += [f"{field}.lifecycle: {p}" for p in _lifecycle_problems(uri, rule)]
     for i, name in enumerate(spec.params):
         if name in spec.params[:i]:
             problems.append(f"params[{i}]: {name!r} is listed twice")
+    return problems
+
+
+def _lifecycle_problems(uri: str, rule: Lifecycle) -> list[str]:
+    problems = []
+    if not uri.startswith("s3://"):
+        problems.append(f"lifecycle rules need an s3:// tier, not {uri!r}")
+    if rule.expire_days is None and rule.transition_days is None:
+        problems.append("set expire_days, transition_days or both")
+    if (rule.transition_days is None) != (rule.storage_class is None):
+        problems.append("transition_days and storage_class go together")
     return problems
 
 

@@ -15,16 +15,19 @@ from typing import Any
 
 from trainyard.burnin.local import probe_local
 from trainyard.burnin.verdict import decide, format_table
-from trainyard.checkpoint.format import latest_valid, read_manifest, verify
+from trainyard.checkpoint.format import MANIFEST, latest_valid, read_manifest, verify
 from trainyard.errors import CheckpointInvalid, NodeUnhealthy, SpecError
 from trainyard.launch.base import LaunchPlan
 from trainyard.launch.local import LocalLauncher
 from trainyard.quality.dataset import check_dataset as _check_dataset
 from trainyard.recovery.supervisor import run_attempt
 from trainyard.report.summary import write_report
+from trainyard.ledger import safe_name
 from trainyard.run import Run
-from trainyard.storage import LocalTier, open_tier
-from trainyard.storage.staging import stage
+from trainyard.spec import Lifecycle
+from trainyard.storage import S3Tier, Tier
+from trainyard.storage.hot import HotRoom, unpin
+from trainyard.storage.staging import stage, upload_tree
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +58,19 @@ def recorded(name: str) -> Callable[[Callable[..., dict[str, Any]]], Callable[..
 @recorded("stage_dataset")
 def stage_dataset(run: Run) -> dict[str, Any]:
     """Copy the cold shards to the hot tier, verified; only what changed is copied."""
-    return stage(open_tier(run.source_uri), run.hot_dataset_dir, ledger=run.ledger).as_dict()
+    ds = run.spec.dataset
+    source = run.tier(run.source_uri, ds.connection)
+    if ds.lifecycle:
+        _set_lifecycle(source, ds.lifecycle, f"trainyard-{run.dag_id}-data")
+    capacity = int(ds.hot_capacity_gb * 1e9) if ds.hot_capacity_gb else None
+    room = HotRoom(run.hot_root, capacity, run.holder)
+    return stage(source, run.hot_dataset_dir, ledger=run.ledger, concurrency=ds.concurrency, room=room).as_dict()
+
+
+def _set_lifecycle(tier: Tier, rule: Lifecycle, rule_id: str) -> None:
+    # The spec check guarantees an s3:// URI wherever a lifecycle rule is set.
+    assert isinstance(tier, S3Tier), tier
+    tier.set_lifecycle(safe_name(rule_id), rule.expire_days, rule.transition_days, rule.storage_class)
 
 
 @recorded("check_dataset")
@@ -183,18 +198,17 @@ def check_checkpoint(run: Run, checkpoint: str | None, target_step: int) -> dict
 def publish(run: Run, checkpoint: str) -> dict[str, Any]:
     """Copy the valid checkpoint to the cold tier, verified, its manifest last."""
     src = Path(checkpoint)
-    cold = open_tier(run.cold_checkpoint_uri)
-    files = [o.key for o in LocalTier(src).list() if o.key != "manifest.json"]
-    moved = 0
-    for key in [*files, "manifest.json"]:  # the manifest last: without it the copy does not exist
-        size, _ = cold.upload(src / key, f"{src.name}/{key}")
-        moved += size
+    cold = run.tier(run.cold_checkpoint_uri, run.spec.checkpoint.connection)
+    if run.spec.checkpoint.lifecycle:
+        _set_lifecycle(cold, run.spec.checkpoint.lifecycle, f"trainyard-{run.dag_id}-checkpoints")
+    moved = upload_tree(src, cold, src.name, last=MANIFEST)
     uri = f"{run.cold_checkpoint_uri}/{src.name}"
-    run.ledger.append("publish", "published", uri=uri, files=len(files) + 1, bytes=moved)
+    run.ledger.append("publish", "published", uri=uri, bytes=moved)
     return {"uri": uri, "bytes": moved}
 
 
 @recorded("report")
 def report(run: Run) -> dict[str, Any]:
-    """Write the run's summary and HTML report from its ledger."""
+    """Write the run's summary and HTML report from its ledger; release the run's hot data."""
+    unpin(run.hot_dataset_dir, run.holder)
     return write_report(run.dir, run.ledger)

@@ -30,7 +30,7 @@ def test_stage_copies_and_verifies(tmp_path: Path) -> None:
     manifest = json.loads((tmp_path / "hot" / STAGED_MANIFEST).read_text())
     assert set(manifest["files"]) == {"a.tok", "sub/b.tok"}
     assert len(manifest["files"]["a.tok"]["sha256"]) == 64
-    assert [e["event"] for e in ledger.events("stage_dataset")] == ["plan", "staged"]
+    assert [e["event"] for e in ledger.events("stage_dataset")] == ["plan", "progress", "staged"]
 
 
 def test_restage_unchanged_transfers_nothing_and_changed_only(tmp_path: Path) -> None:
@@ -80,7 +80,9 @@ def test_no_partial_file_under_its_final_name(tmp_path: Path) -> None:
         stage(Broken(source.root), tmp_path / "hot")
     hot = tmp_path / "hot"
     assert not (hot / "a.tok").exists() and not (hot / STAGED_MANIFEST).exists()
-    assert [p.name for p in hot.iterdir()] == []  # the temporary file is gone too
+    # the temporary file is gone too; only bookkeeping remains, and the journal records nothing
+    assert sorted(p.name for p in hot.iterdir()) == [".last_used", ".staging-journal.jsonl"]
+    assert (hot / ".staging-journal.jsonl").read_text() == ""
 
 
 @pytest.mark.parametrize("key", ["../x", "a/../../x", "/etc/passwd", "a\\b", "a\x00b", "", "./a", "a//b"])

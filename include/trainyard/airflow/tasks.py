@@ -13,20 +13,26 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from airflow.sdk import get_current_context
+from airflow.sdk import Connection, get_current_context
 from airflow.sdk.exceptions import AirflowFailException
 
 from trainyard import stages
 from trainyard.errors import FAIL_FAST
 from trainyard.report.summary import format_summary, summarize
 from trainyard.run import Run, open_run
+from trainyard.storage.s3 import S3Settings, settings_for
 
 log = logging.getLogger(__name__)
 
 
+def _s3_settings(conn_id: str) -> S3Settings:
+    """S3 endpoint and keys from an Airflow connection (type aws, ``endpoint_url`` in extra)."""
+    return settings_for(Connection.get(conn_id))
+
+
 def _open(spec_path: str) -> Run:
     ctx = get_current_context()
-    return open_run(spec_path, ctx["dag"].dag_id, ctx["run_id"], ctx["ds"], dict(ctx["params"]))
+    return open_run(spec_path, ctx["dag"].dag_id, ctx["run_id"], ctx["ds"], dict(ctx["params"]), connections=_s3_settings)
 
 
 @contextmanager

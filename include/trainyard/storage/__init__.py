@@ -4,15 +4,21 @@ from __future__ import annotations
 
 from trainyard.errors import SpecError
 from trainyard.storage.local import LocalTier
+from trainyard.storage.s3 import S3Settings, S3Tier
 from trainyard.storage.tier import ObjectInfo, Tier
 
 
-def open_tier(uri: str) -> Tier:
-    """The tier for a rendered URI (placeholders already filled)."""
+def open_tier(uri: str, s3: S3Settings | None = None) -> Tier:
+    """The tier for a rendered URI (placeholders already filled).
+
+    ``s3`` says how to reach an ``s3://`` tier; without it the environment is used.
+    """
     scheme, _, rest = uri.partition("://")
     if scheme == "file":
         return LocalTier(rest)
-    raise SpecError([f"{uri}: no tier implementation for the {scheme}:// scheme yet"])
+    if scheme == "s3":
+        return S3Tier(uri, s3 or S3Settings.from_env())
+    raise SpecError([f"{uri}: no tier for the {scheme}:// scheme (use file:// or s3://)"])
 
 
 def local_path(uri: str) -> str:
@@ -23,4 +29,4 @@ def local_path(uri: str) -> str:
     return rest
 
 
-__all__ = ["LocalTier", "ObjectInfo", "Tier", "local_path", "open_tier"]
+__all__ = ["LocalTier", "ObjectInfo", "S3Settings", "S3Tier", "Tier", "local_path", "open_tier"]

@@ -41,17 +41,25 @@ def write_verified(stream: BinaryIO, final: Path, expect_size: int | None = None
                 size += len(block)
             out.flush()
             os.fsync(out.fileno())
-        sha = digest.hexdigest()
-        problems = []
-        if expect_size is not None and size != expect_size:
-            problems.append(f"size {size} != expected {expect_size}")
-        if expect_sha256 is not None and sha != expect_sha256:
-            problems.append(f"sha256 {sha[:12]}... != expected {expect_sha256[:12]}...")
-        if tmp.stat().st_size != size or sha256_file(tmp) != sha:
-            problems.append("the written file differs from the bytes read")
-        if problems:
-            raise OSError(f"copy to {final} failed verification: {'; '.join(problems)}")
-        os.replace(tmp, final)
+        sha = expect_sha256 if expect_sha256 is not None else digest.hexdigest()
+        problems = [] if digest.hexdigest() == sha else [f"sha256 of the bytes read {digest.hexdigest()[:12]}... != {sha[:12]}..."]
+        commit_verified(tmp, final, size if expect_size is None else expect_size, sha, problems)
         return size, sha
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def commit_verified(tmp: Path, final: Path, size: int, sha256: str, problems: list[str] | None = None) -> None:
+    """Rename ``tmp`` to ``final`` only if the file on disk has ``size`` and ``sha256``.
+
+    Raises ``OSError`` naming every mismatch; the caller removes ``tmp``.
+    """
+    problems = list(problems or [])
+    actual = tmp.stat().st_size
+    if actual != size:
+        problems.append(f"size {actual} != expected {size}")
+    elif sha256_file(tmp) != sha256:
+        problems.append(f"sha256 of the written file != expected {sha256[:12]}...")
+    if problems:
+        raise OSError(f"copy to {final} failed verification: {'; '.join(problems)}")
+    os.replace(tmp, final)

@@ -1,16 +1,19 @@
 """Staging: copy a dataset from a cold tier to a folder in the hot tier.
 
-Plan, transfer, commit. Only objects that are missing or changed are copied;
-each lands under a temporary name, is verified and renamed; the staged
-manifest is written last, so a folder whose manifest lists a file holds that
-file, whole. Running it again after a kill finishes the job.
+Plan, make room, transfer, commit. Only objects that are missing or changed
+are copied; each lands under a temporary name, is verified and renamed, and
+is then recorded in a journal, so a stage killed midway and run again skips
+what it finished. The staged manifest is written last: a folder whose
+manifest lists a file holds that file, whole.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,11 +21,12 @@ from typing import Any
 from trainyard.atomic import read_json, write_json_atomic
 from trainyard.errors import DataError
 from trainyard.ledger import Ledger
+from trainyard.storage.hot import STAGED_MANIFEST, HotRoom, make_room, pin, touch
 from trainyard.storage.keys import key_path
 from trainyard.storage.tier import ObjectInfo, Tier
 
 log = logging.getLogger(__name__)
-STAGED_MANIFEST = "_staged.json"
+JOURNAL = ".staging-journal.jsonl"
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,20 @@ def read_staged(hot_dir: Path) -> dict[str, dict[str, Any]]:
         return {}
 
 
+def _journal(hot_dir: Path) -> dict[str, dict[str, Any]]:
+    """Objects a killed stage finished before it could commit the manifest."""
+    entries: dict[str, dict[str, Any]] = {}
+    path = hot_dir / JOURNAL
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+                entries[record.pop("key")] = record
+            except (ValueError, KeyError):
+                continue  # a torn last line: that object is simply copied again
+    return entries
+
+
 def plan(objects: list[ObjectInfo], staged: dict[str, dict[str, Any]], hot_dir: Path) -> list[ObjectInfo]:
     """The objects to transfer: new, changed at the source, or missing or resized in the hot tier."""
     todo = []
@@ -68,31 +86,81 @@ def plan(objects: list[ObjectInfo], staged: dict[str, dict[str, Any]], hot_dir: 
     return todo
 
 
-def stage(source: Tier, hot_dir: Path, ledger: Ledger | None = None, concurrency: int = 4) -> StageResult:
+class Progress:
+    """Bytes, MB/s and ETA in the task log (every few seconds) and the ledger (less often)."""
+
+    def __init__(self, total_bytes: int, total_objects: int, ledger: Ledger | None, log_every_s: float = 2.0):
+        self.total_bytes, self.total_objects, self.ledger = total_bytes, total_objects, ledger
+        self.bytes = self.objects = 0
+        self.started = self.logged = self.recorded = time.monotonic()
+        self.log_every_s = log_every_s
+
+    def add(self, nbytes: int) -> None:
+        self.bytes += nbytes
+        self.objects += 1
+        now = time.monotonic()
+        done = self.objects == self.total_objects
+        if done or now - self.logged >= self.log_every_s:
+            self.logged = now
+            log.info("%s", self.line(now))
+        if self.ledger and (done or now - self.recorded >= 5 * self.log_every_s):
+            self.recorded = now
+            self.ledger.append("stage_dataset", "progress", objects=self.objects, bytes=self.bytes,
+                               total_bytes=self.total_bytes, mb_per_s=round(self.rate(now) / 1e6, 2))
+
+    def rate(self, now: float) -> float:
+        return self.bytes / max(now - self.started, 1e-6)
+
+    def line(self, now: float) -> str:
+        rate = self.rate(now)
+        eta = (self.total_bytes - self.bytes) / rate if rate else float("inf")
+        return (f"staged {self.objects}/{self.total_objects} objects, {self.bytes / 1e6:.1f} of "
+                f"{self.total_bytes / 1e6:.1f} MB, {rate / 1e6:.1f} MB/s, ETA {eta:.1f} s")
+
+
+def stage(
+    source: Tier,
+    hot_dir: Path,
+    ledger: Ledger | None = None,
+    concurrency: int = 4,
+    room: HotRoom | None = None,
+) -> StageResult:
     started = time.monotonic()
     objects = [o for o in source.list() if o.key != STAGED_MANIFEST]
     if not objects:
         raise DataError(f"{source.uri} holds no objects to stage; check dataset.source and the partition date")
     staged = read_staged(hot_dir)
-    todo = plan(objects, staged, hot_dir)
+    known = {**staged, **_journal(hot_dir)}
+    todo = plan(objects, known, hot_dir)
+    need = sum(o.size for o in todo)
     if ledger:
-        ledger.append("stage_dataset", "plan", source=source.uri, objects=len(objects), to_transfer=len(todo))
-    log.info("staging %s -> %s: %d objects, %d to transfer", source.uri, hot_dir, len(objects), len(todo))
-
-    def transfer(obj: ObjectInfo) -> tuple[ObjectInfo, int, str]:
-        size, sha = source.download(obj.key, key_path(hot_dir, obj.key), expect=obj)
-        return obj, size, sha
+        ledger.append("stage_dataset", "plan", source=source.uri, objects=len(objects), to_transfer=len(todo), bytes=need)
+    log.info("staging %s -> %s: %d objects, %d to transfer (%.1f MB)", source.uri, hot_dir, len(objects), len(todo), need / 1e6)
+    if room:
+        pin(hot_dir, room.holder)  # before making room, so a parallel stage cannot evict us
+        make_room(room, hot_dir, need - sum(known[o.key]["size"] for o in todo if o.key in known), ledger)
+    touch(hot_dir)
 
     todo_keys = {o.key for o in todo}
-    entries = {o.key: staged[o.key] for o in objects if o.key not in todo_keys}
-    moved = 0
-    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-        for obj, size, sha in pool.map(transfer, todo):
-            entries[obj.key] = {"size": size, "sha256": sha, "version": obj.version}
-            moved += size
-            log.info("staged %s (%d bytes)", obj.key, size)
+    entries = {o.key: known[o.key] for o in objects if o.key not in todo_keys}
+    progress = Progress(need, len(todo), ledger)
+    with (hot_dir / JOURNAL).open("a") as journal, ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        futures = {pool.submit(source.download, o.key, key_path(hot_dir, o.key), o): o for o in todo}
+        try:
+            for future in as_completed(futures):
+                obj = futures[future]
+                size, sha = future.result()
+                entries[obj.key] = {"size": size, "sha256": sha, "version": obj.version}
+                journal.write(json.dumps({"key": obj.key, **entries[obj.key]}) + "\n")
+                journal.flush()
+                progress.add(size)
+        except BaseException:
+            for future in futures:
+                future.cancel()  # one failure ends the stage; queued transfers would only fail slowly
+            raise
 
     write_json_atomic(hot_dir / STAGED_MANIFEST, {"source": source.uri, "staged_at": time.time(), "files": entries})
+    os.unlink(hot_dir / JOURNAL)
     for stale in set(staged) - set(entries):
         key_path(hot_dir, stale).unlink(missing_ok=True)  # gone at the source: not part of this dataset
     result = StageResult(
@@ -100,9 +168,23 @@ def stage(source: Tier, hot_dir: Path, ledger: Ledger | None = None, concurrency
         files=len(objects),
         bytes_total=sum(o.size for o in objects),
         transferred=len(todo),
-        bytes_transferred=moved,
+        bytes_transferred=progress.bytes,
         seconds=round(time.monotonic() - started, 3),
     )
     if ledger:
         ledger.append("stage_dataset", "staged", **result.as_dict())
     return result
+
+
+def upload_tree(src: Path, tier: Tier, prefix: str, last: str | None = None, concurrency: int = 4) -> int:
+    """Upload every file under ``src`` to ``prefix/``, in parallel, verified; ``last`` goes after all others.
+
+    Returns the bytes uploaded. ``last`` is a manifest: without it the copy does not exist.
+    """
+    keys = [p.relative_to(src).as_posix() for p in sorted(src.rglob("*")) if p.is_file()]
+    first = [k for k in keys if k != last]
+    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        sizes = list(pool.map(lambda k: tier.upload(src / k, f"{prefix}/{k}")[0], first))
+    if last is not None:
+        sizes.append(tier.upload(src / last, f"{prefix}/{last}")[0])
+    return sum(sizes)

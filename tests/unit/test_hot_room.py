@@ -1,0 +1,94 @@
+"""Hot-tier capacity: LRU eviction that respects pins, and a clear error when full."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from trainyard.errors import DataError
+from trainyard.ledger import Ledger
+from trainyard.storage import LocalTier
+from trainyard.storage.hot import PIN_TTL_S, HotRoom, make_room, pin, staged_datasets, unpin
+from trainyard.storage.staging import stage
+
+
+def staged(root: Path, name: str, size: int, used_at: float) -> Path:
+    src = root.parent / "cold" / name
+    src.mkdir(parents=True)
+    (src / "s.tok").write_bytes(b"x" * size)
+    folder = root / name
+    stage(LocalTier(src), folder)
+    os.utime(folder / ".last_used", (used_at, used_at))
+    return folder
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    root = tmp_path / "hot"
+    now = time.time()
+    # Sizes dwarf the few hundred bytes of each staged manifest.
+    staged(root, "old", 40_000, now - 300)
+    staged(root, "mid", 30_000, now - 200)
+    staged(root, "new", 20_000, now - 100)
+    return root
+
+
+def names(root: Path) -> list[str]:
+    return [d.path.name for d in staged_datasets(root)]
+
+
+def test_datasets_are_listed_least_recently_used_first(root: Path) -> None:
+    assert names(root) == ["old", "mid", "new"]
+
+
+def test_eviction_takes_the_least_recently_used_first_and_only_what_is_needed(root: Path, tmp_path: Path) -> None:
+    ledger = Ledger.in_dir(tmp_path / "run")
+    evicted = make_room(HotRoom(root, 100_000, "me"), root / "incoming", 35_000, ledger)
+    assert [d.path.name for d in evicted] == ["old"]  # ~9 kB free + ~40 kB freed >= 35 kB
+    assert names(root) == ["mid", "new"]
+    assert [e["path"] for e in ledger.events("stage_dataset", "evicted")] == [str(root / "old")]
+    assert not any(p.name.startswith(".evicting") for p in root.iterdir())
+
+
+def test_pinned_datasets_are_skipped(root: Path) -> None:
+    pin(root / "old", "nightly/run-1")
+    evicted = make_room(HotRoom(root, 100_000, "me"), root / "incoming", 45_000, None)
+    assert [d.path.name for d in evicted] == ["mid", "new"]
+    assert names(root) == ["old"]
+
+
+def test_an_expired_pin_no_longer_protects(root: Path) -> None:
+    pin(root / "old", "crashed/run")
+    stale = time.time() - PIN_TTL_S - 10
+    pin_file = next((root / "old" / ".pins").iterdir())
+    os.utime(pin_file, (stale, stale))
+    assert [d.path.name for d in make_room(HotRoom(root, 100_000, "me"), root / "x", 35_000, None)] == ["old"]
+
+
+def test_unpin_releases(root: Path) -> None:
+    pin(root / "old", "a/b")
+    unpin(root / "old", "a/b")
+    assert staged_datasets(root)[0].pinned_by == ()
+
+
+def test_no_room_fails_before_anything_is_evicted(root: Path) -> None:
+    pin(root / "mid", "nightly/run-2")
+    with pytest.raises(DataError, match=r"is full: staging needs 80.0 kB more, 9.\d kB of 100.0 kB is free and evicting every unpinned dataset frees only 60.\d kB; 1 dataset\(s\) \(30.\d kB\) are pinned"):
+        make_room(HotRoom(root, 100_000, "me"), root / "incoming", 80_000, None)
+    assert names(root) == ["old", "mid", "new"]
+
+
+def test_stage_makes_room_and_pins_its_own_dataset(root: Path, tmp_path: Path) -> None:
+    src = tmp_path / "cold" / "incoming"
+    src.mkdir(parents=True)
+    (src / "s.tok").write_bytes(b"y" * 55_000)
+    stage(LocalTier(src), root / "incoming", room=HotRoom(root, 100_000, "p/run-3"))
+    assert names(root) == ["new", "incoming"]  # old and mid went, oldest first
+    assert [d.pinned_by for d in staged_datasets(root) if d.path.name == "incoming"] == [("p/run-3",)]
+
+
+def test_unbounded_capacity_never_evicts(root: Path) -> None:
+    assert make_room(HotRoom(root, None, "me"), root / "x", 10**12, None) == []
