@@ -76,7 +76,7 @@ def _set_lifecycle(tier: Tier, rule: Lifecycle, rule_id: str) -> None:
 @recorded("check_dataset")
 def check_dataset(run: Run) -> dict[str, Any]:
     """Fail fast (``DataError``) unless the staged shards meet the spec's expectations."""
-    report = _check_dataset(run.hot_dataset_dir, run.spec.dataset.expectations).as_dict()
+    report = _check_dataset(run.hot_dataset_dir, run.spec.dataset.expectations, result_dir=run.dir).as_dict()
     run.ledger.append("check_dataset", "dataset_checked", **report)
     return report
 

@@ -1,16 +1,43 @@
-"""The dataset gate: the staged shards exist, parse, and meet the spec's expectations."""
+"""The dataset gate: the staged shards meet the spec's data expectations, checked by great-expectations.
+
+This module owns turning a staged dataset into a table (one row per staged
+``*.tok`` shard: manifest size and sha256, header tokens, vocab_size and
+dtype), turning ``DataExpectations`` into a great-expectations suite over that
+table, and turning GX's validation result into a ``DataError`` that names each
+failed expectation and its shards in plain words.
+
+GX is called directly (an ephemeral context, a pandas data source and a
+whole-dataframe batch), not through the Airflow provider, so the gate stays a
+plain function that tests and the CLI can run without Airflow. GX and pandas
+take seconds to import, and DAG files import this module indirectly, so both
+are imported inside ``check_dataset`` only.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
+from trainyard.atomic import write_json_atomic
 from trainyard.errors import DataError
 from trainyard.shards import SHARD_SUFFIX, read_header
 from trainyard.spec import DataExpectations
 from trainyard.storage.keys import key_path
-from trainyard.storage.staging import read_staged
+from trainyard.storage.staging import STAGED_MANIFEST, read_staged
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+log = logging.getLogger(__name__)
+
+RESULT_FILE = "data_quality.json"
+# How many offending shards an error names per expectation; the JSON result counts them all.
+SHOWN = 10
+# One column per fact the suite checks; ``header_error`` is None for a readable header.
+COLUMNS = ("key", "size", "sha256", "tokens", "vocab_size", "dtype", "header_error")
 
 
 @dataclass(frozen=True)
@@ -19,36 +46,210 @@ class DatasetReport:
     non_empty: int
     tokens: int
     vocab_size: int
+    expectations: int
+    """How many expectations great-expectations evaluated (all passed)."""
+    seconds: float
+    """Wall time of the check, GX import included (the bulk of it on a cold process)."""
+    result: str | None
+    """Where the GX validation result was saved, if anywhere."""
 
     def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return asdict(self)
 
 
-def check_dataset(hot_dir: Path, expect: DataExpectations) -> DatasetReport:
-    """Read every staged shard's header; ``DataError`` names each failed expectation and its shards."""
-    keys = sorted(k for k in read_staged(hot_dir) if k.endswith(SHARD_SUFFIX))
-    if not keys:
-        raise DataError(f"{hot_dir}: no staged *{SHARD_SUFFIX} shards (is the staged manifest missing?)")
-    headers = {key: read_header(key_path(hot_dir, key)) for key in keys}  # DataError names a corrupt shard
-    small = [k for k, h in headers.items() if h.tokens < expect.min_tokens_per_shard]
-    problems = []
-    if small:
-        problems.append(
-            f"{len(small)} shard(s) have fewer than min_tokens_per_shard={expect.min_tokens_per_shard} tokens: "
-            + ", ".join(small[:10])
-        )
-    non_empty = len(keys) - len(small)
-    if non_empty < expect.min_shards:
-        problems.append(f"only {non_empty} non-empty shard(s); expectations.min_shards is {expect.min_shards}")
-    if expect.max_vocab is not None:
-        wide = [f"{k} (vocab {h.vocab_size})" for k, h in headers.items() if h.vocab_size > expect.max_vocab]
-        if wide:
-            problems.append(f"shards declare a vocabulary above max_vocab={expect.max_vocab}: " + ", ".join(wide[:10]))
-    if problems:
-        raise DataError(f"{hot_dir}: " + "; ".join(problems))
+@dataclass(frozen=True)
+class _Check:
+    """One expectation, the words an error uses for it, and how one offending shard reads."""
+
+    name: str
+    expectation: Any
+    detail: Callable[[dict[str, Any]], str] | None
+    """None for a table-level check, where no single shard is to blame."""
+
+
+def check_dataset(hot_dir: Path, expect: DataExpectations, result_dir: Path | None = None) -> DatasetReport:
+    """Validate the staged shards of ``hot_dir`` against ``expect`` with great-expectations.
+
+    Raise ``DataError`` naming each failed expectation and up to ten offending
+    shards. With ``result_dir``, the GX validation result is saved to
+    ``result_dir / "data_quality.json"`` whether the check passes or fails.
+    """
+    started = time.monotonic()
+    table = shard_table(hot_dir)
+    gx = _import_gx()
+    checks = _checks(gx, expect)
+    result = _validate(gx, table, checks).to_json_dict()
+    result_path = None
+    if result_dir is not None:
+        result_path = Path(result_dir) / RESULT_FILE
+        write_json_atomic(result_path, result)
+    if not result["success"]:
+        raise DataError(_failure_message(hot_dir, table, checks, result, result_path))
+    seconds = round(time.monotonic() - started, 3)
+    log.info("data quality: %d shards passed %d expectations in %.2f s", len(table), len(checks), seconds)
     return DatasetReport(
-        shards=len(keys),
-        non_empty=non_empty,
-        tokens=sum(h.tokens for h in headers.values()),
-        vocab_size=max(h.vocab_size for h in headers.values()),
+        shards=len(table),
+        non_empty=int((table["tokens"] > 0).sum()),
+        tokens=int(table["tokens"].sum()),
+        vocab_size=int(table["vocab_size"].max()),
+        expectations=len(checks),
+        seconds=seconds,
+        result=str(result_path) if result_path else None,
     )
+
+
+def shard_table(hot_dir: Path) -> pd.DataFrame:
+    """One row per staged ``*.tok`` key, in key order; an unreadable header is a row with ``header_error``.
+
+    An unreadable shard becomes a row rather than an immediate error so that it
+    fails through the same suite, report and saved result as every other
+    problem, alongside any others the dataset has.
+    """
+    import pandas as pd
+
+    staged = read_staged(hot_dir)
+    rows = [_shard_row(hot_dir, key, staged[key]) for key in sorted(staged) if key.endswith(SHARD_SUFFIX)]
+    table = pd.DataFrame(rows, columns=list(COLUMNS))
+    # Nullable integers: a corrupt shard's missing counts must not turn every count into a float.
+    return table.astype({"size": "Int64", "tokens": "Int64", "vocab_size": "Int64"})
+
+
+def _shard_row(hot_dir: Path, key: str, entry: dict[str, Any]) -> dict[str, Any]:
+    row: dict[str, Any] = {"key": key, "size": entry.get("size"), "sha256": entry.get("sha256")}
+    try:
+        path = key_path(hot_dir, key)
+        header = read_header(path)
+    except DataError as exc:
+        # read_header says "shard <full path>: <what is wrong>"; the key already names the shard.
+        row["header_error"] = str(exc).removeprefix(f"shard {hot_dir / key}: ")
+        return row
+    row.update(tokens=header.tokens, vocab_size=header.vocab_size, dtype=header.dtype.name)
+    return row
+
+
+def _import_gx() -> Any:
+    """Import great-expectations quietly: its INFO logging is import-time noise in every task log."""
+    gx_log = logging.getLogger("great_expectations")
+    if gx_log.level == logging.NOTSET:  # a deployment that configured GX logging keeps its choice
+        gx_log.setLevel(logging.WARNING)
+    import great_expectations as gx
+
+    # This one module pins its own logger to INFO (one line per context about a temporary docs
+    # directory); let it follow the "great_expectations" level like the rest.
+    logging.getLogger("great_expectations.data_context.types.base").setLevel(logging.NOTSET)
+    return gx
+
+
+def _checks(gx: Any, expect: DataExpectations) -> list[_Check]:
+    """The suite for ``expect``, each expectation named by the spec field a user would change."""
+    checks: list[_Check] = []
+
+    def add(name: str, expectation: str, detail: Callable[[dict[str, Any]], str] | None, **kwargs: Any) -> None:
+        # GX reorders results; the index in meta maps each one back to its check.
+        made = getattr(gx.expectations, expectation)(description=name, meta={"trainyard_check": len(checks)}, **kwargs)
+        checks.append(_Check(name, made, detail))
+
+    add(
+        "shard headers readable",
+        "ExpectColumnValuesToBeNull",
+        lambda row: f"{row['key']}: {row['header_error']}",
+        column="header_error",
+    )
+    add(
+        f"shard count {_bounds(expect.min_shards, expect.max_shards)} (expectations.min_shards/max_shards)",
+        "ExpectTableRowCountToBeBetween",
+        None,
+        min_value=expect.min_shards,
+        max_value=expect.max_shards,
+    )
+    add(
+        f"tokens per shard {_bounds(expect.min_tokens_per_shard, expect.max_tokens_per_shard)}"
+        " (expectations.min_tokens_per_shard/max_tokens_per_shard)",
+        "ExpectColumnValuesToBeBetween",
+        lambda row: f"{row['key']} ({row['tokens']} tokens)",
+        column="tokens",
+        min_value=expect.min_tokens_per_shard,
+        max_value=expect.max_tokens_per_shard,
+    )
+    add(
+        f"token dtype one of {', '.join(expect.dtypes) or '(none)'} (expectations.dtypes)",
+        "ExpectColumnValuesToBeInSet",
+        lambda row: f"{row['key']} ({row['dtype']})",
+        column="dtype",
+        value_set=list(expect.dtypes),
+    )
+    if expect.max_vocab is not None:
+        add(
+            f"vocab_size at most {expect.max_vocab} (expectations.max_vocab)",
+            "ExpectColumnValuesToBeBetween",
+            lambda row: f"{row['key']} (vocab_size {row['vocab_size']})",
+            column="vocab_size",
+            max_value=expect.max_vocab,
+        )
+    if expect.unique_shards:
+        add(
+            "shard contents unique by sha256 (expectations.unique_shards)",
+            "ExpectColumnValuesToBeUnique",
+            lambda row: f"{row['key']} (sha256 {str(row['sha256'])[:12]})",
+            column="sha256",
+        )
+    return checks
+
+
+def _bounds(low: int, high: int | None) -> str:
+    return f"at least {low}" if high is None else f"between {low} and {high}"
+
+
+def _validate(gx: Any, table: pd.DataFrame, checks: list[_Check]) -> Any:
+    """Run the suite over ``table`` in a fresh ephemeral context (a few ms; nothing touches disk)."""
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    context = gx.get_context(mode="ephemeral")
+    # GX draws a tqdm bar per validation on stderr by default; in a task log that is noise.
+    context.variables.progress_bars = ProgressBarsConfig(globally=False)
+    asset = context.data_sources.add_pandas("trainyard").add_dataframe_asset("staged_shards")
+    batch = asset.add_batch_definition_whole_dataframe("all_shards").get_batch(batch_parameters={"dataframe": table})
+    suite = gx.ExpectationSuite(name="trainyard_dataset")
+    for check in checks:
+        suite.add_expectation(check.expectation)
+    # SUMMARY with the key as index column: the saved result names the first offending
+    # shards of each expectation (and counts all of them) without listing every row.
+    result_format = {"result_format": "SUMMARY", "unexpected_index_column_names": ["key"], "partial_unexpected_count": SHOWN}
+    return batch.validate(suite, result_format=result_format)
+
+
+def _failure_message(
+    hot_dir: Path, table: pd.DataFrame, checks: list[_Check], result: dict[str, Any], result_path: Path | None
+) -> str:
+    failed = [r for r in result["results"] if not r["success"]]
+    failed.sort(key=lambda r: r["expectation_config"]["meta"]["trainyard_check"])  # suite order, not GX's
+    rows = {row["key"]: row for row in table.astype(object).where(table.notna(), None).to_dict("records")}
+    problems = [_problem(checks[r["expectation_config"]["meta"]["trainyard_check"]], r, rows, hot_dir) for r in failed]
+    # "shards ..." also keeps "DataError: shard..." greppable in task logs, as the other shard errors read.
+    message = f"shards in {hot_dir} failed {len(failed)} of {len(checks)} data expectations: " + "; ".join(problems)
+    if result_path is not None:
+        message += f" (full result: {result_path})"
+    return message
+
+
+def _problem(check: _Check, outcome: dict[str, Any], rows: dict[str, dict[str, Any]], hot_dir: Path) -> str:
+    """One failed expectation in plain words, with the shards that broke it."""
+    if outcome["exception_info"].get("raised_exception", True) is not False:
+        return f"{check.name}: could not be evaluated ({_exception_text(outcome['exception_info'])})"
+    found = outcome["result"]
+    if check.detail is None:  # the shard count
+        observed = found["observed_value"]
+        hint = f" (no *{SHARD_SUFFIX} keys in {hot_dir / STAGED_MANIFEST}; did stage_dataset run?)" if not observed else ""
+        return f"{check.name}: {observed} shard(s) staged{hint}"
+    keys = [item["key"] for item in found.get("partial_unexpected_index_list", [])]
+    details = [check.detail(rows[key]) for key in keys[:SHOWN]]
+    more = found.get("unexpected_count", len(keys)) - len(details)
+    return f"{check.name}: " + ", ".join(details) + (f" and {more} more" if more > 0 else "")
+
+
+def _exception_text(info: dict[str, Any]) -> str:
+    # A single expectation reports {"exception_message": ...}; a failed metric reports
+    # {metric id: {"exception_message": ...}} instead.
+    if "exception_message" in info:
+        return str(info["exception_message"])
+    return "; ".join(str(v.get("exception_message")) for v in info.values() if isinstance(v, dict)) or "unknown error"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 from pathlib import Path
 from typing import BinaryIO
 
@@ -26,9 +27,8 @@ def sha256_file(path: str | Path) -> str:
 def write_verified(stream: BinaryIO, final: Path, expect_size: int | None = None, expect_sha256: str | None = None) -> tuple[int, str]:
     """Copy ``stream`` to ``final`` through a temporary file, verify, then rename.
 
-    The source is hashed as it is read and the written file is hashed again
-    after fsync, so a short write or a bad disk cannot pass as a good copy.
-    Returns ``(size, sha256)``.
+    The bytes are hashed as they are written, once; the size on disk and that
+    hash must match what the source promised. Returns ``(size, sha256)``.
     """
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_name(final)
@@ -41,24 +41,50 @@ def write_verified(stream: BinaryIO, final: Path, expect_size: int | None = None
                 size += len(block)
             out.flush()
             os.fsync(out.fileno())
-        sha = expect_sha256 if expect_sha256 is not None else digest.hexdigest()
-        problems = [] if digest.hexdigest() == sha else [f"sha256 of the bytes read {digest.hexdigest()[:12]}... != {sha[:12]}..."]
-        commit_verified(tmp, final, size if expect_size is None else expect_size, sha, problems)
-        return size, sha
+        actual = digest.hexdigest()
+        commit_verified(tmp, final, size if expect_size is None else expect_size, expect_sha256 or actual, actual_sha256=actual)
+        return size, actual
     finally:
         tmp.unlink(missing_ok=True)
 
 
-def commit_verified(tmp: Path, final: Path, size: int, sha256: str, problems: list[str] | None = None) -> None:
+def copy_file_verified(src: Path, final: Path, expect_size: int | None = None, expect_sha256: str | None = None) -> tuple[int, str]:
+    """Copy a local file to ``final`` in the kernel, hash what landed, verify, rename.
+
+    One hash pass over the copy (not two: re-reading right after writing reads
+    the page cache, so it proves nothing the write did not). The source must not
+    change during the copy, and must match ``expect_*`` where the tier knows them.
+    """
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_name(final)
+    before = src.stat()
+    try:
+        with src.open("rb") as fin, tmp.open("wb") as fout:
+            shutil.copyfileobj(fin, fout, BLOCK)  # sendfile/copy_file_range on Linux: no user-space copy
+            fout.flush()
+            os.fsync(fout.fileno())
+        after = src.stat()
+        if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
+            raise OSError(f"copy to {final} failed verification: {src} changed during the copy")
+        actual = sha256_file(tmp)
+        size = before.st_size if expect_size is None else expect_size
+        commit_verified(tmp, final, size, expect_sha256 or actual, actual_sha256=actual)
+        return size, actual
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def commit_verified(tmp: Path, final: Path, size: int, sha256: str, actual_sha256: str | None = None) -> None:
     """Rename ``tmp`` to ``final`` only if the file on disk has ``size`` and ``sha256``.
 
-    Raises ``OSError`` naming every mismatch; the caller removes ``tmp``.
+    ``actual_sha256`` spares a second hash pass when the caller hashed ``tmp``
+    already. Raises ``OSError`` naming every mismatch; the caller removes ``tmp``.
     """
-    problems = list(problems or [])
+    problems = []
     actual = tmp.stat().st_size
     if actual != size:
         problems.append(f"size {actual} != expected {size}")
-    elif sha256_file(tmp) != sha256:
+    elif (actual_sha256 or sha256_file(tmp)) != sha256:
         problems.append(f"sha256 of the written file != expected {sha256[:12]}...")
     if problems:
         raise OSError(f"copy to {final} failed verification: {'; '.join(problems)}")

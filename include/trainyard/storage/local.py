@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from trainyard.atomic import is_temp_name
-from trainyard.storage.hashing import sha256_file, write_verified
+from trainyard.storage.hashing import copy_file_verified, sha256_file
 from trainyard.storage.keys import check_key, key_path
 from trainyard.storage.tier import ObjectInfo
 
@@ -32,17 +32,11 @@ class LocalTier:
         return sorted(found, key=lambda o: o.key)
 
     def download(self, key: str, dest: Path, expect: ObjectInfo | None = None) -> tuple[int, str]:
-        src = key_path(self.root, key)
-        with src.open("rb") as stream:
-            return write_verified(
-                stream,
-                dest,
-                expect_size=expect.size if expect else None,
-                expect_sha256=expect.sha256 if expect else None,
-            )
+        return copy_file_verified(
+            key_path(self.root, key), dest, expect.size if expect else None, expect.sha256 if expect else None
+        )
 
     def upload(self, src: Path, key: str) -> tuple[int, str]:
+        # The source's hash is known before the copy, so the copy is checked against it.
         check_key(key)
-        expected = sha256_file(src)
-        with src.open("rb") as stream:
-            return write_verified(stream, key_path(self.root, key), expect_sha256=expected)
+        return copy_file_verified(src, key_path(self.root, key), expect_sha256=sha256_file(src))

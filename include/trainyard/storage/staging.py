@@ -144,6 +144,29 @@ def stage(
     todo_keys = {o.key for o in todo}
     entries = {o.key: known[o.key] for o in objects if o.key not in todo_keys}
     progress = Progress(need, len(todo), ledger)
+    if todo or set(staged) != set(entries):
+        _transfer(source, hot_dir, todo, entries, progress, concurrency)
+        write_json_atomic(hot_dir / STAGED_MANIFEST, {"source": source.uri, "staged_at": time.time(), "files": entries})
+        os.unlink(hot_dir / JOURNAL)
+        for stale in set(staged) - set(entries):
+            key_path(hot_dir, stale).unlink(missing_ok=True)  # gone at the source: not part of this dataset
+    result = StageResult(
+        hot_dir=hot_dir,
+        files=len(objects),
+        bytes_total=sum(o.size for o in objects),
+        transferred=len(todo),
+        bytes_transferred=progress.bytes,
+        seconds=round(time.monotonic() - started, 3),
+    )
+    if ledger:
+        ledger.append("stage_dataset", "staged", **result.as_dict())
+    return result
+
+
+def _transfer(
+    source: Tier, hot_dir: Path, todo: list[ObjectInfo], entries: dict[str, dict[str, Any]], progress: Progress, concurrency: int
+) -> None:
+    """Copy ``todo`` in parallel, journaling each object as it lands (``entries`` is filled in)."""
     with (hot_dir / JOURNAL).open("a") as journal, ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
         futures = {pool.submit(source.download, o.key, key_path(hot_dir, o.key), o): o for o in todo}
         try:
@@ -158,22 +181,6 @@ def stage(
             for future in futures:
                 future.cancel()  # one failure ends the stage; queued transfers would only fail slowly
             raise
-
-    write_json_atomic(hot_dir / STAGED_MANIFEST, {"source": source.uri, "staged_at": time.time(), "files": entries})
-    os.unlink(hot_dir / JOURNAL)
-    for stale in set(staged) - set(entries):
-        key_path(hot_dir, stale).unlink(missing_ok=True)  # gone at the source: not part of this dataset
-    result = StageResult(
-        hot_dir=hot_dir,
-        files=len(objects),
-        bytes_total=sum(o.size for o in objects),
-        transferred=len(todo),
-        bytes_transferred=progress.bytes,
-        seconds=round(time.monotonic() - started, 3),
-    )
-    if ledger:
-        ledger.append("stage_dataset", "staged", **result.as_dict())
-    return result
 
 
 def upload_tree(src: Path, tier: Tier, prefix: str, last: str | None = None, concurrency: int = 4) -> int:
