@@ -139,19 +139,52 @@ class NodesSpec(_Model):
         return self.max if self.max is not None else self.count + self.spare
 
 
+PROBES = ("matmul_gflops", "membw_gbps", "disk_write_mbps", "disk_read_mbps")
+
+
+class BurnInDrill(_Model):
+    node: str
+    """Candidate to act out the fault (``node-0``, ``node-1``, ...)."""
+    fault: Literal["throttle", "crash", "hang"]
+    """``throttle``: slow by ``factor``; ``crash``: exit; ``hang``: stop responding."""
+    factor: float = Field(0.3, gt=0, lt=1)
+    """Share of throughput a throttled node loses."""
+
+
 class PressureTestSpec(_Model):
     enabled: bool = True
     """Run the pressure test before training."""
     duration_s: float = Field(20.0, gt=0, le=3600)
-    """Time budget of the probes on every node."""
-    timeout_s: float = Field(60.0, gt=0, le=3600)
-    """A node that reports nothing within this is dead."""
+    """Time budget of the probes (local probes in turns, then the all-reduce); the stage adds at most ~10 s."""
+    timeout_s: float = Field(10.0, gt=0, le=3600)
+    """A node that does not start within this (at most 10 s locally) is dead; late reports get at most 5 s of grace."""
     matmul_size: int = Field(256, ge=16, le=16384)
     """Side of the square matrices of the compute probe."""
+    membw_mb: int = Field(64, ge=1, le=65536)
+    """Buffer copied by the memory-bandwidth probe (MiB)."""
+    disk_mb: int = Field(64, ge=1, le=65536)
+    """Most data the hot-tier disk probe writes and reads back (MiB)."""
+    collective_sizes_kb: list[int] = Field([64, 1024, 8192], min_length=1)
+    """All-reduce message sizes of the collective probe (KiB)."""
     min_gflops: float = Field(0.0, ge=0)
     """Absolute floor of the compute probe (GFLOP/s)."""
+    min_membw_gbps: float = Field(0.0, ge=0)
+    """Absolute floor of memory bandwidth (GB/s)."""
+    min_disk_mbps: float = Field(0.0, ge=0)
+    """Absolute floor of hot-tier write and read throughput (MB/s)."""
     straggler_ratio: float = Field(0.9, gt=0, le=1)
-    """A node below this fraction of the batch median is a straggler."""
+    """A node below this fraction of the batch median on any probe is a straggler."""
+    ratio_overrides: dict[Literal["matmul_gflops", "membw_gbps", "disk_write_mbps", "disk_read_mbps"], float] = {
+        "disk_write_mbps": 0.5, "disk_read_mbps": 0.5}
+    """Per-probe straggler ratios (shared disks are noisier than cores)."""
+    drills: list[BurnInDrill] = []
+    """Faults to act out during the test, for rehearsals (also ``TRAINYARD_BURNIN_DRILLS``)."""
+
+    def ratio(self, probe: str) -> float:
+        return self.ratio_overrides.get(probe, self.straggler_ratio)  # type: ignore[call-overload]
+
+    def floor(self, probe: str) -> float:
+        return {"matmul_gflops": self.min_gflops, "membw_gbps": self.min_membw_gbps}.get(probe, self.min_disk_mbps)
 
 
 class TrainingSpec(_Model):

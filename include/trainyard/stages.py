@@ -13,8 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainyard.burnin.local import probe_local
-from trainyard.burnin.verdict import decide, format_table
+from trainyard.burnin.local import drills_from, run_burn_in
+from trainyard.burnin.verdict import Rule, decide, format_table
 from trainyard.checkpoint.format import MANIFEST, latest_valid, read_manifest, verify
 from trainyard.errors import CheckpointInvalid, NodeUnhealthy, SpecError
 from trainyard.launch.base import LaunchPlan
@@ -24,7 +24,7 @@ from trainyard.recovery.supervisor import run_attempt
 from trainyard.report.summary import write_report
 from trainyard.ledger import safe_name
 from trainyard.run import Run
-from trainyard.spec import Lifecycle
+from trainyard.spec import PROBES, Lifecycle
 from trainyard.storage import S3Tier, Tier
 from trainyard.storage.hot import HotRoom, unpin
 from trainyard.storage.staging import stage, upload_tree
@@ -87,22 +87,25 @@ def candidates(run: Run) -> list[str]:
 
 @recorded("burn_in")
 def burn_in(run: Run) -> dict[str, Any]:
-    """Probe every candidate node at once and keep the best ``nodes.count`` healthy ones."""
+    """Pressure-test every candidate node and keep the best ``nodes.count`` healthy ones."""
     cfg, nodes = run.spec.pressure_test, run.spec.nodes
     if not cfg.enabled:
         return {"healthy": candidates(run)[: nodes.count], "skipped": True}
     _require_local(run)
-    figures = probe_local(candidates(run), cfg)
-    verdict = decide(figures, nodes.count, cfg.min_gflops, cfg.straggler_ratio)
-    table = format_table(verdict)
-    log.info("pressure test verdict:\n%s", table)
-    for node, value in figures.items():
-        run.ledger.append("burn_in", "node_verdict", node=node, matmul_gflops=value,
-                          verdict="evicted" if node in verdict.evicted else "healthy",
+    probed = run_burn_in(candidates(run), cfg, run.hot_root, run.dir / "burn-in", drills_from(cfg))
+    rules = [Rule(p, cfg.floor(p), cfg.ratio(p)) for p in PROBES]
+    figures = {n: probed.local.get(n) for n in candidates(run)}
+    verdict = decide(figures, nodes.count, rules, probed.dead)
+    table = format_table(verdict, rules)
+    log.info("pressure test verdict (%.1f s):\n%s", probed.seconds, table)
+    for node, f in figures.items():
+        run.ledger.append("burn_in", "node_verdict", node=node, figures=f, collective=probed.collective.get(node),
+                          verdict="train" if node in verdict.healthy else "spare" if node in verdict.spare else "evicted",
                           reason=verdict.evicted.get(node, ""))
+    run.ledger.append("burn_in", "thresholds", medians=verdict.medians, thresholds=verdict.thresholds, seconds=probed.seconds)
     if len(verdict.healthy) < nodes.min:
         raise NodeUnhealthy(f"only {len(verdict.healthy)} healthy node(s), nodes.min is {nodes.min}:\n{table}")
-    return {"healthy": verdict.healthy, "evicted": verdict.evicted, "median_gflops": verdict.median}
+    return {"healthy": verdict.healthy, "evicted": verdict.evicted, "spare": verdict.spare, "medians": verdict.medians}
 
 
 def _require_local(run: Run) -> None:

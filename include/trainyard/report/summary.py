@@ -27,7 +27,7 @@ def summarize(ledger: Ledger) -> dict[str, Any]:
     return {
         "stages": stages,
         "nodes_used": ends.get("train", {}).get("nodes", []),
-        "node_verdicts": {n: {"gflops": v["matmul_gflops"], "verdict": v["verdict"], "reason": v["reason"]} for n, v in verdicts.items()},
+        "node_verdicts": {n: {"figures": v["figures"], "verdict": v["verdict"], "reason": v["reason"]} for n, v in verdicts.items()},
         "steps_trained": len({s for s, _ in steps}),
         "first_step": steps[0][0] if steps else None,
         "last_step": steps[-1][0] if steps else None,
@@ -95,16 +95,18 @@ def _html(summary: dict[str, Any]) -> str:
         f"<tr><td>{esc(n)}</td><td>{s['seconds']:.1f} s</td><td>{'ok' if s['ok'] else 'FAILED'}</td></tr>"
         for n, s in summary["stages"].items()
     )
+    probes = ("matmul_gflops", "membw_gbps", "disk_write_mbps", "disk_read_mbps")
     node_rows = "".join(
-        f"<tr><td>{esc(n)}</td><td>{_number(v['gflops'])}</td>"
-        f"<td>{esc(v['verdict'])}</td><td>{esc(v['reason'])}</td></tr>"
+        f"<tr><td>{esc(n)}</td>" + "".join(f"<td>{_number((v['figures'] or {}).get(p))}</td>" for p in probes)
+        + f"<td>{esc(v['verdict'])}</td><td>{esc(v['reason'])}</td></tr>"
         for n, v in summary["node_verdicts"].items()
     )
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>trainyard run report</title>
 <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px}}</style>
 </head><body><h1>trainyard run report</h1>
 <h2>Stages</h2><table><tr><th>stage</th><th>time</th><th>state</th></tr>{stage_rows}</table>
-<h2>Nodes</h2><table><tr><th>node</th><th>GFLOP/s</th><th>verdict</th><th>reason</th></tr>{node_rows}</table>
+<h2>Nodes</h2><table><tr><th>node</th><th>matmul GFLOP/s</th><th>memory GB/s</th><th>disk write MB/s</th>
+<th>disk read MB/s</th><th>verdict</th><th>reason</th></tr>{node_rows}</table>
 <h2>Loss</h2>{_loss_svg(summary['loss_curve'])}
 <p>Steps trained: {summary['steps_trained']}; attempts: {summary['attempts']}</p>
 <h2>Checkpoint</h2><p>Valid: {esc(str(summary['checkpoint']))}<br>Published: {esc(str(summary['published']))}</p>

@@ -1,0 +1,90 @@
+"""One candidate node's side of the pressure test: ``python -m trainyard.burnin.node``.
+
+The protocol runs over a key-value store the orchestrator hosts, so it is the
+same for a local process and a pod:
+
+1. ``ready/<node>`` once started;
+2. wait for ``go/<node>``, run the local probes, write ``local/<node>``;
+3. wait for ``members`` (the nodes that reported), join them in a gloo group,
+   measure all-reduce bandwidth, write ``collective/<node>``.
+
+A node left out of ``members`` exits. Drills act here, so a rehearsal fails
+in the same place a real node would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trainyard.burnin.probes import Throttle, busbw_gbps, disk_mbps, gpu_checks, matmul_gflops, memory_gbps
+
+
+def local_figures(args: argparse.Namespace, throttle: Throttle) -> dict[str, Any]:
+    share = args.slot / 3
+    write, read = disk_mbps(Path(args.scratch), args.disk_mb, share, throttle)
+    return {
+        "matmul_gflops": round(matmul_gflops(args.size, share, throttle), 3),
+        "membw_gbps": round(memory_gbps(args.membw_mb, share, throttle), 3),
+        "disk_write_mbps": round(write, 1),
+        "disk_read_mbps": round(read, 1),
+        "gpu": gpu_checks(share, throttle),
+    }
+
+
+def collective(store: dist.Store, node: str, members: list[str], sizes_kb: list[int], budget_s: float) -> dict[str, Any]:
+    dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=members.index(node),
+                            world_size=len(members), timeout=timedelta(seconds=budget_s + 10))
+    try:
+        return {f"{kb}KB": round(busbw_gbps(kb << 10, budget_s / len(sizes_kb)), 4) for kb in sizes_kb}
+    finally:
+        dist.destroy_process_group()
+
+
+def act_out(fault: str) -> None:
+    """Crash or hang on purpose (a drill): exactly what a broken node does to the protocol."""
+    if fault == "crash":
+        raise SystemExit(f"drill: node crashed on purpose ({os.environ.get('TRAINYARD_NODE')})")
+    if fault == "hang":
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--node", required=True)
+    p.add_argument("--store", required=True, help="host:port of the orchestrator's store")
+    p.add_argument("--slot", type=float, required=True, help="seconds for the local probes")
+    p.add_argument("--collective-s", type=float, required=True)
+    p.add_argument("--size", type=int, default=256)
+    p.add_argument("--membw-mb", type=int, default=64)
+    p.add_argument("--disk-mb", type=int, default=64)
+    p.add_argument("--sizes-kb", default="64,1024,8192")
+    p.add_argument("--scratch", required=True, help="a folder on the hot tier")
+    p.add_argument("--timeout", type=float, default=60)
+    p.add_argument("--fault", choices=["none", "throttle", "crash", "hang"], default="none")
+    p.add_argument("--factor", type=float, default=0.0)
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)  # local nodes share this machine's cores, as ranks will
+    host, port = args.store.rsplit(":", 1)
+    store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=args.timeout))
+    store.set(f"ready/{args.node}", "1")
+    store.get(f"go/{args.node}")
+    act_out(args.fault)
+    throttle = Throttle(args.factor if args.fault == "throttle" else 0.0)
+    store.set(f"local/{args.node}", json.dumps(local_figures(args, throttle)))
+    members = json.loads(store.get("members"))
+    if args.node in members and len(members) > 1:
+        sizes = [int(s) for s in args.sizes_kb.split(",")]
+        store.set(f"collective/{args.node}", json.dumps(collective(store, args.node, members, sizes, args.collective_s)))
+
+
+if __name__ == "__main__":
+    main()

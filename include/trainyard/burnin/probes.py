@@ -1,0 +1,169 @@
+"""The measurements a candidate node makes of itself, each bounded in time.
+
+Pure measuring functions: no processes, no stores. ``throttle`` lets a drill
+make a node slow on purpose (it sleeps a share of every timed operation), so
+rehearsals exercise the same code path as a real straggler.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+class Throttle:
+    """Lose ``factor`` of throughput: each operation of t seconds owes t * f / (1 - f) of sleep.
+
+    The debt is paid in sleeps of at least a millisecond: sleeping after every
+    microsecond-long operation would overshoot by the timer's slack.
+    """
+
+    def __init__(self, factor: float = 0.0):
+        self.factor = factor
+        self.debt = 0.0
+
+    def after(self, seconds: float) -> None:
+        if self.factor <= 0:
+            return
+        self.debt += seconds * self.factor / (1 - self.factor)
+        if self.debt >= 1e-3:
+            began = time.perf_counter()
+            time.sleep(self.debt)
+            self.debt -= time.perf_counter() - began
+
+
+NO_THROTTLE = Throttle()
+
+
+def timed_loop(op: Callable[[], None], budget_s: float, throttle: Throttle = NO_THROTTLE) -> tuple[int, float]:
+    """Run ``op`` until ``budget_s`` has passed (at least once); return (iterations, seconds)."""
+    op()  # warm-up: first call pays for allocation and kernel choice
+    iters, start = 0, time.perf_counter()
+    while True:
+        began = time.perf_counter()
+        op()
+        throttle.after(time.perf_counter() - began)
+        iters += 1
+        now = time.perf_counter()
+        if now - start >= budget_s:
+            return iters, now - start
+
+
+def matmul_gflops(size: int, budget_s: float, throttle: Throttle = NO_THROTTLE, device: str = "cpu",
+                  dtype: torch.dtype = torch.float32) -> float:
+    """Sustained matmul throughput (fp32 on CPU; bf16 on GPU)."""
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+
+    def op() -> None:
+        torch.mm(a, b)
+        sync()
+
+    iters, seconds = timed_loop(op, budget_s, throttle)
+    return 2.0 * size**3 * iters / seconds / 1e9
+
+
+def memory_gbps(megabytes: int, budget_s: float, throttle: Throttle = NO_THROTTLE) -> float:
+    """Copy bandwidth of host memory: each copy reads and writes the buffer once."""
+    src = torch.empty(megabytes << 18, dtype=torch.float32).fill_(1.0)  # megabytes << 18 floats = megabytes MiB
+    dst = torch.empty_like(src)
+    iters, seconds = timed_loop(lambda: dst.copy_(src), budget_s, throttle)
+    return 2 * src.numel() * 4 * iters / seconds / 1e9
+
+
+def disk_mbps(directory: Path, megabytes: int, budget_s: float, throttle: Throttle = NO_THROTTLE) -> tuple[float, float]:
+    """Write (fsync'd) then read back a scratch file in ``directory``; (write MB/s, read MB/s).
+
+    The read drops the file from the page cache first, so it measures the
+    device rather than memory. The scratch file never outlives the probe.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f".burnin-{uuid.uuid4().hex[:8]}"
+    block = os.urandom(1 << 20)
+    written, start = 0, time.perf_counter()
+    try:
+        with path.open("wb") as fh:
+            while written < megabytes << 20 and time.perf_counter() - start < budget_s / 2:
+                began = time.perf_counter()
+                fh.write(block)
+                throttle.after(time.perf_counter() - began)
+                written += len(block)
+            fh.flush()
+            os.fsync(fh.fileno())
+        write_s = time.perf_counter() - start
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            start, read = time.perf_counter(), 0
+            while chunk := os.read(fd, 1 << 20):
+                began = time.perf_counter()
+                read += len(chunk)
+                throttle.after(time.perf_counter() - began)
+            read_s = time.perf_counter() - start
+        finally:
+            os.close(fd)
+    finally:
+        path.unlink(missing_ok=True)
+    return written / write_s / 1e6, read / max(read_s, 1e-9) / 1e6
+
+
+def gpu_checks(budget_s: float, throttle: Throttle = NO_THROTTLE) -> dict[str, Any]:
+    """Device count, bf16 matmul TFLOP/s and NVML counters where a GPU exists; else the reason it was skipped."""
+    if not torch.cuda.is_available():
+        return {"skipped": "no CUDA device visible"}
+    out: dict[str, Any] = {"devices": torch.cuda.device_count()}
+    out["bf16_tflops"] = matmul_gflops(8192, budget_s, throttle, device="cuda", dtype=torch.bfloat16) / 1e3
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        out["nvml"] = "skipped: nvidia-smi not found"
+        return out
+    query = "index,temperature.gpu,ecc.errors.uncorrected.volatile.total"
+    done = subprocess.run([smi, f"--query-gpu={query}", "--format=csv,noheader,nounits"],
+                          capture_output=True, text=True, timeout=10)
+    if done.returncode != 0:
+        out["nvml"] = f"skipped: nvidia-smi exited {done.returncode}"
+        return out
+    rows = [line.split(", ") for line in done.stdout.strip().splitlines()]
+    out["temperature_c"] = max(_number(r[1]) for r in rows)
+    out["ecc_uncorrected"] = sum(_number(r[2]) for r in rows)
+    out["xid"] = "skipped: Xid errors are in the kernel log, not readable from a pod"
+    return out
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return 0.0  # "[N/A]" on devices without ECC
+
+
+def busbw_gbps(nbytes: int, budget_s: float) -> float:
+    """All-reduce bus bandwidth over the current process group (the nccl-tests convention).
+
+    Every rank must run the same number of collectives, so rank 0 turns the
+    time budget into an iteration count and broadcasts it.
+    """
+    import torch.distributed as dist
+
+    world = dist.get_world_size()
+    tensor = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
+    dist.all_reduce(tensor)  # warm-up: connections and buffers
+    began = time.perf_counter()
+    dist.all_reduce(tensor)
+    count = torch.tensor([max(1, int(budget_s / max(time.perf_counter() - began, 1e-6)))])
+    dist.broadcast(count, src=0)
+    began = time.perf_counter()
+    for _ in range(int(count)):
+        dist.all_reduce(tensor)
+    elapsed = torch.tensor([(time.perf_counter() - began) / int(count)])
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # one figure for the group: the slowest rank's
+    return 2 * (world - 1) / world * tensor.numel() * 4 / float(elapsed) / 1e9 if world > 1 else 0.0

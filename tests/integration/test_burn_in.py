@@ -1,0 +1,74 @@
+"""The pressure test on real local candidate processes: stragglers, crashes and hangs."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from trainyard.errors import NodeUnhealthy
+from trainyard.run import open_run
+from trainyard.stages import burn_in
+
+pytestmark = pytest.mark.integration
+
+SPEC = """\
+dataset: {{source: "file:///unused", name: tokens}}
+runs_root: file://{root}/runs
+nodes: {{count: {count}, min: {min}, spare: {spare}}}
+pressure_test:
+  duration_s: {duration}
+  matmul_size: 128
+  membw_mb: 16
+  disk_mb: 8
+  collective_sizes_kb: [64, 1024]
+  drills: {drills}
+training: {{max_steps: 1, global_batch: 6, micro_batch: 1, checkpoint_every: 1}}
+"""
+
+
+def run_for(tmp_path: Path, count: int, spare: int, drills: str, duration: float = 6, minimum: int = 1):
+    spec = tmp_path / "p.yaml"
+    spec.write_text(SPEC.format(root=tmp_path, count=count, min=minimum, spare=spare, duration=duration, drills=drills))
+    return open_run(spec, "p", f"run-{time.monotonic_ns()}", "2026-11-28")
+
+
+def no_probe_left() -> bool:
+    return not [p for p in psutil.process_iter(["cmdline"]) if "trainyard.burnin.node" in " ".join(p.info["cmdline"] or [])]
+
+
+def test_a_throttled_node_is_evicted_and_the_others_train(tmp_path: Path) -> None:
+    run = run_for(tmp_path, count=2, spare=1, drills='[{node: node-1, fault: throttle, factor: 0.3}]')
+    started = time.monotonic()
+    result = burn_in(run)
+    elapsed = time.monotonic() - started
+    assert sorted(result["healthy"]) == ["node-0", "node-2"]
+    assert result["evicted"]["node-1"].startswith("straggler: matmul_gflops")
+    verdicts = {e["node"]: e for e in run.ledger.events("burn_in", "node_verdict")}
+    assert verdicts["node-1"]["verdict"] == "evicted" and verdicts["node-0"]["verdict"] == "train"
+    assert set(verdicts["node-0"]["collective"]) == {"64KB", "1024KB"}
+    assert elapsed < 6 + 10  # duration_s plus at most 10 s of overhead
+    assert no_probe_left()
+
+
+@pytest.mark.parametrize("fault", ["crash", "hang"])
+def test_a_crashed_or_hung_node_is_dead_within_the_timeout(tmp_path: Path, fault: str) -> None:
+    run = run_for(tmp_path, count=2, spare=1, drills=f"[{{node: node-0, fault: {fault}}}]", duration=3)
+    started = time.monotonic()
+    result = burn_in(run)
+    assert time.monotonic() - started < 3 + 10
+    assert sorted(result["healthy"]) == ["node-1", "node-2"]
+    reason = result["evicted"]["node-0"]
+    assert reason == "dead: exited 1: drill: node crashed on purpose (node-0)" if fault == "crash" else reason.startswith("dead: no report within")
+    assert no_probe_left()
+
+
+def test_too_few_healthy_nodes_fails_fast_with_the_table(tmp_path: Path) -> None:
+    run = run_for(tmp_path, count=2, spare=0, minimum=2, duration=3, drills="[{node: node-1, fault: crash}]")
+    with pytest.raises(NodeUnhealthy, match=r"only 1 healthy node\(s\), nodes.min is 2:\n") as err:
+        burn_in(run)
+    assert "node-1" in str(err.value) and "evicted: dead" in str(err.value) and "median" in str(err.value)
+    [failed] = run.ledger.events("burn_in", "stage_failed")
+    assert failed["error"] == "NodeUnhealthy"
