@@ -144,8 +144,11 @@ def resume_point(run: Run) -> tuple[str, int]:
 
 
 @recorded("train")
-def train(run: Run, nodes: list[str]) -> dict[str, Any]:
-    """Launch the training workload on ``nodes`` with torchrun and supervise it to the end."""
+def train(run: Run, nodes: list[str], launcher: LocalLauncher | None = None) -> dict[str, Any]:
+    """Launch the training workload on ``nodes`` with torchrun and supervise it to the end.
+
+    Pass ``launcher`` to keep a way to end the attempt from outside (a killed task).
+    """
     _require_local(run)
     training = run.spec.training
     resume_from, start = resume_point(run)
@@ -171,7 +174,7 @@ def train(run: Run, nodes: list[str]) -> dict[str, Any]:
             "TRAINYARD_SEED": str(training.seed),
         },
     )
-    result = run_attempt(LocalLauncher(), plan, heartbeat_dir, training.heartbeat_timeout_s, run.ledger)
+    result = run_attempt(launcher or LocalLauncher(), plan, heartbeat_dir, training.heartbeat_timeout_s, run.ledger)
     final = latest_valid(run.checkpoint_root)
     return {"nodes": list(nodes), "start_step": start, "target_step": target, "last_step": result.last_step,
             "checkpoint": str(final) if final else None, "attempts": attempt}

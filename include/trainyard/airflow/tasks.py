@@ -30,13 +30,13 @@ def _s3_settings(conn_id: str) -> S3Settings:
     return settings_for(Connection.get(conn_id))
 
 
-def _open(spec_path: str) -> Run:
+def open_from_context(spec_path: str) -> Run:
     ctx = get_current_context()
     return open_run(spec_path, ctx["dag"].dag_id, ctx["run_id"], ctx["ds"], dict(ctx["params"]), connections=_s3_settings)
 
 
 @contextmanager
-def _mapped_errors() -> Iterator[None]:
+def mapped_errors() -> Iterator[None]:
     try:
         yield
     except FAIL_FAST as exc:
@@ -44,37 +44,32 @@ def _mapped_errors() -> Iterator[None]:
 
 
 def stage_dataset(spec_path: str) -> dict[str, Any]:
-    with _mapped_errors():
-        return stages.stage_dataset(_open(spec_path))
+    with mapped_errors():
+        return stages.stage_dataset(open_from_context(spec_path))
 
 
 def check_dataset(spec_path: str) -> dict[str, Any]:
-    with _mapped_errors():
-        return stages.check_dataset(_open(spec_path))
+    with mapped_errors():
+        return stages.check_dataset(open_from_context(spec_path))
 
 
 def burn_in(spec_path: str) -> dict[str, Any]:
-    with _mapped_errors():
-        return stages.burn_in(_open(spec_path))
-
-
-def train(spec_path: str, burn_in: dict[str, Any]) -> dict[str, Any]:
-    with _mapped_errors():
-        return stages.train(_open(spec_path), burn_in["healthy"])
+    with mapped_errors():
+        return stages.burn_in(open_from_context(spec_path))
 
 
 def check_checkpoint(spec_path: str, train: dict[str, Any]) -> dict[str, Any]:
-    with _mapped_errors():
-        return stages.check_checkpoint(_open(spec_path), train["checkpoint"], train["target_step"])
+    with mapped_errors():
+        return stages.check_checkpoint(open_from_context(spec_path), train["checkpoint"], train["target_step"])
 
 
 def publish(spec_path: str, check_checkpoint: dict[str, Any]) -> dict[str, Any]:
-    with _mapped_errors():
-        return stages.publish(_open(spec_path), check_checkpoint["checkpoint"])
+    with mapped_errors():
+        return stages.publish(open_from_context(spec_path), check_checkpoint["checkpoint"])
 
 
 def report(spec_path: str) -> dict[str, Any]:
-    run = _open(spec_path)
+    run = open_from_context(spec_path)
     result = stages.report(run)
     log.info("%s", format_summary({**summarize(run.ledger), "report": result["report"]}))
     return result

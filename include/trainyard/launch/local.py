@@ -7,6 +7,7 @@ port and train over gloo. Node 0's agent hosts the rendezvous store.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
@@ -21,6 +22,18 @@ import psutil
 from trainyard.launch.base import AttemptStatus, LaunchPlan, NodeStatus
 
 log = logging.getLogger(__name__)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM it when the process that launched it dies.
+
+    If the Airflow task process is SIGKILLed, no ``finally`` runs; the kernel
+    still tells each torchrun agent, which then shuts its workers down.
+    """
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def free_port() -> int:
@@ -54,9 +67,14 @@ def torchrun_argv(plan: LaunchPlan, port: int, node_index: int) -> list[str]:
 
 
 class LocalLauncher:
+    def __init__(self) -> None:
+        self.active: list[LocalHandle] = []
+        """Attempts launched and not yet cancelled, so ``cancel_all`` can end them on a kill."""
+
     def launch(self, plan: LaunchPlan) -> LocalHandle:
         plan.log_dir.mkdir(parents=True, exist_ok=True)
         handle = LocalHandle(plan=plan, port=free_port())
+        self.active.append(handle)
         base_env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", **plan.env}
         # Local nodes share this machine's cores: one thread per rank unless told otherwise.
         base_env.setdefault("OMP_NUM_THREADS", "1")
@@ -68,6 +86,7 @@ class LocalLauncher:
                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                     env={**base_env, "TRAINYARD_NODE": node},
                     start_new_session=True,
+                    preexec_fn=_die_with_parent,
                 )
             handle.logs[node] = path
         log.info("attempt %d: %d node(s) rendezvous on 127.0.0.1:%d", plan.attempt, len(plan.nodes), handle.port)
@@ -95,6 +114,13 @@ class LocalLauncher:
         for proc in handle.procs.values():
             if proc.poll() is None:
                 proc.wait(timeout=5)
+        if handle in self.active:
+            self.active.remove(handle)
+
+    def cancel_all(self) -> None:
+        """End every attempt still running (the Airflow task is being killed)."""
+        for handle in list(self.active):
+            self.cancel(handle)
 
 
 def _tree(pid: int) -> list[psutil.Process]:

@@ -1,0 +1,107 @@
+"""Launch overhead: ``launch()`` to the first completed training step, versus bare torchrun.
+
+    python bench/launch.py [--repeats 3]
+
+For 1, 2 and 3 local nodes, the same workload is started (a) through
+``LocalLauncher.launch`` and (b) by hand: the torchrun command lines typed out
+here and started with ``subprocess``. The clock stops when every rank's
+heartbeat shows step 1. ``ratio_vs_torchrun`` is the worst node count's
+best-of-N ratio (goal <= 1.1). Prints one JSON line last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from trainyard.launch.base import LaunchPlan
+from trainyard.launch.local import LocalLauncher
+from trainyard.recovery.supervisor import read_heartbeats
+from trainyard.shards import write_synthetic_corpus
+
+ARGS = ["--seq-len", "32", "--d-model", "32", "--n-heads", "2"]
+
+
+def contract(root: Path, data: Path) -> dict[str, str]:
+    return {
+        "TRAINYARD_DATA_DIR": str(data), "TRAINYARD_CHECKPOINT_DIR": str(root / "ckpt"),
+        "TRAINYARD_HEARTBEAT_DIR": str(root / "hb"), "TRAINYARD_MAX_STEPS": "1000000",
+        "TRAINYARD_GLOBAL_BATCH": "12", "TRAINYARD_MICRO_BATCH": "2", "TRAINYARD_CHECKPOINT_EVERY": "0",
+    }
+
+
+def wait_first_step(hb: Path, ranks: int, started: float) -> float:
+    while True:
+        beats = read_heartbeats(hb)
+        if len(beats) == ranks and all(b.get("step", 0) >= 1 for b in beats.values()):
+            return time.perf_counter() - started
+        time.sleep(0.01)
+
+
+def with_launcher(root: Path, data: Path, nodes: int) -> float:
+    plan = LaunchPlan(run_id=root.name, attempt=1, nodes=[f"node-{i}" for i in range(nodes)], procs_per_node=1,
+                      entrypoint="trainyard.train", args=ARGS, env=contract(root, data), log_dir=root / "logs")
+    launcher = LocalLauncher()
+    started = time.perf_counter()
+    handle = launcher.launch(plan)
+    try:
+        return wait_first_step(root / "hb", nodes, started)
+    finally:
+        launcher.cancel(handle)
+
+
+def by_hand(root: Path, data: Path, nodes: int) -> float:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, **contract(root, data), "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+    started = time.perf_counter()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}", "--nproc-per-node=1",
+             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=bench-{root.name}",
+             f"--rdzv-conf=is_host={int(i == 0)}", "--local-addr=127.0.0.1", "-m", "trainyard.train", *ARGS],
+            env={**env, "TRAINYARD_NODE": f"node-{i}"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        for i in range(nodes)
+    ]
+    try:
+        return wait_first_step(root / "hb", nodes, started)
+    finally:
+        for proc in procs:
+            os.killpg(proc.pid, signal.SIGTERM)
+        for proc in procs:
+            proc.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "data"
+        write_synthetic_corpus(data, shards=2, tokens_per_shard=16_384)
+        first_step: dict[str, float] = {}
+        ratios = []
+        for nodes in (1, 2, 3):
+            ours, bare = [], []
+            for r in range(args.repeats):  # interleaved, so drift hits both alike
+                ours.append(with_launcher(Path(tmp) / f"l{nodes}-{r}", data, nodes))
+                bare.append(by_hand(Path(tmp) / f"b{nodes}-{r}", data, nodes))
+            first_step[str(nodes)] = round(min(ours), 3)
+            ratios.append(min(ours) / min(bare))
+            print(f"{nodes} node(s): launch() {min(ours):.2f} s, bare torchrun {min(bare):.2f} s to the first step")
+    print(json.dumps({"bench": "launch", "ratio_vs_torchrun": round(max(ratios), 3), "first_step_s": first_step}))
+
+
+if __name__ == "__main__":
+    main()

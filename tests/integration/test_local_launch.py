@@ -1,0 +1,144 @@
+"""The local launcher with real torchrun agents: 3 nodes, resume on fewer, cancel, kill, BYO script."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from trainyard.checkpoint.format import latest_valid, read_manifest, verify
+from trainyard.launch.base import LaunchPlan
+from trainyard.launch.local import LocalLauncher
+from trainyard.ledger import Ledger
+from trainyard.recovery.supervisor import read_heartbeats, run_attempt
+from trainyard.shards import write_synthetic_corpus
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = ["--seq-len", "32", "--d-model", "32", "--n-heads", "2", "--lr", "0.01"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("data")
+    write_synthetic_corpus(folder, shards=2, tokens_per_shard=16_384)
+    return folder
+
+
+def plan(root: Path, data: Path, nodes: int, max_steps: int, resume: str = "none", attempt: int = 1,
+         entrypoint: str = "trainyard.train", args: list[str] = MODEL, **env: str) -> LaunchPlan:
+    return LaunchPlan(
+        run_id=root.name, attempt=attempt, nodes=[f"node-{i}" for i in range(nodes)], procs_per_node=1,
+        entrypoint=entrypoint, args=args, log_dir=root / f"attempt-{attempt}",
+        env={
+            "TRAINYARD_DATA_DIR": str(data), "TRAINYARD_CHECKPOINT_DIR": str(root / "ckpt"),
+            "TRAINYARD_RESUME_FROM": resume, "TRAINYARD_HEARTBEAT_DIR": str(root / f"hb-{attempt}"),
+            "TRAINYARD_LEDGER": str(root / "events.jsonl"), "TRAINYARD_RUN_ID": root.name,
+            "TRAINYARD_ATTEMPT": str(attempt), "TRAINYARD_MAX_STEPS": str(max_steps),
+            "TRAINYARD_GLOBAL_BATCH": "12", "TRAINYARD_MICRO_BATCH": "2", "TRAINYARD_CHECKPOINT_EVERY": "4", **env,
+        },
+    )
+
+
+def supervise(p: LaunchPlan) -> None:
+    run_attempt(LocalLauncher(), p, Path(p.env["TRAINYARD_HEARTBEAT_DIR"]), 60.0, Ledger(p.env["TRAINYARD_LEDGER"]), 0.2)
+
+
+def losses(root: Path) -> dict[int, float]:
+    return {e["step"]: e["loss"] for e in Ledger.in_dir(root).events("train", "step")}
+
+
+def test_three_nodes_converge_and_resume_on_two(tmp_path: Path, data: Path) -> None:
+    whole = tmp_path / "whole"
+    supervise(plan(whole, data, nodes=3, max_steps=12))
+    reference = losses(whole)
+    assert sorted(reference) == list(range(1, 13)) and reference[12] < reference[1]
+    assert len(read_heartbeats(whole / "hb-1")) == 3
+
+    split = tmp_path / "split"
+    supervise(plan(split, data, nodes=3, max_steps=8))
+    supervise(plan(split, data, nodes=2, max_steps=12, resume="latest", attempt=2))
+    resumed = losses(split)
+    # The data order and the global batch do not depend on the world size: the curve continues.
+    for step in range(9, 13):
+        assert resumed[step] == pytest.approx(reference[step], abs=1e-4), step
+    final = latest_valid(split / "ckpt")
+    assert verify(final) == [] and read_manifest(final)["world_size"] == 2 and read_manifest(final)["step"] == 12
+
+
+def _tree(pid: int) -> list[int]:
+    try:
+        return [pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _alive(pids: list[int]) -> list[int]:
+    return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+def _wait_for_step(hb: Path, step: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        beats = read_heartbeats(hb)
+        if len(beats) == 2 and min(b["step"] for b in beats.values()) >= step:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"no heartbeat at step {step} in {hb}")
+
+
+def test_cancel_leaves_no_process_behind(tmp_path: Path, data: Path) -> None:
+    launcher = LocalLauncher()
+    handle = launcher.launch(plan(tmp_path, data, nodes=2, max_steps=100_000))
+    _wait_for_step(tmp_path / "hb-1", 2)
+    pids = [pid for proc in handle.procs.values() for pid in _tree(proc.pid)]
+    assert len(pids) >= 4  # two agents and their workers
+    groups = {os.getpgid(proc.pid) for proc in handle.procs.values()}
+    launcher.cancel_all()
+    assert _alive(pids) == [] and launcher.active == []
+    for group in groups:  # nothing is left in the agents' process groups either
+        with pytest.raises(ProcessLookupError):
+            os.killpg(group, 0)
+
+
+def test_killing_the_launching_process_takes_the_nodes_with_it(tmp_path: Path, data: Path) -> None:
+    p = plan(tmp_path, data, nodes=2, max_steps=100_000)
+    script = textwrap.dedent(f"""
+        import json, sys, time, pickle
+        from trainyard.launch.local import LocalLauncher
+        handle = LocalLauncher().launch(pickle.loads(bytes.fromhex(sys.argv[1])))
+        print(json.dumps([p.pid for p in handle.procs.values()]), flush=True)
+        time.sleep(600)
+    """)
+    import pickle
+
+    parent = subprocess.Popen([sys.executable, "-c", script, pickle.dumps(p).hex()], stdout=subprocess.PIPE, text=True)
+    agents = json.loads(parent.stdout.readline())
+    _wait_for_step(tmp_path / "hb-1", 1)
+    pids = [pid for agent in agents for pid in _tree(agent)]
+    parent.send_signal(signal.SIGKILL)  # like an Airflow worker killed outright: no finally runs
+    parent.wait()
+    deadline = time.monotonic() + 30
+    while _alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _alive(pids) == []
+
+
+def test_a_user_script_is_a_first_class_entrypoint(tmp_path: Path, data: Path) -> None:
+    script = str(ROOT / "examples" / "byo_train.py")
+    supervise(plan(tmp_path, data, nodes=2, max_steps=8, entrypoint=script, args=[]))
+    run = losses(tmp_path)
+    assert sorted(run) == list(range(1, 9)) and run[8] < run[1]
+    assert [p.name for p in sorted((tmp_path / "ckpt").glob("step_*"))] == ["step_000004", "step_000008"]
+    assert verify(tmp_path / "ckpt" / "step_000008") == []
+    supervise(plan(tmp_path, data, nodes=2, max_steps=12, resume="latest", attempt=2, entrypoint=script, args=[]))
+    resumed = [e for e in Ledger.in_dir(tmp_path).events("train", "resumed")]
+    assert resumed and resumed[-1]["step"] == 8
