@@ -55,6 +55,26 @@ def cmd_summary(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def cmd_ckpt_verify(args: argparse.Namespace) -> int:
+    """Every check on one checkpoint; one reason per line, exit 1 when invalid."""
+    from trainyard.checkpoint.validate import validate
+    from trainyard.spec import MetricExpectations, load_spec
+
+    expect = load_spec(args.spec).checkpoint.expectations if args.spec else None
+    if args.max_loss is not None:
+        expect = (expect or MetricExpectations()).model_copy(update={"max_loss": args.max_loss})
+    history = None
+    if args.ledger:
+        steps = {e["step"]: e["loss"] for e in Ledger(args.ledger).events("train", "step") if "loss" in e}
+        history = sorted(steps.items())
+    result = validate(args.path, expect, history)
+    for problem in result.problems:
+        print(f"{args.path}: {problem}")
+    if result.valid:
+        print(f"{args.path}: valid (step {result.step}, {result.seconds:.2f} s)")
+    return 0 if result.valid else 1
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="trainyard", description="Declarative distributed-training pipelines on Airflow.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -66,6 +86,13 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument("--cold", default="${TRAINYARD_HOME}/cold")
     demo.add_argument("--shards", type=int, default=4)
     demo.set_defaults(func=cmd_demo_data)
+    ckpt = sub.add_parser("ckpt", help="checkpoint tools").add_subparsers(dest="ckpt_command", required=True)
+    verify = ckpt.add_parser("verify", help="validate a checkpoint folder (exit 0 valid, 1 not)")
+    verify.add_argument("path", type=Path)
+    verify.add_argument("--spec", type=Path, help="take checkpoint.expectations from this pipeline spec")
+    verify.add_argument("--max-loss", type=float, help="the checkpoint's loss must not exceed this")
+    verify.add_argument("--ledger", type=Path, help="a run's events.jsonl, for the loss-history checks")
+    verify.set_defaults(func=cmd_ckpt_verify)
     summary = sub.add_parser("summary", help="print the summary of a run")
     summary.add_argument("run_dir", nargs="?", help="a run folder (default: the latest run of --dag-id)")
     summary.add_argument("--dag-id")

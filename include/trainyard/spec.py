@@ -116,6 +116,14 @@ class KubernetesSpec(_Model):
     """PersistentVolumeClaim that holds the hot tier, mounted in every pod."""
     evicted_label: str = "trainyard.io/evicted"
     """Label put on nodes the pressure test evicted; training pods avoid it."""
+    evict_with: Literal["label", "taint"] = "label"
+    """How an evicted node is marked: ``label`` (only trainyard's pods avoid it) or ``taint``
+    (the label plus a NoSchedule taint of the same key, so every pod that does not tolerate it avoids it)."""
+    hot_mount: str | None = Field(None, pattern=r"^/")
+    """Where ``hot_pvc`` is mounted in the pods (where the orchestrator mounts the same volume);
+    null: the deepest folder the run's paths share (``$TRAINYARD_HOME``)."""
+    cluster_domain: str = Field("cluster.local", pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    """DNS domain of the cluster; pod 0's name under it is the rendezvous endpoint."""
 
 
 class NodesSpec(_Model):
@@ -210,7 +218,11 @@ class TrainingSpec(_Model):
 
 class MetricExpectations(_Model):
     max_loss: float | None = Field(None, gt=0)
-    """A checkpoint whose loss is above this is not published; null: no bound."""
+    """A checkpoint whose loss is above this is not valid; null: no bound."""
+    max_spike_ratio: float | None = Field(3.0, gt=1)
+    """No step's loss may exceed this multiple of the running median before it; null: no check."""
+    spike_window: int = Field(20, ge=2)
+    """Steps in the running median of the spike check."""
 
 
 class CheckpointSpec(_Model):
@@ -221,7 +233,10 @@ class CheckpointSpec(_Model):
     connection: str | None = None
     """Airflow connection id for an ``s3://`` cold tier."""
     keep_hot: int = Field(3, ge=1)
-    """Latest valid checkpoints kept in the hot tier."""
+    """Latest valid checkpoints kept in the hot tier (the latest valid one is never deleted)."""
+    cold_every_steps: int | None = Field(None, ge=1)
+    """Copy to the cold tier each valid checkpoint whose step is a multiple of this during training;
+    null: only the published one."""
     expectations: MetricExpectations = MetricExpectations()
     """Metric bounds a checkpoint must meet."""
     lifecycle: Lifecycle | None = None

@@ -15,11 +15,14 @@ from typing import Any
 
 from trainyard.burnin.local import drills_from, run_burn_in
 from trainyard.burnin.verdict import Rule, decide, format_table
-from trainyard.checkpoint.format import MANIFEST, latest_valid, read_manifest, verify
+from trainyard.checkpoint import registry
+from trainyard.checkpoint.format import MANIFEST, latest_valid, read_manifest, step_of, verify
+from trainyard.checkpoint.validate import Validation, validate
 from trainyard.errors import CheckpointInvalid, NodeUnhealthy, SpecError
 from trainyard.launch.base import LaunchPlan
 from trainyard.launch.local import LocalLauncher
 from trainyard.quality.dataset import check_dataset as _check_dataset
+from trainyard.quality.metrics import check_metrics
 from trainyard.recovery.supervisor import run_attempt
 from trainyard.report.summary import write_report
 from trainyard.ledger import safe_name
@@ -139,8 +142,37 @@ def resume_point(run: Run) -> tuple[str, int]:
         raise CheckpointInvalid(f"cannot resume from {path}: " + "; ".join(problems))
     start = read_manifest(path)["step"] if path else 0
     resume_from = str(path) if path else "none"
+    registry.reset(run.checkpoint_root, path, run.ledger)  # the lineage this run extends
     run.ledger.append("train", "resume_point", resume_from=resume_from, start_step=start)
     return resume_from, start
+
+
+def loss_history(run: Run) -> list[tuple[int, float]]:
+    """(step, loss) of this run from the ledger; a retried step's latest value wins."""
+    return sorted({e["step"]: e["loss"] for e in run.ledger.events("train", "step") if "loss" in e}.items())
+
+
+def _validator(run: Run) -> Callable[[Path, int | None], Validation]:
+    def check(path: Path, after_step: int | None) -> Validation:
+        return validate(path, run.spec.checkpoint.expectations, loss_history(run), after_step)
+
+    return check
+
+
+def _to_cold(run: Run) -> Callable[[Path], None] | None:
+    """During training, copy every valid checkpoint whose step is a multiple of ``cold_every_steps``."""
+    every = run.spec.checkpoint.cold_every_steps
+    if every is None:
+        return None
+
+    def upload(ckpt: Path) -> None:
+        if (step_of(ckpt) or 0) % every == 0:
+            cold = run.tier(run.cold_checkpoint_uri, run.spec.checkpoint.connection)
+            moved = upload_tree(ckpt, cold, ckpt.name, last=MANIFEST)
+            run.ledger.append("train", "checkpoint_tiered", path=str(ckpt), uri=f"{run.cold_checkpoint_uri}/{ckpt.name}",
+                              bytes=moved)
+
+    return upload
 
 
 @recorded("train")
@@ -174,30 +206,32 @@ def train(run: Run, nodes: list[str], launcher: LocalLauncher | None = None) -> 
             "TRAINYARD_SEED": str(training.seed),
         },
     )
-    result = run_attempt(launcher or LocalLauncher(), plan, heartbeat_dir, training.heartbeat_timeout_s, run.ledger)
-    final = latest_valid(run.checkpoint_root)
+    cfg = run.spec.checkpoint
+    with registry.Watcher(run.checkpoint_root, _validator(run), run.ledger, cfg.keep_hot, _to_cold(run)):
+        result = run_attempt(launcher or LocalLauncher(), plan, heartbeat_dir, training.heartbeat_timeout_s, run.ledger)
+    final = registry.latest(run.checkpoint_root)
     return {"nodes": list(nodes), "start_step": start, "target_step": target, "last_step": result.last_step,
             "checkpoint": str(final) if final else None, "attempts": attempt}
 
 
 @recorded("check_checkpoint")
 def check_checkpoint(run: Run, checkpoint: str | None, target_step: int) -> dict[str, Any]:
-    """The run's final checkpoint must be whole (hashes) and meet the metric expectations."""
+    """The gate: the run's final checkpoint is whole, loadable, finite, at the final step, and its
+    loss history passes the metric expectations (great-expectations; result saved in the run folder)."""
     if not checkpoint:
         raise CheckpointInvalid(f"no valid checkpoint under {run.checkpoint_root}")
-    path = Path(checkpoint)
-    problems = verify(path)
-    manifest = read_manifest(path) if not problems else {}
-    if manifest and manifest["step"] != target_step:
-        problems.append(f"step {manifest['step']} is not the run's final step {target_step}")
-    max_loss = run.spec.checkpoint.expectations.max_loss
-    loss = manifest.get("metrics", {}).get("loss")
-    if manifest and max_loss is not None and not (loss is not None and loss <= max_loss):
-        problems.append(f"loss {loss} is above checkpoint.expectations.max_loss {max_loss}")
-    run.ledger.append("check_checkpoint", "checkpoint_checked", path=str(path), valid=not problems, problems=problems)
+    expect = run.spec.checkpoint.expectations
+    result = validate(Path(checkpoint), expect, loss_history(run))
+    problems = list(result.problems)
+    if result.step is not None and result.step != target_step:
+        problems.append(f"step {result.step} is not the run's final step {target_step}")
+    if result.step is not None:
+        problems += [p for p in check_metrics(loss_history(run), result.step, expect, run.dir) if p not in problems]
+    run.ledger.append("check_checkpoint", "checkpoint_checked", path=checkpoint, valid=not problems, problems=problems,
+                      seconds=result.seconds)
     if problems:
-        raise CheckpointInvalid(f"{path}: " + "; ".join(problems))
-    return {"checkpoint": str(path), "step": manifest["step"], "metrics": manifest.get("metrics", {})}
+        raise CheckpointInvalid(f"{checkpoint}: " + "; ".join(problems))
+    return {"checkpoint": checkpoint, "step": result.step, "metrics": read_manifest(Path(checkpoint)).get("metrics", {})}
 
 
 @recorded("publish")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 from pathlib import Path
 
@@ -41,6 +42,15 @@ def test_demo_pipeline_runs_end_to_end(env: dict[str, str]) -> None:
     assert len(losses) == 60 and losses[-1] < losses[0]
     assert len([e for e in ledger.events("burn_in", "node_verdict")]) == 2
     assert (run_dir / "report.html").exists() and (run_dir / "spec.json").exists()
+    # Each checkpoint was validated while training ran; the pointer names the last one.
+    validated = [e for e in ledger.events("train", "checkpoint_validated")]
+    assert [(e["step"], e["valid"]) for e in validated] == [(20, True), (40, True), (60, True)]
+    assert json.loads((hot.parent / "LATEST").read_text())["path"] == "step_000060"
+    assert json.loads((run_dir / "metric_quality.json").read_text())["success"] is True
+    with sqlite3.connect(Path(env["AIRFLOW_HOME"]) / "airflow.db") as db:
+        [(extra,)] = db.execute("SELECT e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id"
+                                " WHERE a.uri = 'trainyard://checkpoints/nightly_pretrain'").fetchall()
+    assert json.loads(extra)["uri"].endswith("/cold/checkpoints/nightly_pretrain/step_000060")
 
     summary = subprocess.run(["trainyard", "summary", "--dag-id", "nightly_pretrain"], env=env, capture_output=True, text=True)
     assert summary.returncode == 0, summary.stderr

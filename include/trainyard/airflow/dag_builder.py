@@ -13,6 +13,7 @@ from pathlib import Path
 from airflow.sdk import DAG, Param, task
 
 from trainyard.airflow import tasks
+from trainyard.airflow.assets import checkpoint_asset
 from trainyard.airflow.operators import TrainOperator
 from trainyard.errors import SpecError
 from trainyard.spec import PipelineSpec, load_spec, param_schemas
@@ -40,7 +41,7 @@ def build_dag(spec_path: Path, spec: PipelineSpec) -> DAG:
         trained = TrainOperator(task_id="train", spec_path=path, retries=rec.max_attempts - 1,
                                 retry_delay=dt.timedelta(seconds=rec.backoff_s))
         checked = task(task_id="check_checkpoint")(tasks.check_checkpoint)(path, trained.output)
-        published = task(task_id="publish", retries=2)(tasks.publish)(path, checked)
+        published = task(task_id="publish", retries=2, outlets=[checkpoint_asset(dag_id)])(tasks.publish)(path, checked)
         # The report is written whatever happened: a failed run needs it most.
         reported = task(task_id="report", trigger_rule="all_done")(tasks.report)(path)
         stage >> check >> burn >> trained

@@ -17,6 +17,7 @@ from airflow.sdk import Connection, get_current_context
 from airflow.sdk.exceptions import AirflowFailException
 
 from trainyard import stages
+from trainyard.airflow.assets import checkpoint_asset
 from trainyard.errors import FAIL_FAST
 from trainyard.report.summary import format_summary, summarize
 from trainyard.run import Run, open_run
@@ -65,7 +66,11 @@ def check_checkpoint(spec_path: str, train: dict[str, Any]) -> dict[str, Any]:
 
 def publish(spec_path: str, check_checkpoint: dict[str, Any]) -> dict[str, Any]:
     with mapped_errors():
-        return stages.publish(open_from_context(spec_path), check_checkpoint["checkpoint"])
+        run = open_from_context(spec_path)
+        result = stages.publish(run, check_checkpoint["checkpoint"])
+    event = get_current_context()["outlet_events"][checkpoint_asset(run.dag_id)]
+    event.extra = {"uri": result["uri"], "step": check_checkpoint["step"], "run_id": run.run_id}
+    return result
 
 
 def report(spec_path: str) -> dict[str, Any]:

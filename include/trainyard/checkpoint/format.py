@@ -26,6 +26,7 @@ import re
 import shutil
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -161,8 +162,10 @@ def verify(ckpt_dir: str | Path) -> list[str]:
     if named is not None and named != manifest["step"]:
         problems.append(f"manifest step {manifest['step']} does not match directory name {ckpt_dir.name}")
     listed = manifest["files"]
-    for rel, entry in sorted(listed.items()):
-        problems.extend(_file_problems(ckpt_dir, rel, entry))
+    # Files hash independently and hashlib releases the GIL: one thread per core.
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        for found in pool.map(lambda item: _file_problems(ckpt_dir, *item), sorted(listed.items())):
+            problems.extend(found)
     problems.extend(f"{rel}: not listed in the manifest" for rel in _payload_files(ckpt_dir) if rel not in listed)
     return problems
 

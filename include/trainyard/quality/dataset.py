@@ -6,11 +6,9 @@ dtype), turning ``DataExpectations`` into a great-expectations suite over that
 table, and turning GX's validation result into a ``DataError`` that names each
 failed expectation and its shards in plain words.
 
-GX is called directly (an ephemeral context, a pandas data source and a
-whole-dataframe batch), not through the Airflow provider, so the gate stays a
-plain function that tests and the CLI can run without Airflow. GX and pandas
-take seconds to import, and DAG files import this module indirectly, so both
-are imported inside ``check_dataset`` only.
+GX is called directly (see ``trainyard.quality.gx``); GX and pandas take
+seconds to import, and DAG files import this module indirectly, so both are
+imported inside ``check_dataset`` only.
 """
 
 from __future__ import annotations
@@ -19,10 +17,11 @@ import logging
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from trainyard.atomic import write_json_atomic
 from trainyard.errors import DataError
+from trainyard.quality.gx import Check, Suite, could_not_run, import_gx
 from trainyard.shards import SHARD_SUFFIX, read_header
 from trainyard.spec import DataExpectations
 from trainyard.storage.keys import key_path
@@ -57,16 +56,6 @@ class DatasetReport:
         return asdict(self)
 
 
-@dataclass(frozen=True)
-class _Check:
-    """One expectation, the words an error uses for it, and how one offending shard reads."""
-
-    name: str
-    expectation: Any
-    detail: Callable[[dict[str, Any]], str] | None
-    """None for a table-level check, where no single shard is to blame."""
-
-
 def check_dataset(hot_dir: Path, expect: DataExpectations, result_dir: Path | None = None) -> DatasetReport:
     """Validate the staged shards of ``hot_dir`` against ``expect`` with great-expectations.
 
@@ -76,23 +65,22 @@ def check_dataset(hot_dir: Path, expect: DataExpectations, result_dir: Path | No
     """
     started = time.monotonic()
     table = shard_table(hot_dir)
-    gx = _import_gx()
-    checks = _checks(gx, expect)
-    result = _validate(gx, table, checks).to_json_dict()
+    suite = _suite(expect)
+    result = suite.validate(table, "staged_shards", "key", SHOWN)
     result_path = None
     if result_dir is not None:
         result_path = Path(result_dir) / RESULT_FILE
         write_json_atomic(result_path, result)
     if not result["success"]:
-        raise DataError(_failure_message(hot_dir, table, checks, result, result_path))
+        raise DataError(_failure_message(hot_dir, table, suite, result, result_path))
     seconds = round(time.monotonic() - started, 3)
-    log.info("data quality: %d shards passed %d expectations in %.2f s", len(table), len(checks), seconds)
+    log.info("data quality: %d shards passed %d expectations in %.2f s", len(table), len(suite.checks), seconds)
     return DatasetReport(
         shards=len(table),
         non_empty=int((table["tokens"] > 0).sum()),
         tokens=int(table["tokens"].sum()),
         vocab_size=int(table["vocab_size"].max()),
-        expectations=len(checks),
+        expectations=len(suite.checks),
         seconds=seconds,
         result=str(result_path) if result_path else None,
     )
@@ -127,28 +115,10 @@ def _shard_row(hot_dir: Path, key: str, entry: dict[str, Any]) -> dict[str, Any]
     return row
 
 
-def _import_gx() -> Any:
-    """Import great-expectations quietly: its INFO logging is import-time noise in every task log."""
-    gx_log = logging.getLogger("great_expectations")
-    if gx_log.level == logging.NOTSET:  # a deployment that configured GX logging keeps its choice
-        gx_log.setLevel(logging.WARNING)
-    import great_expectations as gx
-
-    # This one module pins its own logger to INFO (one line per context about a temporary docs
-    # directory); let it follow the "great_expectations" level like the rest.
-    logging.getLogger("great_expectations.data_context.types.base").setLevel(logging.NOTSET)
-    return gx
-
-
-def _checks(gx: Any, expect: DataExpectations) -> list[_Check]:
+def _suite(expect: DataExpectations) -> Suite:
     """The suite for ``expect``, each expectation named by the spec field a user would change."""
-    checks: list[_Check] = []
-
-    def add(name: str, expectation: str, detail: Callable[[dict[str, Any]], str] | None, **kwargs: Any) -> None:
-        # GX reorders results; the index in meta maps each one back to its check.
-        made = getattr(gx.expectations, expectation)(description=name, meta={"trainyard_check": len(checks)}, **kwargs)
-        checks.append(_Check(name, made, detail))
-
+    suite = Suite(import_gx())
+    add = suite.add
     add(
         "shard headers readable",
         "ExpectColumnValuesToBeNull",
@@ -193,49 +163,28 @@ def _checks(gx: Any, expect: DataExpectations) -> list[_Check]:
             lambda row: f"{row['key']} (sha256 {str(row['sha256'])[:12]})",
             column="sha256",
         )
-    return checks
+    return suite
 
 
 def _bounds(low: int, high: int | None) -> str:
     return f"at least {low}" if high is None else f"between {low} and {high}"
 
 
-def _validate(gx: Any, table: pd.DataFrame, checks: list[_Check]) -> Any:
-    """Run the suite over ``table`` in a fresh ephemeral context (a few ms; nothing touches disk)."""
-    from great_expectations.data_context.types.base import ProgressBarsConfig
-
-    context = gx.get_context(mode="ephemeral")
-    # GX draws a tqdm bar per validation on stderr by default; in a task log that is noise.
-    context.variables.progress_bars = ProgressBarsConfig(globally=False)
-    asset = context.data_sources.add_pandas("trainyard").add_dataframe_asset("staged_shards")
-    batch = asset.add_batch_definition_whole_dataframe("all_shards").get_batch(batch_parameters={"dataframe": table})
-    suite = gx.ExpectationSuite(name="trainyard_dataset")
-    for check in checks:
-        suite.add_expectation(check.expectation)
-    # SUMMARY with the key as index column: the saved result names the first offending
-    # shards of each expectation (and counts all of them) without listing every row.
-    result_format = {"result_format": "SUMMARY", "unexpected_index_column_names": ["key"], "partial_unexpected_count": SHOWN}
-    return batch.validate(suite, result_format=result_format)
-
-
-def _failure_message(
-    hot_dir: Path, table: pd.DataFrame, checks: list[_Check], result: dict[str, Any], result_path: Path | None
-) -> str:
-    failed = [r for r in result["results"] if not r["success"]]
-    failed.sort(key=lambda r: r["expectation_config"]["meta"]["trainyard_check"])  # suite order, not GX's
+def _failure_message(hot_dir: Path, table: pd.DataFrame, suite: Suite, result: dict[str, Any], result_path: Path | None) -> str:
+    failed = suite.failed(result)
     rows = {row["key"]: row for row in table.astype(object).where(table.notna(), None).to_dict("records")}
-    problems = [_problem(checks[r["expectation_config"]["meta"]["trainyard_check"]], r, rows, hot_dir) for r in failed]
+    problems = [_problem(check, outcome, rows, hot_dir) for check, outcome in failed]
     # "shards ..." also keeps "DataError: shard..." greppable in task logs, as the other shard errors read.
-    message = f"shards in {hot_dir} failed {len(failed)} of {len(checks)} data expectations: " + "; ".join(problems)
+    message = f"shards in {hot_dir} failed {len(failed)} of {len(suite.checks)} data expectations: " + "; ".join(problems)
     if result_path is not None:
         message += f" (full result: {result_path})"
     return message
 
 
-def _problem(check: _Check, outcome: dict[str, Any], rows: dict[str, dict[str, Any]], hot_dir: Path) -> str:
+def _problem(check: Check, outcome: dict[str, Any], rows: dict[str, dict[str, Any]], hot_dir: Path) -> str:
     """One failed expectation in plain words, with the shards that broke it."""
-    if outcome["exception_info"].get("raised_exception", True) is not False:
-        return f"{check.name}: could not be evaluated ({_exception_text(outcome['exception_info'])})"
+    if (reason := could_not_run(outcome)) is not None:
+        return f"{check.name}: could not be evaluated ({reason})"
     found = outcome["result"]
     if check.detail is None:  # the shard count
         observed = found["observed_value"]
@@ -245,11 +194,3 @@ def _problem(check: _Check, outcome: dict[str, Any], rows: dict[str, dict[str, A
     details = [check.detail(rows[key]) for key in keys[:SHOWN]]
     more = found.get("unexpected_count", len(keys)) - len(details)
     return f"{check.name}: " + ", ".join(details) + (f" and {more} more" if more > 0 else "")
-
-
-def _exception_text(info: dict[str, Any]) -> str:
-    # A single expectation reports {"exception_message": ...}; a failed metric reports
-    # {metric id: {"exception_message": ...}} instead.
-    if "exception_message" in info:
-        return str(info["exception_message"])
-    return "; ".join(str(v.get("exception_message")) for v in info.values() if isinstance(v, dict)) or "unknown error"

@@ -1,0 +1,150 @@
+"""A pipeline's checkpoints over time: promote, quarantine, retain, tier.
+
+``LATEST`` is the pointer to the latest valid checkpoint; it moves by one
+atomic rename, so a reader sees the old pointer or the new one. An invalid
+checkpoint moves to ``quarantine/`` with its reasons. Retention deletes only
+valid checkpoints older than the newest ``keep`` and never the pointer's
+target. Every decision is a ledger event.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from trainyard.atomic import read_json, write_json_atomic
+from trainyard.checkpoint.format import list_checkpoints, step_of
+from trainyard.checkpoint.validate import Validation
+from trainyard.ledger import Ledger
+
+log = logging.getLogger(__name__)
+LATEST = "LATEST"
+QUARANTINE = "quarantine"
+REASONS = "reasons.json"
+STAGE = "train"
+
+
+def latest(root: Path) -> Path | None:
+    """The checkpoint the pointer names, if it still exists."""
+    try:
+        target = root / read_json(root / LATEST)["path"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return target if target.is_dir() else None
+
+
+def promote(root: Path, ckpt: Path, ledger: Ledger | None = None) -> bool:
+    """Point ``LATEST`` at ``ckpt`` unless it already names a later step; True if it moved."""
+    current = latest(root)
+    if current is not None and (step_of(current) or 0) >= (step_of(ckpt) or 0):
+        return False
+    write_json_atomic(root / LATEST, {"path": ckpt.name, "step": step_of(ckpt), "promoted_at": time.time()})
+    if ledger:
+        ledger.append(STAGE, "checkpoint_promoted", path=str(ckpt), step=step_of(ckpt))
+    return True
+
+
+def reset(root: Path, ckpt: Path | None, ledger: Ledger | None = None) -> None:
+    """Start a lineage at ``ckpt`` (None: a fresh start): later saves must follow its step."""
+    if ckpt is None or ckpt.parent != root:
+        (root / LATEST).unlink(missing_ok=True)  # a pointer, not a checkpoint: nothing is lost
+    else:
+        write_json_atomic(root / LATEST, {"path": ckpt.name, "step": step_of(ckpt), "promoted_at": time.time()})
+    if ledger:
+        ledger.append(STAGE, "lineage_reset", path=str(ckpt) if ckpt else None)
+
+
+def quarantine(root: Path, ckpt: Path, problems: list[str], ledger: Ledger | None = None) -> Path:
+    """Move an invalid checkpoint out of the way with its reasons; never the pointer's target."""
+    if latest(root) == ckpt:
+        raise ValueError(f"{ckpt} is the latest valid checkpoint; it cannot be quarantined")
+    target = root / QUARANTINE / f"{ckpt.name}-{int(time.time() * 1000)}"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(ckpt, target)  # one rename: it stops being a candidate for resume at once
+    write_json_atomic(target / REASONS, {"problems": problems, "quarantined_at": time.time()})
+    log.warning("quarantined %s: %s", ckpt, "; ".join(problems))
+    if ledger:
+        ledger.append(STAGE, "checkpoint_quarantined", path=str(ckpt), to=str(target), problems=problems)
+    return target
+
+
+def retain(root: Path, keep: int, valid: set[str], pinned: set[str], ledger: Ledger | None = None) -> list[Path]:
+    """Delete valid checkpoints older than the newest ``keep`` valid ones.
+
+    Only names in ``valid`` count or go; the pointer's target and ``pinned``
+    names (not yet copied to the cold tier) always stay.
+    """
+    target = latest(root)
+    known = [c for c in list_checkpoints(root) if c.name in valid]
+    doomed = [c for c in known[:-keep] if c != target and c.name not in pinned]
+    for ckpt in doomed:
+        shutil.rmtree(ckpt)
+        if ledger:
+            ledger.append(STAGE, "checkpoint_retired", path=str(ckpt), step=step_of(ckpt))
+    return doomed
+
+
+class Watcher:
+    """Validates each new checkpoint as soon as its manifest appears, on a background thread.
+
+    ``validate(path, after_step)`` does the checking; valid checkpoints are
+    promoted (and handed to ``on_valid``, e.g. to copy to the cold tier),
+    invalid ones quarantined, and retention applied after each decision.
+    """
+
+    def __init__(self, root: Path, validate: Callable[[Path, int | None], Validation], ledger: Ledger, keep: int,
+                 on_valid: Callable[[Path], None] | None = None, poll_s: float = 0.5):
+        self.root, self.validate, self.ledger, self.keep = root, validate, ledger, keep
+        self.on_valid, self.poll_s = on_valid, poll_s
+        self.seen: set[str] = set()
+        self.valid: set[str] = set()
+        self.pinned: set[str] = set()
+        self.results: list[Validation] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="checkpoint-watcher", daemon=True)
+
+    def __enter__(self) -> Watcher:
+        self.seen = {c.name for c in list_checkpoints(self.root)}  # earlier runs' checkpoints were judged then
+        self.valid = set(self.seen)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sweep()  # a checkpoint written in the last instant is judged too
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            try:
+                self.sweep()
+            except Exception:  # noqa: BLE001 -- the watcher must not die; the final sweep retries
+                log.exception("checkpoint watcher failed; will retry")
+
+    def sweep(self) -> None:
+        for ckpt in list_checkpoints(self.root):
+            if ckpt.name not in self.seen:
+                self.seen.add(ckpt.name)
+                self._judge(ckpt)
+
+    def _judge(self, ckpt: Path) -> None:
+        current = latest(self.root)
+        result = self.validate(ckpt, step_of(current) if current else None)
+        self.results.append(result)
+        self.ledger.append(STAGE, "checkpoint_validated", **result.as_dict())
+        if result.valid:
+            self.valid.add(ckpt.name)
+            promote(self.root, ckpt, self.ledger)
+            if self.on_valid:
+                self.pinned.add(ckpt.name)
+                self.on_valid(ckpt)
+                self.pinned.discard(ckpt.name)
+        elif latest(self.root) != ckpt:
+            quarantine(self.root, ckpt, result.problems, self.ledger)
+        retain(self.root, self.keep, self.valid, self.pinned, self.ledger)
