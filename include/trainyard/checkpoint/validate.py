@@ -80,7 +80,8 @@ def tensor_problems(ckpt_dir: Path) -> list[str]:
         return [f"tensors do not load: {type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300]}"]
     problems = []
     for name, tensor in _tensors(state):
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+        # A sum is NaN or Inf if any element is, at memory speed; only then (or on overflow) look closer.
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor.sum())) and not bool(torch.isfinite(tensor).all()):
             nan, inf = int(torch.isnan(tensor).sum()), int(torch.isinf(tensor).sum())
             problems.append(f"tensor {name} has {nan} NaN and {inf} Inf value(s)")
     return problems

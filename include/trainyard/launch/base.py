@@ -43,6 +43,9 @@ class NodeStatus:
     exit_code: int | None = None
     log: str = ""
     """Path of the node's log file, for evidence."""
+    reason: str = ""
+    """Why a node failed, when the backend knows more than an exit code
+    (Kubernetes: ``OOMKilled``, ``Evicted``, ``NodeLost``, ``ImagePullBackOff``, ...)."""
 
 
 @dataclass(frozen=True)
