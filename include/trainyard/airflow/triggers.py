@@ -1,0 +1,151 @@
+"""Deferrable wait for a Kubernetes training attempt: ``KubernetesAttemptTrigger``.
+
+While an attempt runs for hours, the train task need not hold a worker slot:
+it defers to this trigger, which polls the attempt's pods from the triggerer
+and fires once with the same ``NodeStatus`` records the launcher's ``poll``
+returns (``trainyard.launch.kubernetes.attempt_status``), so the task that
+resumes decides exactly as the supervisor would.
+
+The connection to the cluster goes through the cncf-kubernetes provider's
+``AsyncKubernetesHook`` (an Airflow Kubernetes connection, in-cluster
+config, or a kubeconfig file), as the provider's own ``KubernetesJobTrigger``
+does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+from kubernetes_asyncio import client as async_client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from trainyard.launch.base import AttemptStatus
+from trainyard.launch.kubernetes import attempt_status, job_failure_reason, selector, status_to_dicts
+
+CLASSPATH = "trainyard.airflow.triggers.KubernetesAttemptTrigger"
+
+
+class KubernetesAttemptTrigger(BaseTrigger):
+    """Fire when the attempt's Job ends: every pod succeeded, or any failed (or the waiting timed out).
+
+    The event payload: ``status`` (``succeeded``, ``failed``, ``timeout`` or
+    ``error``), ``namespace``, ``job_name``, ``nodes`` (``NodeStatus`` records
+    as dicts, in node order; empty with ``error``) and ``message``.
+
+    :param namespace: namespace of the Job.
+    :param job_name: the Job (and label value ``trainyard.io/job`` of its pods).
+    :param nodes: node names of the plan, in completion-index order.
+    :param poll_interval: seconds between polls.
+    :param kubernetes_conn_id: Airflow Kubernetes connection; ignored when ``config_file`` is set.
+    :param config_file: path of a kubeconfig file on the triggerer.
+    :param cluster_context: kubeconfig context to use.
+    :param in_cluster: use the triggerer pod's service account.
+    :param timeout_s: give up waiting after this long (``timeout`` event); None: wait as long as the Job runs.
+    :param max_api_errors: consecutive failed polls (5xx, connection errors) before an ``error`` event.
+    """
+
+    def __init__(
+        self,
+        namespace: str,
+        job_name: str,
+        nodes: list[str],
+        poll_interval: float = 10.0,
+        kubernetes_conn_id: str | None = None,
+        config_file: str | None = None,
+        cluster_context: str | None = None,
+        in_cluster: bool | None = None,
+        timeout_s: float | None = None,
+        max_api_errors: int = 5,
+    ) -> None:
+        super().__init__()
+        self.namespace = namespace
+        self.job_name = job_name
+        self.nodes = list(nodes)
+        self.poll_interval = poll_interval
+        self.kubernetes_conn_id = kubernetes_conn_id
+        self.config_file = config_file
+        self.cluster_context = cluster_context
+        self.in_cluster = in_cluster
+        self.timeout_s = timeout_s
+        self.max_api_errors = max_api_errors
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            CLASSPATH,
+            {
+                "namespace": self.namespace,
+                "job_name": self.job_name,
+                "nodes": list(self.nodes),
+                "poll_interval": self.poll_interval,
+                "kubernetes_conn_id": self.kubernetes_conn_id,
+                "config_file": self.config_file,
+                "cluster_context": self.cluster_context,
+                "in_cluster": self.in_cluster,
+                "timeout_s": self.timeout_s,
+                "max_api_errors": self.max_api_errors,
+            },
+        )
+
+    def hook(self) -> AsyncKubernetesHook:
+        # The provider's async hook reads a kubeconfig path only from the connection's
+        # extras (its config_file argument is for the sync hook), so a file is passed as extras.
+        extras = {"kube_config_path": self.config_file} if self.config_file else None
+        return AsyncKubernetesHook(conn_id=self.kubernetes_conn_id, in_cluster=self.in_cluster,
+                                   cluster_context=self.cluster_context, connection_extras=extras)
+
+    async def poll(self, hook: AsyncKubernetesHook) -> AttemptStatus:
+        # A client per poll: the hook reloads exec-plugin credentials (EKS, GKE tokens
+        # that expire within the hour) on each connection, and attempts last longer.
+        async with hook.get_conn() as api:
+            pods = await async_client.CoreV1Api(api).list_namespaced_pod(
+                self.namespace, label_selector=selector(self.job_name))
+            try:
+                job = await async_client.BatchV1Api(api).read_namespaced_job(self.job_name, self.namespace)
+                reason = job_failure_reason(job)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+                reason = "JobDeleted"
+        return attempt_status(pods.items, self.nodes, reason)
+
+    def _event(self, status: str, nodes: AttemptStatus | None, message: str) -> TriggerEvent:
+        return TriggerEvent({
+            "status": status, "namespace": self.namespace, "job_name": self.job_name,
+            "nodes": status_to_dicts(nodes) if nodes is not None else [], "message": message,
+        })
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        loop = asyncio.get_running_loop()
+        deadline = None if self.timeout_s is None else loop.time() + self.timeout_s
+        hook = self.hook()
+        errors, last = 0, None
+        while True:
+            try:
+                last = await self.poll(hook)
+                errors = 0
+            except ApiException as exc:
+                # 4xx other than throttling (403 from RBAC, 401 expired credentials) will not heal by waiting.
+                errors = self.max_api_errors if exc.status and exc.status < 500 and exc.status != 429 else errors + 1
+                message = f"Kubernetes API: {exc.status} {exc.reason}"
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                errors += 1
+                message = f"Kubernetes API unreachable: {exc!r}"
+            else:
+                if last.state != "running":
+                    failed = ", ".join(f"{n.node}: {n.reason or f'exit {n.exit_code}'}" for n in last.failed())
+                    yield self._event(last.state, last, failed or "every node succeeded")
+                    return
+            if errors >= self.max_api_errors:
+                yield self._event("error", None, message)
+                return
+            if errors:
+                self.log.warning("poll of %s/%s failed (%d in a row): %s", self.namespace, self.job_name, errors, message)
+            if deadline is not None and loop.time() >= deadline:
+                yield self._event("timeout", last, f"still running after {self.timeout_s:.0f} s")
+                return
+            await asyncio.sleep(self.poll_interval)

@@ -1,0 +1,226 @@
+"""The pressure test on Kubernetes: one burn-in pod per candidate node, and marking the nodes it evicts.
+
+Each pod is pinned to its candidate (required node affinity on the node's
+``metadata.name``, which goes through the scheduler, unlike ``nodeName``, so
+resources are still accounted) and runs the same ``trainyard.burnin.node``
+protocol as a local candidate, against the store the orchestrator hosts at an
+address the pods can reach. Pods run as the training pods do: same image,
+resources, non-root security context and hot-tier volume, so a node is
+measured the way it will be used.
+
+A node the verdict evicts is marked with ``evicted_label`` (and, with
+``evict_with: taint``, a NoSchedule taint of the same key); the training
+Job's required node affinity keeps its pods off labelled nodes.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import TYPE_CHECKING, Any, Literal
+
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from trainyard.launch.kubernetes import (
+    CONTAINER, container_security_context, dns_label, label_value, pod_security_context, resources, tolerations,
+    volumes,
+)
+from trainyard.spec import KubernetesSpec, PressureTestSpec
+
+if TYPE_CHECKING:  # burnin.local imports torch; the orchestrator has it, this module's callers may not
+    from trainyard.burnin.local import Schedule
+
+log = logging.getLogger(__name__)
+
+LABEL_BURNIN = "trainyard.io/burnin"
+LABEL_CANDIDATE = "trainyard.io/candidate"
+EVICTED_VALUE = "true"
+MERGE_PATCH = "application/merge-patch+json"
+# The pod deletes itself (activeDeadlineSeconds) this long after its own protocol timeout,
+# so a pod the orchestrator forgot (its process died) never holds a node for long.
+DEADLINE_SLACK_S = 60
+_PATCH_TRIES = 5
+
+EvictWith = Literal["label", "taint"]
+
+
+@dataclass(frozen=True)
+class Drill:
+    fault: str = "none"
+    factor: float = 0.0
+
+
+def node_args(node: str, store: str, schedule: Schedule, cfg: PressureTestSpec, scratch: str, timeout_s: float,
+              drill: Drill = Drill()) -> list[str]:
+    """Arguments of ``python -m trainyard.burnin.node``: the same ones ``burnin.local`` passes."""
+    return [
+        "--node", node, "--store", store,
+        "--slot", str(schedule.slot_s), "--collective-s", str(schedule.collective_s),
+        "--size", str(cfg.matmul_size), "--membw-mb", str(cfg.membw_mb), "--disk-mb", str(cfg.disk_mb),
+        "--sizes-kb", ",".join(map(str, cfg.collective_sizes_kb)), "--scratch", scratch,
+        "--timeout", str(timeout_s), "--fault", drill.fault, "--factor", str(drill.factor),
+    ]
+
+
+def burnin_pod_name(run_id: str, node: str, store: str) -> str:
+    """Unique per run, node and store: a retried pressure test hosts a new store, and a pod of the
+    old try (pointing at the old store) must not be mistaken for the new one."""
+    return dns_label(f"burnin-{run_id}-{node}", f"{run_id}|{node}|{store}")
+
+
+def scratch_mount(spec: KubernetesSpec, scratch: str) -> str:
+    """Where ``hot_pvc`` goes in a burn-in pod: ``hot_mount`` (which must hold ``scratch``), else ``scratch`` itself."""
+    if spec.hot_mount is None:
+        return scratch
+    if not PurePosixPath(scratch).is_relative_to(spec.hot_mount):
+        raise ValueError(f"nodes.kubernetes.hot_mount: {spec.hot_mount} does not hold the burn-in scratch {scratch}")
+    return spec.hot_mount
+
+
+def eviction_toleration(spec: KubernetesSpec) -> k8s.V1Toleration:
+    """Burn-in pods tolerate the eviction taint: re-testing a node is how it earns its way back."""
+    return k8s.V1Toleration(key=spec.evicted_label, operator="Exists", effect="NoSchedule")
+
+
+def build_burnin_pod(
+    node: str, *, run_id: str, store: str, schedule: Schedule, cfg: PressureTestSpec, spec: KubernetesSpec,
+    scratch: str, timeout_s: float, drill: Drill = Drill(),
+) -> k8s.V1Pod:
+    """The burn-in pod of candidate ``node`` (a Kubernetes node name); ``store`` is the orchestrator's host:port.
+
+    ``run_id`` names the pod, so it must be unique across pipelines (``Run.holder``,
+    ``dag_id/run_id``); ``timeout_s`` is the node's protocol timeout (``--timeout``).
+    """
+    vols, mounts = volumes(spec, scratch_mount(spec, scratch) if spec.hot_pvc else None)
+    pin = k8s.V1NodeSelectorTerm(match_fields=[
+        k8s.V1NodeSelectorRequirement(key="metadata.name", operator="In", values=[node])])
+    labels = {"app.kubernetes.io/name": "trainyard", "app.kubernetes.io/component": "burnin",
+              LABEL_BURNIN: label_value(run_id), LABEL_CANDIDATE: label_value(node)}
+    container = k8s.V1Container(
+        name=CONTAINER, image=spec.image,
+        # Explicit: the trainer image's entrypoint is torchrun.
+        command=["python", "-m", "trainyard.burnin.node"],
+        args=[a.replace("$", "$$") for a in node_args(node, store, schedule, cfg, scratch, timeout_s, drill)],
+        env=[k8s.V1EnvVar(name="TRAINYARD_NODE", value=node.replace("$", "$$")),
+             k8s.V1EnvVar(name="PYTHONUNBUFFERED", value="1")],
+        resources=resources(spec), volume_mounts=mounts, security_context=container_security_context(),
+    )
+    return k8s.V1Pod(
+        api_version="v1", kind="Pod",
+        metadata=k8s.V1ObjectMeta(name=burnin_pod_name(run_id, node, store), namespace=spec.namespace, labels=labels,
+                                  annotations={"trainyard.io/run-id": run_id, "trainyard.io/node": node}),
+        spec=k8s.V1PodSpec(
+            containers=[container], restart_policy="Never",
+            active_deadline_seconds=math.ceil(timeout_s) + DEADLINE_SLACK_S,
+            scheduler_name="volcano" if spec.scheduler == "volcano" else None,
+            service_account_name=spec.service_account,
+            automount_service_account_token=None if spec.service_account else False,
+            enable_service_links=False, node_selector=dict(spec.node_selector) or None,
+            tolerations=tolerations(spec, [eviction_toleration(spec)]),
+            affinity=k8s.V1Affinity(node_affinity=k8s.V1NodeAffinity(
+                required_during_scheduling_ignored_during_execution=k8s.V1NodeSelector(node_selector_terms=[pin]))),
+            security_context=pod_security_context(), volumes=vols,
+        ),
+    )
+
+
+def create_burnin_pods(core_api: k8s.CoreV1Api, pods: Iterable[k8s.V1Pod]) -> list[str]:
+    """Create the pods; one that exists already is this very try's (the name hashes the store) and is kept."""
+    names = []
+    for pod in pods:
+        try:
+            core_api.create_namespaced_pod(pod.metadata.namespace, pod)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            log.info("burn-in pod %s already exists; reusing it", pod.metadata.name)
+        names.append(pod.metadata.name)
+    return names
+
+
+def delete_burnin_pods(core_api: k8s.CoreV1Api, namespace: str, names: Iterable[str]) -> None:
+    """Delete the pods at once (grace 0: a hung probe must not hold the node); gone already is fine."""
+    for name in names:
+        try:
+            core_api.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+
+# ---------------------------------------------------------------- eviction marks
+
+
+def label_evicted(core_api: k8s.CoreV1Api, nodes: Iterable[str], label: str, mode: EvictWith = "label") -> list[str]:
+    """Mark ``nodes`` evicted (label; with ``taint`` also a NoSchedule taint); returns the nodes marked.
+
+    Idempotent: marking a marked node changes nothing. A node that no longer
+    exists is skipped (there is nothing left to keep pods off).
+    """
+    return [n for n in nodes if _mark(core_api, n, label, mode, on=True)]
+
+
+def unlabel(core_api: k8s.CoreV1Api, nodes: Iterable[str], label: str) -> list[str]:
+    """Take the eviction marks off ``nodes`` (a node that passed a new pressure test); returns the nodes cleared.
+
+    Clears the taint too whatever ``evict_with`` says now: the node may have
+    been marked while the spec said ``taint``.
+    """
+    return [n for n in nodes if _mark(core_api, n, label, "taint", on=False)]
+
+
+def evicted_nodes(core_api: k8s.CoreV1Api, label: str) -> list[str]:
+    """Nodes carrying the eviction label now."""
+    return sorted(n.metadata.name for n in core_api.list_node(label_selector=label).items)
+
+
+def _mark(core_api: k8s.CoreV1Api, node: str, label: str, mode: EvictWith, on: bool) -> bool:
+    try:
+        _patch(core_api, node, {"metadata": {"labels": {label: EVICTED_VALUE if on else None}}})
+        if mode == "taint":
+            _set_taint(core_api, node, label, on)
+    except ApiException as exc:
+        if exc.status == 404:
+            log.warning("node %s is gone; nothing to %s", node, "mark" if on else "clear")
+            return False
+        raise
+    return True
+
+
+def _patch(core_api: k8s.CoreV1Api, node: str, body: dict[str, Any]) -> None:
+    # A JSON merge patch (RFC 7386) means exactly what these bodies say: maps merge, a list
+    # (taints) is replaced whole, null deletes a key; no per-field strategic-merge rules apply.
+    core_api.patch_node(node, body, _content_type=MERGE_PATCH)
+
+
+def _set_taint(core_api: k8s.CoreV1Api, node: str, key: str, on: bool) -> None:
+    """Add or remove the NoSchedule taint ``key``, keeping every other taint.
+
+    Taints are a list a patch replaces whole, so read, change and write with the
+    read resourceVersion: a concurrent change (another controller's taint) makes
+    the write fail with 409 instead of being lost, and we try again.
+    """
+    for _ in range(_PATCH_TRIES):
+        current = core_api.read_node(node)
+        if _has_taint(current, key) == on:
+            return  # already as wanted
+        taints = [t for t in (current.spec.taints or []) if not (t.key == key and t.effect == "NoSchedule")]
+        if on:
+            taints.append(k8s.V1Taint(key=key, value=EVICTED_VALUE, effect="NoSchedule"))
+        body = {"metadata": {"resourceVersion": current.metadata.resource_version},
+                "spec": {"taints": core_api.api_client.sanitize_for_serialization(taints)}}
+        try:
+            _patch(core_api, node, body)
+            return
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+    raise RuntimeError(f"node {node}: taints kept changing under us ({_PATCH_TRIES} tries)")
+
+
+def _has_taint(node: Any, key: str) -> bool:
+    return any(t.key == key and t.effect == "NoSchedule" for t in (node.spec.taints or []))

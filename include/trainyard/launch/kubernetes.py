@@ -1,0 +1,612 @@
+"""Kubernetes backend: one attempt is an Indexed Job, a headless Service and (with Volcano) a PodGroup.
+
+This module owns two things:
+
+* the **objects** of an attempt, built by pure functions from a ``LaunchPlan``
+  and the spec's ``KubernetesSpec`` (``build_objects``), as ``kubernetes``
+  client models, so they can be checked against the official schema with no
+  cluster;
+* the **launcher** (``KubernetesLauncher``) that creates, watches and deletes
+  them, and the pure mapping from pods to ``NodeStatus`` records
+  (``attempt_status``) that the deferrable trigger shares, so the supervisor
+  reads the same records whichever backend or waiter produced them.
+
+Pod *i* of the Job is node *i* of the attempt: it runs one torchrun agent
+(``python -m torch.distributed.run``) with ``--node-rank=$(JOB_COMPLETION_INDEX)``
+and meets the others through c10d rendezvous on pod 0, reached by its stable
+DNS name ``<job>-0.<service>.<namespace>.svc.<domain>`` (an Indexed Job gives
+pod *i* the hostname ``<job>-<i>``; the headless Service and the pods'
+``subdomain`` give that hostname a DNS record).
+
+How this lines up with the cncf-kubernetes provider: its ``KubernetesJobOperator``
+builds the same ``kubernetes.client.V1Job`` from ``parallelism``,
+``completions``, ``completion_mode="Indexed"`` and ``backoff_limit``; we set
+exactly those (parallelism = completions = nodes, Indexed, backoffLimit 0)
+but build the Job here, because the library never imports Airflow (DESIGN
+rule 2) and because the operator owns one pod per task and renames the Job
+(``job-`` prefix, random suffix), while the rendezvous endpoint needs a name
+known before the Job exists. The Airflow layer waits for the attempt with
+``trainyard.airflow.triggers.KubernetesAttemptTrigger``, the counterpart of
+the provider's ``KubernetesJobTrigger``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import PurePosixPath
+from typing import Any
+
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+from kubernetes.utils import parse_quantity
+
+from trainyard.launch.base import AttemptStatus, LaunchPlan, NodeStatus
+from trainyard.spec import KubernetesSpec
+
+log = logging.getLogger(__name__)
+
+RDZV_PORT = 29400
+CONTAINER = "trainer"
+GPU_RESOURCE = "nvidia.com/gpu"
+INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+GROUP_NAME_ANNOTATION = "scheduling.k8s.io/group-name"
+RUN_ID_ANNOTATION = "trainyard.io/run-id"
+LABEL_APP = "app.kubernetes.io/name"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_JOB = "trainyard.io/job"
+LABEL_RUN = "trainyard.io/run"
+LABEL_ATTEMPT = "trainyard.io/attempt"
+PODGROUP_GROUP, PODGROUP_VERSION, PODGROUP_PLURAL = "scheduling.volcano.sh", "v1beta1", "podgroups"
+HOT_VOLUME, SHM_VOLUME = "hot", "dshm"
+RUN_AS_USER = 1000  # the trainer image's user (docker/Dockerfile.trainer)
+# Pod hostnames are "<job>-<index>" and must fit a 63-character DNS label; an index
+# has at most 3 digits (nodes.count <= 512), and pod names add a 6-character suffix.
+MAX_JOB_NAME = 52
+# A finished Job the supervisor did not delete (its process died) cleans itself up
+# after a day; long enough for a deferred waiter to read the pods' final states.
+TTL_AFTER_FINISHED_S = 24 * 3600
+
+# Reasons a pod carries in status.reason when Kubernetes itself ended it.
+POD_FAILURE_REASONS = frozenset({"Evicted", "NodeLost", "DeadlineExceeded", "UnexpectedAdmissionError", "Shutdown",
+                                 "NodeShutdown", "Terminated", "Preempting"})
+# Container waiting reasons that will not resolve by waiting: with backoffLimit 0 and
+# restartPolicy Never the attempt is lost, so it is reported now instead of after a timeout.
+FAILED_WAITING_REASONS = frozenset({"ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName", "CrashLoopBackOff",
+                                    "CreateContainerConfigError", "CreateContainerError", "RunContainerError"})
+_STATE_RANK = {"running": 0, "succeeded": 1, "failed": 2}
+_TOLERATION_KEYS = {"key": "key", "operator": "operator", "value": "value", "effect": "effect",
+                    "tolerationSeconds": "toleration_seconds"}
+
+
+# ---------------------------------------------------------------- names
+
+
+def _digest(text: str, length: int = 8) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:length]
+
+
+def dns_label(readable: str, unique: str, max_len: int = 63) -> str:
+    """A DNS-1035 label (lowercase, starts with a letter, <= ``max_len``) for ``readable``.
+
+    A hash of ``unique`` always ends the name: sanitizing is lossy (two run ids
+    can map to the same text) and truncation more so, and a name must never
+    point at another run's objects.
+    """
+    base = re.sub(r"-{2,}", "-", re.sub(r"[^a-z0-9-]+", "-", readable.lower())).strip("-")
+    suffix = _digest(unique)
+    room = max_len - len("ty--") - len(suffix)
+    return "-".join(filter(None, ("ty", base[:room].rstrip("-"), suffix)))
+
+
+def label_value(text: str) -> str:
+    """``text`` as a label value (<= 63 of ``[A-Za-z0-9._-]``, alphanumeric at both ends)."""
+    value = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-._")
+    if value == text and len(value) <= 63:
+        return value
+    return f"{value[:54].rstrip('-._')}-{_digest(text)}".lstrip("-")
+
+
+def object_name(plan: LaunchPlan) -> str:
+    """Name of the attempt's Job, Service and PodGroup: run id and attempt, unique per run folder."""
+    return dns_label(f"{plan.run_id}-a{plan.attempt}", f"{plan.log_dir}|{plan.run_id}|{plan.attempt}", MAX_JOB_NAME)
+
+
+def rendezvous_endpoint(name: str, namespace: str, cluster_domain: str = "cluster.local") -> str:
+    """``host:port`` of pod 0, which hosts the c10d store: its per-pod DNS name under the headless Service."""
+    return f"{name}-0.{name}.{namespace}.svc.{cluster_domain}:{RDZV_PORT}"
+
+
+def attempt_labels(plan: LaunchPlan, name: str) -> dict[str, str]:
+    return {
+        LABEL_APP: "trainyard",
+        LABEL_COMPONENT: "training",
+        LABEL_JOB: name,
+        LABEL_RUN: label_value(plan.run_id),
+        LABEL_ATTEMPT: str(plan.attempt),
+    }
+
+
+def selector(name: str) -> str:
+    """Label selector of the attempt's pods."""
+    return f"{LABEL_JOB}={name}"
+
+
+# ---------------------------------------------------------------- pod pieces
+
+
+def _literal(text: str) -> str:
+    # Kubernetes expands $(VAR) in command, args and env values, and "$$" to "$":
+    # doubling every "$" keeps the plan's text exactly as the local backend passes it.
+    return text.replace("$", "$$")
+
+
+def torchrun_args(plan: LaunchPlan, endpoint: str) -> list[str]:
+    """Arguments after ``python -m torch.distributed.run``; the same on every pod (the index varies)."""
+    return [
+        f"--nnodes={len(plan.nodes)}",
+        f"--nproc-per-node={plan.procs_per_node}",
+        "--node-rank=$(JOB_COMPLETION_INDEX)",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={endpoint}",
+        _literal(f"--rdzv-id={plan.run_id}-a{plan.attempt}"),
+        "--max-restarts=0",  # restarts are the supervisor's decision, not torchrun's
+        *(_literal(arg) for arg in plan.entry_argv()),
+    ]
+
+
+def training_env(plan: LaunchPlan) -> list[k8s.V1EnvVar]:
+    """The plan's TRAINYARD_* contract, plus the node identity and index from the pod itself."""
+    return [
+        # Declared here so "$(JOB_COMPLETION_INDEX)" in args expands (the Job controller
+        # injects the same variable, and leaves a declared one alone).
+        k8s.V1EnvVar(name="JOB_COMPLETION_INDEX", value_from=k8s.V1EnvVarSource(
+            field_ref=k8s.V1ObjectFieldSelector(field_path=f"metadata.annotations['{INDEX_ANNOTATION}']"))),
+        # The node is only known once scheduled: the downward API gives the Kubernetes node name.
+        k8s.V1EnvVar(name="TRAINYARD_NODE", value_from=k8s.V1EnvVarSource(
+            field_ref=k8s.V1ObjectFieldSelector(field_path="spec.nodeName"))),
+        k8s.V1EnvVar(name="PYTHONUNBUFFERED", value="1"),  # pod logs are the node's evidence
+        *(k8s.V1EnvVar(name=key, value=_literal(value)) for key, value in plan.env.items() if key != "TRAINYARD_NODE"),
+    ]
+
+
+def hot_mount_path(plan: LaunchPlan, spec: KubernetesSpec) -> str:
+    """Where ``hot_pvc`` is mounted: ``spec.hot_mount``, else the deepest folder the plan's paths share.
+
+    The plan's paths are the orchestrator's; mounting the same volume at the
+    same place in every pod makes them mean the same thing there.
+    """
+    folders = [PurePosixPath(v) if k.endswith("_DIR") else PurePosixPath(v).parent
+               for k, v in plan.env.items() if v.startswith("/")]
+    if spec.hot_mount:
+        outside = [str(f) for f in folders if not f.is_relative_to(spec.hot_mount)]
+        if outside:
+            raise ValueError(f"nodes.kubernetes.hot_mount: {spec.hot_mount} does not hold {', '.join(outside)}")
+        return spec.hot_mount
+    if not folders:
+        raise ValueError("nodes.kubernetes.hot_mount: the plan names no paths; set where hot_pvc is mounted")
+    root = PurePosixPath(*_common_parts([f.parts for f in folders]))
+    if str(root) == "/":
+        raise ValueError("nodes.kubernetes.hot_mount: the run's paths share no folder but '/'; "
+                         "set where hot_pvc is mounted (e.g. $TRAINYARD_HOME)")
+    return str(root)
+
+
+def _common_parts(parts: list[tuple[str, ...]]) -> tuple[str, ...]:
+    common = parts[0]
+    for other in parts[1:]:
+        n = 0
+        while n < min(len(common), len(other)) and common[n] == other[n]:
+            n += 1
+        common = common[:n]
+    return common
+
+
+def resources(spec: KubernetesSpec) -> k8s.V1ResourceRequirements:
+    """Requests equal limits (Guaranteed QoS): a training node is the last thing the kubelet should evict."""
+    amounts = {"cpu": spec.cpu, "memory": spec.memory}
+    if spec.gpus:
+        amounts[GPU_RESOURCE] = str(spec.gpus)
+    return k8s.V1ResourceRequirements(requests=dict(amounts), limits=dict(amounts))
+
+
+def tolerations(spec: KubernetesSpec, extra: Iterable[k8s.V1Toleration] = ()) -> list[k8s.V1Toleration] | None:
+    out = []
+    for i, item in enumerate(spec.tolerations):
+        unknown = sorted(set(item) - set(_TOLERATION_KEYS))
+        if unknown:
+            raise ValueError(f"nodes.kubernetes.tolerations[{i}]: unknown key(s) {', '.join(unknown)}; "
+                             f"allowed: {', '.join(_TOLERATION_KEYS)}")
+        kwargs: dict[str, Any] = {_TOLERATION_KEYS[k]: v for k, v in item.items()}
+        if "toleration_seconds" in kwargs:
+            kwargs["toleration_seconds"] = int(kwargs["toleration_seconds"])
+        out.append(k8s.V1Toleration(**kwargs))
+    out.extend(extra)
+    return out or None
+
+
+def pod_security_context() -> k8s.V1PodSecurityContext:
+    # fsGroup makes the hot-tier volume writable by the non-root user.
+    return k8s.V1PodSecurityContext(run_as_non_root=True, run_as_user=RUN_AS_USER, run_as_group=RUN_AS_USER,
+                                    fs_group=RUN_AS_USER,
+                                    seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault"))
+
+
+def container_security_context() -> k8s.V1SecurityContext:
+    """What the "restricted" Pod Security Standard asks of every container."""
+    return k8s.V1SecurityContext(run_as_non_root=True, run_as_user=RUN_AS_USER, allow_privilege_escalation=False,
+                                 capabilities=k8s.V1Capabilities(drop=["ALL"]),
+                                 seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault"))
+
+
+def volumes(spec: KubernetesSpec, mount: str | None) -> tuple[list[k8s.V1Volume], list[k8s.V1VolumeMount]]:
+    """The hot tier (when ``hot_pvc`` is set) at ``mount``, and a memory-backed /dev/shm.
+
+    A container's default /dev/shm is 64 MiB; NCCL and data-loader workers
+    pass tensors through it and fail with a bus error when it is full.
+    """
+    vols = [k8s.V1Volume(name=SHM_VOLUME, empty_dir=k8s.V1EmptyDirVolumeSource(medium="Memory"))]
+    mounts = [k8s.V1VolumeMount(name=SHM_VOLUME, mount_path="/dev/shm")]
+    if spec.hot_pvc and mount:
+        vols.append(k8s.V1Volume(name=HOT_VOLUME, persistent_volume_claim=k8s.V1PersistentVolumeClaimVolumeSource(
+            claim_name=spec.hot_pvc)))
+        mounts.append(k8s.V1VolumeMount(name=HOT_VOLUME, mount_path=mount))
+    return vols, mounts
+
+
+def not_evicted(spec: KubernetesSpec) -> k8s.V1NodeAffinity:
+    """Required node affinity: never schedule on a node carrying the evicted label."""
+    term = k8s.V1NodeSelectorTerm(match_expressions=[
+        k8s.V1NodeSelectorRequirement(key=spec.evicted_label, operator="DoesNotExist")])
+    return k8s.V1NodeAffinity(required_during_scheduling_ignored_during_execution=k8s.V1NodeSelector(
+        node_selector_terms=[term]))
+
+
+def training_affinity(spec: KubernetesSpec, name: str) -> k8s.V1Affinity:
+    """Off evicted nodes, and one training pod per node (a node lost must cost one rank group, not two)."""
+    spread = k8s.V1PodAffinityTerm(label_selector=k8s.V1LabelSelector(match_labels={LABEL_JOB: name}),
+                                   topology_key="kubernetes.io/hostname")
+    return k8s.V1Affinity(node_affinity=not_evicted(spec), pod_anti_affinity=k8s.V1PodAntiAffinity(
+        required_during_scheduling_ignored_during_execution=[spread]))
+
+
+def training_pod_template(plan: LaunchPlan, spec: KubernetesSpec, name: str) -> k8s.V1PodTemplateSpec:
+    vols, mounts = volumes(spec, hot_mount_path(plan, spec) if spec.hot_pvc else None)
+    annotations = {RUN_ID_ANNOTATION: plan.run_id}
+    if spec.scheduler == "volcano":
+        annotations[GROUP_NAME_ANNOTATION] = name
+    container = k8s.V1Container(
+        name=CONTAINER, image=spec.image,
+        command=["python", "-m", "torch.distributed.run"],
+        args=torchrun_args(plan, rendezvous_endpoint(name, spec.namespace, spec.cluster_domain)),
+        env=training_env(plan), resources=resources(spec), volume_mounts=mounts,
+        ports=[k8s.V1ContainerPort(name="rdzv", container_port=RDZV_PORT, protocol="TCP")],
+        security_context=container_security_context(),
+    )
+    return k8s.V1PodTemplateSpec(
+        metadata=k8s.V1ObjectMeta(labels=attempt_labels(plan, name), annotations=annotations),
+        spec=k8s.V1PodSpec(
+            containers=[container], restart_policy="Never", subdomain=name,
+            scheduler_name="volcano" if spec.scheduler == "volcano" else None,
+            service_account_name=spec.service_account,
+            # Training code has no business with the API server unless an account was chosen for it.
+            automount_service_account_token=None if spec.service_account else False,
+            enable_service_links=False, node_selector=dict(spec.node_selector) or None,
+            tolerations=tolerations(spec), affinity=training_affinity(spec, name),
+            security_context=pod_security_context(), volumes=vols,
+        ),
+    )
+
+
+# ---------------------------------------------------------------- objects
+
+
+@dataclass(frozen=True)
+class AttemptObjects:
+    name: str
+    job: k8s.V1Job
+    service: k8s.V1Service
+    podgroup: dict[str, Any] | None
+    """Volcano PodGroup (a custom resource, so a plain dict); None with the default scheduler."""
+
+
+def build_job(plan: LaunchPlan, spec: KubernetesSpec) -> k8s.V1Job:
+    name = object_name(plan)
+    n = len(plan.nodes)
+    return k8s.V1Job(
+        api_version="batch/v1", kind="Job",
+        metadata=k8s.V1ObjectMeta(name=name, namespace=spec.namespace, labels=attempt_labels(plan, name),
+                                  annotations={RUN_ID_ANNOTATION: plan.run_id}),
+        spec=k8s.V1JobSpec(
+            completions=n, parallelism=n, completion_mode="Indexed",
+            backoff_limit=0,  # a failed pod ends the attempt; retrying is the supervisor's decision
+            ttl_seconds_after_finished=TTL_AFTER_FINISHED_S,
+            template=training_pod_template(plan, spec, name),
+        ),
+    )
+
+
+def build_service(plan: LaunchPlan, spec: KubernetesSpec) -> k8s.V1Service:
+    """Headless Service selecting the attempt's pods, so pod 0 has a DNS name before anyone joins it."""
+    name = object_name(plan)
+    return k8s.V1Service(
+        api_version="v1", kind="Service",
+        metadata=k8s.V1ObjectMeta(name=name, namespace=spec.namespace, labels=attempt_labels(plan, name)),
+        spec=k8s.V1ServiceSpec(
+            cluster_ip="None", selector={LABEL_JOB: name},
+            # The other agents dial pod 0 while it starts, before any readiness.
+            publish_not_ready_addresses=True,
+            ports=[k8s.V1ServicePort(name="rdzv", port=RDZV_PORT, target_port=RDZV_PORT, protocol="TCP")],
+        ),
+    )
+
+
+def build_podgroup(plan: LaunchPlan, spec: KubernetesSpec) -> dict[str, Any]:
+    """Volcano gang: no pod starts until all ``nodes`` fit, so a half-placed attempt never holds GPUs idle."""
+    name = object_name(plan)
+    n = len(plan.nodes)
+    return {
+        "apiVersion": f"{PODGROUP_GROUP}/{PODGROUP_VERSION}",
+        "kind": "PodGroup",
+        "metadata": {"name": name, "namespace": spec.namespace, "labels": attempt_labels(plan, name)},
+        "spec": {"minMember": n, "minResources": {k: _times(v, n) for k, v in resources(spec).limits.items()}},
+    }
+
+
+def _times(quantity: str, n: int) -> str:
+    total = parse_quantity(quantity) * n
+    if total == total.to_integral_value():
+        return str(int(total))
+    return f"{int(total * 1000)}m"  # fractional CPUs
+
+
+def build_objects(plan: LaunchPlan, spec: KubernetesSpec) -> AttemptObjects:
+    """Every object of one attempt; pure, so the same plan always yields the same names and bodies."""
+    return AttemptObjects(
+        name=object_name(plan), job=build_job(plan, spec), service=build_service(plan, spec),
+        podgroup=build_podgroup(plan, spec) if spec.scheduler == "volcano" else None,
+    )
+
+
+# ---------------------------------------------------------------- statuses
+
+
+def pod_index(pod: Any) -> int | None:
+    meta = pod.metadata
+    raw = (meta.annotations or {}).get(INDEX_ANNOTATION) or (meta.labels or {}).get(INDEX_ANNOTATION)
+    return int(raw) if raw is not None and str(raw).isdigit() else None
+
+
+def _main_container(status: Any) -> Any:
+    containers = (status.container_statuses or []) if status else []
+    return next((c for c in containers if c.name == CONTAINER), containers[0] if containers else None)
+
+
+def _terminated(container: Any) -> Any:
+    if container is None:
+        return None
+    for state in (container.state, container.last_state):
+        if state is not None and state.terminated is not None:
+            return state.terminated
+    return None
+
+
+def _disruption(status: Any) -> str | None:
+    """The reason of a DisruptionTarget condition (preemption, taint eviction, pod GC), if any."""
+    for cond in (status.conditions or []) if status else []:
+        if cond.type == "DisruptionTarget" and cond.status == "True":
+            return cond.reason or "DisruptionTarget"
+    return None
+
+
+def _failure_reason(pod: Any, container: Any, terminated: Any) -> str | None:
+    """Why the pod failed, or None while it still counts as running."""
+    status = pod.status
+    phase, pod_reason = status.phase, status.reason
+    if phase == "Failed":
+        # Kubernetes' own verdict on the pod (Evicted, NodeLost, DeadlineExceeded) says more than an
+        # exit code; OOMKilled says more than a disruption; "Error" says least.
+        oom = terminated.reason if terminated is not None and terminated.reason == "OOMKilled" else None
+        return pod_reason or oom or _disruption(status) or (terminated.reason if terminated else None) or "Failed"
+    if phase == "Unknown":
+        return pod_reason or "NodeLost"  # the kubelet stopped reporting
+    if pod_reason in POD_FAILURE_REASONS:
+        return pod_reason
+    waiting = container.state.waiting.reason if container and container.state and container.state.waiting else None
+    if waiting in FAILED_WAITING_REASONS:
+        return waiting
+    if terminated is not None and terminated.exit_code != 0:
+        return terminated.reason or "Error"  # exited; the phase has not caught up yet
+    if pod.metadata.deletion_timestamp is not None and _disruption(status):
+        return _disruption(status)  # e.g. DeletionByTaintManager: its node went NotReady
+    return None
+
+
+def pod_node_status(pod: Any, fallback_node: str) -> NodeStatus:
+    """One pod as a ``NodeStatus``; ``node`` is the Kubernetes node it runs on (``TRAINYARD_NODE`` inside it).
+
+    Works on models of ``kubernetes`` and ``kubernetes_asyncio`` alike (same attribute names).
+    """
+    node = (pod.spec.node_name if pod.spec is not None else None) or fallback_node
+    container = _main_container(pod.status)
+    terminated = _terminated(container)
+    code = terminated.exit_code if terminated is not None else None
+    if pod.status is not None and pod.status.phase == "Succeeded":
+        return NodeStatus(node, "succeeded", 0 if code is None else code)
+    reason = _failure_reason(pod, container, terminated) if pod.status is not None else None
+    if reason is None:
+        return NodeStatus(node, "running")
+    return NodeStatus(node, "failed", code, reason=reason)
+
+
+def pods_by_index(pods: Iterable[Any], nodes: list[str]) -> dict[int, tuple[Any, NodeStatus]]:
+    """The telling pod of each completion index: a failed one over a succeeded one over a running one."""
+    best: dict[int, tuple[Any, NodeStatus]] = {}
+    for pod in pods:
+        index = pod_index(pod)
+        if index is None or not 0 <= index < len(nodes):
+            continue
+        status = pod_node_status(pod, nodes[index])
+        if index not in best or _STATE_RANK[status.state] > _STATE_RANK[best[index][1].state]:
+            best[index] = (pod, status)
+    return best
+
+
+def job_failure_reason(job: Any) -> str | None:
+    """The reason of the Job's Failed condition (BackoffLimitExceeded, DeadlineExceeded, ...), if it failed."""
+    for cond in (job.status.conditions or []) if job is not None and job.status is not None else []:
+        if cond.type == "Failed" and cond.status == "True":
+            return cond.reason or "JobFailed"
+    return None
+
+
+def attempt_status(pods: Iterable[Any], nodes: list[str], job_reason: str | None = None) -> AttemptStatus:
+    """Statuses in node order (completion index); a node without a pod yet is running (pending).
+
+    ``job_reason`` (the Job failed, or is gone) fails every unfinished node, but
+    only when no pod says why: the pod that failed first is the evidence, and
+    the survivors the Job controller then kills are not to blame.
+    """
+    best = pods_by_index(pods, nodes)
+    statuses = [best[i][1] if i in best else NodeStatus(node, "running") for i, node in enumerate(nodes)]
+    if job_reason and not any(s.state == "failed" for s in statuses):
+        statuses = [s if s.state == "succeeded" else replace(s, state="failed", reason=job_reason) for s in statuses]
+    return AttemptStatus(statuses)
+
+
+def status_to_dicts(status: AttemptStatus) -> list[dict[str, Any]]:
+    """JSON-safe records (a trigger event's payload)."""
+    return [asdict(n) for n in status.nodes]
+
+
+def status_from_dicts(items: Iterable[Mapping[str, Any]]) -> AttemptStatus:
+    return AttemptStatus([NodeStatus(**dict(item)) for item in items])
+
+
+# ---------------------------------------------------------------- launcher
+
+
+@dataclass
+class KubernetesHandle:
+    plan: LaunchPlan
+    namespace: str
+    name: str
+    podgroup: bool
+    logs: dict[int, str] = field(default_factory=dict)
+    """Evidence file written per completion index, once its pod finished."""
+
+
+def _ignore(status: int, call: Callable[[], Any]) -> bool:
+    """Run ``call``; True if it answered ``status`` (404 on delete, 409 on create), which is fine here."""
+    try:
+        call()
+        return False
+    except ApiException as exc:
+        if exc.status != status:
+            raise
+        return True
+
+
+class KubernetesLauncher:
+    """``launch`` / ``poll`` / ``cancel`` over the Kubernetes API, with a ``kubernetes.client.ApiClient``."""
+
+    def __init__(self, api_client: k8s.ApiClient, spec: KubernetesSpec, log_lines: int = 200) -> None:
+        self.core = k8s.CoreV1Api(api_client)
+        self.batch = k8s.BatchV1Api(api_client)
+        self.custom = k8s.CustomObjectsApi(api_client)
+        self.spec = spec
+        self.log_lines = log_lines
+        self.active: list[KubernetesHandle] = []
+        """Attempts launched and not yet cancelled, so ``cancel_all`` can end them on a kill."""
+
+    def launch(self, plan: LaunchPlan) -> KubernetesHandle:
+        """Create PodGroup (Volcano), Service, then Job: the Job last, so its pods find both.
+
+        An object that already exists is adopted: names are derived from the plan,
+        so it is this attempt's own, left by a launch interrupted half-way.
+        """
+        objects = build_objects(plan, self.spec)
+        ns = self.spec.namespace
+        handle = KubernetesHandle(plan, ns, objects.name, podgroup=objects.podgroup is not None)
+        plan.log_dir.mkdir(parents=True, exist_ok=True)
+        self.active.append(handle)
+        try:
+            if objects.podgroup is not None:
+                self._create("PodGroup", objects.name, lambda: self.custom.create_namespaced_custom_object(
+                    PODGROUP_GROUP, PODGROUP_VERSION, ns, PODGROUP_PLURAL, objects.podgroup))
+            self._create("Service", objects.name, lambda: self.core.create_namespaced_service(ns, objects.service))
+            self._create("Job", objects.name, lambda: self.batch.create_namespaced_job(ns, objects.job))
+        except Exception:
+            self.cancel(handle)  # leave nothing half-made behind
+            raise
+        log.info("attempt %d: Job %s/%s with %d pod(s), rendezvous on %s", plan.attempt, ns, objects.name,
+                 len(plan.nodes), rendezvous_endpoint(objects.name, ns, self.spec.cluster_domain))
+        return handle
+
+    @staticmethod
+    def _create(kind: str, name: str, call: Callable[[], Any]) -> None:
+        if _ignore(409, call):
+            log.info("%s %s already exists; adopting it", kind, name)
+
+    def poll(self, handle: KubernetesHandle) -> AttemptStatus:
+        pods = self.core.list_namespaced_pod(handle.namespace, label_selector=selector(handle.name)).items
+        best = pods_by_index(pods, handle.plan.nodes)
+        status = attempt_status([pod for pod, _ in best.values()], handle.plan.nodes, self._job_reason(handle))
+        nodes = [self._with_evidence(handle, i, best.get(i, (None, None))[0], s) for i, s in enumerate(status.nodes)]
+        return AttemptStatus(nodes)
+
+    def _job_reason(self, handle: KubernetesHandle) -> str | None:
+        try:
+            return job_failure_reason(self.batch.read_namespaced_job(handle.name, handle.namespace))
+        except ApiException as exc:
+            if exc.status == 404:
+                return "JobDeleted"  # by someone else, or by its TTL: no pod will report again
+            raise
+
+    def _with_evidence(self, handle: KubernetesHandle, index: int, pod: Any, status: NodeStatus) -> NodeStatus:
+        """Save a finished pod's log once into the attempt's log folder, as the local backend's node logs are.
+
+        Fetched when the pod ends, because cancel deletes the Job and its pods' logs with it.
+        """
+        if status.state == "running" or pod is None:
+            return status
+        if index not in handle.logs:
+            path = handle.plan.log_dir / f"{pod.metadata.name}.log"
+            path.write_text(self._evidence(pod, status), encoding="utf-8")
+            handle.logs[index] = str(path)
+        return replace(status, log=handle.logs[index])
+
+    def _evidence(self, pod: Any, status: NodeStatus) -> str:
+        head = (f"# pod {pod.metadata.name} on node {status.node}: {status.state}"
+                f" exit={status.exit_code} reason={status.reason or '-'} {pod.status.message or ''}".rstrip())
+        try:
+            # Raw bytes: the client's "str" deserializer would hand back "b'...'" (or parse a log
+            # that happens to be JSON), so the response is read and decoded here.
+            raw = self.core.read_namespaced_pod_log(pod.metadata.name, pod.metadata.namespace, container=CONTAINER,
+                                                    tail_lines=self.log_lines, _preload_content=False)
+            text = raw.data.decode("utf-8", errors="replace")
+        except ApiException as exc:
+            text = f"# no container log: {exc.status} {exc.reason}"  # never started (image pull, eviction)
+        return f"{head}\n{text}" if text.endswith("\n") else f"{head}\n{text}\n"
+
+    def cancel(self, handle: KubernetesHandle) -> None:
+        """Delete Job (with its pods), Service and PodGroup; anything already gone is fine.
+
+        Foreground propagation keeps the Job visible, marked for deletion, until
+        its pods are gone, so nobody mistakes a still-draining attempt for none.
+        """
+        ns, name = handle.namespace, handle.name
+        _ignore(404, lambda: self.batch.delete_namespaced_job(name, ns, propagation_policy="Foreground"))
+        _ignore(404, lambda: self.core.delete_namespaced_service(name, ns))
+        if handle.podgroup:
+            _ignore(404, lambda: self.custom.delete_namespaced_custom_object(
+                PODGROUP_GROUP, PODGROUP_VERSION, ns, PODGROUP_PLURAL, name))
+        if handle in self.active:
+            self.active.remove(handle)
+
+    def cancel_all(self) -> None:
+        for handle in list(self.active):
+            self.cancel(handle)

@@ -1,0 +1,277 @@
+"""A fake Kubernetes API server over HTTP on 127.0.0.1, for the launcher's integration tests.
+
+It speaks just enough of the API for the calls trainyard makes -- create, get,
+list (with equality and existence label selectors), delete and merge-patch of
+any resource, pod logs -- and keeps objects in memory. It is strict where the
+real server is: creating an existing name is 409, deleting or reading a
+missing one 404, a merge patch with a stale ``resourceVersion`` 409, and a
+JSON Patch content type with a non-list body 400. Every request is recorded
+(verb, API group, resource, namespaced) so tests can check it against RBAC.
+
+The test plays the Job controller and the kubelet: ``spawn_job_pods`` creates
+the pods of an Indexed Job, ``set_pod`` moves one through its states.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import uuid
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+_PATH = re.compile(
+    r"^/(?P<prefix>api/v1|apis/[^/]+/[^/]+)(?:/namespaces/(?P<ns>[^/]+))?/(?P<resource>[^/]+)"
+    r"(?:/(?P<name>[^/]+)(?:/(?P<sub>[^/]+))?)?$"
+)
+INDEX = "batch.kubernetes.io/job-completion-index"
+
+
+@dataclass(frozen=True)
+class Call:
+    verb: str
+    group: str
+    resource: str
+    namespaced: bool
+
+
+def _group(prefix: str) -> str:
+    return "" if prefix == "api/v1" else prefix.split("/")[1]
+
+
+def _merge(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = _merge(out.get(key), value)
+    return out
+
+
+def _matches(labels: dict[str, str], selector: str) -> bool:
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        if "!=" in term:
+            key, value = term.split("!=", 1)
+            if labels.get(key) == value:
+                return False
+        elif "=" in term:
+            key, value = re.split(r"==?", term, maxsplit=1)
+            if labels.get(key) != value:
+                return False
+        elif term.startswith("!"):
+            if term[1:] in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+def _status(code: int, reason: str, message: str) -> dict[str, Any]:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
+            "reason": reason, "code": code}
+
+
+class FakeKube:
+    """In-memory API server; ``url`` is where a client points its ``host``."""
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str, str, str], dict[str, Any]] = {}
+        self.logs: dict[tuple[str, str], str] = {}
+        self.calls: list[Call] = []
+        self.deletes: list[tuple[str, str, dict[str, Any]]] = []
+        """(resource, name, DeleteOptions) of every delete."""
+        self.lock = threading.RLock()
+        self._version = 0
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def start(self) -> FakeKube:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    # ------------------------------------------------------------ state, for tests
+
+    def _next_version(self) -> str:
+        self._version += 1
+        return str(self._version)
+
+    def get(self, prefix: str, resource: str, ns: str, name: str) -> dict[str, Any] | None:
+        with self.lock:
+            return self.objects.get((prefix, resource, ns, name))
+
+    def items(self, prefix: str, resource: str, ns: str = "") -> list[dict[str, Any]]:
+        with self.lock:
+            return [o for (p, r, n, _), o in self.objects.items() if p == prefix and r == resource and n == ns]
+
+    def put(self, prefix: str, resource: str, ns: str, obj: dict[str, Any]) -> dict[str, Any]:
+        with self.lock:
+            meta = obj.setdefault("metadata", {})
+            if ns:
+                meta["namespace"] = ns
+            meta.setdefault("uid", str(uuid.uuid4()))
+            meta.setdefault("creationTimestamp", "2026-01-01T00:00:00Z")
+            meta["resourceVersion"] = self._next_version()
+            self.objects[(prefix, resource, ns, meta["name"])] = obj
+            return obj
+
+    def add_node(self, name: str, labels: dict[str, str] | None = None, taints: list[dict[str, str]] | None = None) -> None:
+        self.put("api/v1", "nodes", "", {"apiVersion": "v1", "kind": "Node",
+                                         "metadata": {"name": name, "labels": dict(labels or {})},
+                                         "spec": {"taints": list(taints or [])}})
+
+    def spawn_job_pods(self, ns: str, job_name: str) -> list[str]:
+        """What the Job controller does for an Indexed Job: one pending pod per completion index."""
+        job = self.get("apis/batch/v1", "jobs", ns, job_name)
+        assert job is not None, f"no Job {ns}/{job_name}"
+        template = job["spec"]["template"]
+        names = []
+        for i in range(job["spec"]["completions"]):
+            meta = template.get("metadata", {})
+            pod = {
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {
+                    "name": f"{job_name}-{i}-x{i:04d}",
+                    "labels": {**meta.get("labels", {}), "job-name": job_name, INDEX: str(i)},
+                    "annotations": {**meta.get("annotations", {}), INDEX: str(i)},
+                    "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": job_name,
+                                         "uid": job["metadata"]["uid"], "controller": True}],
+                },
+                "spec": {**json.loads(json.dumps(template["spec"])), "hostname": f"{job_name}-{i}"},
+                "status": {"phase": "Pending"},
+            }
+            names.append(self.put("api/v1", "pods", ns, pod)["metadata"]["name"])
+        return names
+
+    def set_pod(self, ns: str, name: str, phase: str, *, node: str | None = None, reason: str | None = None,
+                message: str | None = None, state: dict[str, Any] | None = None, log: str | None = None,
+                conditions: list[dict[str, Any]] | None = None) -> None:
+        """Move a pod to ``phase``; ``state`` is the trainer container's state (``{"terminated": {...}}``)."""
+        with self.lock:
+            pod = self.get("api/v1", "pods", ns, name)
+            assert pod is not None, f"no pod {ns}/{name}"
+            if node:
+                pod["spec"]["nodeName"] = node
+            status: dict[str, Any] = {"phase": phase}
+            if reason:
+                status["reason"] = reason
+            if message:
+                status["message"] = message
+            if conditions:
+                status["conditions"] = conditions
+            if state is not None:
+                status["containerStatuses"] = [{"name": "trainer", "image": "trainer", "imageID": "", "ready": False,
+                                                "restartCount": 0, "state": state}]
+            pod["status"] = status
+            pod["metadata"]["resourceVersion"] = self._next_version()
+            if log is not None:
+                self.logs[(ns, name)] = log
+
+    # ------------------------------------------------------------ HTTP
+
+    def handle(self, method: str, path: str, query: dict[str, list[str]], ctype: str, body: bytes) -> tuple[int, Any]:
+        m = _PATH.match(path)
+        if not m:
+            return 404, _status(404, "NotFound", f"no route {path}")
+        prefix, ns, resource, name, sub = m["prefix"], m["ns"] or "", m["resource"], m["name"], m["sub"]
+        verb = {"POST": "create", "DELETE": "delete", "PATCH": "patch", "PUT": "update"}.get(method)
+        verb = verb or ("get" if name else "list")
+        with self.lock:
+            self.calls.append(Call(verb, _group(prefix), f"{resource}/{sub}" if sub else resource, bool(ns)))
+            key = (prefix, resource, ns, name or "")
+            data = json.loads(body) if body else None
+            if method == "POST" and not name:
+                return self._create(prefix, resource, ns, data)
+            if method == "GET" and not name:
+                selector = query.get("labelSelector", [""])[0]
+                items = [o for o in self.items(prefix, resource, ns) if _matches(o["metadata"].get("labels", {}), selector)]
+                return 200, {"kind": "List", "apiVersion": "v1", "metadata": {"resourceVersion": str(self._version)},
+                             "items": items}
+            obj = self.objects.get(key)
+            if obj is None:
+                return 404, _status(404, "NotFound", f'{resource} "{name}" not found')
+            if method == "GET" and sub == "log":
+                text = self.logs.get((ns, name))
+                if text is None:
+                    return 400, _status(400, "BadRequest", f'container "trainer" in pod "{name}" is waiting to start')
+                return 200, text
+            if method == "GET":
+                return 200, obj
+            if method == "DELETE":
+                # DeleteOptions come as a body or as query parameters; the API server takes either.
+                options = {**(data or {}), **{k: v[0] for k, v in query.items()}}
+                return self._delete(key, options)
+            if method == "PATCH":
+                return self._patch(key, obj, ctype, data)
+        return 405, _status(405, "MethodNotAllowed", method)
+
+    def _create(self, prefix: str, resource: str, ns: str, data: Any) -> tuple[int, Any]:
+        name = (data or {}).get("metadata", {}).get("name")
+        if not name:
+            return 422, _status(422, "Invalid", "metadata.name: Required value")
+        if (prefix, resource, ns, name) in self.objects:
+            return 409, _status(409, "AlreadyExists", f'{resource} "{name}" already exists')
+        return 201, self.put(prefix, resource, ns, data)
+
+    def _delete(self, key: tuple[str, str, str, str], options: dict[str, Any]) -> tuple[int, Any]:
+        prefix, resource, ns, name = key
+        obj = self.objects.pop(key)
+        self.deletes.append((resource, name, options))
+        if resource == "jobs" and options.get("propagationPolicy") in ("Foreground", "Background"):
+            # The garbage collector: the Job's pods go with it.
+            for pod in self.items("api/v1", "pods", ns):
+                if any(ref.get("uid") == obj["metadata"]["uid"] for ref in pod["metadata"].get("ownerReferences", [])):
+                    self.objects.pop(("api/v1", "pods", ns, pod["metadata"]["name"]))
+        return 200, obj
+
+    def _patch(self, key: tuple[str, str, str, str], obj: dict[str, Any], ctype: str, data: Any) -> tuple[int, Any]:
+        if ctype.startswith("application/json-patch+json") and not isinstance(data, list):
+            return 400, _status(400, "BadRequest", "json: cannot unmarshal object into Go value of type jsonpatch.Patch")
+        if not ctype.startswith(("application/merge-patch+json", "application/strategic-merge-patch+json")):
+            return 415, _status(415, "UnsupportedMediaType", ctype)
+        wanted = (data or {}).get("metadata", {}).get("resourceVersion")
+        if wanted is not None and wanted != obj["metadata"]["resourceVersion"]:
+            return 409, _status(409, "Conflict", "the object has been modified; please apply your changes to the latest version")
+        merged = _merge(obj, data)
+        merged["metadata"]["resourceVersion"] = self._next_version()
+        self.objects[key] = merged
+        return 200, merged
+
+
+def _handler(fake: FakeKube) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as the clients expect
+        disable_nagle_algorithm = True  # headers and body are two writes; no 40 ms delayed-ACK stall between
+
+        def _serve(self) -> None:
+            url = urlparse(self.path)
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            code, payload = fake.handle(self.command, url.path, parse_qs(url.query),
+                                        self.headers.get("Content-Type", ""), body)
+            raw = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "text/plain" if isinstance(payload, str) else "application/json")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+        do_GET = do_POST = do_DELETE = do_PATCH = do_PUT = _serve
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+            pass  # one line per request otherwise
+
+    return Handler

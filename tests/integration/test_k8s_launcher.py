@@ -1,0 +1,354 @@
+"""The Kubernetes launcher, burn-in marks and trigger against an API server over HTTP.
+
+The server (``fake_k8s.FakeKube``) is in-memory; the clients are the real
+ones (``kubernetes`` for the launcher, ``kubernetes_asyncio`` through the
+provider's ``AsyncKubernetesHook`` for the trigger), so requests, bodies,
+content types and error codes cross a socket as they would to a cluster. The
+test plays the Job controller and the kubelet by setting pod states.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from fake_k8s import Call, FakeKube
+from trainyard.airflow.triggers import KubernetesAttemptTrigger
+from trainyard.burnin.kubernetes import (
+    build_burnin_pod, create_burnin_pods, delete_burnin_pods, evicted_nodes, label_evicted, unlabel,
+)
+from trainyard.launch.base import LaunchPlan, NodeStatus
+from trainyard.launch.kubernetes import KubernetesHandle, KubernetesLauncher, build_objects
+from trainyard.spec import KubernetesSpec, PressureTestSpec
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+NS = "trainyard"
+BATCH, CORE, VOLCANO = "apis/batch/v1", "api/v1", "apis/scheduling.volcano.sh/v1beta1"
+SPEC = KubernetesSpec(image="registry.local/trainer:1", namespace=NS, scheduler="volcano", gpus=1, hot_pvc="trainyard-hot")
+DEFAULT = KubernetesSpec(image="registry.local/trainer:1", namespace=NS)
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeKube]:
+    server = FakeKube().start()
+    yield server
+    server.stop()
+
+
+def api_client(fake: FakeKube) -> client.ApiClient:
+    config = client.Configuration()
+    config.host = fake.url
+    return client.ApiClient(config)
+
+
+def make_plan(tmp_path: Path, nodes: int = 2, attempt: int = 1) -> LaunchPlan:
+    home = tmp_path / "home"
+    return LaunchPlan(
+        run_id="manual__2026-03-01T02:00:00+00:00", attempt=attempt, nodes=[f"node-{i}" for i in range(nodes)],
+        procs_per_node=1, entrypoint="trainyard.train", args=["--lr", "0.01"],
+        env={"TRAINYARD_DATA_DIR": f"{home}/hot/tokens", "TRAINYARD_CHECKPOINT_DIR": f"{home}/checkpoints/p",
+             "TRAINYARD_LEDGER": f"{home}/runs/p/r/events.jsonl", "TRAINYARD_ATTEMPT": str(attempt)},
+        log_dir=home / "runs" / "p" / "r" / f"attempt-{attempt}",
+    )
+
+
+def running(fake: FakeKube, pods: list[str]) -> None:
+    for i, name in enumerate(pods):
+        fake.set_pod(NS, name, "Running", node=f"k8s-{i}", state={"running": {"startedAt": "2026-03-01T02:00:05Z"}})
+
+
+def succeed(fake: FakeKube, pods: list[str]) -> None:
+    for i, name in enumerate(pods):
+        fake.set_pod(NS, name, "Succeeded", node=f"k8s-{i}", log=f"rank {i} done\n",
+                     state={"terminated": {"exitCode": 0, "reason": "Completed"}})
+
+
+def wire(obj: Any) -> Any:
+    return json.loads(json.dumps(client.ApiClient().sanitize_for_serialization(obj)))
+
+
+# ---------------------------------------------------------------- launcher
+
+
+def test_launch_creates_podgroup_service_and_job_with_the_built_bodies(fake: FakeKube, tmp_path: Path) -> None:
+    plan = make_plan(tmp_path, nodes=3)
+    handle = KubernetesLauncher(api_client(fake), SPEC).launch(plan)
+    expected = build_objects(plan, SPEC)
+    assert handle.name == expected.name
+    # What arrived over HTTP is what the builders made (the server only adds its own metadata).
+    job = fake.get(BATCH, "jobs", NS, handle.name)
+    assert job is not None and job["spec"] == wire(expected.job)["spec"]
+    service = fake.get(CORE, "services", NS, handle.name)
+    assert service is not None and service["spec"] == wire(expected.service)["spec"]
+    group = fake.get(VOLCANO, "podgroups", NS, handle.name)
+    assert group is not None and group["spec"]["minMember"] == 3
+    # Gang first, the Job last: its pods must find their PodGroup and DNS name.
+    assert [c.resource for c in fake.calls if c.verb == "create"] == ["podgroups", "services", "jobs"]
+
+
+def test_poll_reports_running_then_succeeded_and_keeps_each_pods_log(fake: FakeKube, tmp_path: Path) -> None:
+    plan = make_plan(tmp_path)
+    launcher = KubernetesLauncher(api_client(fake), DEFAULT)
+    handle = launcher.launch(plan)
+    # No pods yet (the scheduler is placing them): pending counts as running, under the plan's names.
+    assert launcher.poll(handle).nodes == [NodeStatus("node-0", "running"), NodeStatus("node-1", "running")]
+    pods = fake.spawn_job_pods(NS, handle.name)
+    running(fake, pods)
+    status = launcher.poll(handle)
+    assert status.state == "running" and [n.node for n in status.nodes] == ["k8s-0", "k8s-1"]
+    succeed(fake, pods)
+    status = launcher.poll(handle)
+    assert status.state == "succeeded"
+    assert [(n.node, n.exit_code) for n in status.nodes] == [("k8s-0", 0), ("k8s-1", 0)]
+    for i, node in enumerate(status.nodes):
+        text = Path(node.log).read_text()
+        assert Path(node.log).parent == plan.log_dir and text.endswith(f"rank {i} done\n")
+    # Logs are fetched once, not on every poll.
+    reads = sum(c.resource == "pods/log" for c in fake.calls)
+    assert launcher.poll(handle) == status and sum(c.resource == "pods/log" for c in fake.calls) == reads == 2
+
+
+def test_evicted_and_oom_killed_pods_fail_with_reason_and_exit_code(fake: FakeKube, tmp_path: Path) -> None:
+    launcher = KubernetesLauncher(api_client(fake), DEFAULT)
+    handle = launcher.launch(make_plan(tmp_path, nodes=3))
+    pods = fake.spawn_job_pods(NS, handle.name)
+    running(fake, pods)
+    fake.set_pod(NS, pods[0], "Failed", node="k8s-0", reason="Evicted",
+                 message="The node was low on resource: memory.")
+    fake.set_pod(NS, pods[1], "Failed", node="k8s-1", log="torch.OutOfMemoryError\n",
+                 state={"terminated": {"exitCode": 137, "reason": "OOMKilled"}})
+    status = launcher.poll(handle)
+    assert status.state == "failed"
+    evicted, oom, alive = status.nodes
+    assert (evicted.node, evicted.state, evicted.exit_code, evicted.reason) == ("k8s-0", "failed", None, "Evicted")
+    assert (oom.node, oom.state, oom.exit_code, oom.reason) == ("k8s-1", "failed", 137, "OOMKilled")
+    assert alive == NodeStatus("k8s-2", "running")
+    # The evidence the supervisor tails: the pod's verdict, and the log where there is one.
+    evidence = Path(evicted.log).read_text()
+    assert "reason=Evicted" in evidence and "low on resource: memory" in evidence and "no container log: 400" in evidence
+    assert Path(oom.log).read_text().splitlines()[-1] == "torch.OutOfMemoryError"
+
+
+def test_image_pull_backoff_fails_now_and_a_deleted_job_fails_the_rest(fake: FakeKube, tmp_path: Path) -> None:
+    launcher = KubernetesLauncher(api_client(fake), DEFAULT)
+    handle = launcher.launch(make_plan(tmp_path))
+    pods = fake.spawn_job_pods(NS, handle.name)
+    fake.set_pod(NS, pods[0], "Pending", node="k8s-0", state={"waiting": {"reason": "ImagePullBackOff"}})
+    assert launcher.poll(handle).failed() == [
+        NodeStatus("k8s-0", "failed", None, launcher.poll(handle).nodes[0].log, "ImagePullBackOff")]
+    other = launcher.launch(make_plan(tmp_path, attempt=2))
+    fake.objects.pop((BATCH, "jobs", NS, other.name))  # someone ran kubectl delete job --cascade=orphan
+    assert {n.reason for n in launcher.poll(other).nodes} == {"JobDeleted"}
+
+
+def test_cancel_deletes_everything_and_is_idempotent(fake: FakeKube, tmp_path: Path) -> None:
+    launcher = KubernetesLauncher(api_client(fake), SPEC)
+    handle = launcher.launch(make_plan(tmp_path))
+    running(fake, fake.spawn_job_pods(NS, handle.name))
+    assert launcher.active == [handle]
+    launcher.cancel(handle)
+    assert fake.get(BATCH, "jobs", NS, handle.name) is None
+    assert fake.get(CORE, "services", NS, handle.name) is None
+    assert fake.get(VOLCANO, "podgroups", NS, handle.name) is None
+    assert fake.items(CORE, "pods", NS) == []  # gone with their Job
+    (job_delete,) = [d for d in fake.deletes if d[0] == "jobs"]
+    assert job_delete[2]["propagationPolicy"] == "Foreground"
+    launcher.cancel(handle)  # every object answers 404 now; that is fine
+    launcher.cancel_all()
+    assert launcher.active == []
+    assert sum(c.verb == "delete" for c in fake.calls) == 6
+
+
+def test_a_failed_launch_leaves_nothing_behind_and_a_repeated_one_adopts(fake: FakeKube, tmp_path: Path) -> None:
+    plan = make_plan(tmp_path)
+    launcher = KubernetesLauncher(api_client(fake), SPEC)
+    original = fake._create
+
+    def refuse_jobs(prefix: str, resource: str, ns: str, data: Any) -> tuple[int, Any]:
+        if resource == "jobs":
+            return 403, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403}
+        return original(prefix, resource, ns, data)
+
+    fake._create = refuse_jobs  # type: ignore[method-assign]
+    with pytest.raises(ApiException) as err:
+        launcher.launch(plan)
+    assert err.value.status == 403
+    assert fake.objects == {} and launcher.active == []  # the PodGroup and Service made before are deleted
+    fake._create = original  # type: ignore[method-assign]
+    first = launcher.launch(plan)
+    again = launcher.launch(plan)  # 409 on all three: the same plan's objects, adopted
+    assert again.name == first.name and len(fake.items(BATCH, "jobs", NS)) == 1
+
+
+# ---------------------------------------------------------------- trigger
+
+
+def kubeconfig(tmp_path: Path, url: str) -> str:
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+        "clusters": [{"name": "fake", "cluster": {"server": url}}],
+        "users": [{"name": "fake", "user": {"token": "t"}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": NS}}],
+    }))
+    return str(path)
+
+
+def first_event(trigger: KubernetesAttemptTrigger) -> dict[str, Any]:
+    async def wait() -> dict[str, Any]:
+        async for event in trigger.run():
+            return event.payload
+        raise AssertionError("the trigger ended without an event")
+
+    return asyncio.run(asyncio.wait_for(wait(), timeout=10))
+
+
+def test_trigger_fires_once_the_attempt_ends_with_the_launchers_records(fake: FakeKube, tmp_path: Path) -> None:
+    launcher = KubernetesLauncher(api_client(fake), DEFAULT)
+    plan = make_plan(tmp_path)
+    handle = launcher.launch(plan)
+    pods = fake.spawn_job_pods(NS, handle.name)
+    running(fake, pods)
+    trigger = KubernetesAttemptTrigger(namespace=NS, job_name=handle.name, nodes=plan.nodes, poll_interval=0.05,
+                                       config_file=kubeconfig(tmp_path, fake.url))
+    # The pods finish while the trigger is already polling.
+    threading.Timer(0.3, succeed, (fake, pods)).start()
+    started = time.monotonic()
+    event = first_event(trigger)
+    assert time.monotonic() - started >= 0.25  # it waited for the end rather than firing on "running"
+    assert event["status"] == "succeeded" and (event["namespace"], event["job_name"]) == (NS, handle.name)
+    expected = [{**n.__dict__, "log": ""} for n in launcher.poll(handle).nodes]
+    assert event["nodes"] == expected
+    assert json.loads(json.dumps(event)) == event
+
+
+def test_trigger_reports_a_failed_node_and_times_out_and_gives_up_on_an_unreachable_api(
+    fake: FakeKube, tmp_path: Path,
+) -> None:
+    launcher = KubernetesLauncher(api_client(fake), DEFAULT)
+    handle = launcher.launch(make_plan(tmp_path))
+    pods = fake.spawn_job_pods(NS, handle.name)
+    running(fake, pods)
+    config = kubeconfig(tmp_path, fake.url)
+    waiting = first_event(KubernetesAttemptTrigger(NS, handle.name, ["node-0", "node-1"], poll_interval=0.05,
+                                                   config_file=config, timeout_s=0.2))
+    assert waiting["status"] == "timeout" and {n["state"] for n in waiting["nodes"]} == {"running"}
+    fake.set_pod(NS, pods[1], "Failed", node="k8s-1", state={"terminated": {"exitCode": 137, "reason": "OOMKilled"}})
+    failed = first_event(KubernetesAttemptTrigger(NS, handle.name, ["node-0", "node-1"], poll_interval=0.05,
+                                                  config_file=config))
+    assert failed["status"] == "failed" and failed["message"] == "k8s-1: OOMKilled"
+    assert failed["nodes"][1] == {"node": "k8s-1", "state": "failed", "exit_code": 137, "log": "", "reason": "OOMKilled"}
+    gone = kubeconfig(tmp_path, "http://127.0.0.1:9")  # nothing listens on the discard port
+    error = first_event(KubernetesAttemptTrigger(NS, handle.name, ["node-0"], poll_interval=0.01, config_file=gone,
+                                                 max_api_errors=2))
+    assert error["status"] == "error" and error["nodes"] == [] and "unreachable" in error["message"]
+
+
+# ---------------------------------------------------------------- burn-in pods and node marks
+
+
+def test_burnin_pods_are_created_and_deleted(fake: FakeKube) -> None:
+    core = client.CoreV1Api(api_client(fake))
+    schedule = SimpleNamespace(slot_s=2.0, collective_s=3.0)
+    pods = [build_burnin_pod(node, run_id="r1", store="10.0.0.5:41000", schedule=schedule, cfg=PressureTestSpec(),
+                             spec=DEFAULT, scratch="/mnt/scratch", timeout_s=20.0) for node in ("k8s-0", "k8s-1")]
+    names = create_burnin_pods(core, pods)
+    assert create_burnin_pods(core, pods) == names  # this try's pods exist already: kept, no error
+    stored = fake.get(CORE, "pods", NS, names[1])
+    assert stored is not None and stored["spec"]["containers"][0]["args"][:2] == ["--node", "k8s-1"]
+    delete_burnin_pods(core, NS, names)
+    delete_burnin_pods(core, NS, names)
+    assert fake.items(CORE, "pods", NS) == []
+
+
+def test_evicted_nodes_are_labelled_or_tainted_and_cleared(fake: FakeKube) -> None:
+    core = client.CoreV1Api(api_client(fake))
+    other_taint = {"key": "gpu-maintenance", "value": "x", "effect": "NoExecute"}
+    fake.add_node("k8s-0")
+    fake.add_node("k8s-1", labels={"zone": "a"}, taints=[other_taint])
+    label = "trainyard.io/evicted"
+    assert label_evicted(core, ["k8s-0", "gone"], label) == ["k8s-0"]  # a vanished node is skipped
+    assert fake.get(CORE, "nodes", "", "k8s-0")["metadata"]["labels"] == {label: "true"}
+    assert label_evicted(core, ["k8s-1"], label, mode="taint") == ["k8s-1"]
+    label_evicted(core, ["k8s-1"], label, mode="taint")  # twice: still one taint
+    node = fake.get(CORE, "nodes", "", "k8s-1")
+    assert node["metadata"]["labels"] == {"zone": "a", label: "true"}
+    assert node["spec"]["taints"] == [other_taint, {"key": label, "value": "true", "effect": "NoSchedule"}]
+    assert evicted_nodes(core, label) == ["k8s-0", "k8s-1"]
+    assert unlabel(core, ["k8s-0", "k8s-1"], label) == ["k8s-0", "k8s-1"]
+    node = fake.get(CORE, "nodes", "", "k8s-1")
+    assert node["metadata"]["labels"] == {"zone": "a"} and node["spec"]["taints"] == [other_taint]
+    assert evicted_nodes(core, label) == []
+
+
+def test_a_taint_written_concurrently_is_not_lost(fake: FakeKube, monkeypatch: pytest.MonkeyPatch) -> None:
+    core = client.CoreV1Api(api_client(fake))
+    fake.add_node("k8s-0")
+    read_node = core.read_node
+    raced = []
+
+    def read_then_race(name: str, **kwargs: Any) -> Any:
+        node = read_node(name, **kwargs)
+        if not raced:  # another controller adds its taint between our read and our write
+            raced.append(True)
+            fake.objects[(CORE, "nodes", "", name)]["spec"]["taints"] = [{"key": "other", "effect": "NoSchedule"}]
+            fake.objects[(CORE, "nodes", "", name)]["metadata"]["resourceVersion"] = "999"
+        return node
+
+    monkeypatch.setattr(core, "read_node", read_then_race)
+    label_evicted(core, ["k8s-0"], "trainyard.io/evicted", mode="taint")
+    assert [t["key"] for t in fake.get(CORE, "nodes", "", "k8s-0")["spec"]["taints"]] == ["other", "trainyard.io/evicted"]
+
+
+# ---------------------------------------------------------------- RBAC
+
+
+def granted(name: str) -> set[Call]:
+    out = set()
+    for doc in yaml.safe_load_all((ROOT / "docker" / "k8s" / name).read_text()):
+        if doc and doc["kind"] in ("Role", "ClusterRole"):
+            for rule in doc["rules"]:
+                out |= {Call(v, g, r, doc["kind"] == "Role") for g in rule["apiGroups"] for r in rule["resources"]
+                        for v in rule["verbs"]}
+    return out
+
+
+def test_rbac_grants_exactly_the_calls_trainyard_makes(fake: FakeKube, tmp_path: Path) -> None:
+    """Every call of a full scenario is allowed by docker/k8s, and every grant there is used."""
+    api = api_client(fake)
+    core = client.CoreV1Api(api)
+    launcher = KubernetesLauncher(api, SPEC)
+    plan = make_plan(tmp_path)
+    handle: KubernetesHandle = launcher.launch(plan)
+    pods = fake.spawn_job_pods(NS, handle.name)
+    succeed(fake, pods)
+    assert launcher.poll(handle).state == "succeeded"
+    event = first_event(KubernetesAttemptTrigger(NS, handle.name, plan.nodes, poll_interval=0.05,
+                                                 config_file=kubeconfig(tmp_path, fake.url)))
+    assert event["status"] == "succeeded"
+    launcher.cancel(handle)
+    burnin = build_burnin_pod("k8s-0", run_id="r", store="10.0.0.5:1", schedule=SimpleNamespace(slot_s=1, collective_s=1),
+                              cfg=PressureTestSpec(), spec=SPEC, scratch="/mnt/s", timeout_s=5)
+    delete_burnin_pods(core, NS, create_burnin_pods(core, [burnin]))
+    fake.add_node("k8s-0")
+    label_evicted(core, ["k8s-0"], SPEC.evicted_label, mode="taint")
+    evicted_nodes(core, SPEC.evicted_label)
+    unlabel(core, ["k8s-0"], SPEC.evicted_label)
+
+    grants = granted("launcher-rbac.yaml") | granted("node-eviction-rbac.yaml")
+    used = set(fake.calls)
+    assert used - grants == set(), "calls the manifests do not allow"
+    assert grants - used == set(), "grants nothing uses"

@@ -1,0 +1,533 @@
+"""Kubernetes objects of an attempt and of the pressure test, checked against the official schema.
+
+Objects are built from a plan with no cluster, serialized the way the client
+sends them (``ApiClient().sanitize_for_serialization``) and validated with
+``kubernetes_validate`` (strict: an unknown field fails). The PodGroup is a
+Volcano custom resource the official schema lacks, so its shape is asserted
+directly. The pod-to-status mapping is a table of pods as the API returns them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from kubernetes.client import ApiClient
+
+from trainyard.burnin.kubernetes import Drill, build_burnin_pod, node_args
+from trainyard.launch.base import AttemptStatus, LaunchPlan, NodeStatus
+from trainyard.launch.kubernetes import (
+    GROUP_NAME_ANNOTATION, LABEL_JOB, MAX_JOB_NAME, attempt_status, build_objects, hot_mount_path, label_value,
+    object_name, pod_node_status, rendezvous_endpoint, status_from_dicts, status_to_dicts,
+)
+from trainyard.spec import KubernetesSpec, PressureTestSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S_VERSION = "1.37"  # the newest schema kubernetes-validate 1.37.0 ships
+DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")  # DNS-1035: also what a Service name must be
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+CONTRACT = ["TRAINYARD_DATA_DIR", "TRAINYARD_CHECKPOINT_DIR", "TRAINYARD_RESUME_FROM", "TRAINYARD_MAX_STEPS",
+            "TRAINYARD_GLOBAL_BATCH", "TRAINYARD_MICRO_BATCH", "TRAINYARD_CHECKPOINT_EVERY", "TRAINYARD_SEED",
+            "TRAINYARD_HEARTBEAT_DIR", "TRAINYARD_LEDGER", "TRAINYARD_RUN_ID", "TRAINYARD_ATTEMPT"]
+HOME = "/mnt/trainyard"
+
+SETTINGS = {
+    "default-cpu": KubernetesSpec(image="registry.local/trainer:1", namespace="ml"),
+    "default-gpu": KubernetesSpec(
+        image="registry.local/trainer:1", namespace="ml", gpus=8, cpu="32", memory="256Gi",
+        node_selector={"nvidia.com/gpu.product": "H100"}, hot_pvc="trainyard-hot", service_account="trainer",
+        tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                     {"key": "spot", "operator": "Equal", "value": "true", "effect": "NoExecute",
+                      "tolerationSeconds": "300"}],
+    ),
+    "volcano": KubernetesSpec(image="registry.local/trainer:1", namespace="ml", scheduler="volcano", cpu="500m",
+                              memory="3Gi", gpus=1, hot_pvc="trainyard-hot"),
+}
+
+
+def make_plan(nodes: int = 3, run_id: str = "scheduled__2026-03-01T02:00:00+00:00", attempt: int = 2,
+              env: dict[str, str] | None = None, args: list[str] | None = None) -> LaunchPlan:
+    run = f"{HOME}/runs/tiny/{run_id}"
+    base = {
+        "TRAINYARD_DATA_DIR": f"{HOME}/hot/tokens/2026-03-01",
+        "TRAINYARD_CHECKPOINT_DIR": f"{HOME}/checkpoints/tiny",
+        "TRAINYARD_RESUME_FROM": "latest",
+        "TRAINYARD_HEARTBEAT_DIR": f"{run}/attempt-{attempt}/heartbeat",
+        "TRAINYARD_LEDGER": f"{run}/events.jsonl",
+        "TRAINYARD_RUN_ID": run_id,
+        "TRAINYARD_ATTEMPT": str(attempt),
+        "TRAINYARD_MAX_STEPS": "120",
+        "TRAINYARD_GLOBAL_BATCH": "48",
+        "TRAINYARD_MICRO_BATCH": "2",
+        "TRAINYARD_CHECKPOINT_EVERY": "20",
+        "TRAINYARD_SEED": "0",
+    }
+    return LaunchPlan(run_id=run_id, attempt=attempt, nodes=[f"node-{i}" for i in range(nodes)], procs_per_node=2,
+                      entrypoint="trainyard.train", args=args if args is not None else ["--lr", "0.01"],
+                      env=env if env is not None else base, log_dir=Path(f"{run}/attempt-{attempt}"))
+
+
+def wire(obj: Any) -> dict[str, Any]:
+    """What the client puts on the wire."""
+    return json.loads(json.dumps(ApiClient().sanitize_for_serialization(obj)))
+
+
+def validate(doc: dict[str, Any]) -> None:
+    assert kubernetes_validate.validate(doc, K8S_VERSION, strict=True) == K8S_VERSION
+
+
+def container(job: dict[str, Any]) -> dict[str, Any]:
+    (only,) = job["spec"]["template"]["spec"]["containers"]
+    return only
+
+
+# ---------------------------------------------------------------- schema
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_job_and_service_are_valid_kubernetes_objects(setting: str) -> None:
+    objects = build_objects(make_plan(), SETTINGS[setting])
+    validate(wire(objects.job))
+    validate(wire(objects.service))
+
+
+def test_an_unknown_field_fails_the_schema_check() -> None:
+    # Guards the check itself: a misspelt field must not pass as valid.
+    job = wire(build_objects(make_plan(), SETTINGS["default-cpu"]).job)
+    job["spec"]["completionsMode"] = "Indexed"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate(job)
+
+
+# ---------------------------------------------------------------- the Job
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_job_is_indexed_gang_of_nodes_with_no_retries(setting: str) -> None:
+    job = wire(build_objects(make_plan(nodes=3), SETTINGS[setting]).job)
+    spec = job["spec"]
+    assert (spec["completionMode"], spec["completions"], spec["parallelism"], spec["backoffLimit"]) == ("Indexed", 3, 3, 0)
+    assert spec["template"]["spec"]["restartPolicy"] == "Never"
+    assert job["metadata"]["namespace"] == "ml"
+
+
+def test_each_pod_runs_torchrun_with_its_index_as_node_rank_and_pod_0_as_rendezvous() -> None:
+    plan = make_plan(nodes=4)
+    objects = build_objects(plan, SETTINGS["default-cpu"])
+    name = objects.name
+    pod = wire(objects.job)["spec"]["template"]["spec"]
+    trainer = pod["containers"][0]
+    assert trainer["command"] == ["python", "-m", "torch.distributed.run"]
+    endpoint = f"{name}-0.{name}.ml.svc.cluster.local:29400"
+    assert trainer["args"] == [
+        "--nnodes=4", "--nproc-per-node=2", "--node-rank=$(JOB_COMPLETION_INDEX)", "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={endpoint}", f"--rdzv-id={plan.run_id}-a2", "--max-restarts=0",
+        "-m", "trainyard.train", "--lr", "0.01",
+    ]
+    assert rendezvous_endpoint(name, "ml") == endpoint
+    # The per-pod DNS name exists only if the pods' subdomain is the headless Service.
+    service = wire(objects.service)
+    assert pod["subdomain"] == service["metadata"]["name"] == name
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
+    assert service["spec"]["selector"] == {LABEL_JOB: name}
+    assert service["spec"]["ports"] == [{"name": "rdzv", "port": 29400, "protocol": "TCP", "targetPort": 29400}]
+    assert wire(objects.job)["spec"]["template"]["metadata"]["labels"][LABEL_JOB] == name
+    # $(JOB_COMPLETION_INDEX) only expands if the variable is declared in the container.
+    index_var = next(e for e in trainer["env"] if e["name"] == "JOB_COMPLETION_INDEX")
+    assert index_var["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+
+
+def test_a_script_entrypoint_and_a_custom_cluster_domain() -> None:
+    plan = LaunchPlan(**{**make_plan().__dict__, "entrypoint": "/opt/train.py", "args": []})
+    spec = KubernetesSpec(image="t", cluster_domain="corp.example")
+    objects = build_objects(plan, spec)
+    args = container(wire(objects.job))["args"]
+    assert args[-1] == "/opt/train.py" and "-m" not in args
+    assert f"--rdzv-endpoint={objects.name}-0.{objects.name}.default.svc.corp.example:29400" in args
+
+
+def test_dollars_in_the_plan_reach_the_process_literally() -> None:
+    # Kubernetes expands $(VAR) in args and env values; "$$" is its escape for "$".
+    plan = make_plan(args=["--tag", "$(HOME)-$x"], env={"TRAINYARD_DATA_DIR": "/d/$(x)", "TRAINYARD_LEDGER": "/d/l"})
+    trainer = container(wire(build_objects(plan, SETTINGS["default-cpu"]).job))
+    assert trainer["args"][-2:] == ["--tag", "$$(HOME)-$$x"]
+    assert {"name": "TRAINYARD_DATA_DIR", "value": "/d/$$(x)"} in trainer["env"]
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_the_env_contract_and_the_node_identity(setting: str) -> None:
+    trainer = container(wire(build_objects(make_plan(), SETTINGS[setting]).job))
+    env = {e["name"]: e for e in trainer["env"]}
+    for name in CONTRACT:
+        assert env[name]["value"] == make_plan().env[name].replace("$", "$$")
+    assert env["TRAINYARD_NODE"] == {"name": "TRAINYARD_NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+
+
+def test_a_node_name_in_the_plan_env_does_not_override_the_pods_own() -> None:
+    plan = make_plan(env={**make_plan().env, "TRAINYARD_NODE": "node-0"})
+    env = container(wire(build_objects(plan, SETTINGS["default-cpu"]).job))["env"]
+    assert [e for e in env if e["name"] == "TRAINYARD_NODE"] == [
+        {"name": "TRAINYARD_NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_pods_run_as_non_root_with_no_privileges(setting: str) -> None:
+    pod = wire(build_objects(make_plan(), SETTINGS[setting]).job)["spec"]["template"]["spec"]
+    assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000,
+                                      "seccompProfile": {"type": "RuntimeDefault"}}
+    assert pod["containers"][0]["securityContext"] == {
+        "runAsNonRoot": True, "runAsUser": 1000, "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_pods_avoid_evicted_nodes_and_each_other(setting: str) -> None:
+    objects = build_objects(make_plan(), SETTINGS[setting])
+    affinity = wire(objects.job)["spec"]["template"]["spec"]["affinity"]
+    terms = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms == [{"matchExpressions": [{"key": "trainyard.io/evicted", "operator": "DoesNotExist"}]}]
+    assert affinity["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == [
+        {"labelSelector": {"matchLabels": {LABEL_JOB: objects.name}}, "topologyKey": "kubernetes.io/hostname"}]
+
+
+def test_cpu_setting_has_no_gpu_no_pvc_no_scheduler_and_guaranteed_resources() -> None:
+    pod = wire(build_objects(make_plan(), SETTINGS["default-cpu"]).job)["spec"]["template"]["spec"]
+    assert pod["containers"][0]["resources"] == {"limits": {"cpu": "1", "memory": "2Gi"},
+                                                  "requests": {"cpu": "1", "memory": "2Gi"}}
+    assert "schedulerName" not in pod and "nodeSelector" not in pod and "tolerations" not in pod
+    assert [v["name"] for v in pod["volumes"]] == ["dshm"]
+    assert pod["automountServiceAccountToken"] is False and "serviceAccountName" not in pod
+
+
+def test_gpu_setting_has_gpus_selector_tolerations_and_the_hot_tier() -> None:
+    plan = make_plan()
+    pod = wire(build_objects(plan, SETTINGS["default-gpu"]).job)["spec"]["template"]["spec"]
+    trainer = pod["containers"][0]
+    assert trainer["resources"]["limits"] == {"cpu": "32", "memory": "256Gi", "nvidia.com/gpu": "8"}
+    assert trainer["resources"]["requests"] == trainer["resources"]["limits"]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "H100"}
+    assert pod["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "spot", "operator": "Equal", "value": "true", "effect": "NoExecute", "tolerationSeconds": 300}]
+    assert pod["serviceAccountName"] == "trainer" and "automountServiceAccountToken" not in pod
+    assert {"name": "hot", "persistentVolumeClaim": {"claimName": "trainyard-hot"}} in pod["volumes"]
+    # Mounted where the plan's paths live, so they mean the same thing in the pod.
+    assert {"name": "hot", "mountPath": HOME} in trainer["volumeMounts"]
+    for key in ("TRAINYARD_DATA_DIR", "TRAINYARD_CHECKPOINT_DIR", "TRAINYARD_HEARTBEAT_DIR", "TRAINYARD_LEDGER"):
+        assert plan.env[key].startswith(HOME + "/")
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in trainer["volumeMounts"]
+
+
+def test_volcano_setting_adds_scheduler_group_annotation_and_a_podgroup() -> None:
+    objects = build_objects(make_plan(nodes=3), SETTINGS["volcano"])
+    template = wire(objects.job)["spec"]["template"]
+    assert template["spec"]["schedulerName"] == "volcano"
+    assert template["metadata"]["annotations"][GROUP_NAME_ANNOTATION] == objects.name
+    group = objects.podgroup
+    assert group is not None
+    # Not in the official schema (a CRD): its shape, as Volcano's v1beta1 API reads it.
+    assert set(group) == {"apiVersion", "kind", "metadata", "spec"}
+    assert (group["apiVersion"], group["kind"]) == ("scheduling.volcano.sh/v1beta1", "PodGroup")
+    assert group["metadata"]["name"] == objects.name and group["metadata"]["namespace"] == "ml"
+    assert group["spec"] == {"minMember": 3, "minResources": {"cpu": "1500m", "memory": str(9 * 2**30),
+                                                              "nvidia.com/gpu": "3"}}
+    assert json.loads(json.dumps(group)) == group
+    assert build_objects(make_plan(), SETTINGS["default-cpu"]).podgroup is None
+
+
+# ---------------------------------------------------------------- names
+
+
+@pytest.mark.parametrize("run_id", [
+    "manual__2026-03-01T02:00:00.123456+00:00",
+    "scheduled__2026-03-01T02:00:00+00:00",
+    "backfill__" + "x" * 200,
+    "UPPER_and.dots",
+    "---",
+])
+def test_names_are_dns_labels_short_enough_for_every_pod_hostname(run_id: str) -> None:
+    plan = make_plan(nodes=512, run_id=run_id)
+    name = object_name(plan)
+    assert DNS_LABEL.match(name) and len(name) <= MAX_JOB_NAME
+    assert len(f"{name}-511") <= 63  # the hostname of the last pod
+    assert len(f"{name}-0.{name}") <= 253
+    labels = wire(build_objects(plan, SETTINGS["default-cpu"]).job)["metadata"]["labels"]
+    assert all(LABEL_VALUE.match(v) and len(v) <= 63 for v in labels.values())
+
+
+def test_names_are_stable_per_attempt_and_distinct_across_attempts_and_runs() -> None:
+    plan = make_plan()
+    assert object_name(plan) == object_name(make_plan())
+    assert object_name(plan) != object_name(make_plan(attempt=3))
+    # Two run ids that sanitize to the same text still get different names.
+    assert object_name(make_plan(run_id="a:b")) != object_name(make_plan(run_id="a+b"))
+    other_pipeline = LaunchPlan(**{**plan.__dict__, "log_dir": Path("/mnt/trainyard/runs/other") / plan.run_id})
+    assert object_name(other_pipeline) != object_name(plan)
+    assert label_value("node-3") == "node-3" and label_value("a:b") != label_value("a+b")
+
+
+# ---------------------------------------------------------------- hot tier and tolerations
+
+
+def test_hot_mount_is_the_deepest_shared_folder_or_the_spec_says_where() -> None:
+    plan = make_plan()
+    assert hot_mount_path(plan, SETTINGS["default-gpu"]) == HOME
+    spec = KubernetesSpec(image="t", hot_pvc="hot", hot_mount="/mnt")
+    assert hot_mount_path(plan, spec) == "/mnt"
+    with pytest.raises(ValueError, match="hot_mount: /elsewhere does not hold"):
+        hot_mount_path(plan, KubernetesSpec(image="t", hot_pvc="hot", hot_mount="/elsewhere"))
+    scattered = make_plan(env={"TRAINYARD_DATA_DIR": "/data/x", "TRAINYARD_CHECKPOINT_DIR": "/ckpt/y"})
+    with pytest.raises(ValueError, match="share no folder but '/'"):
+        build_objects(scattered, SETTINGS["default-gpu"])
+    build_objects(scattered, SETTINGS["default-cpu"])  # no PVC, nothing to mount
+
+
+def test_an_unknown_toleration_key_is_named() -> None:
+    spec = KubernetesSpec(image="t", tolerations=[{"key": "a", "oprator": "Exists"}])
+    with pytest.raises(ValueError, match=r"tolerations\[0\]: unknown key\(s\) oprator"):
+        build_objects(make_plan(), spec)
+
+
+def test_new_spec_fields_are_validated() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError):
+        KubernetesSpec(image="t", hot_mount="relative/path")
+    with pytest.raises(ValidationError):
+        KubernetesSpec(image="t", evict_with="cordon")
+    assert KubernetesSpec(image="t").evict_with == "label"
+
+
+# ---------------------------------------------------------------- pods -> statuses
+
+
+def pod(phase: str, *, node: str | None = "k8s-a", index: int = 0, reason: str | None = None,
+        state: dict[str, Any] | None = None, last: dict[str, Any] | None = None,
+        conditions: list[dict[str, Any]] | None = None, deleting: bool = False) -> Any:
+    """A V1Pod as the client deserializes it from the API server's JSON."""
+    body: dict[str, Any] = {
+        "metadata": {"name": f"job-{index}-abcde", "namespace": "ml",
+                     "annotations": {"batch.kubernetes.io/job-completion-index": str(index)}},
+        "spec": {"containers": [{"name": "trainer", "image": "t"}], **({"nodeName": node} if node else {})},
+        "status": {"phase": phase, **({"reason": reason} if reason else {}),
+                   **({"conditions": conditions} if conditions else {})},
+    }
+    if deleting:
+        body["metadata"]["deletionTimestamp"] = "2026-03-01T03:00:00Z"
+    if state is not None or last is not None:
+        body["status"]["containerStatuses"] = [{"name": "trainer", "image": "t", "imageID": "", "ready": False,
+                                                "restartCount": 1 if last else 0, "state": state or {},
+                                                **({"lastState": last} if last else {})}]
+    return ApiClient().deserialize(SimpleNamespace(data=json.dumps(body)), "V1Pod")
+
+
+def terminated(code: int, reason: str) -> dict[str, Any]:
+    return {"terminated": {"exitCode": code, "reason": reason}}
+
+
+DISRUPTED = [{"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager"}]
+PREEMPTED = [{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]
+
+STATUS_CASES = [
+    ("pending-unscheduled", pod("Pending", node=None), NodeStatus("node-0", "running")),
+    ("pending-pulling", pod("Pending", state={"waiting": {"reason": "ContainerCreating"}}), NodeStatus("k8s-a", "running")),
+    ("running", pod("Running", state={"running": {}}), NodeStatus("k8s-a", "running")),
+    ("succeeded", pod("Succeeded", state=terminated(0, "Completed")), NodeStatus("k8s-a", "succeeded", 0)),
+    ("user-error", pod("Failed", state=terminated(1, "Error")), NodeStatus("k8s-a", "failed", 1, reason="Error")),
+    ("oom", pod("Failed", state=terminated(137, "OOMKilled")), NodeStatus("k8s-a", "failed", 137, reason="OOMKilled")),
+    ("evicted", pod("Failed", reason="Evicted"), NodeStatus("k8s-a", "failed", None, reason="Evicted")),
+    ("evicted-after-start", pod("Failed", reason="Evicted", state=terminated(137, "Error")),
+     NodeStatus("k8s-a", "failed", 137, reason="Evicted")),
+    ("deadline", pod("Failed", reason="DeadlineExceeded"), NodeStatus("k8s-a", "failed", None, reason="DeadlineExceeded")),
+    ("node-lost-running", pod("Running", reason="NodeLost", state={"running": {}}),
+     NodeStatus("k8s-a", "failed", None, reason="NodeLost")),
+    ("node-unknown", pod("Unknown"), NodeStatus("k8s-a", "failed", None, reason="NodeLost")),
+    ("taint-eviction", pod("Running", state={"running": {}}, conditions=DISRUPTED, deleting=True),
+     NodeStatus("k8s-a", "failed", None, reason="DeletionByTaintManager")),
+    ("preempted", pod("Failed", state=terminated(143, "Error"), conditions=PREEMPTED),
+     NodeStatus("k8s-a", "failed", 143, reason="PreemptionByScheduler")),
+    ("image-pull", pod("Pending", state={"waiting": {"reason": "ImagePullBackOff"}}),
+     NodeStatus("k8s-a", "failed", None, reason="ImagePullBackOff")),
+    ("crash-loop", pod("Running", state={"waiting": {"reason": "CrashLoopBackOff"}}, last=terminated(2, "Error")),
+     NodeStatus("k8s-a", "failed", 2, reason="CrashLoopBackOff")),
+    ("exited-phase-lagging", pod("Running", state=terminated(3, "Error")), NodeStatus("k8s-a", "failed", 3, reason="Error")),
+    ("deleting-without-disruption", pod("Running", state={"running": {}}, deleting=True), NodeStatus("k8s-a", "running")),
+]
+
+
+@pytest.mark.parametrize(("case", "given", "expected"), STATUS_CASES, ids=[c[0] for c in STATUS_CASES])
+def test_pod_to_node_status(case: str, given: Any, expected: NodeStatus) -> None:
+    assert pod_node_status(given, "node-0") == expected
+
+
+def test_attempt_status_orders_by_index_and_keeps_the_telling_pod() -> None:
+    nodes = ["node-0", "node-1", "node-2"]
+    pods = [pod("Running", index=2, node="c", state={"running": {}}), pod("Succeeded", index=0, node="a"),
+            pod("Running", index=1, node="b", state={"running": {}}),
+            pod("Failed", index=1, node="b", state=terminated(137, "OOMKilled"))]
+    status = attempt_status(pods, nodes)
+    assert [n.node for n in status.nodes] == ["a", "b", "c"]
+    assert status.state == "failed" and status.failed() == [NodeStatus("b", "failed", 137, reason="OOMKilled")]
+    assert attempt_status([], nodes).nodes == [NodeStatus(n, "running") for n in nodes]
+    stray = pod("Failed", index=7, state=terminated(1, "Error"))  # an index outside the plan is not this attempt's
+    assert attempt_status([stray], nodes).state == "running"
+
+
+def test_a_failed_job_fails_unfinished_nodes_only_when_no_pod_says_why() -> None:
+    nodes = ["node-0", "node-1"]
+    done, running = pod("Succeeded", index=0, node="a"), pod("Running", index=1, node="b", state={"running": {}})
+    assert attempt_status([done, running], nodes, "DeadlineExceeded").nodes == [
+        NodeStatus("a", "succeeded", 0), NodeStatus("b", "failed", None, reason="DeadlineExceeded")]
+    oom = pod("Failed", index=0, node="a", state=terminated(137, "OOMKilled"))
+    assert attempt_status([oom, running], nodes, "BackoffLimitExceeded").nodes == [
+        NodeStatus("a", "failed", 137, reason="OOMKilled"), NodeStatus("b", "running")]
+    assert attempt_status([], nodes, "JobDeleted").failed() == [
+        NodeStatus("node-0", "failed", reason="JobDeleted"), NodeStatus("node-1", "failed", reason="JobDeleted")]
+
+
+def test_statuses_survive_a_json_round_trip() -> None:
+    status = AttemptStatus([NodeStatus("a", "failed", 137, "/logs/a.log", "OOMKilled"), NodeStatus("b", "running")])
+    assert status_from_dicts(json.loads(json.dumps(status_to_dicts(status)))) == status
+
+
+# ---------------------------------------------------------------- burn-in pods
+
+
+def burnin_pod(spec: KubernetesSpec, scratch: str = f"{HOME}/hot/.burnin") -> dict[str, Any]:
+    schedule = SimpleNamespace(slot_s=4.0, collective_s=6.0)
+    return wire(build_burnin_pod("gpu-node-7", run_id="manual__2026-03-01", store="10.0.0.5:41000", schedule=schedule,
+                                 cfg=PressureTestSpec(), spec=spec, scratch=scratch, timeout_s=34.0,
+                                 drill=Drill("throttle", 0.3)))
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_burnin_pod_is_valid_pinned_and_non_root(setting: str) -> None:
+    body = burnin_pod(SETTINGS[setting])
+    validate(body)
+    spec = body["spec"]
+    assert spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] == [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-node-7"]}]}]
+    trainer = spec["containers"][0]
+    assert trainer["command"] == ["python", "-m", "trainyard.burnin.node"]
+    assert trainer["args"][:4] == ["--node", "gpu-node-7", "--store", "10.0.0.5:41000"]
+    assert {"name": "TRAINYARD_NODE", "value": "gpu-node-7"} in trainer["env"]
+    assert trainer["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] == 1000
+    assert trainer["image"] == SETTINGS[setting].image
+    assert trainer["resources"] == container(wire(build_objects(make_plan(), SETTINGS[setting]).job))["resources"]
+    # A node marked evicted by taint can still be re-tested.
+    assert {"key": "trainyard.io/evicted", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+    assert spec["restartPolicy"] == "Never" and spec["activeDeadlineSeconds"] == 34 + 60
+    assert DNS_LABEL.match(body["metadata"]["name"]) and len(body["metadata"]["name"]) <= 63
+
+
+def test_burnin_pod_names_differ_per_node_and_per_try() -> None:
+    from trainyard.burnin.kubernetes import burnin_pod_name
+
+    names = {burnin_pod_name("tiny/run-1", node, store) for node in ("a", "b") for store in ("h:1", "h:2")}
+    assert len(names) == 4 and all(DNS_LABEL.match(n) and len(n) <= 63 for n in names)
+    assert burnin_pod_name("tiny/run-1", "a", "h:1") == burnin_pod_name("tiny/run-1", "a", "h:1")
+
+
+def test_burnin_pod_mounts_the_hot_tier_at_the_scratch_or_hot_mount() -> None:
+    mounts = burnin_pod(SETTINGS["default-gpu"])["spec"]["containers"][0]["volumeMounts"]
+    assert {"name": "hot", "mountPath": f"{HOME}/hot/.burnin"} in mounts
+    spec = KubernetesSpec(image="t", hot_pvc="hot", hot_mount=HOME)
+    assert {"name": "hot", "mountPath": HOME} in burnin_pod(spec)["spec"]["containers"][0]["volumeMounts"]
+    with pytest.raises(ValueError, match="does not hold the burn-in scratch"):
+        burnin_pod(KubernetesSpec(image="t", hot_pvc="hot", hot_mount="/elsewhere"))
+
+
+def test_burnin_args_are_the_ones_the_local_pressure_test_passes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run the local pressure test with a Popen that records its argv, then compare."""
+    from trainyard.burnin import local
+
+    seen: list[list[str]] = []
+
+    class Recorder:
+        returncode = 1
+
+        def __init__(self, argv: list[str], **_: Any) -> None:
+            seen.append(argv)
+
+        def poll(self) -> int:
+            return 1
+
+        def wait(self) -> int:
+            return 1
+
+    monkeypatch.setattr(local.subprocess, "Popen", Recorder)
+    cfg = PressureTestSpec(duration_s=3.0, timeout_s=1.0, matmul_size=64, collective_sizes_kb=[8, 64])
+    local.run_burn_in(["node-1"], cfg, tmp_path / "scratch", tmp_path / "logs", {"node-1": ("crash", 0.0)})
+    (argv,) = seen
+    assert argv[:3] == [sys.executable, "-m", "trainyard.burnin.node"]
+    store = argv[argv.index("--store") + 1]
+    timeout = float(argv[argv.index("--timeout") + 1])
+    ours = node_args("node-1", store, local.Schedule.of(cfg, 1), cfg, str(tmp_path / "scratch"), timeout, Drill("crash", 0.0))
+    assert argv[3:] == ours
+
+
+# ---------------------------------------------------------------- docker/k8s manifests
+
+
+def manifests(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((ROOT / "docker" / "k8s" / name).read_text()) if d]
+
+
+@pytest.mark.parametrize("name", ["launcher-rbac.yaml", "node-eviction-rbac.yaml", "hot-tier-pvc.yaml"])
+def test_manifests_are_valid_kubernetes_objects(name: str) -> None:
+    docs = manifests(name)
+    assert docs
+    for doc in docs:
+        validate(doc)
+
+
+def test_launcher_role_grants_only_namespaced_training_verbs() -> None:
+    by_kind = {d["kind"]: d for d in manifests("launcher-rbac.yaml")}
+    assert set(by_kind) == {"ServiceAccount", "Role", "RoleBinding"}
+    grants = {(g, r, v) for rule in by_kind["Role"]["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+              for v in rule["verbs"]}
+    assert not any("*" in part for grant in grants for part in grant)
+    assert ("batch", "jobs", "create") in grants and ("scheduling.volcano.sh", "podgroups", "delete") in grants
+    assert ("", "secrets", "get") not in grants and not any(r == "nodes" for _, r, _ in grants)
+    binding = by_kind["RoleBinding"]
+    assert binding["roleRef"]["name"] == by_kind["Role"]["metadata"]["name"]
+    assert binding["subjects"][0]["name"] == by_kind["ServiceAccount"]["metadata"]["name"]
+
+
+def test_cluster_role_only_reads_and_patches_nodes() -> None:
+    role, binding = manifests("node-eviction-rbac.yaml")
+    assert role["kind"] == "ClusterRole" and binding["kind"] == "ClusterRoleBinding"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]}]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "trainyard-launcher", "namespace": "trainyard"}]
+
+
+def test_hot_tier_claim_is_shared_read_write() -> None:
+    (claim,) = manifests("hot-tier-pvc.yaml")
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+
+
+# ---------------------------------------------------------------- the trigger
+
+
+def test_trigger_serialize_round_trips() -> None:
+    from trainyard.airflow.triggers import KubernetesAttemptTrigger
+
+    trigger = KubernetesAttemptTrigger(namespace="ml", job_name="ty-run-a1-0123abcd", nodes=["node-0", "node-1"],
+                                       poll_interval=5.0, kubernetes_conn_id="k8s", cluster_context="prod",
+                                       timeout_s=3600.0)
+    classpath, kwargs = trigger.serialize()
+    assert classpath == "trainyard.airflow.triggers.KubernetesAttemptTrigger"
+    module, _, cls = classpath.rpartition(".")
+    rebuilt = getattr(__import__(module, fromlist=[cls]), cls)(**kwargs)
+    assert rebuilt.serialize() == (classpath, kwargs)
+    assert kwargs == {"namespace": "ml", "job_name": "ty-run-a1-0123abcd", "nodes": ["node-0", "node-1"],
+                      "poll_interval": 5.0, "kubernetes_conn_id": "k8s", "config_file": None,
+                      "cluster_context": "prod", "in_cluster": None, "timeout_s": 3600.0, "max_api_errors": 5}
+    assert json.loads(json.dumps(kwargs)) == kwargs  # what the triggerer stores must be plain JSON
