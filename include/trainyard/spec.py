@@ -94,6 +94,8 @@ class DatasetSpec(_Model):
 
 
 class KubernetesSpec(_Model):
+    connection: str | None = None
+    """Airflow connection id of the cluster (type kubernetes); null: in-cluster config or the default kubeconfig."""
     namespace: str = Field("default", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
     """Namespace of the training Job, Service and PodGroup."""
     image: str = Field(min_length=1)
@@ -122,6 +124,8 @@ class KubernetesSpec(_Model):
     hot_mount: str | None = Field(None, pattern=r"^/")
     """Where ``hot_pvc`` is mounted in the pods (where the orchestrator mounts the same volume);
     null: the deepest folder the run's paths share (``$TRAINYARD_HOME``)."""
+    store_host: str | None = None
+    """Address the burn-in pods use to reach the worker running the pressure test; null: its host's IP."""
     cluster_domain: str = Field("cluster.local", pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
     """DNS domain of the cluster; pod 0's name under it is the rendezvous endpoint."""
 

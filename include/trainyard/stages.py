@@ -8,18 +8,21 @@ run ledger, so the report and SLO figures never depend on task logs.
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainyard.burnin.local import drills_from, run_burn_in
+from trainyard.burnin.kubernetes import candidate_nodes, label_evicted, run_burn_in_k8s
+from trainyard.burnin.local import run_burn_in
+from trainyard.burnin.protocol import drills_from
 from trainyard.burnin.verdict import Rule, decide, format_table
 from trainyard.checkpoint import registry
 from trainyard.checkpoint.format import MANIFEST, latest_valid, read_manifest, step_of, verify
 from trainyard.checkpoint.validate import Validation, validate
 from trainyard.errors import CheckpointInvalid, NodeUnhealthy, SpecError
-from trainyard.launch.base import LaunchPlan
+from trainyard.launch.base import Launcher, LaunchPlan
 from trainyard.launch.local import LocalLauncher
 from trainyard.quality.dataset import check_dataset as _check_dataset
 from trainyard.quality.metrics import check_metrics
@@ -89,15 +92,24 @@ def candidates(run: Run) -> list[str]:
 
 
 @recorded("burn_in")
-def burn_in(run: Run) -> dict[str, Any]:
-    """Pressure-test every candidate node and keep the best ``nodes.count`` healthy ones."""
+def burn_in(run: Run, cluster: Any | None = None) -> dict[str, Any]:
+    """Pressure-test every candidate node and keep the best ``nodes.count`` healthy ones.
+
+    ``cluster`` is a ``kubernetes`` API client, needed with the kubernetes backend:
+    candidates are then cluster nodes, and the evicted ones are marked there.
+    """
     cfg, nodes = run.spec.pressure_test, run.spec.nodes
     if not cfg.enabled:
         return {"healthy": candidates(run)[: nodes.count], "skipped": True}
-    _require_local(run)
-    probed = run_burn_in(candidates(run), cfg, run.hot_root, run.dir / "burn-in", drills_from(cfg))
+    if nodes.backend == "kubernetes":
+        core, names = _cluster_candidates(run, cluster)
+        probed = run_burn_in_k8s(core, names, cfg, nodes.kubernetes, run.dir.name, str(run.hot_root / ".burnin"),
+                                 drills_from(cfg), nodes.kubernetes.store_host or socket.gethostbyname(socket.gethostname()))
+    else:
+        names = candidates(run)
+        probed = run_burn_in(names, cfg, run.hot_root, run.dir / "burn-in", drills_from(cfg))
     rules = [Rule(p, cfg.floor(p), cfg.ratio(p)) for p in PROBES]
-    figures = {n: probed.local.get(n) for n in candidates(run)}
+    figures = {n: probed.local.get(n) for n in names}
     verdict = decide(figures, nodes.count, rules, probed.dead)
     table = format_table(verdict, rules)
     log.info("pressure test verdict (%.1f s):\n%s", probed.seconds, table)
@@ -106,14 +118,32 @@ def burn_in(run: Run) -> dict[str, Any]:
                           verdict="train" if node in verdict.healthy else "spare" if node in verdict.spare else "evicted",
                           reason=verdict.evicted.get(node, ""))
     run.ledger.append("burn_in", "thresholds", medians=verdict.medians, thresholds=verdict.thresholds, seconds=probed.seconds)
+    if nodes.backend == "kubernetes" and verdict.evicted:
+        marked = label_evicted(core, list(verdict.evicted), nodes.kubernetes.evicted_label, nodes.kubernetes.evict_with)
+        run.ledger.append("burn_in", "nodes_marked", nodes=marked, label=nodes.kubernetes.evicted_label)
     if len(verdict.healthy) < nodes.min:
         raise NodeUnhealthy(f"only {len(verdict.healthy)} healthy node(s), nodes.min is {nodes.min}:\n{table}")
     return {"healthy": verdict.healthy, "evicted": verdict.evicted, "spare": verdict.spare, "medians": verdict.medians}
 
 
+def _cluster_candidates(run: Run, cluster: Any | None) -> tuple[Any, list[str]]:
+    from kubernetes import client as k8s
+
+    if cluster is None:
+        _require_local(run)
+    core = k8s.CoreV1Api(cluster)
+    want = run.spec.nodes.count + run.spec.nodes.spare
+    names = candidate_nodes(core, run.spec.nodes.kubernetes, want)
+    if len(names) < run.spec.nodes.min:
+        raise NodeUnhealthy(f"the cluster has {len(names)} usable node(s) (node_selector, not evicted); nodes.min is"
+                            f" {run.spec.nodes.min}")
+    return core, names
+
+
 def _require_local(run: Run) -> None:
     if run.spec.nodes.backend != "local":
-        raise SpecError([f"{run.spec_path}: nodes.backend: only the local backend can run in this version"])
+        raise SpecError([f"{run.spec_path}: nodes.backend: kubernetes needs a launcher from the Airflow layer"
+                         " (the train task builds one from nodes.kubernetes.connection)"])
 
 
 def _cli_args(args: dict[str, Any]) -> list[str]:
@@ -176,12 +206,15 @@ def _to_cold(run: Run) -> Callable[[Path], None] | None:
 
 
 @recorded("train")
-def train(run: Run, nodes: list[str], launcher: LocalLauncher | None = None) -> dict[str, Any]:
+def train(run: Run, nodes: list[str], launcher: Launcher | None = None) -> dict[str, Any]:
     """Launch the training workload on ``nodes`` with torchrun and supervise it to the end.
 
-    Pass ``launcher`` to keep a way to end the attempt from outside (a killed task).
+    ``launcher`` is the backend (default: local processes); the caller keeps it
+    to end the attempt from outside (a killed task).
     """
-    _require_local(run)
+    if launcher is None:
+        _require_local(run)
+        launcher = LocalLauncher()
     training = run.spec.training
     resume_from, start = resume_point(run)
     target = start + training.max_steps
@@ -208,7 +241,7 @@ def train(run: Run, nodes: list[str], launcher: LocalLauncher | None = None) -> 
     )
     cfg = run.spec.checkpoint
     with registry.Watcher(run.checkpoint_root, _validator(run), run.ledger, cfg.keep_hot, _to_cold(run)):
-        result = run_attempt(launcher or LocalLauncher(), plan, heartbeat_dir, training.heartbeat_timeout_s, run.ledger)
+        result = run_attempt(launcher, plan, heartbeat_dir, training.heartbeat_timeout_s, run.ledger)
     final = registry.latest(run.checkpoint_root)
     return {"nodes": list(nodes), "start_step": start, "target_step": target, "last_step": result.last_step,
             "checkpoint": str(final) if final else None, "attempts": attempt}

@@ -20,6 +20,7 @@ class Recording(LocalLauncher):
     """Keeps every process of the attempt so the test can prove none survives."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.pids: list[int] = []
 
     def poll(self, handle: LocalHandle):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainyard.burnin.local import Schedule, drills_from
+from trainyard.burnin.protocol import Schedule, drills_from
 from trainyard.burnin.verdict import Rule, decide, format_table
 from trainyard.spec import PressureTestSpec
 

@@ -12,8 +12,17 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from trainyard import stages
-from trainyard.airflow.tasks import mapped_errors, open_from_context
+from trainyard.airflow.tasks import kube_client, mapped_errors, open_from_context
+from trainyard.launch.kubernetes import KubernetesLauncher
 from trainyard.launch.local import LocalLauncher
+from trainyard.spec import NodesSpec
+
+
+def launcher_for(nodes: NodesSpec) -> LocalLauncher | KubernetesLauncher:
+    """The backend of ``nodes.backend``; Kubernetes through the provider's hook and its connection."""
+    if nodes.backend == "local" or nodes.kubernetes is None:
+        return LocalLauncher()
+    return KubernetesLauncher(kube_client(nodes.kubernetes), nodes.kubernetes)
 
 
 class TrainOperator(BaseOperator):
@@ -25,13 +34,14 @@ class TrainOperator(BaseOperator):
         super().__init__(**kwargs)
         self.spec_path = spec_path
         self.burn_in_task_id = burn_in_task_id
-        self._launcher: LocalLauncher | None = None
+        self._launcher: LocalLauncher | KubernetesLauncher | None = None
 
     def execute(self, context: Any) -> dict[str, Any]:
         chosen = context["ti"].xcom_pull(task_ids=self.burn_in_task_id)
-        self._launcher = LocalLauncher()
         with mapped_errors():
-            return stages.train(open_from_context(self.spec_path), chosen["healthy"], launcher=self._launcher)
+            run = open_from_context(self.spec_path)
+            self._launcher = launcher_for(run.spec.nodes)
+            return stages.train(run, chosen["healthy"], launcher=self._launcher)
 
     def on_kill(self) -> None:
         if self._launcher is not None:

@@ -21,6 +21,7 @@ from trainyard.airflow.assets import checkpoint_asset
 from trainyard.errors import FAIL_FAST
 from trainyard.report.summary import format_summary, summarize
 from trainyard.run import Run, open_run
+from trainyard.spec import KubernetesSpec
 from trainyard.storage.s3 import S3Settings, settings_for
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,17 @@ def check_dataset(spec_path: str) -> dict[str, Any]:
 
 def burn_in(spec_path: str) -> dict[str, Any]:
     with mapped_errors():
-        return stages.burn_in(open_from_context(spec_path))
+        run = open_from_context(spec_path)
+        cluster = kube_client(run.spec.nodes.kubernetes) if run.spec.nodes.backend == "kubernetes" else None
+        return stages.burn_in(run, cluster)
+
+
+def kube_client(spec: KubernetesSpec | None) -> Any:
+    """A ``kubernetes`` API client through the provider's hook and the spec's Airflow connection."""
+    from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+
+    hook = KubernetesHook(conn_id=spec.connection) if spec and spec.connection else KubernetesHook()
+    return hook.api_client
 
 
 def check_checkpoint(spec_path: str, train: dict[str, Any]) -> dict[str, Any]:

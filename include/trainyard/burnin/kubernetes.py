@@ -31,8 +31,8 @@ from trainyard.launch.kubernetes import (
 )
 from trainyard.spec import KubernetesSpec, PressureTestSpec
 
-if TYPE_CHECKING:  # burnin.local imports torch; the orchestrator has it, this module's callers may not
-    from trainyard.burnin.local import Schedule
+if TYPE_CHECKING:  # burnin.protocol imports torch; the orchestrator has it, this module's callers may not
+    from trainyard.burnin.protocol import Schedule
 
 log = logging.getLogger(__name__)
 
@@ -224,3 +224,76 @@ def _set_taint(core_api: k8s.CoreV1Api, node: str, key: str, on: bool) -> None:
 
 def _has_taint(node: Any, key: str) -> bool:
     return any(t.key == key and t.effect == "NoSchedule" for t in (node.spec.taints or []))
+
+
+class PodCandidate:
+    """A burn-in pod, as the orchestrator's protocol sees a candidate."""
+
+    def __init__(self, core_api: k8s.CoreV1Api, namespace: str, name: str):
+        self.core, self.namespace, self.name = core_api, namespace, name
+
+    def _pod(self) -> Any:
+        try:
+            return self.core.read_namespaced_pod(self.name, self.namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def alive(self) -> bool:
+        pod = self._pod()  # a pod with no status yet is still being scheduled
+        return pod is not None and (pod.status is None or pod.status.phase in ("Pending", "Running", None))
+
+    def kill(self) -> None:
+        delete_burnin_pods(self.core, self.namespace, [self.name])
+
+    def why(self, default: str) -> str:
+        pod = self._pod()
+        if pod is None:
+            return f"pod {self.name} is gone"
+        status = pod.status
+        for container in (status.container_statuses or []) if status else []:
+            done = container.state and container.state.terminated
+            if done and done.exit_code:
+                return f"pod exited {done.exit_code}: {done.reason or ''} {(done.message or '').strip()[-200:]}".strip()
+            waiting = container.state and container.state.waiting
+            if waiting and waiting.reason:
+                return f"pod waiting: {waiting.reason}"
+        if status and status.phase == "Failed":
+            return f"pod failed: {status.reason or 'no reason given'}"
+        return default
+
+
+def candidate_nodes(core_api: k8s.CoreV1Api, spec: KubernetesSpec, count: int) -> list[str]:
+    """The first ``count`` schedulable nodes matching ``node_selector`` that are not marked evicted.
+
+    A node stays out of the pool until someone clears the label after repairing it.
+    """
+    selector = ",".join(f"{k}={v}" for k, v in sorted(spec.node_selector.items())) or None
+    nodes = core_api.list_node(label_selector=selector).items
+    usable = sorted(
+        n.metadata.name for n in nodes
+        if not (n.spec and n.spec.unschedulable) and spec.evicted_label not in (n.metadata.labels or {})
+    )
+    return usable[:count]
+
+
+def run_burn_in_k8s(
+    core_api: k8s.CoreV1Api, nodes: list[str], cfg: PressureTestSpec, spec: KubernetesSpec, run_id: str,
+    scratch: str, drills: dict[str, tuple[str, float]], store_host: str,
+) -> Any:
+    """One pinned pod per candidate node, driven through the same protocol as local candidates."""
+    from trainyard.burnin.protocol import STARTUP_S, Schedule, host_store, run_protocol
+
+    plan = Schedule.of(cfg, len(nodes))
+    store = host_store("0.0.0.0")  # the pods reach it over the cluster network
+    endpoint = f"{store_host}:{store.port}"
+    pods = [
+        build_burnin_pod(node, run_id=run_id, store=endpoint, schedule=plan, cfg=cfg, spec=spec, scratch=scratch,
+                         timeout_s=plan.budget(cfg), drill=Drill(*drills.get(node, ("none", 0.0))))
+        for node in nodes
+    ]
+    names = create_burnin_pods(core_api, pods)
+    candidates = {node: PodCandidate(core_api, spec.namespace, name) for node, name in zip(nodes, names)}
+    # Pods may pull an image and wait for the scheduler: give them the spec's timeout to start, at least.
+    return run_protocol(store, candidates, cfg, max(STARTUP_S, cfg.timeout_s))

@@ -83,7 +83,7 @@ def run_attempt(
 
 
 def _crash_reason(status: AttemptStatus) -> str:
-    return "; ".join(f"{n.node} exited {n.exit_code}" for n in status.failed())
+    return "; ".join(f"{n.node} exited {n.exit_code}" + (f" ({n.reason})" if n.reason else "") for n in status.failed())
 
 
 def _fail(plan: LaunchPlan, status: AttemptStatus, ledger: Ledger, kind: str, reason: str) -> None:

@@ -1,0 +1,125 @@
+"""The orchestrator's side of the pressure test, whatever runs the candidates.
+
+Candidates meet at a store this process hosts (see ``trainyard.burnin.node``
+for their side). Their local probes take turns (``go/<node>`` one at a time):
+local nodes share cores and would otherwise measure the scheduler, and on a
+cluster it costs little. Then every node that reported joins the all-reduce.
+A node that does not start, report or join within its deadline is dead and
+is stopped; nothing outlives the stage.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Protocol
+
+import torch.distributed as dist
+
+from trainyard.spec import PressureTestSpec
+
+STARTUP_S = 10.0  # importing torch in several fresh processes on a small machine
+
+
+class Candidate(Protocol):
+    """One candidate node's process or pod, as the orchestrator sees it."""
+
+    def alive(self) -> bool: ...
+
+    def kill(self) -> None: ...
+
+    def why(self, default: str) -> str:
+        """Why it failed (exit and last words), else ``default`` (the deadline it missed)."""
+        ...
+
+
+@dataclass
+class BurnInRun:
+    """What each candidate reported; ``dead`` says why a node has no figures."""
+
+    local: dict[str, dict[str, Any]] = field(default_factory=dict)
+    collective: dict[str, dict[str, float]] = field(default_factory=dict)
+    dead: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Schedule:
+    slot_s: float
+    collective_s: float
+    grace_s: float
+
+    @classmethod
+    def of(cls, cfg: PressureTestSpec, candidates: int) -> Schedule:
+        """Split ``duration_s``: 60% for the local probes (in turns), 30% for the collective."""
+        return cls(0.6 * cfg.duration_s / max(candidates, 1), 0.3 * cfg.duration_s, min(cfg.timeout_s, 5.0))
+
+    def budget(self, cfg: PressureTestSpec) -> float:
+        """How long a candidate may wait on the store before it gives up on the orchestrator."""
+        return STARTUP_S + cfg.duration_s + 4 * self.grace_s
+
+
+def host_store(host: str = "127.0.0.1") -> dist.TCPStore:
+    """The store candidates meet at, on a free port of ``host`` (0.0.0.0: reachable from pods)."""
+    return dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+
+
+def _wait(store: dist.Store, key: str, node: Candidate, deadline: float) -> bool:
+    while time.monotonic() < deadline:
+        if store.check([key]):
+            return True
+        if not node.alive():
+            return store.check([key])
+        time.sleep(0.05)
+    return False
+
+
+def run_protocol(store: dist.Store, nodes: dict[str, Candidate], cfg: PressureTestSpec, startup_s: float) -> BurnInRun:
+    """Drive started candidates through ready, local probes in turns, and the all-reduce."""
+    started = time.monotonic()
+    plan = Schedule.of(cfg, len(nodes))
+    result = BurnInRun()
+    try:
+        ready_by = time.monotonic() + min(cfg.timeout_s, startup_s)
+        for name, node in nodes.items():
+            if not _wait(store, f"ready/{name}", node, ready_by):
+                result.dead[name] = f"did not start within {min(cfg.timeout_s, startup_s):.0f} s"
+        for name, node in nodes.items():
+            if name in result.dead:
+                continue
+            store.set(f"go/{name}", "1")
+            if _wait(store, f"local/{name}", node, time.monotonic() + plan.slot_s + plan.grace_s):
+                result.local[name] = json.loads(store.get(f"local/{name}"))
+            else:
+                result.dead[name] = node.why(f"no report within {plan.slot_s + plan.grace_s:.1f} s")
+                node.kill()
+        members = [n for n in nodes if n in result.local]
+        store.set("members", json.dumps(members))
+        if len(members) > 1:
+            by = time.monotonic() + plan.collective_s + 2 * plan.grace_s + 5
+            for name in members:
+                if _wait(store, f"collective/{name}", nodes[name], by):
+                    result.collective[name] = json.loads(store.get(f"collective/{name}"))
+                else:
+                    result.dead[name] = nodes[name].why("did not complete the all-reduce")
+    finally:
+        for node in nodes.values():
+            node.kill()
+    result.seconds = round(time.monotonic() - started, 3)
+    return result
+
+
+def drills_from(cfg: PressureTestSpec, environ: dict[str, str] | None = None) -> dict[str, tuple[str, float]]:
+    """Drills of the spec plus ``TRAINYARD_BURNIN_DRILLS`` (``node-1=throttle:0.3;node-2=crash``), which wins."""
+    drills = {d.node: (d.fault, d.factor) for d in cfg.drills}
+    text = (os.environ if environ is None else environ).get("TRAINYARD_BURNIN_DRILLS", "")
+    for item in filter(None, (part.strip() for part in text.split(";"))):
+        node, _, what = item.partition("=")
+        fault, _, factor = what.partition(":")
+        if fault not in ("throttle", "crash", "hang"):
+            raise ValueError(f"TRAINYARD_BURNIN_DRILLS: {item!r}: fault must be throttle, crash or hang")
+        drills[node.strip()] = (fault, float(factor) if factor else 0.3)
+    return drills

@@ -1,0 +1,50 @@
+"""The train operator picks its backend from the spec, and can always be killed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trainyard.airflow.operators import TrainOperator, launcher_for
+from trainyard.launch.kubernetes import KubernetesLauncher
+from trainyard.launch.local import LocalLauncher
+from trainyard.spec import NodesSpec
+
+KUBECONFIG = {
+    "apiVersion": "v1", "kind": "Config", "current-context": "test",
+    "clusters": [{"name": "test", "cluster": {"server": "http://127.0.0.1:6443"}}],
+    "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
+    "users": [{"name": "test", "user": {"token": "not-a-real-token"}}],
+}
+
+
+def test_local_backend_gets_local_processes() -> None:
+    assert isinstance(launcher_for(NodesSpec(count=2)), LocalLauncher)
+
+
+def test_kubernetes_backend_goes_through_the_airflow_connection(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "kubeconfig"
+    config.write_text(json.dumps(KUBECONFIG))
+    monkeypatch.setenv("AIRFLOW_CONN_TRAINING_CLUSTER", json.dumps(
+        {"conn_type": "kubernetes", "extra": {"kube_config_path": str(config), "namespace": "ml"}}))
+    nodes = NodesSpec(count=2, backend="kubernetes", kubernetes={"image": "trainer:1", "connection": "training_cluster"})
+    launcher = launcher_for(nodes)
+    assert isinstance(launcher, KubernetesLauncher)
+    assert launcher.core.api_client.configuration.host == "http://127.0.0.1:6443"
+
+
+def test_on_kill_before_launch_is_harmless_and_after_launch_cancels() -> None:
+    op = TrainOperator(task_id="train", spec_path="unused.yaml")
+    op.on_kill()  # nothing launched yet
+
+    class Recorder(LocalLauncher):
+        cancelled = False
+
+        def cancel_all(self) -> None:
+            Recorder.cancelled = True
+
+    op._launcher = Recorder()
+    op.on_kill()
+    assert Recorder.cancelled

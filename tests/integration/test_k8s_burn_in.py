@@ -1,0 +1,126 @@
+"""The pressure test on the kubernetes backend, end to end against an API server over HTTP.
+
+The test plays the kubelet: for each burn-in pod the stage creates, it runs
+the pod's command (``python -m trainyard.burnin.node`` with the pod's args) as
+a local process and reports its phase, so the orchestration, the pod specs and
+the node protocol are all exercised for real; only the cluster is simulated.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from fake_k8s import FakeKube
+from trainyard.errors import NodeUnhealthy
+from trainyard.run import open_run
+from trainyard.stages import burn_in
+
+pytestmark = pytest.mark.integration
+NS = "ml"
+SPEC = """\
+dataset: {{source: "file:///unused", name: tokens, hot: "file://{root}/hot"}}
+runs_root: file://{root}/runs
+nodes:
+  count: 2
+  min: {min}
+  spare: 1
+  backend: kubernetes
+  kubernetes: {{image: "trainer:1", namespace: {ns}, node_selector: {{pool: train}}, store_host: 127.0.0.1}}
+pressure_test:
+  duration_s: 4
+  matmul_size: 128
+  membw_mb: 16
+  disk_mb: 8
+  collective_sizes_kb: [64]
+  drills: {drills}
+training: {{max_steps: 1, global_batch: 4, micro_batch: 1, checkpoint_every: 1}}
+"""
+
+
+class Kubelet:
+    """Runs every burn-in pod the API server holds as a local process and reports its phase."""
+
+    def __init__(self, fake: FakeKube):
+        self.fake, self.procs = fake, {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> Kubelet:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        for proc in self.procs.values():
+            proc.kill()
+            proc.wait()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.1):
+            pods = {p["metadata"]["name"]: p for p in self.fake.items("api/v1", "pods", NS)}
+            for name, pod in pods.items():
+                if name not in self.procs:
+                    container = pod["spec"]["containers"][0]
+                    argv = [sys.executable, *container["command"][1:], *container["args"]]
+                    self.procs[name] = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    self.fake.set_pod(NS, name, "Running")
+                elif self.procs[name].poll() is not None and pod["status"]["phase"] == "Running":
+                    code = self.procs[name].returncode
+                    self.fake.set_pod(NS, name, "Succeeded" if code == 0 else "Failed",
+                                      state={"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}})
+            for name, proc in self.procs.items():
+                if name not in pods and proc.poll() is None:
+                    proc.kill()  # the pod was deleted
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeKube]:
+    server = FakeKube().start()
+    for name in ("gpu-a", "gpu-b", "gpu-c"):
+        server.add_node(name, {"pool": "train"})
+    server.add_node("gpu-d", {"pool": "train", "trainyard.io/evicted": "true"})  # evicted earlier: not a candidate
+    server.add_node("cpu-e", {"pool": "other"})
+    yield server
+    server.stop()
+
+
+def cluster(fake: FakeKube) -> client.ApiClient:
+    config = client.Configuration()
+    config.host = fake.url
+    return client.ApiClient(config)
+
+
+def run_for(tmp_path: Path, drills: str, minimum: int = 1):
+    spec = tmp_path / "p.yaml"
+    spec.write_text(SPEC.format(root=tmp_path, ns=NS, drills=drills, min=minimum))
+    return open_run(spec, "p", f"run-{time.monotonic_ns()}", "2026-11-28")
+
+
+def test_a_throttled_cluster_node_is_evicted_and_labelled(fake: FakeKube, tmp_path: Path) -> None:
+    run = run_for(tmp_path, "[{node: gpu-b, fault: throttle, factor: 0.3}]")
+    with Kubelet(fake):
+        result = burn_in(run, cluster(fake))
+    assert sorted(result["healthy"]) == ["gpu-a", "gpu-c"]
+    assert result["evicted"]["gpu-b"].startswith("straggler: matmul_gflops")
+    labels = {n["metadata"]["name"]: n["metadata"]["labels"] for n in fake.items("api/v1", "nodes")}
+    assert labels["gpu-b"].get("trainyard.io/evicted") == "true"
+    assert "trainyard.io/evicted" not in labels["gpu-a"] and "trainyard.io/evicted" not in labels["gpu-c"]
+    assert fake.items("api/v1", "pods", NS) == []  # every burn-in pod was deleted
+    verdicts = {e["node"] for e in run.ledger.events("burn_in", "node_verdict")}
+    assert verdicts == {"gpu-a", "gpu-b", "gpu-c"}  # not the evicted gpu-d, not the other pool's cpu-e
+
+
+def test_a_crashing_pod_is_dead_and_too_few_healthy_fails(fake: FakeKube, tmp_path: Path) -> None:
+    run = run_for(tmp_path, "[{node: gpu-a, fault: crash}, {node: gpu-c, fault: crash}]", minimum=2)
+    with Kubelet(fake), pytest.raises(NodeUnhealthy, match=r"only 1 healthy node\(s\), nodes.min is 2") as err:
+        burn_in(run, cluster(fake))
+    assert "gpu-a" in str(err.value) and "evicted: dead: pod exited 1" in str(err.value)
