@@ -55,10 +55,13 @@ airflow: airflow-db
 	@echo "Airflow UI: http://127.0.0.1:8080  user: admin  password: see $(AIRFLOW_HOME)/simple_auth_manager_passwords.json.generated"
 	airflow standalone
 
+# Each bench prints one JSON line last; it becomes bench/results/<name>.json only if the bench succeeded.
 bench: venv
 	mkdir -p bench/results
-	for b in bench/*.py; do name=$$(basename $$b .py); $(BIN)/python $$b | tee bench/results/$$name.log; \
-	  tail -n 1 bench/results/$$name.log > bench/results/$$name.json; rm bench/results/$$name.log; done
+	set -e; for b in bench/*.py; do name=$$(basename $$b .py); \
+	  $(BIN)/python $$b 2>bench/results/$$name.err | tee bench/results/$$name.log; \
+	  tail -n 1 bench/results/$$name.log | $(BIN)/python -c 'import json,sys; json.loads(sys.stdin.read())'; \
+	  tail -n 1 bench/results/$$name.log > bench/results/$$name.json; rm bench/results/$$name.log bench/results/$$name.err; done
 
 clean:
 	rm -rf $(AIRFLOW_HOME) $(TRAINYARD_HOME)

@@ -75,6 +75,23 @@ def cmd_ckpt_verify(args: argparse.Namespace) -> int:
     return 0 if result.valid else 1
 
 
+def cmd_drill(args: argparse.Namespace) -> int:
+    """Act out one fault in a real run of the spec and check the supervisor's answer."""
+    from trainyard.drill import run_drill
+    from trainyard.spec import Drill
+
+    drill = Drill(fault=args.fault, step=args.step, node=args.node, factor=args.factor)
+    report = run_drill(args.spec, drill)
+    action, end = report.expected
+    print(f"drill {report.fault} at step {args.step}{' on ' + args.node if args.node else ''}: "
+          f"actions {report.actions or ['none']}, run {report.end}")
+    print(f"expected: {action or 'no recovery needed'}, run {end} -> {'OK' if report.ok else 'UNEXPECTED'}")
+    figures = {k: v for k, v in report.figures.items() if k != "failures"}
+    print("recovery figures: " + ", ".join(f"{k} {v}" for k, v in figures.items()))
+    print(f"run folder: {report.run_dir}")
+    return 0 if report.ok else 1
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="trainyard", description="Declarative distributed-training pipelines on Airflow.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -93,6 +110,13 @@ def parser() -> argparse.ArgumentParser:
     verify.add_argument("--max-loss", type=float, help="the checkpoint's loss must not exceed this")
     verify.add_argument("--ledger", type=Path, help="a run's events.jsonl, for the loss-history checks")
     verify.set_defaults(func=cmd_ckpt_verify)
+    drill = sub.add_parser("drill", help="act out a fault in a real run and check the recovery")
+    drill.add_argument("spec", type=Path)
+    drill.add_argument("--fault", required=True, choices=["kill", "hang", "slow", "corrupt_checkpoint", "nan", "oom", "exception"])
+    drill.add_argument("--step", type=int, required=True)
+    drill.add_argument("--node", help="the node that acts it out (default: every node / node-0)")
+    drill.add_argument("--factor", type=float, default=1.0, help="slow: extra time per step, x the step time")
+    drill.set_defaults(func=cmd_drill)
     summary = sub.add_parser("summary", help="print the summary of a run")
     summary.add_argument("run_dir", nargs="?", help="a run folder (default: the latest run of --dag-id)")
     summary.add_argument("--dag-id")

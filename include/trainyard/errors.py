@@ -44,5 +44,6 @@ class TrainingFailed(TrainyardError):
         super().__init__(message)
 
 
-# Which errors a retry cannot fix. The Airflow adapter fails these fast.
-FAIL_FAST = (SpecError, DataError, NodeUnhealthy, CheckpointInvalid)
+# Which errors a retry cannot fix. The Airflow adapter fails these fast. A TrainingFailed that
+# reaches it was already retried, scaled down or rolled back as far as the recovery policy allows.
+FAIL_FAST = (SpecError, DataError, NodeUnhealthy, CheckpointInvalid, TrainingFailed)

@@ -259,6 +259,20 @@ class RecoverySpec(_Model):
         return self.actions.get(kind, DEFAULT_ACTIONS[kind])  # type: ignore[call-overload]
 
 
+class Drill(_Model):
+    fault: Literal["kill", "hang", "slow", "corrupt_checkpoint", "nan", "oom", "exception"]
+    """``kill``: SIGKILL a node; ``hang``: SIGSTOP it; ``slow``: make it a straggler; ``corrupt_checkpoint``:
+    flip a byte of the next checkpoint; ``nan``: NaN loss; ``oom``: out-of-memory error; ``exception``: a bug."""
+    step: int = Field(ge=1)
+    """Step at which the fault strikes (for ``corrupt_checkpoint``: the first checkpoint at or after it)."""
+    node: str | None = None
+    """Node that acts it out (``node-1``); null: every node (``nan``, ``corrupt_checkpoint``) or node-0."""
+    factor: float = Field(1.0, gt=0)
+    """``slow`` only: extra time per step, as a multiple of the step time."""
+    attempt: int = Field(1, ge=1)
+    """The training attempt it strikes in (later attempts run clean, so recovery can succeed)."""
+
+
 class PipelineSpec(_Model):
     pipeline: str | None = Field(None, pattern=_NAME, max_length=200)
     """DAG id (default: the file name without ``.yaml``)."""
@@ -292,6 +306,8 @@ class PipelineSpec(_Model):
     """What to do when training fails."""
     params: list[ParamName] = ["nodes", "min_nodes", "max_steps", "resume_from"]
     """Which settings a UI trigger may override."""
+    drills: list[Drill] = []
+    """Faults to act out during training, for rehearsals (see ``trainyard drill``)."""
 
     def dag_id(self, source: Path) -> str:
         return self.pipeline or source.stem

@@ -7,6 +7,7 @@ run ledger, so the report and SLO figures never depend on task logs.
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import time
@@ -19,14 +20,19 @@ from trainyard.burnin.local import run_burn_in
 from trainyard.burnin.protocol import drills_from
 from trainyard.burnin.verdict import Rule, decide, format_table
 from trainyard.checkpoint import registry
-from trainyard.checkpoint.format import MANIFEST, latest_valid, read_manifest, step_of, verify
+from trainyard.checkpoint.format import (
+    MANIFEST, latest_valid, list_checkpoints, read_manifest, step_dir, step_of, supersede, verify,
+)
 from trainyard.checkpoint.validate import Validation, validate
 from trainyard.errors import CheckpointInvalid, NodeUnhealthy, SpecError
 from trainyard.launch.base import Launcher, LaunchPlan
 from trainyard.launch.local import LocalLauncher
 from trainyard.quality.dataset import check_dataset as _check_dataset
 from trainyard.quality.metrics import check_metrics
-from trainyard.recovery.supervisor import run_attempt
+from trainyard.recovery.figures import recovery_figures
+from trainyard.recovery.policy import Situation
+from trainyard.recovery.supervisor import Course, supervise
+from trainyard.train.drills import ENV as DRILLS_ENV
 from trainyard.report.summary import write_report
 from trainyard.ledger import safe_name
 from trainyard.run import Run
@@ -206,11 +212,13 @@ def _to_cold(run: Run) -> Callable[[Path], None] | None:
 
 
 @recorded("train")
-def train(run: Run, nodes: list[str], launcher: Launcher | None = None) -> dict[str, Any]:
-    """Launch the training workload on ``nodes`` with torchrun and supervise it to the end.
+def train(run: Run, nodes: list[str], launcher: Launcher | None = None, spares: list[str] | None = None) -> dict[str, Any]:
+    """Train on ``nodes`` with torchrun, recovering from failures until done or the policy says stop.
 
     ``launcher`` is the backend (default: local processes); the caller keeps it
-    to end the attempt from outside (a killed task).
+    to end the attempt from outside (a killed task). ``spares`` are healthy
+    nodes the pressure test did not pick, for replacing lost ones. A retried
+    task carries on from the ledger: attempt numbers, nodes and micro-batch.
     """
     if launcher is None:
         _require_local(run)
@@ -218,33 +226,79 @@ def train(run: Run, nodes: list[str], launcher: Launcher | None = None) -> dict[
     training = run.spec.training
     resume_from, start = resume_point(run)
     target = start + training.max_steps
-    attempt = sum(1 for _ in run.ledger.events("train", "attempt_start")) + 1
+    course, first = _course(run, nodes, resume_from)
+    cfg = run.spec.checkpoint
+    with registry.Watcher(run.checkpoint_root, _validator(run), run.ledger, cfg.keep_hot, _to_cold(run)):
+        result = supervise(
+            launcher, lambda attempt, c: _plan(run, attempt, c, target), course, list(spares or []),
+            lambda c, free: _situation(run, c, free), run.spec.recovery, run.ledger, training.heartbeat_timeout_s,
+            lambda step: _rollback(run, step), first_attempt=first,
+        )
+    final = registry.latest(run.checkpoint_root)
+    figures = recovery_figures(run.ledger)
+    run.ledger.append("train", "recovery_figures", **{k: v for k, v in figures.items() if k != "failures"})
+    return {"nodes": list(nodes), "start_step": start, "target_step": target, "last_step": result.last_step,
+            "checkpoint": str(final) if final else None, "attempts": result.attempt}
+
+
+def _course(run: Run, nodes: list[str], resume_from: str) -> tuple[Course, int]:
+    """Where a (possibly retried) train task starts: the first attempt, or after the last one in the ledger."""
+    starts = list(run.ledger.events("train", "attempt_start"))
+    if not starts:
+        return Course(list(nodes), run.spec.training.micro_batch, resume_from), 1
+    last = starts[-1]
+    decision = next((e for e in reversed(list(run.ledger.events("train", "decision"))) if e["attempt"] == last["attempt"]), {})
+    course = Course(decision.get("new_nodes", last["nodes"]),
+                    int(decision.get("micro_batch") or last["micro_batch"] or run.spec.training.micro_batch), "latest")
+    return course, last["attempt"] + 1
+
+
+def _plan(run: Run, attempt: int, course: Course, target: int) -> LaunchPlan:
+    training = run.spec.training
     attempt_dir = run.dir / f"attempt-{attempt}"
-    heartbeat_dir = attempt_dir / "heartbeat"
-    plan = LaunchPlan(
-        run_id=run.dir.name, attempt=attempt, nodes=list(nodes), procs_per_node=run.spec.nodes.procs_per_node,
+    drills = [d.model_dump() for d in run.spec.drills if d.attempt == attempt]
+    return LaunchPlan(
+        run_id=run.dir.name, attempt=attempt, nodes=list(course.nodes), procs_per_node=run.spec.nodes.procs_per_node,
         entrypoint=training.entrypoint, args=_cli_args(training.args), log_dir=attempt_dir,
         env={
             "TRAINYARD_DATA_DIR": str(run.hot_dataset_dir),
             "TRAINYARD_CHECKPOINT_DIR": str(run.checkpoint_root),
-            "TRAINYARD_RESUME_FROM": resume_from if attempt == 1 else "latest",
-            "TRAINYARD_HEARTBEAT_DIR": str(heartbeat_dir),
+            "TRAINYARD_RESUME_FROM": course.resume_from,
+            "TRAINYARD_HEARTBEAT_DIR": str(attempt_dir / "heartbeat"),
             "TRAINYARD_LEDGER": str(run.ledger.path),
             "TRAINYARD_RUN_ID": run.run_id,
             "TRAINYARD_ATTEMPT": str(attempt),
             "TRAINYARD_MAX_STEPS": str(target),
             "TRAINYARD_GLOBAL_BATCH": str(training.global_batch),
-            "TRAINYARD_MICRO_BATCH": str(training.micro_batch),
+            "TRAINYARD_MICRO_BATCH": str(course.micro_batch),
             "TRAINYARD_CHECKPOINT_EVERY": str(training.checkpoint_every),
             "TRAINYARD_SEED": str(training.seed),
+            **({DRILLS_ENV: json.dumps(drills)} if drills else {}),
         },
     )
-    cfg = run.spec.checkpoint
-    with registry.Watcher(run.checkpoint_root, _validator(run), run.ledger, cfg.keep_hot, _to_cold(run)):
-        result = run_attempt(launcher, plan, heartbeat_dir, training.heartbeat_timeout_s, run.ledger)
-    final = registry.latest(run.checkpoint_root)
-    return {"nodes": list(nodes), "start_step": start, "target_step": target, "last_step": result.last_step,
-            "checkpoint": str(final) if final else None, "attempts": attempt}
+
+
+def _situation(run: Run, course: Course, spares: list[str]) -> Situation:
+    latest = registry.latest(run.checkpoint_root)
+    started = course.resume_from if course.resume_from not in ("latest", "none") else str(latest) if latest else None
+    return Situation(
+        nodes=list(course.nodes), spares=list(spares), min_nodes=run.spec.nodes.min,
+        procs_per_node=run.spec.nodes.procs_per_node, global_batch=run.spec.training.global_batch,
+        micro_batch=course.micro_batch,
+        valid_steps=[step_of(c) or 0 for c in list_checkpoints(run.checkpoint_root) if not verify(c)],
+        resumed_from=step_of(Path(started)) if started else None,
+    )
+
+
+def _rollback(run: Run, step: int) -> str:
+    """Set the later checkpoints aside (never deleted) and restart the lineage at ``step`` (0: fresh)."""
+    for ckpt in list_checkpoints(run.checkpoint_root):
+        if (step_of(ckpt) or 0) > step:
+            supersede(ckpt)
+    target = step_dir(run.checkpoint_root, step) if step else None
+    registry.reset(run.checkpoint_root, target, run.ledger)
+    run.ledger.append("train", "rolled_back", to_step=step, path=str(target) if target else None)
+    return str(target) if target else "none"
 
 
 @recorded("check_checkpoint")

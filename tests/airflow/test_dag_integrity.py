@@ -39,7 +39,7 @@ def test_schedule_and_retries_come_from_the_spec(bag: DagBag) -> None:
     assert nightly.schedule == "0 2 * * *"
     assert nightly.max_active_runs == 1
     assert manual.schedule is None
-    assert nightly.get_task("train").retries == 2  # recovery.max_attempts: 3
+    assert nightly.get_task("train").retries == 1  # attempts are the supervisor's; this one is for a dead worker
 
 
 def test_params_validate_with_their_schema(bag: DagBag) -> None:

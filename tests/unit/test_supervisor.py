@@ -24,9 +24,10 @@ def test_finished_ranks_are_never_stale() -> None:
     assert stale_ranks({"rank-0": beat(0.0, "finished")}, 1, started=0.0, now=1000.0, timeout_s=5.0) == []
 
 
-def test_a_rank_that_never_beat_counts_from_the_attempt_start() -> None:
+def test_a_rank_that_never_beat_gets_the_startup_grace() -> None:
     assert stale_ranks({"rank-0": beat(99.0)}, 2, started=90.0, now=100.0, timeout_s=20.0) == []
-    assert stale_ranks({"rank-0": beat(119.0)}, 2, started=90.0, now=120.0, timeout_s=20.0) == ["rank-1"]
+    assert stale_ranks({"rank-0": beat(209.0)}, 2, started=90.0, now=210.0, timeout_s=20.0) == []
+    assert stale_ranks({"rank-0": beat(219.0)}, 2, started=90.0, now=220.0, timeout_s=20.0) == ["rank-1"]
 
 
 def test_attempt_state_from_node_states() -> None:

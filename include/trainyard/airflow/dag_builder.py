@@ -37,9 +37,9 @@ def build_dag(spec_path: Path, spec: PipelineSpec) -> DAG:
         stage = task(task_id="stage_dataset", retries=2, retry_delay=dt.timedelta(seconds=rec.backoff_s))(tasks.stage_dataset)(path)
         check = task(task_id="check_dataset")(tasks.check_dataset)(path)
         burn = task(task_id="burn_in")(tasks.burn_in)(path)
-        # Each retry of ``train`` is a new attempt that resumes from the latest valid checkpoint.
-        trained = TrainOperator(task_id="train", spec_path=path, retries=rec.max_attempts - 1,
-                                retry_delay=dt.timedelta(seconds=rec.backoff_s))
+        # The supervisor inside ``train`` retries, scales down and rolls back itself; Airflow's one
+        # retry is for the task process dying, and it carries on from the ledger.
+        trained = TrainOperator(task_id="train", spec_path=path, retries=1, retry_delay=dt.timedelta(seconds=rec.backoff_s))
         checked = task(task_id="check_checkpoint")(tasks.check_checkpoint)(path, trained.output)
         published = task(task_id="publish", retries=2, outlets=[checkpoint_asset(dag_id)])(tasks.publish)(path, checked)
         # The report is written whatever happened: a failed run needs it most.

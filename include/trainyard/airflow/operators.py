@@ -41,7 +41,7 @@ class TrainOperator(BaseOperator):
         with mapped_errors():
             run = open_from_context(self.spec_path)
             self._launcher = launcher_for(run.spec.nodes)
-            return stages.train(run, chosen["healthy"], launcher=self._launcher)
+            return stages.train(run, chosen["healthy"], launcher=self._launcher, spares=chosen.get("spare", []))
 
     def on_kill(self) -> None:
         if self._launcher is not None:

@@ -211,7 +211,7 @@ def prepare_staging(root: str | Path, step: int) -> Path:
     return staging
 
 
-def _supersede(final: Path) -> Path:
+def supersede(final: Path) -> Path:
     """Move an existing checkpoint aside to ``<root>/superseded/`` (never deleted)."""
     target_dir = final.parent / SUPERSEDED
     target_dir.mkdir(exist_ok=True)
@@ -237,7 +237,7 @@ def commit(staging: str | Path, root: str | Path, step: int) -> Path:
         raise CheckpointInvalid(f"{staging}: refusing to commit a checkpoint without {MANIFEST}")
     final = step_dir(root, step)
     if final.exists():
-        _supersede(final)
+        supersede(final)
     os.replace(staging, final)
     fsync_dir(final.parent)
     return final

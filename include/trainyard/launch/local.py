@@ -100,7 +100,7 @@ class LocalLauncher:
             statuses.append(NodeStatus(node, state, code, str(handle.logs[node])))
         return AttemptStatus(statuses)
 
-    def cancel(self, handle: LocalHandle, grace_s: float = 10.0) -> None:
+    def cancel(self, handle: LocalHandle, grace_s: float = 5.0) -> None:
         """SIGTERM every node's process tree, then SIGKILL what is left after ``grace_s``.
 
         torchrun starts its workers in sessions of their own, so killing the
@@ -108,6 +108,7 @@ class LocalLauncher:
         """
         tree = [p for proc in handle.procs.values() for p in _tree(proc.pid)]
         _signal_all(tree, signal.SIGTERM)
+        _signal_all(tree, signal.SIGCONT)  # a stopped (hung) process handles its SIGTERM only once resumed
         _, alive = psutil.wait_procs(tree, timeout=grace_s)
         _signal_all(alive, signal.SIGKILL)
         psutil.wait_procs(alive, timeout=5)

@@ -1,10 +1,13 @@
-"""The supervisor: run one training attempt to its end, watching exits and heartbeats.
+"""The supervisor: run training attempts until one succeeds or the policy says stop.
 
-It tells running, finished, crashed and hung apart: a node whose agent exits
-non-zero has crashed; a rank whose heartbeat is older than the timeout (or
-that never beat within it) is hung. On any failure it ends every node of the
-attempt -- survivors of a dead collective would otherwise wait out gloo's
-timeout -- and records what it saw in the ledger.
+One attempt: launch, then watch exits and heartbeats. A node whose agent
+exits non-zero has crashed; a rank whose heartbeat is older than the timeout
+(or that never beat within it) is hung. On any failure every node of the
+attempt is ended at once -- survivors of a dead collective would otherwise
+wait out gloo's timeout -- and the failure is classified, a decision taken
+(``recovery.policy``, pure) and carried out: retry, scale down, roll back or
+fail. Every step is a ledger event, so a retried Airflow task carries on
+from the ledger instead of starting over.
 """
 
 from __future__ import annotations
@@ -12,15 +15,20 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from trainyard.errors import TrainingFailed
 from trainyard.launch.base import AttemptStatus, LaunchPlan, Launcher
 from trainyard.ledger import Ledger
+from trainyard.recovery.classify import Classified, Failure, NodeFailure, classify
+from trainyard.recovery.policy import AttemptRecord, Fail, Rollback, ScaleDown, Situation, decide
+from trainyard.spec import RecoverySpec
 
 log = logging.getLogger(__name__)
+TAIL_LINES = 50
 
 
 @dataclass(frozen=True)
@@ -28,6 +36,14 @@ class AttemptResult:
     attempt: int
     seconds: float
     last_step: int | None
+
+
+class AttemptFailed(TrainingFailed):
+    """An attempt ended badly; what the supervisor saw, for ``classify``."""
+
+    def __init__(self, message: str, failure: Failure, detected_at: float):
+        self.failure, self.detected_at = failure, detected_at
+        super().__init__(message, kind=failure.trigger, evidence="")
 
 
 def read_heartbeats(directory: Path) -> dict[str, dict[str, Any]]:
@@ -40,15 +56,31 @@ def read_heartbeats(directory: Path) -> dict[str, dict[str, Any]]:
     return beats
 
 
-def stale_ranks(beats: dict[str, dict[str, Any]], expected: int, started: float, now: float, timeout_s: float) -> list[str]:
-    """Ranks silent for longer than ``timeout_s``; a rank that never beat counts from ``started``."""
+STARTUP_GRACE_S = 120.0  # interpreter, torch import, rendezvous and data before a rank's first step
+
+
+def stale_ranks(beats: dict[str, dict[str, Any]], expected: int, started: float, now: float, timeout_s: float,
+                grace_s: float = STARTUP_GRACE_S) -> list[str]:
+    """Ranks without progress for longer than ``timeout_s``; a rank that never beat gets ``grace_s`` to start."""
     stale = [rank for rank, b in beats.items() if b.get("status") != "finished" and now - b["time"] > timeout_s]
-    if len(beats) < expected and now - started > timeout_s:
+    if len(beats) < expected and now - started > max(timeout_s, grace_s):
         stale += [f"rank-{r}" for r in range(expected) if f"rank-{r}" not in beats]
     return stale
 
 
-def tail(path: str, lines: int = 20) -> str:
+def silent_ranks(directory: Path, ranks: list[str], now: float, after_s: float = 3.0) -> list[str]:
+    """Of ``ranks``, those whose liveness pulse (``rank-N.alive``, touched every second) stopped."""
+    silent = []
+    for rank in ranks:
+        try:
+            if now - (directory / f"{rank}.alive").stat().st_mtime > after_s:
+                silent.append(rank)
+        except FileNotFoundError:
+            silent.append(rank)
+    return silent
+
+
+def tail(path: str, lines: int = TAIL_LINES) -> str:
     try:
         return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
     except OSError:
@@ -56,11 +88,13 @@ def tail(path: str, lines: int = 20) -> str:
 
 
 def run_attempt(
-    launcher: Launcher, plan: LaunchPlan, heartbeat_dir: Path, heartbeat_timeout_s: float, ledger: Ledger, poll_s: float = 0.5
+    launcher: Launcher, plan: LaunchPlan, heartbeat_dir: Path, heartbeat_timeout_s: float, ledger: Ledger,
+    poll_s: float = 0.5, startup_grace_s: float = STARTUP_GRACE_S,
 ) -> AttemptResult:
-    """Launch ``plan`` and block until it succeeds; raise ``TrainingFailed`` when it does not."""
+    """Launch ``plan`` and block until it succeeds; raise ``AttemptFailed`` when it does not."""
     started = time.time()
-    ledger.append("train", "attempt_start", attempt=plan.attempt, nodes=plan.nodes, world_size=plan.world_size)
+    ledger.append("train", "attempt_start", attempt=plan.attempt, nodes=plan.nodes, world_size=plan.world_size,
+                  micro_batch=plan.env.get("TRAINYARD_MICRO_BATCH"), resume_from=plan.env.get("TRAINYARD_RESUME_FROM"))
     handle = launcher.launch(plan)
     try:
         while True:
@@ -68,10 +102,16 @@ def run_attempt(
             if status.state == "succeeded":
                 break
             if status.state == "failed":
-                _fail(plan, status, ledger, kind="crash", reason=_crash_reason(status))
-            stale = stale_ranks(read_heartbeats(heartbeat_dir), plan.world_size, started, time.time(), heartbeat_timeout_s)
+                _fail(plan, status, ledger, "crash", [], _crash_reason(status))
+            beats = read_heartbeats(heartbeat_dir)
+            stale = stale_ranks(beats, plan.world_size, started, time.time(), heartbeat_timeout_s, startup_grace_s)
             if stale:
-                _fail(plan, status, ledger, kind="hang", reason=f"no heartbeat for {heartbeat_timeout_s:.0f} s from {', '.join(stale)}")
+                # Ranks stuck behind a hung peer still pulse; the hung node's ranks do not.
+                silent = silent_ranks(heartbeat_dir, stale, time.time())
+                nodes = sorted({beats[r]["node"] for r in silent if r in beats and beats[r].get("node")})
+                _fail(plan, status, ledger, "hang", nodes,
+                      f"no progress for {heartbeat_timeout_s:.0f} s from {', '.join(stale)};"
+                      f" no pulse from {', '.join(silent) or 'none'}")
             time.sleep(poll_s)
     finally:
         launcher.cancel(handle)  # a no-op after success; ends every survivor after a failure
@@ -86,8 +126,90 @@ def _crash_reason(status: AttemptStatus) -> str:
     return "; ".join(f"{n.node} exited {n.exit_code}" + (f" ({n.reason})" if n.reason else "") for n in status.failed())
 
 
-def _fail(plan: LaunchPlan, status: AttemptStatus, ledger: Ledger, kind: str, reason: str) -> None:
-    evidence = "\n".join(f"--- {n.node} ({n.log})\n{tail(n.log)}" for n in (status.failed() or status.nodes))
-    ledger.append("train", "attempt_end", attempt=plan.attempt, state="failed", kind=kind, reason=reason)
-    log.error("attempt %d failed (%s): %s\n%s", plan.attempt, kind, reason, evidence)
-    raise TrainingFailed(f"attempt {plan.attempt} failed ({kind}): {reason}", kind=kind, evidence=evidence)
+def _fail(plan: LaunchPlan, status: AttemptStatus, ledger: Ledger, trigger: str, stale: list[str], reason: str) -> None:
+    detected_at = time.time()
+    failure = Failure(
+        attempt=plan.attempt, trigger=trigger, stale_nodes=stale,
+        nodes=[NodeFailure(n.node, n.state, n.exit_code, n.reason, tail(n.log)) for n in status.nodes],
+    )
+    ledger.append("train", "attempt_end", attempt=plan.attempt, state="failed", trigger=trigger, reason=reason)
+    log.error("attempt %d failed (%s): %s", plan.attempt, trigger, reason)
+    raise AttemptFailed(f"attempt {plan.attempt} failed ({trigger}): {reason}", failure, detected_at)
+
+
+@dataclass
+class Course:
+    """What the next attempt runs with; decisions change it."""
+
+    nodes: list[str]
+    micro_batch: int
+    resume_from: str
+    """``latest`` or a checkpoint path (a rollback target, or the run's starting point)."""
+
+
+def supervise(
+    launcher: Launcher,
+    plan_for: Callable[[int, Course], LaunchPlan],
+    course: Course,
+    spares: list[str],
+    situation: Callable[[Course, list[str]], Situation],
+    recovery: RecoverySpec,
+    ledger: Ledger,
+    heartbeat_timeout_s: float,
+    rollback_to: Callable[[int], str],
+    first_attempt: int = 1,
+    poll_s: float = 0.5,
+) -> AttemptResult:
+    """Attempts until success; ``TrainingFailed`` (with the kind) once the policy says fail.
+
+    ``plan_for(attempt, course)`` builds each attempt's plan; ``situation``
+    describes the world for the policy; ``rollback_to(step)`` prepares a
+    rollback and returns the checkpoint path to resume from.
+    """
+    history = [AttemptRecord(e["attempt"], e["kind"], e["action"], e["nodes"]) for e in ledger.events("train", "decision")]
+    attempt = first_attempt
+    while True:
+        plan = plan_for(attempt, course)
+        try:
+            return run_attempt(launcher, plan, Path(plan.env["TRAINYARD_HEARTBEAT_DIR"]), heartbeat_timeout_s, ledger, poll_s)
+        except AttemptFailed as failed:
+            found = classify(failed.failure)
+            ledger.append("train", "failure_classified", attempt=attempt, kind=found.kind, evidence=found.evidence,
+                          culprits=list(found.culprits), detected_at=failed.detected_at)
+            decision = decide(history, found, situation(course, spares), recovery)
+            action = type(decision).__name__.lower()
+            ledger.append("train", "decision", attempt=attempt, kind=found.kind, action=action, nodes=course.nodes,
+                          reason=getattr(decision, "reason", ""), **_changes(decision))
+            log.warning("attempt %d: %s -> %s: %s", attempt, found.kind, action, getattr(decision, "reason", ""))
+            history.append(AttemptRecord(attempt, found.kind, action, list(course.nodes)))
+            if isinstance(decision, Fail):
+                evidence = _evidence(found, failed)
+                log.error("training failed: %s\n%s", decision.reason, evidence)  # the traceback, in the task log
+                raise TrainingFailed(decision.reason, kind=found.kind, evidence=evidence) from None
+            course = _apply(decision, course, spares, rollback_to)
+            time.sleep(getattr(decision, "delay_s", 0.0))
+            attempt += 1
+
+
+def _changes(decision: Any) -> dict[str, Any]:
+    fields = ("delay_s", "micro_batch", "to_step")
+    out = {f: getattr(decision, f) for f in fields if getattr(decision, f, None) is not None}
+    if isinstance(decision, ScaleDown):
+        out["new_nodes"] = list(decision.nodes)
+    return out
+
+
+def _apply(decision: Any, course: Course, spares: list[str], rollback_to: Callable[[int], str]) -> Course:
+    if isinstance(decision, ScaleDown):
+        for node in decision.nodes:
+            if node in spares:
+                spares.remove(node)  # a spare that joins is no longer spare
+        return replace(course, nodes=list(decision.nodes), micro_batch=decision.micro_batch, resume_from="latest")
+    if isinstance(decision, Rollback):
+        return replace(course, resume_from=rollback_to(decision.to_step))
+    return replace(course, micro_batch=decision.micro_batch or course.micro_batch, resume_from="latest")
+
+
+def _evidence(found: Classified, failed: AttemptFailed) -> str:
+    tails = "\n".join(f"--- {n.node}\n{n.log_tail}" for n in failed.failure.nodes if n.log_tail)
+    return f"{found.evidence}\n{tails}"

@@ -7,6 +7,7 @@ knows it must record it.
 from __future__ import annotations
 
 import html
+import json
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,8 @@ def summarize(ledger: Ledger) -> dict[str, Any]:
         if e["event"] in ("stage_end", "stage_failed"):
             stages[e["stage"]] = {"seconds": e["seconds"], "ok": e["event"] == "stage_end"}
     ends = {e["stage"]: e.get("result", {}) for e in ledger.events(event="stage_end")}
-    steps = [(e["step"], e["loss"]) for e in ledger.events("train", "step") if "loss" in e]
+    # A step trained again after a recovery replaces the lost one.
+    steps = sorted({e["step"]: e["loss"] for e in ledger.events("train", "step") if "loss" in e}.items())
     verdicts = {e["node"]: e for e in ledger.events("burn_in", "node_verdict")}
     return {
         "stages": stages,
@@ -35,6 +37,13 @@ def summarize(ledger: Ledger) -> dict[str, Any]:
         "last_loss": steps[-1][1] if steps else None,
         "loss_curve": steps,
         "attempts": sum(1 for _ in ledger.events("train", "attempt_start")),
+        "timeline": [
+            {k: e.get(k) for k in ("ts", "event", "attempt", "nodes", "kind", "action", "reason", "evidence")}
+            for e in ledger.events("train")
+            if e["event"] in ("attempt_start", "attempt_end", "failure_classified", "decision", "drill_fired")
+        ],
+        "attempt_starts": [e["step"] for e in ledger.events("train", "resumed")],
+        "recovery": next((e for e in reversed(list(ledger.events("train", "recovery_figures")))), None),
         "checkpoint": ends.get("check_checkpoint", {}).get("checkpoint"),
         "published": ends.get("publish", {}).get("uri"),
     }
@@ -50,6 +59,10 @@ def format_summary(summary: dict[str, Any]) -> str:
     if summary["steps_trained"]:
         lines.append(f"  steps trained:    {summary['steps_trained']} (step {summary['first_step']} to {summary['last_step']})")
         lines.append(f"  loss:             {summary['first_loss']:.4f} -> {summary['last_loss']:.4f}")
+    recovery = summary.get("recovery") or {}
+    if summary["attempts"] > 1 and recovery:
+        lines.append(f"  attempts:         {summary['attempts']} (detection {recovery.get('detection_s')} s, resume delay"
+                     f" {recovery.get('resume_delay_s')} s, lost steps {recovery.get('lost_steps')}, ETTR {recovery.get('ettr')})")
     lines.append(f"  valid checkpoint: {summary['checkpoint'] or '-'}")
     lines.append(f"  published to:     {summary['published'] or '-'}")
     if summary.get("report"):
@@ -68,7 +81,7 @@ def write_report(run_dir: Path, ledger: Ledger) -> dict[str, Any]:
             "steps_trained": summary["steps_trained"], "last_loss": summary["last_loss"]}
 
 
-def _loss_svg(points: list[tuple[int, float]], width: int = 640, height: int = 240) -> str:
+def _loss_svg(points: list[tuple[int, float]], boundaries: list[int] = (), width: int = 640, height: int = 240) -> str:
     if len(points) < 2:
         return "<p>No loss curve recorded.</p>"
     xs, ys = [p[0] for p in points], [p[1] for p in points]
@@ -76,8 +89,13 @@ def _loss_svg(points: list[tuple[int, float]], width: int = 640, height: int = 2
     sx = (width - 60) / max(1, x1 - x0)
     sy = (height - 40) / max(1e-9, y1 - y0)
     path = " ".join(f"{50 + (x - x0) * sx:.1f},{height - 25 - (y - y0) * sy:.1f}" for x, y in points)
+    # A dashed line where a later attempt resumed: the steps after it were trained again.
+    marks = "".join(
+        f'<line x1="{50 + (b - x0) * sx:.1f}" x2="{50 + (b - x0) * sx:.1f}" y1="10" y2="{height - 25}"'
+        f' stroke="#d62728" stroke-dasharray="4"/>' for b in boundaries
+    )
     return (
-        f'<svg width="{width}" height="{height}" role="img" aria-label="loss versus step">'
+        f'<svg width="{width}" height="{height}" role="img" aria-label="loss versus step">{marks}'
         f'<polyline fill="none" stroke="#1f77b4" stroke-width="2" points="{path}"/>'
         f'<text x="5" y="15" font-size="12">{y1:.3f}</text><text x="5" y="{height - 25}" font-size="12">{y0:.3f}</text>'
         f'<text x="50" y="{height - 5}" font-size="12">step {x0}</text>'
@@ -101,13 +119,20 @@ def _html(summary: dict[str, Any]) -> str:
         + f"<td>{esc(v['verdict'])}</td><td>{esc(v['reason'])}</td></tr>"
         for n, v in summary["node_verdicts"].items()
     )
+    timeline = "".join(
+        f"<tr><td>{esc(e['event'])}</td><td>{e.get('attempt') or ''}</td>"
+        f"<td>{esc(' '.join(str(e[k]) for k in ('kind', 'action', 'reason', 'evidence') if e.get(k)))}</td></tr>"
+        for e in summary["timeline"]
+    )
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>trainyard run report</title>
 <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px}}</style>
 </head><body><h1>trainyard run report</h1>
 <h2>Stages</h2><table><tr><th>stage</th><th>time</th><th>state</th></tr>{stage_rows}</table>
 <h2>Nodes</h2><table><tr><th>node</th><th>matmul GFLOP/s</th><th>memory GB/s</th><th>disk write MB/s</th>
 <th>disk read MB/s</th><th>verdict</th><th>reason</th></tr>{node_rows}</table>
-<h2>Loss</h2>{_loss_svg(summary['loss_curve'])}
+<h2>Loss</h2>{_loss_svg(summary['loss_curve'], summary['attempt_starts'])}
+<h2>Attempts</h2><table><tr><th>event</th><th>attempt</th><th>detail</th></tr>{timeline}</table>
+<p>Recovery: {esc(json.dumps({k: v for k, v in (summary['recovery'] or {}).items() if k not in ('ts', 'stage', 'event')}))}</p>
 <p>Steps trained: {summary['steps_trained']}; attempts: {summary['attempts']}</p>
 <h2>Checkpoint</h2><p>Valid: {esc(str(summary['checkpoint']))}<br>Published: {esc(str(summary['published']))}</p>
 </body></html>"""

@@ -48,6 +48,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainyard.errors import DataError, SpecError, TrainingFailed
 from trainyard.train import data, runtime
+from trainyard.train.drills import Drills
 from trainyard.train.model import GPT, GPTConfig
 
 log = logging.getLogger("trainyard.train")
@@ -169,10 +170,13 @@ def train(args: argparse.Namespace, ctx: runtime.RunContext) -> dict[str, float]
             model.module.num_params(), world, plan.global_batch, plan.micro_batch, plan.accumulation, world, start,
         )  # fmt: skip
     metrics: dict[str, float] = {}
+    drills = Drills(ctx.node, rank, ctx.ledger)
+    seconds = 0.0
     for step in range(start + 1, ctx.max_steps + 1):
+        drills.before_step(step, seconds)
         began = time.perf_counter()
         batches = data.micro_batches(stream, plan, step, ctx.seed, cfg.seq_len)
-        loss = train_step(model, optimizer, batches, lr_at(step, args), args.grad_clip)
+        loss = drills.loss(step, train_step(model, optimizer, batches, lr_at(step, args), args.grad_clip))
         seconds = time.perf_counter() - began
         metrics = {
             "loss": loss, "lr": lr_at(step, args), "step_ms": seconds * 1e3,
@@ -185,7 +189,8 @@ def train(args: argparse.Namespace, ctx: runtime.RunContext) -> dict[str, float]
             # Never checkpoint a diverged model; the supervisor rolls back to the last valid one.
             raise TrainingFailed(f"loss is {loss} at step {step}", kind="diverged")
         if ctx.should_checkpoint(step):
-            runtime.save_checkpoint(step, state, metrics, micro_batch=plan.micro_batch, ctx=ctx)
+            saved = runtime.save_checkpoint(step, state, metrics, micro_batch=plan.micro_batch, ctx=ctx)
+            drills.after_checkpoint(step, saved)
     runtime.finish(max(start, ctx.max_steps), metrics, ctx=ctx)
     return metrics
 

@@ -45,6 +45,7 @@ import logging
 import os
 import pickle
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -195,11 +196,31 @@ def _metric_fields(metrics: dict[str, Any]) -> dict[str, Any]:
 # --- heartbeats ---
 
 
+LIVENESS_S = 1.0
+_pulse: threading.Thread | None = None
+
+
+def _keep_alive(path: Path) -> None:
+    """Touch ``path`` every second from a daemon thread, whatever the training loop is doing.
+
+    A rank blocked in a collective still pulses (gloo waits without the GIL);
+    a stopped or frozen process does not. The supervisor tells the node that
+    hung from the ones merely waiting for it by this pulse.
+    """
+    while True:
+        path.touch()
+        time.sleep(LIVENESS_S)
+
+
 def _write_heartbeat(ctx: RunContext, step: int, metrics: dict[str, Any], status: str) -> None:
+    global _pulse
     if ctx.heartbeat_dir is None:
         return
     ctx.heartbeat_dir.mkdir(parents=True, exist_ok=True)
     me = rank()
+    if _pulse is None:
+        _pulse = threading.Thread(target=_keep_alive, args=(ctx.heartbeat_dir / f"rank-{me}.alive",), daemon=True)
+        _pulse.start()
     record = {
         "rank": me, "node": ctx.node, "pid": os.getpid(), "step": step, "time": time.time(),
         "status": status, "metrics": metrics, "attempt": ctx.attempt, "run_id": ctx.run_id,

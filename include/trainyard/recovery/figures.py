@@ -1,0 +1,54 @@
+"""Recovery figures of one run, computed from its ledger alone.
+
+- detection: fault to classified (the fault's time is the drill's ``drill_fired``
+  when a drill caused it, else the moment the supervisor saw the attempt end);
+- resume delay: fault to the first step of the next attempt;
+- lost steps: the last step reached before the fault minus the step resumed from;
+- ETTR: productive training time (the step times of the steps that count) over
+  the wall time of the train stage.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainyard.ledger import Ledger
+
+
+def _first(events: list[dict[str, Any]], after: float, event: str, **match: Any) -> dict[str, Any] | None:
+    return next((e for e in events if e["ts"] >= after and e["event"] == event
+                 and all(e.get(k) == v for k, v in match.items())), None)
+
+
+def recovery_figures(ledger: Ledger) -> dict[str, Any]:
+    events = list(ledger.events("train"))
+    failures = []
+    for classified in (e for e in events if e["event"] == "failure_classified"):
+        attempt = classified["attempt"]
+        start = _first(events, 0, "attempt_start", attempt=attempt) or {"ts": 0}
+        drill = _first(events, start["ts"], "drill_fired")
+        fault_at = drill["ts"] if drill and drill["ts"] <= classified["ts"] else classified["detected_at"]
+        steps = [e["step"] for e in events if e["event"] == "step" and start["ts"] <= e["ts"] <= classified["ts"]]
+        nxt = _first(events, classified["ts"], "attempt_start", attempt=attempt + 1)
+        first_step = _first(events, nxt["ts"], "step") if nxt else None
+        resumed = _first(events, nxt["ts"], "resumed") if nxt else None
+        failures.append({
+            "attempt": attempt, "kind": classified["kind"], "fault_at": fault_at,
+            "detection_s": round(classified["ts"] - fault_at, 3),
+            "resume_delay_s": round(first_step["ts"] - fault_at, 3) if first_step else None,
+            "lost_steps": (max(steps) - (resumed["step"] if resumed else 0)) if steps and nxt else None,
+        })
+    kept: dict[int, float] = {}
+    for e in events:
+        if e["event"] == "step":
+            kept[e["step"]] = e.get("step_ms", 0.0) / 1000  # a step run again replaces the lost one
+    end = next((e for e in reversed(events) if e["event"] in ("stage_end", "stage_failed")), None)
+    wall = end["seconds"] if end else None
+    return {
+        "failures": failures,
+        "detection_s": max((f["detection_s"] for f in failures), default=None),
+        "resume_delay_s": max((f["resume_delay_s"] for f in failures if f["resume_delay_s"] is not None), default=None),
+        "lost_steps": sum(f["lost_steps"] or 0 for f in failures),
+        "productive_s": round(sum(kept.values()), 3),
+        "ettr": round(sum(kept.values()) / wall, 4) if wall else None,
+    }

@@ -1,0 +1,222 @@
+"""Policy: what to do about a classified failure (DESIGN rule 4).
+
+``decide(history, failure, situation, policy) -> Retry | ScaleDown | Rollback | Fail``
+is pure: no sleeps, no I/O, no API calls; the supervisor carries the decision
+out. The action for a failure kind comes from the spec (``recovery.actions``)
+or DESIGN's defaults (``spec.DEFAULT_ACTIONS``); the attempt budget, the
+backoff, the micro-batch after an OOM, the world size of a scale-down and the
+rollback target are worked out here, so each is a row in a table test.
+
+Choices this module makes (each a line of the reason it returns):
+
+- A ``fail`` action wins over the budget: "user_error: ..." says more than
+  "budget exhausted" when both hold.
+- Backoff is ``backoff_s * 2**(n-1)``, n counting this kind's earlier failures
+  plus this one, capped at ``MAX_DELAY_S``; it applies to every action.
+- Scale-down keeps the global batch: the world size must divide it, and the
+  micro-batch is the largest divisor of the per-rank batch that is not above
+  the current one (more gradient accumulation). Spares replace culprits first,
+  so the run keeps its size; the world never grows past the failed attempt's.
+- With no culprit to leave out (a hang whose silent node is unknown), the
+  scale-down is a ``Retry`` on the same nodes: that is what would happen.
+- Rollback goes to the newest valid checkpoint below the step the divergence
+  was seen at; if the failed attempt had itself resumed after an earlier
+  divergence, that starting checkpoint is suspect too and the target is below
+  it: each recurrence steps back one more checkpoint. With nothing earlier,
+  an attempt that resumed from a checkpoint rolls back to step 0 (a fresh
+  start), while an attempt that *was* a fresh start fails: training the same
+  seed from scratch again would diverge the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
+
+from trainyard.recovery.classify import Classified
+
+if TYPE_CHECKING:
+    from trainyard.spec import RecoverySpec
+
+MAX_DELAY_S = 3600.0
+"""Longest pause before the next attempt, however often a kind recurs."""
+
+# ---------------------------------------------------------------- decisions
+
+
+@dataclass(frozen=True)
+class Retry:
+    delay_s: float
+    reason: str
+    micro_batch: int | None = None
+    """None: unchanged."""
+    action: ClassVar[str] = "retry"
+
+
+@dataclass(frozen=True)
+class ScaleDown:
+    nodes: list[str]
+    """The next attempt's nodes; spares may join (the scale-back-up path)."""
+    delay_s: float
+    reason: str
+    micro_batch: int
+    action: ClassVar[str] = "scale_down"
+
+
+@dataclass(frozen=True)
+class Rollback:
+    to_step: int
+    """0: no earlier valid checkpoint; start fresh."""
+    delay_s: float
+    reason: str
+    action: ClassVar[str] = "rollback"
+
+
+@dataclass(frozen=True)
+class Fail:
+    reason: str
+    action: ClassVar[str] = "fail"
+
+
+Decision = Retry | ScaleDown | Rollback | Fail
+
+# ---------------------------------------------------------------- the input
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    """One earlier failed attempt, from the run ledger."""
+
+    attempt: int
+    kind: str
+    decision: str
+    nodes: list[str]
+
+
+@dataclass(frozen=True)
+class Situation:
+    nodes: list[str]
+    """The failed attempt's nodes."""
+    spares: list[str]
+    """Healthy nodes not in use (from the pressure test), to replace culprits."""
+    min_nodes: int
+    procs_per_node: int
+    global_batch: int
+    micro_batch: int
+    """In use by the failed attempt."""
+    valid_steps: list[int] = field(default_factory=list)
+    """Steps of valid checkpoints, ascending."""
+    resumed_from: int | None = None
+    """Step the failed attempt started from; None: a fresh start."""
+
+
+# ---------------------------------------------------------------- arithmetic
+
+
+def backoff(history: list[AttemptRecord], kind: str, policy: RecoverySpec) -> float:
+    """``backoff_s * 2**(n-1)``; n = earlier failures of ``kind`` + this one."""
+    n = sum(1 for h in history if h.kind == kind) + 1
+    return min(policy.backoff_s * 2 ** (n - 1), max(MAX_DELAY_S, policy.backoff_s))
+
+
+def fitting_micro_batch(global_batch: int, ranks: int, at_most: int) -> int | None:
+    """The largest micro-batch <= ``at_most`` that splits ``global_batch`` evenly over ``ranks``."""
+    if ranks < 1 or global_batch % ranks:
+        return None
+    per_rank = global_batch // ranks
+    return next((m for m in range(min(at_most, per_rank), 0, -1) if per_rank % m == 0), None)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _what(failure: Classified, culprits: list[str] | None = None) -> str:
+    where = f" on {', '.join(culprits)}" if culprits else ""
+    return f"{failure.kind}{where} ({_one_line(failure.evidence)})"
+
+
+def _batch(s: Situation, nodes: int, micro: int) -> str:
+    accum = s.global_batch // (nodes * s.procs_per_node * micro)
+    return f"micro-batch {micro} x {accum} accumulation, global batch {s.global_batch} kept"
+
+
+# ---------------------------------------------------------------- actions
+
+Act = Callable[[list[AttemptRecord], Classified, Situation, float], "Decision"]
+
+
+def _retry(history: list[AttemptRecord], failure: Classified, s: Situation, delay: float) -> Decision:
+    if failure.kind == "oom":
+        return _smaller_micro_batch(failure, s, delay)
+    return Retry(delay, f"{_what(failure)}: retry on the same {len(s.nodes)} nodes in {delay:g} s")
+
+
+def _smaller_micro_batch(failure: Classified, s: Situation, delay: float) -> Decision:
+    if s.micro_batch <= 1:
+        return Fail(f"out of memory at micro-batch 1: {_what(failure, failure.culprits)}")
+    micro = fitting_micro_batch(s.global_batch, len(s.nodes) * s.procs_per_node, s.micro_batch // 2)
+    if micro is None:  # the spec's cross-field check rules this out; kept for a hand-built Situation
+        return Fail(f"{_what(failure)}: global batch {s.global_batch} does not split over"
+                    f" {len(s.nodes)} x {s.procs_per_node} ranks")  # fmt: skip
+    return Retry(delay, f"{_what(failure, failure.culprits)}: retry with micro-batch {s.micro_batch} -> {micro}"
+                        f" ({_batch(s, len(s.nodes), micro)}) in {delay:g} s", micro)  # fmt: skip
+
+
+def _scale_down(history: list[AttemptRecord], failure: Classified, s: Situation, delay: float) -> Decision:
+    culprits = [n for n in s.nodes if n in failure.culprits]
+    if not culprits:
+        return Retry(delay, f"{_what(failure)}: no node to leave out; retry on the same {len(s.nodes)} nodes"
+                            f" in {delay:g} s")  # fmt: skip
+    keep = [n for n in s.nodes if n not in culprits]
+    spares = [n for n in s.spares if n not in s.nodes]
+    what = _what(failure, culprits)
+    if len(spares) >= len(culprits):
+        joined = spares[: len(culprits)]
+        return ScaleDown(keep + joined, delay, f"{what}: replace with spare {', '.join(joined)}, scaling back up to"
+                                               f" {len(s.nodes)} nodes, micro-batch {s.micro_batch} kept",
+                         s.micro_batch)  # fmt: skip
+    pool = keep + spares  # too few spares to keep the size: the ones there are still help
+    for world in range(len(pool), s.min_nodes - 1, -1):
+        micro = fitting_micro_batch(s.global_batch, world * s.procs_per_node, s.micro_batch)
+        if micro is not None:
+            joined = f" (spare {', '.join(spares)} joins)" if spares else ""
+            return ScaleDown(pool[:world], delay, f"{what}: scale down {len(s.nodes)} -> {world} nodes{joined},"
+                                                  f" {_batch(s, world, micro)}", micro)  # fmt: skip
+    return Fail(f"{what}: cannot scale down: no world size from {len(pool)} down to nodes.min {s.min_nodes}"
+                f" x {s.procs_per_node} procs divides the global batch {s.global_batch}")  # fmt: skip
+
+
+def _rollback(history: list[AttemptRecord], failure: Classified, s: Situation, delay: float) -> Decision:
+    ceiling = failure.step
+    recurring = s.resumed_from is not None and any(h.kind == failure.kind for h in history)
+    if recurring:  # the failed attempt resumed after the same failure, from a checkpoint that is now suspect
+        ceiling = s.resumed_from if ceiling is None else min(ceiling, s.resumed_from)
+    below = [v for v in s.valid_steps if v > 0 and (ceiling is None or v < ceiling)]
+    seen_at = f" below step {ceiling}" if ceiling is not None else ""
+    if below:
+        return Rollback(max(below), delay, f"{_what(failure)}: roll back to step {max(below)}, the newest valid"
+                                           f" checkpoint{seen_at}")  # fmt: skip
+    if not s.resumed_from:
+        return Fail(f"{_what(failure)}: a fresh start diverged and there is no valid checkpoint{seen_at} to roll"
+                    f" back to")  # fmt: skip
+    return Rollback(0, delay, f"{_what(failure)}: no valid checkpoint{seen_at}; start fresh")
+
+
+def _fail(history: list[AttemptRecord], failure: Classified, s: Situation, delay: float) -> Decision:
+    return Fail(f"{_what(failure)}: not retried (recovery action for {failure.kind} is fail)")
+
+
+ACTIONS: dict[str, Act] = {"retry": _retry, "scale_down": _scale_down, "rollback": _rollback, "fail": _fail}
+
+
+def decide(history: list[AttemptRecord], failure: Classified, situation: Situation, policy: RecoverySpec) -> Decision:
+    """What to do after the attempt described by ``failure`` (``history``: the attempts before it)."""
+    action = policy.action_for(failure.kind)
+    if action == "fail":
+        return _fail(history, failure, situation, 0.0)
+    if len(history) + 1 >= policy.max_attempts:
+        return Fail(f"attempt budget of {policy.max_attempts} exhausted: {failure.kind}:"
+                    f" {_one_line(failure.evidence)}")  # fmt: skip
+    return ACTIONS[action](history, failure, situation, backoff(history, failure.kind, policy))

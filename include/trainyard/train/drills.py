@@ -1,0 +1,79 @@
+"""Fault drills acted out inside the training workload, for rehearsals and tests.
+
+The supervisor passes the drills of one attempt in ``TRAINYARD_DRILLS`` (JSON);
+a drill fires on the ranks of its node (or every rank, for ``nan``) at its step,
+records ``drill_fired`` in the ledger (the fault's time, for the recovery
+figures) and then does what a real fault does: a SIGKILLed or frozen node, a
+slow one, a corrupted checkpoint, a NaN loss, an out-of-memory error, a bug.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from trainyard.ledger import Ledger
+
+ENV = "TRAINYARD_DRILLS"
+
+
+def load(node: str, environ: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """This node's drills (a drill without a node fires on every node)."""
+    text = (os.environ if environ is None else environ).get(ENV, "")
+    return [d for d in json.loads(text or "[]") if d.get("node") in (None, node)]
+
+
+class Drills:
+    def __init__(self, node: str, rank: int, ledger: Path | None):
+        self.items = load(node)
+        self.node, self.rank, self.ledger = node, rank, ledger
+        self.corrupted = False
+
+    def _fired(self, drill: dict[str, Any], step: int) -> None:
+        if self.ledger is not None and (self.rank == 0 or drill.get("node")):
+            Ledger(self.ledger).append("train", "drill_fired", fault=drill["fault"], node=self.node, step=step)
+
+    def before_step(self, step: int, step_s: float) -> None:
+        """Faults that strike a node at the start of ``step``."""
+        for drill in self.items:
+            fault, at = drill["fault"], drill["step"]
+            if fault == "slow" and step >= at:
+                time.sleep(step_s * drill.get("factor", 1.0))  # a straggler: every step takes longer
+            if step != at or fault in ("slow", "nan", "corrupt_checkpoint"):
+                continue
+            self._fired(drill, step)
+            agent = os.getpgid(os.getppid())  # the node's torchrun agent and everything in its session
+            if fault == "kill":
+                os.killpg(agent, signal.SIGKILL)
+                os.kill(os.getpid(), signal.SIGKILL)
+            elif fault == "hang":
+                os.killpg(agent, signal.SIGSTOP)
+                os.kill(os.getpid(), signal.SIGSTOP)
+            elif fault == "oom":
+                raise MemoryError(f"drill: out of memory at step {step} on {self.node}")
+            elif fault == "exception":
+                raise RuntimeError(f"drill: exception in user code at step {step} on {self.node}")
+
+    def loss(self, step: int, loss: float) -> float:
+        """The loss a ``nan`` drill turns into NaN at its step (on every rank alike)."""
+        for drill in self.items:
+            if drill["fault"] == "nan" and step == drill["step"]:
+                self._fired(drill, step)
+                return float("nan")
+        return loss
+
+    def after_checkpoint(self, step: int, path: Path | None) -> None:
+        """Flip one byte of the first checkpoint at or after the drill's step (rank 0, after its manifest)."""
+        for drill in self.items:
+            if (drill["fault"] == "corrupt_checkpoint" and self.rank == 0 and step >= drill["step"] and path
+                    and not self.corrupted):
+                self.corrupted = True
+                self._fired(drill, step)
+                victim = max(path.glob("*.distcp"), key=lambda p: p.stat().st_size)
+                data = bytearray(victim.read_bytes())
+                data[len(data) // 2] ^= 0xFF
+                victim.write_bytes(bytes(data))

@@ -1,0 +1,127 @@
+"""Automatic recovery on 3 local nodes: one drill per test, each asserting the outcome."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from trainyard import stages
+from trainyard.checkpoint import registry
+from trainyard.checkpoint.format import read_manifest
+from trainyard.errors import TrainingFailed
+from trainyard.run import open_run
+from trainyard.shards import write_synthetic_corpus
+
+pytestmark = pytest.mark.integration
+
+SPEC = """\
+dataset: {{source: "file://{root}/cold", name: tokens, hot: "file://{root}/hot"}}
+runs_root: file://{root}/runs
+nodes: {{count: 3, min: 2}}
+pressure_test: {{enabled: false}}
+training:
+  args: {{seq-len: 32, d-model: 32, n-heads: 2, lr: 0.01}}
+  max_steps: 20
+  global_batch: 12
+  micro_batch: 2
+  checkpoint_every: 5
+  heartbeat_timeout_s: 6
+checkpoint: {{hot: "file://{root}/ckpt", cold: "file://{root}/coldckpt"}}
+recovery: {{max_attempts: {attempts}, backoff_s: 0.2}}
+drills: {drills}
+"""
+
+
+def run_with(tmp_path: Path, drills: str, attempts: int = 3):
+    write_synthetic_corpus(tmp_path / "cold", shards=2, tokens_per_shard=16_384)
+    spec = tmp_path / "recovery.yaml"
+    spec.write_text(SPEC.format(root=tmp_path, drills=drills, attempts=attempts))
+    run = open_run(spec, "recovery", f"drill-{time.monotonic_ns()}", "2026-11-28")
+    stages.stage_dataset(run)
+    return run
+
+
+def events(run, event: str) -> list[dict]:
+    return list(run.ledger.events("train", event))
+
+
+def finish(run) -> dict:
+    result = stages.train(run, ["node-0", "node-1", "node-2"])
+    final = Path(result["checkpoint"])
+    manifest = read_manifest(final)
+    assert manifest["step"] == 20 and manifest["global_batch"] == 12
+    assert stages.check_checkpoint(run, result["checkpoint"], 20)["step"] == 20
+    return manifest
+
+
+def test_a_killed_node_is_excluded_and_the_run_finishes_on_two(tmp_path: Path) -> None:
+    run = run_with(tmp_path, "[{fault: kill, node: node-1, step: 12}]")
+    manifest = finish(run)
+    [classified] = events(run, "failure_classified")
+    assert classified["kind"] == "node_lost" and classified["culprits"] == ["node-1"]
+    [decision] = events(run, "decision")
+    assert decision["action"] == "scaledown" and decision["new_nodes"] == ["node-0", "node-2"]
+    assert manifest["world_size"] == 2  # the global batch of 12 kept by accumulation
+    assert [e["step"] for e in events(run, "resumed")] == [10]
+    figures = events(run, "recovery_figures")[-1]
+    assert figures["detection_s"] < 5 and figures["lost_steps"] <= 2
+
+
+def test_a_hung_node_is_detected_within_the_heartbeat_timeout(tmp_path: Path) -> None:
+    run = run_with(tmp_path, "[{fault: hang, node: node-2, step: 12}]")
+    manifest = finish(run)
+    [classified] = events(run, "failure_classified")
+    assert classified["kind"] == "hang" and classified["culprits"] == ["node-2"]
+    assert manifest["world_size"] == 2
+    figures = events(run, "recovery_figures")[-1]
+    assert figures["detection_s"] <= 6 + 2  # heartbeat_timeout_s plus the poll
+
+
+def test_a_corrupted_checkpoint_is_skipped_for_the_previous_valid_one(tmp_path: Path) -> None:
+    run = run_with(tmp_path, "[{fault: corrupt_checkpoint, step: 10}, {fault: kill, node: node-1, step: 12}]")
+    finish(run)
+    quarantined = [e for e in events(run, "checkpoint_quarantined")]
+    assert [Path(e["path"]).name for e in quarantined] == ["step_000010"]
+    assert [e["step"] for e in events(run, "resumed")] == [5]
+
+
+def test_a_nan_loss_rolls_back_to_an_earlier_checkpoint(tmp_path: Path) -> None:
+    run = run_with(tmp_path, "[{fault: nan, step: 12}]")
+    manifest = finish(run)
+    [classified] = events(run, "failure_classified")
+    assert classified["kind"] == "diverged"
+    [decision] = events(run, "decision")
+    assert decision["action"] == "rollback" and decision["to_step"] == 10
+    assert [e["step"] for e in events(run, "resumed")] == [10]
+    assert manifest["world_size"] == 3
+
+
+def test_out_of_memory_retries_with_a_smaller_micro_batch(tmp_path: Path) -> None:
+    run = run_with(tmp_path, "[{fault: oom, node: node-0, step: 12}]")
+    manifest = finish(run)
+    [decision] = events(run, "decision")
+    assert decision["action"] == "retry" and decision["micro_batch"] == 1
+    assert manifest["micro_batch"] == 1 and manifest["world_size"] == 3
+
+
+def test_an_exception_in_user_code_fails_fast_with_its_traceback(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    run = run_with(tmp_path, "[{fault: exception, node: node-0, step: 12}]")
+    with pytest.raises(TrainingFailed, match="user_error") as err:
+        stages.train(run, ["node-0", "node-1", "node-2"])
+    assert err.value.kind == "user_error"
+    assert "RuntimeError: drill: exception in user code at step 12" in err.value.evidence
+    assert "Traceback" in caplog.text  # the traceback reaches the task log
+    assert len(events(run, "attempt_start")) == 1  # no retry
+    assert registry.latest(run.checkpoint_root).name == "step_000010"  # the last valid checkpoint is kept
+
+
+def test_the_attempt_budget_is_respected(tmp_path: Path) -> None:
+    run = run_with(tmp_path, "[{fault: kill, node: node-1, step: 7}, {fault: kill, node: node-0, step: 12, attempt: 2}]",
+                   attempts=2)
+    with pytest.raises(TrainingFailed, match="budget"):
+        stages.train(run, ["node-0", "node-1", "node-2"])
+    assert len(events(run, "attempt_start")) == 2
+    assert json.loads((run.checkpoint_root / "LATEST").read_text())["step"] == 10

@@ -1,0 +1,168 @@
+"""The recovery policy as a table of cases: budget, actions, backoff, micro-batch, world size, rollback, overrides."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from trainyard.recovery.classify import Classified
+from trainyard.recovery.policy import (
+    MAX_DELAY_S, AttemptRecord, Fail, Retry, Rollback, ScaleDown, Situation, decide, fitting_micro_batch,
+)  # fmt: skip
+from trainyard.spec import RecoverySpec
+
+EVIDENCE = {
+    "node_lost": "node-1 exit -9; peers lost it: node-0: [rank0]: RuntimeError: Connection closed by peer",
+    "hang": "no heartbeat from node-1 after step 40",
+    "transient": "node-0: [rank0]: RuntimeError: Connection reset by peer",
+    "oom": "node-1: [rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+    "diverged": "node-1: [rank1]: trainyard.errors.TrainingFailed: loss is nan at step 30",
+    "user_error": "node-1: [rank1]: ValueError: bad shape for head: expected 64 got 48",
+    "data_error": "node-0: [rank0]: trainyard.errors.DataError: shard tokens-0003.bin is truncated",
+}
+
+
+def failed(kind: str, *culprits: str, step: int | None = None) -> Classified:
+    return Classified(kind, EVIDENCE[kind], list(culprits), step)
+
+
+def world(count: int = 4, spares: int = 0, min_nodes: int = 1, procs: int = 1, global_batch: int = 12,
+          micro: int = 3, valid: tuple[int, ...] = (), resumed: int | None = None) -> Situation:  # fmt: skip
+    return Situation(
+        nodes=[f"node-{i}" for i in range(count)], spares=[f"node-{count + i}" for i in range(spares)],
+        min_nodes=min_nodes, procs_per_node=procs, global_batch=global_batch, micro_batch=micro,
+        valid_steps=list(valid), resumed_from=resumed,
+    )
+
+
+def before(*kinds: str) -> list[AttemptRecord]:
+    return [AttemptRecord(i + 1, kind, "retry", ["node-0", "node-1"]) for i, kind in enumerate(kinds)]
+
+
+def policy(**kw: Any) -> RecoverySpec:
+    return RecoverySpec(**{"max_attempts": 10, "backoff_s": 5.0, **kw})
+
+
+NODES = [f"node-{i}" for i in range(4)]
+
+CASES = [
+    # id, history, failure, situation, policy, expected type, expected fields, reason must contain
+    # ---- the attempt budget counts the attempt that just failed
+    ("budget-exhausted", before("transient", "transient"), failed("transient"), world(), policy(max_attempts=3),
+     Fail, {}, "attempt budget of 3 exhausted: transient: node-0: [rank0]: RuntimeError: Connection reset by peer"),
+    ("budget-of-one", [], failed("node_lost", "node-1"), world(), policy(max_attempts=1),
+     Fail, {}, "attempt budget of 1 exhausted: node_lost"),
+    ("budget-left", before("transient"), failed("transient"), world(), policy(max_attempts=3),
+     Retry, {"delay_s": 10.0, "micro_batch": None}, "retry on the same 4 nodes"),
+    # ---- fail: no retry helps, and that is said before any budget
+    ("user-error-fails-fast", [], failed("user_error"), world(), policy(),
+     Fail, {}, "user_error (node-1: [rank1]: ValueError: bad shape for head"),
+    ("data-error-fails-fast", [], failed("data_error"), world(), policy(),
+     Fail, {}, "data_error (node-0: [rank0]: trainyard.errors.DataError"),
+    ("fail-named-over-budget", before("transient", "transient"), failed("user_error"), world(), policy(max_attempts=3),
+     Fail, {}, "recovery action for user_error is fail"),
+    # ---- retry with exponential backoff per kind
+    ("transient-first", [], failed("transient"), world(), policy(),
+     Retry, {"delay_s": 5.0, "micro_batch": None}, "transient (node-0"),
+    ("transient-third", before("transient", "transient"), failed("transient"), world(), policy(),
+     Retry, {"delay_s": 20.0}, "in 20 s"),
+    ("backoff-counts-the-same-kind-only", before("node_lost", "oom", "transient"), failed("transient"), world(),
+     policy(), Retry, {"delay_s": 10.0}, "transient"),
+    ("backoff-capped", before(*["transient"] * 5), failed("transient"), world(), policy(backoff_s=600),
+     Retry, {"delay_s": MAX_DELAY_S}, "in 3600 s"),
+    ("no-backoff", before("transient"), failed("transient"), world(), policy(backoff_s=0),
+     Retry, {"delay_s": 0.0}, "in 0 s"),
+    # ---- oom: half the micro-batch, the largest that still divides the per-rank batch
+    ("oom-halves", [], failed("oom", "node-1"), world(2, global_batch=32, micro=4), policy(),
+     Retry, {"micro_batch": 2, "delay_s": 5.0}, "micro-batch 4 -> 2 (micro-batch 2 x 8 accumulation, global batch 32"),
+    ("oom-half-does-not-divide", [], failed("oom", "node-1"), world(2, global_batch=60, micro=15), policy(),
+     Retry, {"micro_batch": 6}, "micro-batch 15 -> 6"),  # 30 per rank: 7 does not divide it, 6 does
+    ("oom-to-one", before("oom"), failed("oom", "node-1"), world(2, global_batch=12, micro=3), policy(),
+     Retry, {"micro_batch": 1, "delay_s": 10.0}, "micro-batch 3 -> 1"),
+    ("oom-at-micro-1", [], failed("oom", "node-1"), world(2, global_batch=12, micro=1), policy(),
+     Fail, {}, "out of memory at micro-batch 1"),
+    # ---- scale down: largest world size that divides the global batch, global batch kept
+    ("scale-down-12-on-4", [], failed("node_lost", "node-1"), world(4, global_batch=12, micro=3), policy(),
+     ScaleDown, {"nodes": ["node-0", "node-2", "node-3"], "micro_batch": 2},
+     "node_lost on node-1 (node-1 exit -9; peers lost it: node-0: [rank0]: RuntimeError: Connection closed by peer):"
+     " scale down 4 -> 3 nodes, micro-batch 2 x 2 accumulation, global batch 12 kept"),
+    ("scale-down-skips-3-for-16", [], failed("node_lost", "node-1"), world(4, global_batch=16, micro=4), policy(),
+     ScaleDown, {"nodes": ["node-0", "node-2"], "micro_batch": 4}, "scale down 4 -> 2 nodes"),
+    ("scale-down-with-procs", [], failed("hang", "node-2"), world(3, procs=2, global_batch=12, micro=2), policy(),
+     ScaleDown, {"nodes": ["node-0", "node-1"], "micro_batch": 1}, "hang on node-2"),  # 2 x 2 ranks: 3 per rank
+    ("scale-down-two-culprits", [], failed("node_lost", "node-0", "node-3"), world(4, global_batch=12, micro=1),
+     policy(), ScaleDown, {"nodes": ["node-1", "node-2"], "micro_batch": 1}, "node_lost on node-0, node-3"),
+    ("scale-down-to-min", [], failed("node_lost", "node-1"), world(2, min_nodes=1, global_batch=12, micro=3),
+     policy(), ScaleDown, {"nodes": ["node-0"], "micro_batch": 3}, "scale down 2 -> 1 nodes"),
+    ("below-min-fails", [], failed("node_lost", "node-1"), world(4, min_nodes=3, global_batch=16, micro=2), policy(),
+     Fail, {}, "no world size from 3 down to nodes.min 3 x 1 procs divides the global batch 16"),
+    ("spare-replaces", [], failed("node_lost", "node-1"), world(4, spares=2, global_batch=16, micro=4), policy(),
+     ScaleDown, {"nodes": ["node-0", "node-2", "node-3", "node-4"], "micro_batch": 4},
+     "replace with spare node-4, scaling back up to 4 nodes"),
+    ("too-few-spares-still-help", [], failed("node_lost", "node-1", "node-2"), world(4, spares=1, global_batch=12),
+     policy(), ScaleDown, {"nodes": ["node-0", "node-3", "node-4"], "micro_batch": 2}, "(spare node-4 joins)"),
+    ("no-culprit-keeps-the-nodes", [], failed("hang"), world(4), policy(),
+     Retry, {"micro_batch": None, "delay_s": 5.0}, "no node to leave out; retry on the same 4 nodes"),
+    ("unknown-culprit-keeps-the-nodes", [], failed("node_lost", "node-9"), world(4), policy(),
+     Retry, {"micro_batch": None}, "no node to leave out"),
+    ("scale-down-backoff", before("node_lost"), failed("node_lost", "node-1"), world(4, global_batch=12), policy(),
+     ScaleDown, {"delay_s": 10.0}, "scale down 4 -> 3"),
+    # ---- rollback: below the divergence, and further back each time it recurs
+    ("rollback-newest", [], failed("diverged", step=32), world(valid=(10, 20, 30)), policy(),
+     Rollback, {"to_step": 30, "delay_s": 5.0}, "roll back to step 30, the newest valid checkpoint below step 32"),
+    ("rollback-strictly-below", [], failed("diverged", step=30), world(valid=(10, 20, 30)), policy(),
+     Rollback, {"to_step": 20}, "roll back to step 20"),
+    ("rollback-step-unknown", [], failed("diverged"), world(valid=(10, 20)), policy(),
+     Rollback, {"to_step": 20}, "roll back to step 20"),
+    ("rollback-first-after-resume", before("node_lost"), failed("diverged", step=30), world(valid=(10, 20), resumed=20),
+     policy(), Rollback, {"to_step": 20}, "step 20"),  # resumed after a node loss: 20 is not suspect yet
+    ("rollback-recurs", before("diverged"), failed("diverged", step=30), world(valid=(10, 20, 25), resumed=20),
+     policy(), Rollback, {"to_step": 10, "delay_s": 10.0}, "below step 20"),
+    ("rollback-recurs-to-fresh", before("diverged", "diverged"), failed("diverged", step=30),
+     world(valid=(10, 20), resumed=10), policy(), Rollback, {"to_step": 0}, "start fresh"),
+    ("fresh-start-diverged", [], failed("diverged", step=3), world(valid=()), policy(),
+     Fail, {}, "a fresh start diverged and there is no valid checkpoint below step 3"),
+    # ---- the spec's overrides
+    ("override-transient-fail", [], failed("transient"), world(), policy(actions={"transient": "fail"}),
+     Fail, {}, "recovery action for transient is fail"),
+    ("override-node-lost-retry", [], failed("node_lost", "node-1"), world(), policy(actions={"node_lost": "retry"}),
+     Retry, {"micro_batch": None}, "retry on the same 4 nodes"),
+    ("override-oom-scale-down", [], failed("oom", "node-1"), world(4, global_batch=16, micro=4),
+     policy(actions={"oom": "scale_down"}), ScaleDown, {"nodes": ["node-0", "node-2"], "micro_batch": 4}, "oom on node-1"),
+    ("override-user-error-retry", [], failed("user_error"), world(), policy(actions={"user_error": "retry"}),
+     Retry, {"delay_s": 5.0}, "user_error"),
+    ("override-hang-rollback", [], failed("hang", "node-1", step=40), world(valid=(20, 40)),
+     policy(actions={"hang": "rollback"}), Rollback, {"to_step": 20}, "hang (no heartbeat from node-1"),
+]
+
+
+@pytest.mark.parametrize("history,failure,situation,spec,kind,fields,reason", [c[1:] for c in CASES],
+                         ids=[c[0] for c in CASES])  # fmt: skip
+def test_decide(history, failure, situation, spec, kind, fields, reason) -> None:
+    decision = decide(history, failure, situation, spec)
+    assert type(decision) is kind, decision
+    assert {f: getattr(decision, f) for f in fields} == fields, decision
+    assert reason in decision.reason
+    assert "\n" not in decision.reason
+
+
+def test_a_scaled_down_world_keeps_the_global_batch() -> None:
+    for count, global_batch in ((4, 12), (4, 16), (8, 24), (6, 30), (5, 60)):
+        s = world(count, global_batch=global_batch, micro=global_batch // count)
+        d = decide([], failed("node_lost", "node-0"), s, policy())
+        assert isinstance(d, ScaleDown) and "node-0" not in d.nodes
+        ranks = len(d.nodes) * s.procs_per_node
+        assert global_batch % (ranks * d.micro_batch) == 0 and d.micro_batch <= s.micro_batch
+
+
+@pytest.mark.parametrize("global_batch,ranks,at_most,expected", [
+    (12, 3, 3, 2), (12, 4, 3, 3), (16, 3, 4, None), (60, 2, 7, 6), (12, 12, 5, 1), (7, 2, 4, None), (12, 0, 1, None),
+])  # fmt: skip
+def test_fitting_micro_batch(global_batch: int, ranks: int, at_most: int, expected: int | None) -> None:
+    assert fitting_micro_batch(global_batch, ranks, at_most) == expected
+
+
+def test_decisions_name_their_action() -> None:
+    assert [d.action for d in (Retry(1, "r"), ScaleDown(NODES, 1, "r", 1), Rollback(0, 1, "r"), Fail("r"))] == [
+        "retry", "scale_down", "rollback", "fail"]
