@@ -59,7 +59,7 @@ def gpu_fraction() -> float | None:
 
 def trials(count: int, duration: float, seed: int) -> tuple[int, int, list[dict]]:
     rng = random.Random(seed)
-    cfg = PressureTestSpec(duration_s=duration, matmul_size=128, membw_mb=16, disk_mb=8, collective_sizes_kb=[64])
+    cfg = PressureTestSpec(duration_s=duration, matmul_size=128, membw_mb=16, disk_mb=32, collective_sizes_kb=[64])
     rules = [Rule(p, cfg.floor(p), cfg.ratio(p)) for p in PROBES]
     detected = false = 0
     log = []

@@ -81,7 +81,7 @@ def cmd_drill(args: argparse.Namespace) -> int:
     from trainyard.spec import Drill
 
     drill = Drill(fault=args.fault, step=args.step, node=args.node, factor=args.factor)
-    report = run_drill(args.spec, drill)
+    report = run_drill(args.spec, drill, args.date)
     action, end = report.expected
     print(f"drill {report.fault} at step {args.step}{' on ' + args.node if args.node else ''}: "
           f"actions {report.actions or ['none']}, run {report.end}")
@@ -116,6 +116,7 @@ def parser() -> argparse.ArgumentParser:
     drill.add_argument("--step", type=int, required=True)
     drill.add_argument("--node", help="the node that acts it out (default: every node / node-0)")
     drill.add_argument("--factor", type=float, default=1.0, help="slow: extra time per step, x the step time")
+    drill.add_argument("--date", help="the logical date ({{ ds }}) of the drilled run (default: today)")
     drill.set_defaults(func=cmd_drill)
     summary = sub.add_parser("summary", help="print the summary of a run")
     summary.add_argument("run_dir", nargs="?", help="a run folder (default: the latest run of --dag-id)")

@@ -20,11 +20,12 @@ from trainyard.errors import TrainingFailed
 from trainyard.recovery.figures import recovery_figures
 from trainyard.run import open_run
 from trainyard.spec import Drill, load_spec, spec_from_data
+from trainyard.templating import render
 
 # What each fault should lead to: the recovery action taken (None: no failure at all) and the end.
 EXPECTED: dict[str, tuple[str | None, str]] = {
-    "kill": ("scaledown", "succeeded"),
-    "hang": ("scaledown", "succeeded"),
+    "kill": ("scale_down", "succeeded"),
+    "hang": ("scale_down", "succeeded"),
     "slow": (None, "succeeded"),
     "corrupt_checkpoint": (None, "succeeded"),
     "nan": ("rollback", "succeeded"),
@@ -48,15 +49,23 @@ class DrillReport:
         return self.end == end and (self.actions == [] if action is None else action in self.actions)
 
 
-def run_drill(spec_path: Path, drill: Drill, run_id: str | None = None) -> DrillReport:
-    """Stage, check, burn in and train with ``drill`` in the first attempt; no checkpoint gate or publish."""
-    base = load_spec(spec_path)
-    spec = spec_from_data({**base.model_dump(mode="json", exclude_unset=True), "drills": [drill.model_dump()]}, spec_path)
+def run_drill(spec_path: Path, drill: Drill, ds: str | None = None, run_id: str | None = None) -> DrillReport:
+    """Stage, check, burn in and train with ``drill`` in the first attempt, on scratch checkpoint and run
+    roots under ``$TRAINYARD_HOME/drills``; no checkpoint gate, no publish."""
+    # A rehearsal never touches the pipeline's checkpoints: fresh start, its own roots.
+    scratch = Path(render("${TRAINYARD_HOME}", {})) / "drills" / f"{drill.fault}-{time.time_ns()}"
+    data = load_spec(spec_path).model_dump(mode="json", exclude_unset=True)
+    data.update(drills=[drill.model_dump()], runs_root=f"file://{scratch}/runs",
+                training={**data["training"], "resume_from": "none"},
+                checkpoint={**data.get("checkpoint", {}), "hot": f"file://{scratch}/checkpoints",
+                            "cold": f"file://{scratch}/cold", "connection": None, "lifecycle": None})
+    spec = spec_from_data(data, spec_path)
     # The drilled spec lives outside the DAG folder, so no DAG is ever built from it.
     path = Path(tempfile.mkdtemp(prefix="trainyard-drill-")) / spec_path.name
     path.write_text(_yaml(spec.model_dump(mode="json", exclude_unset=True)))
     try:
-        run = open_run(path, spec.dag_id(spec_path), run_id or f"drill__{drill.fault}__{time.time_ns()}", time.strftime("%Y-%m-%d"))
+        run = open_run(path, spec.dag_id(spec_path), run_id or f"drill__{drill.fault}__{time.time_ns()}",
+                       ds or time.strftime("%Y-%m-%d"))
         stages.stage_dataset(run)
         stages.check_dataset(run)
         chosen = stages.burn_in(run)
@@ -65,6 +74,7 @@ def run_drill(spec_path: Path, drill: Drill, run_id: str | None = None) -> Drill
             end = "succeeded"
         except TrainingFailed:
             end = "failed"
+        stages.report(run)  # releases the staged dataset's pin and writes the drill's report
     finally:
         shutil.rmtree(path.parent, ignore_errors=True)
     actions = [e["action"] for e in run.ledger.events("train", "decision")]

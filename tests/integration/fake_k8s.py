@@ -96,6 +96,14 @@ class FakeKube:
     def url(self) -> str:
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
+    def client(self) -> Any:
+        """A real ``kubernetes`` API client pointed at this server."""
+        from kubernetes import client
+
+        config = client.Configuration()
+        config.host = self.url
+        return client.ApiClient(config)
+
     def start(self) -> FakeKube:
         self._thread.start()
         return self

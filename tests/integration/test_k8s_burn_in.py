@@ -16,8 +16,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kubernetes import client
-
 from fake_k8s import FakeKube
 from trainyard.errors import NodeUnhealthy
 from trainyard.run import open_run
@@ -93,12 +91,6 @@ def fake() -> Iterator[FakeKube]:
     server.stop()
 
 
-def cluster(fake: FakeKube) -> client.ApiClient:
-    config = client.Configuration()
-    config.host = fake.url
-    return client.ApiClient(config)
-
-
 def run_for(tmp_path: Path, drills: str, minimum: int = 1):
     spec = tmp_path / "p.yaml"
     spec.write_text(SPEC.format(root=tmp_path, ns=NS, drills=drills, min=minimum))
@@ -108,7 +100,7 @@ def run_for(tmp_path: Path, drills: str, minimum: int = 1):
 def test_a_throttled_cluster_node_is_evicted_and_labelled(fake: FakeKube, tmp_path: Path) -> None:
     run = run_for(tmp_path, "[{node: gpu-b, fault: throttle, factor: 0.3}]")
     with Kubelet(fake):
-        result = burn_in(run, cluster(fake))
+        result = burn_in(run, fake.client())
     assert sorted(result["healthy"]) == ["gpu-a", "gpu-c"]
     assert result["evicted"]["gpu-b"].startswith("straggler: matmul_gflops")
     labels = {n["metadata"]["name"]: n["metadata"]["labels"] for n in fake.items("api/v1", "nodes")}
@@ -122,5 +114,5 @@ def test_a_throttled_cluster_node_is_evicted_and_labelled(fake: FakeKube, tmp_pa
 def test_a_crashing_pod_is_dead_and_too_few_healthy_fails(fake: FakeKube, tmp_path: Path) -> None:
     run = run_for(tmp_path, "[{node: gpu-a, fault: crash}, {node: gpu-c, fault: crash}]", minimum=2)
     with Kubelet(fake), pytest.raises(NodeUnhealthy, match=r"only 1 healthy node\(s\), nodes.min is 2") as err:
-        burn_in(run, cluster(fake))
+        burn_in(run, fake.client())
     assert "gpu-a" in str(err.value) and "evicted: dead: pod exited 1" in str(err.value)

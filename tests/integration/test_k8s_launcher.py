@@ -48,12 +48,6 @@ def fake() -> Iterator[FakeKube]:
     server.stop()
 
 
-def api_client(fake: FakeKube) -> client.ApiClient:
-    config = client.Configuration()
-    config.host = fake.url
-    return client.ApiClient(config)
-
-
 def make_plan(tmp_path: Path, nodes: int = 2, attempt: int = 1) -> LaunchPlan:
     home = tmp_path / "home"
     return LaunchPlan(
@@ -85,7 +79,7 @@ def wire(obj: Any) -> Any:
 
 def test_launch_creates_podgroup_service_and_job_with_the_built_bodies(fake: FakeKube, tmp_path: Path) -> None:
     plan = make_plan(tmp_path, nodes=3)
-    handle = KubernetesLauncher(api_client(fake), SPEC).launch(plan)
+    handle = KubernetesLauncher(fake.client(), SPEC).launch(plan)
     expected = build_objects(plan, SPEC)
     assert handle.name == expected.name
     # What arrived over HTTP is what the builders made (the server only adds its own metadata).
@@ -101,7 +95,7 @@ def test_launch_creates_podgroup_service_and_job_with_the_built_bodies(fake: Fak
 
 def test_poll_reports_running_then_succeeded_and_keeps_each_pods_log(fake: FakeKube, tmp_path: Path) -> None:
     plan = make_plan(tmp_path)
-    launcher = KubernetesLauncher(api_client(fake), DEFAULT)
+    launcher = KubernetesLauncher(fake.client(), DEFAULT)
     handle = launcher.launch(plan)
     # No pods yet (the scheduler is placing them): pending counts as running, under the plan's names.
     assert launcher.poll(handle).nodes == [NodeStatus("node-0", "running"), NodeStatus("node-1", "running")]
@@ -122,7 +116,7 @@ def test_poll_reports_running_then_succeeded_and_keeps_each_pods_log(fake: FakeK
 
 
 def test_evicted_and_oom_killed_pods_fail_with_reason_and_exit_code(fake: FakeKube, tmp_path: Path) -> None:
-    launcher = KubernetesLauncher(api_client(fake), DEFAULT)
+    launcher = KubernetesLauncher(fake.client(), DEFAULT)
     handle = launcher.launch(make_plan(tmp_path, nodes=3))
     pods = fake.spawn_job_pods(NS, handle.name)
     running(fake, pods)
@@ -143,7 +137,7 @@ def test_evicted_and_oom_killed_pods_fail_with_reason_and_exit_code(fake: FakeKu
 
 
 def test_image_pull_backoff_fails_now_and_a_deleted_job_fails_the_rest(fake: FakeKube, tmp_path: Path) -> None:
-    launcher = KubernetesLauncher(api_client(fake), DEFAULT)
+    launcher = KubernetesLauncher(fake.client(), DEFAULT)
     handle = launcher.launch(make_plan(tmp_path))
     pods = fake.spawn_job_pods(NS, handle.name)
     fake.set_pod(NS, pods[0], "Pending", node="k8s-0", state={"waiting": {"reason": "ImagePullBackOff"}})
@@ -155,7 +149,7 @@ def test_image_pull_backoff_fails_now_and_a_deleted_job_fails_the_rest(fake: Fak
 
 
 def test_cancel_deletes_everything_and_is_idempotent(fake: FakeKube, tmp_path: Path) -> None:
-    launcher = KubernetesLauncher(api_client(fake), SPEC)
+    launcher = KubernetesLauncher(fake.client(), SPEC)
     handle = launcher.launch(make_plan(tmp_path))
     running(fake, fake.spawn_job_pods(NS, handle.name))
     assert launcher.active == [handle]
@@ -174,7 +168,7 @@ def test_cancel_deletes_everything_and_is_idempotent(fake: FakeKube, tmp_path: P
 
 def test_a_failed_launch_leaves_nothing_behind_and_a_repeated_one_adopts(fake: FakeKube, tmp_path: Path) -> None:
     plan = make_plan(tmp_path)
-    launcher = KubernetesLauncher(api_client(fake), SPEC)
+    launcher = KubernetesLauncher(fake.client(), SPEC)
     original = fake._create
 
     def refuse_jobs(prefix: str, resource: str, ns: str, data: Any) -> tuple[int, Any]:
@@ -217,7 +211,7 @@ def first_event(trigger: KubernetesAttemptTrigger) -> dict[str, Any]:
 
 
 def test_trigger_fires_once_the_attempt_ends_with_the_launchers_records(fake: FakeKube, tmp_path: Path) -> None:
-    launcher = KubernetesLauncher(api_client(fake), DEFAULT)
+    launcher = KubernetesLauncher(fake.client(), DEFAULT)
     plan = make_plan(tmp_path)
     handle = launcher.launch(plan)
     pods = fake.spawn_job_pods(NS, handle.name)
@@ -238,7 +232,7 @@ def test_trigger_fires_once_the_attempt_ends_with_the_launchers_records(fake: Fa
 def test_trigger_reports_a_failed_node_and_times_out_and_gives_up_on_an_unreachable_api(
     fake: FakeKube, tmp_path: Path,
 ) -> None:
-    launcher = KubernetesLauncher(api_client(fake), DEFAULT)
+    launcher = KubernetesLauncher(fake.client(), DEFAULT)
     handle = launcher.launch(make_plan(tmp_path))
     pods = fake.spawn_job_pods(NS, handle.name)
     running(fake, pods)
@@ -261,7 +255,7 @@ def test_trigger_reports_a_failed_node_and_times_out_and_gives_up_on_an_unreacha
 
 
 def test_burnin_pods_are_created_and_deleted(fake: FakeKube) -> None:
-    core = client.CoreV1Api(api_client(fake))
+    core = client.CoreV1Api(fake.client())
     schedule = SimpleNamespace(slot_s=2.0, collective_s=3.0)
     pods = [build_burnin_pod(node, run_id="r1", store="10.0.0.5:41000", schedule=schedule, cfg=PressureTestSpec(),
                              spec=DEFAULT, scratch="/mnt/scratch", timeout_s=20.0) for node in ("k8s-0", "k8s-1")]
@@ -275,7 +269,7 @@ def test_burnin_pods_are_created_and_deleted(fake: FakeKube) -> None:
 
 
 def test_evicted_nodes_are_labelled_or_tainted_and_cleared(fake: FakeKube) -> None:
-    core = client.CoreV1Api(api_client(fake))
+    core = client.CoreV1Api(fake.client())
     other_taint = {"key": "gpu-maintenance", "value": "x", "effect": "NoExecute"}
     fake.add_node("k8s-0")
     fake.add_node("k8s-1", labels={"zone": "a"}, taints=[other_taint])
@@ -295,7 +289,7 @@ def test_evicted_nodes_are_labelled_or_tainted_and_cleared(fake: FakeKube) -> No
 
 
 def test_a_taint_written_concurrently_is_not_lost(fake: FakeKube, monkeypatch: pytest.MonkeyPatch) -> None:
-    core = client.CoreV1Api(api_client(fake))
+    core = client.CoreV1Api(fake.client())
     fake.add_node("k8s-0")
     read_node = core.read_node
     raced = []
@@ -328,7 +322,7 @@ def granted(name: str) -> set[Call]:
 
 def test_rbac_grants_exactly_the_calls_trainyard_makes(fake: FakeKube, tmp_path: Path) -> None:
     """Every call of a full scenario is allowed by docker/k8s, and every grant there is used."""
-    api = api_client(fake)
+    api = fake.client()
     core = client.CoreV1Api(api)
     launcher = KubernetesLauncher(api, SPEC)
     plan = make_plan(tmp_path)

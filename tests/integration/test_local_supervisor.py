@@ -51,7 +51,7 @@ def test_a_crashed_node_fails_the_attempt_and_ends_the_others(tmp_path: Path) ->
     assert err.value.kind == "crash"
     assert launcher.pids and alive(launcher.pids) == []
     [end] = ledger.events("train", "attempt_end")
-    assert end["state"] == "failed" and end["kind"] == "crash"
+    assert end["state"] == "failed" and end["trigger"] == "crash"
 
 
 def test_a_silent_rank_is_a_hang_and_every_process_ends(tmp_path: Path) -> None:

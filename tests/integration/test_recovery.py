@@ -63,7 +63,7 @@ def test_a_killed_node_is_excluded_and_the_run_finishes_on_two(tmp_path: Path) -
     [classified] = events(run, "failure_classified")
     assert classified["kind"] == "node_lost" and classified["culprits"] == ["node-1"]
     [decision] = events(run, "decision")
-    assert decision["action"] == "scaledown" and decision["new_nodes"] == ["node-0", "node-2"]
+    assert decision["action"] == "scale_down" and decision["new_nodes"] == ["node-0", "node-2"]
     assert manifest["world_size"] == 2  # the global batch of 12 kept by accumulation
     assert [e["step"] for e in events(run, "resumed")] == [10]
     figures = events(run, "recovery_figures")[-1]

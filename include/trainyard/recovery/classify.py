@@ -177,7 +177,7 @@ class Seen:
 
 
 def _streams(log: str) -> dict[str, list[tuple[str, str]]]:
-    """Lines by rank prefix (``""`` for unprefixed ones), each as (text without the prefix, raw line)."""
+    """Lines by rank prefix (``""`` for unprefixed ones): (text without the prefix, line to quote)."""
     streams: dict[str, list[tuple[str, str]]] = {}
     for raw in log.splitlines():
         m = _RANK_PREFIX.match(raw)

@@ -102,14 +102,14 @@ def run_attempt(
             if status.state == "succeeded":
                 break
             if status.state == "failed":
-                _fail(plan, status, ledger, "crash", [], _crash_reason(status))
+                _fail(plan, status, ledger, heartbeat_dir, "crash", [], _crash_reason(status))
             beats = read_heartbeats(heartbeat_dir)
             stale = stale_ranks(beats, plan.world_size, started, time.time(), heartbeat_timeout_s, startup_grace_s)
             if stale:
                 # Ranks stuck behind a hung peer still pulse; the hung node's ranks do not.
                 silent = silent_ranks(heartbeat_dir, stale, time.time())
                 nodes = sorted({beats[r]["node"] for r in silent if r in beats and beats[r].get("node")})
-                _fail(plan, status, ledger, "hang", nodes,
+                _fail(plan, status, ledger, heartbeat_dir, "hang", nodes,
                       f"no progress for {heartbeat_timeout_s:.0f} s from {', '.join(stale)};"
                       f" no pulse from {', '.join(silent) or 'none'}")
             time.sleep(poll_s)
@@ -126,10 +126,12 @@ def _crash_reason(status: AttemptStatus) -> str:
     return "; ".join(f"{n.node} exited {n.exit_code}" + (f" ({n.reason})" if n.reason else "") for n in status.failed())
 
 
-def _fail(plan: LaunchPlan, status: AttemptStatus, ledger: Ledger, trigger: str, stale: list[str], reason: str) -> None:
+def _fail(plan: LaunchPlan, status: AttemptStatus, ledger: Ledger, heartbeat_dir: Path, trigger: str, stale: list[str],
+          reason: str) -> None:
     detected_at = time.time()
+    steps = [b.get("step", 0) for b in read_heartbeats(heartbeat_dir).values()]
     failure = Failure(
-        attempt=plan.attempt, trigger=trigger, stale_nodes=stale,
+        attempt=plan.attempt, trigger=trigger, stale_nodes=stale, last_step=max(steps, default=None),
         nodes=[NodeFailure(n.node, n.state, n.exit_code, n.reason, tail(n.log)) for n in status.nodes],
     )
     ledger.append("train", "attempt_end", attempt=plan.attempt, state="failed", trigger=trigger, reason=reason)
@@ -177,7 +179,7 @@ def supervise(
             ledger.append("train", "failure_classified", attempt=attempt, kind=found.kind, evidence=found.evidence,
                           culprits=list(found.culprits), detected_at=failed.detected_at)
             decision = decide(history, found, situation(course, spares), recovery)
-            action = type(decision).__name__.lower()
+            action = decision.action
             ledger.append("train", "decision", attempt=attempt, kind=found.kind, action=action, nodes=course.nodes,
                           reason=getattr(decision, "reason", ""), **_changes(decision))
             log.warning("attempt %d: %s -> %s: %s", attempt, found.kind, action, getattr(decision, "reason", ""))
