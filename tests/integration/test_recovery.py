@@ -125,3 +125,34 @@ def test_the_attempt_budget_is_respected(tmp_path: Path) -> None:
         stages.train(run, ["node-0", "node-1", "node-2"])
     assert len(events(run, "attempt_start")) == 2
     assert json.loads((run.checkpoint_root / "LATEST").read_text())["step"] == 10
+
+
+def test_a_retried_task_carries_on_from_the_ledger(tmp_path: Path) -> None:
+    """The train task's own process dies (a worker crash); Airflow retries it; nothing finished is redone."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    run = run_with(tmp_path, "[]")
+    script = textwrap.dedent(f"""
+        import sys
+        from trainyard import stages
+        from trainyard.run import open_run
+        run = open_run(sys.argv[1], "recovery", {run.run_id!r}, "2026-11-28")
+        stages.train(run, ["node-0", "node-1", "node-2"])
+    """)
+    task = subprocess.Popen([sys.executable, "-c", script, str(run.spec_path)], start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not any(e["step"] >= 10 for e in events(run, "checkpoint_saved")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    os.killpg(task.pid, signal.SIGKILL)  # the whole task process: no finally, no ledger entry
+    task.wait()
+    manifest = finish(run)  # the retried task
+    starts = events(run, "attempt_start")
+    assert [s["attempt"] for s in starts] == [1, 2]
+    resumed = events(run, "resumed")
+    assert resumed and resumed[-1]["step"] >= 10  # from the latest checkpoint, not from scratch
+    assert [e["start_step"] for e in events(run, "resume_point")] == [0]  # the run's target was decided once
+    assert manifest["world_size"] == 3
