@@ -36,7 +36,7 @@ pressure_test:
   duration_s: 4
   matmul_size: 128
   membw_mb: 16
-  disk_mb: 8
+  disk_mb: 32
   collective_sizes_kb: [64]
   drills: {drills}
 training: {{max_steps: 1, global_batch: 4, micro_batch: 1, checkpoint_every: 1}}
