@@ -173,8 +173,7 @@ def resume_point(run: Run) -> tuple[str, int]:
         return first["resume_from"], first["start_step"]
     choice = run.spec.training.resume_from
     path = latest_valid(run.checkpoint_root) if choice == "latest" else None if choice == "none" else Path(choice)
-    problems = verify(path) if path is not None else []
-    if problems:
+    if choice not in ("latest", "none") and (problems := verify(path)):  # latest_valid verified its own choice
         raise CheckpointInvalid(f"cannot resume from {path}: " + "; ".join(problems))
     start = read_manifest(path)["step"] if path else 0
     resume_from = str(path) if path else "none"
@@ -307,13 +306,13 @@ def check_checkpoint(run: Run, checkpoint: str | None, target_step: int) -> dict
     loss history passes the metric expectations (great-expectations; result saved in the run folder)."""
     if not checkpoint:
         raise CheckpointInvalid(f"no valid checkpoint under {run.checkpoint_root}")
-    expect = run.spec.checkpoint.expectations
-    result = validate(Path(checkpoint), expect, loss_history(run))
+    expect, history = run.spec.checkpoint.expectations, loss_history(run)
+    result = validate(Path(checkpoint), expect, history)
     problems = list(result.problems)
     if result.step is not None and result.step != target_step:
         problems.append(f"step {result.step} is not the run's final step {target_step}")
     if result.step is not None:
-        problems += [p for p in check_metrics(loss_history(run), result.step, expect, run.dir) if p not in problems]
+        problems += [p for p in check_metrics(history, result.step, expect, run.dir) if p not in problems]
     run.ledger.append("check_checkpoint", "checkpoint_checked", path=checkpoint, valid=not problems, problems=problems,
                       seconds=result.seconds)
     if problems:

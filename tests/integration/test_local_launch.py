@@ -111,7 +111,7 @@ def test_cancel_leaves_no_process_behind(tmp_path: Path, data: Path) -> None:
 
 def test_killing_the_launching_process_takes_the_nodes_with_it(tmp_path: Path, data: Path) -> None:
     p = plan(tmp_path, data, nodes=2, max_steps=100_000)
-    script = textwrap.dedent(f"""
+    script = textwrap.dedent("""
         import json, sys, time, pickle
         from trainyard.launch.local import LocalLauncher
         handle = LocalLauncher().launch(pickle.loads(bytes.fromhex(sys.argv[1])))
