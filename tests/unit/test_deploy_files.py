@@ -1,0 +1,369 @@
+"""The deployment files in ``docker/``: images, the compose stack, the Kubernetes manifests.
+
+No Docker daemon or cluster here, so the files are checked as data. The
+compose file is validated against the Compose Specification's JSON schema
+(from compose-spec/compose-spec, Apache-2.0, as shipped by the pinned
+``check-jsonschema`` package), then for what the schema cannot know: one image
+and one environment for every Airflow component, start-up order, credentials
+that only ever come from ``docker/.env``. Every Kubernetes manifest is
+validated with ``kubernetes_validate`` (1.37, strict) and cross-checked
+against the names the others and the launcher use.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+import re
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from kubernetes.client import ApiClient
+
+from trainyard.launch.kubernetes import RUN_AS_USER, container_security_context, pod_security_context
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKER = ROOT / "docker"
+COMPOSE = DOCKER / "docker-compose.yaml"
+K8S_VERSION = "1.37"
+AIRFLOW_SERVICES = ["airflow-init", "api-server", "scheduler", "dag-processor", "triggerer"]
+LONG_RUNNING = ["postgres", "minio", "api-server", "scheduler", "dag-processor", "triggerer"]
+# Names of values that hold a credential (an access key id is a name, a passwords file a path).
+SECRET_NAME = re.compile(
+    r"PASSWORD(?!S_FILE)|SECRET|TOKEN|FERNET|(?<!ACCESS)_KEY$|^MC_HOST_|^AIRFLOW_CONN_|SQL_ALCHEMY_CONN")
+# ${VAR}, ${VAR:-default}, ${VAR-default}, ${VAR:?error}, ${VAR?error}; $$ is a literal $.
+REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}")
+REQUIRED = re.compile(r"^\$\{[A-Z_][A-Z0-9_]*:\?[^}]*\}$")
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def compose() -> dict[str, Any]:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def env_example() -> dict[str, str]:
+    out = {}
+    for line in (DOCKER / ".env.example").read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            key, _, value = line.partition("=")
+            out[key.strip()] = value.strip()
+    return out
+
+
+def interpolate(text: str, env: dict[str, str]) -> str:
+    """Compose's variable substitution, as far as this file uses it."""
+    def one(m: re.Match[str]) -> str:
+        name, op, arg = m.group(1), m.group(2), m.group(3)
+        value = env.get(name)
+        unset = value is None or (value == "" and op is not None and op.startswith(":"))
+        if op in (":?", "?") and unset:
+            raise KeyError(f"{name}: {arg}")
+        if op in (":-", "-") and unset:
+            return arg
+        return value or ""
+    parts = text.split("$$")
+    return "$".join(REFERENCE.sub(one, part) for part in parts)
+
+
+def references(node: Any) -> list[re.Match[str]]:
+    """The ${...} compose substitutes in a parsed file's values (not $${...}: that is the container's shell)."""
+    if isinstance(node, dict):
+        return [m for v in node.values() for m in references(v)]
+    if isinstance(node, list):
+        return [m for v in node for m in references(v)]
+    return list(REFERENCE.finditer(node.replace("$$", ""))) if isinstance(node, str) else []
+
+
+def filled_env() -> dict[str, str]:
+    """docker/.env.example with every empty value filled, as a user's docker/.env would be."""
+    return {k: v or f"{k.lower().replace('_', '')}0123456789" for k, v in env_example().items()}
+
+
+def dockerfile(name: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of a Dockerfile, continuation lines joined, comments dropped."""
+    lines, current = [], ""
+    for raw in (DOCKER / name).read_text().splitlines():
+        if raw.lstrip().startswith("#") or not raw.strip():
+            continue
+        current += raw.rstrip().removesuffix("\\") + " "
+        if not raw.rstrip().endswith("\\"):
+            lines.append(current.strip())
+            current = ""
+    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1]) for line in lines]
+
+
+def pinned(package: str) -> str:
+    for line in (ROOT / "requirements.txt").read_text().splitlines():
+        if line.startswith(f"{package}=="):
+            return line.split("==", 1)[1].strip()
+    raise AssertionError(f"{package} is not pinned in requirements.txt")
+
+
+def args_of(instructions: list[tuple[str, str]]) -> dict[str, str]:
+    return dict(arg.split("=", 1) for kind, arg in instructions if kind == "ARG" and "=" in arg)
+
+
+def k8s_docs() -> list[tuple[str, dict[str, Any]]]:
+    return [(path.name, doc) for path in sorted((DOCKER / "k8s").glob("*.yaml"))
+            for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+# ---------------------------------------------------------------- compose: schema
+
+
+def test_compose_file_is_valid_under_the_compose_specification() -> None:
+    schema_file = importlib.resources.files("check_jsonschema") / "builtin_schemas/vendor/compose-spec.json"
+    schema = json.loads(schema_file.read_text())
+    assert schema["$id"] == "compose_spec.json"
+    validator = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+    errors = [f"{e.json_path}: {e.message}" for e in validator.iter_errors(compose())]
+    assert errors == []
+    # The schema does reject what compose would: an unknown condition, a misspelt key.
+    broken = compose()
+    broken["services"]["scheduler"]["depends_on"]["api-server"]["condition"] = "service_ready"
+    broken["services"]["minio"]["healtcheck"] = broken["services"]["minio"].pop("healthcheck")
+    found = " ".join(e.message for e in validator.iter_errors(broken))
+    assert "'healtcheck' was unexpected" in found and "service_ready" in found
+
+
+# ---------------------------------------------------------------- compose: services
+
+
+def test_stack_has_the_databases_and_every_airflow_3_component() -> None:
+    services = compose()["services"]
+    assert set(services) == {"postgres", "minio", "minio-init", *AIRFLOW_SERVICES}
+    assert services["postgres"]["image"].startswith("postgres:")
+    assert services["minio"]["image"].startswith("minio/minio:RELEASE.")
+    assert services["minio"]["command"][:2] == ["server", "/data"]
+    assert services["minio-init"]["image"].startswith("minio/mc:RELEASE.")
+    commands = {name: services[name]["command"] for name in AIRFLOW_SERVICES[1:]}
+    assert commands == {"api-server": "api-server", "scheduler": "scheduler", "dag-processor": "dag-processor",
+                        "triggerer": "triggerer"}
+
+
+def test_airflow_services_share_one_image_and_one_environment_anchor() -> None:
+    node = yaml.compose(COMPOSE.read_text())
+    top = {k.value: v for k, v in node.value}
+    common = top["x-airflow-common"]
+    services = {k.value: v for k, v in top["services"].value}
+    for name in AIRFLOW_SERVICES:
+        merged = [v for k, v in services[name].value if k.value == "<<"]
+        assert merged == [common], f"{name} does not merge *airflow-common"
+        assert not any(k.value == "environment" for k, _ in services[name].value), f"{name} overrides the environment"
+    data = compose()
+    images = {data["services"][n]["image"] for n in AIRFLOW_SERVICES}
+    envs = [data["services"][n]["environment"] for n in AIRFLOW_SERVICES]
+    assert images == {data["x-airflow-common"]["image"]} and all(e == envs[0] for e in envs)
+    build = data["x-airflow-common"]["build"]
+    assert (COMPOSE.parent / build["context"]).resolve() == ROOT, "the context is the repository root"
+    assert (ROOT / build["dockerfile"]) == DOCKER / "Dockerfile.airflow"
+
+
+def test_airflow_runs_local_executor_against_the_api_server() -> None:
+    data = compose()
+    env = data["x-airflow-common"]["environment"]
+    assert env["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
+    url = urlsplit(env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"])
+    api = data["services"]["api-server"]
+    published = [p.rsplit(":", 1)[1] for p in api["ports"]]
+    assert (url.scheme, url.hostname, str(url.port), url.path) == ("http", "api-server", published[0], "/execution/")
+    assert api["healthcheck"]["test"][-1] == f"http://localhost:{url.port}/api/v2/monitor/health"
+    assert REQUIRED.match(env["AIRFLOW__API_AUTH__JWT_SECRET"]), "the JWT secret must come from docker/.env"
+    assert REQUIRED.match(env["AIRFLOW__API__SECRET_KEY"])
+    assert env["AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK"] == "True"  # what the scheduler's healthcheck calls
+
+
+def test_hot_tier_volume_is_trainyard_home_in_every_airflow_service() -> None:
+    data = compose()
+    home = data["x-airflow-common"]["environment"]["TRAINYARD_HOME"]
+    for name in AIRFLOW_SERVICES:
+        assert f"trainyard-home:{home}" in data["services"][name]["volumes"], name
+    used = {v.split(":", 1)[0] for s in data["services"].values() for v in s.get("volumes", [])}
+    assert used == set(data["volumes"]), "every named volume is declared, every declared one is used"
+    assert f"ENV TRAINYARD_HOME={home}" in " ".join(f"{k} {a}" for k, a in dockerfile("Dockerfile.airflow"))
+
+
+def test_start_up_order_waits_for_health_and_one_shot_jobs() -> None:
+    services = compose()["services"]
+    for name, service in services.items():
+        for target, how in service.get("depends_on", {}).items():
+            if how["condition"] == "service_healthy":
+                assert "healthcheck" in services[target], f"{name} waits for {target}, which has no healthcheck"
+            else:
+                assert how["condition"] == "service_completed_successfully", f"{name} -> {target}"
+                assert services[target]["restart"] == "no", f"{target} must be a one-shot job"
+    for name in LONG_RUNNING:
+        assert services[name]["healthcheck"]["test"], name
+    needs = {name: {t: h["condition"] for t, h in s.get("depends_on", {}).items()} for name, s in services.items()}
+    assert needs["minio-init"] == {"minio": "service_healthy"}
+    assert needs["airflow-init"] == {"postgres": "service_healthy"}
+    for name in AIRFLOW_SERVICES[1:]:
+        assert needs[name]["postgres"] == "service_healthy"
+        assert needs[name]["airflow-init"] == "service_completed_successfully"
+    # The scheduler runs the tasks: they need the execution API and the cold bucket.
+    assert needs["scheduler"]["api-server"] == "service_healthy"
+    assert needs["scheduler"]["minio-init"] == "service_completed_successfully"
+    assert needs["triggerer"]["api-server"] == "service_healthy"
+
+
+def test_init_migrates_and_loads_the_settings_file_the_image_holds() -> None:
+    command = compose()["services"]["airflow-init"]["command"]
+    assert command[:2] == ["bash", "-c"]
+    steps = [s.strip() for s in command[2].split("&&")]
+    assert steps[0] == "airflow db migrate"
+    module, path = steps[1].removeprefix("python -m ").split()
+    assert module == "trainyard.airflow.settings"
+    copies = [a.split() for k, a in dockerfile("Dockerfile.airflow") if k == "COPY"]
+    assert any("airflow_settings.yaml" in c and c[-1].rstrip("/") == str(Path(path).parent) for c in copies)
+
+
+def test_minio_init_creates_the_cold_bucket_and_the_key_airflow_uses() -> None:
+    data = compose()
+    init = data["services"]["minio-init"]
+    script = init["command"][0]
+    assert 'mc mb --ignore-existing "cold/$${BUCKET}"' in script
+    assert init["environment"]["BUCKET"] == "${TRAINYARD_COLD_BUCKET:-trainyard-cold}"
+    assert urlsplit(interpolate(init["environment"]["MC_HOST_cold"], filled_env())).hostname == "minio"
+    conn = json.loads(interpolate(data["x-airflow-common"]["environment"]["AIRFLOW_CONN_TRAINYARD_COLD"], filled_env()))
+    assert conn["conn_type"] == "aws" and conn["extra"]["endpoint_url"] == "http://minio:9000"
+    assert "9000:9000" in " ".join(data["services"]["minio"]["ports"])
+    # Airflow's login is the key minio-init creates and limits to the bucket.
+    raw = json.loads(re.sub(r":\?[^}]*\}", "}", data["x-airflow-common"]["environment"]["AIRFLOW_CONN_TRAINYARD_COLD"]))
+    assert (raw["login"], raw["password"]) == ("${TRAINYARD_S3_ACCESS_KEY}", "${TRAINYARD_S3_SECRET_KEY}")
+    assert init["environment"]["ACCESS_KEY"].startswith("${TRAINYARD_S3_ACCESS_KEY:?")
+    assert init["environment"]["SECRET_KEY"].startswith("${TRAINYARD_S3_SECRET_KEY:?")
+    assert "mc admin policy attach cold trainyard-cold" in script
+
+
+# ---------------------------------------------------------------- compose: credentials
+
+
+def test_no_credential_is_written_in_the_compose_file() -> None:
+    data = compose()
+    for name, service in {"x-airflow-common": data["x-airflow-common"], **data["services"]}.items():
+        for key, value in (service.get("environment") or {}).items():
+            if not SECRET_NAME.search(key) or REQUIRED.match(value):
+                continue
+            # A URL or a JSON connection: where its credential goes, there is a reference.
+            marked = REFERENCE.sub("@ref@", value)
+            if value.startswith("{"):
+                conn = json.loads(marked)
+                assert (conn["login"], conn["password"]) == ("@ref@", "@ref@"), f"{name}.{key}"
+            else:
+                assert urlsplit(marked).password == "@ref@", f"{name}.{key}"
+    # Every reference to a secret is required: none has a default to fall back on.
+    for m in references(data):
+        if SECRET_NAME.search(m.group(1)):
+            assert m.group(2) == ":?", f"${{{m.group(1)}}} must be written ${{{m.group(1)}:?...}}"
+
+
+def test_env_example_names_every_variable_and_holds_no_secret() -> None:
+    example = env_example()
+    referenced = {m.group(1) for m in references(compose())}
+    assert referenced == set(example), "docker/.env.example and the compose file name different variables"
+    secrets = {k for k in example if SECRET_NAME.search(k)}
+    assert secrets >= {"POSTGRES_PASSWORD", "AIRFLOW_JWT_SECRET", "MINIO_ROOT_PASSWORD", "TRAINYARD_S3_SECRET_KEY"}
+    assert {k: example[k] for k in secrets} == {k: "" for k in secrets}
+    with pytest.raises(KeyError, match="POSTGRES_PASSWORD"):  # compose refuses to start without it
+        interpolate(compose()["services"]["postgres"]["environment"]["POSTGRES_PASSWORD"], example)
+    assert (DOCKER / ".gitignore").read_text().split("\n").count(".env") == 1
+
+
+def test_filled_environment_gives_a_database_url_airflow_can_use() -> None:
+    env = compose()["x-airflow-common"]["environment"]
+    url = urlsplit(interpolate(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"], filled_env()))
+    example = env_example()
+    assert (url.scheme, url.hostname, url.port) == ("postgresql+psycopg2", "postgres", 5432)
+    assert (url.username, url.path) == (example["POSTGRES_USER"], f"/{example['POSTGRES_DB']}")
+    assert url.password == filled_env()["POSTGRES_PASSWORD"]
+
+
+# ---------------------------------------------------------------- images
+
+
+def test_airflow_image_is_the_pinned_airflow_with_the_project() -> None:
+    steps = dockerfile("Dockerfile.airflow")
+    (base,) = [a for k, a in steps if k == "FROM"]
+    assert re.fullmatch(rf"apache/airflow:{re.escape(pinned('apache-airflow'))}(-python3\.11)?", base)
+    text = " ".join(a for _, a in steps)
+    assert "-r /opt/trainyard/requirements.txt -c /opt/trainyard/constraints.txt" in text
+    copied = {a.split()[-2].rstrip("/"): a.split()[-1] for k, a in steps if k == "COPY"}
+    assert copied["dags"] == "/opt/airflow/dags" and copied["plugins"] == "/opt/airflow/plugins"
+    assert copied["include"] == "/opt/trainyard/include"
+    assert "pip install --no-cache-dir --no-deps /opt/trainyard" in text
+
+
+@pytest.mark.parametrize("name", ["Dockerfile.airflow", "Dockerfile.trainer"])
+def test_images_run_as_a_numeric_non_root_user(name: str) -> None:
+    users = [a for k, a in dockerfile(name) if k == "USER"]
+    assert users, f"{name} has no USER"
+    for user in users:
+        uid, _, gid = user.partition(":")
+        assert uid.isdigit() and int(uid) != 0 and (not gid or gid.isdigit()), f"{name}: USER {user}"
+
+
+@pytest.mark.parametrize("name", ["Dockerfile.airflow", "Dockerfile.trainer"])
+def test_images_pin_the_torch_of_requirements_from_a_chosen_index(name: str) -> None:
+    args = args_of(dockerfile(name))
+    assert args["TORCH_VERSION"] == pinned("torch")
+    assert args["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"  # --build-arg a CUDA index for GPUs
+
+
+def test_trainer_user_is_the_one_the_pods_run_as() -> None:
+    (user,) = [a for k, a in dockerfile("Dockerfile.trainer") if k == "USER"]
+    assert user == f"{RUN_AS_USER}:{RUN_AS_USER}"
+    assert f"--uid {RUN_AS_USER}" in " ".join(a for k, a in dockerfile("Dockerfile.trainer") if k == "RUN")
+
+
+@pytest.mark.parametrize("name", ["Dockerfile.airflow", "Dockerfile.trainer"])
+def test_build_context_lets_through_exactly_what_the_image_copies(name: str) -> None:
+    rules = [r for r in (DOCKER / f"{name}.dockerignore").read_text().splitlines() if r and not r.startswith("#")]
+    assert rules[0] == "*", "the context is the repository root: exclude all, then allow"
+    allowed = {r[1:].rstrip("/") for r in rules if r.startswith("!")}
+    sources = {src.rstrip("/") for k, a in dockerfile(name) if k == "COPY"
+               for src in a.split()[:-1] if not src.startswith("--")}
+    assert sources == allowed
+    assert all((ROOT / s).exists() for s in sources)
+
+
+# ---------------------------------------------------------------- kubernetes manifests
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (DOCKER / "k8s").glob("*.yaml")))
+def test_every_kubernetes_manifest_is_valid(name: str) -> None:
+    docs = [doc for file, doc in k8s_docs() if file == name]
+    assert docs
+    for doc in docs:
+        assert kubernetes_validate.validate(doc, K8S_VERSION, strict=True) == K8S_VERSION
+
+
+def test_manifests_agree_on_namespace_and_names() -> None:
+    docs = [doc for _, doc in k8s_docs()]
+    (ns,) = [d["metadata"]["name"] for d in docs if d["kind"] == "Namespace"]
+    cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+    assert {d["metadata"].get("namespace") for d in docs if d["kind"] not in cluster_scoped} == {ns}
+    accounts = {d["metadata"]["name"] for d in docs if d["kind"] == "ServiceAccount"}
+    roles = {(d["kind"], d["metadata"]["name"]) for d in docs if d["kind"] in ("Role", "ClusterRole")}
+    for d in docs:
+        if d["kind"] in ("RoleBinding", "ClusterRoleBinding"):
+            assert (d["roleRef"]["kind"], d["roleRef"]["name"]) in roles
+            assert all(s["name"] in accounts and s["namespace"] == ns for s in d["subjects"])
+        if d.get("type") == "kubernetes.io/service-account-token":
+            assert d["metadata"]["annotations"]["kubernetes.io/service-account.name"] in accounts
+
+
+def test_restricted_namespace_admits_the_pods_trainyard_builds() -> None:
+    (namespace,) = [d for _, d in k8s_docs() if d["kind"] == "Namespace"]
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    pod = ApiClient().sanitize_for_serialization(pod_security_context())
+    container = ApiClient().sanitize_for_serialization(container_security_context())
+    assert pod["runAsNonRoot"] is True and pod["seccompProfile"]["type"] == "RuntimeDefault"
+    assert pod["runAsUser"] != 0
+    assert container["allowPrivilegeEscalation"] is False and container["capabilities"]["drop"] == ["ALL"]
