@@ -14,7 +14,7 @@ export AIRFLOW__API__PORT := 8080
 export PATH := $(BIN):$(PATH)
 DEMO_DATE ?= 2026-11-28
 
-.PHONY: help venv airflow-db demo test test-unit airflow bench clean
+.PHONY: help venv airflow-db demo test test-unit airflow bench clean browser
 
 help:
 	@echo "make demo     - install, set up Airflow, run the demo pipeline on 2 local nodes"
@@ -45,7 +45,13 @@ demo: airflow-db
 	  || (tail -60 $(TRAINYARD_HOME)/demo-dags-test.log; exit 1)
 	$(BIN)/trainyard summary --dag-id nightly_pretrain --latest
 
-test: venv
+# Headless Chromium for tests/integration/test_ui_view.py (Debian package; needs root, as in CI).
+# Where it cannot be installed the rest of the suite still runs and that test says why it skipped.
+browser: venv
+	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium > $(VENV)/apt.log 2>&1) \
+	  || (tail -5 $(VENV)/apt.log; echo "chromium not installed: tests/integration/test_ui_view.py will skip")
+
+test: venv browser
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
 
 test-unit: venv

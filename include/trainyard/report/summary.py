@@ -1,52 +1,185 @@
 """The run summary (text and JSON) and a self-contained HTML report, from the ledger.
 
 Nothing here reads task logs: if a figure is not in the ledger, the stage that
-knows it must record it.
+knows it must record it. The same summary feeds the report file, the
+training-runs view in the Airflow UI (``trainyard.report.pages``) and its JSON.
 """
 
 from __future__ import annotations
 
-import html
-import json
+import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from trainyard.atomic import write_json_atomic
+from trainyard.atomic import read_json, write_json_atomic
 from trainyard.ledger import Ledger
+from trainyard.report.pages import report_html
 
 STAGES = ("stage_dataset", "check_dataset", "burn_in", "train", "check_checkpoint", "publish", "report")
+ATTEMPT_EVENTS = ("attempt_start", "attempt_end", "failure_classified", "decision", "drill_fired")
+DECISION_FIELDS = ("action", "reason", "new_nodes", "micro_batch", "delay_s", "to_step")
 
 
 def summarize(ledger: Ledger) -> dict[str, Any]:
-    stages: dict[str, dict[str, Any]] = {}
-    for e in ledger.events():
-        if e["event"] in ("stage_end", "stage_failed"):
-            stages[e["stage"]] = {"seconds": e["seconds"], "ok": e["event"] == "stage_end"}
-    ends = {e["stage"]: e.get("result", {}) for e in ledger.events(event="stage_end")}
+    events = list(ledger.events())  # one read: a long run's ledger holds an event per step
+    train = [e for e in events if e.get("stage") == "train"]
+    ends = {e["stage"]: e.get("result", {}) for e in events if e["event"] == "stage_end"}
+    stages, running = stage_table(events)
     # A step trained again after a recovery replaces the lost one.
-    steps = sorted({e["step"]: e["loss"] for e in ledger.events("train", "step") if "loss" in e}.items())
-    verdicts = {e["node"]: e for e in ledger.events("burn_in", "node_verdict")}
+    steps = sorted({e["step"]: e["loss"] for e in train if e["event"] == "step" and "loss" in e}.items())
+    verdicts = {e["node"]: e for e in events if e.get("stage") == "burn_in" and e["event"] == "node_verdict"}
+    thresholds = _last(e for e in events if e.get("stage") == "burn_in" and e["event"] == "thresholds")
+    checkpoints, latest = checkpoint_table(events)
     return {
+        "state": run_state(stages, running),
+        "started": events[0]["ts"] if events else None,
+        "ended": events[-1]["ts"] if events else None,
         "stages": stages,
+        "running": running,
         "nodes_used": ends.get("train", {}).get("nodes", []),
-        "node_verdicts": {n: {"figures": v["figures"], "verdict": v["verdict"], "reason": v["reason"]} for n, v in verdicts.items()},
+        # .get: the view also shows ledgers written by older versions of the stages.
+        "node_verdicts": {n: {k: v.get(k) for k in ("figures", "verdict", "reason", "collective")}
+                          for n, v in verdicts.items()},
+        "thresholds": {k: thresholds.get(k) for k in ("thresholds", "medians", "seconds")} if thresholds else None,
         "steps_trained": len({s for s, _ in steps}),
         "first_step": steps[0][0] if steps else None,
         "last_step": steps[-1][0] if steps else None,
         "first_loss": steps[0][1] if steps else None,
         "last_loss": steps[-1][1] if steps else None,
         "loss_curve": steps,
-        "attempts": sum(1 for _ in ledger.events("train", "attempt_start")),
+        "attempts": sum(1 for e in train if e["event"] == "attempt_start"),
+        "attempt_details": attempt_table(train),
         "timeline": [
             {k: e.get(k) for k in ("ts", "event", "attempt", "nodes", "kind", "action", "reason", "evidence")}
-            for e in ledger.events("train")
-            if e["event"] in ("attempt_start", "attempt_end", "failure_classified", "decision", "drill_fired")
+            for e in train if e["event"] in ATTEMPT_EVENTS
         ],
-        "attempt_starts": [e["step"] for e in ledger.events("train", "resumed")],
-        "recovery": next((e for e in reversed(list(ledger.events("train", "recovery_figures")))), None),
+        "attempt_starts": [e["step"] for e in train if e["event"] == "resumed"],
+        "recovery": _last(e for e in train if e["event"] == "recovery_figures"),
+        "checkpoints": checkpoints,
+        "latest_checkpoint": latest,
+        "gate": _last(e for e in events if e["event"] == "checkpoint_checked"),
         "checkpoint": ends.get("check_checkpoint", {}).get("checkpoint"),
         "published": ends.get("publish", {}).get("uri"),
     }
+
+
+def _last(events: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
+    found = None
+    for found in events:
+        pass
+    return found
+
+
+def stage_table(events: list[dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """Finished stages in the order they finished (a retried stage: its last try), and the unfinished ones.
+
+    Only finished stages go in the table, so ``seconds`` and ``ok`` are always set;
+    a stage started again after a failure is both in the table and running.
+    """
+    stages: dict[str, dict[str, Any]] = {}
+    started: dict[str, float] = {}
+    for e in events:
+        name = e.get("stage")
+        if e["event"] == "stage_start":
+            started.setdefault(name, e["ts"])  # a deferred task logs a start per wake-up: keep the first
+        elif e["event"] in ("stage_end", "stage_failed"):
+            stages.pop(name, None)  # a retry's end replaces the failed try, at its own place
+            stages[name] = {"seconds": e["seconds"], "ok": e["event"] == "stage_end",
+                            "start": started.pop(name, e["ts"] - e["seconds"]), "end": e["ts"]}
+            if e["event"] == "stage_failed":
+                stages[name]["error"] = f"{e.get('error', '')}: {e.get('message', '')}".strip(": ")
+    return stages, [name for name in started]
+
+
+def run_state(stages: dict[str, dict[str, Any]], running: list[str]) -> str:
+    """``running`` while a stage is open, else ``failed`` if one failed, else ``succeeded`` once the report
+    stage ended; before that the run is between tasks, so still ``running``."""
+    if running:
+        return "running"
+    if any(not s["ok"] for s in stages.values()):
+        return "failed"
+    return "succeeded" if "report" in stages else "running"
+
+
+def attempt_table(train: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per training attempt: what it ran on, how it ended, the failure's kind and the decision."""
+    rows: dict[int, dict[str, Any]] = {}
+    current: dict[str, Any] | None = None
+    for e in train:
+        kind = e["event"]
+        if kind == "attempt_start":
+            current = rows[e["attempt"]] = {
+                "attempt": e["attempt"], "start": e["ts"], "end": None, "state": "running",
+                **{k: e.get(k) for k in ("nodes", "world_size", "micro_batch", "resume_from")},
+                "resumed_step": None, "drills": [], "failure": None, "decision": None,
+            }
+            continue
+        row = rows.get(e.get("attempt")) if e.get("attempt") is not None else current
+        if row is None:
+            continue
+        if kind == "attempt_end":
+            row.update(end=e["ts"], state=e.get("state"), trigger=e.get("trigger"), reason=e.get("reason"),
+                       last_step=e.get("last_step"), seconds=e.get("seconds", round(e["ts"] - row["start"], 3)))
+        elif kind == "resumed" and row["resumed_step"] is None:
+            row["resumed_step"] = e.get("step")
+        elif kind == "drill_fired":  # written by the workload, which does not know the attempt number
+            row["drills"].append({k: e.get(k) for k in ("ts", "fault", "node", "step")})
+        elif kind == "failure_classified":
+            row["failure"] = {k: e.get(k) for k in ("ts", "kind", "evidence", "culprits")}
+        elif kind == "decision":
+            row["decision"] = {"ts": e["ts"], **{k: e[k] for k in DECISION_FIELDS if k in e}}
+    return list(rows.values())
+
+
+def checkpoint_table(events: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str | None]:
+    """Every checkpoint the run saved or started from, with its validity and fate; and what ``LATEST``
+    named when the ledger ends (the last promotion or lineage reset)."""
+    rows: dict[str, dict[str, Any]] = {}
+    latest: str | None = None
+
+    def row(path: str, step: Any = None) -> dict[str, Any]:
+        if path not in rows:
+            rows[path] = {"path": path, "name": os.path.basename(path), "step": step, "attempt": None, "saved_at": None,
+                          "valid": None, "problems": [], "fate": []}
+        if step is not None and rows[path]["step"] is None:
+            rows[path]["step"] = step
+        return rows[path]
+
+    for e in events:
+        kind, path = e["event"], e.get("path")
+        if kind == "lineage_reset":
+            latest = path
+            if path:
+                row(path)["fate"].append("lineage start")
+        elif kind == "rolled_back":
+            for r in rows.values():
+                if r["saved_at"] is not None and (r["step"] or 0) > e["to_step"]:
+                    r["fate"].append(f"superseded (rollback to step {e['to_step']})")
+        elif not path or not kind.startswith("checkpoint_"):
+            continue
+        elif kind == "checkpoint_saved":
+            r = row(path, e.get("step"))
+            r.update(attempt=e.get("attempt"), saved_at=e["ts"], valid=None, problems=[])
+        elif kind == "checkpoint_validated":
+            row(path, e.get("step")).update(valid=bool(e.get("valid")), problems=list(e.get("problems") or []))
+        elif kind == "checkpoint_promoted":
+            latest = path
+            row(path, e.get("step"))["fate"].append("promoted")
+        elif kind == "checkpoint_quarantined":
+            r = row(path)
+            r.update(valid=False, problems=list(e.get("problems") or r["problems"]))
+            r["fate"].append(f"quarantined to {e.get('to')}")
+        elif kind == "checkpoint_retired":
+            row(path, e.get("step"))["fate"].append("retired (keep_hot)")
+        elif kind == "checkpoint_tiered":
+            row(path)["fate"].append(f"tiered to {e.get('uri')}")
+        elif kind == "checkpoint_checked":
+            r = row(path)
+            r["fate"].append("gate passed" if e.get("valid") else "gate failed: " + "; ".join(e.get("problems") or []))
+    for r in rows.values():
+        r["latest"] = r["path"] == latest
+    return sorted(rows.values(), key=lambda r: (r["step"] is None, r["step"] or 0, r["path"])), latest
 
 
 def format_summary(summary: dict[str, Any]) -> str:
@@ -72,67 +205,23 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 def write_report(run_dir: Path, ledger: Ledger) -> dict[str, Any]:
     summary = summarize(ledger)
+    # Written by the report stage itself, which is still open: the run's outcome is the other stages'.
+    summary["running"] = [s for s in summary["running"] if s != "report"]
+    summary["state"] = "failed" if any(not s["ok"] for s in summary["stages"].values()) else "succeeded"
     summary["report"] = str(run_dir / "report.html")
     write_json_atomic(run_dir / "summary.json", summary)
     tmp = run_dir / ".report.html.tmp"
-    tmp.write_text(_html(summary), encoding="utf-8")
+    tmp.write_text(report_html(summary, run_identity(run_dir)), encoding="utf-8")
     tmp.replace(run_dir / "report.html")
     return {"report": summary["report"], "summary": str(run_dir / "summary.json"),
             "steps_trained": summary["steps_trained"], "last_loss": summary["last_loss"]}
 
 
-def _loss_svg(points: list[tuple[int, float]], boundaries: list[int] = (), width: int = 640, height: int = 240) -> str:
-    if len(points) < 2:
-        return "<p>No loss curve recorded.</p>"
-    xs, ys = [p[0] for p in points], [p[1] for p in points]
-    x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
-    sx = (width - 60) / max(1, x1 - x0)
-    sy = (height - 40) / max(1e-9, y1 - y0)
-    path = " ".join(f"{50 + (x - x0) * sx:.1f},{height - 25 - (y - y0) * sy:.1f}" for x, y in points)
-    # A dashed line where a later attempt resumed: the steps after it were trained again.
-    marks = "".join(
-        f'<line x1="{50 + (b - x0) * sx:.1f}" x2="{50 + (b - x0) * sx:.1f}" y1="10" y2="{height - 25}"'
-        f' stroke="#d62728" stroke-dasharray="4"/>' for b in boundaries
-    )
-    return (
-        f'<svg width="{width}" height="{height}" role="img" aria-label="loss versus step">{marks}'
-        f'<polyline fill="none" stroke="#1f77b4" stroke-width="2" points="{path}"/>'
-        f'<text x="5" y="15" font-size="12">{y1:.3f}</text><text x="5" y="{height - 25}" font-size="12">{y0:.3f}</text>'
-        f'<text x="50" y="{height - 5}" font-size="12">step {x0}</text>'
-        f'<text x="{width - 80}" y="{height - 5}" font-size="12">step {x1}</text></svg>'
-    )
-
-
-def _number(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
-
-
-def _html(summary: dict[str, Any]) -> str:
-    esc = html.escape
-    stage_rows = "".join(
-        f"<tr><td>{esc(n)}</td><td>{s['seconds']:.1f} s</td><td>{'ok' if s['ok'] else 'FAILED'}</td></tr>"
-        for n, s in summary["stages"].items()
-    )
-    probes = ("matmul_gflops", "membw_gbps", "disk_write_mbps", "disk_read_mbps")
-    node_rows = "".join(
-        f"<tr><td>{esc(n)}</td>" + "".join(f"<td>{_number((v['figures'] or {}).get(p))}</td>" for p in probes)
-        + f"<td>{esc(v['verdict'])}</td><td>{esc(v['reason'])}</td></tr>"
-        for n, v in summary["node_verdicts"].items()
-    )
-    timeline = "".join(
-        f"<tr><td>{esc(e['event'])}</td><td>{e.get('attempt') or ''}</td>"
-        f"<td>{esc(' '.join(str(e[k]) for k in ('kind', 'action', 'reason', 'evidence') if e.get(k)))}</td></tr>"
-        for e in summary["timeline"]
-    )
-    return f"""<!doctype html><html><head><meta charset="utf-8"><title>trainyard run report</title>
-<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px}}</style>
-</head><body><h1>trainyard run report</h1>
-<h2>Stages</h2><table><tr><th>stage</th><th>time</th><th>state</th></tr>{stage_rows}</table>
-<h2>Nodes</h2><table><tr><th>node</th><th>matmul GFLOP/s</th><th>memory GB/s</th><th>disk write MB/s</th>
-<th>disk read MB/s</th><th>verdict</th><th>reason</th></tr>{node_rows}</table>
-<h2>Loss</h2>{_loss_svg(summary['loss_curve'], summary['attempt_starts'])}
-<h2>Attempts</h2><table><tr><th>event</th><th>attempt</th><th>detail</th></tr>{timeline}</table>
-<p>Recovery: {esc(json.dumps({k: v for k, v in (summary['recovery'] or {}).items() if k not in ('ts', 'stage', 'event')}))}</p>
-<p>Steps trained: {summary['steps_trained']}; attempts: {summary['attempts']}</p>
-<h2>Checkpoint</h2><p>Valid: {esc(str(summary['checkpoint']))}<br>Published: {esc(str(summary['published']))}</p>
-</body></html>"""
+def run_identity(run_dir: Path) -> dict[str, Any]:
+    """DAG id, run id and date from the run's spec snapshot (the folder names are file-system-safe forms)."""
+    try:
+        snap = read_json(run_dir / "spec.json")
+    except (OSError, ValueError):
+        snap = {}
+    return {"dag_id": snap.get("dag_id") or run_dir.parent.name, "run_id": snap.get("run_id") or run_dir.name,
+            "ds": snap.get("ds")}
