@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import zlib
 from pathlib import Path
 
 from trainyard.errors import TrainyardError
@@ -28,7 +29,8 @@ def cmd_demo_data(args: argparse.Namespace) -> int:
     from trainyard.shards import write_synthetic_corpus
 
     cold = Path(render(args.cold, {}))
-    for folder, seed in ((cold / "tokens" / args.date, 0), (cold / "finetune", 1)):
+    nightly_seed = zlib.crc32(args.date.encode())  # each night's partition holds new tokens
+    for folder, seed in ((cold / "tokens" / args.date, nightly_seed), (cold / "finetune", 1)):
         paths = write_synthetic_corpus(folder, shards=args.shards, seed=seed)
         print(f"wrote {len(paths)} shards to {folder}")
     return 0

@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import os
+import secrets
+import signal
+import socket
 import sqlite3
 import subprocess
 import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -45,3 +53,171 @@ def task_states(env: dict[str, str], dag_id: str, date: str) -> dict[str, tuple[
             (dag_id, f"{date}%"),
         ).fetchall()
     return {task: (state, tries) for task, state, tries in rows}
+
+
+# ------------------------------------------------------------------ live services
+# A running scheduler needs Airflow 3's other components: the DAG processor parses the DAG files,
+# and task processes talk to the Execution API of an api-server (signed with a shared JWT secret).
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def service_settings(api_port: int) -> dict[str, str]:
+    """``AIRFLOW__*`` settings for a LocalExecutor deployment on 127.0.0.1 (pass them to ``airflow_env``).
+
+    sqlite is allowed with the LocalExecutor in Airflow 3 (``airflow standalone`` runs that pair);
+    one task at a time keeps its writers few. Every listener is on 127.0.0.1, and the scheduler
+    starts with ``--skip-serve-logs`` (task logs are read from disk), so nothing else binds a port.
+    """
+    return {
+        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        "AIRFLOW__CORE__PARALLELISM": "1",
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{api_port}/execution/",
+        "AIRFLOW__API__HOST": "127.0.0.1",
+        "AIRFLOW__API__PORT": str(api_port),
+        "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{api_port}",
+        "AIRFLOW__API__WORKERS": "1",
+        "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
+        # Parse each DAG file once at start, not every 30 s: two shared cores.
+        "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600",
+        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "600",
+    }
+
+
+@dataclass
+class Service:
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+
+def start_service(env: dict[str, str], name: str, argv: list[str], log_dir: Path) -> Service:
+    """Start ``argv`` in a process group (session) of its own, output to ``log_dir/<name>.log``."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = log_dir / f"{name}.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    return Service(name, proc, log)
+
+
+def start_services(env: dict[str, str], log_dir: Path) -> list[Service]:
+    """api-server (Execution API only), DAG processor and scheduler, on the env's settings."""
+    port = env["AIRFLOW__API__PORT"]
+    return [
+        start_service(env, "api-server", ["airflow", "api-server", "--apps", "execution", "-H", "127.0.0.1",
+                                          "-p", port, "-w", "1"], log_dir),
+        start_service(env, "dag-processor", ["airflow", "dag-processor"], log_dir),
+        start_service(env, "scheduler", ["airflow", "scheduler", "--skip-serve-logs"], log_dir),
+    ]
+
+
+def stop_services(services: list[Service], grace_s: float = 15.0) -> None:
+    """SIGTERM each service's process group, then SIGKILL what is left of it after ``grace_s``."""
+    for s in services:
+        _signal_group(s.proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for s in services:
+        try:
+            s.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+        _signal_group(s.proc.pid, signal.SIGKILL)  # the group outlives its leader: workers, task processes
+        s.proc.wait()
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def processes_of(env: dict[str, str]) -> list[int]:
+    """Pids of this user's processes started with ``env``'s AIRFLOW_HOME (what a test run left behind)."""
+    marker = f"AIRFLOW_HOME={env['AIRFLOW_HOME']}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if marker in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except OSError:  # another user's process, or one that just ended
+            continue
+    return found
+
+
+def reap_leftovers(env: dict[str, str], wait_s: float = 10.0) -> list[str]:
+    """Wait up to ``wait_s`` for ``env``'s processes to end, SIGKILL the survivors by pid; describe them."""
+    deadline = time.monotonic() + wait_s
+    while (left := processes_of(env)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    described = []
+    for pid in left:
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            continue
+        described.append(f"{pid}: {cmd[:200]}")
+    return described
+
+
+def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str, every_s: float = 1.0,
+               services: list[Service] | None = None) -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail naming ``what`` (or a dead service)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = predicate()
+        if result:
+            return result
+        dead = [s.name for s in services or [] if s.proc.poll() is not None]
+        if dead:
+            raise AssertionError(f"{', '.join(dead)} exited while waiting for {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(every_s)
+
+
+def api_healthy(env: dict[str, str]) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{env['AIRFLOW__API__PORT']}/execution/health", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def query(env: dict[str, str], sql: str, *args: Any) -> list[tuple[Any, ...]]:
+    """Rows of ``sql`` from the env's metadata DB (sqlite; a reader never blocks the writers)."""
+    db = sqlite3.connect(Path(env["AIRFLOW_HOME"]) / "airflow.db", timeout=30)
+    try:
+        return db.execute(sql, args).fetchall()
+    finally:
+        db.close()
+
+
+def run_task_states(env: dict[str, str], dag_id: str, run_id: str) -> dict[str, str]:
+    """``task_id -> state`` of one DAG run."""
+    rows = query(env, "SELECT task_id, state FROM task_instance WHERE dag_id = ? AND run_id = ?", dag_id, run_id)
+    return dict(rows)
+
+
+def log_tail(path: Path, chars: int = 4000) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as exc:
+        return f"({path}: {exc})"
+    return text[-chars:]
+
+
+def task_logs(env: dict[str, str], dag_id: str, chars: int = 2000) -> str:
+    """The tail of every task log of ``dag_id``, oldest first, each under its path."""
+    root = Path(env["AIRFLOW_HOME"]) / "logs" / f"dag_id={dag_id}"
+    logs = sorted(root.rglob("*.log"), key=lambda p: p.stat().st_mtime) if root.exists() else []
+    text = "\n".join(f"===== {p.relative_to(root)}\n{log_tail(p, chars)}" for p in logs)
+    return text or f"(no task logs under {root})"
