@@ -9,17 +9,25 @@ JSON Patch content type with a non-list body 400. Every request is recorded
 (verb, API group, resource, namespaced) so tests can check it against RBAC.
 
 The test plays the Job controller and the kubelet: ``spawn_job_pods`` creates
-the pods of an Indexed Job, ``set_pod`` moves one through its states.
+the pods of an Indexed Job, ``set_pod`` moves one through its states; or
+``Kubelet`` does both, running each pod's container as a local process.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
 import threading
 import uuid
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
@@ -283,3 +291,116 @@ def _handler(fake: FakeKube) -> type[BaseHTTPRequestHandler]:
             pass  # one line per request otherwise
 
     return Handler
+
+
+# ---------------------------------------------------------------- the rest of the cluster
+
+_VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+_FIELD = re.compile(r"^metadata\.annotations\['(?P<key>[^']+)'\]$")
+
+
+def expand(text: str, env: dict[str, str]) -> str:
+    """Kubernetes' expansion of ``$(VAR)`` (left as is when undefined) and ``$$`` in command, args and env."""
+    return _VAR.sub(lambda m: "$" if m[0] == "$$" else env.get(m[1], m[0]), text)
+
+
+def container_env(pod: dict[str, Any]) -> dict[str, str]:
+    """The trainer container's environment as the kubelet builds it: values expanded, downward API resolved."""
+    env: dict[str, str] = {}
+    for item in pod["spec"]["containers"][0].get("env", []):
+        if "value" in item:
+            env[item["name"]] = expand(item["value"], env)
+            continue
+        path = item["valueFrom"]["fieldRef"]["fieldPath"]
+        field = _FIELD.match(path)
+        env[item["name"]] = (pod["metadata"].get("annotations", {})[field["key"]] if field
+                             else pod["spec"]["nodeName"] if path == "spec.nodeName" else "")
+    return env
+
+
+class Kubelet:
+    """Plays the Job controller, the scheduler, the cluster DNS and the kubelets of ``namespace``.
+
+    A new Job gets one pod per completion index; a pod lands on its own
+    ``nodeName`` (burn-in pods are pinned) or on ``nodes[index]``; its
+    container runs as a local process with the pod's environment and
+    arguments (``python`` is this interpreter; a rendezvous endpoint under a
+    headless Service resolves to 127.0.0.1 on a port of its own), and its
+    exit becomes the pod's phase, exit code and log. A deleted pod's process
+    is killed.
+    """
+
+    def __init__(self, fake: FakeKube, namespace: str, nodes: list[str] | None = None, log_dir: Any = None):
+        self.fake, self.ns, self.nodes = fake, namespace, list(nodes or [])
+        self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="kubelet-"))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.procs: dict[str, Any] = {}
+        self.jobs: set[str] = set()
+        self.ports: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> Kubelet:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        for proc in self.procs.values():
+            self._kill(proc)
+
+    @staticmethod
+    def _kill(proc: Any) -> None:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # torchrun's workers too
+            except ProcessLookupError:
+                pass
+        proc.wait()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.1):
+            for job in self.fake.items("apis/batch/v1", "jobs", self.ns):
+                name = job["metadata"]["name"]
+                if name not in self.jobs:
+                    self.jobs.add(name)
+                    self.fake.spawn_job_pods(self.ns, name)
+            pods = {p["metadata"]["name"]: p for p in self.fake.items("api/v1", "pods", self.ns)}
+            for name, pod in pods.items():
+                if name not in self.procs:
+                    self._start(name, pod)
+                elif self.procs[name].poll() is not None and pod["status"]["phase"] == "Running":
+                    code = self.procs[name].returncode
+                    self.fake.set_pod(self.ns, name, "Succeeded" if code == 0 else "Failed",
+                                      log=(self.log_dir / f"{name}.log").read_text(errors="replace"),
+                                      state={"terminated": {"exitCode": code,
+                                                            "reason": "Completed" if code == 0 else "Error"}})
+            for name, proc in self.procs.items():
+                if name not in pods:
+                    self._kill(proc)  # the pod was deleted
+
+    def _start(self, name: str, pod: dict[str, Any]) -> None:
+        index = int(pod["metadata"].get("annotations", {}).get(INDEX, 0))
+        node = pod["spec"].get("nodeName") or (self.nodes[index] if index < len(self.nodes) else f"k8s-{index}")
+        pod["spec"]["nodeName"] = node
+        env = container_env(pod)
+        container = pod["spec"]["containers"][0]
+        argv = [expand(a, env) for a in [*container["command"], *container.get("args", [])]]
+        argv = [sys.executable if a == "python" else self._resolve(a) for a in argv]
+        with open(self.log_dir / f"{name}.log", "wb") as out:
+            self.procs[name] = subprocess.Popen(argv, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT,
+                                                start_new_session=True)
+        self.fake.set_pod(self.ns, name, "Running", node=node, state={"running": {"startedAt": "2026-01-01T00:00:00Z"}})
+
+    def _resolve(self, arg: str) -> str:
+        """A rendezvous endpoint ``<job>-0.<job>.<ns>.svc.<domain>:<port>``: the DNS answer is 127.0.0.1."""
+        prefix = "--rdzv-endpoint="
+        if not arg.startswith(prefix) or f".{self.ns}.svc." not in arg:
+            return arg
+        host = arg[len(prefix):].rsplit(":", 1)[0]
+        if host not in self.ports:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                self.ports[host] = s.getsockname()[1]
+        return f"{prefix}127.0.0.1:{self.ports[host]}"

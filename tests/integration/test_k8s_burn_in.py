@@ -1,22 +1,19 @@
 """The pressure test on the kubernetes backend, end to end against an API server over HTTP.
 
-The test plays the kubelet: for each burn-in pod the stage creates, it runs
-the pod's command (``python -m trainyard.burnin.node`` with the pod's args) as
-a local process and reports its phase, so the orchestration, the pod specs and
+The test plays the kubelet (``fake_k8s.Kubelet``): for each burn-in pod the
+stage creates, it runs the pod's command (``python -m trainyard.burnin.node``
+with the pod's args) as a local process and reports its phase, so the orchestration, the pod specs and
 the node protocol are all exercised for real; only the cluster is simulated.
 """
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fake_k8s import FakeKube
+from fake_k8s import FakeKube, Kubelet
 from trainyard.errors import NodeUnhealthy
 from trainyard.run import open_run
 from trainyard.stages import burn_in
@@ -46,43 +43,6 @@ training: {{max_steps: 1, global_batch: 4, micro_batch: 1, checkpoint_every: 1}}
 """
 
 
-class Kubelet:
-    """Runs every burn-in pod the API server holds as a local process and reports its phase."""
-
-    def __init__(self, fake: FakeKube):
-        self.fake, self.procs = fake, {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def __enter__(self) -> Kubelet:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        for proc in self.procs.values():
-            proc.kill()
-            proc.wait()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(0.1):
-            pods = {p["metadata"]["name"]: p for p in self.fake.items("api/v1", "pods", NS)}
-            for name, pod in pods.items():
-                if name not in self.procs:
-                    container = pod["spec"]["containers"][0]
-                    argv = [sys.executable, *container["command"][1:], *container["args"]]
-                    self.procs[name] = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                    self.fake.set_pod(NS, name, "Running")
-                elif self.procs[name].poll() is not None and pod["status"]["phase"] == "Running":
-                    code = self.procs[name].returncode
-                    self.fake.set_pod(NS, name, "Succeeded" if code == 0 else "Failed",
-                                      state={"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}})
-            for name, proc in self.procs.items():
-                if name not in pods and proc.poll() is None:
-                    proc.kill()  # the pod was deleted
-
-
 @pytest.fixture
 def fake() -> Iterator[FakeKube]:
     server = FakeKube().start()
@@ -102,7 +62,7 @@ def run_for(tmp_path: Path, drills: str, minimum: int = 1):
 
 def test_a_throttled_cluster_node_is_evicted_and_labelled(fake: FakeKube, tmp_path: Path) -> None:
     run = run_for(tmp_path, "[{node: gpu-b, fault: throttle, factor: 0.3}]")
-    with Kubelet(fake):
+    with Kubelet(fake, NS):
         result = burn_in(run, fake.client())
     assert sorted(result["healthy"]) == ["gpu-a", "gpu-c"]
     assert result["evicted"]["gpu-b"].startswith("straggler: matmul_gflops")
@@ -116,6 +76,6 @@ def test_a_throttled_cluster_node_is_evicted_and_labelled(fake: FakeKube, tmp_pa
 
 def test_a_crashing_pod_is_dead_and_too_few_healthy_fails(fake: FakeKube, tmp_path: Path) -> None:
     run = run_for(tmp_path, "[{node: gpu-a, fault: crash}, {node: gpu-c, fault: crash}]", minimum=2)
-    with Kubelet(fake), pytest.raises(NodeUnhealthy, match=r"only 1 healthy node\(s\), nodes.min is 2") as err:
+    with Kubelet(fake, NS), pytest.raises(NodeUnhealthy, match=r"only 1 healthy node\(s\), nodes.min is 2") as err:
         burn_in(run, fake.client())
     assert "gpu-a" in str(err.value) and "evicted: dead: pod exited 1" in str(err.value)

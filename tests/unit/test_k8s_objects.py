@@ -521,7 +521,8 @@ def test_trigger_serialize_round_trips() -> None:
 
     trigger = KubernetesAttemptTrigger(namespace="ml", job_name="ty-run-a1-0123abcd", nodes=["node-0", "node-1"],
                                        poll_interval=5.0, kubernetes_conn_id="k8s", cluster_context="prod",
-                                       timeout_s=3600.0)
+                                       timeout_s=3600.0, heartbeat_dir="/hot/runs/r/attempt-1/heartbeat",
+                                       heartbeat_timeout_s=60.0, world_size=2, started=1795996612.5)
     classpath, kwargs = trigger.serialize()
     assert classpath == "trainyard.airflow.triggers.KubernetesAttemptTrigger"
     module, _, cls = classpath.rpartition(".")
@@ -529,5 +530,7 @@ def test_trigger_serialize_round_trips() -> None:
     assert rebuilt.serialize() == (classpath, kwargs)
     assert kwargs == {"namespace": "ml", "job_name": "ty-run-a1-0123abcd", "nodes": ["node-0", "node-1"],
                       "poll_interval": 5.0, "kubernetes_conn_id": "k8s", "config_file": None,
-                      "cluster_context": "prod", "in_cluster": None, "timeout_s": 3600.0, "max_api_errors": 5}
+                      "cluster_context": "prod", "in_cluster": None, "timeout_s": 3600.0, "max_api_errors": 5,
+                      "heartbeat_dir": "/hot/runs/r/attempt-1/heartbeat", "heartbeat_timeout_s": 60.0, "world_size": 2,
+                      "started": 1795996612.5, "startup_grace_s": 120.0}
     assert json.loads(json.dumps(kwargs)) == kwargs  # what the triggerer stores must be plain JSON

@@ -1,32 +1,63 @@
-"""Operators for the stages that need more than a function: ``train`` must be killable.
+"""Operators for the stages that need more than a function: ``train`` must be killable, and may defer.
 
 Airflow calls ``on_kill`` when the task is stopped (marked failed in the UI, a
 timeout, a SIGTERM); a TaskFlow function has no such hook, and torchrun agents
 run in sessions of their own, so without it they would outlive the task.
+
+On the Kubernetes backend the task defers while an attempt runs (the pods
+need no babysitter in the worker): ``stages.start_training`` launches, the
+``KubernetesAttemptTrigger`` watches from the triggerer, and each of its
+events resumes the task in ``attempt_event``, which decides and launches
+again or returns the result.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
-from trainyard import stages
-from trainyard.airflow.tasks import kube_client, mapped_errors, open_from_context
-from trainyard.launch.kubernetes import KubernetesLauncher
-from trainyard.launch.local import LocalLauncher
+from trainyard.airflow.tasks import kube_client, load_stages, stage_run
 from trainyard.spec import NodesSpec
+
+if TYPE_CHECKING:  # the Kubernetes clients take a second to import: at run time, not at DAG parse time
+    from trainyard.airflow.triggers import KubernetesAttemptTrigger
+    from trainyard.launch.kubernetes import KubernetesLauncher
+    from trainyard.launch.local import LocalLauncher
+    from trainyard.run import Run
 
 
 def launcher_for(nodes: NodesSpec) -> LocalLauncher | KubernetesLauncher:
     """The backend of ``nodes.backend``; Kubernetes through the provider's hook and its connection."""
+    from trainyard.launch.kubernetes import KubernetesLauncher
+    from trainyard.launch.local import LocalLauncher
+
     if nodes.backend == "local" or nodes.kubernetes is None:
         return LocalLauncher()
     return KubernetesLauncher(kube_client(nodes.kubernetes), nodes.kubernetes)
 
 
+def defers(nodes: NodesSpec) -> bool:
+    """Local attempts are the task's own child processes: only Kubernetes attempts can be left to a trigger."""
+    return nodes.backend == "kubernetes" and nodes.kubernetes is not None and nodes.kubernetes.deferrable
+
+
+def trigger_for(run: Run, watch: dict[str, Any]) -> KubernetesAttemptTrigger:
+    """The trigger watching the attempt ``stages.start_training`` / ``continue_training`` launched."""
+    from trainyard.airflow.triggers import KubernetesAttemptTrigger
+
+    k8s = run.spec.nodes.kubernetes
+    assert k8s is not None
+    return KubernetesAttemptTrigger(
+        namespace=watch["namespace"], job_name=watch["job_name"], nodes=watch["nodes"], poll_interval=k8s.poll_s,
+        kubernetes_conn_id=k8s.connection, timeout_s=k8s.wake_every_s, heartbeat_dir=watch["heartbeat_dir"],
+        heartbeat_timeout_s=run.spec.training.heartbeat_timeout_s, world_size=watch["world_size"],
+        started=watch["started"],
+    )
+
+
 class TrainOperator(BaseOperator):
-    """Launch and supervise the training attempt on the nodes ``burn_in`` chose."""
+    """Launch and supervise the training attempts on the nodes ``burn_in`` chose."""
 
     ui_color = "#ffd27f"
 
@@ -38,10 +69,26 @@ class TrainOperator(BaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         chosen = context["ti"].xcom_pull(task_ids=self.burn_in_task_id)
-        with mapped_errors():
-            run = open_from_context(self.spec_path)
+        with stage_run(self.spec_path, "train") as run:
             self._launcher = launcher_for(run.spec.nodes)
-            return stages.train(run, chosen["healthy"], launcher=self._launcher, spares=chosen.get("spare", []))
+            if not defers(run.spec.nodes):
+                return load_stages().train(run, chosen["healthy"], launcher=self._launcher, spares=chosen.get("spare", []))
+            watch = load_stages().start_training(run, chosen["healthy"], self._launcher, chosen.get("spare", []))
+        self.defer(trigger=trigger_for(run, watch), method_name="attempt_event")
+
+    def attempt_event(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
+        """Resumed by the trigger: act on the event, then wait on (the same or the next attempt) or finish.
+
+        Which attempt the event is about comes from the run's ledger, not from
+        deferral kwargs (``airflow dags test`` does not pass those back).
+        """
+        chosen = context["ti"].xcom_pull(task_ids=self.burn_in_task_id)
+        with stage_run(self.spec_path, "train") as run:
+            self._launcher = launcher_for(run.spec.nodes)
+            outcome = load_stages().continue_training(run, chosen["healthy"], self._launcher, chosen.get("spare", []), event)
+        if "result" in outcome:
+            return outcome["result"]
+        self.defer(trigger=trigger_for(run, outcome["watch"]), method_name="attempt_event")
 
     def on_kill(self) -> None:
         if self._launcher is not None:

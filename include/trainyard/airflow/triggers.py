@@ -15,7 +15,9 @@ does.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -26,16 +28,21 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from trainyard.launch.base import AttemptStatus
 from trainyard.launch.kubernetes import attempt_status, job_failure_reason, selector, status_to_dicts
+from trainyard.recovery.supervisor import STARTUP_GRACE_S, detect
 
 CLASSPATH = "trainyard.airflow.triggers.KubernetesAttemptTrigger"
 
 
 class KubernetesAttemptTrigger(BaseTrigger):
-    """Fire when the attempt's Job ends: every pod succeeded, or any failed (or the waiting timed out).
+    """Fire when the attempt's Job ends: every pod succeeded, or any failed, or a rank hung (or the waiting timed out).
 
-    The event payload: ``status`` (``succeeded``, ``failed``, ``timeout`` or
-    ``error``), ``namespace``, ``job_name``, ``nodes`` (``NodeStatus`` records
-    as dicts, in node order; empty with ``error``) and ``message``.
+    The event payload: ``status`` (``succeeded``, ``failed``, ``hang``,
+    ``timeout`` or ``error``), ``namespace``, ``job_name``, ``nodes``
+    (``NodeStatus`` records as dicts, in node order; empty with ``error``),
+    ``suspects`` (with ``hang``: the nodes whose ranks stopped pulsing) and ``message``.
+
+    Hangs are seen only where the triggerer can read the attempt's heartbeat
+    folder (it mounts the hot tier); elsewhere the task checks them when it wakes.
 
     :param namespace: namespace of the Job.
     :param job_name: the Job (and label value ``trainyard.io/job`` of its pods).
@@ -47,6 +54,11 @@ class KubernetesAttemptTrigger(BaseTrigger):
     :param in_cluster: use the triggerer pod's service account.
     :param timeout_s: give up waiting after this long (``timeout`` event); None: wait as long as the Job runs.
     :param max_api_errors: consecutive failed polls (5xx, connection errors) before an ``error`` event.
+    :param heartbeat_dir: the attempt's heartbeat folder (``TRAINYARD_HEARTBEAT_DIR``); None: no hang check.
+    :param heartbeat_timeout_s: a rank without progress for this long is hung.
+    :param world_size: ranks expected to beat.
+    :param started: when the attempt was launched (epoch seconds), for the startup grace.
+    :param startup_grace_s: how long a rank may take to beat for the first time.
     """
 
     def __init__(
@@ -61,6 +73,11 @@ class KubernetesAttemptTrigger(BaseTrigger):
         in_cluster: bool | None = None,
         timeout_s: float | None = None,
         max_api_errors: int = 5,
+        heartbeat_dir: str | None = None,
+        heartbeat_timeout_s: float = 300.0,
+        world_size: int = 0,
+        started: float = 0.0,
+        startup_grace_s: float = STARTUP_GRACE_S,
     ) -> None:
         super().__init__()
         self.namespace = namespace
@@ -73,6 +90,12 @@ class KubernetesAttemptTrigger(BaseTrigger):
         self.in_cluster = in_cluster
         self.timeout_s = timeout_s
         self.max_api_errors = max_api_errors
+        self.heartbeat_dir = heartbeat_dir
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.world_size = world_size
+        self.started = started
+        self.startup_grace_s = startup_grace_s
+        self._blind = False  # warned once that the heartbeats are out of sight
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -88,6 +111,11 @@ class KubernetesAttemptTrigger(BaseTrigger):
                 "in_cluster": self.in_cluster,
                 "timeout_s": self.timeout_s,
                 "max_api_errors": self.max_api_errors,
+                "heartbeat_dir": self.heartbeat_dir,
+                "heartbeat_timeout_s": self.heartbeat_timeout_s,
+                "world_size": self.world_size,
+                "started": self.started,
+                "startup_grace_s": self.startup_grace_s,
             },
         )
 
@@ -113,10 +141,25 @@ class KubernetesAttemptTrigger(BaseTrigger):
                 reason = "JobDeleted"
         return attempt_status(pods.items, self.nodes, reason)
 
-    def _event(self, status: str, nodes: AttemptStatus | None, message: str) -> TriggerEvent:
+    async def hang(self, status: AttemptStatus) -> tuple[list[str], str] | None:
+        """Suspects and reason of a hung rank, by the supervisor's own rule (``detect``); file reads off the loop."""
+        if not self.heartbeat_dir:
+            return None
+        folder = Path(self.heartbeat_dir)
+        if not await asyncio.to_thread(os.path.isdir, folder):
+            if not self._blind:
+                self._blind = True  # created before the launch: the triggerer does not mount the hot tier
+                self.log.warning("heartbeat folder %s is not visible here; the task checks hangs when it wakes", folder)
+            return None
+        problem = await asyncio.to_thread(detect, status, folder, self.world_size, self.started,
+                                          self.heartbeat_timeout_s, self.startup_grace_s)
+        return (problem[1], problem[2]) if problem and problem[0] == "hang" else None
+
+    def _event(self, status: str, nodes: AttemptStatus | None, message: str, suspects: list[str] = ()) -> TriggerEvent:
         return TriggerEvent({
             "status": status, "namespace": self.namespace, "job_name": self.job_name,
-            "nodes": status_to_dicts(nodes) if nodes is not None else [], "message": message,
+            "nodes": status_to_dicts(nodes) if nodes is not None else [], "suspects": list(suspects),
+            "message": message,
         })
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
@@ -139,6 +182,9 @@ class KubernetesAttemptTrigger(BaseTrigger):
                 if last.state != "running":
                     failed = ", ".join(f"{n.node}: {n.reason or f'exit {n.exit_code}'}" for n in last.failed())
                     yield self._event(last.state, last, failed or "every node succeeded")
+                    return
+                if hung := await self.hang(last):
+                    yield self._event("hang", last, hung[1], hung[0])
                     return
             if errors >= self.max_api_errors:
                 yield self._event("error", None, message)

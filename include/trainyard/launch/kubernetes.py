@@ -546,6 +546,16 @@ class KubernetesLauncher:
                  len(plan.nodes), rendezvous_endpoint(objects.name, ns, self.spec.cluster_domain))
         return handle
 
+    def attach(self, plan: LaunchPlan) -> KubernetesHandle:
+        """The handle of ``plan``'s attempt, launched earlier (by another process: a task resumed after deferring)."""
+        name = object_name(plan)
+        known = next((h for h in self.active if (h.namespace, h.name) == (self.spec.namespace, name)), None)
+        if known is not None:
+            return known
+        handle = KubernetesHandle(plan, self.spec.namespace, name, podgroup=self.spec.scheduler == "volcano")
+        self.active.append(handle)
+        return handle
+
     @staticmethod
     def _create(kind: str, name: str, call: Callable[[], Any]) -> None:
         if _ignore(409, call):

@@ -87,34 +87,51 @@ def tail(path: str, lines: int = TAIL_LINES) -> str:
         return ""
 
 
-def run_attempt(
-    launcher: Launcher, plan: LaunchPlan, heartbeat_dir: Path, heartbeat_timeout_s: float, ledger: Ledger,
-    poll_s: float = 0.5, startup_grace_s: float = STARTUP_GRACE_S,
-) -> AttemptResult:
-    """Launch ``plan`` and block until it succeeds; raise ``AttemptFailed`` when it does not."""
-    started = time.time()
+def start_attempt(launcher: Launcher, plan: LaunchPlan, ledger: Ledger) -> Any:
+    """Record the attempt and launch it; the heartbeat folder exists before any rank (or watcher) looks."""
+    if "TRAINYARD_HEARTBEAT_DIR" in plan.env:
+        Path(plan.env["TRAINYARD_HEARTBEAT_DIR"]).mkdir(parents=True, exist_ok=True)
     ledger.append("train", "attempt_start", attempt=plan.attempt, nodes=plan.nodes, world_size=plan.world_size,
                   micro_batch=plan.env.get("TRAINYARD_MICRO_BATCH"), resume_from=plan.env.get("TRAINYARD_RESUME_FROM"))
-    handle = launcher.launch(plan)
-    try:
-        while True:
-            status = launcher.poll(handle)
-            if status.state == "succeeded":
-                break
-            if status.state == "failed":
-                _fail(plan, status, ledger, heartbeat_dir, "crash", [], _crash_reason(status))
-            beats = read_heartbeats(heartbeat_dir)
-            stale = stale_ranks(beats, plan.world_size, started, time.time(), heartbeat_timeout_s, startup_grace_s)
-            if stale:
-                # Ranks stuck behind a hung peer still pulse; the hung node's ranks do not.
-                silent = silent_ranks(heartbeat_dir, stale, time.time())
-                nodes = sorted({beats[r]["node"] for r in silent if r in beats and beats[r].get("node")})
-                _fail(plan, status, ledger, heartbeat_dir, "hang", nodes,
-                      f"no progress for {heartbeat_timeout_s:.0f} s from {', '.join(stale)};"
-                      f" no pulse from {', '.join(silent) or 'none'}")
-            time.sleep(poll_s)
-    finally:
-        launcher.cancel(handle)  # a no-op after success; ends every survivor after a failure
+    return launcher.launch(plan)
+
+
+def detect(status: AttemptStatus, heartbeat_dir: Path, world_size: int, started: float, timeout_s: float,
+           grace_s: float = STARTUP_GRACE_S) -> tuple[str, list[str], str] | None:
+    """What is wrong with a running attempt, if anything: ``(trigger, suspect nodes, reason)``.
+
+    A failed node is a crash. A rank without progress past the timeout is a
+    hang; of those, ranks whose liveness pulse stopped are the suspects --
+    ranks stuck behind a hung peer still pulse.
+    """
+    if status.state == "failed":
+        return "crash", [], _crash_reason(status)
+    beats = read_heartbeats(heartbeat_dir)
+    now = time.time()
+    stale = stale_ranks(beats, world_size, started, now, timeout_s, grace_s)
+    if not stale:
+        return None
+    silent = silent_ranks(heartbeat_dir, stale, now)
+    nodes = sorted({beats[r]["node"] for r in silent if r in beats and beats[r].get("node")})
+    return "hang", nodes, (f"no progress for {timeout_s:.0f} s from {', '.join(stale)};"
+                           f" no pulse from {', '.join(silent) or 'none'}")
+
+
+def attempt_failed(plan: LaunchPlan, status: AttemptStatus, ledger: Ledger, heartbeat_dir: Path, trigger: str,
+                   suspects: list[str], reason: str) -> AttemptFailed:
+    """Record the end of a failed attempt; the returned error carries what ``classify`` needs."""
+    detected_at = time.time()
+    steps = [b.get("step", 0) for b in read_heartbeats(heartbeat_dir).values()]
+    failure = Failure(
+        attempt=plan.attempt, trigger=trigger, stale_nodes=suspects, last_step=max(steps, default=None),
+        nodes=[NodeFailure(n.node, n.state, n.exit_code, n.reason, tail(n.log)) for n in status.nodes],
+    )
+    ledger.append("train", "attempt_end", attempt=plan.attempt, state="failed", trigger=trigger, reason=reason)
+    log.error("attempt %d failed (%s): %s", plan.attempt, trigger, reason)
+    return AttemptFailed(f"attempt {plan.attempt} failed ({trigger}): {reason}", failure, detected_at)
+
+
+def attempt_succeeded(plan: LaunchPlan, started: float, heartbeat_dir: Path, ledger: Ledger) -> AttemptResult:
     beats = read_heartbeats(heartbeat_dir)
     last = max((b.get("step", 0) for b in beats.values()), default=None)
     result = AttemptResult(plan.attempt, round(time.time() - started, 3), last)
@@ -122,21 +139,29 @@ def run_attempt(
     return result
 
 
+def run_attempt(
+    launcher: Launcher, plan: LaunchPlan, heartbeat_dir: Path, heartbeat_timeout_s: float, ledger: Ledger,
+    poll_s: float = 0.5, startup_grace_s: float = STARTUP_GRACE_S,
+) -> AttemptResult:
+    """Launch ``plan`` and block until it succeeds; raise ``AttemptFailed`` when it does not."""
+    started = time.time()
+    handle = start_attempt(launcher, plan, ledger)
+    try:
+        while True:
+            status = launcher.poll(handle)
+            if status.state == "succeeded":
+                break
+            problem = detect(status, heartbeat_dir, plan.world_size, started, heartbeat_timeout_s, startup_grace_s)
+            if problem:
+                raise attempt_failed(plan, status, ledger, heartbeat_dir, *problem)
+            time.sleep(poll_s)
+    finally:
+        launcher.cancel(handle)  # a no-op after success; ends every survivor after a failure
+    return attempt_succeeded(plan, started, heartbeat_dir, ledger)
+
+
 def _crash_reason(status: AttemptStatus) -> str:
     return "; ".join(f"{n.node} exited {n.exit_code}" + (f" ({n.reason})" if n.reason else "") for n in status.failed())
-
-
-def _fail(plan: LaunchPlan, status: AttemptStatus, ledger: Ledger, heartbeat_dir: Path, trigger: str, stale: list[str],
-          reason: str) -> None:
-    detected_at = time.time()
-    steps = [b.get("step", 0) for b in read_heartbeats(heartbeat_dir).values()]
-    failure = Failure(
-        attempt=plan.attempt, trigger=trigger, stale_nodes=stale, last_step=max(steps, default=None),
-        nodes=[NodeFailure(n.node, n.state, n.exit_code, n.reason, tail(n.log)) for n in status.nodes],
-    )
-    ledger.append("train", "attempt_end", attempt=plan.attempt, state="failed", trigger=trigger, reason=reason)
-    log.error("attempt %d failed (%s): %s", plan.attempt, trigger, reason)
-    raise AttemptFailed(f"attempt {plan.attempt} failed ({trigger}): {reason}", failure, detected_at)
 
 
 @dataclass
@@ -147,6 +172,41 @@ class Course:
     micro_batch: int
     resume_from: str
     """``latest`` or a checkpoint path (a rollback target, or the run's starting point)."""
+
+
+def history(ledger: Ledger) -> list[AttemptRecord]:
+    """The decisions taken so far, from the ledger: a resumed or retried task sees them all."""
+    return [AttemptRecord(e["attempt"], e["kind"], e["action"], e["nodes"]) for e in ledger.events("train", "decision")]
+
+
+def recover(
+    failed: AttemptFailed,
+    course: Course,
+    spares: list[str],
+    situation: Callable[[Course, list[str]], Situation],
+    recovery: RecoverySpec,
+    ledger: Ledger,
+    rollback_to: Callable[[int], str],
+) -> tuple[Course, float]:
+    """Classify the failure, decide, record both, and carry the decision out.
+
+    Returns the next attempt's course and how long to wait before it; raises
+    ``TrainingFailed`` (with the kind and the evidence) when the policy says fail.
+    ``spares`` loses the spares a scale-down takes.
+    """
+    attempt = failed.failure.attempt
+    found = classify(failed.failure)
+    ledger.append("train", "failure_classified", attempt=attempt, kind=found.kind, evidence=found.evidence,
+                  culprits=list(found.culprits), detected_at=failed.detected_at)
+    decision = decide(history(ledger), found, situation(course, spares), recovery)
+    ledger.append("train", "decision", attempt=attempt, kind=found.kind, action=decision.action, nodes=course.nodes,
+                  reason=getattr(decision, "reason", ""), **_changes(decision))
+    log.warning("attempt %d: %s -> %s: %s", attempt, found.kind, decision.action, getattr(decision, "reason", ""))
+    if isinstance(decision, Fail):
+        evidence = _evidence(found, failed)
+        log.error("training failed: %s\n%s", decision.reason, evidence)  # the traceback, in the task log
+        raise TrainingFailed(decision.reason, kind=found.kind, evidence=evidence) from None
+    return _apply(decision, course, spares, rollback_to), getattr(decision, "delay_s", 0.0)
 
 
 def supervise(
@@ -168,28 +228,14 @@ def supervise(
     describes the world for the policy; ``rollback_to(step)`` prepares a
     rollback and returns the checkpoint path to resume from.
     """
-    history = [AttemptRecord(e["attempt"], e["kind"], e["action"], e["nodes"]) for e in ledger.events("train", "decision")]
     attempt = first_attempt
     while True:
         plan = plan_for(attempt, course)
         try:
             return run_attempt(launcher, plan, Path(plan.env["TRAINYARD_HEARTBEAT_DIR"]), heartbeat_timeout_s, ledger, poll_s)
         except AttemptFailed as failed:
-            found = classify(failed.failure)
-            ledger.append("train", "failure_classified", attempt=attempt, kind=found.kind, evidence=found.evidence,
-                          culprits=list(found.culprits), detected_at=failed.detected_at)
-            decision = decide(history, found, situation(course, spares), recovery)
-            action = decision.action
-            ledger.append("train", "decision", attempt=attempt, kind=found.kind, action=action, nodes=course.nodes,
-                          reason=getattr(decision, "reason", ""), **_changes(decision))
-            log.warning("attempt %d: %s -> %s: %s", attempt, found.kind, action, getattr(decision, "reason", ""))
-            history.append(AttemptRecord(attempt, found.kind, action, list(course.nodes)))
-            if isinstance(decision, Fail):
-                evidence = _evidence(found, failed)
-                log.error("training failed: %s\n%s", decision.reason, evidence)  # the traceback, in the task log
-                raise TrainingFailed(decision.reason, kind=found.kind, evidence=evidence) from None
-            course = _apply(decision, course, spares, rollback_to)
-            time.sleep(getattr(decision, "delay_s", 0.0))
+            course, delay = recover(failed, course, spares, situation, recovery, ledger, rollback_to)
+            time.sleep(delay)
             attempt += 1
 
 

@@ -1,0 +1,168 @@
+"""Training on the kubernetes backend, deferred, end to end against an API server over HTTP.
+
+The train task's two halves (``stages.start_training`` and
+``stages.continue_training``) are driven the way Airflow drives the deferred
+``TrainOperator``: launch, then wait on the operator's own trigger
+(``trigger_for``: the provider's async hook through an Airflow connection),
+then hand each event back, until a result or a failure. ``fake_k8s.Kubelet``
+runs every pod's container -- torchrun with the reference workload -- as
+local processes, so the ranks really train, checkpoint, fail and resume.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from airflow_helpers import ROOT, STAGES, airflow, airflow_env, task_states
+from fake_k8s import FakeKube, Kubelet
+from trainyard import stages
+from trainyard.airflow.operators import defers, launcher_for, trigger_for
+from trainyard.checkpoint.format import read_manifest
+from trainyard.ledger import Ledger
+from trainyard.run import Run, open_run
+from trainyard.shards import write_synthetic_corpus
+
+pytestmark = pytest.mark.integration
+
+NS = "ml"
+NODES = ["gpu-a", "gpu-b"]
+SPEC = """\
+dataset: {{source: "file://{root}/cold", name: tokens, hot: "file://{root}/hot"}}
+runs_root: file://{root}/runs
+nodes:
+  count: 2
+  min: 1
+  backend: kubernetes
+  kubernetes: {{image: "trainer:1", namespace: {ns}, connection: fake_cluster, poll_s: 0.2, wake_every_s: 5}}
+pressure_test: {{enabled: false}}
+training:
+  args: {{seq-len: 32, d-model: 32, n-heads: 2, lr: 0.01}}
+  max_steps: 20
+  global_batch: 8
+  micro_batch: 2
+  checkpoint_every: 5
+  heartbeat_timeout_s: 6
+checkpoint: {{hot: "file://{root}/ckpt", cold: "file://{root}/coldckpt"}}
+recovery: {{max_attempts: 3, backoff_s: 0.2}}
+drills: {drills}
+"""
+
+
+@pytest.fixture
+def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    server = FakeKube().start()
+    for name in NODES:
+        server.add_node(name)
+    config = tmp_path / "kubeconfig"
+    config.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+        "clusters": [{"name": "fake", "cluster": {"server": server.url}}],
+        "users": [{"name": "fake", "user": {"token": "t"}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": NS}}],
+    }))
+    monkeypatch.setenv("AIRFLOW_CONN_FAKE_CLUSTER", json.dumps(
+        {"conn_type": "kubernetes", "extra": {"kube_config_path": str(config), "namespace": NS}}))
+    yield server
+    server.stop()
+
+
+def run_with(tmp_path: Path, drills: str) -> Run:
+    write_synthetic_corpus(tmp_path / "cold", shards=2, tokens_per_shard=16_384)
+    spec = tmp_path / "k8s.yaml"
+    spec.write_text(SPEC.format(root=tmp_path, ns=NS, drills=drills))
+    run = open_run(spec, "k8s", f"deferred-{time.monotonic_ns()}", "2026-11-28")
+    stages.stage_dataset(run)
+    return run
+
+
+def first_event(trigger: Any, limit_s: float = 120) -> dict[str, Any]:
+    async def wait() -> dict[str, Any]:
+        async for event in trigger.run():
+            return event.payload
+        raise AssertionError("the trigger ended without an event")
+
+    return asyncio.run(asyncio.wait_for(wait(), timeout=limit_s))
+
+
+def deferred_train(run: Run) -> tuple[dict[str, Any], list[str]]:
+    """What Airflow does with the deferred operator: each half in a fresh launcher, as in a fresh process."""
+    assert defers(run.spec.nodes)
+    outcome = {"watch": stages.start_training(run, NODES, launcher_for(run.spec.nodes), [])}
+    seen = []
+    while "watch" in outcome:
+        trigger = trigger_for(run, outcome["watch"])
+        kind, data = trigger.serialize()  # what the triggerer gets from the metadata DB
+        event = first_event(type(trigger)(**json.loads(json.dumps(data))))
+        seen.append(event["status"])
+        outcome = stages.continue_training(run, NODES, launcher_for(run.spec.nodes), [], event)
+    return outcome["result"], seen
+
+
+def train_events(run: Run, name: str) -> list[dict[str, Any]]:
+    return list(run.ledger.events("train", name))
+
+
+def test_an_oom_pod_is_retried_with_half_the_micro_batch_and_the_run_finishes(fake: FakeKube, tmp_path: Path) -> None:
+    run = run_with(tmp_path, "[{fault: oom, node: gpu-b, step: 12}]")
+    with Kubelet(fake, NS, NODES, tmp_path / "kubelet"):
+        result, seen = deferred_train(run)
+    assert seen[-1] == "succeeded" and "failed" in seen
+    [classified] = train_events(run, "failure_classified")
+    assert classified["kind"] == "oom" and classified["culprits"] == ["gpu-b"]
+    [decision] = train_events(run, "decision")
+    assert decision["micro_batch"] == 1
+    starts = train_events(run, "attempt_start")
+    assert [(s["attempt"], s["nodes"], s["micro_batch"]) for s in starts] == [(1, NODES, "2"), (2, NODES, "1")]
+    # The failed pod's log was kept as the evidence classify read.
+    assert any("MemoryError" in p.read_text() for p in (run.dir / "attempt-1").glob("*.log"))
+    manifest = read_manifest(Path(result["checkpoint"]))
+    assert manifest["step"] == 20 and result["attempts"] == 2 and result["target_step"] == 20
+    # Every checkpoint was judged by the wake-up sweeps, the final one included.
+    judged = {Path(e["path"]).name for e in train_events(run, "checkpoint_validated")}
+    assert Path(result["checkpoint"]).name in judged
+    assert [e["event"] for e in run.ledger.events("train") if e["event"].startswith("stage_")] == ["stage_start", "stage_end"]
+    assert fake.items("apis/batch/v1", "jobs", NS) == [] and fake.items("api/v1", "services", NS) == []
+    assert stages.check_checkpoint(run, result["checkpoint"], 20)["step"] == 20
+
+
+def test_a_hung_rank_is_seen_by_the_trigger_and_the_run_scales_down(fake: FakeKube, tmp_path: Path) -> None:
+    run = run_with(tmp_path, "[{fault: hang, node: gpu-b, step: 12}]")
+    with Kubelet(fake, NS, NODES, tmp_path / "kubelet"):
+        result, seen = deferred_train(run)
+    assert "hang" in seen and seen[-1] == "succeeded"
+    [classified] = train_events(run, "failure_classified")
+    assert classified["kind"] == "hang" and classified["culprits"] == ["gpu-b"]
+    [decision] = train_events(run, "decision")
+    assert decision["action"] == "scale_down" and decision["new_nodes"] == ["gpu-a"]
+    assert read_manifest(Path(result["checkpoint"]))["world_size"] == 1
+    assert fake.items("api/v1", "pods", NS) == []  # the hung attempt's pods were deleted with its Job
+
+
+def test_the_train_task_defers_in_a_real_airflow_run(fake: FakeKube, tmp_path: Path) -> None:
+    """``airflow dags test`` runs the trigger inline: the operator defers, resumes on the event, and finishes."""
+    dags = tmp_path / "dags"
+    (dags / "pipelines").mkdir(parents=True)
+    shutil.copy(ROOT / "dags" / "pipelines.py", dags)
+    write_synthetic_corpus(tmp_path / "cold", shards=2, tokens_per_shard=16_384)
+    (dags / "pipelines" / "k8s_train.yaml").write_text(SPEC.format(root=tmp_path, ns=NS, drills="[]"))
+    env = airflow_env(tmp_path / "home", dags, AIRFLOW_CONN_FAKE_CLUSTER=os.environ["AIRFLOW_CONN_FAKE_CLUSTER"])
+    with Kubelet(fake, NS, NODES, tmp_path / "kubelet"):
+        done = airflow(env, "dags", "test", "k8s_train", "2026-11-28")
+    Path("/tmp/k8s_dags_test.log").write_text(done.stdout + done.stderr)
+    out = done.stdout[-4000:] + done.stderr[-4000:]
+    assert {t: s for t, (s, _) in task_states(env, "k8s_train", "2026-11-28").items()} == dict.fromkeys(STAGES, "success"), out
+    [run_dir] = (tmp_path / "runs" / "k8s_train").iterdir()
+    ledger = Ledger.in_dir(run_dir)
+    # Only the resumed half of the task writes attempt_event: the operator did defer and come back.
+    assert [e["status"] for e in ledger.events("train", "attempt_event")][-1] == "succeeded"
+    assert [e["attempt"] for e in ledger.events("train", "attempt_start")] == [1]
+    assert fake.items("apis/batch/v1", "jobs", NS) == []
