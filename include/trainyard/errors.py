@@ -35,6 +35,10 @@ class TransientError(TrainyardError):
     """Worth retrying as is: a server outage, a connection reset."""
 
 
+class LineageBusy(TrainyardError):
+    """Another run of the pipeline is training on the same checkpoints: wait for it to finish."""
+
+
 class TrainingFailed(TrainyardError):
     """A training attempt failed; ``kind`` says how, ``evidence`` says why we think so."""
 
@@ -46,4 +50,4 @@ class TrainingFailed(TrainyardError):
 
 # Which errors a retry cannot fix. The Airflow adapter fails these fast. A TrainingFailed that
 # reaches it was already retried, scaled down or rolled back as far as the recovery policy allows.
-FAIL_FAST = (SpecError, DataError, NodeUnhealthy, CheckpointInvalid, TrainingFailed)
+FAIL_FAST = (SpecError, DataError, NodeUnhealthy, CheckpointInvalid, LineageBusy, TrainingFailed)

@@ -15,11 +15,12 @@ from typing import Any
 from trainyard.atomic import write_json_atomic
 from trainyard.errors import SpecError
 from trainyard.ledger import Ledger, run_dir, safe_name
-from trainyard.spec import PipelineSpec, load_spec, with_params
+from trainyard.spec import PARAM_FIELDS, PipelineSpec, load_spec, with_params
 from trainyard.storage import S3Settings, Tier, local_path, open_tier
 from trainyard.templating import render
 
 SNAPSHOT = "spec.json"
+RUN_STAGE = "run"  # ledger stage of events about the run as a whole (not one of the pipeline's stages)
 
 
 @dataclass(frozen=True)
@@ -92,16 +93,42 @@ def open_run(
     params: Mapping[str, Any] | None = None,
     connections: Callable[[str], S3Settings] | None = None,
 ) -> Run:
-    """Load the spec, apply the trigger's Params, and snapshot both in the run folder once."""
+    """Load the spec, apply the trigger's Params, and record both for the run once.
+
+    ``spec.json`` holds the spec as run (Params applied) and the Params; the
+    ledger gets one ``params`` event with the Params and which of them differ
+    from the spec file, so the run can be reproduced from its folder alone.
+    """
     spec_path = Path(spec_path)
-    spec = load_spec(spec_path)
-    if params:
-        spec = with_params(spec, params, spec_path)
+    file_spec = load_spec(spec_path)
+    spec = with_params(file_spec, params, spec_path) if params else file_spec
     run = Run(spec=spec, spec_path=spec_path, dag_id=dag_id, run_id=run_id, ds=ds, connections=connections)
     snapshot = run.dir / SNAPSHOT
     if not snapshot.exists():
+        # The event goes first and the snapshot last: a task killed in between leaves no snapshot, and the
+        # next task's open finds the event and writes only the snapshot (the ledger is read just this once).
+        if next(run.ledger.events(RUN_STAGE, "params"), None) is None:
+            run.ledger.append(RUN_STAGE, "params", params=dict(params or {}),
+                              overrides=param_overrides(file_spec, spec), spec_file=str(spec_path), snapshot=SNAPSHOT)
         write_json_atomic(snapshot, {
             "spec_file": str(spec_path), "params": dict(params or {}), "spec": spec.model_dump(mode="json"),
             "dag_id": dag_id, "run_id": run_id, "ds": ds,
         })
     return run
+
+
+def param_overrides(file_spec: PipelineSpec, spec: PipelineSpec) -> dict[str, dict[str, Any]]:
+    """``{param: {"spec": value in the file, "run": value used}}`` for each Param the trigger changed."""
+    changed = {}
+    for name, path in PARAM_FIELDS.items():
+        before, after = _field(file_spec, path), _field(spec, path)
+        if before != after:
+            changed[name] = {"spec": before, "run": after}
+    return changed
+
+
+def _field(spec: PipelineSpec, path: tuple[str, ...]) -> Any:
+    node: Any = spec
+    for key in path:
+        node = node.get(key) if isinstance(node, dict) else getattr(node, key, None)
+    return node

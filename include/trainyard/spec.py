@@ -10,6 +10,7 @@ keys, ranges) come from the models; checks that relate two fields live in
 from __future__ import annotations
 
 import datetime as dt
+import math
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
@@ -24,7 +25,7 @@ from trainyard.templating import placeholder_problems
 
 FailureKind = Literal["node_lost", "hang", "transient", "oom", "diverged", "user_error", "data_error"]
 Action = Literal["retry", "scale_down", "rollback", "fail"]
-ParamName = Literal["nodes", "min_nodes", "max_steps", "resume_from"]
+ParamName = Literal["nodes", "min_nodes", "max_steps", "micro_batch", "lr", "resume_from"]
 
 CRON_PRESETS = ("@hourly", "@daily", "@weekly", "@monthly", "@yearly", "@once")
 URI_SCHEMES = ("file", "s3")
@@ -128,6 +129,15 @@ class KubernetesSpec(_Model):
     """Address the burn-in pods use to reach the worker running the pressure test; null: its host's IP."""
     cluster_domain: str = Field("cluster.local", pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
     """DNS domain of the cluster; pod 0's name under it is the rendezvous endpoint."""
+    deferrable: bool = True
+    """Free the worker slot while an attempt runs: the train task defers to a trigger, which watches
+    the pods (and the heartbeats, where the triggerer mounts the hot tier) and wakes it on each event.
+    false: the task supervises the attempt itself, holding its slot."""
+    wake_every_s: float = Field(300.0, ge=5, le=86400)
+    """While deferred, the train task also wakes this often to judge new checkpoints (retention, cold
+    copies) and check heartbeats itself."""
+    poll_s: float = Field(5.0, gt=0, le=600)
+    """Seconds between the trigger's looks at the attempt's pods and heartbeats."""
 
 
 class NodesSpec(_Model):
@@ -289,7 +299,9 @@ class PipelineSpec(_Model):
     catchup: bool = False
     """Run the missed intervals since ``start_date``."""
     max_active_runs: int = Field(1, ge=1)
-    """Concurrent runs of this pipeline."""
+    """Airflow's limit on concurrent scheduled and manual runs (a backfill has its own,
+    ``--max-active-runs``). Training is one run at a time whatever it says: runs share the
+    checkpoint lineage, and a second one fails fast with ``LineageBusy``."""
     runs_root: str = "file://${TRAINYARD_HOME}/runs"
     """Where each run keeps its ledger and report (``file://``)."""
     dataset: DatasetSpec
@@ -304,8 +316,8 @@ class PipelineSpec(_Model):
     """Where checkpoints go and what makes one valid."""
     recovery: RecoverySpec = RecoverySpec()
     """What to do when training fails."""
-    params: list[ParamName] = ["nodes", "min_nodes", "max_steps", "resume_from"]
-    """Which settings a UI trigger may override."""
+    params: list[ParamName] = ["nodes", "min_nodes", "max_steps", "micro_batch", "resume_from"]
+    """Which settings a UI trigger may override (``lr`` also needs a positive ``training.args.lr``)."""
     drills: list[Drill] = []
     """Faults to act out during training, for rehearsals (see ``trainyard drill``)."""
 
@@ -494,7 +506,14 @@ def _cross_field_problems(spec: PipelineSpec) -> list[str]:
     for i, name in enumerate(spec.params):
         if name in spec.params[:i]:
             problems.append(f"params[{i}]: {name!r} is listed twice")
+        if name == "lr" and not _positive_number(training.args.get("lr")):
+            problems.append(f"params[{i}]: 'lr' overrides training.args.lr, which is not set to a positive number;"
+                            " set it (the entrypoint's --lr) or drop 'lr' from params")
     return problems
+
+
+def _positive_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
 
 
 def _lifecycle_problems(uri: str, rule: Lifecycle) -> list[str]:
@@ -566,38 +585,97 @@ def _key_problems(field: str, key: str) -> list[str]:
 
 # ---------------------------------------------------------------- UI params
 
-# Each UI Param overrides one spec field; the override is validated by the same
-# models, so a trigger can never run a spec that ``trainyard check`` would refuse.
-PARAM_FIELDS: dict[str, tuple[str, str]] = {
+# Each UI Param overrides one spec field (a path into the spec tree); the
+# override is validated by the same models, so a trigger can never run a spec
+# that ``trainyard check`` would refuse.
+PARAM_FIELDS: dict[str, tuple[str, ...]] = {
     "nodes": ("nodes", "count"),
     "min_nodes": ("nodes", "min"),
     "max_steps": ("training", "max_steps"),
+    "micro_batch": ("training", "micro_batch"),
+    "lr": ("training", "args", "lr"),
     "resume_from": ("training", "resume_from"),
 }
 
+# Trigger-form sections (Airflow 3 groups Params by their schema's ``section``).
+SECTION_NODES = "Nodes"
+SECTION_TRAINING = "Training"
+SECTION_CHECKPOINT = "Checkpoint"
+# Bounds that catch typos (60 for 0.006, 3 for 0.003) rather than model choices; a spec's own larger
+# value raises them (a default its own schema refused would make the DAG fail to import).
+MAX_STEPS_BOUND = 10_000_000
+MAX_LR = 1.0
+# The same rule as ``_valid_resume``, as a JSON-schema pattern: 'latest', 'none', or an absolute path without '..'.
+RESUME_PATTERN = r"^(latest|none|/(?!(.*/)?\.\.(/|$)).*)$"
+
 
 def param_schemas(spec: PipelineSpec) -> dict[str, dict[str, Any]]:
-    """JSON schema (with default, title, description) of each exposed UI Param."""
-    schemas = {
+    """JSON schema (with default, title, description, section) of each exposed UI Param.
+
+    ``description`` is Param's own argument; every other key is the Param's
+    schema, which Airflow validates a trigger against before any run exists.
+    Closed value sets are enums (a drop-down in the form); the rule that ties
+    Params together (global batch divisible by micro-batch x nodes x ranks) is
+    checked when the run opens, by ``with_params``, and fails the first task.
+    """
+    nodes, training = spec.nodes, spec.training
+    upper, batch, ranks = nodes.upper, training.global_batch, nodes.procs_per_node
+    # When the other knob is a Param too, any value it could take keeps a choice open (its smallest: 1).
+    least_micro = 1 if "micro_batch" in spec.params else training.micro_batch
+    least_nodes = 1 if "nodes" in spec.params else nodes.count
+    lr = training.args.get("lr") if _positive_number(training.args.get("lr")) else MAX_LR  # exposed only when it is one
+    batch_rule = f"micro-batch x nodes x {ranks} rank(s) per node must divide the global batch ({batch})"
+    schemas: dict[str, dict[str, Any]] = {
         "nodes": {
-            "type": "integer", "minimum": 1, "maximum": spec.nodes.upper, "default": spec.nodes.count,
-            "title": "Nodes", "description": f"Nodes to train on (1 to {spec.nodes.upper}).",
+            "type": "integer", "minimum": 1, "maximum": upper, "default": nodes.count,
+            "enum": [c for c in range(1, upper + 1) if batch % (least_micro * c * ranks) == 0],
+            "title": "Nodes", "section": SECTION_NODES,
+            "description": f"Nodes to train on, 1 to {upper}; the spec says {nodes.count}. Offered: the counts"
+                           f" that keep the rule {batch_rule}.",
         },
         "min_nodes": {
-            "type": "integer", "minimum": 1, "maximum": spec.nodes.upper, "default": spec.nodes.min,
-            "title": "Minimum nodes", "description": "Fewest nodes a failure may scale the run down to; at most Nodes.",
+            "type": "integer", "minimum": 1, "maximum": upper, "default": nodes.min,
+            "title": "Minimum nodes", "section": SECTION_NODES,
+            "description": f"Fewest nodes a failure may scale the run down to; at most Nodes."
+                           f" The spec says {nodes.min}.",
         },
         "max_steps": {
-            "type": "integer", "minimum": 1, "maximum": 10_000_000, "default": spec.training.max_steps,
-            "title": "Max steps", "description": "Optimizer steps to train.",
+            "type": "integer", "minimum": 1, "maximum": max(MAX_STEPS_BOUND, training.max_steps),
+            "default": training.max_steps,
+            "title": "Steps to train", "section": SECTION_TRAINING,
+            "description": f"Optimizer steps this run trains, counted from the checkpoint it resumes from;"
+                           f" the spec says {training.max_steps}.",
+        },
+        "micro_batch": {
+            "type": "integer", "minimum": 1, "maximum": batch, "default": training.micro_batch,
+            "enum": [m for m in _divisors(batch) if batch % (m * least_nodes * ranks) == 0],
+            "title": "Micro-batch", "section": SECTION_TRAINING,
+            "description": f"Sequences per forward pass on one rank; the spec says {training.micro_batch}."
+                           f" Lower it to fit memory: the global batch stays, the rest is gradient accumulation."
+                           f" Rule: {batch_rule}.",
+        },
+        "lr": {
+            "type": "number", "exclusiveMinimum": 0, "maximum": max(MAX_LR, lr), "default": lr,
+            "title": "Learning rate", "section": SECTION_TRAINING,
+            "description": f"Passed to the entrypoint as --lr (training.args.lr); the spec says {lr}.",
         },
         "resume_from": {
-            "type": "string", "pattern": r"^(latest|none|/.+)$", "default": spec.training.resume_from,
-            "title": "Resume from",
-            "description": "'latest' valid checkpoint, 'none' for a fresh start, or an absolute checkpoint path.",
+            "type": "string", "pattern": RESUME_PATTERN, "default": training.resume_from,
+            # examples, not enum: the form offers the two keywords and still accepts a typed absolute path.
+            "examples": list(dict.fromkeys(["latest", "none", training.resume_from])),
+            "values_display": {"latest": "latest: the newest valid checkpoint", "none": "none: a fresh start"},
+            "title": "Resume from", "section": SECTION_CHECKPOINT,
+            "description": "'latest' valid checkpoint of this pipeline, 'none' for a fresh start, or the absolute"
+                           " path of a checkpoint folder (step_NNNNNN).",
         },
     }
     return {name: schemas[name] for name in spec.params}
+
+
+def _divisors(n: int) -> list[int]:
+    """Divisors of ``n`` in ascending order, in O(sqrt n): DAG parsing must stay fast."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def with_params(spec: PipelineSpec, params: Mapping[str, Any], source: Path) -> PipelineSpec:
@@ -606,6 +684,9 @@ def with_params(spec: PipelineSpec, params: Mapping[str, Any], source: Path) -> 
     for name, value in params.items():
         if name not in PARAM_FIELDS or name not in spec.params:
             continue  # Airflow's own params (and ones this spec does not expose) pass by
-        section, field = PARAM_FIELDS[name]
-        data.setdefault(section, {})[field] = value
+        *parents, field = PARAM_FIELDS[name]
+        node = data
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[field] = value
     return spec_from_data(data, source)

@@ -24,14 +24,17 @@ from trainyard.checkpoint.format import (
     MANIFEST, latest_valid, list_checkpoints, read_manifest, step_dir, step_of, supersede, verify,
 )
 from trainyard.checkpoint.validate import Validation, validate
-from trainyard.errors import CheckpointInvalid, NodeUnhealthy, SpecError
-from trainyard.launch.base import Launcher, LaunchPlan
+from trainyard.errors import CheckpointInvalid, NodeUnhealthy, SpecError, TransientError
+from trainyard.launch.base import AttemptStatus, Launcher, LaunchPlan
+from trainyard.launch.kubernetes import status_from_dicts
 from trainyard.launch.local import LocalLauncher
 from trainyard.quality.dataset import check_dataset as _check_dataset
 from trainyard.quality.metrics import check_metrics
 from trainyard.recovery.figures import recovery_figures
 from trainyard.recovery.policy import Situation
-from trainyard.recovery.supervisor import Course, supervise
+from trainyard.recovery.supervisor import (
+    AttemptResult, Course, attempt_failed, attempt_succeeded, detect, recover, start_attempt, supervise,
+)
 from trainyard.train.drills import ENV as DRILLS_ENV
 from trainyard.report.summary import write_report
 from trainyard.ledger import safe_name
@@ -54,8 +57,7 @@ def recorded(name: str) -> Callable[[Callable[..., dict[str, Any]]], Callable[..
             try:
                 result = fn(run, *args, **kwargs)
             except Exception as exc:
-                run.ledger.append(name, "stage_failed", error=type(exc).__name__, message=str(exc)[:2000],
-                                  seconds=round(time.monotonic() - started, 3))
+                _stage_failed(run, name, exc, time.monotonic() - started)
                 raise
             run.ledger.append(name, "stage_end", seconds=round(time.monotonic() - started, 3), result=result)
             return result
@@ -65,6 +67,10 @@ def recorded(name: str) -> Callable[[Callable[..., dict[str, Any]]], Callable[..
         return run_stage
 
     return wrap
+
+
+def _stage_failed(run: Run, name: str, exc: Exception, seconds: float) -> None:
+    run.ledger.append(name, "stage_failed", error=type(exc).__name__, message=str(exc)[:2000], seconds=round(seconds, 3))
 
 
 @recorded("stage_dataset")
@@ -168,6 +174,7 @@ def resume_point(run: Run) -> tuple[str, int]:
     Decided once per run and kept in the ledger, so a retried train task aims
     at the same final step instead of training ``max_steps`` more.
     """
+    registry.hold(run.checkpoint_root, run.run_id, run.ledger)  # the run's until its report
     first = next(run.ledger.events("train", "resume_point"), None)
     if first:
         return first["resume_from"], first["start_step"]
@@ -226,18 +233,154 @@ def train(run: Run, nodes: list[str], launcher: Launcher | None = None, spares: 
     resume_from, start = resume_point(run)
     target = start + training.max_steps
     course, first = _course(run, nodes, resume_from)
-    cfg = run.spec.checkpoint
-    with registry.Watcher(run.checkpoint_root, _validator(run), run.ledger, cfg.keep_hot, _to_cold(run)):
+    with _watcher(run):
         result = supervise(
-            launcher, lambda attempt, c: _plan(run, attempt, c, target), course, list(spares or []),
+            launcher, lambda attempt, c: _plan(run, attempt, c, target), course, _spares_left(run, spares),
             lambda c, free: _situation(run, c, free), run.spec.recovery, run.ledger, training.heartbeat_timeout_s,
             lambda step: _rollback(run, step), first_attempt=first,
         )
+    return _trained(run, nodes, start, target, result)
+
+
+def _watcher(run: Run) -> registry.Watcher:
+    cfg = run.spec.checkpoint
+    return registry.Watcher(run.checkpoint_root, _validator(run), run.ledger, cfg.keep_hot, _to_cold(run))
+
+
+def _spares_left(run: Run, spares: list[str] | None) -> list[str]:
+    """Burn-in's spares minus those an earlier attempt of this run already took (a retried task)."""
+    used = {node for e in run.ledger.events("train", "attempt_start") for node in e["nodes"]}
+    return [node for node in spares or [] if node not in used]
+
+
+def _trained(run: Run, nodes: list[str], start: int, target: int, result: AttemptResult) -> dict[str, Any]:
     final = registry.latest(run.checkpoint_root)
     figures = recovery_figures(run.ledger)
     run.ledger.append("train", "recovery_figures", **{k: v for k, v in figures.items() if k != "failures"})
     return {"nodes": list(nodes), "start_step": start, "target_step": target, "last_step": result.last_step,
             "checkpoint": str(final) if final else None, "attempts": result.attempt}
+
+
+# The deferred train task: the same attempts, decisions and ledger as ``train``, cut at each wait so
+# that no process holds a worker slot while an attempt runs. ``start_training`` launches and returns
+# a *watch* (what a trigger needs); the task defers, and each event of the trigger comes back to
+# ``continue_training``, which returns the next watch or the result. Each half runs in a new process,
+# so everything it needs is in the ledger or the watch.
+
+
+def start_training(run: Run, nodes: list[str], launcher: Any, spares: list[str] | None = None) -> dict[str, Any]:
+    """Launch the run's next attempt, or re-attach to one an earlier task process left running; the watch."""
+    run.ledger.append("train", "stage_start")
+    try:
+        resume_from, start = resume_point(run)
+        target = start + run.spec.training.max_steps
+        if _unfinished_attempt(run) is not None:
+            plan, handle, watch = _current(run, launcher, target)
+            log.info("attempt %d is still running; watching it again", plan.attempt)
+            return watch
+        course, first = _course(run, nodes, resume_from)
+        return _launch(run, launcher, first, course, target)
+    except Exception as exc:
+        _stage_failed(run, "train", exc, _train_seconds(run))
+        raise
+
+
+def continue_training(run: Run, nodes: list[str], launcher: Any, spares: list[str] | None,
+                      event: dict[str, Any]) -> dict[str, Any]:
+    """Act on the trigger's ``event`` for the current attempt: ``{"watch": ...}`` to wait again, or ``{"result": ...}``.
+
+    The current attempt is the ledger's last one (not a value the deferral
+    carried: the ledger is what a retried task sees too). Every wake judges
+    the checkpoints written since the last one. A failure is classified and
+    decided as in ``train``; unless the policy says fail (``TrainingFailed``),
+    the next attempt is launched and watched.
+    """
+    try:
+        _, start = resume_point(run)
+        target = start + run.spec.training.max_steps
+        plan, handle, watch = _current(run, launcher, target)
+        run.ledger.append("train", "attempt_event", attempt=plan.attempt, status=event["status"],
+                          message=event.get("message", ""))
+        _watcher(run).carry_on(start).sweep()
+        beats = Path(plan.env["TRAINYARD_HEARTBEAT_DIR"])
+        if event["status"] == "error":
+            # The cluster did not answer; the attempt may well be running. A retried task re-attaches.
+            raise TransientError(f"lost sight of attempt {plan.attempt}: {event['message']}")
+        problem = _problem(run, launcher.poll(handle), plan, watch, event) if event["status"] != "succeeded" else None
+        if problem == "running":
+            return {"watch": watch}  # a wake-up with nothing wrong: wait on
+        launcher.cancel(handle)
+        if problem is None:
+            result = attempt_succeeded(plan, watch["started"], beats, run.ledger)
+            _watcher(run).carry_on(start).sweep()  # the final checkpoint, written in the last instant
+            trained = _trained(run, nodes, start, target, result)
+            run.ledger.append("train", "stage_end", seconds=_train_seconds(run), result=trained)
+            return {"result": trained}
+        failed = attempt_failed(plan, problem[0], run.ledger, beats, *problem[1])
+        course, delay = recover(failed, _attempt_course(_last_attempt(run)), _spares_left(run, spares),
+                                lambda c, free: _situation(run, c, free), run.spec.recovery, run.ledger,
+                                lambda step: _rollback(run, step))
+        time.sleep(delay)
+        return {"watch": _launch(run, launcher, plan.attempt + 1, course, target)}
+    except Exception as exc:
+        _stage_failed(run, "train", exc, _train_seconds(run))
+        raise
+
+
+def _problem(run: Run, status: AttemptStatus, plan: LaunchPlan, watch: dict[str, Any],
+             event: dict[str, Any]) -> tuple[AttemptStatus, tuple[str, list[str], str]] | str | None:
+    """What a non-success event means, judged on a fresh look (``status``, with the pods' logs as evidence):
+    the status and ``(trigger, suspects, reason)`` of a failure, ``None`` if it succeeded, or ``"running"``."""
+    if event["status"] == "hang":
+        return status, ("hang", list(event.get("suspects", [])), event["message"])
+    beats = Path(plan.env["TRAINYARD_HEARTBEAT_DIR"])
+    problem = detect(status, beats, plan.world_size, watch["started"], run.spec.training.heartbeat_timeout_s)
+    if problem:
+        return status, problem
+    if event["status"] == "failed":  # the pods went before this look: the trigger's record is the evidence
+        return status_from_dicts(event["nodes"]), ("crash", [], event["message"])
+    return None if status.state == "succeeded" else "running"
+
+
+def _launch(run: Run, launcher: Any, attempt: int, course: Course, target: int) -> dict[str, Any]:
+    plan = _plan(run, attempt, course, target)
+    start_attempt(launcher, plan, run.ledger)
+    return _current(run, launcher, target)[2]
+
+
+def _current(run: Run, launcher: Any, target: int) -> tuple[LaunchPlan, Any, dict[str, Any]]:
+    """The ledger's last attempt: its plan (rebuilt exactly: plans are pure), handle and watch.
+
+    The watch is what the trigger needs, JSON-safe: it travels through the metadata DB.
+    """
+    last = _last_attempt(run)
+    plan = _plan(run, last["attempt"], _attempt_course(last), target)
+    handle = launcher.attach(plan)
+    watch = {"attempt": plan.attempt, "started": last["ts"], "namespace": handle.namespace, "job_name": handle.name,
+             "nodes": list(plan.nodes), "world_size": plan.world_size,
+             "heartbeat_dir": plan.env["TRAINYARD_HEARTBEAT_DIR"]}
+    return plan, handle, watch
+
+
+def _last_attempt(run: Run) -> dict[str, Any]:
+    return list(run.ledger.events("train", "attempt_start"))[-1]
+
+
+def _unfinished_attempt(run: Run) -> dict[str, Any] | None:
+    """The last attempt_start without an attempt_end: launched by a task process that then died."""
+    starts = list(run.ledger.events("train", "attempt_start"))
+    ended = {e["attempt"] for e in run.ledger.events("train", "attempt_end")}
+    return starts[-1] if starts and starts[-1]["attempt"] not in ended else None
+
+
+def _attempt_course(start: dict[str, Any]) -> Course:
+    return Course(list(start["nodes"]), int(start["micro_batch"]), start["resume_from"])
+
+
+def _train_seconds(run: Run) -> float:
+    """Since this task's train stage started: its process changed at every wake-up."""
+    starts = [e["ts"] for e in run.ledger.events("train", "stage_start")]
+    return round(time.time() - starts[-1], 3) if starts else 0.0
 
 
 def _course(run: Run, nodes: list[str], resume_from: str) -> tuple[Course, int]:
@@ -335,6 +478,7 @@ def publish(run: Run, checkpoint: str) -> dict[str, Any]:
 
 @recorded("report")
 def report(run: Run) -> dict[str, Any]:
-    """Write the run's summary and HTML report from its ledger; release the run's hot data."""
+    """Write the run's summary and HTML report from its ledger; release the run's hot data and checkpoints."""
     unpin(run.hot_dataset_dir, run.holder)
+    registry.release(run.checkpoint_root, run.run_id)
     return write_report(run.dir, run.ledger)

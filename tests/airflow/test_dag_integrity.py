@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -44,14 +46,57 @@ def test_schedule_and_retries_come_from_the_spec(bag: DagBag) -> None:
 
 def test_params_validate_with_their_schema(bag: DagBag) -> None:
     params = bag.dags["nightly_pretrain"].params
-    assert params.dump() == {"nodes": 2, "min_nodes": 1, "max_steps": 60, "resume_from": "latest"}
+    assert params.dump() == {"nodes": 2, "min_nodes": 1, "max_steps": 60, "micro_batch": 4, "resume_from": "latest"}
     with pytest.raises(ParamValidationError, match="99 is greater than the maximum of 2"):
         params["nodes"] = 99
     with pytest.raises(ParamValidationError, match="does not match"):
         params["resume_from"] = "relative/path"
+    with pytest.raises(ParamValidationError, match=r"3 is not one of \[1, 2, 4, 8, 16\]"):
+        params["micro_batch"] = 3
     manual = bag.dags["finetune_manual"].params
     manual["nodes"] = 4  # nodes.max: 4 in the spec
     assert manual["nodes"] == 4
+
+
+FORM = {
+    # nightly_pretrain lists no params: the default set, micro_batch included
+    "nightly_pretrain": {"Nodes": ["nodes", "min_nodes"], "Training": ["max_steps", "micro_batch"],
+                         "Checkpoint": ["resume_from"]},
+    "finetune_manual": {"Nodes": ["nodes", "min_nodes"], "Training": ["max_steps"], "Checkpoint": ["resume_from"]},
+}
+
+
+@pytest.mark.parametrize("dag_id", list(FORM))
+def test_the_trigger_form_survives_serialization(bag: DagBag, dag_id: str) -> None:
+    # The API server renders the form from the serialized DAG, not from the parsed one.
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    dag = DagSerialization.from_dict(DagSerialization.to_dict(bag.dags[dag_id]))
+    sections: dict[str, list[str]] = {}
+    for name in dag.params:
+        param = dag.params.get_param(name)
+        assert param.description and param.schema["title"], name
+        sections.setdefault(param.schema["section"], []).append(name)
+    assert sections == FORM[dag_id]
+
+
+@pytest.mark.parametrize("dag_id,slots", [("nightly_pretrain", {"burn_in": 2, "train": 2}),   # count 2, no max, no spare
+                                          ("finetune_manual", {"burn_in": 5, "train": 4})])  # max 4, spare 1
+def test_node_tasks_take_a_slot_per_node_a_run_may_use(bag: DagBag, dag_id: str, slots: dict[str, int]) -> None:
+    dag = bag.dags[dag_id]
+    assert {t.task_id: (t.pool, t.pool_slots) for t in dag.tasks if t.pool != "default_pool"} == {
+        task_id: ("training_nodes", n) for task_id, n in slots.items()}
+    # The nodes Param cannot ask for more than the slots the train task holds.
+    assert dag.params.get_param("nodes").schema["maximum"] <= dag.get_task("train").pool_slots
+
+
+def test_the_pool_fits_every_pipeline(bag: DagBag) -> None:
+    # A task asking for more slots than its pool has is never scheduled: the run would wait forever.
+    from trainyard.airflow.settings import load_settings
+
+    [pool] = [p for p in load_settings(ROOT / "airflow_settings.yaml")["pools"] if p["pool_name"] == "training_nodes"]
+    assert pool["pool_include_deferred"] is True  # a deferred train task's pods still hold their nodes
+    assert max(t.pool_slots for dag in bag.dags.values() for t in dag.tasks if t.pool == "training_nodes") <= pool["pool_slot"]
 
 
 def test_one_broken_spec_is_an_import_error_and_hides_no_other(tmp_path: Path) -> None:
@@ -73,3 +118,13 @@ def test_parsing_touches_no_tier(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     DagBag(dag_folder=str(ROOT / "dags"))
     assert not (tmp_path / "home").exists()
     assert os.environ["TRAINYARD_HOME"] == str(tmp_path / "home")
+
+
+def test_parsing_imports_neither_torch_nor_the_kubernetes_clients() -> None:
+    """The DAG processor parses every file often; torch alone takes seconds to import."""
+    code = ("import sys; from airflow.dag_processing.dagbag import DagBag; bag = DagBag(dag_folder=sys.argv[1]);"
+            " assert not bag.import_errors, bag.import_errors;"
+            " print(sorted(m for m in ('torch', 'kubernetes', 'kubernetes_asyncio') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code, str(ROOT / "dags")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"

@@ -67,6 +67,7 @@ BAD = [
     ("relative-resume", spec_text(training="{resume_from: ckpt/x, max_steps: 1, global_batch: 8, micro_batch: 2, checkpoint_every: 5}"),
      "training.resume_from: 'ckpt/x' must be 'latest', 'none' or an absolute checkpoint path"),
     ("unknown-param", spec_text(params="[nodes, gpus]"), "params[1]: 'gpus' is not allowed"),
+    ("lr-param-without-lr", spec_text(params="[nodes, lr]"), "params[1]: 'lr' overrides training.args.lr, which is not set"),
     ("ratio-above-one", spec_text(pressure_test="{straggler_ratio: 1.5}"), "pressure_test.straggler_ratio: 1.5 is out of range"),
 ]
 
@@ -127,7 +128,7 @@ def test_params_schema_and_overrides(tmp_path: Path) -> None:
     path.write_text(spec_text(nodes="{count: 2, max: 4}"))
     spec = load_spec(path)
     schemas = param_schemas(spec)
-    assert set(schemas) == {"nodes", "min_nodes", "max_steps", "resume_from"}
+    assert list(schemas) == ["nodes", "min_nodes", "max_steps", "micro_batch", "resume_from"]  # lr only on request
     assert schemas["nodes"]["maximum"] == 4
     assert schemas["nodes"]["default"] == 2
     changed = with_params(spec, {"nodes": 4, "max_steps": 3, "unrelated_airflow_param": 1}, path)

@@ -18,6 +18,29 @@ from trainyard.airflow.operators import TrainOperator
 from trainyard.errors import SpecError
 from trainyard.spec import PipelineSpec, load_spec, param_schemas
 
+# Airflow pool of training nodes (airflow_settings.yaml declares it): one slot per node.
+NODE_POOL = "training_nodes"
+
+
+def node_slots(spec: PipelineSpec) -> dict[str, int]:
+    """Pool slots of the tasks that occupy nodes, by task id.
+
+    Slots are fixed when the DAG is parsed, but the ``nodes`` Param can raise
+    the count when a run is triggered, so each task takes the most nodes any
+    run of this spec may use: ``nodes.upper`` (``nodes.max``, else count +
+    spare) for ``train``, which never runs on more than the count (a spare only
+    replaces a lost node), and upper + spare for ``burn_in``, which tests every
+    candidate at once. Concurrent pipelines then never oversubscribe, at the
+    price of holding the unused slots of a run that asked for fewer. burn_in
+    takes slots too: its probes measured on nodes another pipeline trains on
+    would evict healthy nodes as stragglers and slow that training down.
+    A spec whose slots exceed the pool's size never runs (the scheduler
+    starves the task), so the pool must be at least the largest of these.
+    """
+    upper = spec.nodes.upper
+    return {"burn_in": upper + spec.nodes.spare, "train": upper}
+
+
 def build_dag(spec_path: Path, spec: PipelineSpec) -> DAG:
     dag_id = spec.dag_id(spec_path)
     rec = spec.recovery
@@ -36,10 +59,12 @@ def build_dag(spec_path: Path, spec: PipelineSpec) -> DAG:
         path = str(spec_path)
         stage = task(task_id="stage_dataset", retries=2, retry_delay=dt.timedelta(seconds=rec.backoff_s))(tasks.stage_dataset)(path)
         check = task(task_id="check_dataset")(tasks.check_dataset)(path)
-        burn = task(task_id="burn_in")(tasks.burn_in)(path)
+        slots = node_slots(spec)
+        burn = task(task_id="burn_in", pool=NODE_POOL, pool_slots=slots["burn_in"])(tasks.burn_in)(path)
         # The supervisor inside ``train`` retries, scales down and rolls back itself; Airflow's one
         # retry is for the task process dying, and it carries on from the ledger.
-        trained = TrainOperator(task_id="train", spec_path=path, retries=1, retry_delay=dt.timedelta(seconds=rec.backoff_s))
+        trained = TrainOperator(task_id="train", spec_path=path, retries=1,
+                                retry_delay=dt.timedelta(seconds=rec.backoff_s), pool=NODE_POOL, pool_slots=slots["train"])
         checked = task(task_id="check_checkpoint")(tasks.check_checkpoint)(path, trained.output)
         published = task(task_id="publish", retries=2, outlets=[checkpoint_asset(dag_id)])(tasks.publish)(path, checked)
         # The report is written whatever happened: a failed run needs it most.

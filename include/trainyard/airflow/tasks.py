@@ -3,7 +3,8 @@
 Each adapter opens the run from the context Airflow passes and calls one
 function of ``trainyard.stages``. Errors a retry cannot fix (a bad spec, bad
 data, too few healthy nodes, an invalid checkpoint) fail the task with no
-retry; the rest fail it normally, so the task's retries apply.
+retry; the rest fail it normally, so the task's retries apply. When the
+stage ends, its duration and outcome go to Airflow's metrics client.
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import ModuleType
 from typing import Any
 
 from airflow.sdk import Connection, get_current_context
 from airflow.sdk.exceptions import AirflowFailException
 
-from trainyard import stages
 from trainyard.airflow.assets import checkpoint_asset
+from trainyard.airflow.metrics import emitted
 from trainyard.errors import FAIL_FAST
 from trainyard.report.summary import format_summary, summarize
 from trainyard.run import Run, open_run
@@ -25,6 +27,14 @@ from trainyard.spec import KubernetesSpec
 from trainyard.storage.s3 import S3Settings, settings_for
 
 log = logging.getLogger(__name__)
+
+
+def load_stages() -> ModuleType:
+    """``trainyard.stages``, imported when a task runs: it brings torch along, and the DAG
+    processor imports this module to parse every pipeline, which must take milliseconds."""
+    import trainyard.stages
+
+    return trainyard.stages
 
 
 def _s3_settings(conn_id: str) -> S3Settings:
@@ -45,21 +55,29 @@ def mapped_errors() -> Iterator[None]:
         raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
 
 
-def stage_dataset(spec_path: str) -> dict[str, Any]:
+@contextmanager
+def stage_run(spec_path: str, stage: str) -> Iterator[Run]:
+    """The run, with errors mapped and the stage's metrics sent when the block ends (success or failure)."""
     with mapped_errors():
-        return stages.stage_dataset(open_from_context(spec_path))
+        run = open_from_context(spec_path)
+        with emitted(run, stage):
+            yield run
+
+
+def stage_dataset(spec_path: str) -> dict[str, Any]:
+    with stage_run(spec_path, "stage_dataset") as run:
+        return load_stages().stage_dataset(run)
 
 
 def check_dataset(spec_path: str) -> dict[str, Any]:
-    with mapped_errors():
-        return stages.check_dataset(open_from_context(spec_path))
+    with stage_run(spec_path, "check_dataset") as run:
+        return load_stages().check_dataset(run)
 
 
 def burn_in(spec_path: str) -> dict[str, Any]:
-    with mapped_errors():
-        run = open_from_context(spec_path)
+    with stage_run(spec_path, "burn_in") as run:
         cluster = kube_client(run.spec.nodes.kubernetes) if run.spec.nodes.backend == "kubernetes" else None
-        return stages.burn_in(run, cluster)
+        return load_stages().burn_in(run, cluster)
 
 
 def kube_client(spec: KubernetesSpec | None) -> Any:
@@ -71,21 +89,31 @@ def kube_client(spec: KubernetesSpec | None) -> Any:
 
 
 def check_checkpoint(spec_path: str, train: dict[str, Any]) -> dict[str, Any]:
-    with mapped_errors():
-        return stages.check_checkpoint(open_from_context(spec_path), train["checkpoint"], train["target_step"])
+    with stage_run(spec_path, "check_checkpoint") as run:
+        return load_stages().check_checkpoint(run, train["checkpoint"], train["target_step"])
 
 
 def publish(spec_path: str, check_checkpoint: dict[str, Any]) -> dict[str, Any]:
-    with mapped_errors():
-        run = open_from_context(spec_path)
-        result = stages.publish(run, check_checkpoint["checkpoint"])
+    with stage_run(spec_path, "publish") as run:
+        result = load_stages().publish(run, check_checkpoint["checkpoint"])
     event = get_current_context()["outlet_events"][checkpoint_asset(run.dag_id)]
     event.extra = {"uri": result["uri"], "step": check_checkpoint["step"], "run_id": run.run_id}
     return result
 
 
 def report(spec_path: str) -> dict[str, Any]:
+    # Only this adapter needs these.
+    from pathlib import Path
+
+    from airflow.sdk import conf
+
+    from trainyard.report.pages import run_url
+
     run = open_from_context(spec_path)
-    result = stages.report(run)
+    result = load_stages().report(run)
     log.info("%s", format_summary({**summarize(run.ledger), "report": result["report"]}))
+    log.info("report: %s", Path(result["report"]).resolve().as_uri())
+    # Airflow cannot guess its public address; without [api] base_url there is no link to give.
+    if base_url := conf.get("api", "base_url", fallback=None):
+        log.info("training-runs view: %s", run_url(base_url, run.dag_id, run.run_id))
     return result
