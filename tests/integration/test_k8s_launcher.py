@@ -251,6 +251,20 @@ def test_trigger_reports_a_failed_node_and_times_out_and_gives_up_on_an_unreacha
     assert error["status"] == "error" and error["nodes"] == [] and "unreachable" in error["message"]
 
 
+def test_a_user_kill_of_the_deferred_task_deletes_the_attempt_from_the_triggerer(fake: FakeKube, tmp_path: Path) -> None:
+    launcher = KubernetesLauncher(fake.client(), SPEC)  # volcano: a PodGroup too
+    handle = launcher.launch(make_plan(tmp_path))
+    running(fake, fake.spawn_job_pods(NS, handle.name))
+    trigger = KubernetesAttemptTrigger(NS, handle.name, ["node-0", "node-1"], config_file=kubeconfig(tmp_path, fake.url),
+                                       podgroup=True)
+    asyncio.run(trigger.on_kill())
+    assert fake.items(BATCH, "jobs", NS) == [] and fake.items(CORE, "services", NS) == []
+    assert fake.items(VOLCANO, "podgroups", NS) == [] and fake.items(CORE, "pods", NS) == []
+    assert ("jobs", handle.name, {"propagationPolicy": "Foreground"}) in [
+        (r, n, {k: v for k, v in o.items() if k == "propagationPolicy"}) for r, n, o in fake.deletes]
+    asyncio.run(trigger.on_kill())  # twice: everything already gone is fine
+
+
 # ---------------------------------------------------------------- burn-in pods and node marks
 
 

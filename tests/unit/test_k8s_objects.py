@@ -532,5 +532,5 @@ def test_trigger_serialize_round_trips() -> None:
                       "poll_interval": 5.0, "kubernetes_conn_id": "k8s", "config_file": None,
                       "cluster_context": "prod", "in_cluster": None, "timeout_s": 3600.0, "max_api_errors": 5,
                       "heartbeat_dir": "/hot/runs/r/attempt-1/heartbeat", "heartbeat_timeout_s": 60.0, "world_size": 2,
-                      "started": 1795996612.5, "startup_grace_s": 120.0}
+                      "started": 1795996612.5, "startup_grace_s": 120.0, "podgroup": False}
     assert json.loads(json.dumps(kwargs)) == kwargs  # what the triggerer stores must be plain JSON

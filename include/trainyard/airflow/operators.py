@@ -52,7 +52,7 @@ def trigger_for(run: Run, watch: dict[str, Any]) -> KubernetesAttemptTrigger:
         namespace=watch["namespace"], job_name=watch["job_name"], nodes=watch["nodes"], poll_interval=k8s.poll_s,
         kubernetes_conn_id=k8s.connection, timeout_s=k8s.wake_every_s, heartbeat_dir=watch["heartbeat_dir"],
         heartbeat_timeout_s=run.spec.training.heartbeat_timeout_s, world_size=watch["world_size"],
-        started=watch["started"],
+        started=watch["started"], podgroup=k8s.scheduler == "volcano",
     )
 
 

@@ -27,7 +27,9 @@ from kubernetes_asyncio import client as async_client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from trainyard.launch.base import AttemptStatus
-from trainyard.launch.kubernetes import attempt_status, job_failure_reason, selector, status_to_dicts
+from trainyard.launch.kubernetes import (
+    PODGROUP_GROUP, PODGROUP_PLURAL, PODGROUP_VERSION, attempt_status, job_failure_reason, selector, status_to_dicts,
+)
 from trainyard.recovery.supervisor import STARTUP_GRACE_S, detect
 
 CLASSPATH = "trainyard.airflow.triggers.KubernetesAttemptTrigger"
@@ -59,6 +61,7 @@ class KubernetesAttemptTrigger(BaseTrigger):
     :param world_size: ranks expected to beat.
     :param started: when the attempt was launched (epoch seconds), for the startup grace.
     :param startup_grace_s: how long a rank may take to beat for the first time.
+    :param podgroup: the attempt has a Volcano PodGroup (deleted with the Job on a kill).
     """
 
     def __init__(
@@ -78,6 +81,7 @@ class KubernetesAttemptTrigger(BaseTrigger):
         world_size: int = 0,
         started: float = 0.0,
         startup_grace_s: float = STARTUP_GRACE_S,
+        podgroup: bool = False,
     ) -> None:
         super().__init__()
         self.namespace = namespace
@@ -95,6 +99,7 @@ class KubernetesAttemptTrigger(BaseTrigger):
         self.world_size = world_size
         self.started = started
         self.startup_grace_s = startup_grace_s
+        self.podgroup = podgroup
         self._blind = False  # warned once that the heartbeats are out of sight
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -116,6 +121,7 @@ class KubernetesAttemptTrigger(BaseTrigger):
                 "world_size": self.world_size,
                 "started": self.started,
                 "startup_grace_s": self.startup_grace_s,
+                "podgroup": self.podgroup,
             },
         )
 
@@ -140,6 +146,26 @@ class KubernetesAttemptTrigger(BaseTrigger):
                     raise
                 reason = "JobDeleted"
         return attempt_status(pods.items, self.nodes, reason)
+
+    async def on_kill(self) -> None:
+        """The user marked the deferred task failed (or cleared it): end the attempt, as ``on_kill`` does
+        in the worker. Not on a triggerer restart or a timeout: those leave the attempt running."""
+        name, ns = self.job_name, self.namespace
+        async with self.hook().get_conn() as api:
+            calls = [
+                lambda: async_client.BatchV1Api(api).delete_namespaced_job(name, ns, propagation_policy="Foreground"),
+                lambda: async_client.CoreV1Api(api).delete_namespaced_service(name, ns),
+            ]
+            if self.podgroup:
+                calls.append(lambda: async_client.CustomObjectsApi(api).delete_namespaced_custom_object(
+                    PODGROUP_GROUP, PODGROUP_VERSION, ns, PODGROUP_PLURAL, name))
+            for call in calls:
+                try:
+                    await call()
+                except ApiException as exc:
+                    if exc.status != 404:  # already gone is what we want
+                        raise
+        self.log.info("task killed: deleted attempt %s/%s", self.namespace, self.job_name)
 
     async def hang(self, status: AttemptStatus) -> tuple[list[str], str] | None:
         """Suspects and reason of a hung rank, by the supervisor's own rule (``detect``); file reads off the loop."""
