@@ -317,7 +317,7 @@ def continue_training(run: Run, nodes: list[str], launcher: Any, spares: list[st
             run.ledger.append("train", "stage_end", seconds=_train_seconds(run), result=trained)
             return {"result": trained}
         failed = attempt_failed(plan, problem[0], run.ledger, beats, *problem[1])
-        course, delay = recover(failed, _attempt_course(_last_attempt(run)), _spares_left(run, spares),
+        course, delay = recover(launcher, failed, _attempt_course(_last_attempt(run)), _spares_left(run, spares),
                                 lambda c, free: _situation(run, c, free), run.spec.recovery, run.ledger,
                                 lambda step: _rollback(run, step))
         time.sleep(delay)

@@ -107,6 +107,11 @@ def deferred_train(run: Run) -> tuple[dict[str, Any], list[str]]:
     return outcome["result"], seen
 
 
+def evicted(fake: FakeKube) -> list[str]:
+    return sorted(n["metadata"]["name"] for n in fake.items("api/v1", "nodes")
+                  if n["metadata"].get("labels", {}).get("trainyard.io/evicted") == "true")
+
+
 def train_events(run: Run, name: str) -> list[dict[str, Any]]:
     return list(run.ledger.events("train", name))
 
@@ -131,6 +136,7 @@ def test_an_oom_pod_is_retried_with_half_the_micro_batch_and_the_run_finishes(fa
     assert Path(result["checkpoint"]).name in judged
     assert [e["event"] for e in run.ledger.events("train") if e["event"].startswith("stage_")] == ["stage_start", "stage_end"]
     assert fake.items("apis/batch/v1", "jobs", NS) == [] and fake.items("api/v1", "services", NS) == []
+    assert evicted(fake) == []  # an OOM is the job's fault, not the node's
     assert stages.check_checkpoint(run, result["checkpoint"], 20)["step"] == 20
 
 
@@ -145,6 +151,9 @@ def test_a_hung_rank_is_seen_by_the_trigger_and_the_run_scales_down(fake: FakeKu
     assert decision["action"] == "scale_down" and decision["new_nodes"] == ["gpu-a"]
     assert read_manifest(Path(result["checkpoint"]))["world_size"] == 1
     assert fake.items("api/v1", "pods", NS) == []  # the hung attempt's pods were deleted with its Job
+    # The node left out is marked as the pressure test marks a weak one: no later pod lands there.
+    assert evicted(fake) == ["gpu-b"]
+    assert [e["nodes"] for e in train_events(run, "nodes_marked")] == [["gpu-b"]]
 
 
 def test_the_train_task_defers_in_a_real_airflow_run(fake: FakeKube, tmp_path: Path) -> None:

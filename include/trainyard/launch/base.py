@@ -73,3 +73,7 @@ class Launcher(Protocol):
     def cancel(self, handle: Any) -> None:
         """End every process (or pod) of the attempt; safe to call twice."""
         ...
+
+    def exclude(self, nodes: list[str]) -> list[str]:
+        """Keep later attempts off ``nodes`` (recovery left them out); returns the nodes it could mark."""
+        ...

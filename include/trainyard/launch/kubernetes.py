@@ -617,6 +617,15 @@ class KubernetesLauncher:
         if handle in self.active:
             self.active.remove(handle)
 
+    def exclude(self, nodes: list[str]) -> list[str]:
+        """Mark ``nodes`` evicted, as the pressure test marks a weak node: the next attempt's pods
+        land where the scheduler puts them, and only the mark (``not_evicted`` affinity) keeps
+        them off a node that just failed. Clear it once the node is fixed
+        (``kubectl label node NODE trainyard.io/evicted-``)."""
+        from trainyard.burnin.kubernetes import label_evicted  # that module builds on this one
+
+        return label_evicted(self.core, nodes, self.spec.evicted_label, self.spec.evict_with)
+
     def cancel_all(self) -> None:
         for handle in list(self.active):
             self.cancel(handle)

@@ -118,6 +118,10 @@ class LocalLauncher:
         if handle in self.active:
             self.active.remove(handle)
 
+    def exclude(self, nodes: list[str]) -> list[str]:
+        """Nothing to mark: a local node is a name, and the next plan simply leaves it out."""
+        return []
+
     def cancel_all(self) -> None:
         """End every attempt still running (the Airflow task is being killed)."""
         for handle in list(self.active):

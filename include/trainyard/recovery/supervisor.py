@@ -180,6 +180,7 @@ def history(ledger: Ledger) -> list[AttemptRecord]:
 
 
 def recover(
+    launcher: Launcher,
     failed: AttemptFailed,
     course: Course,
     spares: list[str],
@@ -192,7 +193,8 @@ def recover(
 
     Returns the next attempt's course and how long to wait before it; raises
     ``TrainingFailed`` (with the kind and the evidence) when the policy says fail.
-    ``spares`` loses the spares a scale-down takes.
+    ``spares`` loses the spares a scale-down takes; the nodes it leaves out are
+    marked through the launcher, so no later attempt lands on them.
     """
     attempt = failed.failure.attempt
     found = classify(failed.failure)
@@ -206,7 +208,11 @@ def recover(
         evidence = _evidence(found, failed)
         log.error("training failed: %s\n%s", decision.reason, evidence)  # the traceback, in the task log
         raise TrainingFailed(decision.reason, kind=found.kind, evidence=evidence) from None
-    return _apply(decision, course, spares, rollback_to), getattr(decision, "delay_s", 0.0)
+    after = _apply(decision, course, spares, rollback_to)
+    dropped = [node for node in course.nodes if node not in after.nodes]
+    if dropped and (marked := launcher.exclude(dropped)):
+        ledger.append("train", "nodes_marked", attempt=attempt, nodes=marked, reason=found.kind)
+    return after, getattr(decision, "delay_s", 0.0)
 
 
 def supervise(
@@ -234,7 +240,7 @@ def supervise(
         try:
             return run_attempt(launcher, plan, Path(plan.env["TRAINYARD_HEARTBEAT_DIR"]), heartbeat_timeout_s, ledger, poll_s)
         except AttemptFailed as failed:
-            course, delay = recover(failed, course, spares, situation, recovery, ledger, rollback_to)
+            course, delay = recover(launcher, failed, course, spares, situation, recovery, ledger, rollback_to)
             time.sleep(delay)
             attempt += 1
 
