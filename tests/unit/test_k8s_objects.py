@@ -534,3 +534,6 @@ def test_trigger_serialize_round_trips() -> None:
                       "heartbeat_dir": "/hot/runs/r/attempt-1/heartbeat", "heartbeat_timeout_s": 60.0, "world_size": 2,
                       "started": 1795996612.5, "startup_grace_s": 120.0, "podgroup": False}
     assert json.loads(json.dumps(kwargs)) == kwargs  # what the triggerer stores must be plain JSON
+    import inspect
+
+    assert set(kwargs) == set(inspect.signature(KubernetesAttemptTrigger).parameters)  # no argument forgotten

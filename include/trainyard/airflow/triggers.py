@@ -33,6 +33,9 @@ from trainyard.launch.kubernetes import (
 from trainyard.recovery.supervisor import STARTUP_GRACE_S, detect
 
 CLASSPATH = "trainyard.airflow.triggers.KubernetesAttemptTrigger"
+_ARGUMENTS = ("namespace", "job_name", "nodes", "poll_interval", "kubernetes_conn_id", "config_file", "cluster_context",
+              "in_cluster", "timeout_s", "max_api_errors", "heartbeat_dir", "heartbeat_timeout_s", "world_size",
+              "started", "startup_grace_s", "podgroup")
 
 
 class KubernetesAttemptTrigger(BaseTrigger):
@@ -103,27 +106,8 @@ class KubernetesAttemptTrigger(BaseTrigger):
         self._blind = False  # warned once that the heartbeats are out of sight
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return (
-            CLASSPATH,
-            {
-                "namespace": self.namespace,
-                "job_name": self.job_name,
-                "nodes": list(self.nodes),
-                "poll_interval": self.poll_interval,
-                "kubernetes_conn_id": self.kubernetes_conn_id,
-                "config_file": self.config_file,
-                "cluster_context": self.cluster_context,
-                "in_cluster": self.in_cluster,
-                "timeout_s": self.timeout_s,
-                "max_api_errors": self.max_api_errors,
-                "heartbeat_dir": self.heartbeat_dir,
-                "heartbeat_timeout_s": self.heartbeat_timeout_s,
-                "world_size": self.world_size,
-                "started": self.started,
-                "startup_grace_s": self.startup_grace_s,
-                "podgroup": self.podgroup,
-            },
-        )
+        # Every constructor argument, as stored: the triggerer rebuilds the trigger from these.
+        return CLASSPATH, {name: getattr(self, name) for name in _ARGUMENTS}
 
     def hook(self) -> AsyncKubernetesHook:
         # The provider's async hook reads a kubeconfig path only from the connection's
