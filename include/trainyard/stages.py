@@ -275,7 +275,7 @@ def start_training(run: Run, nodes: list[str], launcher: Any, spares: list[str] 
         resume_from, start = resume_point(run)
         target = start + run.spec.training.max_steps
         if _unfinished_attempt(run) is not None:
-            plan, handle, watch = _current(run, launcher, target)
+            _, plan, _, watch = _current(run, launcher, target)
             log.info("attempt %d is still running; watching it again", plan.attempt)
             return watch
         course, first = _course(run, nodes, resume_from)
@@ -298,26 +298,27 @@ def continue_training(run: Run, nodes: list[str], launcher: Any, spares: list[st
     try:
         _, start = resume_point(run)
         target = start + run.spec.training.max_steps
-        plan, handle, watch = _current(run, launcher, target)
+        course, plan, handle, watch = _current(run, launcher, target)
         run.ledger.append("train", "attempt_event", attempt=plan.attempt, status=event["status"],
                           message=event.get("message", ""))
+        # Look first, then judge the checkpoints: an attempt seen finished has its last one on disk.
+        status = launcher.poll(handle) if event["status"] not in ("succeeded", "error") else None
         _watcher(run).carry_on(start).sweep()
         beats = Path(plan.env["TRAINYARD_HEARTBEAT_DIR"])
         if event["status"] == "error":
             # The cluster did not answer; the attempt may well be running. A retried task re-attaches.
             raise TransientError(f"lost sight of attempt {plan.attempt}: {event['message']}")
-        problem = _problem(run, launcher.poll(handle), plan, watch, event) if event["status"] != "succeeded" else None
+        problem = _problem(run, status, plan, watch, event) if status is not None else None
         if problem == "running":
             return {"watch": watch}  # a wake-up with nothing wrong: wait on
         launcher.cancel(handle)
         if problem is None:
             result = attempt_succeeded(plan, watch["started"], beats, run.ledger)
-            _watcher(run).carry_on(start).sweep()  # the final checkpoint, written in the last instant
             trained = _trained(run, nodes, start, target, result)
             run.ledger.append("train", "stage_end", seconds=_train_seconds(run), result=trained)
             return {"result": trained}
         failed = attempt_failed(plan, problem[0], run.ledger, beats, *problem[1])
-        course, delay = recover(launcher, failed, _attempt_course(_last_attempt(run)), _spares_left(run, spares),
+        course, delay = recover(launcher, failed, course, _spares_left(run, spares),
                                 lambda c, free: _situation(run, c, free), run.spec.recovery, run.ledger,
                                 lambda step: _rollback(run, step))
         time.sleep(delay)
@@ -345,25 +346,22 @@ def _problem(run: Run, status: AttemptStatus, plan: LaunchPlan, watch: dict[str,
 def _launch(run: Run, launcher: Any, attempt: int, course: Course, target: int) -> dict[str, Any]:
     plan = _plan(run, attempt, course, target)
     start_attempt(launcher, plan, run.ledger)
-    return _current(run, launcher, target)[2]
+    return _current(run, launcher, target)[3]
 
 
-def _current(run: Run, launcher: Any, target: int) -> tuple[LaunchPlan, Any, dict[str, Any]]:
-    """The ledger's last attempt: its plan (rebuilt exactly: plans are pure), handle and watch.
+def _current(run: Run, launcher: Any, target: int) -> tuple[Course, LaunchPlan, Any, dict[str, Any]]:
+    """The ledger's last attempt: its course, plan (rebuilt exactly: plans are pure), handle and watch.
 
     The watch is what the trigger needs, JSON-safe: it travels through the metadata DB.
     """
-    last = _last_attempt(run)
-    plan = _plan(run, last["attempt"], _attempt_course(last), target)
+    last = list(run.ledger.events("train", "attempt_start"))[-1]
+    course = _attempt_course(last)
+    plan = _plan(run, last["attempt"], course, target)
     handle = launcher.attach(plan)
     watch = {"attempt": plan.attempt, "started": last["ts"], "namespace": handle.namespace, "job_name": handle.name,
              "nodes": list(plan.nodes), "world_size": plan.world_size,
              "heartbeat_dir": plan.env["TRAINYARD_HEARTBEAT_DIR"]}
-    return plan, handle, watch
-
-
-def _last_attempt(run: Run) -> dict[str, Any]:
-    return list(run.ledger.events("train", "attempt_start"))[-1]
+    return course, plan, handle, watch
 
 
 def _unfinished_attempt(run: Run) -> dict[str, Any] | None:
