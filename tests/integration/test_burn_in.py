@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -43,12 +44,14 @@ def no_probe_left() -> bool:
 
 
 def test_a_throttled_node_is_evicted_and_the_others_train(tmp_path: Path) -> None:
-    run = run_for(tmp_path, count=2, spare=1, drills='[{node: node-1, fault: throttle, factor: 0.3}]')
+    run = run_for(tmp_path, count=2, spare=1, drills='[{node: node-1, fault: throttle, factor: 0.5}]')
     started = time.monotonic()
     result = burn_in(run)
     elapsed = time.monotonic() - started
     assert sorted(result["healthy"]) == ["node-0", "node-2"]
-    assert result["evicted"]["node-1"].startswith("straggler: matmul_gflops")
+    # Three probes share two cores here, so the throttled node's sleeps hand the others CPU:
+    # which of its throttled probes falls furthest below the median varies from run to run.
+    assert re.match(r"straggler: (matmul_gflops|membw_gbps) ", result["evicted"]["node-1"])
     verdicts = {e["node"]: e for e in run.ledger.events("burn_in", "node_verdict")}
     assert verdicts["node-1"]["verdict"] == "evicted" and verdicts["node-0"]["verdict"] == "train"
     assert set(verdicts["node-0"]["collective"]) == {"64KB", "1024KB"}

@@ -8,6 +8,7 @@ the node protocol are all exercised for real; only the cluster is simulated.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -61,11 +62,13 @@ def run_for(tmp_path: Path, drills: str, minimum: int = 1):
 
 
 def test_a_throttled_cluster_node_is_evicted_and_labelled(fake: FakeKube, tmp_path: Path) -> None:
-    run = run_for(tmp_path, "[{node: gpu-b, fault: throttle, factor: 0.3}]")
+    run = run_for(tmp_path, "[{node: gpu-b, fault: throttle, factor: 0.5}]")
     with Kubelet(fake, NS):
         result = burn_in(run, fake.client())
     assert sorted(result["healthy"]) == ["gpu-a", "gpu-c"]
-    assert result["evicted"]["gpu-b"].startswith("straggler: matmul_gflops")
+    # Three probes share two cores here, so the throttled node's sleeps hand the others CPU:
+    # which of its throttled probes falls furthest below the median varies from run to run.
+    assert re.match(r"straggler: (matmul_gflops|membw_gbps) ", result["evicted"]["gpu-b"])
     labels = {n["metadata"]["name"]: n["metadata"]["labels"] for n in fake.items("api/v1", "nodes")}
     assert labels["gpu-b"].get("trainyard.io/evicted") == "true"
     assert "trainyard.io/evicted" not in labels["gpu-a"] and "trainyard.io/evicted" not in labels["gpu-c"]
