@@ -27,6 +27,7 @@ def main() -> None:
     start = runtime.load_latest(state)
     model.module.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
+    checkpoints = runtime.Checkpointer(ctx)
     loss = torch.tensor(0.0)
     for step in range(start + 1, ctx.max_steps + 1):
         gen = torch.Generator().manual_seed(ctx.seed * 1_000_003 + step * 101 + dist.get_rank())
@@ -36,9 +37,10 @@ def main() -> None:
         loss.backward()
         optimizer.step()
         runtime.heartbeat(step, {"loss": loss.item()})
-        if step % ctx.checkpoint_every == 0 or step == ctx.max_steps:
-            runtime.save_checkpoint(step, {"model": model.module.state_dict(), "optimizer": optimizer.state_dict()},
-                                    {"loss": loss.item()})
+        if ctx.should_checkpoint(step):
+            checkpoints.save(step, {"model": model.module.state_dict(), "optimizer": optimizer.state_dict()},
+                             {"loss": loss.item()})
+    checkpoints.close()
     runtime.finish(ctx.max_steps, {"loss": loss.item()})
     dist.destroy_process_group()
 

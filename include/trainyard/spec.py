@@ -222,6 +222,9 @@ class TrainingSpec(_Model):
     """Sequences per forward pass on one rank."""
     checkpoint_every: int = Field(ge=1)
     """Steps between checkpoints (the final step is always saved)."""
+    checkpoint_async: bool = True
+    """Write checkpoints in the background: training blocks only to copy the state to memory, so
+    saving often costs little and a fault loses fewer steps. The manifest still comes last."""
     heartbeat_timeout_s: float = Field(60.0, gt=0)
     """A rank silent for this long is hung."""
     seed: int = Field(0, ge=0)

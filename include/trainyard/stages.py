@@ -412,6 +412,7 @@ def _plan(run: Run, attempt: int, course: Course, target: int) -> LaunchPlan:
             "TRAINYARD_GLOBAL_BATCH": str(training.global_batch),
             "TRAINYARD_MICRO_BATCH": str(course.micro_batch),
             "TRAINYARD_CHECKPOINT_EVERY": str(training.checkpoint_every),
+            "TRAINYARD_CHECKPOINT_ASYNC": "1" if training.checkpoint_async else "0",
             "TRAINYARD_SEED": str(training.seed),
             **({DRILLS_ENV: json.dumps(drills)} if drills else {}),
         },

@@ -28,6 +28,10 @@ training:
   global_batch: 12
   micro_batch: 2
   checkpoint_every: 5
+  # These drills count steps from the checkpoint before the fault. A tiny model's step takes
+  # milliseconds, less than a background save, so with async saves that count would depend on
+  # timing; test_a_save_in_flight_at_the_fault_is_never_resumed_from covers background saves.
+  checkpoint_async: {background}
   heartbeat_timeout_s: 6
 checkpoint: {{hot: "file://{root}/ckpt", cold: "file://{root}/coldckpt"}}
 recovery: {{max_attempts: {attempts}, backoff_s: 0.2}}
@@ -35,10 +39,10 @@ drills: {drills}
 """
 
 
-def run_with(tmp_path: Path, drills: str, attempts: int = 3):
+def run_with(tmp_path: Path, drills: str, attempts: int = 3, background: bool = False):
     write_synthetic_corpus(tmp_path / "cold", shards=2, tokens_per_shard=16_384)
     spec = tmp_path / "recovery.yaml"
-    spec.write_text(SPEC.format(root=tmp_path, drills=drills, attempts=attempts))
+    spec.write_text(SPEC.format(root=tmp_path, drills=drills, attempts=attempts, background=str(background).lower()))
     run = open_run(spec, "recovery", f"drill-{time.monotonic_ns()}", "2026-11-28")
     stages.stage_dataset(run)
     return run
@@ -68,6 +72,17 @@ def test_a_killed_node_is_excluded_and_the_run_finishes_on_two(tmp_path: Path) -
     assert [e["step"] for e in events(run, "resumed")] == [10]
     figures = events(run, "recovery_figures")[-1]
     assert figures["detection_s"] < 5 and figures["lost_steps"] <= 2
+
+
+def test_a_save_in_flight_at_the_fault_is_never_resumed_from(tmp_path: Path) -> None:
+    run = run_with(tmp_path, "[{fault: kill, node: node-1, step: 12}]", background=True)
+    manifest = finish(run)
+    relaunched = events(run, "attempt_start")[1]["ts"]
+    committed = [e["step"] for e in events(run, "checkpoint_saved") if e["ts"] < relaunched]
+    # Resumed from the newest save committed before the relaunch (10, or 5 if 10 was still in flight).
+    assert [e["step"] for e in events(run, "resumed")] == [max(committed)]
+    assert max(committed) in (5, 10) and manifest["world_size"] == 2
+    assert not list(run.checkpoint_root.glob("*.tmp"))  # the torn save was cleared when its step came round again
 
 
 def test_a_hung_node_is_detected_within_the_heartbeat_timeout(tmp_path: Path) -> None:

@@ -205,3 +205,28 @@ def test_explicit_invalid_checkpoint_is_refused(corpus: Path, reference: Run, tm
     assert result.returncode == 1, result.stdout + result.stderr
     assert "CheckpointInvalid" in result.stderr and "__1_0.distcp: size mismatch" in result.stderr
     assert not run.losses()  # refused before training a single step
+
+
+def test_background_saves_hold_what_blocking_saves_hold(corpus: Path, reference: Run, tmp_path: Path) -> None:
+    run = Run.in_dir(tmp_path / "background")
+    train(corpus, run, nodes=2, max_steps=20, checkpoint_every=5, checkpoint_async=1)
+
+    expected, got = reference.losses(), run.losses()
+    assert [got[s] for s in range(1, 21)] == [expected[s] for s in range(1, 21)]  # saving never touched training
+    saved = list(Ledger(run.ledger).events("train", "checkpoint_saved"))
+    assert [e["step"] for e in saved] == [5, 10, 15, 20]
+    assert all(0 <= e["blocked_s"] <= e["seconds"] for e in saved)
+    assert not list(run.checkpoints.glob("*.tmp"))  # the last save committed before the run finished
+    for step in (10, 20):
+        # The state was copied when save() returned, before the next steps changed it: the rank
+        # files are byte for byte those of the blocking save at the same step.
+        shards = {k: v for k, v in fmt.read_manifest(fmt.step_dir(run.checkpoints, step))["files"].items()
+                  if k.endswith(".distcp")}  # fmt: skip
+        blocking = fmt.read_manifest(fmt.step_dir(reference.checkpoints, step))["files"]
+        assert shards and all(blocking[k] == v for k, v in shards.items()), step
+
+    train(corpus, run, nodes=2, max_steps=25, checkpoint_every=100, checkpoint_async=1, resume_from="latest")
+    assert [e["step"] for e in Ledger(run.ledger).events("train", "resumed")] == [20]
+    got = run.losses()
+    for step in range(21, 26):
+        assert got[step] == pytest.approx(expected[step], abs=1e-5), step

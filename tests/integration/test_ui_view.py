@@ -53,6 +53,7 @@ training:
   global_batch: 8
   micro_batch: 2
   checkpoint_every: 4
+  checkpoint_async: false   # the page's figures below count steps from the checkpoint before the kill
   heartbeat_timeout_s: 20
 checkpoint: {{hot: "file://{root}/ckpt", cold: "file://{root}/coldckpt"}}
 recovery: {{max_attempts: 3, backoff_s: 0.2}}

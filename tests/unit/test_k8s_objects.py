@@ -34,8 +34,9 @@ K8S_VERSION = "1.37"  # the newest schema kubernetes-validate 1.37.0 ships
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")  # DNS-1035: also what a Service name must be
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 CONTRACT = ["TRAINYARD_DATA_DIR", "TRAINYARD_CHECKPOINT_DIR", "TRAINYARD_RESUME_FROM", "TRAINYARD_MAX_STEPS",
-            "TRAINYARD_GLOBAL_BATCH", "TRAINYARD_MICRO_BATCH", "TRAINYARD_CHECKPOINT_EVERY", "TRAINYARD_SEED",
-            "TRAINYARD_HEARTBEAT_DIR", "TRAINYARD_LEDGER", "TRAINYARD_RUN_ID", "TRAINYARD_ATTEMPT"]
+            "TRAINYARD_GLOBAL_BATCH", "TRAINYARD_MICRO_BATCH", "TRAINYARD_CHECKPOINT_EVERY",
+            "TRAINYARD_CHECKPOINT_ASYNC", "TRAINYARD_SEED", "TRAINYARD_HEARTBEAT_DIR", "TRAINYARD_LEDGER",
+            "TRAINYARD_RUN_ID", "TRAINYARD_ATTEMPT"]
 HOME = "/mnt/trainyard"
 
 SETTINGS = {
@@ -67,6 +68,7 @@ def make_plan(nodes: int = 3, run_id: str = "scheduled__2026-03-01T02:00:00+00:0
         "TRAINYARD_GLOBAL_BATCH": "48",
         "TRAINYARD_MICRO_BATCH": "2",
         "TRAINYARD_CHECKPOINT_EVERY": "20",
+        "TRAINYARD_CHECKPOINT_ASYNC": "1",
         "TRAINYARD_SEED": "0",
     }
     return LaunchPlan(run_id=run_id, attempt=attempt, nodes=[f"node-{i}" for i in range(nodes)], procs_per_node=2,

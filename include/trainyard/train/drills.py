@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainyard.checkpoint.format import step_of
 from trainyard.ledger import Ledger
 
 ENV = "TRAINYARD_DRILLS"
@@ -66,11 +67,11 @@ class Drills:
                 return float("nan")
         return loss
 
-    def after_checkpoint(self, step: int, path: Path | None) -> None:
+    def after_checkpoint(self, path: Path) -> None:
         """Flip one byte of the first checkpoint at or after the drill's step (rank 0, after its manifest)."""
+        step = step_of(path) or 0
         for drill in self.items:
-            if (drill["fault"] == "corrupt_checkpoint" and self.rank == 0 and step >= drill["step"] and path
-                    and not self.corrupted):
+            if drill["fault"] == "corrupt_checkpoint" and self.rank == 0 and step >= drill["step"] and not self.corrupted:
                 self.corrupted = True
                 self._fired(drill, step)
                 victim = max(path.glob("*.distcp"), key=lambda p: p.stat().st_size)

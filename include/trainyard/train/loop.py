@@ -171,26 +171,29 @@ def train(args: argparse.Namespace, ctx: runtime.RunContext) -> dict[str, float]
         )  # fmt: skip
     metrics: dict[str, float] = {}
     drills = Drills(ctx.node, rank, ctx.ledger)
+    checkpoints = runtime.Checkpointer(ctx, on_commit=drills.after_checkpoint)
     seconds = 0.0
-    for step in range(start + 1, ctx.max_steps + 1):
-        drills.before_step(step, seconds)
-        began = time.perf_counter()
-        batches = data.micro_batches(stream, plan, step, ctx.seed, cfg.seq_len)
-        loss = drills.loss(step, train_step(model, optimizer, batches, lr_at(step, args), args.grad_clip))
-        seconds = time.perf_counter() - began
-        metrics = {
-            "loss": loss, "lr": lr_at(step, args), "step_ms": seconds * 1e3,
-            "tokens_per_s": plan.global_batch * cfg.seq_len / seconds,
-        }  # fmt: skip
-        runtime.heartbeat(step, metrics, ctx=ctx)
-        if rank == 0:
-            print(_step_line(step, metrics), flush=True)
-        if not math.isfinite(loss):
-            # Never checkpoint a diverged model; the supervisor rolls back to the last valid one.
-            raise TrainingFailed(f"loss is {loss} at step {step}", kind="diverged")
-        if ctx.should_checkpoint(step):
-            saved = runtime.save_checkpoint(step, state, metrics, micro_batch=plan.micro_batch, ctx=ctx)
-            drills.after_checkpoint(step, saved)
+    try:
+        for step in range(start + 1, ctx.max_steps + 1):
+            drills.before_step(step, seconds)
+            began = time.perf_counter()
+            batches = data.micro_batches(stream, plan, step, ctx.seed, cfg.seq_len)
+            loss = drills.loss(step, train_step(model, optimizer, batches, lr_at(step, args), args.grad_clip))
+            seconds = time.perf_counter() - began
+            metrics = {
+                "loss": loss, "lr": lr_at(step, args), "step_ms": seconds * 1e3,
+                "tokens_per_s": plan.global_batch * cfg.seq_len / seconds,
+            }  # fmt: skip
+            runtime.heartbeat(step, metrics, ctx=ctx)
+            if rank == 0:
+                print(_step_line(step, metrics), flush=True)
+            if not math.isfinite(loss):
+                # Never checkpoint a diverged model; the supervisor rolls back to the last valid one.
+                raise TrainingFailed(f"loss is {loss} at step {step}", kind="diverged")
+            if ctx.should_checkpoint(step):
+                checkpoints.save(step, state, metrics, micro_batch=plan.micro_batch)
+    finally:
+        checkpoints.close()  # the save in flight commits (or fails) before the process group goes
     runtime.finish(max(start, ctx.max_steps), metrics, ctx=ctx)
     return metrics
 

@@ -2,16 +2,20 @@
 
 Any script launched by trainyard (the reference ``python -m trainyard.train`` or
 a user's own) reads its settings from environment variables the launcher sets
-and reports through four calls::
+and reports through a few calls::
 
     ctx = runtime.context()                 # the TRAINYARD_* environment, validated
     start = runtime.load_latest(state)      # resume (or 0 for a fresh run)
+    checkpoints = runtime.Checkpointer(ctx) # saves in the background if TRAINYARD_CHECKPOINT_ASYNC=1
     for step in range(start + 1, ctx.max_steps + 1):
         ...
         runtime.heartbeat(step, {"loss": loss})
-        if step % ctx.checkpoint_every == 0 or step == ctx.max_steps:
-            runtime.save_checkpoint(step, state, {"loss": loss})
+        if ctx.should_checkpoint(step):
+            checkpoints.save(step, state, {"loss": loss})
+    checkpoints.close()                     # the last save is committed before "finished"
     runtime.finish(step, {"loss": loss})
+
+``runtime.save_checkpoint(step, state, metrics)`` is the blocking save on its own.
 
 Environment (set by the launcher; only the first three are required):
 
@@ -28,6 +32,7 @@ Environment (set by the launcher; only the first three are required):
     TRAINYARD_GLOBAL_BATCH      sequences per optimizer step over all ranks, default 32
     TRAINYARD_MICRO_BATCH       sequences per forward pass (unset: global / world, no accumulation)
     TRAINYARD_CHECKPOINT_EVERY  steps between checkpoints, default 50 (0: only the last step)
+    TRAINYARD_CHECKPOINT_ASYNC  1: ``Checkpointer`` writes checkpoints in the background (default 0)
     TRAINYARD_SEED              default 0
 
 Heartbeats are files rather than ledger events because the watcher needs the
@@ -48,6 +53,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -80,6 +86,7 @@ class RunContext:
     global_batch: int = 32
     micro_batch: int | None = None
     checkpoint_every: int = 50
+    checkpoint_async: bool = False
     seed: int = 0
 
     def should_checkpoint(self, step: int) -> bool:
@@ -117,6 +124,13 @@ def _int(name: str, env: dict[str, str], minimum: int, default: Any = _MISSING) 
     return value
 
 
+def _flag(name: str, env: dict[str, str]) -> bool:
+    raw = (_env(name, env) or "0").lower()
+    if raw not in ("0", "1", "true", "false"):
+        raise ValueError(f"{name}={raw!r} must be 1 or 0")
+    return raw in ("1", "true")
+
+
 def context(env: dict[str, str] | None = None) -> RunContext:
     """Parse the TRAINYARD_* environment; ``ValueError`` names the variable that is missing or malformed."""
     env = dict(os.environ if env is None else env)
@@ -134,6 +148,7 @@ def context(env: dict[str, str] | None = None) -> RunContext:
         global_batch=_int("TRAINYARD_GLOBAL_BATCH", env, 1, 32),
         micro_batch=_int("TRAINYARD_MICRO_BATCH", env, 1, None),
         checkpoint_every=_int("TRAINYARD_CHECKPOINT_EVERY", env, 0, 50),
+        checkpoint_async=_flag("TRAINYARD_CHECKPOINT_ASYNC", env),
         seed=_int("TRAINYARD_SEED", env, 0, 0),
     )
 
@@ -265,7 +280,8 @@ def save_checkpoint(
     rank 0 hashes them into the manifest and renames the directory into place
     (moving an older save of the same step to ``superseded/``). ``micro_batch``
     is the effective micro-batch recorded in the manifest (default: the
-    context's, else global / world).
+    context's, else global / world). ``Checkpointer`` does the same in the
+    background.
     """
     ctx = ctx or context()
     started = time.monotonic()
@@ -274,20 +290,95 @@ def save_checkpoint(
     dcp.save(state_dict, checkpoint_id=staging)
     if dist.is_initialized():
         dist.barrier()  # every rank's files are on disk before rank 0 hashes them
-    micro = micro_batch or ctx.micro_batch or ctx.global_batch // world_size()
+    return _on_rank0(_committer(ctx, staging, step, metrics, micro_batch, started))
 
-    def commit() -> Path:
+
+def _committer(
+    ctx: RunContext, staging: Path, step: int, metrics: dict[str, Any], micro_batch: int | None, started: float
+) -> Callable[..., Path]:
+    """Rank 0's last act of a save, once every rank's files are written: manifest, rename, ledger event."""
+    micro = micro_batch or ctx.micro_batch or ctx.global_batch // world_size()
+    world = world_size()
+
+    def commit(blocked_s: float | None = None) -> Path:
         ckpt_format.write_manifest(
-            staging, step=step, world_size=world_size(), global_batch=ctx.global_batch,
+            staging, step=step, world_size=world, global_batch=ctx.global_batch,
             micro_batch=micro, metrics=metrics, run_id=ctx.run_id,
         )  # fmt: skip
         final = ckpt_format.commit(staging, ctx.checkpoint_dir, step)
         seconds = round(time.monotonic() - started, 3)
-        _ledger_event(ctx, "checkpoint_saved", step=step, path=str(final), seconds=seconds)
-        log.info("saved checkpoint %s in %.2fs", final, seconds)
+        # blocked_s: how long training waited for this save; seconds: until it was valid on disk.
+        blocked = seconds if blocked_s is None else round(blocked_s, 3)
+        _ledger_event(ctx, "checkpoint_saved", step=step, path=str(final), seconds=seconds, blocked_s=blocked)
+        log.info("saved checkpoint %s in %.2fs (training blocked %.2fs)", final, seconds, blocked)
         return final
 
-    return _on_rank0(commit)
+    return commit
+
+
+class Checkpointer:
+    """A run's checkpoint saves, written in the background when ``ctx.checkpoint_async``.
+
+    Every rank calls ``save`` at the same steps and ``wait`` before it
+    finishes. In the background mode, ``save`` copies the state to memory
+    (training may change it as soon as the call returns), a thread writes the
+    rank's DCP files over a process group of its own (a collective of the
+    save must not interleave with the training's gradient all-reduce on the
+    default group), and rank 0 commits the manifest once DCP reports every
+    rank's files written. One save is in flight at a time. Until it commits,
+    a save is a ``.tmp`` directory, which does not exist for resumption: a
+    fault mid-save loses that save and nothing else.
+
+    ``on_commit(path)`` runs on rank 0 right after each commit (the
+    ``corrupt_checkpoint`` drill strikes there).
+    """
+
+    def __init__(self, ctx: RunContext | None = None, on_commit: Callable[[Path], None] | None = None):
+        self.ctx = ctx or context()
+        self.on_commit = on_commit or (lambda path: None)
+        self._group: Any = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: Future | None = None
+
+    def save(self, step: int, state_dict: dict[str, Any], metrics: dict[str, Any], *,
+             micro_batch: int | None = None) -> None:  # fmt: skip
+        """Save ``state_dict`` as the checkpoint of ``step`` (collective)."""
+        if not self.ctx.checkpoint_async:
+            final = save_checkpoint(step, state_dict, metrics, micro_batch=micro_batch, ctx=self.ctx)
+            if rank() == 0:
+                self.on_commit(final)
+            return
+        started = time.monotonic()
+        self.wait()
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainyard-checkpoint")
+            self._group = dist.new_group(backend="gloo") if dist.is_initialized() else None
+        staging = _on_rank0(lambda: ckpt_format.prepare_staging(self.ctx.checkpoint_dir, step))
+        written = dcp.async_save(state_dict, checkpoint_id=staging, process_group=self._group)
+        commit = _committer(self.ctx, staging, step, metrics, micro_batch, started)
+        blocked_s = time.monotonic() - started
+
+        def finish() -> None:
+            written.result()  # on rank 0 this returns once every rank's files are on disk
+            if rank() == 0:
+                self.on_commit(commit(blocked_s))
+
+        self._pending = self._pool.submit(finish)
+
+    def wait(self) -> None:
+        """Block until the save in flight, if any, is committed; re-raise its error here."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def close(self) -> None:
+        """Wait for the save in flight, then release the thread."""
+        try:
+            self.wait()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown()
+                self._pool = None
 
 
 def _resolve_resume(ctx: RunContext) -> tuple[Path, dict[str, Any]] | None:
