@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -30,6 +29,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
+
+import psutil
 
 _PATH = re.compile(
     r"^/(?P<prefix>api/v1|apis/[^/]+/[^/]+)(?:/namespaces/(?P<ns>[^/]+))?/(?P<resource>[^/]+)"
@@ -352,11 +353,21 @@ class Kubelet:
 
     @staticmethod
     def _kill(proc: Any) -> None:
+        """End the pod's whole process tree, as a kubelet ends the container's cgroup.
+
+        Not just the process group: torchrun starts its workers in sessions of their own.
+        """
         if proc.poll() is None:
             try:
-                os.killpg(proc.pid, signal.SIGKILL)  # torchrun's workers too
-            except ProcessLookupError:
-                pass
+                root = psutil.Process(proc.pid)
+                tree = [root, *root.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                tree = []
+            for member in tree:
+                try:
+                    member.kill()
+                except psutil.NoSuchProcess:
+                    pass
         proc.wait()
 
     def _loop(self) -> None:

@@ -19,10 +19,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import yaml
 
-from airflow_helpers import ROOT, STAGES, airflow, airflow_env, task_states
+from airflow_helpers import ROOT, STAGES, airflow, airflow_env, task_states, wait_until
 from fake_k8s import FakeKube, Kubelet
 from trainyard import stages
 from trainyard.airflow.operators import defers, launcher_for, trigger_for
@@ -140,10 +141,24 @@ def test_an_oom_pod_is_retried_with_half_the_micro_batch_and_the_run_finishes(fa
     assert stages.check_checkpoint(run, result["checkpoint"], 20)["step"] == 20
 
 
+def processes_of(run: Run) -> list[psutil.Process]:
+    """Live processes started for this run (the launcher gives each its ledger's path)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("TRAINYARD_LEDGER") == str(run.ledger.path) and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return found
+
+
 def test_a_hung_rank_is_seen_by_the_trigger_and_the_run_scales_down(fake: FakeKube, tmp_path: Path) -> None:
     run = run_with(tmp_path, "[{fault: hang, node: gpu-b, step: 12}]")
     with Kubelet(fake, NS, NODES, tmp_path / "kubelet"):
         result, seen = deferred_train(run)
+        # The deleted pods' processes are gone, the stopped worker of the hung one too.
+        wait_until(lambda: not processes_of(run), 5, "the run's processes to end", every_s=0.1)
     assert "hang" in seen and seen[-1] == "succeeded"
     [classified] = train_events(run, "failure_classified")
     assert classified["kind"] == "hang" and classified["culprits"] == ["gpu-b"]
