@@ -86,11 +86,8 @@ def _torchrun_args(nodes: int, node: int, port: int, rdzv_id: str) -> list[str]:
     ]  # fmt: skip
 
 
-def train(data: Path, run: Run, nodes: int, **settings: object) -> list[str]:
-    """Run the workload on ``nodes`` local torchrun agents; return each node's output.
-
-    Fails the test (with every node's log tail) unless all agents exit 0.
-    """
+def start(data: Path, run: Run, nodes: int, **settings: object) -> tuple[list[subprocess.Popen], list[Path]]:
+    """Start the workload on ``nodes`` local torchrun agents; their processes and log files."""
     run.root.mkdir(parents=True, exist_ok=True)
     port = _free_port()
     rdzv_id = f"{run.root.name}-{port}"
@@ -107,6 +104,15 @@ def train(data: Path, run: Run, nodes: int, **settings: object) -> list[str]:
                     start_new_session=True,  # so a hung run can be killed with its workers
                 )
             )
+    return procs, logs
+
+
+def train(data: Path, run: Run, nodes: int, **settings: object) -> list[str]:
+    """Run the workload on ``nodes`` local torchrun agents; return each node's output.
+
+    Fails the test (with every node's log tail) unless all agents exit 0.
+    """
+    procs, logs = start(data, run, nodes, **settings)
     codes = [_wait(p) for p in procs]
     outputs = [log.read_text(errors="replace") for log in logs]
     detail = "\n".join(f"--- node-{i} (exit {c}) ---\n{o[-3000:]}" for i, (c, o) in enumerate(zip(codes, outputs)))
@@ -114,9 +120,9 @@ def train(data: Path, run: Run, nodes: int, **settings: object) -> list[str]:
     return outputs
 
 
-def _wait(proc: subprocess.Popen) -> int | None:
+def _wait(proc: subprocess.Popen, timeout: float = RUN_TIMEOUT_S) -> int | None:
     try:
-        return proc.wait(timeout=RUN_TIMEOUT_S)
+        return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)  # the session we started: the agent and its worker
         proc.wait()
@@ -230,3 +236,17 @@ def test_background_saves_hold_what_blocking_saves_hold(corpus: Path, reference:
     got = run.losses()
     for step in range(21, 26):
         assert got[step] == pytest.approx(expected[step], abs=1e-5), step
+
+
+def test_a_rank_whose_peer_dies_mid_save_fails_at_once(corpus: Path, tmp_path: Path) -> None:
+    """A save every step keeps one in flight. Were the survivors to wait for it on the way out,
+    their save threads could wait on each other in a collective until gloo's 30-minute timeout."""
+    run = Run.in_dir(tmp_path / "peer-dies")
+    drill = json.dumps([{"fault": "kill", "node": "node-1", "step": 8}])
+    procs, logs = start(corpus, run, nodes=3, max_steps=40, checkpoint_every=1, checkpoint_async=1, drills=drill,
+                        global_batch=12, micro_batch=2)
+    codes = [_wait(p, timeout=60) for p in procs]
+    for code, log in zip(codes[::2], logs[::2]):  # node-0 and node-2
+        assert code not in (0, None), log.read_text(errors="replace")[-3000:]
+    committed = fmt.list_checkpoints(run.checkpoints)
+    assert committed and all(fmt.step_of(c) < 8 and fmt.verify(c) == [] for c in committed)

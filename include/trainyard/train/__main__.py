@@ -2,6 +2,11 @@
 
 Owns process setup and teardown only: logging, the process group, and turning
 trainyard errors into one line and a non-zero exit instead of a traceback.
+
+A failed rank exits at once (``os._exit``) rather than through interpreter
+shutdown: a background checkpoint save may be blocked in a collective with a
+peer that died, and neither it nor the process group's teardown should delay
+the exit the supervisor is waiting for.
 """
 
 from __future__ import annotations
@@ -9,6 +14,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import traceback
+from typing import NoReturn
 
 import torch.distributed as dist
 
@@ -30,10 +37,19 @@ def main(argv: list[str] | None = None) -> int:
         loop.train(args, ctx)
     except TrainyardError as exc:
         print(f"trainyard.train: rank {dist.get_rank()}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-        return 1
-    finally:
-        dist.destroy_process_group()
+        _exit_now(1)
+    except Exception:  # noqa: BLE001 - a bug or a lost peer: the traceback is the evidence
+        traceback.print_exc()
+        _exit_now(1)
+    dist.destroy_process_group()
     return 0
+
+
+def _exit_now(code: int) -> NoReturn:
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

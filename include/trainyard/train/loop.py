@@ -192,8 +192,10 @@ def train(args: argparse.Namespace, ctx: runtime.RunContext) -> dict[str, float]
                 raise TrainingFailed(f"loss is {loss} at step {step}", kind="diverged")
             if ctx.should_checkpoint(step):
                 checkpoints.save(step, state, metrics, micro_batch=plan.micro_batch)
-    finally:
-        checkpoints.close()  # the save in flight commits (or fails) before the process group goes
+    except BaseException:
+        checkpoints.close(wait=False)  # a save in flight may wait on a dead peer: fail now, not at its timeout
+        raise
+    checkpoints.close()  # the last save commits before "finished"
     runtime.finish(max(start, ctx.max_steps), metrics, ctx=ctx)
     return metrics
 

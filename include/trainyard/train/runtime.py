@@ -53,13 +53,15 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.distributed.checkpoint.stateful import Stateful
 
 from trainyard.checkpoint import format as ckpt_format
 from trainyard.errors import CheckpointInvalid
@@ -319,7 +321,7 @@ def _committer(
 class Checkpointer:
     """A run's checkpoint saves, written in the background when ``ctx.checkpoint_async``.
 
-    Every rank calls ``save`` at the same steps and ``wait`` before it
+    Every rank calls ``save`` at the same steps and ``close`` before it
     finishes. In the background mode, ``save`` copies the state to memory
     (training may change it as soon as the call returns), a thread writes the
     rank's DCP files over a process group of its own (a collective of the
@@ -329,6 +331,8 @@ class Checkpointer:
     a save is a ``.tmp`` directory, which does not exist for resumption: a
     fault mid-save loses that save and nothing else.
 
+    The thread is a daemon: after a fault, a save waiting on a dead peer
+    must not keep the process alive (``close(wait=False)`` leaves it).
     ``on_commit(path)`` runs on rank 0 right after each commit (the
     ``corrupt_checkpoint`` drill strikes there).
     """
@@ -337,7 +341,7 @@ class Checkpointer:
         self.ctx = ctx or context()
         self.on_commit = on_commit or (lambda path: None)
         self._group: Any = None
-        self._pool: ThreadPoolExecutor | None = None
+        self._stager: DefaultStager | None = None
         self._pending: Future | None = None
 
     def save(self, step: int, state_dict: dict[str, Any], metrics: dict[str, Any], *,
@@ -349,21 +353,30 @@ class Checkpointer:
                 self.on_commit(final)
             return
         started = time.monotonic()
-        self.wait()
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainyard-checkpoint")
+        self.wait()  # also frees the staging buffers, which the stager reuses
+        if self._stager is None:
+            self._stager = DefaultStager(StagingOptions(
+                use_pinned_memory=False, use_shared_memory=False, use_async_staging=False, use_non_blocking_copy=False))
             self._group = dist.new_group(backend="gloo") if dist.is_initialized() else None
         staging = _on_rank0(lambda: ckpt_format.prepare_staging(self.ctx.checkpoint_dir, step))
-        written = dcp.async_save(state_dict, checkpoint_id=staging, process_group=self._group)
+        plain = {k: v.state_dict() if isinstance(v, Stateful) else v for k, v in state_dict.items()}
+        copy = self._stager.stage(plain)
         commit = _committer(self.ctx, staging, step, metrics, micro_batch, started)
         blocked_s = time.monotonic() - started
+        pending: Future = Future()
 
-        def finish() -> None:
-            written.result()  # on rank 0 this returns once every rank's files are on disk
-            if rank() == 0:
-                self.on_commit(commit(blocked_s))
+        def write() -> None:
+            try:
+                # On rank 0 this returns once every rank's files are written (DCP gathers their results).
+                dcp.save(copy, checkpoint_id=staging, process_group=self._group)
+                if rank() == 0:
+                    self.on_commit(commit(blocked_s))
+                pending.set_result(None)
+            except BaseException as exc:  # noqa: BLE001 - re-raised by wait() on the training thread
+                pending.set_exception(exc)
 
-        self._pending = self._pool.submit(finish)
+        threading.Thread(target=write, name=f"trainyard-checkpoint-{step}", daemon=True).start()
+        self._pending = pending
 
     def wait(self) -> None:
         """Block until the save in flight, if any, is committed; re-raise its error here."""
@@ -371,14 +384,15 @@ class Checkpointer:
         if pending is not None:
             pending.result()
 
-    def close(self) -> None:
-        """Wait for the save in flight, then release the thread."""
-        try:
+    def close(self, wait: bool = True) -> None:
+        """Wait for the save in flight (``wait=False``: leave it, after a fault), then free the buffers."""
+        if wait:
             self.wait()
-        finally:
-            if self._pool is not None:
-                self._pool.shutdown()
-                self._pool = None
+        elif self._pending is not None:
+            return  # its thread still reads the staging buffers
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
 
 
 def _resolve_resume(ctx: RunContext) -> tuple[Path, dict[str, Any]] | None:
