@@ -4,12 +4,15 @@
   when a drill caused it, else the moment the supervisor saw the attempt end);
 - resume delay: fault to the first step of the next attempt;
 - lost steps: the last step reached before the fault minus the step resumed from;
-- ETTR: productive training time (the step times of the steps that count) over
-  the wall time of the train stage.
+- ETTR: productive training time over the wall time of the train stage. The
+  productive time is the steps that count (a step run again after a fault counts
+  once) times the run's median step time: a step slowed by a background
+  checkpoint save is charged to the save, not counted as training.
 """
 
 from __future__ import annotations
 
+from statistics import median
 from typing import Any
 
 from trainyard.ledger import Ledger
@@ -42,6 +45,7 @@ def recovery_figures(ledger: Ledger) -> dict[str, Any]:
     for e in events:
         if e["event"] == "step":
             kept[e["step"]] = e.get("step_ms", 0.0) / 1000  # a step run again replaces the lost one
+    productive = len(kept) * median(kept.values()) if kept else 0.0
     end = next((e for e in reversed(events) if e["event"] in ("stage_end", "stage_failed")), None)
     wall = end["seconds"] if end else None
     return {
@@ -49,6 +53,6 @@ def recovery_figures(ledger: Ledger) -> dict[str, Any]:
         "detection_s": max((f["detection_s"] for f in failures), default=None),
         "resume_delay_s": max((f["resume_delay_s"] for f in failures if f["resume_delay_s"] is not None), default=None),
         "lost_steps": sum(f["lost_steps"] or 0 for f in failures),
-        "productive_s": round(sum(kept.values()), 3),
-        "ettr": round(sum(kept.values()) / wall, 4) if wall else None,
+        "productive_s": round(productive, 3),
+        "ettr": round(productive / wall, 4) if wall else None,
     }
