@@ -18,6 +18,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
+# Imported by every Airflow process of a deployment (``sql_alchemy_connect_args``): sqlite's default
+# 5 s busy timeout is too short for a CLI write while the scheduler and DAG processor hold the
+# database on two loaded cores ("database is locked" from ``airflow backfill create``).
+SQLITE_CONNECT_ARGS = {"timeout": 60}
 STAGES = ["stage_dataset", "check_dataset", "burn_in", "train", "check_checkpoint", "publish", "report"]
 
 
@@ -82,6 +86,8 @@ def service_settings(api_port: int) -> dict[str, str]:
         "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{api_port}",
         "AIRFLOW__API__WORKERS": "1",
         "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": "airflow_helpers.SQLITE_CONNECT_ARGS",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")])),
         # Parse each DAG file once at start, not every 30 s: two shared cores.
         "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600",
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "600",
