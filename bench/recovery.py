@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -35,9 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import psutil
-
 from trainyard import stages
+from trainyard.launch.local import process_tree, signal_all
 from trainyard.ledger import Ledger
 from trainyard.recovery.figures import recovery_figures
 from trainyard.run import open_run
@@ -78,20 +78,6 @@ def trainyard_run(root: Path, steps: int, at: int, fault: str, node: str, hb: fl
     return {**recovery_figures(run.ledger), "wall_s": wall, "save_blocked_s": round(sum(blocked) / len(blocked), 3)}
 
 
-def kill_tree(pid: int) -> None:
-    """An agent and its workers, which torchrun starts in sessions of their own."""
-    try:
-        root = psutil.Process(pid)
-        tree = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return
-    for proc in tree:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
-
-
 def torchrun_run(root: Path, steps: int, at: int, every: int, background: bool, grace_s: float) -> dict:
     data = root / "data"
     write_synthetic_corpus(data, shards=2, tokens_per_shard=16_384)
@@ -127,8 +113,8 @@ def torchrun_run(root: Path, steps: int, at: int, every: int, background: bool, 
                         "resumed": False}
             time.sleep(1)
     finally:
-        for agent in agents:
-            kill_tree(agent.pid)
+        for agent in agents:  # with its workers, which torchrun starts in sessions of their own
+            signal_all(process_tree(agent.pid), signal.SIGKILL)
     Ledger(ledger).append("train", "stage_end", seconds=round(time.monotonic() - started, 3))
     events = list(Ledger(ledger).events("train"))
     fault = next(e for e in events if e["event"] == "drill_fired")

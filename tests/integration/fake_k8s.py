@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-import psutil
+from trainyard.launch.local import process_tree, signal_all
 
 _PATH = re.compile(
     r"^/(?P<prefix>api/v1|apis/[^/]+/[^/]+)(?:/namespaces/(?P<ns>[^/]+))?/(?P<resource>[^/]+)"
@@ -358,16 +359,7 @@ class Kubelet:
         Not just the process group: torchrun starts its workers in sessions of their own.
         """
         if proc.poll() is None:
-            try:
-                root = psutil.Process(proc.pid)
-                tree = [root, *root.children(recursive=True)]
-            except psutil.NoSuchProcess:
-                tree = []
-            for member in tree:
-                try:
-                    member.kill()
-                except psutil.NoSuchProcess:
-                    pass
+            signal_all(process_tree(proc.pid), signal.SIGKILL)
         proc.wait()
 
     def _loop(self) -> None:

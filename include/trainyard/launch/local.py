@@ -106,11 +106,11 @@ class LocalLauncher:
         torchrun starts its workers in sessions of their own, so killing the
         agent's process group is not enough: we collect the whole tree first.
         """
-        tree = [p for proc in handle.procs.values() for p in _tree(proc.pid)]
-        _signal_all(tree, signal.SIGTERM)
-        _signal_all(tree, signal.SIGCONT)  # a stopped (hung) process handles its SIGTERM only once resumed
+        tree = [p for proc in handle.procs.values() for p in process_tree(proc.pid)]
+        signal_all(tree, signal.SIGTERM)
+        signal_all(tree, signal.SIGCONT)  # a stopped (hung) process handles its SIGTERM only once resumed
         _, alive = psutil.wait_procs(tree, timeout=grace_s)
-        _signal_all(alive, signal.SIGKILL)
+        signal_all(alive, signal.SIGKILL)
         psutil.wait_procs(alive, timeout=5)
         for proc in handle.procs.values():
             if proc.poll() is None:
@@ -128,7 +128,8 @@ class LocalLauncher:
             self.cancel(handle)
 
 
-def _tree(pid: int) -> list[psutil.Process]:
+def process_tree(pid: int) -> list[psutil.Process]:
+    """``pid`` and all its descendants (torchrun's workers live in sessions of their own)."""
     try:
         root = psutil.Process(pid)
         return [root, *root.children(recursive=True)]
@@ -136,7 +137,7 @@ def _tree(pid: int) -> list[psutil.Process]:
         return []
 
 
-def _signal_all(procs: list[psutil.Process], sig: signal.Signals) -> None:
+def signal_all(procs: list[psutil.Process], sig: signal.Signals) -> None:
     for proc in procs:
         try:
             proc.send_signal(sig)
