@@ -1,11 +1,14 @@
 """One pipeline run: its spec (with the trigger's Params), paths and ledger.
 
-Every stage starts from ``open_run``; the Airflow layer only passes in the
-identifiers Airflow knows (DAG id, run id, logical date, Params).
+A run starts with ``open_run``, which pins the spec (Params applied) into the
+run folder; every later stage, retry and the report reopen it with
+``load_run`` from that snapshot. The Airflow layer only passes in the
+identifiers Airflow knows (DAG id, run id, the run's date, Params).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -15,7 +18,7 @@ from typing import Any
 from trainyard.atomic import write_json_atomic
 from trainyard.errors import SpecError
 from trainyard.ledger import Ledger, run_dir, safe_name
-from trainyard.spec import PARAM_FIELDS, PipelineSpec, load_spec, with_params
+from trainyard.spec import PARAM_FIELDS, PipelineSpec, load_spec, spec_from_data, with_params
 from trainyard.storage import S3Settings, Tier, local_path, open_tier
 from trainyard.templating import render
 
@@ -93,28 +96,47 @@ def open_run(
     params: Mapping[str, Any] | None = None,
     connections: Callable[[str], S3Settings] | None = None,
 ) -> Run:
-    """Load the spec, apply the trigger's Params, and record both for the run once.
+    """Open the run, pinning its spec: the first open writes it, every later one reads it back.
 
-    ``spec.json`` holds the spec as run (Params applied) and the Params; the
-    ledger gets one ``params`` event with the Params and which of them differ
-    from the spec file, so the run can be reproduced from its folder alone.
+    ``spec.json`` holds the spec as run (Params applied), the Params and the
+    run's identifiers; the ledger gets one ``params`` event with the Params and
+    which of them differ from the spec file, so the run can be reproduced from
+    its folder alone. Once the snapshot exists, the YAML file is not read again
+    for this run: an edit made while it runs (or before a retry) waits for the
+    next run. The Airflow layer opens a run once (``pin_spec``) and passes the
+    snapshot's path on; this function serves the library's callers (drills).
     """
     spec_path = Path(spec_path)
     file_spec = load_spec(spec_path)
     spec = with_params(file_spec, params, spec_path) if params else file_spec
     run = Run(spec=spec, spec_path=spec_path, dag_id=dag_id, run_id=run_id, ds=ds, connections=connections)
     snapshot = run.dir / SNAPSHOT
-    if not snapshot.exists():
-        # The event goes first and the snapshot last: a task killed in between leaves no snapshot, and the
-        # next task's open finds the event and writes only the snapshot (the ledger is read just this once).
-        if next(run.ledger.events(RUN_STAGE, "params"), None) is None:
-            run.ledger.append(RUN_STAGE, "params", params=dict(params or {}),
-                              overrides=param_overrides(file_spec, spec), spec_file=str(spec_path), snapshot=SNAPSHOT)
-        write_json_atomic(snapshot, {
-            "spec_file": str(spec_path), "params": dict(params or {}), "spec": spec.model_dump(mode="json"),
-            "dag_id": dag_id, "run_id": run_id, "ds": ds,
-        })
+    if snapshot.exists():
+        return load_run(snapshot, connections)
+    # The event goes first and the snapshot last: a task killed in between leaves no snapshot, and the
+    # next open finds the event and writes only the snapshot (the ledger is read just this once).
+    if next(run.ledger.events(RUN_STAGE, "params"), None) is None:
+        run.ledger.append(RUN_STAGE, "params", params=dict(params or {}),
+                          overrides=param_overrides(file_spec, spec), spec_file=str(spec_path), snapshot=SNAPSHOT, ds=ds)
+    write_json_atomic(snapshot, {
+        "spec_file": str(spec_path), "params": dict(params or {}), "spec": spec.model_dump(mode="json"),
+        "dag_id": dag_id, "run_id": run_id, "ds": ds,
+    })
     return run
+
+
+def load_run(snapshot: str | Path, connections: Callable[[str], S3Settings] | None = None) -> Run:
+    """The run pinned in ``snapshot`` (its ``spec.json``): the spec it started with, whatever the file says now."""
+    snapshot = Path(snapshot)
+    try:
+        pinned = json.loads(snapshot.read_text(encoding="utf-8"))
+        spec_file = Path(pinned["spec_file"])
+        spec = spec_from_data(pinned["spec"], spec_file)
+        ids = pinned["dag_id"], pinned["run_id"], pinned["ds"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SpecError([f"{snapshot}: cannot read the run's pinned spec ({type(exc).__name__}: {exc});"
+                         " clear the run's first task (pin_spec) to pin it again"]) from None
+    return Run(spec=spec, spec_path=spec_file, dag_id=ids[0], run_id=ids[1], ds=ids[2], connections=connections)
 
 
 def param_overrides(file_spec: PipelineSpec, spec: PipelineSpec) -> dict[str, dict[str, Any]]:

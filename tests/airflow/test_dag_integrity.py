@@ -30,10 +30,23 @@ def test_every_spec_is_a_dag_and_nothing_fails(bag: DagBag) -> None:
 @pytest.mark.parametrize("dag_id", ["nightly_pretrain", "finetune_manual"])
 def test_stages_are_chained_in_order(bag: DagBag, dag_id: str) -> None:
     dag = bag.dags[dag_id]
-    assert sorted(t.task_id for t in dag.tasks) == sorted(STAGES)
+    assert sorted(t.task_id for t in dag.tasks) == sorted(["pin_spec", *STAGES])
     for upstream, downstream in zip(STAGES, STAGES[1:]):
         assert downstream in dag.get_task(upstream).downstream_task_ids, (upstream, downstream)
-    assert dag.get_task("report").trigger_rule == "all_done"
+    # Every stage reads the spec pin_spec pinned; the report is the run's teardown, never a leaf that decides it.
+    pin, report = dag.get_task("pin_spec"), dag.get_task("report")
+    assert pin.is_setup and pin.downstream_task_ids == set(STAGES)
+    assert report.is_teardown and report.trigger_rule == "all_done_setup_success"
+    # The stages decide the run's state: a teardown with on_failure_fail_dagrun would be its only judge.
+    assert not report.on_failure_fail_dagrun and [t.task_id for t in dag.leaves] == ["report"]
+
+
+def test_the_doc_and_links_point_to_the_runs_view(bag: DagBag) -> None:
+    dag = bag.dags["nightly_pretrain"]
+    assert dag.doc_md.startswith("Nightly continual pretraining")
+    assert "| `max_steps` | `60` |" in dag.doc_md and "(/trainyard/)" in dag.doc_md
+    for task_id in ("train", "report"):
+        assert [link.name for link in dag.get_task(task_id).operator_extra_links] == ["Training run"], task_id
 
 
 def test_schedule_and_retries_come_from_the_spec(bag: DagBag) -> None:

@@ -152,6 +152,7 @@ def test_a_real_task_sends_its_stage_duration(tmp_path: Path, statsd: StatsdServ
            "AIRFLOW__CORE__DAGS_FOLDER": str(tmp_path / "dags"), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
            "PATH": f"{BIN}:{os.environ['PATH']}"}
     subprocess.run(["airflow", "db", "migrate"], env=env, check=True, capture_output=True, timeout=300)
+    # `tasks test` runs the task in a run of its own, never pinned by pin_spec: the stage pins it itself.
     done = subprocess.run(["airflow", "tasks", "test", "tiny", "stage_dataset", "2026-11-28"], env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -255,7 +256,7 @@ def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201 -- a R
     path = tmp_path / "tiny.yaml"
     path.write_text(SPEC.format(home=tmp_path))
     opened = open_run(path, DAG, "manual__1", "2026-11-28")
-    monkeypatch.setattr(tasks, "open_from_context", lambda spec_path: opened)
+    monkeypatch.setattr(tasks, "open_pinned", lambda spec_path, run_file: opened)
     return opened
 
 
@@ -265,10 +266,10 @@ def test_an_adapter_sends_the_stage_it_ran_once_even_when_it_fails(run: Any, rec
         raise DataError("shard_0000.tok: truncated header")
 
     with pytest.raises(AirflowFailException, match="DataError: shard_0000.tok"):  # still mapped to fail-fast
-        with tasks.stage_run("unused.yaml", "check_dataset") as opened:
+        with tasks.stage_run("unused.yaml", None, "check_dataset") as opened:
             bad_data(opened)
     with pytest.raises(AirflowFailException):  # a second try sends its own figures, not the first one's again
-        with tasks.stage_run("unused.yaml", "check_dataset") as opened:
+        with tasks.stage_run("unused.yaml", None, "check_dataset") as opened:
             raise DataError("before the stage started")
     assert [(kind, name) for kind, name, _ in recorder.sent] == [
         ("timing", "trainyard.stage.duration.nightly__v2.check_dataset"),

@@ -36,7 +36,7 @@ def test_kubernetes_backend_goes_through_the_airflow_connection(tmp_path: Path, 
 
 
 def test_on_kill_before_launch_is_harmless_and_after_launch_cancels() -> None:
-    op = TrainOperator(task_id="train", spec_path="unused.yaml")
+    op = TrainOperator(task_id="train", spec_path="unused.yaml", run_file="unused/spec.json")
     op.on_kill()  # nothing launched yet
 
     class Recorder(LocalLauncher):
@@ -48,3 +48,14 @@ def test_on_kill_before_launch_is_harmless_and_after_launch_cancels() -> None:
     op._launcher = Recorder()
     op.on_kill()
     assert Recorder.cancelled
+
+
+def test_a_run_without_a_logical_date_takes_the_day_of_its_run_after() -> None:
+    import datetime as dt
+    from types import SimpleNamespace
+
+    from trainyard.airflow.tasks import run_date
+
+    late = dt.datetime(2026, 11, 29, 23, 30, tzinfo=dt.timezone(dt.timedelta(hours=-5)))  # 04:30 UTC on the 30th
+    assert run_date({"ds": "2026-11-28", "dag_run": SimpleNamespace(run_after=late)}) == "2026-11-28"
+    assert run_date({"dag_run": SimpleNamespace(run_after=late)}) == "2026-11-30"  # REST logical_date: null, Assets

@@ -23,6 +23,7 @@ BIN = Path(sys.executable).parent
 # database on two loaded cores ("database is locked" from ``airflow backfill create``).
 SQLITE_CONNECT_ARGS = {"timeout": 60}
 STAGES = ["stage_dataset", "check_dataset", "burn_in", "train", "check_checkpoint", "publish", "report"]
+TASKS = ["pin_spec", *STAGES]  # pin_spec pins the run's spec; it is no stage of the ledger
 
 
 def airflow_env(home: Path, dags: Path = ROOT / "dags", **extra: str) -> dict[str, str]:
@@ -57,6 +58,14 @@ def task_states(env: dict[str, str], dag_id: str, date: str) -> dict[str, tuple[
             (dag_id, f"{date}%"),
         ).fetchall()
     return {task: (state, tries) for task, state, tries in rows}
+
+
+def run_state(env: dict[str, str], dag_id: str, date: str) -> str | None:
+    """The DAG run's own state at logical ``date``: what the grid, callbacks and backfills see."""
+    with sqlite3.connect(Path(env["AIRFLOW_HOME"]) / "airflow.db") as db:
+        rows = db.execute("SELECT state FROM dag_run WHERE dag_id = ? AND logical_date LIKE ?",
+                          (dag_id, f"{date}%")).fetchall()
+    return rows[0][0] if rows else None
 
 
 # ------------------------------------------------------------------ live services

@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from airflow_helpers import STAGES, airflow, airflow_env, task_states
+from airflow_helpers import STAGES, TASKS, airflow, airflow_env, run_state, task_states
 
 from trainyard.checkpoint.format import verify
 from trainyard.ledger import Ledger
@@ -27,7 +27,8 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 def test_demo_pipeline_runs_end_to_end(env: dict[str, str]) -> None:
     done = airflow(env, "dags", "test", "nightly_pretrain", DATE)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert {t: s for t, (s, _) in task_states(env, "nightly_pretrain", DATE).items()} == dict.fromkeys(STAGES, "success")
+    assert {t: s for t, (s, _) in task_states(env, "nightly_pretrain", DATE).items()} == dict.fromkeys(TASKS, "success")
+    assert run_state(env, "nightly_pretrain", DATE) == "success"
 
     home = Path(env["TRAINYARD_HOME"])
     hot = home / "checkpoints" / "nightly_pretrain" / "step_000060"
@@ -74,5 +75,18 @@ def test_bad_data_fails_fast_without_retry(env: dict[str, str]) -> None:
     assert states["check_dataset"] == ("failed", 1)  # AirflowFailException: no retry
     assert states["train"][0] == "upstream_failed"
     assert states["report"][0] == "success"  # the report is written whatever happened
+    assert run_state(env, "nightly_pretrain", "2026-11-26") == "failed"  # and the run says what happened
     out = done.stdout + done.stderr
     assert "DataError: shard" in out and "shard_0000.tok: truncated header" in out
+
+
+def test_a_missing_partition_fails_the_run_and_still_writes_the_report(env: dict[str, str]) -> None:
+    airflow(env, "dags", "test", "nightly_pretrain", "2026-11-25")  # no cold/tokens/2026-11-25 at all
+    states = {t: s for t, (s, _) in task_states(env, "nightly_pretrain", "2026-11-25").items()}
+    assert states["check_dataset"] == "failed" and states["train"] == states["publish"] == "upstream_failed"
+    assert states["report"] == "success"
+    assert run_state(env, "nightly_pretrain", "2026-11-25") == "failed"
+    run_dir = next(p for p in (Path(env["TRAINYARD_HOME"]) / "runs" / "nightly_pretrain").iterdir() if "2026-11-25" in p.name)
+    assert (run_dir / "report.html").exists()
+    [failed] = Ledger.in_dir(run_dir).events(event="stage_failed")
+    assert failed["stage"] == "check_dataset" and failed["error"] == "DataError"

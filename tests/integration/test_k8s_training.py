@@ -23,7 +23,7 @@ import psutil
 import pytest
 import yaml
 
-from airflow_helpers import ROOT, STAGES, airflow, airflow_env, task_states, wait_until
+from airflow_helpers import ROOT, TASKS, airflow, airflow_env, task_states, wait_until
 from fake_k8s import FakeKube, Kubelet
 from trainyard import stages
 from trainyard.airflow.operators import defers, launcher_for, trigger_for
@@ -183,7 +183,7 @@ def test_the_train_task_defers_in_a_real_airflow_run(fake: FakeKube, tmp_path: P
         done = airflow(env, "dags", "test", "k8s_train", "2026-11-28")
     Path("/tmp/k8s_dags_test.log").write_text(done.stdout + done.stderr)
     out = done.stdout[-4000:] + done.stderr[-4000:]
-    assert {t: s for t, (s, _) in task_states(env, "k8s_train", "2026-11-28").items()} == dict.fromkeys(STAGES, "success"), out
+    assert {t: s for t, (s, _) in task_states(env, "k8s_train", "2026-11-28").items()} == dict.fromkeys(TASKS, "success"), out
     [run_dir] = (tmp_path / "runs" / "k8s_train").iterdir()
     ledger = Ledger.in_dir(run_dir)
     # Only the resumed half of the task writes attempt_event: the operator did defer and come back.

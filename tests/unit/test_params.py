@@ -16,7 +16,7 @@ from airflow.sdk.exceptions import ParamValidationError
 
 from trainyard.errors import SpecError
 from trainyard.ledger import Ledger
-from trainyard.run import RUN_STAGE, SNAPSHOT, open_run
+from trainyard.run import RUN_STAGE, SNAPSHOT, load_run, open_run
 from trainyard.spec import (
     PARAM_FIELDS, ParamName, _valid_resume, check_files, load_spec, param_schemas, spec_from_data, with_params,
 )
@@ -182,3 +182,20 @@ def test_a_task_killed_between_event_and_snapshot_does_not_record_twice(path: Pa
     (run.dir / SNAPSHOT).unlink()
     open_run(path, "p", "manual__2", "2026-11-28", {"nodes": 4})
     assert len(list(run.ledger.events(RUN_STAGE, "params"))) == 1 and (run.dir / SNAPSHOT).exists()
+
+
+def test_the_pinned_spec_outlives_an_edit_of_the_file(path: Path) -> None:
+    run = open_run(path, "p", "manual__3", "2026-11-28", {"nodes": 4})
+    path.write_text(path.read_text().replace("max_steps: 10", "max_steps: 99"))
+    # Every later task of the run (and a retry, and the report) reads the snapshot, not the file.
+    for later in (load_run(run.dir / SNAPSHOT), open_run(path, "p", "manual__3", "2026-11-28", {"nodes": 4})):
+        assert later.spec == run.spec and later.spec.training.max_steps == 10 and later.spec.nodes.count == 4
+        assert (later.dag_id, later.run_id, later.ds, later.spec_path) == ("p", "manual__3", "2026-11-28", path)
+    assert open_run(path, "p", "manual__4", "2026-11-29").spec.training.max_steps == 99  # the next run has it
+
+
+def test_a_damaged_snapshot_is_a_spec_error_naming_the_file_and_the_fix(path: Path) -> None:
+    run = open_run(path, "p", "manual__5", "2026-11-28")
+    (run.dir / SNAPSHOT).write_text('{"spec": {"nodes": ')
+    with pytest.raises(SpecError, match=r"spec\.json: cannot read the run's pinned spec .*clear the run's first task"):
+        load_run(run.dir / SNAPSHOT)

@@ -14,8 +14,9 @@ from airflow.sdk import DAG, Param, task
 
 from trainyard.airflow import tasks
 from trainyard.airflow.assets import checkpoint_asset
-from trainyard.airflow.operators import TrainOperator
+from trainyard.airflow.operators import ReportOperator, TrainOperator
 from trainyard.errors import SpecError
+from trainyard.report.pages import URL_PREFIX
 from trainyard.spec import PipelineSpec, load_spec, param_schemas
 
 # Airflow pool of training nodes (airflow_settings.yaml declares it): one slot per node.
@@ -44,6 +45,7 @@ def node_slots(spec: PipelineSpec) -> dict[str, int]:
 def build_dag(spec_path: Path, spec: PipelineSpec) -> DAG:
     dag_id = spec.dag_id(spec_path)
     rec = spec.recovery
+    schemas = param_schemas(spec)
     with DAG(
         dag_id=dag_id,
         description=spec.description or f"trainyard pipeline from {spec_path.name}",
@@ -52,26 +54,49 @@ def build_dag(spec_path: Path, spec: PipelineSpec) -> DAG:
         catchup=spec.catchup,
         max_active_runs=spec.max_active_runs,
         tags=["trainyard", *spec.tags],
-        params={name: Param(**schema) for name, schema in param_schemas(spec).items()},
+        params={name: Param(**schema) for name, schema in schemas.items()},
         default_args={"owner": spec.owner, "retries": 0},
-        doc_md=f"Built by trainyard from `{spec_path}`.",
+        doc_md=dag_doc(spec_path, spec, schemas),
     ) as dag:
+        # The run's spec (file + the trigger's Params) is pinned once, here; every later task reads the snapshot.
         path = str(spec_path)
-        stage = task(task_id="stage_dataset", retries=2, retry_delay=dt.timedelta(seconds=rec.backoff_s))(tasks.stage_dataset)(path)
-        check = task(task_id="check_dataset")(tasks.check_dataset)(path)
+        pinned = task(task_id="pin_spec")(tasks.pin_spec)(path)
+        stage = task(task_id="stage_dataset", retries=2, retry_delay=dt.timedelta(seconds=rec.backoff_s))(tasks.stage_dataset)(path, pinned)
+        check = task(task_id="check_dataset")(tasks.check_dataset)(path, pinned)
         slots = node_slots(spec)
-        burn = task(task_id="burn_in", pool=NODE_POOL, pool_slots=slots["burn_in"])(tasks.burn_in)(path)
+        burn = task(task_id="burn_in", pool=NODE_POOL, pool_slots=slots["burn_in"])(tasks.burn_in)(path, pinned)
         # The supervisor inside ``train`` retries, scales down and rolls back itself; Airflow's one
         # retry is for the task process dying, and it carries on from the ledger.
-        trained = TrainOperator(task_id="train", spec_path=path, retries=1,
+        trained = TrainOperator(task_id="train", spec_path=path, run_file=pinned, retries=1,
                                 retry_delay=dt.timedelta(seconds=rec.backoff_s), pool=NODE_POOL, pool_slots=slots["train"])
-        checked = task(task_id="check_checkpoint")(tasks.check_checkpoint)(path, trained.output)
-        published = task(task_id="publish", retries=2, outlets=[checkpoint_asset(dag_id)])(tasks.publish)(path, checked)
-        # The report is written whatever happened: a failed run needs it most.
-        reported = task(task_id="report", trigger_rule="all_done")(tasks.report)(path)
+        checked = task(task_id="check_checkpoint")(tasks.check_checkpoint)(path, pinned, trained.output)
+        published = task(task_id="publish", retries=2, outlets=[checkpoint_asset(dag_id)])(tasks.publish)(path, pinned, checked)
+        # The report is written whatever happened (a failed run needs it most), and the run's state must
+        # still say what happened. A teardown gives both: it runs once its setup (pin_spec) succeeded and
+        # everything before it is done, and it is no leaf, so a failed stage fails the DAG run (a report
+        # with trigger_rule="all_done" as the only leaf turned every failed night green). It must keep
+        # on_failure_fail_dagrun False: True makes it the one leaf that decides, and a written report
+        # would turn a failed night green again. A report that fails shows as a failed task.
+        reported = ReportOperator(task_id="report", spec_path=path, run_file=pinned)
         stage >> check >> burn >> trained
         published >> reported
+        reported.as_teardown(setups=pinned)
     return dag
+
+
+def dag_doc(spec_path: Path, spec: PipelineSpec, schemas: dict[str, dict]) -> str:
+    """The DAG's page text: the spec's description, where it comes from, its Params and the runs view."""
+    lines = [spec.description or f"trainyard pipeline from `{spec_path.name}`.", "",
+             f"Built by trainyard from `{spec_path}`; each run pins this file (with the trigger's Params) when it"
+             " starts, so an edit takes effect from the next run.", ""]
+    if schemas:
+        lines += ["| Param | default | what it sets |", "| --- | --- | --- |"]
+        lines += [f"| `{name}` | `{s.get('default')}` | {s.get('description', '')} |" for name, s in schemas.items()]
+        lines.append("")
+    # Host-relative: the API server serves the view under its own host (and any base URL in front of it).
+    lines.append(f"Runs of this pipeline: [training-runs view]({URL_PREFIX}/) (and the \"Training run\" tab of"
+                 " each DAG run, or the \"Training run\" link of its train and report tasks).")
+    return "\n".join(lines)
 
 
 def scan(folder: str | Path) -> tuple[dict[str, tuple[Path, PipelineSpec]], list[str]]:

@@ -1,4 +1,5 @@
-"""Operators for the stages that need more than a function: ``train`` must be killable, and may defer.
+"""Operators for the stages that need more than a function: ``train`` must be killable, and may defer;
+``train`` and ``report`` carry the "Training run" link to the run's page in the training-runs view.
 
 Airflow calls ``on_kill`` when the task is stopped (marked failed in the UI, a
 timeout, a SIGTERM); a TaskFlow function has no such hook, and torchrun agents
@@ -15,9 +16,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseOperator
+from airflow.sdk import BaseOperator, BaseOperatorLink, conf
 
+from trainyard.airflow import tasks
 from trainyard.airflow.tasks import kube_client, load_stages, stage_run
+from trainyard.report.pages import run_url
 from trainyard.spec import NodesSpec
 
 if TYPE_CHECKING:  # the Kubernetes clients take a second to import: at run time, not at DAG parse time
@@ -56,20 +59,41 @@ def trigger_for(run: Run, watch: dict[str, Any]) -> KubernetesAttemptTrigger:
     )
 
 
+class RunPageLink(BaseOperatorLink):
+    """The run's page in the training-runs view (the plugin mounts it on the API server).
+
+    Airflow 3 computes the link in the worker when the task ends and keeps it
+    as an XCom, so the UI shows it for a failed task too. Without ``[api]
+    base_url`` the link is host-relative, which the UI resolves on its own host.
+    """
+
+    name = "Training run"
+
+    def get_link(self, operator: BaseOperator, *, ti_key: Any) -> str:
+        return run_url(conf.get("api", "base_url", fallback="") or "", ti_key.dag_id, ti_key.run_id)
+
+
 class TrainOperator(BaseOperator):
-    """Launch and supervise the training attempts on the nodes ``burn_in`` chose."""
+    """Launch and supervise the training attempts on the nodes ``burn_in`` chose.
+
+    :param spec_path: the spec file, read only where the run was never pinned (``airflow tasks test``).
+    :param run_file: the run's pinned spec (``pin_spec``'s XCom), rendered at run time.
+    """
 
     ui_color = "#ffd27f"
+    template_fields = ("run_file",)
+    operator_extra_links = (RunPageLink(),)
 
-    def __init__(self, *, spec_path: str, burn_in_task_id: str = "burn_in", **kwargs: Any):
+    def __init__(self, *, spec_path: str, run_file: Any, burn_in_task_id: str = "burn_in", **kwargs: Any):
         super().__init__(**kwargs)
         self.spec_path = spec_path
+        self.run_file = run_file
         self.burn_in_task_id = burn_in_task_id
         self._launcher: LocalLauncher | KubernetesLauncher | None = None
 
     def execute(self, context: Any) -> dict[str, Any]:
         chosen = context["ti"].xcom_pull(task_ids=self.burn_in_task_id)
-        with stage_run(self.spec_path, "train") as run:
+        with stage_run(self.spec_path, self.run_file, "train") as run:
             self._launcher = launcher_for(run.spec.nodes)
             if not defers(run.spec.nodes):
                 return load_stages().train(run, chosen["healthy"], launcher=self._launcher, spares=chosen.get("spare", []))
@@ -83,7 +107,7 @@ class TrainOperator(BaseOperator):
         deferral kwargs (``airflow dags test`` does not pass those back).
         """
         chosen = context["ti"].xcom_pull(task_ids=self.burn_in_task_id)
-        with stage_run(self.spec_path, "train") as run:
+        with stage_run(self.spec_path, self.run_file, "train") as run:
             self._launcher = launcher_for(run.spec.nodes)
             outcome = load_stages().continue_training(run, chosen["healthy"], self._launcher, chosen.get("spare", []), event)
         if "result" in outcome:
@@ -93,3 +117,25 @@ class TrainOperator(BaseOperator):
     def on_kill(self) -> None:
         if self._launcher is not None:
             self._launcher.cancel_all()
+
+
+class ReportOperator(BaseOperator):
+    """Write the run's report from its ledger and release what the run held (``stages.report``).
+
+    The DAG makes it the run's teardown: it runs whatever the stages did, and
+    its own outcome does not hide theirs (see ``dag_builder``).
+
+    :param spec_path: the spec file, read only where the run was never pinned (``airflow tasks test``).
+    :param run_file: the run's pinned spec (``pin_spec``'s XCom), rendered at run time.
+    """
+
+    template_fields = ("run_file",)
+    operator_extra_links = (RunPageLink(),)
+
+    def __init__(self, *, spec_path: str, run_file: Any, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.spec_path = spec_path
+        self.run_file = run_file
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        return tasks.report(self.spec_path, self.run_file)

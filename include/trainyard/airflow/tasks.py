@@ -1,7 +1,11 @@
 """Task adapters: Airflow context in, a library stage out, errors mapped.
 
-Each adapter opens the run from the context Airflow passes and calls one
-function of ``trainyard.stages``. Errors a retry cannot fix (a bad spec, bad
+The first task, ``pin_spec``, opens the run: it validates the spec file with
+the trigger's Params and pins the result in the run folder (``spec.json``).
+Every later adapter gets that snapshot's path (an XCom) and reopens the run
+from it, so a run, its retries and its report use the spec it started with,
+whatever happens to the YAML file meanwhile. Each calls one function of
+``trainyard.stages``. Errors a retry cannot fix (a bad spec, bad
 data, too few healthy nodes, an invalid checkpoint) fail the task with no
 retry; the rest fail it normally, so the task's retries apply. When the
 stage ends, its duration and outcome go to Airflow's metrics client.
@@ -9,6 +13,7 @@ stage ends, its duration and outcome go to Airflow's metrics client.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,7 +27,7 @@ from trainyard.airflow.assets import checkpoint_asset
 from trainyard.airflow.metrics import emitted
 from trainyard.errors import FAIL_FAST
 from trainyard.report.summary import format_summary, summarize
-from trainyard.run import Run, open_run
+from trainyard.run import SNAPSHOT, Run, load_run, open_run
 from trainyard.spec import KubernetesSpec
 from trainyard.storage.s3 import S3Settings, settings_for
 
@@ -42,9 +47,41 @@ def _s3_settings(conn_id: str) -> S3Settings:
     return settings_for(Connection.get(conn_id))
 
 
-def open_from_context(spec_path: str) -> Run:
+def run_date(ctx: Any) -> str:
+    """What ``{{ ds }}`` stands for in this run: its logical date, as Airflow's own ``ds``.
+
+    Airflow 3 runs may have no logical date (a REST trigger with
+    ``logical_date: null``, an Asset-triggered run); those take the UTC day of
+    their ``run_after`` (when the run was triggered or queued). The snapshot
+    pins it, so every task of the run sees the same day.
+    """
+    if ds := ctx.get("ds"):
+        return ds
+    return ctx["dag_run"].run_after.astimezone(dt.timezone.utc).strftime("%Y-%m-%d")
+
+
+def pin_spec(spec_path: str) -> str:
+    """Open the run (spec file + the trigger's Params, validated) and pin it; the snapshot's path."""
+    with mapped_errors():
+        run = _pin(spec_path)
+    snapshot = run.dir / SNAPSHOT
+    log.info("spec %s pinned for run %s (ds %s) in %s", spec_path, run.run_id, run.ds, snapshot)
+    return str(snapshot)
+
+
+def _pin(spec_path: str) -> Run:
     ctx = get_current_context()
-    return open_run(spec_path, ctx["dag"].dag_id, ctx["run_id"], ctx["ds"], dict(ctx["params"]), connections=_s3_settings)
+    return open_run(spec_path, ctx["dag"].dag_id, ctx["run_id"], run_date(ctx), dict(ctx["params"]),
+                    connections=_s3_settings)
+
+
+def open_pinned(spec_path: str, run_file: str | None) -> Run:
+    """The run as ``pin_spec`` pinned it (``run_file``, its XCom).
+
+    Without one, the task runs in a run that was never pinned (``airflow tasks
+    test`` runs one task in a run of its own), and pins it itself, as pin_spec would.
+    """
+    return load_run(run_file, connections=_s3_settings) if run_file else _pin(spec_path)
 
 
 @contextmanager
@@ -56,26 +93,26 @@ def mapped_errors() -> Iterator[None]:
 
 
 @contextmanager
-def stage_run(spec_path: str, stage: str) -> Iterator[Run]:
-    """The run, with errors mapped and the stage's metrics sent when the block ends (success or failure)."""
+def stage_run(spec_path: str, run_file: str | None, stage: str) -> Iterator[Run]:
+    """The pinned run, with errors mapped and the stage's metrics sent when the block ends (success or failure)."""
     with mapped_errors():
-        run = open_from_context(spec_path)
+        run = open_pinned(spec_path, run_file)
         with emitted(run, stage):
             yield run
 
 
-def stage_dataset(spec_path: str) -> dict[str, Any]:
-    with stage_run(spec_path, "stage_dataset") as run:
+def stage_dataset(spec_path: str, run_file: str | None) -> dict[str, Any]:
+    with stage_run(spec_path, run_file, "stage_dataset") as run:
         return load_stages().stage_dataset(run)
 
 
-def check_dataset(spec_path: str) -> dict[str, Any]:
-    with stage_run(spec_path, "check_dataset") as run:
+def check_dataset(spec_path: str, run_file: str | None) -> dict[str, Any]:
+    with stage_run(spec_path, run_file, "check_dataset") as run:
         return load_stages().check_dataset(run)
 
 
-def burn_in(spec_path: str) -> dict[str, Any]:
-    with stage_run(spec_path, "burn_in") as run:
+def burn_in(spec_path: str, run_file: str | None) -> dict[str, Any]:
+    with stage_run(spec_path, run_file, "burn_in") as run:
         cluster = kube_client(run.spec.nodes.kubernetes) if run.spec.nodes.backend == "kubernetes" else None
         return load_stages().burn_in(run, cluster)
 
@@ -88,20 +125,20 @@ def kube_client(spec: KubernetesSpec | None) -> Any:
     return hook.api_client
 
 
-def check_checkpoint(spec_path: str, train: dict[str, Any]) -> dict[str, Any]:
-    with stage_run(spec_path, "check_checkpoint") as run:
+def check_checkpoint(spec_path: str, run_file: str | None, train: dict[str, Any]) -> dict[str, Any]:
+    with stage_run(spec_path, run_file, "check_checkpoint") as run:
         return load_stages().check_checkpoint(run, train["checkpoint"], train["target_step"])
 
 
-def publish(spec_path: str, check_checkpoint: dict[str, Any]) -> dict[str, Any]:
-    with stage_run(spec_path, "publish") as run:
+def publish(spec_path: str, run_file: str | None, check_checkpoint: dict[str, Any]) -> dict[str, Any]:
+    with stage_run(spec_path, run_file, "publish") as run:
         result = load_stages().publish(run, check_checkpoint["checkpoint"])
     event = get_current_context()["outlet_events"][checkpoint_asset(run.dag_id)]
     event.extra = {"uri": result["uri"], "step": check_checkpoint["step"], "run_id": run.run_id}
     return result
 
 
-def report(spec_path: str) -> dict[str, Any]:
+def report(spec_path: str, run_file: str | None) -> dict[str, Any]:
     # Only this adapter needs these.
     from pathlib import Path
 
@@ -109,7 +146,8 @@ def report(spec_path: str) -> dict[str, Any]:
 
     from trainyard.report.pages import run_url
 
-    run = open_from_context(spec_path)
+    with mapped_errors():
+        run = open_pinned(spec_path, run_file)
     result = load_stages().report(run)
     log.info("%s", format_summary({**summarize(run.ledger), "report": result["report"]}))
     log.info("report: %s", Path(result["report"]).resolve().as_uri())
