@@ -14,6 +14,7 @@ from airflow.sdk import DAG, Param, task
 
 from trainyard.airflow import tasks
 from trainyard.airflow.assets import checkpoint_asset
+from trainyard.airflow.notify import dag_callbacks
 from trainyard.airflow.operators import TrainOperator
 from trainyard.errors import SpecError
 from trainyard.spec import PipelineSpec, load_spec, param_schemas
@@ -55,6 +56,7 @@ def build_dag(spec_path: Path, spec: PipelineSpec) -> DAG:
         params={name: Param(**schema) for name, schema in param_schemas(spec).items()},
         default_args={"owner": spec.owner, "retries": 0},
         doc_md=f"Built by trainyard from `{spec_path}`.",
+        **dag_callbacks(str(spec_path), spec),
     ) as dag:
         path = str(spec_path)
         stage = task(task_id="stage_dataset", retries=2, retry_delay=dt.timedelta(seconds=rec.backoff_s))(tasks.stage_dataset)(path)
