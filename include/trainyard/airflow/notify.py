@@ -91,7 +91,7 @@ def deliver(notice: Notice, notify: NotifySpec, run: Run, context: Any) -> bool:
     try:
         _smtp_send(notice, notify, context)
     except Exception as exc:  # noqa: BLE001 -- a mail problem must never turn into a callback traceback
-        reason = f"{type(exc).__name__}: {exc}"
+        reason = f"{type(exc).__name__}: {str(exc).rstrip('.')}"
         log.warning(
             "notify: the %s notice of run %s was NOT sent through the Airflow connection %r: %s. Check that"
             " connection (type smtp: host, port, login, from_email extra) or notify.from_email in %s;"
