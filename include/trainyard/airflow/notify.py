@@ -111,7 +111,10 @@ def _smtp_send(notice: Notice, notify: NotifySpec, context: Any) -> None:
 
     notifier = SmtpNotifier(to=list(notify.email), from_email=notify.from_email, subject=notice.subject,
                             html_content=notice.html(), smtp_conn_id=notify.connection)
-    notifier.notify(context)
+    # Only a sender taken from the connection is rendered, with the DAG's template environment; under
+    # ``airflow dags test`` the context's DAG is a SerializedDAG, which has none. Without a DAG the
+    # notifier uses a sandboxed default environment, and the subject and body are never rendered.
+    notifier.notify({k: v for k, v in context.items() if k != "dag"})
 
 
 def _run_and_notify(spec_path: str, dag_id: str, run_id: str) -> tuple[Run, NotifySpec | None]:
