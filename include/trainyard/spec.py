@@ -14,22 +14,26 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from croniter import croniter
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from trainyard.errors import SpecError
 from trainyard.templating import placeholder_problems
 
 FailureKind = Literal["node_lost", "hang", "transient", "oom", "diverged", "user_error", "data_error"]
 Action = Literal["retry", "scale_down", "rollback", "fail"]
+NotifyOn = Literal["failure", "recovery"]
 ParamName = Literal["nodes", "min_nodes", "max_steps", "micro_batch", "lr", "resume_from"]
 
 CRON_PRESETS = ("@hourly", "@daily", "@weekly", "@monthly", "@yearly", "@once")
 URI_SCHEMES = ("file", "s3")
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+# One address, no display name: a local part, '@', a domain with a dot (no spaces, commas or angle
+# brackets, which would smuggle a second recipient into the To header).
+_EMAIL = re.compile(r"[^@\s,;<>\"]+@[^@\s,;<>\"]+\.[^@\s,;<>\".]+\Z")
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 
 # DESIGN.md's table of failure kinds and their default actions; ``recovery.actions`` overrides.
@@ -286,6 +290,36 @@ class Drill(_Model):
     """The training attempt it strikes in (later attempts run clean, so recovery can succeed)."""
 
 
+def _email(value: str) -> str:
+    if not _EMAIL.match(value):
+        raise ValueError(f"{value!r} is not an email address; write one address as name@domain.tld")
+    return value
+
+
+Email = Annotated[str, AfterValidator(_email)]
+
+
+class NotifySpec(_Model):
+    email: list[Email] = Field(min_length=1)
+    """Addresses to write to (at least one)."""
+    on: list[NotifyOn] = Field(["failure", "recovery"], min_length=1)
+    """When to write: ``failure`` (a run failed: which stage, the error class, what recovery did) and
+    ``recovery`` (a run succeeded, but recovery acted in ``train``: what failed, what was done, the steps lost)."""
+    connection: str = Field("smtp_default", min_length=1)
+    """Airflow connection id (type smtp) of the mail server; its credentials stay in the connection."""
+    from_email: Email | None = None
+    """Sender address; null: the connection's ``from_email`` extra."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _on_key(cls, data: Any) -> Any:
+        # YAML 1.1 reads a bare ``on:`` key as the boolean true (as in GitHub Actions files); the
+        # field is called ``on`` nonetheless, because that is what people write.
+        if isinstance(data, dict) and True in data and "on" not in data:
+            return {("on" if key is True else key): value for key, value in data.items()}
+        return data
+
+
 class PipelineSpec(_Model):
     pipeline: str | None = Field(None, pattern=_NAME, max_length=200)
     """DAG id (default: the file name without ``.yaml``)."""
@@ -323,6 +357,8 @@ class PipelineSpec(_Model):
     """Which settings a UI trigger may override (``lr`` also needs a positive ``training.args.lr``)."""
     drills: list[Drill] = []
     """Faults to act out during training, for rehearsals (see ``trainyard drill``)."""
+    notify: NotifySpec | None = None
+    """Whom to email, through Airflow's SMTP notifier, when a run fails or recovers; null: nobody."""
 
     def dag_id(self, source: Path) -> str:
         return self.pipeline or source.stem
@@ -435,6 +471,8 @@ def _message(err: Mapping[str, Any]) -> str:
         return f"{_show(value)} is not allowed; expected {msg.removeprefix('Input should be ')}"
     if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
         return f"{_show(value)} is out of range; it should be {msg.removeprefix('Input should be ')}"
+    if kind == "value_error":  # our own validators: the message already says what to write
+        return msg.removeprefix("Value error, ")
     if kind == "string_pattern_mismatch":
         return f"{_show(value)} has characters that are not allowed; use letters, digits, '_', '.' and '-'"
     return msg[0].lower() + msg[1:] + got
@@ -506,6 +544,8 @@ def _cross_field_problems(spec: PipelineSpec) -> list[str]:
                              ("checkpoint", spec.checkpoint.cold, spec.checkpoint.lifecycle)):
         if rule is not None:
             problems += [f"{field}.lifecycle: {p}" for p in _lifecycle_problems(uri, rule)]
+    if spec.notify is not None:
+        problems += _repeated("notify.email", spec.notify.email) + _repeated("notify.on", spec.notify.on)
     for i, name in enumerate(spec.params):
         if name in spec.params[:i]:
             problems.append(f"params[{i}]: {name!r} is listed twice")
@@ -513,6 +553,10 @@ def _cross_field_problems(spec: PipelineSpec) -> list[str]:
             problems.append(f"params[{i}]: 'lr' overrides training.args.lr, which is not set to a positive number;"
                             " set it (the entrypoint's --lr) or drop 'lr' from params")
     return problems
+
+
+def _repeated(field: str, items: list[str]) -> list[str]:
+    return [f"{field}[{i}]: {item!r} is listed twice" for i, item in enumerate(items) if item in items[:i]]
 
 
 def _positive_number(value: Any) -> bool:

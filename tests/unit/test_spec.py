@@ -69,6 +69,17 @@ BAD = [
     ("unknown-param", spec_text(params="[nodes, gpus]"), "params[1]: 'gpus' is not allowed"),
     ("lr-param-without-lr", spec_text(params="[nodes, lr]"), "params[1]: 'lr' overrides training.args.lr, which is not set"),
     ("ratio-above-one", spec_text(pressure_test="{straggler_ratio: 1.5}"), "pressure_test.straggler_ratio: 1.5 is out of range"),
+    ("notify-nobody", spec_text(notify="{email: []}"), "notify.email: list should have at least 1 item"),
+    ("notify-not-an-address", spec_text(notify="{email: [ml-oncall]}"),
+     "notify.email[0]: 'ml-oncall' is not an email address; write one address as name@domain.tld"),
+    ("notify-two-in-one", spec_text(notify="{email: ['a@example.com, b@example.com']}"), "notify.email[0]: 'a@example.com, b"),
+    ("notify-bad-sender", spec_text(notify="{email: [a@example.com], from_email: airflow}"), "notify.from_email: 'airflow' is not an email"),
+    ("notify-unknown-event", spec_text(notify="{email: [a@example.com], on: [failure, success]}"),
+     "notify.on[1]: 'success' is not allowed; expected 'failure' or 'recovery'"),
+    ("notify-never", spec_text(notify="{email: [a@example.com], on: []}"), "notify.on: list should have at least 1 item"),
+    ("notify-twice", spec_text(notify="{email: [a@example.com, a@example.com]}"), "notify.email[1]: 'a@example.com' is listed twice"),
+    ("notify-unknown-key", spec_text(notify="{email: [a@example.com], slack: '#ml'}"),
+     "notify.slack: unknown field; allowed here: connection, email, from_email, on"),
 ]
 
 
@@ -98,6 +109,20 @@ def test_missing_file(tmp_path: Path) -> None:
 def test_examples_are_valid(path: Path) -> None:
     spec = load_spec(path)
     assert spec.dag_id(path) == path.stem
+
+
+def test_notify_defaults_and_a_full_section(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(spec_text(notify="{email: [ml-oncall@example.com]}"))
+    notify = load_spec(path).notify
+    assert (notify.email, notify.on, notify.connection, notify.from_email) == (
+        ["ml-oncall@example.com"], ["failure", "recovery"], "smtp_default", None)
+    path.write_text(spec_text(notify="{email: [a@example.com, b.c@ml.example.org], on: [failure], connection: mail,"
+                                     " from_email: trainyard@example.com}"))
+    notify = load_spec(path).notify
+    assert (notify.email, notify.on, notify.connection) == (["a@example.com", "b.c@ml.example.org"], ["failure"], "mail")
+    path.write_text(GOOD)
+    assert load_spec(path).notify is None
 
 
 def test_every_field_is_documented() -> None:

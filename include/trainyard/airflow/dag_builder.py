@@ -14,6 +14,7 @@ from airflow.sdk import DAG, Param, task
 
 from trainyard.airflow import tasks
 from trainyard.airflow.assets import checkpoint_asset
+from trainyard.airflow.notify import dag_callbacks
 from trainyard.airflow.operators import ReportOperator, TrainOperator
 from trainyard.errors import SpecError
 from trainyard.report.pages import URL_PREFIX
@@ -57,6 +58,7 @@ def build_dag(spec_path: Path, spec: PipelineSpec) -> DAG:
         params={name: Param(**schema) for name, schema in schemas.items()},
         default_args={"owner": spec.owner, "retries": 0},
         doc_md=dag_doc(spec_path, spec, schemas),
+        **dag_callbacks(str(spec_path), spec),
     ) as dag:
         # The run's spec (file + the trigger's Params) is pinned once, here; every later task reads the snapshot.
         path = str(spec_path)

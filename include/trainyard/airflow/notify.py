@@ -1,0 +1,152 @@
+"""Email a run's failure or recovery through Airflow's own SMTP notifier (the spec's ``notify``).
+
+Why DAG-level callbacks (``on_failure_callback`` / ``on_success_callback``) and not a task:
+
+- they fire wherever a DAG run ends: under the scheduler the DAG processor runs
+  them (it parses the DAG file again and serves the connection), and
+  ``airflow dags test`` runs them in its own process when the run ends
+  (``DagRun.execute_dag_callbacks``), so one mechanism covers both;
+- they fire however the run failed, also when a task was killed, timed out or
+  never started, which a last "notify" task would not see (it would need a
+  trigger rule that runs after anything, and as a leaf it would set the run's state);
+- they hold no worker slot and add no task to the pipeline's graph.
+
+Which notice to send, and its text, come from the run ledger (``trainyard.report.notice``).
+The message goes through ``SmtpNotifier.notify`` directly, not ``notifier(context)``:
+``__call__`` renders the subject and body as Jinja templates, and a body that quotes an
+error message or a spec's ``{{ ds }}`` is text, not a template. The mail server, login and
+password come only from the Airflow connection; nothing here logs them.
+
+A notice that cannot be sent never fails or hides anything: the callback logs one warning
+naming the connection (no traceback) and records ``notify_failed`` in the run ledger.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Literal
+
+from trainyard.atomic import read_json
+from trainyard.errors import SpecError
+from trainyard.report.notice import Notice, RunFacts, notice_from_ledger
+from trainyard.run import RUN_STAGE, SNAPSHOT, Run
+from trainyard.spec import NotifySpec, PipelineSpec, load_spec
+
+log = logging.getLogger(__name__)
+
+Outcome = Literal["failed", "succeeded"]
+
+
+def dag_callbacks(spec_path: str, spec: PipelineSpec) -> dict[str, Any]:
+    """``DAG(...)`` keyword arguments of the spec's notifications (none without ``notify``).
+
+    A success callback is only needed for recovery notices; a failure notice
+    also goes out from it when the ledger says a stage failed and Airflow's run
+    state does not.
+    """
+    if spec.notify is None:
+        return {}
+    callbacks: dict[str, Any] = {"on_failure_callback": RunNotifier(spec_path, "failed")}
+    if "recovery" in spec.notify.on:
+        callbacks["on_success_callback"] = RunNotifier(spec_path, "succeeded")
+    return callbacks
+
+
+class RunNotifier:
+    """A DAG-level callback: build the run's notice from its ledger and send it with ``SmtpNotifier``."""
+
+    def __init__(self, spec_path: str, outcome: Outcome):
+        self.spec_path = spec_path
+        self.outcome = outcome
+
+    def __repr__(self) -> str:  # Airflow logs the callback it runs
+        return f"RunNotifier({self.spec_path!r}, {self.outcome!r})"
+
+    def __call__(self, context: Any) -> None:
+        dag_id, run_id = context["dag"].dag_id, str(context["run_id"])
+        try:
+            self._notify(context, dag_id, run_id)
+        except SpecError as exc:
+            log.warning("notify: no notice for run %s of %s: the spec cannot be read: %s", run_id, dag_id, exc)
+        except Exception as exc:  # noqa: BLE001 -- Airflow would log a bare traceback; say what failed instead
+            log.warning("notify: no notice for run %s of %s: %s: %s (the run itself is not affected)",
+                        run_id, dag_id, type(exc).__name__, exc)
+
+    def _notify(self, context: Any, dag_id: str, run_id: str) -> None:
+        run, notify = _run_and_notify(self.spec_path, dag_id, run_id)
+        if notify is None:
+            log.info("notify: the run's spec has no notify section; nothing to send")
+            return
+        facts = _facts(context, run, self.outcome)
+        notice = notice_from_ledger(run.ledger, facts, notify.on)
+        if notice is None:
+            log.info("notify: nothing to send for run %s (notify.on: %s)", run_id, ", ".join(notify.on))
+            return
+        deliver(notice, notify, run, context)
+
+
+def deliver(notice: Notice, notify: NotifySpec, run: Run, context: Any) -> bool:
+    """Send ``notice``; on any failure log one warning naming the connection and record it. True if sent."""
+    try:
+        _smtp_send(notice, notify, context)
+    except Exception as exc:  # noqa: BLE001 -- a mail problem must never turn into a callback traceback
+        reason = f"{type(exc).__name__}: {str(exc).rstrip('.')}"
+        log.warning(
+            "notify: the %s notice of run %s was NOT sent through the Airflow connection %r: %s. Check that"
+            " connection (type smtp: host, port, login, from_email extra) or notify.from_email in %s;"
+            " the run itself is not affected.", notice.kind, run.run_id, notify.connection, reason, run.spec_path,
+        )
+        run.ledger.append(RUN_STAGE, "notify_failed", kind=notice.kind, connection=notify.connection, error=reason)
+        return False
+    log.info("notify: %s notice of run %s sent to %s", notice.kind, run.run_id, ", ".join(notify.email))
+    run.ledger.append(RUN_STAGE, "notified", kind=notice.kind, connection=notify.connection, to=list(notify.email),
+                      subject=notice.subject)
+    return True
+
+
+def _smtp_send(notice: Notice, notify: NotifySpec, context: Any) -> None:
+    # Imported when a notice goes out: the DAG processor imports this module to parse every pipeline.
+    from airflow.providers.smtp.notifications.smtp import SmtpNotifier
+
+    notifier = SmtpNotifier(to=list(notify.email), from_email=notify.from_email, subject=notice.subject,
+                            html_content=notice.html(), smtp_conn_id=notify.connection)
+    # Only a sender taken from the connection is rendered, with the DAG's template environment; under
+    # ``airflow dags test`` the context's DAG is a SerializedDAG, which has none. Without a DAG the
+    # notifier uses a sandboxed default environment, and the subject and body are never rendered.
+    notifier.notify({k: v for k, v in context.items() if k != "dag"})
+
+
+def _run_and_notify(spec_path: str, dag_id: str, run_id: str) -> tuple[Run, NotifySpec | None]:
+    """The run (for its folder and ledger) and the ``notify`` it started with.
+
+    The run's spec snapshot wins over the file (the spec a run started with is
+    the one it finishes with); a run that failed before any task wrote the
+    snapshot falls back to the file as it is now.
+    """
+    spec = load_spec(spec_path)
+    run = Run(spec=spec, spec_path=Path(spec_path), dag_id=dag_id, run_id=run_id, ds="")
+    try:
+        pinned = read_json(run.dir / SNAPSHOT)["spec"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return run, spec.notify
+    notify = pinned.get("notify") if isinstance(pinned, dict) else None
+    return run, NotifySpec.model_validate(notify) if notify else None
+
+
+def _facts(context: Any, run: Run, outcome: Outcome) -> RunFacts:
+    from airflow.sdk import conf
+
+    from trainyard.report.pages import run_url
+
+    ti = context.get("ti") or context.get("task_instance")
+    # Airflow cannot guess its public address; without [api] base_url there is no link to give.
+    base_url = conf.get("api", "base_url", fallback=None)
+    report = run.dir / "report.html"
+    return RunFacts(
+        dag_id=run.dag_id, run_id=run.run_id, failed=outcome == "failed",
+        failed_task=getattr(ti, "task_id", None) if outcome == "failed" else None,
+        reason=context.get("reason"),
+        link=run_url(base_url, run.dag_id, run.run_id) if base_url else None,
+        report=str(report) if report.exists() else None,
+    )

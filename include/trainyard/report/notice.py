@@ -1,0 +1,176 @@
+"""The message sent when a run fails or recovers (``notify`` in the spec), from the run ledger.
+
+``build_notice`` is pure: the ledger's events, the recovery figures and what
+Airflow knows of the run in, a subject and a body (or nothing to send) out.
+Nothing here sends mail or imports Airflow; ``trainyard.airflow.notify`` does.
+
+Whether the run failed is Airflow's verdict *or* the ledger's: a stage that
+recorded ``stage_failed`` (and was not retried to success) failed the run even
+where Airflow's run state says otherwise, and a task that died without writing
+to the ledger (killed, timed out, marked failed by hand) is named from Airflow's
+context. "Recovery" is a run that succeeded although recovery acted in
+``train``: a failure was classified and a decision taken.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from trainyard.ledger import Ledger
+from trainyard.recovery.figures import recovery_figures
+from trainyard.report.summary import STAGES, attempt_table, stage_table
+
+NoticeKind = Literal["failure", "recovery"]
+MAX_MESSAGE = 800  # characters of an error message or evidence quoted in the body; the report has the rest
+NO_LINK = "(no link: set [api] base_url, e.g. AIRFLOW__API__BASE_URL, to get one)"
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What Airflow knows of the run when its DAG-level callback fires."""
+
+    dag_id: str
+    run_id: str
+    failed: bool
+    """Airflow's verdict: the DAG run failed."""
+    failed_task: str | None = None
+    """The task Airflow blames (the last one that failed), if any."""
+    reason: str | None = None
+    """Airflow's reason (``task_failure``, ``all_tasks_deadlocked``, ``success``)."""
+    link: str | None = None
+    """The run's page in the training-runs view; None without ``[api] base_url``."""
+    report: str | None = None
+    """Path of the run's ``report.html``, if it was written."""
+
+
+@dataclass(frozen=True)
+class Notice:
+    kind: NoticeKind
+    subject: str
+    lines: tuple[str, ...]
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+    def html(self) -> str:
+        """The body as HTML (the SMTP notifier sends HTML): preformatted text, the run link clickable."""
+        body = html.escape(self.text)
+        for line in self.lines:
+            if line.startswith("Run page: http"):
+                url = line.removeprefix("Run page: ")
+                body = body.replace(html.escape(url), f'<a href="{html.escape(url)}">{html.escape(url)}</a>', 1)
+        return f'<pre style="font-family: monospace">{body}</pre>'
+
+
+def notice_from_ledger(ledger: Ledger, facts: RunFacts, on: Collection[str]) -> Notice | None:
+    """Read the run's ledger and build its notice (None: nothing to send)."""
+    return build_notice(list(ledger.events()), recovery_figures(ledger), facts, on)
+
+
+def build_notice(events: list[dict[str, Any]], figures: dict[str, Any], facts: RunFacts,
+                 on: Collection[str]) -> Notice | None:
+    """The notice ``on`` asks for, or None: a failure if the run failed, else a recovery if recovery acted."""
+    stages, _ = stage_table(events)
+    failed_stages = [name for name, s in stages.items() if not s["ok"]]
+    recovered = [row for row in attempt_table([e for e in events if e.get("stage") == "train"])
+                 if row["failure"] or row["decision"]]
+    if facts.failed or failed_stages:
+        if "failure" not in on:
+            return None
+        return _failure(events, stages, failed_stages, recovered, figures, facts)
+    if recovered and "recovery" in on:
+        return _recovery(stages, recovered, figures, facts)
+    return None
+
+
+def _failure(events: list[dict[str, Any]], stages: dict[str, dict[str, Any]], failed_stages: list[str],
+             recovered: list[dict[str, Any]], figures: dict[str, Any], facts: RunFacts) -> Notice:
+    lines = [f"Pipeline {facts.dag_id}: run {facts.run_id} FAILED.", *_where(facts), ""]
+    if failed_stages:
+        stage = failed_stages[0]  # the first to fail; later ones (a report of a broken run) follow from it
+        error, message = _last_failure(events, stage)
+        kind = _training_kind(recovered) if stage == "train" and error == "TrainingFailed" else None
+        cls = f"{error} ({kind})" if kind else error
+        subject = f"[trainyard] {facts.dag_id} failed at {stage}: {cls}"
+        lines += [f"Failed stage: {stage}", f"Failure class: {cls}", f"Message: {_cut(message)}"]
+        lines += [f"Also failed: {name}" for name in failed_stages[1:]]
+    else:
+        task = facts.failed_task or "unknown task"
+        subject = f"[trainyard] {facts.dag_id} failed at {task}"
+        lines += [f"Failed stage: {task}", "Failure class: not recorded (the task ended without writing to the run"
+                  " ledger: killed, timed out or marked failed by hand; see its task log)"]
+    if facts.reason and facts.reason not in ("task_failure", "success"):
+        lines.append(f"Airflow's reason: {facts.reason}")
+    if recovered:
+        lines += ["", *_recovery_lines(recovered, figures)]
+    return Notice("failure", subject, tuple(lines + ["", *_stage_lines(stages)]))
+
+
+def _recovery(stages: dict[str, dict[str, Any]], recovered: list[dict[str, Any]], figures: dict[str, Any],
+              facts: RunFacts) -> Notice:
+    kinds = ", ".join(dict.fromkeys(f"{r['failure']['kind']} -> {r['decision']['action']}"
+                                    for r in recovered if r["failure"] and r["decision"]))
+    lost = figures.get("lost_steps") or 0
+    subject = f"[trainyard] {facts.dag_id} succeeded after recovery: {kinds or 'recovery acted'}, {lost} step(s) lost"
+    lines = [f"Pipeline {facts.dag_id}: run {facts.run_id} succeeded, but recovery acted in train.",
+             *_where(facts), "", *_recovery_lines(recovered, figures), "", *_stage_lines(stages)]
+    return Notice("recovery", subject, tuple(lines))
+
+
+def _where(facts: RunFacts) -> list[str]:
+    lines = [f"Run page: {facts.link or NO_LINK}"]
+    if facts.report:
+        lines.append(f"Report: {facts.report}")
+    return lines
+
+
+def _last_failure(events: list[dict[str, Any]], stage: str) -> tuple[str, str]:
+    failed = [e for e in events if e.get("stage") == stage and e["event"] == "stage_failed"]
+    last = failed[-1] if failed else {}
+    return str(last.get("error") or "unknown error"), str(last.get("message") or "")
+
+
+def _training_kind(recovered: list[dict[str, Any]]) -> str | None:
+    """The kind of the failure that ended training (the last attempt's), when one was classified."""
+    last = recovered[-1] if recovered else None
+    return last["failure"]["kind"] if last and last["failure"] else None
+
+
+def _recovery_lines(recovered: list[dict[str, Any]], figures: dict[str, Any]) -> list[str]:
+    lost_by_attempt = {f["attempt"]: f.get("lost_steps") for f in figures.get("failures", [])}
+    lines = ["What recovery did in train:"]
+    for row in recovered:
+        failure, decision = row["failure"] or {}, row["decision"] or {}
+        culprits = f" on {', '.join(failure['culprits'])}" if failure.get("culprits") else ""
+        what = f"attempt {row['attempt']}: {failure.get('kind', 'failure')}{culprits}"
+        done = f" -> {decision['action']}" if decision.get("action") else ""
+        why = f" ({decision['reason']})" if decision.get("reason") else ""
+        lost = lost_by_attempt.get(row["attempt"])
+        lines.append(f"  {what}{done}{why}" + (f"; {lost} step(s) lost" if lost is not None else ""))
+        if failure.get("evidence"):
+            lines.append(f"    evidence: {_cut(str(failure['evidence']), tail=True)}")
+    lines.append(f"Steps lost in all: {figures.get('lost_steps') or 0}")
+    return lines
+
+
+def _stage_lines(stages: dict[str, dict[str, Any]]) -> list[str]:
+    lines = ["Stages:"]
+    for name in STAGES:
+        if name in stages:
+            s = stages[name]
+            lines.append(f"  {name:<17} {'ok' if s['ok'] else 'FAILED':<7} {s['seconds']:.1f} s")
+        else:
+            lines.append(f"  {name:<17} not run")
+    return lines
+
+
+def _cut(text: str, tail: bool = False) -> str:
+    """One line of at most ``MAX_MESSAGE`` characters; ``tail`` keeps the end (a traceback's last line says most)."""
+    text = " ".join(text.split())
+    if len(text) <= MAX_MESSAGE:
+        return text
+    return "..." + text[3 - MAX_MESSAGE:] if tail else text[: MAX_MESSAGE - 3] + "..."

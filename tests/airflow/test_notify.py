@@ -1,0 +1,133 @@
+"""The notify adapter: DAG-level callbacks that send the run's notice with Airflow's SmtpNotifier.
+
+Called here as Airflow calls them (a context with the DAG, run id, reason and
+the task it blames), against a real SMTP server on 127.0.0.1 (aiosmtpd); the
+connection comes from ``AIRFLOW_CONN_<ID>`` as in a deployment.
+tests/integration/test_notify.py runs the same through ``airflow dags test``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from trainyard.airflow.dag_builder import build_dag
+from trainyard.airflow.notify import RunNotifier, dag_callbacks
+from trainyard.run import RUN_STAGE, Run, open_run
+from trainyard.spec import load_spec
+
+DAG_ID = "nightly"
+BASE_URL = "http://airflow.example.com:8080"
+SPEC = """\
+dataset: {{source: "file://{home}/cold", name: tokens, hot: "file://{home}/hot"}}
+runs_root: "file://{home}/runs"
+nodes: {{count: 1}}
+training: {{max_steps: 4, global_batch: 2, micro_batch: 2, checkpoint_every: 2}}
+{notify}
+"""
+NOTIFY = "notify: {{email: [ml-oncall@example.com, lead@example.com], on: [failure, recovery], connection: {conn}{sender}}}"
+
+
+def write_spec(tmp_path: Path, conn: str = "mail", sender: str = "trainyard@example.com", notify: bool = True) -> Path:
+    path = tmp_path / f"{DAG_ID}.yaml"
+    text = NOTIFY.format(conn=conn, sender=f", from_email: {sender}" if sender else "") if notify else ""
+    path.write_text(SPEC.format(home=tmp_path, notify=text))
+    return path
+
+
+def failed_run(path: Path) -> Run:
+    run = open_run(path, DAG_ID, f"manual__{time.monotonic_ns()}", "2026-11-28")
+    run.ledger.append("stage_dataset", "stage_start")
+    run.ledger.append("stage_dataset", "stage_failed", error="DataError", seconds=0.1,
+                      message="file:///cold holds no objects to stage; check dataset.source and the partition date")
+    return run
+
+
+def context(run: Run, task: str = "stage_dataset", reason: str = "task_failure") -> dict[str, Any]:
+    return {"dag": SimpleNamespace(dag_id=run.dag_id), "run_id": run.run_id, "reason": reason,
+            "ti": SimpleNamespace(task_id=task)}
+
+
+@pytest.fixture(autouse=True)
+def base_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW__API__BASE_URL", BASE_URL)
+
+
+def test_a_failed_run_is_mailed_with_stage_class_and_link(smtp_server, tmp_path, monkeypatch, caplog) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_MAIL", smtp_server.connection())
+    run = failed_run(write_spec(tmp_path))
+    with caplog.at_level(logging.INFO):
+        RunNotifier(str(run.spec_path), "failed")(context(run))
+    [mail] = smtp_server.mails
+    assert mail["to"] == ["ml-oncall@example.com", "lead@example.com"] and mail["from"] == "trainyard@example.com"
+    assert smtp_server.logins == ["trainyard"]  # credentials from the Airflow connection
+    assert mail["message"]["Subject"] == "[trainyard] nightly failed at stage_dataset: DataError"
+    body = smtp_server.text(mail)
+    assert "Failed stage: stage_dataset" in body and "Failure class: DataError" in body
+    assert f"Run page: {BASE_URL}/trainyard/runs/{DAG_ID}/{run.run_id}" in body
+    [sent] = run.ledger.events(RUN_STAGE, "notified")
+    assert sent["kind"] == "failure" and sent["to"] == ["ml-oncall@example.com", "lead@example.com"]
+    assert smtp_server.password not in caplog.text
+
+
+@pytest.mark.parametrize("case", ["server down", "wrong password", "no sender anywhere"])
+def test_a_notice_that_cannot_go_is_one_warning_naming_the_connection(case, smtp_server, tmp_path, monkeypatch,
+                                                                         caplog) -> None:
+    conn = {"server down": smtp_server.connection(port=_closed_port()),
+            "wrong password": smtp_server.connection().replace(smtp_server.password, "not-the-password"),
+            "no sender anywhere": smtp_server.connection()}[case]
+    monkeypatch.setenv("AIRFLOW_CONN_MAIL_DOWN", conn)
+    run = failed_run(write_spec(tmp_path, conn="mail_down", sender="" if case == "no sender anywhere" else "t@example.com"))
+    with caplog.at_level(logging.INFO):
+        RunNotifier(str(run.spec_path), "failed")(context(run))  # returns: a mail problem never raises
+    assert smtp_server.mails == []
+    [warning] = [r for r in caplog.records if r.levelno == logging.WARNING and r.name == "trainyard.airflow.notify"]
+    assert "NOT sent through the Airflow connection 'mail_down'" in warning.getMessage()
+    assert warning.exc_info is None and "Traceback" not in caplog.text
+    assert "not-the-password" not in caplog.text and smtp_server.password not in caplog.text
+    [failed] = run.ledger.events(RUN_STAGE, "notify_failed")
+    assert failed["connection"] == "mail_down" and failed["kind"] == "failure"
+    if case == "no sender anywhere":
+        assert "from_email" in warning.getMessage()
+
+
+def test_a_run_that_started_without_notify_sends_nothing(smtp_server, tmp_path, monkeypatch, caplog) -> None:
+    """The spec a run started with decides, not the file as edited since."""
+    monkeypatch.setenv("AIRFLOW_CONN_MAIL", smtp_server.connection())
+    run = failed_run(write_spec(tmp_path, notify=False))
+    write_spec(tmp_path)  # notify added while the run was going
+    with caplog.at_level(logging.INFO):
+        RunNotifier(str(run.spec_path), "failed")(context(run))
+    assert smtp_server.mails == [] and "no notify section" in caplog.text
+
+
+def test_a_clean_success_sends_nothing(smtp_server, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_MAIL", smtp_server.connection())
+    run = open_run(write_spec(tmp_path), DAG_ID, "manual__clean", "2026-11-28")
+    for stage in ("stage_dataset", "check_dataset", "burn_in", "train", "check_checkpoint", "publish", "report"):
+        run.ledger.append(stage, "stage_end", seconds=1.0, result={})
+    RunNotifier(str(run.spec_path), "succeeded")(context(run, task="report", reason="success"))
+    assert smtp_server.mails == [] and list(run.ledger.events(RUN_STAGE, "notified")) == []
+
+
+def test_callbacks_are_attached_only_as_the_spec_asks(tmp_path: Path) -> None:
+    path = write_spec(tmp_path)
+    dag = build_dag(path, load_spec(path))
+    assert isinstance(dag.on_failure_callback, RunNotifier) and dag.on_failure_callback.outcome == "failed"
+    assert isinstance(dag.on_success_callback, RunNotifier) and dag.on_success_callback.outcome == "succeeded"
+    path.write_text(path.read_text().replace("on: [failure, recovery]", "on: [failure]"))
+    assert set(dag_callbacks(str(path), load_spec(path))) == {"on_failure_callback"}
+    assert dag_callbacks(str(path), load_spec(write_spec(tmp_path, notify=False))) == {}
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:  # bound, never listening: a connection is refused at once
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
