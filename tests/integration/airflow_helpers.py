@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
@@ -66,6 +67,19 @@ def run_state(env: dict[str, str], dag_id: str, date: str) -> str | None:
         rows = db.execute("SELECT state FROM dag_run WHERE dag_id = ? AND logical_date LIKE ?",
                           (dag_id, f"{date}%")).fetchall()
     return rows[0][0] if rows else None
+
+
+def run_folder(env: dict[str, str], dag_id: str, date: str) -> Path | None:
+    """The trainyard run folder of ``dag_id``'s run for ``date``, found by its pinned ``ds``.
+
+    Run ids of ``dags test`` and unscheduled runs carry the trigger time, not the logical date.
+    """
+    root = Path(env["TRAINYARD_HOME"]) / "runs" / dag_id
+    for folder in sorted(root.iterdir()) if root.exists() else []:
+        snapshot = folder / "spec.json"
+        if snapshot.exists() and json.loads(snapshot.read_text()).get("ds") == date:
+            return folder
+    return None
 
 
 # ------------------------------------------------------------------ live services
