@@ -51,18 +51,22 @@ class _Stretch:
         self.add(step, metrics)
 
     def add(self, step: int, metrics: Mapping[str, Any]) -> None:
-        self.last, self.count, self.metrics = step, self.count + 1, dict(metrics)
+        # Called on every step of rank 0: kept to plain dict operations.
+        self.last, self.count, self.metrics = step, self.count + 1, metrics
+        low, high, total = self.low, self.high, self.sum
         for name in SUMMARISED:
             value = metrics.get(name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool):
+            if value.__class__ is not float and value.__class__ is not int:
                 continue
-            if name not in self.sum:
-                self.low[name] = self.high[name] = value
-                self.sum[name], self.high_step[name] = 0.0, step
-            self.sum[name] += value
-            self.low[name] = min(self.low[name], value)
-            if value > self.high[name]:
-                self.high[name], self.high_step[name] = value, step
+            if name in total:
+                total[name] += value
+                if value < low[name]:
+                    low[name] = value
+                elif value > high[name]:
+                    high[name], self.high_step[name] = value, step
+            else:
+                low[name] = high[name] = total[name] = value
+                self.high_step[name] = step
 
     def record(self) -> dict[str, Any]:
         out: dict[str, Any] = {**self.metrics, "step": self.last}
@@ -78,14 +82,19 @@ class _Stretch:
 
 
 def _finite(metrics: Mapping[str, Any]) -> bool:
-    return all(math.isfinite(v) for v in metrics.values() if isinstance(v, float))
+    for value in metrics.values():
+        if value.__class__ is float and not math.isfinite(value):
+            return False
+    return True
 
 
 class ProgressDigest:
     """Folds every step's metrics into at most one event per ``every_s`` seconds (0: one per step).
 
     Pure bookkeeping: ``add`` returns the events to write now and the caller
-    writes them, so a test drives it with a fake ``clock``.
+    writes them, so a test drives it with a fake ``clock``. ``add`` keeps the
+    metrics mapping it is given (the last one goes into the event): pass a
+    fresh one per step.
     """
 
     def __init__(self, every_s: float, clock: Callable[[], float] = time.monotonic):
@@ -99,6 +108,9 @@ class ProgressDigest:
         if not _finite(metrics):
             # A divergence is evidence: its step gets an event of its own, after the steps before it.
             return [r for r in (self.flush(), _Stretch(step, metrics).record()) if r is not None]
+        if self._pending is not None and step <= self._pending.last:
+            pending = self.flush()  # steps trained again (a rollback): an event never spans both
+            return [pending, *self.add(step, metrics, force=force)]  # type: ignore[list-item]
         if self._pending is None:
             self._pending = _Stretch(step, metrics)
         else:
@@ -121,7 +133,7 @@ class ProgressDigest:
 
 
 def _first_step(e: Mapping[str, Any]) -> int:
-    return int(e.get("first_step", e["step"]))
+    return min(int(e.get("first_step", e["step"])), int(e["step"]))
 
 
 def loss_points(events: Iterable[Mapping[str, Any]]) -> list[tuple[int, float]]:

@@ -230,7 +230,7 @@ def _ledger_event(ctx: RunContext, event: str, **fields: Any) -> None:
 
 
 def _metric_fields(metrics: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in metrics.items() if k not in _RESERVED}
+    return {k: v for k, v in metrics.items() if k not in _RESERVED}  # a copy: the caller may reuse its dict
 
 
 # --- heartbeats ---
@@ -282,7 +282,7 @@ _clock: Callable[[], float] = time.monotonic  # a test's fake clock replaces it
 
 def _digest(ctx: RunContext) -> ProgressDigest:
     global _progress
-    if _progress is None or _progress[0] != ctx:
+    if _progress is None or (_progress[0] is not ctx and _progress[0] != ctx):
         if _progress is None:
             atexit.register(lambda: _progress and flush_progress(_progress[0]))
         else:
