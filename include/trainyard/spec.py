@@ -243,7 +243,8 @@ class MetricExpectations(_Model):
     max_spike_ratio: float | None = Field(3.0, gt=1)
     """No step's loss may exceed this multiple of the running median before it; null: no check."""
     spike_window: int = Field(20, ge=2)
-    """Steps in the running median of the spike check."""
+    """Recorded losses in the running median of the spike check: one per step when
+    ``training.progress_every_s`` is 0, else the end and the peak of each progress record."""
 
 
 class CheckpointSpec(_Model):

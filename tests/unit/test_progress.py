@@ -122,3 +122,12 @@ def test_ledgers_are_read_incrementally(tmp_path: Path, monkeypatch: pytest.Monk
     ledger.path.unlink()  # a new file at the same path is read from its start
     Ledger(ledger.path).append("report", "stage_start")
     assert [e["event"] for e in ledger.events()] == ["stage_start"]
+
+
+def test_the_rate_comes_from_the_spec_through_the_environment(tmp_path: Path) -> None:
+    env = {"TRAINYARD_DATA_DIR": str(tmp_path), "TRAINYARD_CHECKPOINT_DIR": str(tmp_path), "TRAINYARD_MAX_STEPS": "5"}
+    assert runtime.context(env).progress_every_s == 30.0
+    assert runtime.context({**env, "TRAINYARD_PROGRESS_EVERY_S": "0"}).progress_every_s == 0.0
+    for bad in ("-1", "nan", "soon"):
+        with pytest.raises(ValueError, match="TRAINYARD_PROGRESS_EVERY_S"):
+            runtime.context({**env, "TRAINYARD_PROGRESS_EVERY_S": bad})
