@@ -68,9 +68,9 @@ def write_long_run(root: Path, steps: int = STEPS, progress_every_s: float = 30.
     ledger = Ledger(folder / LEDGER_FILE)
     ledger.append("train", "stage_start")
     fault_at = steps * 2 // 5 + CHECKPOINT_EVERY // 2
+    resumed = fault_at // CHECKPOINT_EVERY * CHECKPOINT_EVERY  # the last checkpoint before the fault
     with fake_clock() as now:
-        for attempt, (first, last) in enumerate([(1, fault_at), (fault_at // CHECKPOINT_EVERY * CHECKPOINT_EVERY + 1,
-                                                                  steps)], 1):
+        for attempt, (first, last) in enumerate([(1, fault_at), (resumed + 1, steps)], 1):
             ctx = runtime.RunContext(data_dir=root, checkpoint_dir=root, max_steps=steps, ledger=ledger.path,
                                      run_id=run_id, node="node-0", attempt=attempt, checkpoint_every=CHECKPOINT_EVERY,
                                      progress_every_s=progress_every_s)
@@ -81,8 +81,8 @@ def write_long_run(root: Path, steps: int = STEPS, progress_every_s: float = 30.
                               reason="node-1 exited -9", last_step=fault_at)
                 ledger.append("train", "failure_classified", attempt=1, kind="node_lost", evidence="node-1 exit -9",
                               culprits=["node-1"], detected_at=0)
-                ledger.append("train", "decision", attempt=1, kind="node_lost", action="retry", nodes=["node-0", "node-1"],
-                              reason="retry on the same nodes", delay_s=0)
+                ledger.append("train", "decision", attempt=1, kind="node_lost", action="retry",
+                              nodes=["node-0", "node-1"], reason="retry on the same nodes", delay_s=0)
         runtime.finish(steps, {"loss": loss_at(steps)}, ctx=ctx)
     ledger.append("train", "attempt_end", attempt=2, state="succeeded", seconds=now[0], last_step=steps)
     ledger.append("train", "stage_end", seconds=now[0] + 60, result={"nodes": ["node-0", "node-1"],

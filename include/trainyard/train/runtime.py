@@ -41,10 +41,10 @@ Heartbeats are files rather than ledger events because the watcher needs the
 latest state of *every* rank cheaply; rank 0 alone writes ledger events, and
 folds its steps into one ``step`` event per ``TRAINYARD_PROGRESS_EVERY_S``
 (plus the first step, checkpoint steps, the last step and any non-finite
-loss, which stay exact), so a long run's ledger stays small. Collective calls (``save_checkpoint``,
-``load_latest``) must be made by every rank; rank 0 decides and writes the
-shared files and broadcasts its outcome, so ranks never disagree or deadlock
-on an error.
+loss, which stay exact), so a long run's ledger stays small. Collective calls
+(``save_checkpoint``, ``load_latest``) must be made by every rank; rank 0
+decides and writes the shared files and broadcasts its outcome, so ranks never
+disagree or deadlock on an error.
 """
 
 from __future__ import annotations
