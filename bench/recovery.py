@@ -58,6 +58,7 @@ training:
   checkpoint_every: {every}
   checkpoint_async: {background}
   heartbeat_timeout_s: {hb}
+  progress_every_s: 0  # a step event per step, as the torchrun baseline gets: same ETTR definition on both
 checkpoint: {{hot: "file://{root}/ckpt", cold: "file://{root}/coldckpt"}}
 recovery: {{max_attempts: 3, backoff_s: 0}}
 drills: [{{fault: {fault}, node: {node}, step: {at}}}]
@@ -90,7 +91,7 @@ def torchrun_run(root: Path, steps: int, at: int, every: int, background: bool, 
            "TRAINYARD_HEARTBEAT_DIR": str(root / "hb"), "TRAINYARD_LEDGER": str(ledger),
            "TRAINYARD_RESUME_FROM": "latest", "TRAINYARD_MAX_STEPS": str(steps), "TRAINYARD_GLOBAL_BATCH": "12",
            "TRAINYARD_MICRO_BATCH": "2", "TRAINYARD_CHECKPOINT_EVERY": str(every),
-           "TRAINYARD_CHECKPOINT_ASYNC": str(int(background)),
+           "TRAINYARD_CHECKPOINT_ASYNC": str(int(background)), "TRAINYARD_PROGRESS_EVERY_S": "0",
            "TRAINYARD_DRILLS": json.dumps([{"fault": "kill", "node": "node-1", "step": at}])}
     Ledger(ledger).append("train", "stage_start")
     started = time.monotonic()

@@ -67,8 +67,9 @@ def cmd_ckpt_verify(args: argparse.Namespace) -> int:
         expect = (expect or MetricExpectations()).model_copy(update={"max_loss": args.max_loss})
     history = None
     if args.ledger:
-        steps = {e["step"]: e["loss"] for e in Ledger(args.ledger).events("train", "step") if "loss" in e}
-        history = sorted(steps.items())
+        from trainyard.train.progress import loss_points
+
+        history = loss_points(Ledger(args.ledger).events("train", "step"))
     result = validate(args.path, expect, history)
     for problem in result.problems:
         print(f"{args.path}: {problem}")

@@ -231,6 +231,10 @@ class TrainingSpec(_Model):
     saving often costs little and a fault loses fewer steps. The manifest still comes last."""
     heartbeat_timeout_s: float = Field(60.0, gt=0)
     """A rank silent for this long is hung."""
+    progress_every_s: float = Field(30.0, ge=0, le=3600)
+    """Seconds between progress records (ledger ``step`` events with the min/mean/max loss and step
+    time since the last one; checkpoint steps, the first and last step and a non-finite loss are always
+    recorded). 0: one per step, for short runs whose every step matters; a long run stays cheap to view."""
     seed: int = Field(0, ge=0)
     """Seed of weights and data order."""
     resume_from: str = "latest"
@@ -243,7 +247,8 @@ class MetricExpectations(_Model):
     max_spike_ratio: float | None = Field(3.0, gt=1)
     """No step's loss may exceed this multiple of the running median before it; null: no check."""
     spike_window: int = Field(20, ge=2)
-    """Steps in the running median of the spike check."""
+    """Recorded losses in the running median of the spike check: one per step when
+    ``training.progress_every_s`` is 0, else the end and the peak of each progress record."""
 
 
 class CheckpointSpec(_Model):

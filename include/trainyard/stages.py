@@ -36,6 +36,7 @@ from trainyard.recovery.supervisor import (
     AttemptResult, Course, attempt_failed, attempt_succeeded, detect, recover, start_attempt, supervise,
 )
 from trainyard.train.drills import ENV as DRILLS_ENV
+from trainyard.train.progress import loss_points
 from trainyard.report.summary import write_report
 from trainyard.ledger import safe_name
 from trainyard.run import Run
@@ -190,8 +191,12 @@ def resume_point(run: Run) -> tuple[str, int]:
 
 
 def loss_history(run: Run) -> list[tuple[int, float]]:
-    """(step, loss) of this run from the ledger; a retried step's latest value wins."""
-    return sorted({e["step"]: e["loss"] for e in run.ledger.events("train", "step") if "loss" in e}.items())
+    """(step, loss) of this run from the ledger; a retried step's latest value wins.
+
+    Exact at every checkpoint step and divergence; a summarised stretch adds its end and its peak
+    (``trainyard.train.progress.loss_points``).
+    """
+    return loss_points(run.ledger.events("train", "step"))
 
 
 def _validator(run: Run) -> Callable[[Path, int | None], Validation]:
@@ -414,6 +419,7 @@ def _plan(run: Run, attempt: int, course: Course, target: int) -> LaunchPlan:
             "TRAINYARD_CHECKPOINT_EVERY": str(training.checkpoint_every),
             "TRAINYARD_CHECKPOINT_ASYNC": "1" if training.checkpoint_async else "0",
             "TRAINYARD_SEED": str(training.seed),
+            "TRAINYARD_PROGRESS_EVERY_S": str(training.progress_every_s),
             **({DRILLS_ENV: json.dumps(drills)} if drills else {}),
         },
     )

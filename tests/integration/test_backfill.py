@@ -163,7 +163,8 @@ def check_runs(home: Path, run_ids: list[str], dates: list[str]) -> None:
         assert (resume["start_step"], resume["resume_from"]) == (previous_final, previous_ckpt), run_id
         final = previous_final + MAX_STEPS
         assert (ends["train"]["start_step"], ends["train"]["last_step"]) == (previous_final, final)
-        steps = sorted({e["step"] for e in ledger.events("train", "step")})
+        steps = sorted({s for e in ledger.events("train", "step") for s in range(e.get("first_step", e["step"]),
+                                                                                   e["step"] + 1)})
         assert steps == list(range(previous_final + 1, final + 1)), f"{run_id} trained steps {steps}"
         assert ends["check_checkpoint"]["step"] == final
         ckpt = step_dir(ckpt_root, final)

@@ -43,7 +43,8 @@ def plan(root: Path, data: Path, nodes: int, max_steps: int, resume: str = "none
             "TRAINYARD_RESUME_FROM": resume, "TRAINYARD_HEARTBEAT_DIR": str(root / f"hb-{attempt}"),
             "TRAINYARD_LEDGER": str(root / "events.jsonl"), "TRAINYARD_RUN_ID": root.name,
             "TRAINYARD_ATTEMPT": str(attempt), "TRAINYARD_MAX_STEPS": str(max_steps),
-            "TRAINYARD_GLOBAL_BATCH": "12", "TRAINYARD_MICRO_BATCH": "2", "TRAINYARD_CHECKPOINT_EVERY": "4", **env,
+            "TRAINYARD_GLOBAL_BATCH": "12", "TRAINYARD_MICRO_BATCH": "2", "TRAINYARD_CHECKPOINT_EVERY": "4",
+            "TRAINYARD_PROGRESS_EVERY_S": "0", **env,  # losses are compared step by step
         },
     )
 

@@ -70,6 +70,7 @@ def _env(data: Path, run: Run, node: int, **settings: object) -> dict[str, str]:
         TRAINYARD_NODE=f"node-{node}",
         TRAINYARD_GLOBAL_BATCH=str(GLOBAL_BATCH),
         TRAINYARD_MICRO_BATCH=str(MICRO_BATCH),
+        TRAINYARD_PROGRESS_EVERY_S="0",  # these tests compare losses step by step: a step event per step
     )
     env.update({f"TRAINYARD_{k.upper()}": str(v) for k, v in settings.items()})
     return env
@@ -211,6 +212,23 @@ def test_explicit_invalid_checkpoint_is_refused(corpus: Path, reference: Run, tm
     assert result.returncode == 1, result.stdout + result.stderr
     assert "CheckpointInvalid" in result.stderr and "__1_0.distcp: size mismatch" in result.stderr
     assert not run.losses()  # refused before training a single step
+
+
+def test_a_long_runs_steps_are_summarised_and_exact_at_checkpoints(corpus: Path, tmp_path: Path) -> None:
+    run = Run.in_dir(tmp_path / "summarised")
+    env = _env(corpus, run, 0, max_steps=25, checkpoint_every=10, progress_every_s=30)
+    result = subprocess.run([sys.executable, "-m", "trainyard.train", *MODEL_ARGS], env=env, capture_output=True,
+                            text=True, timeout=RUN_TIMEOUT_S)  # one process: the writer is rank 0's either way
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    steps = list(Ledger(run.ledger).events("train", "step"))
+    # The first step at once, then one event per checkpoint (the 30 s interval never elapses), the last step.
+    assert [(e.get("first_step", e["step"]), e["step"]) for e in steps] == [(1, 1), (2, 10), (11, 20), (21, 25)]
+    for e in steps[1:]:
+        assert e["steps"] == e["step"] - e["first_step"] + 1
+        assert e["loss_min"] <= e["loss_mean"] <= e["loss_max"] and e["step_ms_min"] <= e["step_ms_max"]
+        manifest = fmt.read_manifest(fmt.step_dir(run.checkpoints, e["step"]))
+        assert manifest["metrics"]["loss"] == e["loss"]  # exact at every checkpoint
 
 
 def test_background_saves_hold_what_blocking_saves_hold(corpus: Path, reference: Run, tmp_path: Path) -> None:

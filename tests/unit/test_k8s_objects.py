@@ -36,7 +36,7 @@ LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 CONTRACT = ["TRAINYARD_DATA_DIR", "TRAINYARD_CHECKPOINT_DIR", "TRAINYARD_RESUME_FROM", "TRAINYARD_MAX_STEPS",
             "TRAINYARD_GLOBAL_BATCH", "TRAINYARD_MICRO_BATCH", "TRAINYARD_CHECKPOINT_EVERY",
             "TRAINYARD_CHECKPOINT_ASYNC", "TRAINYARD_SEED", "TRAINYARD_HEARTBEAT_DIR", "TRAINYARD_LEDGER",
-            "TRAINYARD_RUN_ID", "TRAINYARD_ATTEMPT"]
+            "TRAINYARD_RUN_ID", "TRAINYARD_ATTEMPT", "TRAINYARD_PROGRESS_EVERY_S"]
 HOME = "/mnt/trainyard"
 
 SETTINGS = {
@@ -70,6 +70,7 @@ def make_plan(nodes: int = 3, run_id: str = "scheduled__2026-03-01T02:00:00+00:0
         "TRAINYARD_CHECKPOINT_EVERY": "20",
         "TRAINYARD_CHECKPOINT_ASYNC": "1",
         "TRAINYARD_SEED": "0",
+        "TRAINYARD_PROGRESS_EVERY_S": "30.0",
     }
     return LaunchPlan(run_id=run_id, attempt=attempt, nodes=[f"node-{i}" for i in range(nodes)], procs_per_node=2,
                       entrypoint="trainyard.train", args=args if args is not None else ["--lr", "0.01"],

@@ -51,17 +51,35 @@ async def access(request: Request) -> MayRead:
 Access = Depends(access)
 app = FastAPI(title="trainyard training runs", docs_url=None, redoc_url=None, openapi_url=None)
 
-# summarize() reads a whole ledger; the index would read every run's on each visit. Keyed by the
-# ledger's size and mtime, so an appended event invalidates the row.
+# The ledger reader parses only appended lines, but summarize() still walks every event; the index
+# would do so for every run on each visit. Keyed by the ledger's size and mtime, so an appended
+# event invalidates the row (or the run page's summary).
 _overviews: dict[Path, tuple[tuple[int, int], dict[str, Any]]] = {}
+_summaries: dict[Path, tuple[tuple[int, int], dict[str, Any]]] = {}
+SUMMARIES_KEPT = 16  # run pages: a summary holds a chart's curve and every checkpoint, so only a few
+
+
+def _stamp(folder: Path) -> tuple[int, int]:
+    stat = (folder / "events.jsonl").stat()
+    return stat.st_size, stat.st_mtime_ns
 
 
 def _overview(folder: Path) -> dict[str, Any]:
-    stat = (folder / "events.jsonl").stat()
-    key = (stat.st_size, stat.st_mtime_ns)
+    key = _stamp(folder)
     cached = _overviews.get(folder)
     if cached is None or cached[0] != key:
         cached = _overviews[folder] = (key, overview(folder))
+    return cached[1]
+
+
+def _summary(folder: Path) -> dict[str, Any]:
+    key = _stamp(folder)
+    cached = _summaries.pop(folder, None)
+    if cached is None or cached[0] != key:
+        cached = (key, summarize(Ledger.in_dir(folder)))
+    _summaries[folder] = cached  # most recently viewed last
+    while len(_summaries) > SUMMARIES_KEPT:
+        _summaries.pop(next(iter(_summaries)))
     return cached[1]
 
 
@@ -112,7 +130,7 @@ async def run_view(dag_id: str, run_id: str, may_read: MayRead = Access) -> Resp
         folder = await _run(dag_id, run_id, may_read)
     except (RunNotFound, PermissionError) as exc:
         return _error(exc, as_json=False)
-    summary = await run_in_threadpool(summarize, Ledger.in_dir(folder))
+    summary = await run_in_threadpool(_summary, folder)
     return HTMLResponse(pages.run_page(summary, run_identity(folder), (folder / "report.html").is_file()))
 
 
@@ -122,7 +140,7 @@ async def run_json(dag_id: str, run_id: str, may_read: MayRead = Access) -> Resp
         folder = await _run(dag_id, run_id, may_read)
     except (RunNotFound, PermissionError) as exc:
         return _error(exc, as_json=True)
-    summary = await run_in_threadpool(summarize, Ledger.in_dir(folder))
+    summary = await run_in_threadpool(_summary, folder)
     return Response(pages.to_json({**run_identity(folder), **summary}), media_type="application/json")
 
 

@@ -3,19 +3,22 @@
 - detection: fault to classified (the fault's time is the drill's ``drill_fired``
   when a drill caused it, else the moment the supervisor saw the attempt end);
 - resume delay: fault to the first step of the next attempt;
-- lost steps: the last step reached before the fault minus the step resumed from;
+- lost steps: the last step reached before the fault (the latest of the step
+  events and the heartbeats' step in the attempt's ``attempt_end``) minus the
+  step resumed from;
 - ETTR: productive training time over the wall time of the train stage. The
   productive time is the steps that count (a step run again after a fault counts
   once) times the run's median step time: a step slowed by a background
-  checkpoint save is charged to the save, not counted as training.
+  checkpoint save is charged to the save, not counted as training. A step event
+  that sums up several steps stands for them with its mean step time.
 """
 
 from __future__ import annotations
 
-from statistics import median
 from typing import Any
 
 from trainyard.ledger import Ledger
+from trainyard.train.progress import kept_stretches, weighted_median
 
 
 def _first(events: list[dict[str, Any]], after: float, event: str, **match: Any) -> dict[str, Any] | None:
@@ -32,6 +35,8 @@ def recovery_figures(ledger: Ledger) -> dict[str, Any]:
         drill = _first(events, start["ts"], "drill_fired")
         fault_at = drill["ts"] if drill and drill["ts"] <= classified["ts"] else classified["detected_at"]
         steps = [e["step"] for e in events if e["event"] == "step" and start["ts"] <= e["ts"] <= classified["ts"]]
+        ended = _first(events, start["ts"], "attempt_end", attempt=attempt) or {}
+        steps += [ended["last_step"]] if ended.get("last_step") is not None else []
         nxt = _first(events, classified["ts"], "attempt_start", attempt=attempt + 1)
         first_step = _first(events, nxt["ts"], "step") if nxt else None
         resumed = _first(events, nxt["ts"], "resumed") if nxt else None
@@ -41,11 +46,8 @@ def recovery_figures(ledger: Ledger) -> dict[str, Any]:
             "resume_delay_s": round(first_step["ts"] - fault_at, 3) if first_step else None,
             "lost_steps": (max(steps) - (resumed["step"] if resumed else 0)) if steps and nxt else None,
         })
-    kept: dict[int, float] = {}
-    for e in events:
-        if e["event"] == "step":
-            kept[e["step"]] = e.get("step_ms", 0.0) / 1000  # a step run again replaces the lost one
-    productive = len(kept) * median(kept.values()) if kept else 0.0
+    kept = [(n, (ms or 0.0) / 1000) for n, ms in kept_stretches([e for e in events if e["event"] == "step"])]
+    productive = sum(n for n, _ in kept) * (weighted_median(kept) or 0.0)
     end = next((e for e in reversed(events) if e["event"] in ("stage_end", "stage_failed")), None)
     wall = end["seconds"] if end else None
     return {

@@ -126,7 +126,9 @@ def attempt_failed(plan: LaunchPlan, status: AttemptStatus, ledger: Ledger, hear
         attempt=plan.attempt, trigger=trigger, stale_nodes=suspects, last_step=max(steps, default=None),
         nodes=[NodeFailure(n.node, n.state, n.exit_code, n.reason, tail(n.log)) for n in status.nodes],
     )
-    ledger.append("train", "attempt_end", attempt=plan.attempt, state="failed", trigger=trigger, reason=reason)
+    # last_step: the heartbeats' latest step, which the rate-bounded step events may not have reached.
+    ledger.append("train", "attempt_end", attempt=plan.attempt, state="failed", trigger=trigger, reason=reason,
+                  last_step=failure.last_step)
     log.error("attempt %d failed (%s): %s", plan.attempt, trigger, reason)
     return AttemptFailed(f"attempt {plan.attempt} failed ({trigger}): {reason}", failure, detected_at)
 

@@ -15,6 +15,7 @@ from typing import Any
 from trainyard.atomic import read_json, write_json_atomic
 from trainyard.ledger import Ledger
 from trainyard.report.pages import report_html
+from trainyard.train import progress
 
 STAGES = ("stage_dataset", "check_dataset", "burn_in", "train", "check_checkpoint", "publish", "report")
 ATTEMPT_EVENTS = ("attempt_start", "attempt_end", "failure_classified", "decision", "drill_fired")
@@ -22,12 +23,13 @@ DECISION_FIELDS = ("action", "reason", "new_nodes", "micro_batch", "delay_s", "t
 
 
 def summarize(ledger: Ledger) -> dict[str, Any]:
-    events = list(ledger.events())  # one read: a long run's ledger holds an event per step
+    events = list(ledger.events())  # one read (of the lines appended since the last, see trainyard.ledger)
     train = [e for e in events if e.get("stage") == "train"]
     ends = {e["stage"]: e.get("result", {}) for e in events if e["event"] == "stage_end"}
     stages, running = stage_table(events)
     # A step trained again after a recovery replaces the lost one.
-    steps = sorted({e["step"]: e["loss"] for e in train if e["event"] == "step" and "loss" in e}.items())
+    step_events = [e for e in train if e["event"] == "step"]
+    steps = progress.loss_points(step_events)
     verdicts = {e["node"]: e for e in events if e.get("stage") == "burn_in" and e["event"] == "node_verdict"}
     thresholds = _last(e for e in events if e.get("stage") == "burn_in" and e["event"] == "thresholds")
     checkpoints, latest = checkpoint_table(events)
@@ -42,12 +44,12 @@ def summarize(ledger: Ledger) -> dict[str, Any]:
         "node_verdicts": {n: {k: v.get(k) for k in ("figures", "verdict", "reason", "collective")}
                           for n, v in verdicts.items()},
         "thresholds": {k: thresholds.get(k) for k in ("thresholds", "medians", "seconds")} if thresholds else None,
-        "steps_trained": len({s for s, _ in steps}),
+        "steps_trained": progress.steps_trained(step_events),
         "first_step": steps[0][0] if steps else None,
         "last_step": steps[-1][0] if steps else None,
         "first_loss": steps[0][1] if steps else None,
         "last_loss": steps[-1][1] if steps else None,
-        "loss_curve": steps,
+        "loss_curve": progress.downsample(steps),  # a chart's worth, however long the run
         "attempts": sum(1 for e in train if e["event"] == "attempt_start"),
         "attempt_details": attempt_table(train),
         "timeline": [

@@ -34,19 +34,25 @@ Environment (set by the launcher; only the first three are required):
     TRAINYARD_CHECKPOINT_EVERY  steps between checkpoints, default 50 (0: only the last step)
     TRAINYARD_CHECKPOINT_ASYNC  1: ``Checkpointer`` writes checkpoints in the background (default 0)
     TRAINYARD_SEED              default 0
+    TRAINYARD_PROGRESS_EVERY_S  seconds between ledger ``step`` events, default 30 (0: one per step);
+                                see ``trainyard.train.progress``
 
 Heartbeats are files rather than ledger events because the watcher needs the
-latest state of *every* rank cheaply; rank 0 alone writes ledger events so the
-log holds one record per step. Collective calls (``save_checkpoint``,
-``load_latest``) must be made by every rank; rank 0 decides and writes the
-shared files and broadcasts its outcome, so ranks never disagree or deadlock
-on an error.
+latest state of *every* rank cheaply; rank 0 alone writes ledger events, and
+folds its steps into one ``step`` event per ``TRAINYARD_PROGRESS_EVERY_S``
+(plus the first step, checkpoint steps, the last step and any non-finite
+loss, which stay exact), so a long run's ledger stays small. Collective calls
+(``save_checkpoint``, ``load_latest``) must be made by every rank; rank 0
+decides and writes the shared files and broadcasts its outcome, so ranks never
+disagree or deadlock on an error.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
+import math
 import os
 import pickle
 import socket
@@ -66,6 +72,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 from trainyard.checkpoint import format as ckpt_format
 from trainyard.errors import CheckpointInvalid
 from trainyard.ledger import Ledger
+from trainyard.train.progress import ProgressDigest
 
 log = logging.getLogger("trainyard.train")
 T = TypeVar("T")
@@ -90,6 +97,7 @@ class RunContext:
     checkpoint_every: int = 50
     checkpoint_async: bool = False
     seed: int = 0
+    progress_every_s: float = 30.0
 
     def should_checkpoint(self, step: int) -> bool:
         """Checkpoint every ``checkpoint_every`` steps and always at the last step."""
@@ -126,6 +134,20 @@ def _int(name: str, env: dict[str, str], minimum: int, default: Any = _MISSING) 
     return value
 
 
+def _float(name: str, env: dict[str, str], minimum: float, default: float) -> float:
+    """A finite number >= ``minimum``, or ``default`` when unset."""
+    raw = _env(name, env)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number") from None
+    if not math.isfinite(value) or value < minimum:
+        raise ValueError(f"{name}={raw} must be a finite number >= {minimum}")
+    return value
+
+
 def _flag(name: str, env: dict[str, str]) -> bool:
     raw = (_env(name, env) or "0").lower()
     if raw not in ("0", "1", "true", "false"):
@@ -152,6 +174,7 @@ def context(env: dict[str, str] | None = None) -> RunContext:
         checkpoint_every=_int("TRAINYARD_CHECKPOINT_EVERY", env, 0, 50),
         checkpoint_async=_flag("TRAINYARD_CHECKPOINT_ASYNC", env),
         seed=_int("TRAINYARD_SEED", env, 0, 0),
+        progress_every_s=_float("TRAINYARD_PROGRESS_EVERY_S", env, 0.0, 30.0),
     )
 
 
@@ -196,7 +219,7 @@ def _picklable(value: Any) -> bool:
 
 
 # Fields every train event carries; a metric with one of these names must not clobber them.
-_RESERVED = {"stage", "event", "ts", "run_id", "attempt", "node", "world_size", "step"}
+_RESERVED = {"stage", "event", "ts", "run_id", "attempt", "node", "world_size", "step", "first_step", "steps"}
 
 
 def _ledger_event(ctx: RunContext, event: str, **fields: Any) -> None:
@@ -207,7 +230,7 @@ def _ledger_event(ctx: RunContext, event: str, **fields: Any) -> None:
 
 
 def _metric_fields(metrics: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in metrics.items() if k not in _RESERVED}
+    return {k: v for k, v in metrics.items() if k not in _RESERVED}  # a copy: the caller may reuse its dict
 
 
 # --- heartbeats ---
@@ -250,18 +273,46 @@ def _write_heartbeat(ctx: RunContext, step: int, metrics: dict[str, Any], status
     os.replace(tmp, final)
 
 
+# Rank 0's steps not yet in the ledger: one digest per process (and context), flushed at exit too,
+# so the steps before a crash in user code are not lost (a killed process loses them; the
+# supervisor's ``attempt_end`` records the last step from the heartbeats).
+_progress: tuple[RunContext, ProgressDigest] | None = None
+_clock: Callable[[], float] = time.monotonic  # a test's fake clock replaces it
+
+
+def _digest(ctx: RunContext) -> ProgressDigest:
+    global _progress
+    if _progress is None or (_progress[0] is not ctx and _progress[0] != ctx):
+        if _progress is None:
+            atexit.register(lambda: _progress and flush_progress(_progress[0]))
+        else:
+            flush_progress(_progress[0])
+        _progress = (ctx, ProgressDigest(ctx.progress_every_s, _clock))
+    return _progress[1]
+
+
+def flush_progress(ctx: RunContext | None = None) -> None:
+    """Write the ``step`` event of the steps not yet in the ledger (rank 0; a no-op elsewhere)."""
+    ctx = ctx or context()
+    if ctx.ledger is not None and rank() == 0 and (record := _digest(ctx).flush()) is not None:
+        _ledger_event(ctx, "step", **record)
+
+
 def heartbeat(step: int, metrics: dict[str, Any], *, status: str = "running", ctx: RunContext | None = None) -> None:
-    """Record progress: this rank's heartbeat file, plus a ledger ``step`` event from rank 0."""
+    """Record progress: this rank's heartbeat file, plus (rank 0) the ledger's ``step`` events at a bounded rate."""
     ctx = ctx or context()
     _write_heartbeat(ctx, step, metrics, status)
-    if status == "running":
-        _ledger_event(ctx, "step", **_metric_fields(metrics), step=step)
+    if status == "running" and ctx.ledger is not None and rank() == 0:
+        # A checkpoint step is written at once: the metric gate needs its exact loss.
+        for record in _digest(ctx).add(step, _metric_fields(metrics), force=ctx.should_checkpoint(step)):
+            _ledger_event(ctx, "step", **record)
 
 
 def finish(step: int, metrics: dict[str, Any], *, ctx: RunContext | None = None) -> None:
     """Mark this rank finished (heartbeat status "finished"); rank 0 logs a ``finished`` event."""
     ctx = ctx or context()
     _write_heartbeat(ctx, step, metrics, "finished")
+    flush_progress(ctx)
     _ledger_event(ctx, "finished", **_metric_fields(metrics), step=step)
 
 
@@ -287,6 +338,7 @@ def save_checkpoint(
     """
     ctx = ctx or context()
     started = time.monotonic()
+    flush_progress(ctx)  # the steps up to a checkpoint are in the ledger before it is
     _write_heartbeat(ctx, step, metrics, "saving")  # a long save must not look like a hang
     staging = _on_rank0(lambda: ckpt_format.prepare_staging(ctx.checkpoint_dir, step))
     dcp.save(state_dict, checkpoint_id=staging)
@@ -353,6 +405,7 @@ class Checkpointer:
                 self.on_commit(final)
             return
         started = time.monotonic()
+        flush_progress(self.ctx)  # the steps up to a checkpoint are in the ledger before it is
         self.wait()  # also frees the staging buffers, which the stager reuses
         if self._stager is None:
             self._stager = DefaultStager(StagingOptions(
