@@ -227,6 +227,8 @@ class TrainingSpec(_Model):
     saving often costs little and a fault loses fewer steps. The manifest still comes last."""
     heartbeat_timeout_s: float = Field(60.0, gt=0)
     """A rank silent for this long is hung."""
+    progress_every_s: float = Field(30.0, gt=0, le=86400)
+    """Seconds between progress lines in the ``train`` task's log (step, loss, speed, ETA, last checkpoint)."""
     seed: int = Field(0, ge=0)
     """Seed of weights and data order."""
     resume_from: str = "latest"
