@@ -12,19 +12,20 @@ from trainyard.checkpoint.registry import promote
 from trainyard.recovery.progress import Look, Progress, ProgressLog, duration, furthest, tokens_per_step
 
 
-def beat(step: Any, loss: Any = 2.5, **metrics: Any) -> dict[str, Any]:
-    return {"step": step, "time": 0.0, "status": "running", "metrics": {"loss": loss, **metrics}}
+def beat(step: Any, loss: Any = 2.5, at: Any = 110.0, **metrics: Any) -> dict[str, Any]:
+    return {"step": step, "time": at, "status": "running", "metrics": {"loss": loss, **metrics}}
 
 
-def progress(beats: dict[str, dict[str, Any]], before: Look | None = Look(100.0, 10), now: float = 110.0,
-             tokens: int | None = 512, checkpoint: str | None = "step_000010") -> Progress:
+def progress(beats: dict[str, dict[str, Any]], before: Look | None = Look(100.0, 10), now: float = 111.0,
+             tokens: int | None = 512, checkpoint: str | None = "step_000010", last_rate: float | None = None,
+             saved: str | None = None) -> Progress:
     return Progress.from_heartbeats(beats, attempt=2, world_size=4, target=110, now=now, before=before,
-                                    tokens_per_step=tokens, checkpoint=checkpoint)
+                                    tokens_per_step=tokens, checkpoint=checkpoint, last_rate=last_rate, saved=saved)
 
 
 @pytest.mark.parametrize(("beats", "before", "tokens", "want"), [
-    # 20 steps in 10 s: 2 steps/s, 1024 tokens/s; 80 steps left at 2/s.
-    ({"rank-0": beat(30, 2.25), "rank-1": beat(29, 9.0)}, Look(100.0, 10), 512,
+    # 20 steps between the beats at 100 s and 110 s: 2 steps/s, 1024 tokens/s; 80 steps left at 2/s.
+    ({"rank-0": beat(30, 2.25), "rank-1": beat(29, 9.0, at=109.5)}, Look(100.0, 10), 512,
      "progress: attempt 2, world size 4, step 30/110 (27%), loss 2.2500, 2 steps/s, 1,024 tokens/s, ETA 40s,"
      " last valid checkpoint step_000010"),
     # The first look: no rate, so no speed and no ETA yet.
@@ -35,9 +36,9 @@ def progress(beats: dict[str, dict[str, Any]], before: Look | None = Look(100.0,
     ({"rank-0": beat(15)}, Look(100.0, 10), None,
      "progress: attempt 2, world size 4, step 15/110 (14%), loss 2.5000, 0.5 steps/s, - tokens/s, ETA 3m10s,"
      " last valid checkpoint step_000010"),
-    # No progress since the last look: 0 steps/s, and no ETA rather than an infinite one.
-    ({"rank-0": beat(10)}, Look(100.0, 10), 512,
-     "progress: attempt 2, world size 4, step 10/110 (9%), loss 2.5000, 0 steps/s, 0 tokens/s, ETA -,"
+    # No step since the last look and no speed measured before: unknown, never 0 within a long step.
+    ({"rank-0": beat(10, at=100.0)}, Look(100.0, 10), 512,
+     "progress: attempt 2, world size 4, step 10/110 (9%), loss 2.5000, - steps/s, - tokens/s, ETA -,"
      " last valid checkpoint step_000010"),
     # No rank has beaten yet.
     ({}, None, 512,
@@ -49,6 +50,22 @@ def progress(beats: dict[str, dict[str, Any]], before: Look | None = Look(100.0,
 ])
 def test_the_line_from_heartbeats(beats: dict, before: Look | None, tokens: int | None, want: str) -> None:
     assert progress(beats, before, tokens=tokens).line() == want
+
+
+def test_a_line_within_a_long_step_repeats_the_last_speed() -> None:
+    got = progress({"rank-0": beat(10, at=100.0)}, Look(100.0, 10), last_rate=0.25)
+    assert (got.steps_per_s, got.tokens_per_s, got.eta_s) == (0.25, 128.0, 400.0)
+    assert progress({"rank-0": beat(12)}, Look(100.0, 10), last_rate=0.25).steps_per_s == pytest.approx(0.2)
+
+
+def test_a_beat_without_a_usable_time_counts_as_seen_now() -> None:
+    assert furthest({"rank-0": beat(12, at="soon")}, 7.0) == Look(7.0, 12)
+    assert furthest({"rank-0": beat(12, at=float("nan"))}, 7.0) == Look(7.0, 12)
+
+
+def test_a_newer_checkpoint_not_yet_validated_is_named_as_such() -> None:
+    assert progress({}, saved="step_000020").line().endswith(
+        "last valid checkpoint step_000010, newest saved step_000020 (not yet validated)")
 
 
 def test_tokens_per_step_from_what_the_workload_reports_when_the_spec_does_not_know() -> None:
@@ -67,7 +84,7 @@ def test_loss_is_rank_0s_and_never_text_from_the_heartbeat() -> None:
 
 def test_a_malformed_step_is_ignored() -> None:
     assert furthest({"rank-0": beat("12"), "rank-1": beat(True), "rank-2": beat(-3)}, 5.0) is None
-    assert furthest({"rank-0": beat(12), "rank-1": {"time": 1.0}}, 5.0) == Look(5.0, 12)
+    assert furthest({"rank-0": beat(12, at=3.0), "rank-1": {"time": 1.0}}, 5.0) == Look(3.0, 12)
 
 
 def test_unknown_checkpoint_is_a_dash() -> None:
@@ -91,9 +108,16 @@ def test_tokens_per_step_from_the_spec(args: dict, want: int | None) -> None:
     assert tokens_per_step(16, args) == want
 
 
-def write_beat(folder: Path, rank: int, step: int, loss: float = 2.0) -> None:
+def write_beat(folder: Path, rank: int, step: int, at: float, loss: float = 2.0) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"rank-{rank}.json").write_text(json.dumps(beat(step, loss)))
+    (folder / f"rank-{rank}.json").write_text(json.dumps(beat(step, loss, at=at)))
+
+
+def commit(root: Path, step: int) -> Path:
+    ckpt = root / f"step_{step:06d}"
+    ckpt.mkdir(parents=True)
+    (ckpt / "manifest.json").write_text("{}")
+    return ckpt
 
 
 def test_progress_log_paces_lines_and_rates_from_the_first_beat(tmp_path: Path) -> None:
@@ -101,20 +125,24 @@ def test_progress_log_paces_lines_and_rates_from_the_first_beat(tmp_path: Path) 
     pace = ProgressLog(10.0, 1000.0, attempt=1, world_size=2, target=100, tokens_per_step=None, heartbeat_dir=beats,
                        checkpoint_root=ckpts)
     assert pace.poll(1001.0) is None  # nothing to see yet, and not due
-    write_beat(beats, 0, 5)
+    write_beat(beats, 0, 5, at=1001.5)
     assert pace.poll(1002.0) is None  # the first beat: the first line's starting point
-    write_beat(beats, 0, 21)
+    write_beat(beats, 0, 21, at=1009.5)
     assert pace.poll(1009.0) is None  # not due
-    first = pace.poll(1010.0)  # 16 steps in 8 s
+    first = pace.poll(1010.0)  # 16 steps between the beats at 1001.5 and 1009.5
     assert first is not None and "step 21/100 (21%)" in first and " 2 steps/s" in first
     assert first.endswith("last valid checkpoint -")  # no checkpoint folder in sight
-    (ckpts / "step_000020").mkdir(parents=True)
-    promote(ckpts, ckpts / "step_000020")
-    write_beat(beats, 0, 41)
+    promote(ckpts, commit(ckpts, 20))
+    write_beat(beats, 0, 41, at=1020.0)
     assert pace.poll(1015.0) is None
-    second = pace.poll(1020.5)  # 20 steps in 10.5 s since the first line's look
+    second = pace.poll(1020.5)  # 20 steps in 10.5 s
     assert second is not None and "step 41/100" in second and " 1.9 steps/s" in second and "ETA 31s" in second
     assert second.endswith("last valid checkpoint step_000020")
+    # No step since: the speed measured last, not 0; a committed checkpoint the watcher has not judged yet.
+    commit(ckpts, 40)
+    third = pace.poll(1030.0)
+    assert third is not None and " 1.9 steps/s" in third
+    assert third.endswith("last valid checkpoint step_000020, newest saved step_000040 (not yet validated)")
     # A poll long after (a slow save): one line, and the cadence continues from the schedule.
     assert pace.poll(1055.0) is not None and pace.poll(1059.0) is None and pace.poll(1060.0) is not None
 

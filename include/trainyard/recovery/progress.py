@@ -7,6 +7,10 @@ the step delta between two looks over the time between them, so it counts
 everything a step really costs (data, checkpoints, stragglers), not one
 step's compute. ``Progress`` is pure; ``ProgressLog`` paces the looks and does
 the few small file reads.
+
+Speed is measured between the times the ranks reported two different steps
+(the heartbeats' own ``time``), so a line that falls within one long step
+repeats the last measured speed instead of printing 0.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from trainyard.checkpoint import registry
+from trainyard.checkpoint.format import list_checkpoints, step_of
 from trainyard.recovery.supervisor import read_heartbeats
 
 UNKNOWN = "-"
@@ -24,7 +29,7 @@ UNKNOWN = "-"
 
 @dataclass(frozen=True)
 class Look:
-    """The furthest step any rank had reported at observer time ``at``."""
+    """The furthest step any rank had reported, and when that rank reported it."""
 
     at: float
     step: int
@@ -42,13 +47,18 @@ class Progress:
     eta_s: float | None
     checkpoint: str | None
     """Name of the last valid checkpoint, ``none``, or None where it cannot be seen."""
+    saved: str | None = None
+    """A newer committed checkpoint not judged yet (a deferred task judges them when it wakes)."""
 
     @classmethod
     def from_heartbeats(
         cls, beats: dict[str, dict[str, Any]], *, attempt: int, world_size: int, target: int, now: float,
-        before: Look | None, tokens_per_step: int | None, checkpoint: str | None,
+        before: Look | None, tokens_per_step: int | None, checkpoint: str | None, saved: str | None = None,
+        last_rate: float | None = None,
     ) -> Progress:
-        """Progress at ``now`` from the heartbeats (``rank-N`` -> record); rates since the look ``before``.
+        """Progress from the heartbeats (``rank-N`` -> record) at ``now``; speed since the look ``before``.
+
+        Without a step since ``before``, the speed is ``last_rate`` (the last one measured).
 
         ``tokens_per_step`` comes from the spec where it knows the sequence
         length; else from what the workload reports (``tokens_per_s`` and
@@ -56,8 +66,8 @@ class Progress:
         """
         look = furthest(beats, now)
         step = look.step if look else None
-        rate = None
-        if look and before and look.at > before.at and look.step >= before.step:
+        rate = last_rate
+        if look and before and look.at > before.at and look.step > before.step:
             rate = (look.step - before.step) / (look.at - before.at)
         per_step = tokens_per_step or _reported_tokens_per_step(_lead(beats))
         eta = None
@@ -68,7 +78,7 @@ class Progress:
         return cls(
             attempt=attempt, world_size=world_size, step=step, target=target, loss=_number(_lead(beats), "loss"),
             steps_per_s=rate, tokens_per_s=rate * per_step if rate is not None and per_step else None,
-            eta_s=eta, checkpoint=checkpoint,
+            eta_s=eta, checkpoint=checkpoint, saved=saved,
         )
 
     def line(self) -> str:
@@ -80,13 +90,22 @@ class Progress:
             f" loss {_fmt(self.loss, '.4f')}, {_fmt(self.steps_per_s, '.3g')} steps/s,"
             f" {_fmt(self.tokens_per_s, ',.0f')} tokens/s, ETA {duration(self.eta_s)},"
             f" last valid checkpoint {self.checkpoint or UNKNOWN}"
+            + (f", newest saved {self.saved} (not yet validated)" if self.saved else "")
         )
 
 
 def furthest(beats: dict[str, dict[str, Any]], now: float) -> Look | None:
-    """The furthest step of any rank (ranks of one optimizer step differ by at most one), seen at ``now``."""
-    steps = [b["step"] for b in beats.values() if _is_step(b.get("step"))]
-    return Look(now, max(steps)) if steps else None
+    """The furthest step of any rank (ranks of one optimizer step differ by at most one) and its beat's time.
+
+    A beat without a usable time counts as seen ``now``.
+    """
+    steps = [b for b in beats.values() if _is_step(b.get("step"))]
+    if not steps:
+        return None
+    ahead = max(steps, key=lambda b: b["step"])
+    at = ahead.get("time")
+    usable = isinstance(at, (int, float)) and not isinstance(at, bool) and math.isfinite(at)
+    return Look(float(at) if usable else now, ahead["step"])
 
 
 def tokens_per_step(global_batch: int, args: dict[str, Any]) -> int | None:
@@ -156,7 +175,8 @@ class ProgressLog:
     """When a progress line is due, and what it says: one per ``every_s`` from ``started``.
 
     Between lines it reads nothing, except until the first heartbeat appears:
-    that first look is where the first line's rates start from.
+    that first look is where the first line's speed starts from. The speed's
+    starting point moves on only when the step does.
     """
 
     def __init__(self, every_s: float, started: float, *, attempt: int, world_size: int, target: int,
@@ -166,6 +186,7 @@ class ProgressLog:
         self.tokens_per_step = tokens_per_step
         self.heartbeat_dir, self.checkpoint_root = heartbeat_dir, checkpoint_root
         self.before: Look | None = None
+        self.rate: float | None = None
 
     def poll(self, now: float) -> str | None:
         """The progress line if one is due at ``now``, else None."""
@@ -178,15 +199,21 @@ class ProgressLog:
             return None
         while self.next_at <= now:  # a late poll (a long save, a busy triggerer) skips lines, not the cadence
             self.next_at += self.every_s
+        valid, saved = self._checkpoints()
         progress = Progress.from_heartbeats(
             beats, attempt=self.attempt, world_size=self.world_size, target=self.target, now=now, before=self.before,
-            tokens_per_step=self.tokens_per_step, checkpoint=self._checkpoint(),
+            tokens_per_step=self.tokens_per_step, checkpoint=valid, saved=saved, last_rate=self.rate,
         )
-        self.before = look or self.before
+        self.rate = progress.steps_per_s
+        if look and (self.before is None or look.step > self.before.step):
+            self.before = look
         return progress.line()
 
-    def _checkpoint(self) -> str | None:
+    def _checkpoints(self) -> tuple[str | None, str | None]:
+        """The last valid checkpoint's name (``none`` if none yet) and a newer committed one's, if any."""
         if self.checkpoint_root is None or not self.checkpoint_root.is_dir():
-            return None  # out of sight (a triggerer without the hot tier): unknown, not "none"
+            return None, None  # out of sight (a triggerer without the hot tier): unknown, not "none"
         latest = registry.latest(self.checkpoint_root)
-        return latest.name if latest else "none"
+        newest = max(list_checkpoints(self.checkpoint_root), key=lambda c: step_of(c) or 0, default=None)
+        newer = newest is not None and (step_of(newest) or 0) > ((step_of(latest) or 0) if latest else 0)
+        return (latest.name if latest else "none"), (newest.name if newer and newest else None)
