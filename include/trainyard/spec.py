@@ -231,10 +231,11 @@ class TrainingSpec(_Model):
     saving often costs little and a fault loses fewer steps. The manifest still comes last."""
     heartbeat_timeout_s: float = Field(60.0, gt=0)
     """A rank silent for this long is hung."""
-    progress_every_s: float = Field(30.0, ge=0, le=3600)
-    """Seconds between progress records (ledger ``step`` events with the min/mean/max loss and step
-    time since the last one; checkpoint steps, the first and last step and a non-finite loss are always
-    recorded). 0: one per step, for short runs whose every step matters; a long run stays cheap to view."""
+    progress_every_s: float = Field(30.0, ge=0, le=86400)
+    """Seconds between progress records: a line in the ``train`` task's log (step, loss, speed, ETA, last
+    checkpoint) and a ledger ``step`` event with the min/mean/max loss and step time since the last one
+    (checkpoint steps, the first and last step and a non-finite loss are always recorded). 0: both at
+    every step (every poll for the log), for short runs whose every step matters; a long run stays cheap to view."""
     seed: int = Field(0, ge=0)
     """Seed of weights and data order."""
     resume_from: str = "latest"

@@ -32,6 +32,7 @@ from trainyard.quality.dataset import check_dataset as _check_dataset
 from trainyard.quality.metrics import check_metrics
 from trainyard.recovery.figures import recovery_figures
 from trainyard.recovery.policy import Situation
+from trainyard.recovery.progress import ProgressLog, tokens_per_step
 from trainyard.recovery.supervisor import (
     AttemptResult, Course, attempt_failed, attempt_succeeded, detect, recover, start_attempt, supervise,
 )
@@ -242,9 +243,17 @@ def train(run: Run, nodes: list[str], launcher: Launcher | None = None, spares: 
         result = supervise(
             launcher, lambda attempt, c: _plan(run, attempt, c, target), course, _spares_left(run, spares),
             lambda c, free: _situation(run, c, free), run.spec.recovery, run.ledger, training.heartbeat_timeout_s,
-            lambda step: _rollback(run, step), first_attempt=first,
+            lambda step: _rollback(run, step), first_attempt=first, progress_for=lambda plan: _progress(run, plan, target),
         )
     return _trained(run, nodes, start, target, result)
+
+
+def _progress(run: Run, plan: LaunchPlan, target: int) -> ProgressLog:
+    """The progress lines of one attempt in the task's log, every ``training.progress_every_s``."""
+    training = run.spec.training
+    return ProgressLog(training.progress_every_s, time.time(), attempt=plan.attempt, world_size=plan.world_size,
+                       target=target, tokens_per_step=tokens_per_step(training.global_batch, training.args),
+                       heartbeat_dir=Path(plan.env["TRAINYARD_HEARTBEAT_DIR"]), checkpoint_root=run.checkpoint_root)
 
 
 def _watcher(run: Run) -> registry.Watcher:
@@ -365,7 +374,7 @@ def _current(run: Run, launcher: Any, target: int) -> tuple[Course, LaunchPlan, 
     handle = launcher.attach(plan)
     watch = {"attempt": plan.attempt, "started": last["ts"], "namespace": handle.namespace, "job_name": handle.name,
              "nodes": list(plan.nodes), "world_size": plan.world_size,
-             "heartbeat_dir": plan.env["TRAINYARD_HEARTBEAT_DIR"]}
+             "heartbeat_dir": plan.env["TRAINYARD_HEARTBEAT_DIR"], "target_step": target}
     return course, plan, handle, watch
 
 

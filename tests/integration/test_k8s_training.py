@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -52,6 +53,7 @@ training:
   micro_batch: 2
   checkpoint_every: 5
   heartbeat_timeout_s: 6
+  progress_every_s: 1
 checkpoint: {{hot: "file://{root}/ckpt", cold: "file://{root}/coldckpt"}}
 recovery: {{max_attempts: 3, backoff_s: 0.2}}
 drills: {drills}
@@ -190,3 +192,7 @@ def test_the_train_task_defers_in_a_real_airflow_run(fake: FakeKube, tmp_path: P
     assert [e["status"] for e in ledger.events("train", "attempt_event")][-1] == "succeeded"
     assert [e["attempt"] for e in ledger.events("train", "attempt_start")] == [1]
     assert fake.items("apis/batch/v1", "jobs", NS) == []
+    # The trigger ran inline, in this process: its progress lines went to dags test's own output (there is
+    # no task log file without an executor; test_progress_log.py reads them from a triggerer's file).
+    steps = [int(s) for s in re.findall(r"progress: attempt 1, world size 2, step (\d+)/20 ", done.stdout + done.stderr)]
+    assert steps and steps == sorted(steps), out

@@ -525,7 +525,9 @@ def test_trigger_serialize_round_trips() -> None:
     trigger = KubernetesAttemptTrigger(namespace="ml", job_name="ty-run-a1-0123abcd", nodes=["node-0", "node-1"],
                                        poll_interval=5.0, kubernetes_conn_id="k8s", cluster_context="prod",
                                        timeout_s=3600.0, heartbeat_dir="/hot/runs/r/attempt-1/heartbeat",
-                                       heartbeat_timeout_s=60.0, world_size=2, started=1795996612.5)
+                                       heartbeat_timeout_s=60.0, world_size=2, started=1795996612.5, attempt=2,
+                                       target_step=1000, tokens_per_step=4096, progress_every_s=30.0,
+                                       checkpoint_dir="/hot/checkpoints/p")
     classpath, kwargs = trigger.serialize()
     assert classpath == "trainyard.airflow.triggers.KubernetesAttemptTrigger"
     module, _, cls = classpath.rpartition(".")
@@ -535,7 +537,9 @@ def test_trigger_serialize_round_trips() -> None:
                       "poll_interval": 5.0, "kubernetes_conn_id": "k8s", "config_file": None,
                       "cluster_context": "prod", "in_cluster": None, "timeout_s": 3600.0, "max_api_errors": 5,
                       "heartbeat_dir": "/hot/runs/r/attempt-1/heartbeat", "heartbeat_timeout_s": 60.0, "world_size": 2,
-                      "started": 1795996612.5, "startup_grace_s": 120.0, "podgroup": False}
+                      "started": 1795996612.5, "startup_grace_s": 120.0, "podgroup": False, "attempt": 2,
+                      "target_step": 1000, "tokens_per_step": 4096, "progress_every_s": 30.0,
+                      "checkpoint_dir": "/hot/checkpoints/p"}
     assert json.loads(json.dumps(kwargs)) == kwargs  # what the triggerer stores must be plain JSON
     import inspect
 

@@ -1,133 +1,155 @@
-"""Long runs stay cheap to look at: step figures at a bounded rate, ledgers read incrementally."""
+"""Progress lines of the train task: what they say from the heartbeats, and when they are due."""
 
 from __future__ import annotations
 
-import logging
-import math
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
-from long_run import CHECKPOINT_EVERY, STEPS, fake_clock, loss_at, write_long_run
 
-from trainyard import ledger as ledger_module
-from trainyard.ledger import Ledger
-from trainyard.quality.metrics import metric_problems
-from trainyard.recovery.figures import recovery_figures
-from trainyard.report.pages import run_page
-from trainyard.report.runs import overview, run_folders
-from trainyard.report.summary import run_identity, summarize
-from trainyard.spec import MetricExpectations
-from trainyard.train import progress, runtime
+from trainyard.checkpoint.registry import promote
+from trainyard.recovery.progress import Look, Progress, ProgressLog, duration, furthest, tokens_per_step
 
 
-@pytest.fixture(scope="module")
-def long_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_long_run(tmp_path_factory.mktemp("runs"))
+def beat(step: Any, loss: Any = 2.5, at: Any = 110.0, **metrics: Any) -> dict[str, Any]:
+    return {"step": step, "time": at, "status": "running", "metrics": {"loss": loss, **metrics}}
 
 
-def test_a_million_step_run_keeps_its_ledger_small(long_run: Path) -> None:
-    ledger = Ledger.in_dir(long_run)
-    assert ledger.path.stat().st_size < 20 * 2**20
-    steps = list(ledger.events("train", "step"))
-    # One event per 30 s of training (0.1 s steps), one per checkpoint, the first step of each attempt.
-    bound = STEPS * 0.1 / 30 + STEPS / CHECKPOINT_EVERY + 10
-    assert len(steps) <= bound, f"{len(steps)} step events for {STEPS} steps"
-    assert all(e["steps"] == e["step"] - e["first_step"] + 1 for e in steps if "first_step" in e)
+def progress(beats: dict[str, dict[str, Any]], before: Look | None = Look(100.0, 10), now: float = 111.0,
+             tokens: int | None = 512, checkpoint: str | None = "step_000010", last_rate: float | None = None,
+             saved: str | None = None) -> Progress:
+    return Progress.from_heartbeats(beats, attempt=2, world_size=4, target=110, now=now, before=before,
+                                    tokens_per_step=tokens, checkpoint=checkpoint, last_rate=last_rate, saved=saved)
 
 
-def test_the_loss_at_every_checkpoint_is_exact_and_the_summary_counts_every_step(long_run: Path) -> None:
-    ledger = Ledger.in_dir(long_run)
-    history = dict(progress.loss_points(ledger.events("train", "step")))
-    saved = [e["step"] for e in ledger.events("train", "checkpoint_saved")]
-    assert len(saved) == STEPS // CHECKPOINT_EVERY
-    assert all(history[step] == loss_at(step) for step in saved)
-    summary = summarize(ledger)
-    assert summary["steps_trained"] == STEPS and summary["last_step"] == STEPS
-    assert summary["first_loss"] == loss_at(1) and summary["last_loss"] == loss_at(STEPS)
-    assert len(summary["loss_curve"]) <= progress.CURVE_POINTS + 2
-    html = run_page(summary, run_identity(long_run))
-    assert "node_lost" in html and len(html) < 2 * 2**20
+@pytest.mark.parametrize(("beats", "before", "tokens", "want"), [
+    # 20 steps between the beats at 100 s and 110 s: 2 steps/s, 1024 tokens/s; 80 steps left at 2/s.
+    ({"rank-0": beat(30, 2.25), "rank-1": beat(29, 9.0, at=109.5)}, Look(100.0, 10), 512,
+     "progress: attempt 2, world size 4, step 30/110 (27%), loss 2.2500, 2 steps/s, 1,024 tokens/s, ETA 40s,"
+     " last valid checkpoint step_000010"),
+    # The first look: no rate, so no speed and no ETA yet.
+    ({"rank-0": beat(30)}, None, 512,
+     "progress: attempt 2, world size 4, step 30/110 (27%), loss 2.5000, - steps/s, - tokens/s, ETA -,"
+     " last valid checkpoint step_000010"),
+    # Tokens per step unknown to the spec and not reported by the script: "-", not a guess.
+    ({"rank-0": beat(15)}, Look(100.0, 10), None,
+     "progress: attempt 2, world size 4, step 15/110 (14%), loss 2.5000, 0.5 steps/s, - tokens/s, ETA 3m10s,"
+     " last valid checkpoint step_000010"),
+    # No step since the last look and no speed measured before: unknown, never 0 within a long step.
+    ({"rank-0": beat(10, at=100.0)}, Look(100.0, 10), 512,
+     "progress: attempt 2, world size 4, step 10/110 (9%), loss 2.5000, - steps/s, - tokens/s, ETA -,"
+     " last valid checkpoint step_000010"),
+    # No rank has beaten yet.
+    ({}, None, 512,
+     "progress: attempt 2, world size 4, step -/110, loss -, - steps/s, - tokens/s, ETA -, last valid checkpoint step_000010"),
+    # Done: ETA 0 whatever the rate.
+    ({"rank-0": beat(110)}, None, 512,
+     "progress: attempt 2, world size 4, step 110/110 (100%), loss 2.5000, - steps/s, - tokens/s, ETA 0s,"
+     " last valid checkpoint step_000010"),
+])
+def test_the_line_from_heartbeats(beats: dict, before: Look | None, tokens: int | None, want: str) -> None:
+    assert progress(beats, before, tokens=tokens).line() == want
 
 
-def test_recovery_figures_from_summarised_steps(long_run: Path) -> None:
-    figures = recovery_figures(Ledger.in_dir(long_run))
-    # Attempt 1 reached step 400,500 (its attempt_end, from the heartbeats); attempt 2 resumed from 400,000.
-    assert figures["lost_steps"] == 500
-    assert figures["productive_s"] == pytest.approx(STEPS * 0.1)
+def test_a_line_within_a_long_step_repeats_the_last_speed() -> None:
+    got = progress({"rank-0": beat(10, at=100.0)}, Look(100.0, 10), last_rate=0.25)
+    assert (got.steps_per_s, got.tokens_per_s, got.eta_s) == (0.25, 128.0, 400.0)
+    assert progress({"rank-0": beat(12)}, Look(100.0, 10), last_rate=0.25).steps_per_s == pytest.approx(0.2)
 
 
-def test_steps_are_written_at_the_configured_rate_with_their_figures(tmp_path: Path) -> None:
-    ctx = runtime.RunContext(data_dir=tmp_path, checkpoint_dir=tmp_path, max_steps=100, ledger=tmp_path / "e.jsonl",
-                             checkpoint_every=50, progress_every_s=10.0)
-    with fake_clock() as now:
-        for step in range(1, 101):
-            now[0] += 1.0
-            loss = 9.0 if step == 37 else float("nan") if step == 63 else 3.0 - step / 100
-            runtime.heartbeat(step, {"loss": loss, "step_ms": 1000.0 + step}, ctx=ctx)
-        runtime.finish(100, {"loss": 2.0}, ctx=ctx)
-    events = list(Ledger(ctx.ledger).events("train", "step"))
-    # First step; every 10 s; checkpoint 50 at once; the steps before the NaN, then the NaN alone; the last step.
-    assert [(e.get("first_step", e["step"]), e["step"]) for e in events] == [
-        (1, 1), (2, 11), (12, 21), (22, 31), (32, 41), (42, 50), (51, 60), (61, 62), (63, 63), (64, 73), (74, 83),
-        (84, 93), (94, 100)]
-    spike = events[4]
-    assert (spike["loss_max"], spike["loss_max_step"], spike["loss_min"]) == (9.0, 37, 3.0 - 41 / 100)
-    assert spike["step_ms_mean"] == pytest.approx(1000 + 36.5) and spike["steps"] == 10
-    assert math.isnan(events[8]["loss"]) and events[8]["step"] == 63
-    # The gate still sees the spike inside a summarised stretch and the divergence at its step.
-    history = progress.loss_points(events)
-    problems = metric_problems(history, 100, 2.0, MetricExpectations(max_spike_ratio=2.0, spike_window=5))
-    assert "loss was not finite at step(s) 63" in problems
-    assert any("step 37" in p for p in problems if "spiked" in p)
+def test_a_beat_without_a_usable_time_counts_as_seen_now() -> None:
+    assert furthest({"rank-0": beat(12, at="soon")}, 7.0) == Look(7.0, 12)
+    assert furthest({"rank-0": beat(12, at=float("nan"))}, 7.0) == Look(7.0, 12)
 
 
-def test_a_step_trained_again_replaces_the_earlier_figures() -> None:
-    digest = progress.ProgressDigest(5.0, clock=iter(range(1000)).__next__)
-    events = [e for step in range(1, 21) for e in digest.add(step, {"loss": float("nan") if step == 18 else 1.0})]
-    events += [e for step in range(11, 25) for e in digest.add(step, {"loss": 0.5})]
-    events += [e for e in [digest.flush()] if e is not None]
-    points = dict(progress.loss_points(events))
-    assert all(math.isfinite(v) for v in points.values())  # the rolled-back NaN at step 18 is gone
-    assert progress.steps_trained(events) == 24 and max(points) == 24
+def test_a_newer_checkpoint_not_yet_validated_is_named_as_such() -> None:
+    assert progress({}, saved="step_000020").line().endswith(
+        "last valid checkpoint step_000010, newest saved step_000020 (not yet validated)")
 
 
-def test_a_bad_line_is_skipped_with_one_warning_and_the_index_still_lists_the_run(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
-    folder = write_long_run(tmp_path / "runs", steps=3000)
-    ledger = Ledger.in_dir(folder)
-    lines = ledger.path.read_bytes().split(b"\n")
-    lines.insert(5, b'{"stage": "train", "event": "st\xff')  # a broken line in the middle
-    ledger.path.write_bytes(b"\n".join(lines))
-    with caplog.at_level(logging.WARNING, logger="trainyard.ledger"):
-        [row] = [overview(f) for f in run_folders(tmp_path / "runs")]
-        assert summarize(ledger)["steps_trained"] == 3000  # read again: no second warning
-    assert row["steps_trained"] == 3000 and row["state"] == "running"
-    [warning] = [r for r in caplog.records if r.name == "trainyard.ledger"]
-    assert str(ledger.path) in warning.getMessage() and "line 6" in warning.getMessage()
+def test_tokens_per_step_from_what_the_workload_reports_when_the_spec_does_not_know() -> None:
+    # The reference loop reports tokens_per_s of its last step and that step's ms: 8192 tok/s x 62.5 ms = 512 tokens.
+    got = progress({"rank-0": beat(30, tokens_per_s=8192.0, step_ms=62.5)}, tokens=None)
+    assert got.tokens_per_s == pytest.approx(1024.0)
+    assert progress({"rank-0": beat(30, tokens_per_s="fast", step_ms=62.5)}, tokens=None).tokens_per_s is None
 
 
-def test_ledgers_are_read_incrementally(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    ledger = Ledger(tmp_path / "events.jsonl")
-    for step in range(1, 101):
-        ledger.append("train", "step", step=step, loss=1.0)
-    assert len(list(ledger.events())) == 100
-    parsed: list[int] = []
-    real = ledger_module._parse
-    monkeypatch.setattr(ledger_module, "_parse", lambda raw, *a: parsed.append(1) or real(raw, *a))
-    ledger.append("train", "finished", step=100)
-    with ledger.path.open("ab") as fh:
-        fh.write(b'{"stage": "train", "ev')  # a writer mid-line: not parsed yet, not warned about
-    assert [e["event"] for e in ledger.events()][-2:] == ["step", "finished"] and len(parsed) == 1
-    assert len(list(Ledger(ledger.path).events())) == 101 and len(parsed) == 1  # another reader shares the cache
-    ledger.path.unlink()  # a new file at the same path is read from its start
-    Ledger(ledger.path).append("report", "stage_start")
-    assert [e["event"] for e in ledger.events()] == ["stage_start"]
+def test_loss_is_rank_0s_and_never_text_from_the_heartbeat() -> None:
+    assert progress({"rank-1": beat(31, 1.0), "rank-0": beat(30, 2.0)}).loss == 2.0
+    assert progress({"rank-1": beat(31, 1.0), "rank-2": beat(29, 3.0)}).loss == 1.0  # no rank 0: the furthest rank
+    assert progress({"rank-0": beat(30, "nan\nINJECTED")}).loss is None
+    assert progress({"rank-0": beat(30, float("nan"))}).line().count("loss nan") == 1
 
 
-def test_the_rate_comes_from_the_spec_through_the_environment(tmp_path: Path) -> None:
-    env = {"TRAINYARD_DATA_DIR": str(tmp_path), "TRAINYARD_CHECKPOINT_DIR": str(tmp_path), "TRAINYARD_MAX_STEPS": "5"}
-    assert runtime.context(env).progress_every_s == 30.0
-    assert runtime.context({**env, "TRAINYARD_PROGRESS_EVERY_S": "0"}).progress_every_s == 0.0
-    for bad in ("-1", "nan", "soon"):
-        with pytest.raises(ValueError, match="TRAINYARD_PROGRESS_EVERY_S"):
-            runtime.context({**env, "TRAINYARD_PROGRESS_EVERY_S": bad})
+def test_a_malformed_step_is_ignored() -> None:
+    assert furthest({"rank-0": beat("12"), "rank-1": beat(True), "rank-2": beat(-3)}, 5.0) is None
+    assert furthest({"rank-0": beat(12, at=3.0), "rank-1": {"time": 1.0}}, 5.0) == Look(3.0, 12)
+
+
+def test_unknown_checkpoint_is_a_dash() -> None:
+    assert progress({}, checkpoint=None).line().endswith("last valid checkpoint -")
+    assert progress({}, checkpoint="none").line().endswith("last valid checkpoint none")
+
+
+@pytest.mark.parametrize(("seconds", "want"), [
+    (None, "-"), (float("inf"), "-"), (-1.0, "-"), (0.4, "0s"), (42.0, "42s"), (59.6, "1m00s"), (365.0, "6m05s"),
+    (3600.0, "1h00m"), (11220.0, "3h07m"), (187200.0, "2d04h"),
+])
+def test_duration(seconds: float | None, want: str) -> None:
+    assert duration(seconds) == want
+
+
+@pytest.mark.parametrize(("args", "want"), [
+    ({"seq-len": 64, "lr": 0.1}, 16 * 64), ({"seq_len": "32"}, 16 * 32), ({}, None), ({"seq-len": "long"}, None),
+    ({"seq-len": True}, None), ({"seq-len": 0}, None),
+])
+def test_tokens_per_step_from_the_spec(args: dict, want: int | None) -> None:
+    assert tokens_per_step(16, args) == want
+
+
+def write_beat(folder: Path, rank: int, step: int, at: float, loss: float = 2.0) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"rank-{rank}.json").write_text(json.dumps(beat(step, loss, at=at)))
+
+
+def commit(root: Path, step: int) -> Path:
+    ckpt = root / f"step_{step:06d}"
+    ckpt.mkdir(parents=True)
+    (ckpt / "manifest.json").write_text("{}")
+    return ckpt
+
+
+def test_progress_log_paces_lines_and_rates_from_the_first_beat(tmp_path: Path) -> None:
+    beats, ckpts = tmp_path / "heartbeat", tmp_path / "ckpt"
+    pace = ProgressLog(10.0, 1000.0, attempt=1, world_size=2, target=100, tokens_per_step=None, heartbeat_dir=beats,
+                       checkpoint_root=ckpts)
+    assert pace.poll(1001.0) is None  # nothing to see yet, and not due
+    write_beat(beats, 0, 5, at=1001.5)
+    assert pace.poll(1002.0) is None  # the first beat: the first line's starting point
+    write_beat(beats, 0, 21, at=1009.5)
+    assert pace.poll(1009.0) is None  # not due
+    first = pace.poll(1010.0)  # 16 steps between the beats at 1001.5 and 1009.5
+    assert first is not None and "step 21/100 (21%)" in first and " 2 steps/s" in first
+    assert first.endswith("last valid checkpoint -")  # no checkpoint folder in sight
+    promote(ckpts, commit(ckpts, 20))
+    write_beat(beats, 0, 41, at=1020.0)
+    assert pace.poll(1015.0) is None
+    second = pace.poll(1020.5)  # 20 steps in 10.5 s
+    assert second is not None and "step 41/100" in second and " 1.9 steps/s" in second and "ETA 31s" in second
+    assert second.endswith("last valid checkpoint step_000020")
+    # No step since: the speed measured last, not 0; a committed checkpoint the watcher has not judged yet.
+    commit(ckpts, 40)
+    third = pace.poll(1030.0)
+    assert third is not None and " 1.9 steps/s" in third
+    assert third.endswith("last valid checkpoint step_000020, newest saved step_000040 (not yet validated)")
+    # A poll long after (a slow save): one line, and the cadence continues from the schedule.
+    assert pace.poll(1055.0) is not None and pace.poll(1059.0) is None and pace.poll(1060.0) is not None
+
+
+def test_progress_log_says_none_when_no_checkpoint_is_valid_yet(tmp_path: Path) -> None:
+    (tmp_path / "ckpt").mkdir()
+    pace = ProgressLog(1.0, 0.0, attempt=3, world_size=1, target=10, tokens_per_step=None,
+                       heartbeat_dir=tmp_path / "absent", checkpoint_root=tmp_path / "ckpt")
+    assert pace.poll(1.0) == ("progress: attempt 3, world size 1, step -/10, loss -, - steps/s, - tokens/s, ETA -,"
+                              " last valid checkpoint none")

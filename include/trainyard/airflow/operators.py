@@ -48,14 +48,18 @@ def defers(nodes: NodesSpec) -> bool:
 def trigger_for(run: Run, watch: dict[str, Any]) -> KubernetesAttemptTrigger:
     """The trigger watching the attempt ``stages.start_training`` / ``continue_training`` launched."""
     from trainyard.airflow.triggers import KubernetesAttemptTrigger
+    from trainyard.recovery.progress import tokens_per_step
 
     k8s = run.spec.nodes.kubernetes
     assert k8s is not None
+    training = run.spec.training
     return KubernetesAttemptTrigger(
         namespace=watch["namespace"], job_name=watch["job_name"], nodes=watch["nodes"], poll_interval=k8s.poll_s,
         kubernetes_conn_id=k8s.connection, timeout_s=k8s.wake_every_s, heartbeat_dir=watch["heartbeat_dir"],
         heartbeat_timeout_s=run.spec.training.heartbeat_timeout_s, world_size=watch["world_size"],
-        started=watch["started"], podgroup=k8s.scheduler == "volcano",
+        started=watch["started"], podgroup=k8s.scheduler == "volcano", attempt=watch["attempt"],
+        target_step=watch["target_step"], tokens_per_step=tokens_per_step(training.global_batch, training.args),
+        progress_every_s=training.progress_every_s, checkpoint_dir=str(run.checkpoint_root),
     )
 
 

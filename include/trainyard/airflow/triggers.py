@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -30,12 +31,14 @@ from trainyard.launch.base import AttemptStatus
 from trainyard.launch.kubernetes import (
     PODGROUP_GROUP, PODGROUP_PLURAL, PODGROUP_VERSION, attempt_status, job_failure_reason, selector, status_to_dicts,
 )
+from trainyard.recovery.progress import ProgressLog
 from trainyard.recovery.supervisor import STARTUP_GRACE_S, detect
 
 CLASSPATH = "trainyard.airflow.triggers.KubernetesAttemptTrigger"
 _ARGUMENTS = ("namespace", "job_name", "nodes", "poll_interval", "kubernetes_conn_id", "config_file", "cluster_context",
               "in_cluster", "timeout_s", "max_api_errors", "heartbeat_dir", "heartbeat_timeout_s", "world_size",
-              "started", "startup_grace_s", "podgroup")
+              "started", "startup_grace_s", "podgroup", "attempt", "target_step", "tokens_per_step", "progress_every_s",
+              "checkpoint_dir")
 
 
 class KubernetesAttemptTrigger(BaseTrigger):
@@ -48,6 +51,9 @@ class KubernetesAttemptTrigger(BaseTrigger):
 
     Hangs are seen only where the triggerer can read the attempt's heartbeat
     folder (it mounts the hot tier); elsewhere the task checks them when it wakes.
+    There, too, it logs a progress line every ``progress_every_s``: the
+    triggerer writes a trigger's log lines beside the task's log file
+    (``<task log>.trigger.<triggerer id>.log``), and the UI shows them in the task's log.
 
     :param namespace: namespace of the Job.
     :param job_name: the Job (and label value ``trainyard.io/job`` of its pods).
@@ -65,6 +71,11 @@ class KubernetesAttemptTrigger(BaseTrigger):
     :param started: when the attempt was launched (epoch seconds), for the startup grace.
     :param startup_grace_s: how long a rank may take to beat for the first time.
     :param podgroup: the attempt has a Volcano PodGroup (deleted with the Job on a kill).
+    :param attempt: the attempt's number, for the progress lines.
+    :param target_step: the run's final step, for the progress lines.
+    :param tokens_per_step: tokens of one optimizer step where the spec knows them; None: from the heartbeats or unknown.
+    :param progress_every_s: seconds between progress lines; None: none logged.
+    :param checkpoint_dir: the pipeline's hot checkpoint root, for the last valid checkpoint; None: unknown.
     """
 
     def __init__(
@@ -85,6 +96,11 @@ class KubernetesAttemptTrigger(BaseTrigger):
         started: float = 0.0,
         startup_grace_s: float = STARTUP_GRACE_S,
         podgroup: bool = False,
+        attempt: int = 0,
+        target_step: int = 0,
+        tokens_per_step: int | None = None,
+        progress_every_s: float | None = None,
+        checkpoint_dir: str | None = None,
     ) -> None:
         super().__init__()
         self.namespace = namespace
@@ -103,6 +119,11 @@ class KubernetesAttemptTrigger(BaseTrigger):
         self.started = started
         self.startup_grace_s = startup_grace_s
         self.podgroup = podgroup
+        self.attempt = attempt
+        self.target_step = target_step
+        self.tokens_per_step = tokens_per_step
+        self.progress_every_s = progress_every_s
+        self.checkpoint_dir = checkpoint_dir
         self._blind = False  # warned once that the heartbeats are out of sight
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -165,6 +186,22 @@ class KubernetesAttemptTrigger(BaseTrigger):
                                           self.heartbeat_timeout_s, self.startup_grace_s)
         return (problem[1], problem[2]) if problem and problem[0] == "hang" else None
 
+    def progress_log(self) -> ProgressLog | None:
+        """Paces this trigger's progress lines, from now (each wake-up starts a new trigger)."""
+        if not self.progress_every_s or not self.heartbeat_dir:
+            return None
+        return ProgressLog(self.progress_every_s, time.time(), attempt=self.attempt, world_size=self.world_size,
+                           target=self.target_step, tokens_per_step=self.tokens_per_step,
+                           heartbeat_dir=Path(self.heartbeat_dir),
+                           checkpoint_root=Path(self.checkpoint_dir) if self.checkpoint_dir else None)
+
+    async def progress(self, pace: ProgressLog | None) -> None:
+        """Log a progress line if one is due; not while the heartbeats are out of sight (all would be unknown)."""
+        if pace is None or self._blind:
+            return
+        if line := await asyncio.to_thread(pace.poll, time.time()):  # file reads off the loop
+            self.log.info("%s", line)
+
     def _event(self, status: str, nodes: AttemptStatus | None, message: str, suspects: list[str] = ()) -> TriggerEvent:
         return TriggerEvent({
             "status": status, "namespace": self.namespace, "job_name": self.job_name,
@@ -176,6 +213,7 @@ class KubernetesAttemptTrigger(BaseTrigger):
         loop = asyncio.get_running_loop()
         deadline = None if self.timeout_s is None else loop.time() + self.timeout_s
         hook = self.hook()
+        pace = self.progress_log()
         errors, last = 0, None
         while True:
             try:
@@ -196,6 +234,7 @@ class KubernetesAttemptTrigger(BaseTrigger):
                 if hung := await self.hang(last):
                     yield self._event("hang", last, hung[1], hung[0])
                     return
+                await self.progress(pace)
             if errors >= self.max_api_errors:
                 yield self._event("error", None, message)
                 return

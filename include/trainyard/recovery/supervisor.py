@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainyard.errors import TrainingFailed
 from trainyard.launch.base import AttemptStatus, LaunchPlan, Launcher
@@ -26,6 +26,9 @@ from trainyard.ledger import Ledger
 from trainyard.recovery.classify import Classified, Failure, NodeFailure, classify
 from trainyard.recovery.policy import AttemptRecord, Fail, Rollback, ScaleDown, Situation, decide
 from trainyard.spec import RecoverySpec
+
+if TYPE_CHECKING:  # progress reads heartbeats with this module's reader
+    from trainyard.recovery.progress import ProgressLog
 
 log = logging.getLogger(__name__)
 TAIL_LINES = 50
@@ -143,9 +146,12 @@ def attempt_succeeded(plan: LaunchPlan, started: float, heartbeat_dir: Path, led
 
 def run_attempt(
     launcher: Launcher, plan: LaunchPlan, heartbeat_dir: Path, heartbeat_timeout_s: float, ledger: Ledger,
-    poll_s: float = 0.5, startup_grace_s: float = STARTUP_GRACE_S,
+    poll_s: float = 0.5, startup_grace_s: float = STARTUP_GRACE_S, progress: ProgressLog | None = None,
 ) -> AttemptResult:
-    """Launch ``plan`` and block until it succeeds; raise ``AttemptFailed`` when it does not."""
+    """Launch ``plan`` and block until it succeeds; raise ``AttemptFailed`` when it does not.
+
+    ``progress`` paces the progress lines this loop logs (the train task's log is all a person watching sees).
+    """
     started = time.time()
     handle = start_attempt(launcher, plan, ledger)
     try:
@@ -156,6 +162,8 @@ def run_attempt(
             problem = detect(status, heartbeat_dir, plan.world_size, started, heartbeat_timeout_s, startup_grace_s)
             if problem:
                 raise attempt_failed(plan, status, ledger, heartbeat_dir, *problem)
+            if progress is not None and (line := progress.poll(time.time())):
+                log.info("%s", line)
             time.sleep(poll_s)
     finally:
         launcher.cancel(handle)  # a no-op after success; ends every survivor after a failure
@@ -229,18 +237,21 @@ def supervise(
     rollback_to: Callable[[int], str],
     first_attempt: int = 1,
     poll_s: float = 0.5,
+    progress_for: Callable[[LaunchPlan], ProgressLog] | None = None,
 ) -> AttemptResult:
     """Attempts until success; ``TrainingFailed`` (with the kind) once the policy says fail.
 
     ``plan_for(attempt, course)`` builds each attempt's plan; ``situation``
     describes the world for the policy; ``rollback_to(step)`` prepares a
-    rollback and returns the checkpoint path to resume from.
+    rollback and returns the checkpoint path to resume from; ``progress_for(plan)``
+    paces each attempt's progress lines (None: none logged).
     """
     attempt = first_attempt
     while True:
         plan = plan_for(attempt, course)
         try:
-            return run_attempt(launcher, plan, Path(plan.env["TRAINYARD_HEARTBEAT_DIR"]), heartbeat_timeout_s, ledger, poll_s)
+            return run_attempt(launcher, plan, Path(plan.env["TRAINYARD_HEARTBEAT_DIR"]), heartbeat_timeout_s, ledger,
+                               poll_s, progress=progress_for(plan) if progress_for else None)
         except AttemptFailed as failed:
             course, delay = recover(launcher, failed, course, spares, situation, recovery, ledger, rollback_to)
             time.sleep(delay)

@@ -1,0 +1,133 @@
+"""Long runs stay cheap to look at: step figures at a bounded rate, ledgers read incrementally."""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+
+import pytest
+from long_run import CHECKPOINT_EVERY, STEPS, fake_clock, loss_at, write_long_run
+
+from trainyard import ledger as ledger_module
+from trainyard.ledger import Ledger
+from trainyard.quality.metrics import metric_problems
+from trainyard.recovery.figures import recovery_figures
+from trainyard.report.pages import run_page
+from trainyard.report.runs import overview, run_folders
+from trainyard.report.summary import run_identity, summarize
+from trainyard.spec import MetricExpectations
+from trainyard.train import progress, runtime
+
+
+@pytest.fixture(scope="module")
+def long_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_long_run(tmp_path_factory.mktemp("runs"))
+
+
+def test_a_million_step_run_keeps_its_ledger_small(long_run: Path) -> None:
+    ledger = Ledger.in_dir(long_run)
+    assert ledger.path.stat().st_size < 20 * 2**20
+    steps = list(ledger.events("train", "step"))
+    # One event per 30 s of training (0.1 s steps), one per checkpoint, the first step of each attempt.
+    bound = STEPS * 0.1 / 30 + STEPS / CHECKPOINT_EVERY + 10
+    assert len(steps) <= bound, f"{len(steps)} step events for {STEPS} steps"
+    assert all(e["steps"] == e["step"] - e["first_step"] + 1 for e in steps if "first_step" in e)
+
+
+def test_the_loss_at_every_checkpoint_is_exact_and_the_summary_counts_every_step(long_run: Path) -> None:
+    ledger = Ledger.in_dir(long_run)
+    history = dict(progress.loss_points(ledger.events("train", "step")))
+    saved = [e["step"] for e in ledger.events("train", "checkpoint_saved")]
+    assert len(saved) == STEPS // CHECKPOINT_EVERY
+    assert all(history[step] == loss_at(step) for step in saved)
+    summary = summarize(ledger)
+    assert summary["steps_trained"] == STEPS and summary["last_step"] == STEPS
+    assert summary["first_loss"] == loss_at(1) and summary["last_loss"] == loss_at(STEPS)
+    assert len(summary["loss_curve"]) <= progress.CURVE_POINTS + 2
+    html = run_page(summary, run_identity(long_run))
+    assert "node_lost" in html and len(html) < 2 * 2**20
+
+
+def test_recovery_figures_from_summarised_steps(long_run: Path) -> None:
+    figures = recovery_figures(Ledger.in_dir(long_run))
+    # Attempt 1 reached step 400,500 (its attempt_end, from the heartbeats); attempt 2 resumed from 400,000.
+    assert figures["lost_steps"] == 500
+    assert figures["productive_s"] == pytest.approx(STEPS * 0.1)
+
+
+def test_steps_are_written_at_the_configured_rate_with_their_figures(tmp_path: Path) -> None:
+    ctx = runtime.RunContext(data_dir=tmp_path, checkpoint_dir=tmp_path, max_steps=100, ledger=tmp_path / "e.jsonl",
+                             checkpoint_every=50, progress_every_s=10.0)
+    with fake_clock() as now:
+        for step in range(1, 101):
+            now[0] += 1.0
+            loss = 9.0 if step == 37 else float("nan") if step == 63 else 3.0 - step / 100
+            runtime.heartbeat(step, {"loss": loss, "step_ms": 1000.0 + step}, ctx=ctx)
+        runtime.finish(100, {"loss": 2.0}, ctx=ctx)
+    events = list(Ledger(ctx.ledger).events("train", "step"))
+    # First step; every 10 s; checkpoint 50 at once; the steps before the NaN, then the NaN alone; the last step.
+    assert [(e.get("first_step", e["step"]), e["step"]) for e in events] == [
+        (1, 1), (2, 11), (12, 21), (22, 31), (32, 41), (42, 50), (51, 60), (61, 62), (63, 63), (64, 73), (74, 83),
+        (84, 93), (94, 100)]
+    spike = events[4]
+    assert (spike["loss_max"], spike["loss_max_step"], spike["loss_min"]) == (9.0, 37, 3.0 - 41 / 100)
+    assert spike["step_ms_mean"] == pytest.approx(1000 + 36.5) and spike["steps"] == 10
+    assert math.isnan(events[8]["loss"]) and events[8]["step"] == 63
+    # The gate still sees the spike inside a summarised stretch and the divergence at its step.
+    history = progress.loss_points(events)
+    problems = metric_problems(history, 100, 2.0, MetricExpectations(max_spike_ratio=2.0, spike_window=5))
+    assert "loss was not finite at step(s) 63" in problems
+    assert any("step 37" in p for p in problems if "spiked" in p)
+
+
+def test_a_step_trained_again_replaces_the_earlier_figures() -> None:
+    digest = progress.ProgressDigest(5.0, clock=iter(range(1000)).__next__)
+    events = [e for step in range(1, 21) for e in digest.add(step, {"loss": float("nan") if step == 18 else 1.0})]
+    events += [e for step in range(11, 25) for e in digest.add(step, {"loss": 0.5})]
+    events += [e for e in [digest.flush()] if e is not None]
+    points = dict(progress.loss_points(events))
+    assert all(math.isfinite(v) for v in points.values())  # the rolled-back NaN at step 18 is gone
+    assert progress.steps_trained(events) == 24 and max(points) == 24
+
+
+def test_a_bad_line_is_skipped_with_one_warning_and_the_index_still_lists_the_run(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    folder = write_long_run(tmp_path / "runs", steps=3000)
+    ledger = Ledger.in_dir(folder)
+    lines = ledger.path.read_bytes().split(b"\n")
+    lines.insert(5, b'{"stage": "train", "event": "st\xff')  # a broken line in the middle
+    ledger.path.write_bytes(b"\n".join(lines))
+    with caplog.at_level(logging.WARNING, logger="trainyard.ledger"):
+        [row] = [overview(f) for f in run_folders(tmp_path / "runs")]
+        assert summarize(ledger)["steps_trained"] == 3000  # read again: no second warning
+    assert row["steps_trained"] == 3000 and row["state"] == "running"
+    [warning] = [r for r in caplog.records if r.name == "trainyard.ledger"]
+    assert str(ledger.path) in warning.getMessage() and "line 6" in warning.getMessage()
+
+
+def test_ledgers_are_read_incrementally(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ledger = Ledger(tmp_path / "events.jsonl")
+    for step in range(1, 101):
+        ledger.append("train", "step", step=step, loss=1.0)
+    assert len(list(ledger.events())) == 100
+    parsed: list[int] = []
+    real = ledger_module._parse
+    monkeypatch.setattr(ledger_module, "_parse", lambda raw, *a: parsed.append(1) or real(raw, *a))
+    ledger.append("train", "finished", step=100)
+    with ledger.path.open("ab") as fh:
+        fh.write(b'{"stage": "train", "ev')  # a writer mid-line: not parsed yet, not warned about
+    assert [e["event"] for e in ledger.events()][-2:] == ["step", "finished"] and len(parsed) == 1
+    assert len(list(Ledger(ledger.path).events())) == 101 and len(parsed) == 1  # another reader shares the cache
+    ledger.path.unlink()  # a new file at the same path is read from its start
+    Ledger(ledger.path).append("report", "stage_start")
+    assert [e["event"] for e in ledger.events()] == ["stage_start"]
+
+
+def test_the_rate_comes_from_the_spec_through_the_environment(tmp_path: Path) -> None:
+    env = {"TRAINYARD_DATA_DIR": str(tmp_path), "TRAINYARD_CHECKPOINT_DIR": str(tmp_path), "TRAINYARD_MAX_STEPS": "5"}
+    assert runtime.context(env).progress_every_s == 30.0
+    assert runtime.context({**env, "TRAINYARD_PROGRESS_EVERY_S": "0"}).progress_every_s == 0.0
+    for bad in ("-1", "nan", "soon"):
+        with pytest.raises(ValueError, match="TRAINYARD_PROGRESS_EVERY_S"):
+            runtime.context({**env, "TRAINYARD_PROGRESS_EVERY_S": bad})
