@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 from airflow_helpers import (
-    ROOT, STAGES, Service, airflow, airflow_env, api_healthy, free_port, reap_leftovers, service_settings,
+    ROOT, TASKS, Service, airflow, airflow_env, api_healthy, free_port, reap_leftovers, service_settings,
     start_service, stop_services, task_logs, task_states, wait_until,
 )
 from fake_k8s import FakeKube, Kubelet
@@ -99,7 +99,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[
 def dags_test(env: dict[str, str], dag_id: str) -> None:
     done = airflow(env, "dags", "test", "--use-executor", dag_id, DATE)
     states = {t: s for t, (s, _) in task_states(env, dag_id, DATE).items()}
-    assert states == dict.fromkeys(STAGES, "success"), (done.stdout[-3000:] + done.stderr[-3000:]
+    assert states == dict.fromkeys(TASKS, "success"), (done.stdout[-3000:] + done.stderr[-3000:]
                                                        + task_logs(env, dag_id))
 
 

@@ -153,3 +153,9 @@ def test_progress_log_says_none_when_no_checkpoint_is_valid_yet(tmp_path: Path) 
                        heartbeat_dir=tmp_path / "absent", checkpoint_root=tmp_path / "ckpt")
     assert pace.poll(1.0) == ("progress: attempt 3, world size 1, step -/10, loss -, - steps/s, - tokens/s, ETA -,"
                               " last valid checkpoint none")
+
+
+def test_a_rate_of_zero_gives_a_line_at_every_poll(tmp_path: Path) -> None:
+    log = ProgressLog(0.0, 100.0, attempt=1, world_size=1, target=10, tokens_per_step=None,
+                      heartbeat_dir=tmp_path, checkpoint_root=None)
+    assert [log.poll(t) is not None for t in (100.0, 100.5, 101.0)] == [True, True, True]

@@ -197,8 +197,8 @@ class ProgressLog:
         if now < self.next_at:
             self.before = look  # a starting point for the first line's rates
             return None
-        while self.next_at <= now:  # a late poll (a long save, a busy triggerer) skips lines, not the cadence
-            self.next_at += self.every_s
+        # A late poll (a long save, a busy triggerer) skips lines, not the cadence; every_s 0: a line per poll.
+        self.next_at = now if self.every_s <= 0 else self.next_at + self.every_s * ((now - self.next_at) // self.every_s + 1)
         valid, saved = self._checkpoints()
         progress = Progress.from_heartbeats(
             beats, attempt=self.attempt, world_size=self.world_size, target=self.target, now=now, before=self.before,
