@@ -248,10 +248,10 @@ def train(run: Run, nodes: list[str], launcher: Launcher | None = None, spares: 
     return _trained(run, nodes, start, target, result)
 
 
-def _progress(run: Run, plan: LaunchPlan, target: int) -> ProgressLog:
-    """The progress lines of one attempt in the task's log, every ``training.progress_every_s``."""
+def _progress(run: Run, plan: LaunchPlan, target: int, every_s: float | None = None) -> ProgressLog:
+    """The progress lines of one attempt in the task's log, every ``training.progress_every_s`` (or ``every_s``)."""
     training = run.spec.training
-    return ProgressLog(training.progress_every_s, time.time(), attempt=plan.attempt, world_size=plan.world_size,
+    return ProgressLog(training.progress_every_s if every_s is None else every_s, time.time(), attempt=plan.attempt, world_size=plan.world_size,
                        target=target, tokens_per_step=tokens_per_step(training.global_batch, training.args),
                        heartbeat_dir=Path(plan.env["TRAINYARD_HEARTBEAT_DIR"]), checkpoint_root=run.checkpoint_root)
 
@@ -324,7 +324,10 @@ def continue_training(run: Run, nodes: list[str], launcher: Any, spares: list[st
             raise TransientError(f"lost sight of attempt {plan.attempt}: {event['message']}")
         problem = _problem(run, status, plan, watch, event) if status is not None else None
         if problem == "running":
-            return {"watch": watch}  # a wake-up with nothing wrong: wait on
+            # A wake-up with nothing wrong: wait on. The task's own log gets a progress line per wake, since
+            # the triggerer starts a new log file for each trigger and the earlier lines leave the UI's view.
+            log.info("%s", _progress(run, plan, target, every_s=0).poll(time.time()))
+            return {"watch": watch}
         launcher.cancel(handle)
         if problem is None:
             result = attempt_succeeded(plan, watch["started"], beats, run.ledger)
