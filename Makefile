@@ -13,8 +13,10 @@ export AIRFLOW__API__HOST := 127.0.0.1
 export AIRFLOW__API__PORT := 8080
 export PATH := $(BIN):$(PATH)
 DEMO_DATE ?= 2026-11-28
+# `make airflow`'s PostgreSQL cluster (metadata DB); delete the folder to start from an empty DB.
+PGDATA_DIR := $(CURDIR)/.pgdata
 
-.PHONY: help venv airflow-db demo test test-unit airflow bench clean browser
+.PHONY: help venv airflow-db demo test test-unit airflow bench clean clean-pg browser postgres
 
 help:
 	@echo "make demo     - install, set up Airflow, run the demo pipeline on 2 local nodes"
@@ -51,15 +53,39 @@ browser: venv
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium > $(VENV)/apt.log 2>&1) \
 	  || (tail -5 $(VENV)/apt.log; echo "chromium not installed: tests/integration/test_ui_view.py will skip")
 
-test: venv browser
+# PostgreSQL (Debian's package) for Airflow's metadata DB in `make airflow` and the service tests
+# (tests/integration/test_backfill.py, test_ui_view.py). Needs root, as in CI. Where it cannot be
+# installed, those fall back to SQLite and say so.
+postgres: venv
+	$(BIN)/python -m trainyard.localpg check >/dev/null 2>&1 \
+	  || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql > $(VENV)/apt-postgresql.log 2>&1) \
+	  || (tail -5 $(VENV)/apt-postgresql.log; echo "postgresql not installed: make airflow and the service tests fall back to SQLite")
+
+test: venv browser postgres
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
 
 test-unit: venv
 	$(BIN)/python -m pytest -q tests/unit
 
-airflow: airflow-db
-	@echo "Airflow UI: http://127.0.0.1:8080  user: admin  password: see $(AIRFLOW_HOME)/simple_auth_manager_passwords.json.generated"
-	airflow standalone
+# Airflow on PostgreSQL in $(PGDATA_DIR) with the LocalExecutor, as the compose stack runs it
+# (without PostgreSQL: SQLite, and it says so). The server starts first and stops last. Airflow runs
+# in a process group of its own (set -m: a job, whose SIGINT is not ignored): Ctrl-C asks it to stop, and whatever of it is left after 60 s
+# is killed (a scheduler stopped twice, by Ctrl-C and by standalone, can wait forever on its workers).
+airflow: venv postgres
+	@mkdir -p $(AIRFLOW_HOME); \
+	if url=$$($(BIN)/python -m trainyard.localpg start $(PGDATA_DIR)); then \
+	  trap '$(BIN)/python -m trainyard.localpg stop $(PGDATA_DIR)' EXIT; \
+	  export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN="$$url" AIRFLOW__CORE__EXECUTOR=LocalExecutor; \
+	  echo "metadata DB: PostgreSQL in $(PGDATA_DIR) (an empty one: make clean-pg)"; \
+	else echo "PostgreSQL unavailable (see above): the metadata DB is SQLite in $(AIRFLOW_HOME)"; fi; \
+	airflow db migrate > $(AIRFLOW_HOME)/migrate.log 2>&1 || { tail -20 $(AIRFLOW_HOME)/migrate.log; exit 1; }; \
+	$(BIN)/python -m trainyard.airflow.settings airflow_settings.yaml || exit 1; \
+	echo "Airflow UI: http://127.0.0.1:8080  user: admin  password: see $(AIRFLOW_HOME)/simple_auth_manager_passwords.json.generated"; \
+	set -m; airflow standalone & af=$$!; set +m; \
+	trap 'kill -INT $$af 2>/dev/null' INT TERM HUP; \
+	wait $$af; \
+	for i in $$(seq 60); do kill -0 $$af 2>/dev/null || break; sleep 1; done; \
+	kill -KILL -- -$$af 2>/dev/null; true
 
 # Each bench prints one JSON line last; it becomes bench/results/<name>.json only if the bench succeeded.
 bench: venv
@@ -69,5 +95,10 @@ bench: venv
 	  tail -n 1 bench/results/$$name.log | $(BIN)/python -c 'import json,sys; json.loads(sys.stdin.read())'; \
 	  tail -n 1 bench/results/$$name.log > bench/results/$$name.json; rm bench/results/$$name.log bench/results/$$name.err; done
 
-clean:
+clean: clean-pg
 	rm -rf $(AIRFLOW_HOME) $(TRAINYARD_HOME)
+
+# An empty metadata DB for `make airflow` next time: stop its PostgreSQL, delete the cluster.
+clean-pg:
+	test ! -d $(PGDATA_DIR) || $(BIN)/python -m trainyard.localpg stop $(PGDATA_DIR)
+	rm -rf $(PGDATA_DIR)

@@ -1,4 +1,9 @@
-"""Run the real Airflow CLI against a throwaway metadata DB (shared by the integration tests)."""
+"""Run the real Airflow CLI against a throwaway metadata DB (shared by the integration tests).
+
+The DB is SQLite unless the env names another (``AIRFLOW__DATABASE__SQL_ALCHEMY_CONN``): the
+tests that run Airflow's services use PostgreSQL (conftest's ``metadata_db``), and every reader
+here goes through SQLAlchemy, so it works on both.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,6 @@ import os
 import secrets
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 import time
@@ -17,11 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import sqlalchemy as sa
+
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-# Imported by every Airflow process of a deployment (``sql_alchemy_connect_args``): sqlite's default
-# 5 s busy timeout is too short for a CLI write while the scheduler and DAG processor hold the
-# database on two loaded cores ("database is locked" from ``airflow backfill create``).
+# Only where PostgreSQL is unavailable (``sqlite_service_settings``). Imported by every Airflow process
+# of a deployment (``sql_alchemy_connect_args``): sqlite's default 5 s busy timeout is too short for a
+# CLI write while the scheduler and DAG processor hold the database on two loaded cores ("database is
+# locked" from ``airflow backfill create``).
 SQLITE_CONNECT_ARGS = {"timeout": 60}
 STAGES = ["stage_dataset", "check_dataset", "burn_in", "train", "check_checkpoint", "publish", "report"]
 TASKS = ["pin_spec", *STAGES]  # pin_spec pins the run's spec; it is no stage of the ledger
@@ -52,21 +59,15 @@ def airflow(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]
 
 def task_states(env: dict[str, str], dag_id: str, date: str) -> dict[str, tuple[str, int]]:
     """``task_id -> (state, try_number)`` of the run at logical ``date`` (``dags test`` exits 0 either way)."""
-    with sqlite3.connect(Path(env["AIRFLOW_HOME"]) / "airflow.db") as db:
-        rows = db.execute(
-            "SELECT ti.task_id, ti.state, ti.try_number FROM task_instance ti JOIN dag_run r"
-            " ON ti.dag_id = r.dag_id AND ti.run_id = r.run_id WHERE r.dag_id = ? AND r.logical_date LIKE ?",
-            (dag_id, f"{date}%"),
-        ).fetchall()
-    return {task: (state, tries) for task, state, tries in rows}
+    rows = query(env, "SELECT ti.task_id, ti.state, ti.try_number, r.logical_date FROM task_instance ti JOIN dag_run r"
+                      " ON ti.dag_id = r.dag_id AND ti.run_id = r.run_id WHERE r.dag_id = :dag_id", dag_id=dag_id)
+    return {task: (state, tries) for task, state, tries, logical_date in rows if day(logical_date) == date}
 
 
 def run_state(env: dict[str, str], dag_id: str, date: str) -> str | None:
     """The DAG run's own state at logical ``date``: what the grid, callbacks and backfills see."""
-    with sqlite3.connect(Path(env["AIRFLOW_HOME"]) / "airflow.db") as db:
-        rows = db.execute("SELECT state FROM dag_run WHERE dag_id = ? AND logical_date LIKE ?",
-                          (dag_id, f"{date}%")).fetchall()
-    return rows[0][0] if rows else None
+    rows = query(env, "SELECT state, logical_date FROM dag_run WHERE dag_id = :dag_id", dag_id=dag_id)
+    return next((state for state, logical_date in rows if day(logical_date) == date), None)
 
 
 def run_folder(env: dict[str, str], dag_id: str, date: str) -> Path | None:
@@ -94,11 +95,11 @@ def free_port() -> int:
 
 
 def service_settings(api_port: int) -> dict[str, str]:
-    """``AIRFLOW__*`` settings for a LocalExecutor deployment on 127.0.0.1 (pass them to ``airflow_env``).
+    """``AIRFLOW__*`` settings for a LocalExecutor deployment on 127.0.0.1 (pass them to ``airflow_env``,
+    with the metadata DB's settings: conftest's ``metadata_db``).
 
-    sqlite is allowed with the LocalExecutor in Airflow 3 (``airflow standalone`` runs that pair);
-    one task at a time keeps its writers few. Every listener is on 127.0.0.1, and the scheduler
-    starts with ``--skip-serve-logs`` (task logs are read from disk), so nothing else binds a port.
+    One task at a time keeps the two shared cores for it. Every listener is on 127.0.0.1, and the
+    scheduler starts with ``--skip-serve-logs`` (task logs are read from disk), so nothing else binds a port.
     """
     return {
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
@@ -109,11 +110,21 @@ def service_settings(api_port: int) -> dict[str, str]:
         "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{api_port}",
         "AIRFLOW__API__WORKERS": "1",
         "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": "airflow_helpers.SQLITE_CONNECT_ARGS",
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")])),
         # Parse each DAG file once at start, not every 30 s: two shared cores.
         "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600",
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "600",
+    }
+
+
+def sqlite_service_settings() -> dict[str, str]:
+    """The metadata DB settings of a deployment on SQLite (where PostgreSQL is unavailable).
+
+    SQLite is allowed with the LocalExecutor in Airflow 3 (``airflow standalone`` runs that pair),
+    given a long busy timeout (``SQLITE_CONNECT_ARGS``, imported by each process from this module).
+    """
+    return {
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": "airflow_helpers.SQLITE_CONNECT_ARGS",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")])),
     }
 
 
@@ -221,18 +232,37 @@ def api_healthy(env: dict[str, str]) -> bool:
         return False
 
 
-def query(env: dict[str, str], sql: str, *args: Any) -> list[tuple[Any, ...]]:
-    """Rows of ``sql`` from the env's metadata DB (sqlite; a reader never blocks the writers)."""
-    db = sqlite3.connect(Path(env["AIRFLOW_HOME"]) / "airflow.db", timeout=30)
+def metadata_url(env: dict[str, str]) -> str:
+    """The SQLAlchemy URL of the env's metadata DB: its own setting, else Airflow's default SQLite file."""
+    return env.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN") or f"sqlite:///{Path(env['AIRFLOW_HOME']) / 'airflow.db'}"
+
+
+def query(env: dict[str, str], sql: str, **params: Any) -> list[tuple[Any, ...]]:
+    """Rows of ``sql`` (``:name`` parameters) from the env's metadata DB, SQLite or PostgreSQL.
+
+    A connection per call, closed after: a poll must not hold a lock or a server slot between calls.
+    PostgreSQL sessions read timestamps in UTC, as Airflow's processes do, so ``day`` reads the same
+    date on both.
+    """
+    url = metadata_url(env)
+    connect_args: dict[str, Any] = {"timeout": 30} if url.startswith("sqlite") else {"options": "-c timezone=UTC"}
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool, connect_args=connect_args)
     try:
-        return db.execute(sql, args).fetchall()
+        with engine.connect() as conn:
+            return [tuple(row) for row in conn.execute(sa.text(sql), params)]
     finally:
-        db.close()
+        engine.dispose()
+
+
+def day(timestamp: Any) -> str:
+    """``YYYY-MM-DD`` of a timestamp column: a string from SQLite, a UTC datetime from PostgreSQL."""
+    return str(timestamp)[:10]
 
 
 def run_task_states(env: dict[str, str], dag_id: str, run_id: str) -> dict[str, str]:
     """``task_id -> state`` of one DAG run."""
-    rows = query(env, "SELECT task_id, state FROM task_instance WHERE dag_id = ? AND run_id = ?", dag_id, run_id)
+    rows = query(env, "SELECT task_id, state FROM task_instance WHERE dag_id = :dag_id AND run_id = :run_id",
+                 dag_id=dag_id, run_id=run_id)
     return dict(rows)
 
 

@@ -1,12 +1,16 @@
 """`airflow backfill create` over three nights of the nightly pipeline, under a running scheduler.
 
 Real Airflow 3 components (api-server for the Execution API, DAG processor,
-scheduler with the LocalExecutor) on a throwaway sqlite metadata DB, every
+scheduler with the LocalExecutor) on a throwaway PostgreSQL metadata DB (as in
+production; SQLite where PostgreSQL is unavailable, with a warning), every
 listener on 127.0.0.1. The DAG comes from a copy of
 ``dags/pipelines/nightly_pretrain.yaml`` cut down to a few seconds per run.
 The test asserts what continual pretraining promises: each night stages its
 own partition, resumes from the checkpoint the night before ended with, and
-the nights run one at a time, in date order, never sharing a file.
+the nights run one at a time, in date order, never sharing a file. The last
+night's partition is missing at first: that run fails (the DAG run, not only a
+task) with its report written, and once the data is there, a backfill with
+``--reprocess-behavior failed`` runs that night alone again, to success.
 """
 
 from __future__ import annotations
@@ -17,11 +21,12 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 from airflow_helpers import (
-    ROOT, STAGES, Service, airflow, airflow_env, api_healthy, free_port, log_tail, query, reap_leftovers,
+    ROOT, STAGES, Service, airflow, airflow_env, api_healthy, day, free_port, log_tail, query, reap_leftovers,
     run_task_states, service_settings, start_services, stop_services, task_logs, wait_until,
 )
 
@@ -32,7 +37,8 @@ pytestmark = pytest.mark.integration
 DAG_ID = "nightly_pretrain"
 MAX_STEPS = 4
 SHARDS = [2, 3, 4]  # a different shard count per night: each run's staged copy shows which partition it got
-DEADLINE_S = 360
+DEADLINE_S = 360  # the three nights
+RERUN_DEADLINE_S = 240  # the failed night again
 
 
 def nights() -> list[str]:
@@ -45,7 +51,7 @@ def nights() -> list[str]:
     now = dt.datetime.now(dt.timezone.utc)
     last = (now - dt.timedelta(hours=2)).date()
     next_trigger = dt.datetime.combine(last + dt.timedelta(days=1), dt.time(2), tzinfo=dt.timezone.utc)
-    if next_trigger - now < dt.timedelta(seconds=DEADLINE_S + 120):
+    if next_trigger - now < dt.timedelta(seconds=DEADLINE_S + RERUN_DEADLINE_S + 120):
         pytest.skip("02:00 UTC falls within the test: the scheduler would start that night's run beside the backfill")
     return [str(last - dt.timedelta(days=n)) for n in (2, 1, 0)]
 
@@ -63,8 +69,13 @@ def small_spec(first_night: str) -> str:
     return yaml.safe_dump(spec, sort_keys=False)
 
 
+def demo_data(env: dict[str, str], date: str, shards: int) -> None:
+    subprocess.run(["trainyard", "demo-data", "--date", date, "--shards", str(shards)], env=env, check=True,
+                   capture_output=True, timeout=120)
+
+
 @pytest.fixture
-def deployment(tmp_path: Path) -> Iterator[tuple[dict[str, str], list[Service], list[str]]]:
+def deployment(tmp_path: Path, metadata_db: dict[str, str]) -> Iterator[tuple[dict[str, str], list[Service], list[str]]]:
     dates = nights()
     dags = tmp_path / "dags"
     (dags / "pipelines").mkdir(parents=True)
@@ -72,10 +83,9 @@ def deployment(tmp_path: Path) -> Iterator[tuple[dict[str, str], list[Service], 
         shutil.copy(ROOT / "dags" / name, dags / name)
     (dags / "pipelines" / f"{DAG_ID}.yaml").write_text(small_spec(dates[0]))
 
-    env = airflow_env(tmp_path, dags, **service_settings(free_port()))
-    for date, shards in zip(dates, SHARDS):
-        subprocess.run(["trainyard", "demo-data", "--date", date, "--shards", str(shards)], env=env, check=True,
-                       capture_output=True, timeout=120)
+    env = airflow_env(tmp_path, dags, **service_settings(free_port()), **metadata_db)
+    for date, shards in list(zip(dates, SHARDS))[:-1]:  # the last night's partition comes late
+        demo_data(env, date, shards)
     services = start_services(env, tmp_path / "services")
     try:
         yield env, services, dates
@@ -87,13 +97,14 @@ def deployment(tmp_path: Path) -> Iterator[tuple[dict[str, str], list[Service], 
 
 def diagnostics(env: dict[str, str], services: list[Service]) -> str:
     parts = [f"===== {s.name} (exit {s.proc.poll()})\n{log_tail(s.log, 6000)}" for s in services]
-    runs = query(env, "SELECT run_id, state, run_type, start_date, end_date FROM dag_run ORDER BY logical_date")
+    runs = query(env, "SELECT run_id, state, run_type, backfill_id, start_date, end_date FROM dag_run"
+                      " ORDER BY logical_date")
     parts.append("===== dag runs\n" + "\n".join(map(str, runs)))
     parts.append(task_logs(env, DAG_ID))
     return "\n".join(parts)
 
 
-def test_backfill_runs_three_nights_in_order_each_resuming_the_last(deployment) -> None:
+def test_backfill_runs_nights_in_order_each_resuming_the_last_and_reruns_the_failed_one(deployment) -> None:
     env, services, dates = deployment
     try:
         check_backfill(env, services, dates)
@@ -102,39 +113,90 @@ def test_backfill_runs_three_nights_in_order_each_resuming_the_last(deployment) 
         raise
 
 
+def backfill(env: dict[str, str], dates: list[str], *extra: str) -> int:
+    """Create a backfill of ``dates``, one night at a time; its id.
+
+    The DAG's max_active_runs does not bound a backfill (Airflow counts backfill runs apart and
+    defaults a backfill to 10 at once): one night at a time must be asked for. --to-date is an
+    instant, and a bare date means its 00:00, before that night's 02:00 run; hence the time.
+    """
+    created = airflow(env, "backfill", "create", "--dag-id", DAG_ID, "--from-date", dates[0],
+                      "--to-date", f"{dates[-1]}T02:00:00+00:00", "--max-active-runs", "1", *extra)
+    assert created.returncode == 0, created.stdout[-3000:] + created.stderr[-3000:]
+    [(backfill_id, max_active)] = query(env, "SELECT id, max_active_runs FROM backfill WHERE dag_id = :dag_id"
+                                             " ORDER BY id DESC LIMIT 1", dag_id=DAG_ID)
+    assert max_active == 1
+    return backfill_id
+
+
+def backfill_runs(env: dict[str, str], backfill_id: int) -> list[tuple[Any, ...]]:
+    """``(run_id, state, logical_date, start_date, end_date)`` of the backfill's runs, by logical date."""
+    return query(env, "SELECT run_id, state, logical_date, start_date, end_date FROM dag_run"
+                      " WHERE dag_id = :dag_id AND backfill_id = :backfill_id ORDER BY logical_date",
+                 dag_id=DAG_ID, backfill_id=backfill_id)
+
+
+def assert_succeeded(env: dict[str, str], run_id: str) -> None:
+    """Every task of the run succeeded, the pipeline's stages among them (other tasks may come and go)."""
+    states = run_task_states(env, DAG_ID, run_id)
+    assert set(STAGES) <= set(states) and set(states.values()) == {"success"}, (run_id, states)
+
+
 def check_backfill(env: dict[str, str], services: list[Service], dates: list[str]) -> None:
     wait_until(lambda: api_healthy(env), 120, "the api-server's /execution/health", services=services)
-    wait_until(lambda: query(env, "SELECT 1 FROM serialized_dag WHERE dag_id = ?", DAG_ID), 180,
+    wait_until(lambda: query(env, "SELECT 1 FROM serialized_dag WHERE dag_id = :dag_id", dag_id=DAG_ID), 180,
                f"the DAG processor to serialize {DAG_ID}", services=services)
 
-    # The DAG's max_active_runs does not bound a backfill (Airflow counts backfill runs apart and
-    # defaults a backfill to 10 at once): one night at a time must be asked for. --to-date is an
-    # instant, and a bare date means its 00:00, before that night's 02:00 run; hence the time.
-    created = airflow(env, "backfill", "create", "--dag-id", DAG_ID, "--from-date", dates[0],
-                      "--to-date", f"{dates[-1]}T02:00:00+00:00", "--max-active-runs", "1")
-    assert created.returncode == 0, created.stdout[-3000:] + created.stderr[-3000:]
-    [(backfill_id, max_active)] = query(env, "SELECT id, max_active_runs FROM backfill WHERE dag_id = ?", DAG_ID)
-    assert max_active == 1
+    first = backfill(env, dates)
     # New DAGs start paused, and the runs of a paused DAG stay queued, backfill runs included.
     unpaused = airflow(env, "dags", "unpause", DAG_ID)
     assert unpaused.returncode == 0, unpaused.stdout[-3000:] + unpaused.stderr[-3000:]
 
-    def finished() -> list[tuple[str, ...]] | None:
-        rows = query(env, "SELECT run_id, state, logical_date, start_date, end_date FROM dag_run"
-                          " WHERE dag_id = ? AND backfill_id = ? ORDER BY logical_date", DAG_ID, backfill_id)
+    def finished() -> list[tuple[Any, ...]] | None:
+        rows = backfill_runs(env, first)
         done = len(rows) == len(dates) and all(r[1] in ("success", "failed") for r in rows)
-        failed = any(r[1] == "failed" for r in rows)
-        return rows if done or failed else None
+        failed_early = any(r[1] == "failed" and day(r[2]) != dates[-1] for r in rows)  # only the last lacks data
+        return rows if done or failed_early else None
 
     runs = wait_until(finished, DEADLINE_S, "three backfill runs to finish", every_s=2, services=services)
-    assert [r[1] for r in runs] == ["success"] * len(dates), runs
-    assert [r[2][:10] for r in runs] == dates  # one run per night, logical dates D1 < D2 < D3
-    for run_id, *_ in runs:
-        assert run_task_states(env, DAG_ID, run_id) == dict.fromkeys(STAGES, "success"), run_id
+    assert [day(r[2]) for r in runs] == dates  # one run per night, logical dates D1 < D2 < D3
+    # What Airflow shows is true: a night whose stage failed is a failed DAG run, with its report written.
+    assert [r[1] for r in runs] == ["success", "success", "failed"], runs
+    for run_id, *_ in runs[:-1]:
+        assert_succeeded(env, run_id)
+    missing = run_task_states(env, DAG_ID, runs[-1][0])
+    assert missing["stage_dataset"] == "failed" and missing["report"] == "success", missing
+    assert all(missing[t] != "success" for t in STAGES[1:-1]), missing  # nothing ran on data that is not there
     # One at a time, in date order: each night starts after the night before ended.
     for before, after in zip(runs, runs[1:]):
         assert before[4] <= after[3], f"{after[0]} started before {before[0]} ended"
-    assert query(env, "SELECT COUNT(*) FROM dag_run WHERE dag_id = ?", DAG_ID) == [(len(dates),)]  # no scheduled run
+
+    # The partition arrives; the same range again, reprocessing failed runs only: the last night alone.
+    wait_until(lambda: query(env, "SELECT 1 FROM backfill WHERE id = :id AND completed_at IS NOT NULL", id=first),
+               120, f"backfill {first} to be marked complete", services=services)
+    demo_data(env, dates[-1], SHARDS[-1])
+    second = backfill(env, dates, "--reprocess-behavior", "failed")
+    created = query(env, "SELECT logical_date, dag_run_id, exception_reason FROM backfill_dag_run"
+                         " WHERE backfill_id = :id ORDER BY logical_date", id=second)
+    assert [(day(d), run is not None) for d, run, _ in created] == [(d, d == dates[-1]) for d in dates], created
+    assert [reason for *_, reason in created[:-1]] == ["already exists"] * 2, created
+
+    def rerun_finished() -> list[tuple[Any, ...]] | None:
+        rows = backfill_runs(env, second)
+        return rows if rows and rows[0][1] in ("success", "failed") else None
+
+    [rerun] = wait_until(rerun_finished, RERUN_DEADLINE_S, "the failed night's run again", every_s=2,
+                         services=services)
+    assert rerun[0] == runs[-1][0] and rerun[1] == "success", rerun  # the same run, cleared and run again
+    assert_succeeded(env, rerun[0])
+    tries = dict(query(env, "SELECT run_id, MAX(try_number) FROM task_instance WHERE dag_id = :dag_id"
+                            " AND task_id = 'stage_dataset' GROUP BY run_id", dag_id=DAG_ID))
+    assert [tries[r[0]] for r in runs] == [1, 1, 2], tries
+    unchanged = backfill_runs(env, first)
+    assert unchanged == runs[:-1], "the nights that had succeeded ran again"
+    assert runs[-2][4] <= rerun[3]
+    # No scheduled run beside the backfills.
+    assert query(env, "SELECT COUNT(*) FROM dag_run WHERE dag_id = :dag_id", dag_id=DAG_ID) == [(len(dates),)]
 
     check_runs(Path(env["TRAINYARD_HOME"]), [r[0] for r in runs], dates)
 
@@ -151,7 +213,12 @@ def check_runs(home: Path, run_ids: list[str], dates: list[str]) -> None:
         ledger = Ledger.in_dir(folder)
         assert json.loads((folder / "spec.json").read_text())["ds"] == date
         ends = {e["stage"]: e["result"] for e in ledger.events(event="stage_end")}
-        assert set(ends) == set(STAGES), f"{run_id}: stages that ended: {sorted(ends)}"
+        assert set(STAGES) <= set(ends), f"{run_id}: stages that ended: {sorted(ends)}"
+        # The last night failed once, for want of its partition, and was reported both times.
+        rerun = date == dates[-1]
+        failed = [(e["stage"], e["error"]) for e in ledger.events(event="stage_failed")]
+        assert failed == ([("stage_dataset", "DataError")] if rerun else []), (run_id, failed)
+        assert len(list(ledger.events("report", "stage_end"))) == (2 if rerun else 1), run_id
 
         # That night's partition, staged to a folder of its own.
         staged = ends["stage_dataset"]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from airflow_helpers import ROOT, TASKS, airflow, airflow_env, query, run_folder, run_state, task_states
+from airflow_helpers import ROOT, TASKS, airflow, airflow_env, day, query, run_folder, run_state, task_states
 
 from trainyard.ledger import Ledger
 from trainyard.report.pages import run_url
@@ -103,7 +103,8 @@ def the_one_mail(env: dict[str, str], smtp_server, dag_id: str, date: str, out: 
     [mail] = smtp_server.mails
     assert mail["to"] == RECIPIENTS and mail["from"] == "trainyard@example.com"  # the connection's from_email
     assert smtp_server.logins == ["trainyard"]  # logged in with the connection's credentials
-    [(run_id,)] = query(env, "SELECT run_id FROM dag_run WHERE dag_id = ? AND logical_date LIKE ?", dag_id, f"{date}%")
+    [run_id] = [r for r, logical in query(env, "SELECT run_id, logical_date FROM dag_run WHERE dag_id = :dag_id",
+                                          dag_id=dag_id) if day(logical) == date]
     body = smtp_server.text(mail)
     assert f"Run page: {run_url(BASE_URL, dag_id, run_id)}" in body
     return mail["message"]["Subject"], body

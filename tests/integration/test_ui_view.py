@@ -2,7 +2,9 @@
 
 The ledger comes from the real stages on a tiny spec (a throttled burn-in
 node, a corrupted checkpoint, a killed training node), produced while the API
-server starts on a throwaway metadata DB with the project's plugins folder.
+server starts with the project's plugins folder on a throwaway PostgreSQL
+metadata DB with the LocalExecutor, as in production (SQLite where PostgreSQL
+is unavailable, with a warning).
 """
 
 from __future__ import annotations
@@ -79,10 +81,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_api_server(home: Path) -> tuple[subprocess.Popen[bytes], int]:
+def start_api_server(home: Path, metadata_db: dict[str, str]) -> tuple[subprocess.Popen[bytes], int]:
     port = free_port()
     env = airflow_env(
         home,
+        **metadata_db,
+        AIRFLOW__CORE__EXECUTOR="LocalExecutor",
         AIRFLOW__CORE__PLUGINS_FOLDER=str(ROOT / "plugins"),
         AIRFLOW__CORE__LAZY_LOAD_PLUGINS="False",  # an import error shows at start, not at first request
         AIRFLOW__CORE__AUTH_MANAGER="airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
@@ -186,12 +190,12 @@ def raw_get(port: int, path: str) -> tuple[int, str]:
         conn.close()
 
 
-def test_the_run_page_shows_the_runs_ledger_in_a_browser(tmp_path: Path) -> None:
+def test_the_run_page_shows_the_runs_ledger_in_a_browser(tmp_path: Path, metadata_db: dict[str, str]) -> None:
     browser = chromium()
     starting: list[Future[tuple[subprocess.Popen[bytes], int]]] = []
     with ThreadPoolExecutor(1) as pool:
         try:  # the metadata DB migrates and the API server starts while the nodes train
-            produce_run(tmp_path, lambda: starting.append(pool.submit(start_api_server, tmp_path)))
+            produce_run(tmp_path, lambda: starting.append(pool.submit(start_api_server, tmp_path, metadata_db)))
         except BaseException:
             for future in starting:
                 if future.exception() is None:
