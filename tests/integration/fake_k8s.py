@@ -88,6 +88,18 @@ def _status(code: int, reason: str, message: str) -> dict[str, Any]:
             "reason": reason, "code": code}
 
 
+def airflow_connection(server: FakeKube, folder: Path, namespace: str) -> str:
+    """An ``AIRFLOW_CONN_*`` value (type kubernetes) reaching ``server`` through a kubeconfig written in ``folder``."""
+    config = folder / "kubeconfig"
+    config.write_text(json.dumps({  # JSON is YAML: kubeconfig loaders read it as is
+        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+        "clusters": [{"name": "fake", "cluster": {"server": server.url}}],
+        "users": [{"name": "fake", "user": {"token": "t"}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": namespace}}],
+    }))
+    return json.dumps({"conn_type": "kubernetes", "extra": {"kube_config_path": str(config), "namespace": namespace}})
+
+
 class FakeKube:
     """In-memory API server; ``url`` is where a client points its ``host``."""
 

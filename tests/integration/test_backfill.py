@@ -10,7 +10,10 @@ own partition, resumes from the checkpoint the night before ended with, and
 the nights run one at a time, in date order, never sharing a file. The last
 night's partition is missing at first: that run fails (the DAG run, not only a
 task) with its report written, and once the data is there, a backfill with
-``--reprocess-behavior failed`` runs that night alone again, to success.
+``--reprocess-behavior failed`` runs that night alone again, to success. Its
+train task's log file (what the UI shows) has progress lines and its "Training
+run" link; then a run triggered through the REST API with ``logical_date: null``
+takes the day of its run_after for ``{{ ds }}``.
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ import datetime as dt
 import json
 import shutil
 import subprocess
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 import yaml
@@ -32,6 +37,7 @@ from airflow_helpers import (
 
 from trainyard.checkpoint.format import read_manifest, step_dir, verify
 from trainyard.ledger import Ledger, run_dir
+from trainyard.report.pages import run_url
 
 pytestmark = pytest.mark.integration
 DAG_ID = "nightly_pretrain"
@@ -66,6 +72,7 @@ def small_spec(first_night: str) -> str:
     spec["pressure_test"] = {"enabled": False}
     spec["training"].update(max_steps=MAX_STEPS, checkpoint_every=MAX_STEPS, global_batch=4, micro_batch=4)
     spec["recovery"]["backoff_s"] = 1
+    spec["training"]["progress_every_s"] = 0.5  # progress lines in the train task's log file, even in a short run
     return yaml.safe_dump(spec, sort_keys=False)
 
 
@@ -83,7 +90,9 @@ def deployment(tmp_path: Path, metadata_db: dict[str, str]) -> Iterator[tuple[di
         shutil.copy(ROOT / "dags" / name, dags / name)
     (dags / "pipelines" / f"{DAG_ID}.yaml").write_text(small_spec(dates[0]))
 
-    env = airflow_env(tmp_path, dags, **service_settings(free_port()), **metadata_db)
+    # Every caller is admin: the REST API answers without a login (every listener is on 127.0.0.1).
+    env = airflow_env(tmp_path, dags, **service_settings(free_port()), **metadata_db,
+                      AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS="True")
     for date, shards in list(zip(dates, SHARDS))[:-1]:  # the last night's partition comes late
         demo_data(env, date, shards)
     services = start_services(env, tmp_path / "services")
@@ -199,6 +208,52 @@ def check_backfill(env: dict[str, str], services: list[Service], dates: list[str
     assert query(env, "SELECT COUNT(*) FROM dag_run WHERE dag_id = :dag_id", dag_id=DAG_ID) == [(len(dates),)]
 
     check_runs(Path(env["TRAINYARD_HOME"]), [r[0] for r in runs], dates)
+    check_train_log(env, rerun[0])
+    check_run_without_a_logical_date(env, services, previous_final=len(dates) * MAX_STEPS)
+
+
+def check_train_log(env: dict[str, str], run_id: str) -> None:
+    """The train task's log file (what the UI shows) has progress lines, and the task links its run page."""
+    folder = Path(env["AIRFLOW_HOME"]) / "logs" / f"dag_id={DAG_ID}" / f"run_id={run_id}" / "task_id=train"
+    logs = sorted(folder.glob("attempt=*.log"))
+    assert logs, f"no train task log under {folder}"
+    lines = [json.loads(line).get("event", "") for log in logs for line in log.read_text().splitlines()
+             if line.startswith("{")]
+    progress = [line for line in lines if line.startswith("progress: attempt 1, world size 1, step ")]
+    assert progress and all(f"/{len(SHARDS) * MAX_STEPS}" in line for line in progress), lines[-40:]
+    links = api(env, "GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{quote(run_id, safe='')}/taskInstances/train/links")
+    assert links == {"Training run": run_url(env["AIRFLOW__API__BASE_URL"], DAG_ID, run_id)}, links
+
+
+def check_run_without_a_logical_date(env: dict[str, str], services: list[Service], previous_final: int) -> None:
+    """A REST trigger with ``logical_date: null``: ``{{ ds }}`` is the UTC day of the run's run_after."""
+    today = dt.datetime.now(dt.timezone.utc).date()
+    for day_ in (today, today + dt.timedelta(days=1)):  # run_after may fall past midnight
+        demo_data(env, str(day_), SHARDS[0])
+    created = api(env, "POST", f"/api/v2/dags/{DAG_ID}/dagRuns", {"logical_date": None})
+    assert created["logical_date"] is None, created
+    run_id, ds = created["dag_run_id"], created["run_after"][:10]
+
+    def finished() -> list[tuple[Any, ...]] | None:
+        rows = query(env, "SELECT state FROM dag_run WHERE dag_id = :dag_id AND run_id = :run_id", dag_id=DAG_ID,
+                     run_id=run_id)
+        return rows if rows and rows[0][0] in ("success", "failed") else None
+
+    [(state,)] = wait_until(finished, DEADLINE_S, "the REST-triggered run", every_s=2, services=services)
+    assert state == "success", run_task_states(env, DAG_ID, run_id)
+    folder = run_dir(Path(env["TRAINYARD_HOME"]) / "runs", DAG_ID, run_id)
+    assert json.loads((folder / "spec.json").read_text())["ds"] == ds
+    ends = {e["stage"]: e["result"] for e in Ledger.in_dir(folder).events(event="stage_end")}
+    assert ends["stage_dataset"]["hot_dir"].endswith(f"/hot/tokens/{ds}")
+    assert ends["train"]["last_step"] == previous_final + MAX_STEPS
+
+
+def api(env: dict[str, str], method: str, path: str, body: Any = None) -> Any:
+    request = urllib.request.Request(f"{env['AIRFLOW__API__BASE_URL']}{path}", method=method,
+                                     data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
 
 
 def check_runs(home: Path, run_ids: list[str], dates: list[str]) -> None:

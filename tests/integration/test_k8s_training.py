@@ -22,10 +22,9 @@ from typing import Any
 
 import psutil
 import pytest
-import yaml
 
 from airflow_helpers import ROOT, TASKS, airflow, airflow_env, task_states, wait_until
-from fake_k8s import FakeKube, Kubelet
+from fake_k8s import FakeKube, Kubelet, airflow_connection
 from trainyard import stages
 from trainyard.airflow.operators import defers, launcher_for, trigger_for
 from trainyard.checkpoint.format import read_manifest
@@ -65,15 +64,7 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     server = FakeKube().start()
     for name in NODES:
         server.add_node(name)
-    config = tmp_path / "kubeconfig"
-    config.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-        "clusters": [{"name": "fake", "cluster": {"server": server.url}}],
-        "users": [{"name": "fake", "user": {"token": "t"}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": NS}}],
-    }))
-    monkeypatch.setenv("AIRFLOW_CONN_FAKE_CLUSTER", json.dumps(
-        {"conn_type": "kubernetes", "extra": {"kube_config_path": str(config), "namespace": NS}}))
+    monkeypatch.setenv("AIRFLOW_CONN_FAKE_CLUSTER", airflow_connection(server, tmp_path, NS))
     yield server
     server.stop()
 

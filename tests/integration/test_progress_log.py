@@ -1,4 +1,7 @@
-"""Progress lines in the ``train`` task's log file, on both backends, through real Airflow components.
+"""Progress lines of a deferred (Kubernetes) ``train`` task in its log files, through real Airflow components.
+
+The local backend's lines are checked in the train task's log file of a run under the scheduler
+(test_backfill.py); the line itself is table-tested in tests/unit/test_progress.py.
 
 ``airflow dags test`` alone runs every task (and a deferred task's trigger)
 inside its own process and writes no task log file: the lines go to its
@@ -8,8 +11,7 @@ executor (the LocalExecutor here), whose supervised task process writes
 Execution API of an api-server; a deferred task's trigger then runs in a
 triggerer, which writes the trigger's lines beside it, to
 ``attempt=N.log.trigger.<triggerer job id>.log`` (the UI reads both as the
-task's log). One deployment (api-server and triggerer, on 127.0.0.1) serves
-both cases.
+task's log). The deployment: an api-server and a triggerer, on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -22,12 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from airflow_helpers import (
     ROOT, TASKS, Service, airflow, airflow_env, api_healthy, free_port, reap_leftovers, service_settings,
     start_service, stop_services, task_logs, task_states, wait_until,
 )
-from fake_k8s import FakeKube, Kubelet
+from fake_k8s import FakeKube, Kubelet, airflow_connection
 
 from trainyard.shards import write_synthetic_corpus
 
@@ -55,32 +56,23 @@ training:
   progress_every_s: 0.5
 checkpoint: {{hot: "file://{root}/{name}-ckpt", cold: "file://{root}/{name}-coldckpt"}}
 """
-LOCAL = "{count: 1, min: 1, backend: local}"
 K8S = ("{count: 2, min: 1, backend: kubernetes, kubernetes: {image: 'trainer:1', namespace: ml, connection: fake_cluster,"
        " poll_s: 0.2}}")
 
 
-@pytest.fixture(scope="module")
-def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, str], FakeKube, Path]]:
-    root = tmp_path_factory.mktemp("progress")
+@pytest.fixture
+def deployment(tmp_path: Path, metadata_db: dict[str, str]) -> Iterator[tuple[dict[str, str], FakeKube, Path]]:
+    root = tmp_path
     fake = FakeKube().start()
     for name in NODES:
         fake.add_node(name)
-    config = root / "kubeconfig"
-    config.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-        "clusters": [{"name": "fake", "cluster": {"server": fake.url}}],
-        "users": [{"name": "fake", "user": {"token": "t"}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": NS}}],
-    }))
     dags = root / "dags"
     (dags / "pipelines").mkdir(parents=True)
     shutil.copy(ROOT / "dags" / "pipelines.py", dags)
     write_synthetic_corpus(root / "cold", shards=2, tokens_per_shard=16_384)
-    for name, nodes in (("local_progress", LOCAL), ("k8s_progress", K8S)):
-        (dags / "pipelines" / f"{name}.yaml").write_text(SPEC.format(root=root, nodes=nodes, steps=MAX_STEPS, name=name))
-    conn = json.dumps({"conn_type": "kubernetes", "extra": {"kube_config_path": str(config), "namespace": NS}})
-    env = airflow_env(root / "home", dags, AIRFLOW_CONN_FAKE_CLUSTER=conn, **service_settings(free_port()))
+    (dags / "pipelines" / "k8s_progress.yaml").write_text(SPEC.format(root=root, nodes=K8S, steps=MAX_STEPS,
+                                                                      name="k8s_progress"))
+    env = airflow_env(root / "home", dags, AIRFLOW_CONN_FAKE_CLUSTER=airflow_connection(fake, root, NS), **service_settings(free_port()), **metadata_db)
     port = env["AIRFLOW__API__PORT"]
     services: list[Service] = [
         start_service(env, "api-server", ["airflow", "api-server", "--apps", "execution", "-H", "127.0.0.1",
@@ -131,15 +123,6 @@ def assert_progress(lines: list[re.Match[str]], world_size: int) -> None:
 
 def checkpoints(lines: list[re.Match[str]], field: str) -> set[str]:
     return {m[field] for m in lines if m[field] and re.fullmatch(r"step_\d{6}", m[field])}
-
-
-def test_the_local_train_task_logs_progress_lines(deployment: tuple[dict[str, str], FakeKube, Path]) -> None:
-    env, _, _ = deployment
-    dags_test(env, "local_progress")
-    lines = progress_lines(train_log(env, "local_progress", "attempt=1.log"))
-    assert_progress(lines, world_size=1)
-    # The supervisor's watcher validates each checkpoint as it lands: the lines name valid ones.
-    assert checkpoints(lines, "ckpt") & {"step_000020", "step_000040"}, [m.string for m in lines]
 
 
 def test_the_deferred_kubernetes_train_task_logs_progress_from_the_triggerer(
