@@ -62,7 +62,7 @@ postgres: venv
 	  || (tail -5 $(VENV)/apt-postgresql.log; echo "postgresql not installed: make airflow and the service tests fall back to SQLite")
 
 test: venv browser postgres
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=15 tests
 
 test-unit: venv
 	$(BIN)/python -m pytest -q tests/unit

@@ -145,11 +145,12 @@ def start_service(env: dict[str, str], name: str, argv: list[str], log_dir: Path
     return Service(name, proc, log)
 
 
-def start_services(env: dict[str, str], log_dir: Path) -> list[Service]:
-    """api-server (Execution API only), DAG processor and scheduler, on the env's settings."""
+def start_services(env: dict[str, str], log_dir: Path, apps: str = "execution") -> list[Service]:
+    """api-server (``apps``: the Execution API only, or ``core,execution`` for the REST API too), DAG
+    processor and scheduler, on the env's settings."""
     port = env["AIRFLOW__API__PORT"]
     return [
-        start_service(env, "api-server", ["airflow", "api-server", "--apps", "execution", "-H", "127.0.0.1",
+        start_service(env, "api-server", ["airflow", "api-server", "--apps", apps, "-H", "127.0.0.1",
                                           "-p", port, "-w", "1"], log_dir),
         start_service(env, "dag-processor", ["airflow", "dag-processor"], log_dir),
         start_service(env, "scheduler", ["airflow", "scheduler", "--skip-serve-logs"], log_dir),

@@ -23,7 +23,7 @@ from typing import Any
 import psutil
 import pytest
 
-from airflow_helpers import ROOT, TASKS, airflow, airflow_env, task_states, wait_until
+from airflow_helpers import ROOT, TASKS, airflow, airflow_env, run_state, task_states, wait_until
 from fake_k8s import FakeKube, Kubelet, airflow_connection
 from trainyard import stages
 from trainyard.airflow.operators import defers, launcher_for, trigger_for
@@ -177,6 +177,7 @@ def test_the_train_task_defers_in_a_real_airflow_run(fake: FakeKube, tmp_path: P
     Path("/tmp/k8s_dags_test.log").write_text(done.stdout + done.stderr)
     out = done.stdout[-4000:] + done.stderr[-4000:]
     assert {t: s for t, (s, _) in task_states(env, "k8s_train", "2026-11-28").items()} == dict.fromkeys(TASKS, "success"), out
+    assert run_state(env, "k8s_train", "2026-11-28") == "success"
     [run_dir] = (tmp_path / "runs" / "k8s_train").iterdir()
     ledger = Ledger.in_dir(run_dir)
     # Only the resumed half of the task writes attempt_event: the operator did defer and come back.
@@ -184,6 +185,7 @@ def test_the_train_task_defers_in_a_real_airflow_run(fake: FakeKube, tmp_path: P
     assert [e["attempt"] for e in ledger.events("train", "attempt_start")] == [1]
     assert fake.items("apis/batch/v1", "jobs", NS) == []
     # The trigger ran inline, in this process: its progress lines went to dags test's own output (there is
-    # no task log file without an executor; test_progress_log.py reads them from a triggerer's file).
+    # no task log file without an executor; under a triggerer they go to the task log's
+    # ``attempt=N.log.trigger.<id>.log`` beside it, and the task logs a line itself at each wake).
     steps = [int(s) for s in re.findall(r"progress: attempt 1, world size 2, step (\d+)/20 ", done.stdout + done.stderr)]
     assert steps and steps == sorted(steps), out

@@ -92,7 +92,10 @@ def test_a_hung_node_is_detected_within_the_heartbeat_timeout(tmp_path: Path) ->
     assert classified["kind"] == "hang" and classified["culprits"] == ["node-2"]
     assert manifest["world_size"] == 2
     figures = events(run, "recovery_figures")[-1]
-    assert figures["detection_s"] <= 6 + 2  # heartbeat_timeout_s plus the poll
+    # Seen through the heartbeat timeout (6 s), at one of the supervisor's next looks, not at some later wake.
+    # How fast is bench/recovery.py's hang_detection_s: on two shared cores a "timeout + 2 s" bound here
+    # failed a clean CI run at 8.03 s (7.40 s on a quiet machine).
+    assert 6 <= figures["detection_s"] < 2 * 6
 
 
 def test_a_corrupted_checkpoint_is_skipped_for_the_previous_valid_one(tmp_path: Path) -> None:

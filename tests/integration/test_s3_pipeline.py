@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from airflow_helpers import ROOT, TASKS, airflow, airflow_env, task_states
+from airflow_helpers import ROOT, TASKS, airflow, airflow_env, run_state, task_states
 
 from trainyard.shards import write_synthetic_corpus
 from trainyard.storage import S3Tier
@@ -58,6 +58,7 @@ def test_s3_pipeline_with_airflow_connection(s3_server, tmp_path: Path) -> None:
     done = airflow(env, "dags", "test", "s3_pretrain", DATE)
     states = {t: st for t, (st, _) in task_states(env, "s3_pretrain", DATE).items()}
     assert states == dict.fromkeys(TASKS, "success"), done.stdout[-4000:]
+    assert run_state(env, "s3_pretrain", DATE) == "success"
 
     published = S3Tier("s3://cold/checkpoints/s3_pretrain", s3_server.settings)
     keys = {o.key for o in published.list()}
