@@ -19,7 +19,14 @@ from trainyard.train import runtime
 
 def main() -> None:
     dist.init_process_group("gloo")
-    ctx = runtime.context()
+    train(runtime.context())
+    # After train() returned, so DDP's reducer is gone: a process group destroyed from the reducer's
+    # destructor (holding the GIL) can deadlock with gloo's worker thread, which needs the GIL to free
+    # the tensors of its last collective. Seen as a rank that hung after "finished".
+    dist.destroy_process_group()
+
+
+def train(ctx: runtime.RunContext) -> None:
     torch.manual_seed(ctx.seed)
     model = DDP(torch.nn.Linear(1, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -42,7 +49,6 @@ def main() -> None:
                              {"loss": loss.item()})
     checkpoints.close()
     runtime.finish(ctx.max_steps, {"loss": loss.item()})
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
