@@ -27,15 +27,18 @@ pressure_test:
   # This VM's shared disk swings 2-3x between back-to-back probes; these tests are about
   # compute stragglers and dead nodes, so the disk probes only need to stay within 10x.
   ratio_overrides: {{disk_write_mbps: 0.1, disk_read_mbps: 0.1}}
+  straggler_ratio: {ratio}
   collective_sizes_kb: [64, 1024]
   drills: {drills}
 training: {{max_steps: 1, global_batch: 6, micro_batch: 1, checkpoint_every: 1}}
 """
 
 
-def run_for(tmp_path: Path, count: int, spare: int, drills: str, duration: float = 6, minimum: int = 1):
+def run_for(tmp_path: Path, count: int, spare: int, drills: str, duration: float = 6, minimum: int = 1,
+            ratio: float = 0.9):
     spec = tmp_path / "p.yaml"
-    spec.write_text(SPEC.format(root=tmp_path, count=count, min=minimum, spare=spare, duration=duration, drills=drills))
+    spec.write_text(SPEC.format(root=tmp_path, count=count, min=minimum, spare=spare, duration=duration, drills=drills,
+                                ratio=ratio))
     return open_run(spec, "p", f"run-{time.monotonic_ns()}", "2026-11-28")
 
 
@@ -62,7 +65,9 @@ def test_a_throttled_node_is_evicted_and_the_others_train(tmp_path: Path) -> Non
 @pytest.mark.parametrize("fault", ["crash", "hang"])
 def test_a_crashed_or_hung_node_is_dead_within_the_timeout(tmp_path: Path, fault: str) -> None:
     # 5 s: each of the two survivors' probes gets long enough to measure steadily.
-    run = run_for(tmp_path, count=2, spare=1, drills=f"[{{node: node-0, fault: {fault}}}]", duration=5)
+    # About dead nodes, not stragglers: with two survivors the median is their mean, and a clean CI run
+    # saw one 15% behind the other on two shared cores (matmul 54 vs 64), evicted at the default 0.9.
+    run = run_for(tmp_path, count=2, spare=1, drills=f"[{{node: node-0, fault: {fault}}}]", duration=5, ratio=0.5)
     started = time.monotonic()
     result = burn_in(run)
     assert time.monotonic() - started < 5 + 10
