@@ -27,10 +27,9 @@ import logging
 from pathlib import Path
 from typing import Any, Literal
 
-from trainyard.atomic import read_json
 from trainyard.errors import SpecError
 from trainyard.report.notice import Notice, RunFacts, notice_from_ledger
-from trainyard.run import RUN_STAGE, SNAPSHOT, Run
+from trainyard.run import RUN_STAGE, SNAPSHOT, Run, load_run
 from trainyard.spec import NotifySpec, PipelineSpec, load_spec
 
 log = logging.getLogger(__name__)
@@ -126,12 +125,13 @@ def _run_and_notify(spec_path: str, dag_id: str, run_id: str) -> tuple[Run, Noti
     """
     spec = load_spec(spec_path)
     run = Run(spec=spec, spec_path=Path(spec_path), dag_id=dag_id, run_id=run_id, ds="")
-    try:
-        pinned = read_json(run.dir / SNAPSHOT)["spec"]
-    except (OSError, ValueError, KeyError, TypeError):
+    if not (run.dir / SNAPSHOT).exists():
         return run, spec.notify
-    notify = pinned.get("notify") if isinstance(pinned, dict) else None
-    return run, NotifySpec.model_validate(notify) if notify else None
+    try:
+        pinned = load_run(run.dir / SNAPSHOT)  # the one reader of the snapshot, as every task uses
+    except SpecError:
+        return run, spec.notify
+    return pinned, pinned.spec.notify
 
 
 def _facts(context: Any, run: Run, outcome: Outcome) -> RunFacts:
