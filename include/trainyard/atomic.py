@@ -39,7 +39,7 @@ _NONBLOCK = os.O_NONBLOCK  # a FIFO planted where a file belongs must not hang t
 
 
 class UnsafePath(OSError):
-    """A path the orchestrator will not write or read: a link, or not a regular file, where a file of its own belongs."""
+    """A path the orchestrator will not write or read: a link, or not a regular file, where its own file belongs."""
 
 
 def temp_name(final: Path) -> Path:
@@ -119,7 +119,8 @@ def append_fd(path: Path) -> int:
     """A raw ``O_APPEND`` descriptor of ``path``: one ``os.write`` is one append, even across processes."""
     folder = open_dir(path.parent)
     try:
-        fd = _open_in(folder, path, os.O_RDWR | os.O_APPEND | os.O_CREAT | _NONBLOCK)  # RDWR: a ledger reads its last byte
+        # Read and write: the ledger reads its last byte to close a line an earlier append tore.
+        fd = _open_in(folder, path, os.O_RDWR | os.O_APPEND | os.O_CREAT | _NONBLOCK)
     finally:
         os.close(folder)
     return _checked(fd, path, single_link=True)  # writing into a shared inode would change the other name too
