@@ -1,15 +1,45 @@
-"""Write-then-rename for small files: a reader sees the old content or the new, never half."""
+"""Files the orchestrator writes and reads in folders that training code can also write.
+
+Run, checkpoint and hot folders are shared with training processes and pods,
+which are untrusted (DESIGN rule 11): one of them may plant a symbolic link, a
+hard link or a FIFO where the orchestrator is about to write or read. Every
+orchestrator write under such a folder goes through this module:
+
+- ``write_bytes_atomic`` / ``write_json_atomic``: create-exclusive on a hidden
+  temporary name (``O_EXCL|O_NOFOLLOW``), then one rename over the final name.
+  A reader sees the old content or the new, never half; a link planted at the
+  final name is replaced, never written through.
+- ``open_new``: a fresh file under a name only this process uses (a temporary).
+- ``open_append``: ``O_APPEND|O_NOFOLLOW``, and only a regular file with one link.
+- ``open_regular``: read a regular file, never a link; ``single_link`` also
+  refuses hard links (what the view serves).
+
+The folder written into must be a real folder, not a symbolic link (a pod may
+have swapped ``attempt-1/`` for a link to elsewhere); files are opened and
+renamed relative to that folder's descriptor, so the check cannot go stale.
+Links above that folder (``$TRAINYARD_HOME`` itself on a symlinked disk) are the
+operator's and are followed. Anything refused raises ``UnsafePath``.
+"""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import re
+import stat
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 _TEMP = re.compile(r"\..+\.part-[0-9a-f]{8}\Z")
+_NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+_NONBLOCK = os.O_NONBLOCK  # a FIFO planted where a file belongs must not hang the worker on open
+
+
+class UnsafePath(OSError):
+    """A path the orchestrator will not write or read: a link, or not a regular file, where its own file belongs."""
 
 
 def temp_name(final: Path) -> Path:
@@ -31,21 +61,115 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+def _refused(path: Path, what: str) -> UnsafePath:
+    return UnsafePath(errno.ELOOP, f"{path} is {what}; trainyard reads and writes only its own regular files"
+                      " there, never through a link that training code could have planted. Remove it (and find"
+                      " out who made it), then retry")
+
+
+def open_dir(folder: Path, create: bool = True) -> int:
+    """A descriptor of ``folder`` (made if missing), refused if ``folder`` itself is a symbolic link."""
+    try:
+        if create:
+            folder.mkdir(parents=True, exist_ok=True)
+        return os.open(folder, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW)
+    except OSError as exc:  # FileExistsError from mkdir: a dangling link
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EEXIST):
+            raise _refused(folder, "a symbolic link or not a folder") from None
+        raise
+
+
+def _checked(fd: int, path: Path, single_link: bool) -> int:
+    """``fd`` if it is a regular file (with one link if asked); closed and refused otherwise."""
+    st = os.fstat(fd)
+    problem = ("not a regular file" if not stat.S_ISREG(st.st_mode)
+               else f"a hard link ({st.st_nlink} names share it)" if single_link and st.st_nlink != 1 else None)
+    if problem:
+        os.close(fd)
+        raise _refused(path, problem)
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~_NONBLOCK)
+    return fd
+
+
+def _open_in(folder_fd: int, path: Path, flags: int, mode: int = 0o644) -> int:
+    try:
+        return os.open(path.name, flags | _NOFOLLOW, mode, dir_fd=folder_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO):  # ENXIO: a FIFO nobody reads
+            raise _refused(path, "a symbolic link or a FIFO") from None
+        raise
+
+
+def open_new(path: Path, mode: str = "wb") -> IO[Any]:
+    """A new file at ``path`` (a temporary name nobody else uses): ``FileExistsError`` if anything is there."""
+    folder = open_dir(path.parent)
+    try:
+        fd = _open_in(folder, path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    finally:
+        os.close(folder)
+    return os.fdopen(fd, mode)
+
+
+def open_append(path: Path, mode: str = "ab") -> IO[Any]:
+    """``path`` opened to append (created if missing), never through a link planted there."""
+    return os.fdopen(append_fd(path), mode)
+
+
+def append_fd(path: Path) -> int:
+    """A raw ``O_APPEND`` descriptor of ``path``: one ``os.write`` is one append, even across processes."""
+    folder = open_dir(path.parent)
+    try:
+        # Read and write: the ledger reads its last byte to close a line an earlier append tore.
+        fd = _open_in(folder, path, os.O_RDWR | os.O_APPEND | os.O_CREAT | _NONBLOCK)
+    finally:
+        os.close(folder)
+    return _checked(fd, path, single_link=True)  # writing into a shared inode would change the other name too
+
+
+def open_regular(path: Path, single_link: bool = False) -> IO[bytes]:
+    """``path`` opened to read, only if it is a regular file (not a link, FIFO or device).
+
+    ``single_link`` also refuses a file with other names (a hard link to a
+    file outside the folder), for what is shown to people.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _refused(path, "a symbolic link") from None
+        raise
+    return os.fdopen(_checked(fd, path, single_link), "rb")
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` whole: temporary name, fsync, rename, fsync of the folder."""
+    folder = open_dir(path.parent)
     tmp = temp_name(path)
     try:
-        with tmp.open("w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=1, sort_keys=True)
-            fh.write("\n")
+        with os.fdopen(_open_in(folder, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "wb") as fh:
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
+        # A link planted at ``path`` is replaced by the rename, not followed.
+        os.replace(tmp.name, path.name, src_dir_fd=folder, dst_dir_fd=folder)
+        os.fsync(folder)
     finally:
-        tmp.unlink(missing_ok=True)
+        try:
+            os.unlink(tmp.name, dir_fd=folder)
+        except FileNotFoundError:
+            pass
+        os.close(folder)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    write_bytes_atomic(path, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode("utf-8"))
 
 
 def read_json(path: Path) -> Any:
-    with path.open(encoding="utf-8") as fh:
+    """A JSON file's content; a link planted at ``path`` is refused (``UnsafePath``), not followed."""
+    with open_regular(path) as fh:
         return json.load(fh)

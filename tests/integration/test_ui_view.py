@@ -253,6 +253,9 @@ def test_the_run_page_shows_the_runs_ledger_in_a_browser(tmp_path: Path, metadat
         with urllib.request.urlopen(f"{page}/summary.json", timeout=10) as r:
             summary = json.load(r)
         assert summary["run_id"] == RUN_ID and summary["attempts"] == 2 and summary["state"] == "succeeded"
+        with urllib.request.urlopen(f"{page}/report.html", timeout=10) as r:  # strings training code chose: sandboxed
+            assert r.headers["Content-Security-Policy"].startswith("sandbox;") and b"<html" in r.read()
+            assert r.headers["X-Content-Type-Options"] == "nosniff"
 
         for path in (f"/trainyard/runs/{DAG_ID}/..", "/trainyard/runs/../summary.json",
                      f"/trainyard/runs/{DAG_ID}/..%2F..%2F..%2Fetc/summary.json", f"/trainyard/runs/{DAG_ID}/nope"):

@@ -22,7 +22,23 @@ def test_run_dirs_of_two_runs_never_collide(tmp_path: Path) -> None:
     a = run_dir(tmp_path, "nightly", "backfill__2026-11-01T02:00:00+00:00")
     b = run_dir(tmp_path, "nightly", "backfill__2026-11-02T02:00:00+00:00")
     assert a != b and a.parent == b.parent
-    assert safe_name("../../etc") == "etc"
+    assert "/" not in safe_name("../../etc") and safe_name("../../etc").startswith("etc~")
+
+
+@pytest.mark.parametrize("ids", [("nightly", "nightly_"), ("a/b", "a_b"), ("a:b", "a_b"), ("a/b", "a:b"),
+                                 (".", "_"), ("x" * 201, "x" * 202), ("a_b", f"a_b~{'0' * 16}")])
+def test_distinct_ids_never_share_a_folder(tmp_path: Path, ids: tuple[str, str]) -> None:
+    first, second = ids
+    assert safe_name(first) != safe_name(second)
+    assert run_dir(tmp_path, first, "r") != run_dir(tmp_path, second, "r")
+    assert run_dir(tmp_path, "d", first) != run_dir(tmp_path, "d", second)
+    for name in map(safe_name, ids):
+        assert name not in (".", "..") and "/" not in name and len(name) <= 255
+
+
+def test_ids_that_are_already_safe_keep_their_folder_names() -> None:
+    assert [safe_name(i) for i in ("nightly", "train-7b.v2", "backfill_2026")] == ["nightly", "train-7b.v2", "backfill_2026"]
+    assert safe_name("manual__2026-11-29T02:00:00+00:00").startswith("manual__2026-11-29T02_00_00_00_00~")
 
 
 def test_render_fills_run_and_environment() -> None:

@@ -148,7 +148,12 @@ def test_find_run_maps_airflow_ids_and_refuses_paths(tmp_path: Path) -> None:
     root = tmp_path / "runs"
     folder = write_run(root).path.parent
     assert find_run(root, "nightly", RUN_ID) == folder.resolve()
-    assert find_run(root, "nightly", folder.name) == folder.resolve()  # the folder name works too
+    with pytest.raises(RunNotFound):  # its snapshot names the run: its folder name is not its id
+        find_run(root, "nightly", folder.name)
+    bare = root / "nightly" / "by-hand"
+    bare.mkdir()
+    Ledger.in_dir(bare).append("train", "step", step=1)
+    assert find_run(root, "nightly", "by-hand") == bare.resolve()  # no snapshot: the folder name works
     (tmp_path / "outside").mkdir()
     (tmp_path / "outside" / "events.jsonl").write_text("{}\n")
     (root / "nightly" / "link").symlink_to(tmp_path / "outside")
@@ -159,6 +164,26 @@ def test_find_run_maps_airflow_ids_and_refuses_paths(tmp_path: Path) -> None:
         find_run(root, "..", "outside")
     with pytest.raises(RunNotFound, match="no run 'nope' of DAG 'nightly'"):
         find_run(root, "nightly", "nope")
+
+
+def test_a_folder_shared_by_two_dags_is_served_only_as_the_dag_its_snapshot_names(tmp_path: Path) -> None:
+    """Before names were distinct, DAGs ``nightly`` and ``nightly_`` shared the folder ``nightly``."""
+    root = tmp_path / "runs"
+    write_run(root, run_id="r1", dag_id="nightly")
+    assert run_dir(root, "nightly_", "r1") != run_dir(root, "nightly", "r1")
+    with pytest.raises(RunNotFound):  # the legacy name of nightly_ is nightly: its snapshot says whose it is
+        find_run(root, "nightly_", "r1")
+    legacy = root / "scheduled_x" / "manual__1_00"  # written under the old names by DAG scheduled:x
+    legacy.mkdir(parents=True)
+    (legacy / "spec.json").write_text(json.dumps({"dag_id": "scheduled:x", "run_id": "manual__1:00"}))
+    Ledger.in_dir(legacy).append("train", "step", step=1)
+    assert find_run(root, "scheduled:x", "manual__1:00") == legacy.resolve()  # old runs are still found
+    with pytest.raises(RunNotFound):
+        find_run(root, "scheduled_x", "manual__1_00")  # but not under the ids it does not belong to
+    (legacy / "spec.json").unlink()
+    (legacy / "spec.json").symlink_to(root / "nightly" / "r1" / "spec.json")
+    with pytest.raises(RunNotFound, match="cannot tell whose run"):
+        find_run(root, "scheduled:x", "manual__1:00")
 
 
 def test_the_index_lists_runs_per_dag_newest_first(tmp_path: Path) -> None:

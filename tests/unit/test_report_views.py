@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
@@ -12,6 +13,8 @@ from fastapi.testclient import TestClient
 from test_report_pages import RUN_ID, write_run
 
 from trainyard.airflow import views
+from trainyard.ledger import Ledger, run_dir
+from trainyard.report.summary import write_report
 
 
 @pytest.fixture
@@ -57,3 +60,64 @@ def test_without_credentials_the_view_answers_401(tmp_path: Path, monkeypatch: p
     monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path))
     response = TestClient(views.app).get("/")
     assert response.status_code == 401
+
+
+# ---------------------------------------------------------------- issue 13: what a run folder links to
+
+
+RUN = f"/runs/nightly/{quote(RUN_ID, safe='')}"
+
+
+def _folder(tmp_path: Path, dag_id: str = "nightly") -> Path:
+    return run_dir(tmp_path / "runs", dag_id, RUN_ID)
+
+
+@pytest.fixture
+def secret(tmp_path: Path) -> Path:
+    path = tmp_path / "airflow.cfg"
+    path.write_text("[api_auth]\njwt_secret = hunter2\n")
+    return path
+
+
+def test_the_report_is_sent_sandboxed_and_unsniffed(client: TestClient, tmp_path: Path) -> None:
+    write_report(_folder(tmp_path), Ledger.in_dir(_folder(tmp_path)))
+    report = client.get(f"{RUN}/report.html")
+    assert report.status_code == 200 and "<html" in report.text
+    assert report.headers["content-type"].startswith("text/html")
+    assert report.headers["content-security-policy"].split(";")[0] == "sandbox"
+    assert report.headers["x-content-type-options"] == "nosniff"
+    for path in ("/", RUN, f"{RUN}/summary.json", "/api/runs", "/runs/nightly/nope"):
+        headers = client.get(path).headers  # pages holding ledger strings run no script either
+        assert headers["x-content-type-options"] == "nosniff" and "default-src 'none'" in headers["content-security-policy"]
+
+
+@pytest.mark.parametrize("link", [os.symlink, os.link], ids=["symlink", "hard link"])
+def test_a_report_linked_to_a_secret_is_not_served(client: TestClient, tmp_path: Path, secret: Path, link) -> None:
+    link(secret, _folder(tmp_path) / "report.html")
+    report = client.get(f"{RUN}/report.html")
+    assert report.status_code == 404 and "hunter2" not in report.text
+    assert "report file" not in client.get(RUN).text  # the run page does not offer it either
+
+
+def test_a_ledger_linked_to_another_dags_ledger_is_not_served(client: TestClient, tmp_path: Path) -> None:
+    ledger = _folder(tmp_path) / "events.jsonl"
+    ledger.unlink()
+    ledger.symlink_to(_folder(tmp_path, "secret") / "events.jsonl")
+    for path in (RUN, f"{RUN}/summary.json"):
+        response = client.get(path)
+        assert response.status_code == 404 and "scale_down" not in response.text and "straggler" not in response.text
+    index = client.get("/")
+    assert index.status_code == 200 and RUN_ID not in index.text  # one planted link costs its row, not the index
+
+
+def test_a_dag_never_serves_another_dags_run_from_a_shared_folder(client: TestClient, tmp_path: Path) -> None:
+    """``nightly_`` (not readable) once wrote into ``nightly``'s folder; the URL's DAG must own the run."""
+    shared = tmp_path / "runs" / "nightly" / "r2"  # where the old names put a run of nightly_
+    shared.mkdir()
+    (shared / "spec.json").write_text(json.dumps({"dag_id": "nightly_", "run_id": "r2"}))
+    Ledger.in_dir(shared).append("train", "step", step=1, loss=0.123456)
+    assert run_dir(tmp_path / "runs", "nightly_", "r2") != shared  # today's names are distinct
+    for path in ("/runs/nightly/r2", "/runs/nightly/r2/summary.json"):
+        response = client.get(path)
+        assert response.status_code == 404 and "0.123456" not in response.text
+    assert "r2" not in client.get("/").text

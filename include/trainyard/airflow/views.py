@@ -7,25 +7,40 @@ Airflow's own API does (a bearer token, or the UI's session cookie, which the
 UI's iframe sends) and the right to read that DAG's runs. Airflow's security
 module is imported on first request, not at import: every task process loads
 plugins, and none of them serves this app.
+
+A run folder is written by training code too (untrusted, DESIGN rule 11): the
+view serves a file only if it is a regular file of that folder, never a link
+(``trainyard.atomic.open_regular``), and only from a folder that belongs to the
+DAG id in the URL (``trainyard.report.runs.belongs``). The report file holds
+strings training code chose, so it is sent sandboxed (no script, no origin);
+every response carries ``nosniff`` and a policy that runs no script.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
-from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from trainyard.ledger import Ledger
+from trainyard.atomic import open_regular
+from trainyard.ledger import LEDGER_FILE, Ledger
 from trainyard.report import pages
-from trainyard.report.runs import RunNotFound, check_id, find_run, overview, run_folders, runs_root
+from trainyard.report.runs import RunNotFound, check_id, find_run, overview, run_folders, runs_root, servable
 from trainyard.report.summary import run_identity, summarize
 
 URL_PREFIX = pages.URL_PREFIX
+REPORT = "report.html"
+NO_SCRIPT = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
+"""The view's own pages: inline CSS and SVG only; ledger strings are escaped, and this holds if one is not."""
+SANDBOX = f"sandbox; {NO_SCRIPT}"
+"""The report file: generated from strings training code controls, shown as an opaque, script-less document."""
+log = logging.getLogger(__name__)
 
 MayRead = Callable[[str], Awaitable[bool]]
 """Given a DAG id: may the caller read that DAG's runs?"""
@@ -60,7 +75,7 @@ SUMMARIES_KEPT = 16  # run pages: a summary holds a chart's curve and every chec
 
 
 def _stamp(folder: Path) -> tuple[int, int]:
-    stat = (folder / "events.jsonl").stat()
+    stat = (folder / LEDGER_FILE).lstat()  # a link is refused when the ledger is read
     return stat.st_size, stat.st_mtime_ns
 
 
@@ -81,6 +96,15 @@ def _summary(folder: Path) -> dict[str, Any]:
     while len(_summaries) > SUMMARIES_KEPT:
         _summaries.pop(next(iter(_summaries)))
     return cached[1]
+
+
+@app.middleware("http")
+async def _headers(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+    """No response is sniffed into another type, and none runs script (the report also gets a sandbox)."""
+    response = await call_next(request)
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    response.headers.setdefault("Content-Security-Policy", NO_SCRIPT)
+    return response
 
 
 @app.exception_handler(StarletteHTTPException)
@@ -107,9 +131,23 @@ def _error(exc: Exception, as_json: bool, home: str = "../../") -> Response:
     return HTMLResponse(pages.error_page(status, str(exc), home), status_code=status)
 
 
+def _rows() -> list[dict[str, Any]]:
+    """Index rows of the runs whose folders belong to the ids they name; one unreadable run costs its row only."""
+    rows = []
+    for folder in run_folders(runs_root()):
+        try:
+            row = _overview(folder)
+        except OSError as exc:  # a ledger replaced by a link or removed since the listing
+            log.warning("training-runs index: run folder %s left out: %s", folder, exc)
+            continue
+        if row["owned"]:
+            rows.append(row)
+    return rows
+
+
 async def _readable(may_read: MayRead) -> list[dict[str, Any]]:
     """Index rows of every run whose DAG the caller may read."""
-    rows = await run_in_threadpool(lambda: [_overview(f) for f in run_folders(runs_root())])
+    rows = await run_in_threadpool(_rows)
     allowed = {dag: await may_read(dag) for dag in {r["dag_id"] for r in rows}}
     return [r for r in rows if allowed[r["dag_id"]]]
 
@@ -128,19 +166,19 @@ async def list_runs(may_read: MayRead = Access) -> Response:
 async def run_view(dag_id: str, run_id: str, may_read: MayRead = Access) -> Response:
     try:
         folder = await _run(dag_id, run_id, may_read)
-    except (RunNotFound, PermissionError) as exc:
+        summary = await run_in_threadpool(_summary, folder)
+    except (RunNotFound, PermissionError, OSError) as exc:
         return _error(exc, as_json=False)
-    summary = await run_in_threadpool(_summary, folder)
-    return HTMLResponse(pages.run_page(summary, run_identity(folder), (folder / "report.html").is_file()))
+    return HTMLResponse(pages.run_page(summary, run_identity(folder), servable(folder / REPORT)))
 
 
 @app.get("/runs/{dag_id}/{run_id}/summary.json")
 async def run_json(dag_id: str, run_id: str, may_read: MayRead = Access) -> Response:
     try:
         folder = await _run(dag_id, run_id, may_read)
-    except (RunNotFound, PermissionError) as exc:
+        summary = await run_in_threadpool(_summary, folder)
+    except (RunNotFound, PermissionError, OSError) as exc:
         return _error(exc, as_json=True)
-    summary = await run_in_threadpool(_summary, folder)
     return Response(pages.to_json({**run_identity(folder), **summary}), media_type="application/json")
 
 
@@ -148,8 +186,18 @@ async def run_json(dag_id: str, run_id: str, may_read: MayRead = Access) -> Resp
 async def run_report(dag_id: str, run_id: str, may_read: MayRead = Access) -> Response:
     try:
         folder = await _run(dag_id, run_id, may_read)
-        if not (folder / "report.html").is_file():
-            raise RunNotFound(f"run {run_id!r} of DAG {dag_id!r} has no report yet (the report task writes it)")
+        body = await run_in_threadpool(_report, folder, dag_id, run_id)
     except (RunNotFound, PermissionError) as exc:
         return _error(exc, as_json=False, home="../../../")
-    return FileResponse(folder / "report.html", media_type="text/html")
+    return Response(body, media_type="text/html", headers={"Content-Security-Policy": SANDBOX})
+
+
+def _report(folder: Path, dag_id: str, run_id: str) -> bytes:
+    """The report file's bytes, read from the descriptor that was checked: a regular file with one name."""
+    try:
+        with open_regular(folder / REPORT, single_link=True) as fh:
+            return fh.read()
+    except FileNotFoundError:
+        raise RunNotFound(f"run {run_id!r} of DAG {dag_id!r} has no report yet (the report task writes it)") from None
+    except OSError as exc:
+        raise RunNotFound(f"run {run_id!r} of DAG {dag_id!r}: its report cannot be served ({exc})") from None

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from trainyard.atomic import open_append
 from trainyard.burnin.kubernetes import Drill, node_args
 from trainyard.burnin.protocol import STARTUP_S, BurnInRun, Schedule, host_store, run_protocol
 from trainyard.spec import PressureTestSpec
@@ -16,7 +17,7 @@ from trainyard.spec import PressureTestSpec
 class LocalCandidate:
     def __init__(self, node: str, args: list[str], log: Path):
         self.node, self.log = node, log
-        with log.open("wb") as out:
+        with open_append(log) as out:  # never through a link planted in the run folder
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "trainyard.burnin.node", *args], stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True, env={**os.environ, "TRAINYARD_NODE": node, "OMP_NUM_THREADS": "1"},

@@ -44,6 +44,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from kubernetes.utils import parse_quantity
 
+from trainyard.atomic import write_text_atomic
 from trainyard.launch.base import AttemptStatus, LaunchPlan, NodeStatus
 from trainyard.spec import KubernetesSpec
 
@@ -585,7 +586,7 @@ class KubernetesLauncher:
             return status
         if index not in handle.logs:
             path = handle.plan.log_dir / f"{pod.metadata.name}.log"
-            path.write_text(self._evidence(pod, status), encoding="utf-8")
+            write_text_atomic(path, self._evidence(pod, status))  # never through a link a pod planted
             handle.logs[index] = str(path)
         return replace(status, log=handle.logs[index])
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import psutil
 
+from trainyard.atomic import open_append
 from trainyard.launch.base import AttemptStatus, LaunchPlan, NodeStatus
 
 log = logging.getLogger(__name__)
@@ -80,7 +81,7 @@ class LocalLauncher:
         base_env.setdefault("OMP_NUM_THREADS", "1")
         for index, node in enumerate(plan.nodes):
             path = plan.log_dir / f"{node}.log"
-            with path.open("ab") as out:
+            with open_append(path) as out:  # training code may have planted a link for the next attempt
                 handle.procs[node] = subprocess.Popen(
                     torchrun_argv(plan, handle.port, index),
                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

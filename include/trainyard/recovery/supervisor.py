@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainyard.atomic import open_regular
 from trainyard.errors import TrainingFailed
 from trainyard.launch.base import AttemptStatus, LaunchPlan, Launcher
 from trainyard.ledger import Ledger
@@ -84,8 +85,9 @@ def silent_ranks(directory: Path, ranks: list[str], now: float, after_s: float =
 
 
 def tail(path: str, lines: int = TAIL_LINES) -> str:
-    try:
-        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    try:  # a node log training code replaced with a link to a secret is not quoted into the ledger
+        with open_regular(Path(path)) as fh:
+            return "\n".join(fh.read().decode(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""
 

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from trainyard.atomic import read_json, write_json_atomic
+from trainyard.atomic import read_json, write_json_atomic, write_text_atomic
 from trainyard.ledger import Ledger
 from trainyard.report.pages import report_html
 from trainyard.train import progress
@@ -212,9 +212,7 @@ def write_report(run_dir: Path, ledger: Ledger) -> dict[str, Any]:
     summary["state"] = "failed" if any(not s["ok"] for s in summary["stages"].values()) else "succeeded"
     summary["report"] = str(run_dir / "report.html")
     write_json_atomic(run_dir / "summary.json", summary)
-    tmp = run_dir / ".report.html.tmp"
-    tmp.write_text(report_html(summary, run_identity(run_dir)), encoding="utf-8")
-    tmp.replace(run_dir / "report.html")
+    write_text_atomic(run_dir / "report.html", report_html(summary, run_identity(run_dir)))
     return {"report": summary["report"], "summary": str(run_dir / "summary.json"),
             "steps_trained": summary["steps_trained"], "last_loss": summary["last_loss"]}
 

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 from typing import BinaryIO
 
-from trainyard.atomic import temp_name
+from trainyard.atomic import open_new, temp_name
 
 BLOCK = 1 << 20
 
@@ -34,7 +34,7 @@ def write_verified(stream: BinaryIO, final: Path, expect_size: int | None = None
     tmp = temp_name(final)
     digest, size = hashlib.sha256(), 0
     try:
-        with tmp.open("wb") as out:
+        with open_new(tmp) as out:
             while block := stream.read(BLOCK):
                 digest.update(block)
                 out.write(block)
@@ -59,7 +59,7 @@ def copy_file_verified(src: Path, final: Path, expect_size: int | None = None, e
     tmp = temp_name(final)
     before = src.stat()
     try:
-        with src.open("rb") as fin, tmp.open("wb") as fout:
+        with src.open("rb") as fin, open_new(tmp) as fout:
             shutil.copyfileobj(fin, fout, BLOCK)  # sendfile/copy_file_range on Linux: no user-space copy
             fout.flush()
             os.fsync(fout.fileno())

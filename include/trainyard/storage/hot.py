@@ -17,6 +17,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainyard.atomic import write_bytes_atomic, write_text_atomic
 from trainyard.errors import DataError
 from trainyard.ledger import Ledger, safe_name
 
@@ -75,7 +76,7 @@ def staged_datasets(root: Path, now: float | None = None) -> list[StagedDataset]
 
 def pin(folder: Path, holder: str) -> None:
     (folder / PINS).mkdir(parents=True, exist_ok=True)
-    (folder / PINS / safe_name(holder)).write_text(holder)
+    write_text_atomic(folder / PINS / safe_name(holder), holder)
 
 
 def unpin(folder: Path, holder: str) -> None:
@@ -84,7 +85,7 @@ def unpin(folder: Path, holder: str) -> None:
 
 def touch(folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / LAST_USED).touch()
+    write_bytes_atomic(folder / LAST_USED, b"")  # a fresh mtime, never through a planted link
 
 
 def make_room(room: HotRoom, keep: Path, need: int, ledger: Ledger | None = None) -> list[StagedDataset]:

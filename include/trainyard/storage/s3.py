@@ -25,7 +25,7 @@ from minio.commonconfig import ENABLED, Filter
 from minio.error import S3Error
 from minio.lifecycleconfig import Expiration, LifecycleConfig, Rule, Transition
 
-from trainyard.atomic import temp_name
+from trainyard.atomic import open_new, temp_name
 from trainyard.errors import DataError, SpecError, TransientError
 from trainyard.storage.hashing import commit_verified, sha256_file, write_verified
 from trainyard.storage.keys import check_key
@@ -167,7 +167,7 @@ class S3Tier:
         tmp = temp_name(dest)
         shas: set[str | None] = set()
         try:
-            with tmp.open("wb") as out:
+            with open_new(tmp) as out:
                 out.truncate(size)
                 fd = out.fileno()
 

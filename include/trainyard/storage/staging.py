@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainyard.atomic import read_json, write_json_atomic
+from trainyard.atomic import open_append, read_json, write_json_atomic
 from trainyard.errors import DataError
 from trainyard.ledger import Ledger
 from trainyard.storage.hot import STAGED_MANIFEST, HotRoom, make_room, pin, touch
@@ -167,7 +167,7 @@ def _transfer(
     source: Tier, hot_dir: Path, todo: list[ObjectInfo], entries: dict[str, dict[str, Any]], progress: Progress, concurrency: int
 ) -> None:
     """Copy ``todo`` in parallel, journaling each object as it lands (``entries`` is filled in)."""
-    with (hot_dir / JOURNAL).open("a") as journal, ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+    with open_append(hot_dir / JOURNAL, "a") as journal, ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
         futures = {pool.submit(source.download, o.key, key_path(hot_dir, o.key), o): o for o in todo}
         try:
             for future in as_completed(futures):
