@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 STAGED_MANIFEST = "_staged.json"
 PINS = ".pins"
 LAST_USED = ".last_used"
-JOURNAL = ".staging-journal.jsonl"
+JOURNAL = ".staging-journal.jsonl"  # what staging copied before its manifest (storage.staging)
 # A worker killed hard never unpins; after this long a pin no longer protects its dataset.
 PIN_TTL_S = 3 * 24 * 3600
 
