@@ -154,6 +154,14 @@ def test_a_planted_link_is_not_followed_and_does_not_block(root: Path, tmp_path:
     assert not (root / HOLDER).is_symlink() and json.loads(secret.read_text())["run_id"] == "admin"
 
 
+def test_a_planted_lock_link_is_refused_by_name(root: Path, tmp_path: Path) -> None:
+    root.mkdir(parents=True)
+    (root / lease.LOCK).symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(LineageBusy, match=r"\.HOLDER\.lock: cannot open the lineage's lock file .* remove it"):
+        hold(root, "nightly", "run-1", ledger(tmp_path, "run-1"))
+    assert not (tmp_path / "elsewhere").exists()
+
+
 def test_concurrent_takeovers_of_an_expired_claim_leave_one_holder(root: Path, tmp_path: Path) -> None:
     clock = Clock()
     hold(root, "nightly", "dead", ledger(tmp_path, "dead"), ttl_s=10, clock=clock)

@@ -176,7 +176,9 @@ def hold(root: Path, dag_id: str, run_id: str, ledger: Ledger, ttl_s: float = LE
                 f" --max-active-runs 1). If that run is dead, `trainyard lineage release {root}` frees it")
         claim = _write(root, Claim(dag_id=dag_id, run_id=run_id, token=uuid.uuid4().hex, since=now, renewed=now,
                                    expires=now + ttl_s, ledger=str(ledger.path)))
-    previous = None if current in (None, UNREADABLE) or reason == "same run" else asdict(current)
+    if reason == "same run":
+        return Lease(root, claim, ttl_s, clock)  # a deferred wake or a retry: no news for the ledger
+    previous = None if current in (None, UNREADABLE) else asdict(current)
     ledger.append(STAGE, "lineage_held", root=str(root), reason=reason, expires=claim.expires,
                   **({"previous": {k: previous[k] for k in ("dag_id", "run_id", "expires")}} if previous else {}))
     if previous:
@@ -225,7 +227,11 @@ def _write(root: Path, claim: Claim) -> Claim:
 @contextmanager
 def _locked(root: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
     """Exclusive ``flock`` on ``root/.HOLDER.lock`` for one read-compare-write; not forever (pods can open it too)."""
-    fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    try:
+        fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:  # a link or a folder planted under that name
+        raise LineageBusy(f"{root / LOCK}: cannot open the lineage's lock file ({exc.strerror}); it must be a plain"
+                          " file: remove it and run again") from None
     try:
         deadline = time.monotonic() + wait_s
         while True:
