@@ -1,4 +1,4 @@
-"""The ``trainyard`` command: check specs, write demo data, summarize runs."""
+"""The ``trainyard`` command: check specs, write demo data, summarize runs, free a lineage."""
 
 from __future__ import annotations
 
@@ -95,6 +95,44 @@ def cmd_drill(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def lineage_root(target: Path) -> Path:
+    """A pipeline's checkpoint root: ``target`` itself if it is a folder, else from the spec file ``target``."""
+    from trainyard.run import Run
+    from trainyard.spec import load_spec
+    from trainyard.templating import TEMPLATE
+
+    if target.is_dir():
+        return target
+    spec = load_spec(target)
+    if TEMPLATE.search(spec.checkpoint.hot):
+        raise TrainyardError(f"{target}: checkpoint.hot ({spec.checkpoint.hot}) differs per run; pass the checkpoint"
+                             " folder itself")
+    return Run(spec=spec, spec_path=target, dag_id=spec.dag_id(target), run_id="", ds="").checkpoint_root
+
+
+def cmd_lineage_release(args: argparse.Namespace) -> int:
+    """Free a pipeline's checkpoint lineage: an expired claim at once, a live one only with ``--force``."""
+    import time
+
+    from trainyard.checkpoint import lease
+
+    root = lineage_root(args.target)
+    claim, now = lease.read_claim(root), time.time()
+    if claim is None:
+        print(f"{root}: no run holds this lineage")
+        return 0
+    held = "a damaged claim" if claim is lease.UNREADABLE else claim.describe(now)
+    if claim.expires > now and not args.force:
+        print(f"{root}: held by {held}; its lease is live (the run is renewing it). If that run is dead,"
+              " mark it failed in Airflow or pass --force", file=sys.stderr)
+        return 1
+    if not lease.force_release(root, claim):
+        print(f"{root}: the claim changed while we looked; run the command again", file=sys.stderr)
+        return 1
+    print(f"{root}: released; it was held by {held}")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="trainyard", description="Declarative distributed-training pipelines on Airflow.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -127,6 +165,12 @@ def parser() -> argparse.ArgumentParser:
     summary.add_argument("--runs-root", default="${TRAINYARD_HOME}/runs")
     summary.add_argument("--latest", action="store_true", help="the most recent run of --dag-id (the default)")
     summary.set_defaults(func=cmd_summary)
+    lineage = sub.add_parser("lineage", help="a pipeline's checkpoint lineage").add_subparsers(dest="lineage_command",
+                                                                                          required=True)
+    release = lineage.add_parser("release", help="free the lineage a dead run still holds (prints who held it)")
+    release.add_argument("target", type=Path, help="the pipeline's spec file, or its checkpoint folder")
+    release.add_argument("--force", action="store_true", help="free it even though its holder renewed it recently")
+    release.set_defaults(func=cmd_lineage_release)
     return p
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from trainyard.atomic import write_json_atomic
+from trainyard.checkpoint.resume import check_resume
 from trainyard.errors import SpecError
 from trainyard.ledger import Ledger, run_dir, safe_name
 from trainyard.spec import PARAM_FIELDS, PipelineSpec, load_spec, spec_from_data, with_params
@@ -110,6 +111,7 @@ def open_run(
     file_spec = load_spec(spec_path)
     spec = with_params(file_spec, params, spec_path) if params else file_spec
     run = Run(spec=spec, spec_path=spec_path, dag_id=dag_id, run_id=run_id, ds=ds, connections=connections)
+    check_resume(run)  # now, not after staging and burn-in: resume_from is a Param anyone who triggers can set
     snapshot = run.dir / SNAPSHOT
     if snapshot.exists():
         return load_run(snapshot, connections)

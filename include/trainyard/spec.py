@@ -240,6 +240,10 @@ class TrainingSpec(_Model):
     """Seed of weights and data order."""
     resume_from: str = "latest"
     """``latest`` (the newest valid checkpoint, if any), ``none``, or a checkpoint path."""
+    allowed_resume_roots: list[str] = []
+    """Folders besides the pipeline's own checkpoint roots (hot, and cold if ``file://``) below which
+    ``resume_from`` may name a checkpoint: absolute paths (``${VAR}`` allowed). Another pipeline's
+    checkpoints are out of reach unless their folder is listed here."""
 
 
 class MetricExpectations(_Model):

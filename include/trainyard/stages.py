@@ -19,12 +19,13 @@ from trainyard.burnin.kubernetes import candidate_nodes, label_evicted, run_burn
 from trainyard.burnin.local import run_burn_in
 from trainyard.burnin.protocol import drills_from
 from trainyard.burnin.verdict import Rule, decide, format_table
-from trainyard.checkpoint import registry
+from trainyard.checkpoint import lease, registry
 from trainyard.checkpoint.format import (
     MANIFEST, latest_valid, list_checkpoints, read_manifest, step_dir, step_of, supersede, verify,
 )
+from trainyard.checkpoint.resume import check_resume
 from trainyard.checkpoint.validate import Validation, validate
-from trainyard.errors import CheckpointInvalid, NodeUnhealthy, SpecError, TransientError
+from trainyard.errors import CheckpointInvalid, LineageBusy, NodeUnhealthy, SpecError, TransientError
 from trainyard.launch.base import AttemptStatus, Launcher, LaunchPlan
 from trainyard.launch.kubernetes import status_from_dicts
 from trainyard.launch.local import LocalLauncher
@@ -34,7 +35,7 @@ from trainyard.recovery.figures import recovery_figures
 from trainyard.recovery.policy import Situation
 from trainyard.recovery.progress import ProgressLog, tokens_per_step
 from trainyard.recovery.supervisor import (
-    AttemptResult, Course, attempt_failed, attempt_succeeded, detect, recover, start_attempt, supervise,
+    AttemptResult, Course, attempt_failed, attempt_succeeded, detect, pause, recover, start_attempt, supervise,
 )
 from trainyard.train.drills import ENV as DRILLS_ENV
 from trainyard.train.progress import loss_points
@@ -170,22 +171,44 @@ def _cli_args(args: dict[str, Any]) -> list[str]:
     return out
 
 
-def resume_point(run: Run) -> tuple[str, int]:
+def lease_ttl(run: Run) -> float:
+    """How long the run's claim on its lineage holds unrenewed. A deferred train task renews it only
+    when it wakes (at least every ``wake_every_s``), so its lease outlasts two waits."""
+    k8s = run.spec.nodes.kubernetes
+    if run.spec.nodes.backend == "kubernetes" and k8s is not None and k8s.deferrable:
+        return max(lease.LEASE_S, 2 * k8s.wake_every_s + 60)
+    return lease.LEASE_S
+
+
+def hold_lineage(run: Run, run_state: lease.RunState | None = None) -> lease.Lease:
+    """Claim the pipeline's checkpoints for this run (``LineageBusy`` while another run holds them).
+
+    The train stage renews the claim while it runs; it lasts until the run's
+    report releases it, or lapses ``lease_ttl`` after the last renewal.
+    ``run_state`` is Airflow's word on the holder's run (the Airflow layer passes it).
+    """
+    return lease.hold(run.checkpoint_root, run.dag_id, run.run_id, run.ledger, lease_ttl(run), run_state)
+
+
+def resume_point(run: Run, held: lease.Lease | None = None) -> tuple[str, int]:
     """The checkpoint this run starts from (``none`` or a path) and its step.
 
-    Decided once per run and kept in the ledger, so a retried train task aims
-    at the same final step instead of training ``max_steps`` more.
+    Decided once per run, while the run holds the lineage (``held``), and
+    kept in the ledger, so a retried train task aims at the same final step
+    instead of training ``max_steps`` more.
     """
-    registry.hold(run.checkpoint_root, run.run_id, run.ledger)  # the run's until its report
     first = next(run.ledger.events("train", "resume_point"), None)
     if first:
         return first["resume_from"], first["start_step"]
+    held = held or hold_lineage(run)
+    check_resume(run)  # open_run checked it too; the pinned spec lives in a folder pods can write
     choice = run.spec.training.resume_from
     path = latest_valid(run.checkpoint_root) if choice == "latest" else None if choice == "none" else Path(choice)
     if choice not in ("latest", "none") and (problems := verify(path)):  # latest_valid verified its own choice
         raise CheckpointInvalid(f"cannot resume from {path}: " + "; ".join(problems))
     start = read_manifest(path)["step"] if path else 0
     resume_from = str(path) if path else "none"
+    held.renew()  # verifying can take long: still ours before the pointer moves
     registry.reset(run.checkpoint_root, path, run.ledger)  # the lineage this run extends
     run.ledger.append("train", "resume_point", resume_from=resume_from, start_step=start)
     return resume_from, start
@@ -224,19 +247,23 @@ def _to_cold(run: Run) -> Callable[[Path], None] | None:
 
 
 @recorded("train")
-def train(run: Run, nodes: list[str], launcher: Launcher | None = None, spares: list[str] | None = None) -> dict[str, Any]:
+def train(run: Run, nodes: list[str], launcher: Launcher | None = None, spares: list[str] | None = None,
+          run_state: lease.RunState | None = None) -> dict[str, Any]:
     """Train on ``nodes`` with torchrun, recovering from failures until done or the policy says stop.
 
     ``launcher`` is the backend (default: local processes); the caller keeps it
     to end the attempt from outside (a killed task). ``spares`` are healthy
     nodes the pressure test did not pick, for replacing lost ones. A retried
     task carries on from the ledger: attempt numbers, nodes and micro-batch.
+    The run holds the lineage throughout, renewing its lease at every poll
+    (``run_state``: see ``hold_lineage``); losing it ends the attempt.
     """
     if launcher is None:
         _require_local(run)
         launcher = LocalLauncher()
     training = run.spec.training
-    resume_from, start = resume_point(run)
+    held = hold_lineage(run, run_state)
+    resume_from, start = resume_point(run, held)
     target = start + training.max_steps
     course, first = _course(run, nodes, resume_from)
     with _watcher(run):
@@ -244,6 +271,7 @@ def train(run: Run, nodes: list[str], launcher: Launcher | None = None, spares: 
             launcher, lambda attempt, c: _plan(run, attempt, c, target), course, _spares_left(run, spares),
             lambda c, free: _situation(run, c, free), run.spec.recovery, run.ledger, training.heartbeat_timeout_s,
             lambda step: _rollback(run, step), first_attempt=first, progress_for=lambda plan: _progress(run, plan, target),
+            keep_alive=held.keep,
         )
     return _trained(run, nodes, start, target, result)
 
@@ -282,11 +310,13 @@ def _trained(run: Run, nodes: list[str], start: int, target: int, result: Attemp
 # so everything it needs is in the ledger or the watch.
 
 
-def start_training(run: Run, nodes: list[str], launcher: Any, spares: list[str] | None = None) -> dict[str, Any]:
+def start_training(run: Run, nodes: list[str], launcher: Any, spares: list[str] | None = None,
+                   run_state: lease.RunState | None = None) -> dict[str, Any]:
     """Launch the run's next attempt, or re-attach to one an earlier task process left running; the watch."""
     run.ledger.append("train", "stage_start")
     try:
-        resume_from, start = resume_point(run)
+        held = _hold_or_end(run, launcher, run_state)
+        resume_from, start = resume_point(run, held)
         target = start + run.spec.training.max_steps
         if _unfinished_attempt(run) is not None:
             _, plan, _, watch = _current(run, launcher, target)
@@ -300,17 +330,19 @@ def start_training(run: Run, nodes: list[str], launcher: Any, spares: list[str] 
 
 
 def continue_training(run: Run, nodes: list[str], launcher: Any, spares: list[str] | None,
-                      event: dict[str, Any]) -> dict[str, Any]:
+                      event: dict[str, Any], run_state: lease.RunState | None = None) -> dict[str, Any]:
     """Act on the trigger's ``event`` for the current attempt: ``{"watch": ...}`` to wait again, or ``{"result": ...}``.
 
     The current attempt is the ledger's last one (not a value the deferral
     carried: the ledger is what a retried task sees too). Every wake judges
     the checkpoints written since the last one. A failure is classified and
     decided as in ``train``; unless the policy says fail (``TrainingFailed``),
-    the next attempt is launched and watched.
+    the next attempt is launched and watched. Every wake renews the run's
+    lease on the lineage; if another run took it meanwhile, the attempt ends.
     """
     try:
-        _, start = resume_point(run)
+        held = _hold_or_end(run, launcher, run_state)
+        _, start = resume_point(run, held)
         target = start + run.spec.training.max_steps
         course, plan, handle, watch = _current(run, launcher, target)
         run.ledger.append("train", "attempt_event", attempt=plan.attempt, status=event["status"],
@@ -338,10 +370,22 @@ def continue_training(run: Run, nodes: list[str], launcher: Any, spares: list[st
         course, delay = recover(launcher, failed, course, _spares_left(run, spares),
                                 lambda c, free: _situation(run, c, free), run.spec.recovery, run.ledger,
                                 lambda step: _rollback(run, step))
-        time.sleep(delay)
+        pause(delay, held.keep)
         return {"watch": _launch(run, launcher, plan.attempt + 1, course, target)}
     except Exception as exc:
         _stage_failed(run, "train", exc, _train_seconds(run))
+        raise
+
+
+def _hold_or_end(run: Run, launcher: Any, run_state: lease.RunState | None) -> lease.Lease:
+    """Claim the lineage again at each deferred wake; if another run holds it now, end this run's attempt
+    (its pods run on without a task process) before failing."""
+    try:
+        return hold_lineage(run, run_state)
+    except LineageBusy:
+        first = next(run.ledger.events("train", "resume_point"), None)
+        if first and _unfinished_attempt(run) is not None:
+            launcher.cancel(_current(run, launcher, first["start_step"] + run.spec.training.max_steps)[2])
         raise
 
 
@@ -464,6 +508,7 @@ def _rollback(run: Run, step: int) -> str:
 def check_checkpoint(run: Run, checkpoint: str | None, target_step: int) -> dict[str, Any]:
     """The gate: the run's final checkpoint is whole, loadable, finite, at the final step, and its
     loss history passes the metric expectations (great-expectations; result saved in the run folder)."""
+    lease.renew_held(run.checkpoint_root, run.run_id, lease_ttl(run))  # the run's lineage until its report
     if not checkpoint:
         raise CheckpointInvalid(f"no valid checkpoint under {run.checkpoint_root}")
     expect, history = run.spec.checkpoint.expectations, loss_history(run)
@@ -484,6 +529,7 @@ def check_checkpoint(run: Run, checkpoint: str | None, target_step: int) -> dict
 def publish(run: Run, checkpoint: str) -> dict[str, Any]:
     """Copy the valid checkpoint to the cold tier, verified, its manifest last."""
     src = Path(checkpoint)
+    lease.renew_held(run.checkpoint_root, run.run_id, lease_ttl(run))  # retention must not take src meanwhile
     cold = run.tier(run.cold_checkpoint_uri, run.spec.checkpoint.connection)
     if run.spec.checkpoint.lifecycle:
         _set_lifecycle(cold, run.spec.checkpoint.lifecycle, f"trainyard-{run.dag_id}-checkpoints")
@@ -497,5 +543,5 @@ def publish(run: Run, checkpoint: str) -> dict[str, Any]:
 def report(run: Run) -> dict[str, Any]:
     """Write the run's summary and HTML report from its ledger; release the run's hot data and checkpoints."""
     unpin(run.hot_dataset_dir, run.holder)
-    registry.release(run.checkpoint_root, run.run_id)
+    lease.release(run.checkpoint_root, run.run_id)
     return write_report(run.dir, run.ledger)

@@ -59,3 +59,39 @@ def test_a_run_without_a_logical_date_takes_the_day_of_its_run_after() -> None:
     late = dt.datetime(2026, 11, 29, 23, 30, tzinfo=dt.timezone(dt.timedelta(hours=-5)))  # 04:30 UTC on the 30th
     assert run_date({"ds": "2026-11-28", "dag_run": SimpleNamespace(run_after=late)}) == "2026-11-28"
     assert run_date({"dag_run": SimpleNamespace(run_after=late)}) == "2026-11-30"  # REST logical_date: null, Assets
+
+
+class FakeComms:
+    """The task runner's channel to its supervisor: answers GetDagRunState as the API server would."""
+
+    def __init__(self, runs: dict[tuple[str, str], str], status: int = 404) -> None:
+        self.runs, self.status, self.asked = runs, status, []
+
+    def send(self, msg):
+        from airflow.sdk.exceptions import AirflowRuntimeError, ErrorType
+        from airflow.sdk.execution_time.comms import DagRunStateResult, ErrorResponse
+
+        self.asked.append((msg.dag_id, msg.run_id))
+        if (msg.dag_id, msg.run_id) in self.runs:
+            return DagRunStateResult(state=self.runs[(msg.dag_id, msg.run_id)])
+        raise AirflowRuntimeError(ErrorResponse(error=ErrorType.API_SERVER_ERROR,
+                                                detail={"status_code": self.status, "message": "no"}))
+
+
+@pytest.mark.parametrize("runs,status,expected", [
+    ({("nightly", "r1"): "running"}, 404, "running"),
+    ({("nightly", "r1"): "failed"}, 404, "failed"),
+    ({("nightly", "r1"): "success"}, 404, "success"),
+    ({}, 404, "absent"),  # deleted: its claim may go
+    ({}, 503, None),  # Airflow cannot say: the lease's expiry decides
+])
+def test_the_lease_asks_airflow_for_the_holders_run_state(monkeypatch: pytest.MonkeyPatch, runs: dict, status: int,
+                                                         expected: str | None) -> None:
+    from airflow.sdk.execution_time import task_runner
+
+    from trainyard.airflow.tasks import dagrun_state
+
+    comms = FakeComms(runs, status)
+    monkeypatch.setattr(task_runner, "SUPERVISOR_COMMS", comms, raising=False)
+    assert dagrun_state("nightly", "r1") == expected
+    assert comms.asked == [("nightly", "r1")]

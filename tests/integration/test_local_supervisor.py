@@ -7,7 +7,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from trainyard.errors import TrainingFailed
+from trainyard.errors import LineageBusy, TrainingFailed
 from trainyard.launch.base import LaunchPlan
 from trainyard.launch.local import LocalHandle, LocalLauncher
 from trainyard.ledger import Ledger
@@ -68,3 +68,18 @@ def test_a_clean_exit_succeeds(tmp_path: Path) -> None:
                          Ledger.in_dir(tmp_path), poll_s=0.2)
     assert result.attempt == 1
     assert "ok" in (tmp_path / "attempt-1" / "node-0.log").read_text()
+
+
+def test_a_lost_lineage_lease_ends_the_attempt_and_every_process(tmp_path: Path) -> None:
+    from trainyard.checkpoint.lease import hold
+
+    root, ledger = tmp_path / "ckpt", Ledger.in_dir(tmp_path)
+    clock = [0.0]
+    held = hold(root, "p", "run-1", ledger, ttl_s=4.0, clock=lambda: clock[0])
+    clock[0] = 5.0  # lapsed (a stalled worker), and another run took the lineage over
+    hold(root, "p", "run-2", Ledger.in_dir(tmp_path / "run-2"), ttl_s=4.0, clock=lambda: clock[0])
+    launcher = Recording()
+    with pytest.raises(LineageBusy, match="run run-1 lost its claim"):
+        run_attempt(launcher, plan_for(tmp_path, "import time\ntime.sleep(120)\n"), tmp_path / "hb", 60.0, ledger,
+                    poll_s=0.2, keep_alive=held.keep)
+    assert launcher.pids and alive(launcher.pids) == []

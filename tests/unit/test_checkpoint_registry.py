@@ -108,28 +108,3 @@ def test_killed_midway_never_loses_the_last_valid_checkpoint(tmp_path: Path, kil
         assert registry.latest(root) == root / "step_000030"
         assert [c.name for c in list_checkpoints(root)] == ["step_000030"]
 
-
-def test_one_run_at_a_time_holds_the_lineage(tmp_path: Path) -> None:
-    from trainyard.errors import LineageBusy
-
-    root = tmp_path / "ckpt"
-    first, second = Ledger.in_dir(tmp_path / "run-1"), Ledger.in_dir(tmp_path / "run-2")
-    registry.hold(root, "run-1", first)
-    registry.hold(root, "run-1", first)  # a retried task of the same run
-    with pytest.raises(LineageBusy, match=r"run run-1 has trained on these checkpoints since .* delete .*HOLDER"):
-        registry.hold(root, "run-2", second)
-    registry.release(root, "run-2")  # not the holder: nothing happens
-    with pytest.raises(LineageBusy):
-        registry.hold(root, "run-2", second)
-    registry.release(root, "run-1")
-    registry.hold(root, "run-2", second)
-    assert json.loads((root / "HOLDER").read_text())["run_id"] == "run-2"
-    assert [p.name for p in root.iterdir()] == ["HOLDER"]  # no draft claim left behind
-
-
-def test_a_finished_runs_claim_lapses(tmp_path: Path) -> None:
-    root, first = tmp_path / "ckpt", Ledger.in_dir(tmp_path / "run-1")
-    registry.hold(root, "run-1", first)
-    first.append("report", "stage_end", seconds=0.1)  # its report was written, but the release was lost
-    registry.hold(root, "run-2", Ledger.in_dir(tmp_path / "run-2"))
-    assert json.loads((root / "HOLDER").read_text())["run_id"] == "run-2"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 from trainyard.errors import DataError
 from trainyard.ledger import Ledger
 from trainyard.storage import LocalTier
-from trainyard.storage.hot import PIN_TTL_S, HotRoom, make_room, pin, staged_datasets, unpin
+from trainyard.storage.hot import PIN_TTL_S, STAGED_MANIFEST, HotRoom, make_room, pin, staged_datasets, unpin
 from trainyard.storage.staging import stage
 
 
@@ -92,3 +93,63 @@ def test_stage_makes_room_and_pins_its_own_dataset(root: Path, tmp_path: Path) -
 
 def test_unbounded_capacity_never_evicts(root: Path) -> None:
     assert make_room(HotRoom(root, None, "me"), root / "x", 10**12, None) == []
+
+
+def test_eviction_leaves_files_trainyard_did_not_stage(root: Path) -> None:
+    # dataset.hot pointed at a folder a person also keeps files in.
+    notes = root / "old" / "notes.txt"
+    notes.write_text("mine")
+    (root / "old" / "drafts").mkdir()
+    (root / "old" / "drafts" / "plan.md").write_text("also mine")
+    assert [d.path.name for d in make_room(HotRoom(root, 100_000, "me"), root / "incoming", 35_000, None)] == ["old"]
+    assert notes.read_text() == "mine" and (root / "old" / "drafts" / "plan.md").read_text() == "also mine"
+    assert sorted(p.name for p in (root / "old").iterdir()) == ["drafts", "notes.txt"]  # staged files and bookkeeping gone
+    assert names(root) == ["mid", "new"]
+
+
+def test_an_emptied_dataset_folder_goes_entirely(root: Path) -> None:
+    make_room(HotRoom(root, 100_000, "me"), root / "incoming", 35_000, None)
+    assert not (root / "old").exists()
+
+
+def test_a_folder_without_a_trainyard_manifest_is_never_evicted(root: Path) -> None:
+    user = root / "scratch"
+    user.mkdir()
+    (user / "big.bin").write_bytes(b"z" * 50_000)
+    make_room(HotRoom(root, 100_000, "me"), root / "incoming", 80_000, None)
+    assert (user / "big.bin").stat().st_size == 50_000
+
+
+def test_a_manifest_listing_paths_outside_its_folder_deletes_nothing_there(root: Path, tmp_path: Path) -> None:
+    # The hot tier is writable by training code: a rewritten manifest must not steer deletion.
+    outside = tmp_path / "home" / "user.txt"
+    outside.parent.mkdir()
+    outside.write_text("keep")
+    (root / "old" / "link").symlink_to(outside.parent)
+    manifest = json.loads((root / "old" / STAGED_MANIFEST).read_text())
+    manifest["files"].update({"../../home/user.txt": {"size": 4}, "link/user.txt": {"size": 4}})
+    (root / "old" / STAGED_MANIFEST).write_text(json.dumps(manifest))
+    make_room(HotRoom(root, 100_000, "me"), root / "incoming", 35_000, None)
+    assert outside.read_text() == "keep"
+
+
+def test_a_nested_pinned_night_survives_eviction_of_its_parent(tmp_path: Path) -> None:
+    # dataset.name `tokens` (every night) beside `tokens/{{ ds }}` (one night): the night is inside the parent.
+    root, now = tmp_path / "hot", time.time()
+    parent = staged(root, "tokens", 30_000, now - 300)  # its source holds the night as well
+    night = root / "tokens" / "2026-11-30"
+    src = tmp_path / "cold" / "tokens" / "2026-11-30"
+    src.mkdir(parents=True)
+    (src / "s.tok").write_bytes(b"n" * 20_000)
+    stage(LocalTier(tmp_path / "cold" / "tokens"), parent)  # the parent re-staged: it now lists 2026-11-30/s.tok
+    stage(LocalTier(src), night, room=HotRoom(root, None, "nightly/run-1"))  # pinned: a run trains on it
+    os.utime(parent / ".last_used", (now - 300, now - 300))
+    assert "2026-11-30/s.tok" in json.loads((parent / STAGED_MANIFEST).read_text())["files"]
+    with pytest.raises(DataError, match="evicting every unpinned dataset frees only 0 B"):
+        make_room(HotRoom(root, 60_000, "me"), root / "incoming", 25_000, None)  # the parent holds a pinned night
+    assert (night / "s.tok").read_bytes() == b"n" * 20_000 and (night / STAGED_MANIFEST).exists()
+    assert (parent / "s.tok").exists()
+    unpin(night, "nightly/run-1")
+    assert [d.path for d in make_room(HotRoom(root, 60_000, "me"), root / "incoming", 30_000, None)] == [parent]
+    assert not (parent / "s.tok").exists()  # now the parent went: its own files only ...
+    assert (night / "s.tok").read_bytes() == b"n" * 20_000  # ... the night's files belong to the night too

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator, BaseOperatorLink, conf
 
 from trainyard.airflow import tasks
-from trainyard.airflow.tasks import kube_client, load_stages, stage_run
+from trainyard.airflow.tasks import dagrun_state, kube_client, load_stages, stage_run
 from trainyard.report.pages import run_url
 from trainyard.spec import NodesSpec
 
@@ -80,6 +80,10 @@ class RunPageLink(BaseOperatorLink):
 class TrainOperator(BaseOperator):
     """Launch and supervise the training attempts on the nodes ``burn_in`` chose.
 
+    The run holds its pipeline's checkpoint lineage while it trains; Airflow's
+    state of the run holding it (``tasks.dagrun_state``) lets a run take over
+    at once from one that failed or is gone, without waiting for its lease to lapse.
+
     :param spec_path: the spec file, read only where the run was never pinned (``airflow tasks test``).
     :param run_file: the run's pinned spec (``pin_spec``'s XCom), rendered at run time.
     """
@@ -100,8 +104,10 @@ class TrainOperator(BaseOperator):
         with stage_run(self.spec_path, self.run_file, "train") as run:
             self._launcher = launcher_for(run.spec.nodes)
             if not defers(run.spec.nodes):
-                return load_stages().train(run, chosen["healthy"], launcher=self._launcher, spares=chosen.get("spare", []))
-            watch = load_stages().start_training(run, chosen["healthy"], self._launcher, chosen.get("spare", []))
+                return load_stages().train(run, chosen["healthy"], launcher=self._launcher, spares=chosen.get("spare", []),
+                                           run_state=dagrun_state)
+            watch = load_stages().start_training(run, chosen["healthy"], self._launcher, chosen.get("spare", []),
+                                                 run_state=dagrun_state)
         self.defer(trigger=trigger_for(run, watch), method_name="attempt_event")
 
     def attempt_event(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
@@ -113,7 +119,8 @@ class TrainOperator(BaseOperator):
         chosen = context["ti"].xcom_pull(task_ids=self.burn_in_task_id)
         with stage_run(self.spec_path, self.run_file, "train") as run:
             self._launcher = launcher_for(run.spec.nodes)
-            outcome = load_stages().continue_training(run, chosen["healthy"], self._launcher, chosen.get("spare", []), event)
+            outcome = load_stages().continue_training(run, chosen["healthy"], self._launcher, chosen.get("spare", []), event,
+                                                      run_state=dagrun_state)
         if "result" in outcome:
             return outcome["result"]
         self.defer(trigger=trigger_for(run, outcome["watch"]), method_name="attempt_event")

@@ -42,6 +42,30 @@ def load_stages() -> ModuleType:
     return trainyard.stages
 
 
+def dagrun_state(dag_id: str, run_id: str) -> str | None:
+    """Airflow's state of a DAG run (``queued``, ``running``, ``success``, ``failed``), ``absent`` if there
+    is no such run, None if Airflow cannot say: the lineage lease asks it about the run that holds it.
+
+    Through the Task SDK (``RuntimeTaskInstance.get_dagrun_state``), as a task may: workers reach
+    the metadata database only through the API server.
+    """
+    from airflow.sdk.exceptions import AirflowRuntimeError
+    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+    try:
+        state = RuntimeTaskInstance.get_dagrun_state(dag_id, run_id)
+    except AirflowRuntimeError as exc:
+        if (exc.error.detail or {}).get("status_code") == 404:
+            return "absent"  # deleted, or a claim from before a database reset
+        log.warning("cannot ask Airflow about run %s of %s (%s); its lease decides", run_id, dag_id, exc)
+        return None
+    except Exception as exc:  # noqa: BLE001 -- no answer is not a reason to take or refuse the lineage
+        log.warning("cannot ask Airflow about run %s of %s (%s: %s); its lease decides", run_id, dag_id,
+                    type(exc).__name__, exc)
+        return None
+    return str(getattr(state, "value", state))
+
+
 def _s3_settings(conn_id: str) -> S3Settings:
     """S3 endpoint and keys from an Airflow connection (type aws, ``endpoint_url`` in extra)."""
     return settings_for(Connection.get(conn_id))

@@ -4,7 +4,8 @@
 atomic rename, so a reader sees the old pointer or the new one. An invalid
 checkpoint moves to ``quarantine/`` with its reasons. Retention deletes only
 valid checkpoints older than the newest ``keep`` and never the pointer's
-target. Every decision is a ledger event.
+target. Every decision is a ledger event. Which run may train on the
+lineage at all is ``trainyard.checkpoint.lease``.
 """
 
 from __future__ import annotations
@@ -18,15 +19,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainyard.atomic import read_json, temp_name, write_json_atomic
+from trainyard.atomic import read_json, write_json_atomic
 from trainyard.checkpoint.format import list_checkpoints, step_of
 from trainyard.checkpoint.validate import Validation
-from trainyard.errors import LineageBusy
 from trainyard.ledger import Ledger
 
 log = logging.getLogger(__name__)
 LATEST = "LATEST"
-HOLDER = "HOLDER"
 QUARANTINE = "quarantine"
 REASONS = "reasons.json"
 STAGE = "train"
@@ -60,56 +59,6 @@ def reset(root: Path, ckpt: Path | None, ledger: Ledger | None = None) -> None:
         write_json_atomic(root / LATEST, {"path": ckpt.name, "step": step_of(ckpt), "promoted_at": time.time()})
     if ledger:
         ledger.append(STAGE, "lineage_reset", path=str(ckpt) if ckpt else None)
-
-
-def hold(root: Path, run_id: str, ledger: Ledger) -> None:
-    """Claim the lineage for ``run_id`` until ``release``: one run at a time trains on it.
-
-    Two runs of a pipeline at once (a backfill beside the nightly run) would
-    resume from the same step, save the same step names and retire each
-    other's checkpoints. The claim is a file created exclusively; the same run
-    (a retried task) holds it again, and a holder whose report has been
-    written is over, so its claim lapses.
-    """
-    path = root / HOLDER
-    root.mkdir(parents=True, exist_ok=True)
-    draft = temp_name(path)
-    write_json_atomic(draft, {"run_id": run_id, "ledger": str(ledger.path), "since": time.time()})
-    try:
-        while True:
-            try:
-                os.link(draft, path)  # exclusive and whole: the claim appears complete or not at all
-            except FileExistsError:
-                holder = read_json(path)
-                if holder.get("run_id") == run_id:
-                    return
-                if not _over(holder):
-                    raise LineageBusy(
-                        f"{root}: run {holder.get('run_id')} has trained on these checkpoints since"
-                        f" {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(holder.get('since', 0)))} UTC and has"
-                        f" not finished; runs of one pipeline train one at a time (backfill with --max-active-runs"
-                        f" 1). If that run is dead, delete {path}") from None
-                path.unlink(missing_ok=True)  # a finished run's claim: take it over
-                continue
-            ledger.append(STAGE, "lineage_held", root=str(root))
-            return
-    finally:
-        draft.unlink(missing_ok=True)
-
-
-def _over(holder: dict[str, Any]) -> bool:
-    ledger = Ledger(holder["ledger"]) if holder.get("ledger") else None
-    return ledger is not None and any(e["event"] in ("stage_end", "stage_failed") for e in ledger.events("report"))
-
-
-def release(root: Path, run_id: str) -> None:
-    """Give the lineage up, if ``run_id`` holds it."""
-    path = root / HOLDER
-    try:
-        if read_json(path).get("run_id") == run_id:
-            path.unlink()
-    except (OSError, ValueError):
-        pass  # nobody holds it
 
 
 def quarantine(root: Path, ckpt: Path, problems: list[str], ledger: Ledger | None = None) -> Path:

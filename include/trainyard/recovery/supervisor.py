@@ -149,10 +149,12 @@ def attempt_succeeded(plan: LaunchPlan, started: float, heartbeat_dir: Path, led
 def run_attempt(
     launcher: Launcher, plan: LaunchPlan, heartbeat_dir: Path, heartbeat_timeout_s: float, ledger: Ledger,
     poll_s: float = 0.5, startup_grace_s: float = STARTUP_GRACE_S, progress: ProgressLog | None = None,
+    keep_alive: Callable[[], None] | None = None,
 ) -> AttemptResult:
     """Launch ``plan`` and block until it succeeds; raise ``AttemptFailed`` when it does not.
 
     ``progress`` paces the progress lines this loop logs (the train task's log is all a person watching sees).
+    ``keep_alive`` is called at every poll (the run's lease on its lineage); whatever it raises ends the attempt.
     """
     started = time.time()
     handle = start_attempt(launcher, plan, ledger)
@@ -166,6 +168,8 @@ def run_attempt(
                 raise attempt_failed(plan, status, ledger, heartbeat_dir, *problem)
             if progress is not None and (line := progress.poll(time.time())):
                 log.info("%s", line)
+            if keep_alive is not None:
+                keep_alive()
             time.sleep(poll_s)
     finally:
         launcher.cancel(handle)  # a no-op after success; ends every survivor after a failure
@@ -240,24 +244,35 @@ def supervise(
     first_attempt: int = 1,
     poll_s: float = 0.5,
     progress_for: Callable[[LaunchPlan], ProgressLog] | None = None,
+    keep_alive: Callable[[], None] | None = None,
 ) -> AttemptResult:
     """Attempts until success; ``TrainingFailed`` (with the kind) once the policy says fail.
 
     ``plan_for(attempt, course)`` builds each attempt's plan; ``situation``
     describes the world for the policy; ``rollback_to(step)`` prepares a
     rollback and returns the checkpoint path to resume from; ``progress_for(plan)``
-    paces each attempt's progress lines (None: none logged).
+    paces each attempt's progress lines (None: none logged); ``keep_alive`` is
+    called at every poll and pause (see ``run_attempt``).
     """
     attempt = first_attempt
     while True:
         plan = plan_for(attempt, course)
         try:
             return run_attempt(launcher, plan, Path(plan.env["TRAINYARD_HEARTBEAT_DIR"]), heartbeat_timeout_s, ledger,
-                               poll_s, progress=progress_for(plan) if progress_for else None)
+                               poll_s, progress=progress_for(plan) if progress_for else None, keep_alive=keep_alive)
         except AttemptFailed as failed:
             course, delay = recover(launcher, failed, course, spares, situation, recovery, ledger, rollback_to)
-            time.sleep(delay)
+            pause(delay, keep_alive)
             attempt += 1
+
+
+def pause(seconds: float, keep_alive: Callable[[], None] | None = None, slice_s: float = 5.0) -> None:
+    """Sleep ``seconds`` (a retry's backoff, up to an hour), calling ``keep_alive`` every ``slice_s``."""
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        if keep_alive is not None:
+            keep_alive()
+        time.sleep(min(left, slice_s))
 
 
 def _changes(decision: Any) -> dict[str, Any]:

@@ -3,28 +3,36 @@
 Each staged dataset is a folder holding a staged manifest. A run pins the
 folder it trains on (a file under ``.pins/``) and unpins it when its report is
 written; staging touches ``.last_used``. When a new stage needs room, the
-least recently used unpinned datasets go first, each renamed away before it
-is deleted, so a half-deleted folder never looks staged.
+least recently used unpinned datasets go first.
+
+Eviction deletes only what trainyard wrote: the files the folder's staged
+manifest lists, then its own bookkeeping, then the manifest, then the folder
+if that left it empty. A file someone else put there stays, and a dataset
+folder that holds (or lies inside) a pinned one is not evicted at all: with
+nested dataset names (``tokens`` and ``tokens/{{ ds }}``) the two share files.
+Killed midway, eviction leaves the manifest, so the folder is evicted again
+(or re-staged) later; nothing it lists is ever half-trusted.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-import shutil
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 from trainyard.atomic import write_bytes_atomic, write_text_atomic
 from trainyard.errors import DataError
 from trainyard.ledger import Ledger, safe_name
+from trainyard.storage.keys import key_path
 
 log = logging.getLogger(__name__)
 STAGED_MANIFEST = "_staged.json"
 PINS = ".pins"
 LAST_USED = ".last_used"
+JOURNAL = ".staging-journal.jsonl"  # what staging copied before its manifest (storage.staging)
 # A worker killed hard never unpins; after this long a pin no longer protects its dataset.
 PIN_TTL_S = 3 * 24 * 3600
 
@@ -47,8 +55,14 @@ class HotRoom:
     """The run that pins what it stages (``dag_id/run_id``)."""
 
 
-def _size(folder: Path) -> int:
-    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+def _size(folder: Path, nested: list[Path] = ()) -> int:
+    """Bytes under ``folder``, not counting the ``nested`` dataset folders (they count on their own)."""
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(folder):
+        here = Path(dirpath)
+        dirnames[:] = [d for d in dirnames if here / d not in nested]
+        total += sum((here / f).lstat().st_size for f in filenames)
+    return total
 
 
 def _pins(folder: Path, now: float) -> tuple[str, ...]:
@@ -59,19 +73,25 @@ def _pins(folder: Path, now: float) -> tuple[str, ...]:
 
 
 def staged_datasets(root: Path, now: float | None = None) -> list[StagedDataset]:
-    """Every staged dataset under ``root``, least recently used first."""
+    """Every staged dataset under ``root`` (nested ones too), least recently used first."""
     now = time.time() if now is None else now
-    found = []
-    for dirpath, dirnames, filenames in os.walk(root):
+    folders = []
+    for dirpath, dirnames, filenames in os.walk(root):  # does not follow links to folders
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
         if STAGED_MANIFEST in filenames:
-            folder = Path(dirpath)
-            used = folder / LAST_USED
-            last = used.stat().st_mtime if used.exists() else (folder / STAGED_MANIFEST).stat().st_mtime
-            found.append(StagedDataset(folder, _size(folder), last, _pins(folder, now)))
-            dirnames.clear()  # a dataset does not nest another
-        else:
-            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+            folders.append(Path(dirpath))
+    found = []
+    for folder in folders:
+        used = folder / LAST_USED
+        last = used.stat().st_mtime if used.exists() else (folder / STAGED_MANIFEST).stat().st_mtime
+        nested = [f for f in folders if f != folder and f.is_relative_to(folder)]
+        found.append(StagedDataset(folder, _size(folder, nested), last, _pins(folder, now)))
     return sorted(found, key=lambda d: (d.last_used, str(d.path)))
+
+
+def overlaps(a: Path, b: Path) -> bool:
+    """One folder is the other or lies inside it: nested datasets share files."""
+    return a.is_relative_to(b) or b.is_relative_to(a)
 
 
 def pin(folder: Path, holder: str) -> None:
@@ -101,7 +121,8 @@ def make_room(room: HotRoom, keep: Path, need: int, ledger: Ledger | None = None
     free = room.capacity_bytes - used
     if need <= free:
         return []
-    candidates = [d for d in datasets if d.path != keep and not d.pinned_by]
+    held = [d.path for d in datasets if d.pinned_by] + [keep]
+    candidates = [d for d in datasets if not any(overlaps(d.path, h) for h in held)]
     if need > free + sum(d.bytes for d in candidates):
         pinned = [d for d in datasets if d.pinned_by and d.path != keep]
         raise DataError(
@@ -114,7 +135,9 @@ def make_room(room: HotRoom, keep: Path, need: int, ledger: Ledger | None = None
     for victim in candidates:
         if need <= free:
             break
-        _evict(room.root, victim.path)
+        if _pins(victim.path, time.time()):
+            continue  # pinned since we looked
+        _evict(victim.path)
         free += victim.bytes
         evicted.append(victim)
         log.info("evicted %s (%s, last used %s)", victim.path, _mb(victim.bytes), time.ctime(victim.last_used))
@@ -123,10 +146,60 @@ def make_room(room: HotRoom, keep: Path, need: int, ledger: Ledger | None = None
     return evicted
 
 
-def _evict(root: Path, folder: Path) -> None:
-    doomed = root / f".evicting-{uuid.uuid4().hex[:8]}"
-    os.replace(folder, doomed)  # one rename: from here on it is not a staged dataset
-    shutil.rmtree(doomed)
+def staged_files(folder: Path) -> list[Path] | None:
+    """The files ``folder``'s staged manifest lists (all inside it); None if it has no readable trainyard manifest.
+
+    Keys come from a bucket listing and the folder is one pods can write: a
+    key that would leave the folder (``..``, a link) is skipped, never followed.
+    """
+    try:
+        manifest = json.loads((folder / STAGED_MANIFEST).read_text(encoding="utf-8"))
+        keys = list(manifest["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    files = []
+    for key in keys:
+        try:
+            files.append(key_path(folder, key))
+        except (DataError, TypeError):
+            log.warning("%s lists %r, which is not inside the folder; left alone", folder / STAGED_MANIFEST, key)
+    return files
+
+
+def _evict(folder: Path) -> None:
+    """Delete what staging wrote in ``folder`` and nothing else; the folder itself only if that empties it."""
+    files = staged_files(folder)
+    if files is None:
+        log.warning("%s has no readable staged manifest; not evicted", folder)
+        return
+    nested = [Path(d) for d, _, names in os.walk(folder) if STAGED_MANIFEST in names and Path(d) != folder]
+    for path in files:
+        if any(path.is_relative_to(n) for n in nested):
+            continue  # also the nested dataset's file: it goes when that dataset is evicted
+        path.unlink(missing_ok=True)  # a link is removed, not followed
+        _prune(path.parent, folder)
+    for name in (LAST_USED, JOURNAL):
+        (folder / name).unlink(missing_ok=True)
+    pins = folder / PINS
+    if pins.is_dir() and not pins.is_symlink():
+        for stale in pins.iterdir():  # only expired pins are left: the victim was unpinned
+            stale.unlink(missing_ok=True)
+        _prune(pins, folder)
+    (folder / STAGED_MANIFEST).unlink()  # last: until now the folder still says what to delete
+    try:
+        folder.rmdir()
+    except OSError:
+        log.info("%s keeps files trainyard did not stage; the folder stays", folder)
+
+
+def _prune(directory: Path, stop: Path) -> None:
+    """Remove ``directory`` and its parents below ``stop`` while they are empty."""
+    while directory != stop and directory.is_relative_to(stop):
+        try:
+            directory.rmdir()
+        except OSError:
+            return  # not empty (someone else's files), or gone
+        directory = directory.parent
 
 
 def _mb(n: int) -> str:

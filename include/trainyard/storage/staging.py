@@ -21,12 +21,11 @@ from typing import Any
 from trainyard.atomic import open_append, read_json, write_json_atomic
 from trainyard.errors import DataError
 from trainyard.ledger import Ledger
-from trainyard.storage.hot import STAGED_MANIFEST, HotRoom, make_room, pin, touch
+from trainyard.storage.hot import JOURNAL, STAGED_MANIFEST, HotRoom, make_room, pin, touch
 from trainyard.storage.keys import key_path
 from trainyard.storage.tier import ObjectInfo, Tier
 
 log = logging.getLogger(__name__)
-JOURNAL = ".staging-journal.jsonl"
 
 
 @dataclass(frozen=True)
