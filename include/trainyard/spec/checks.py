@@ -80,8 +80,8 @@ def _resume_from(spec: PipelineSpec) -> list[str]:
 
 def _resume_roots(spec: PipelineSpec) -> list[str]:
     problems = []
-    for field, uri in resume_root_fields(spec):
-        problems += [f"{field}: {p}" for p in uri_problems(uri, ("file",))]
+    for (field, uri), written in zip(resume_root_fields(spec), spec.training.allowed_resume_roots):
+        problems += [f"{field}: {p.replace(repr(uri), repr(written))}" for p in uri_problems(uri, ("file",))]
         if "{{" in uri:
             problems.append(f"{field}: run templates are only allowed in dataset.source and dataset.name")
     return problems

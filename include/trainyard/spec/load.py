@@ -147,17 +147,25 @@ def _remove(data: dict[str, Any], keys: tuple[str, ...]) -> bool:
 _GONE = object()
 
 
+def spec_files(paths: Iterable[str | Path]) -> list[Path]:
+    """The spec files ``paths`` name: a folder stands for its ``*.yaml`` files, as the DAG folder is read."""
+    files: list[Path] = []
+    for path in map(Path, paths):
+        files += sorted(path.glob("*.y*ml")) if path.is_dir() else [path]
+    return files
+
+
 def check_files(paths: Iterable[str | Path]) -> list[str]:
-    """Every problem in every file, one line each; empty when all are valid.
+    """Every problem in every file (or folder of files), one line each; empty when all are valid.
 
     Besides each file's own problems, the valid specs are checked together:
     no dataset folder may nest in another's (``checks.nested_roots``).
     """
     problems: list[str] = []
     valid: dict[Path, PipelineSpec] = {}
-    for path in paths:
+    for path in spec_files(paths):
         try:
-            valid[Path(path)] = load_spec(path)
+            valid[path] = load_spec(path)
         except SpecError as exc:
             problems.extend(exc.problems)
     return problems + nested_roots(valid)
