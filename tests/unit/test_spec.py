@@ -32,11 +32,6 @@ def spec_text(**sections: str) -> str:
     return "\n".join(lines.values()) + "\n"
 
 
-def k8s(settings: str) -> str:
-    """A kubernetes-backend ``nodes`` section with extra ``nodes.kubernetes`` settings."""
-    return f"{{count: 2, backend: kubernetes, kubernetes: {{image: trainer, {settings}}}}}"
-
-
 # (case id, file text, expected fragment of the one problem line after "FILE: ")
 BAD = [
     ("yaml-syntax", "nodes: [1\n", "line 2, column 1: invalid YAML"),
@@ -86,24 +81,6 @@ BAD = [
     ("notify-twice", spec_text(notify="{email: [a@example.com, a@example.com]}"), "notify.email[1]: 'a@example.com' is listed twice"),
     ("notify-unknown-key", spec_text(notify="{email: [a@example.com], slack: '#ml'}"),
      "notify.slack: unknown field; allowed here: connection, email, from_email, on"),
-    # Each pattern field names its own rule (not one wording for all of them).
-    ("bad-pipeline-name", spec_text(pipeline="-nightly"), "pipeline: '-nightly' is not a name: letters, digits"),
-    ("namespace-not-dns-label", spec_text(nodes=k8s("namespace: Team_A")),
-     "nodes.kubernetes.namespace: 'Team_A' is not a DNS-1123 label: at most 63 lowercase letters"),
-    ("hot-mount-relative", spec_text(nodes=k8s("hot_mount: mnt/hot")),
-     "nodes.kubernetes.hot_mount: 'mnt/hot' is not an absolute path: start with '/'"),
-    ("hot-mount-dotdot", spec_text(nodes=k8s("hot_mount: /mnt/../etc")), "'/mnt/../etc' is not an absolute path"),
-    ("cluster-domain", spec_text(nodes=k8s("cluster_domain: Cluster.Local")),
-     "nodes.kubernetes.cluster_domain: 'Cluster.Local' is not a DNS subdomain"),
-    # training.args: scalars or lists of scalars, one line naming the argument.
-    ("args-mapping", spec_text(training="{max_steps: 1, global_batch: 8, micro_batch: 2, checkpoint_every: 5,"
-                                        " args: {model: {d: 64}}}"),
-     "training.args.model: a mapping is not allowed as an argument's value; write a string, number or boolean"),
-    ("args-nested-list", spec_text(training="{max_steps: 1, global_batch: 8, micro_batch: 2, checkpoint_every: 5,"
-                                            " args: {layers: [1, [2]]}}"),
-     "training.args.layers: a list is not allowed as a list item"),
-    ("args-null", spec_text(training="{max_steps: 1, global_batch: 8, micro_batch: 2, checkpoint_every: 5,"
-                                     " args: {lr: null}}"), "training.args.lr: null is not allowed"),
 ]
 
 

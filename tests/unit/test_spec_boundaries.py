@@ -2,8 +2,8 @@
 
 Holes 7 (nested dataset folders), 9 (resume_from confined), 11 (finite ranges,
 Kubernetes label namespaces) and 12 (the launcher's service account); and the
-spec's promises about itself: one vocabulary per word, every problem of a file
-in one pass.
+spec's promises about itself: each pattern field states its own rule, training
+args are scalars, one vocabulary per word, every problem of a file in one pass.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def training(extra: str) -> str:
     return f"{{max_steps: 10, global_batch: 8, micro_batch: 2, checkpoint_every: 5, {extra}}}"
 
 
-# ---------------------------------------------------------------- hole 11: finite, sensible ranges
+# ---------------------------------------------------------------- one clear line per refused value
 
 REFUSED = [
     ("nodes-max-1e12", dict(nodes="{count: 2, max: 1000000000000}"), "nodes.max: 1000000000000 is out of range"),
@@ -80,6 +80,21 @@ REFUSED = [
     ("wake-nan", dict(nodes=k8s("wake_every_s: .nan")), "nodes.kubernetes.wake_every_s: nan"),
     ("lifecycle-days", dict(checkpoint='{cold: "s3://bucket/ck", connection: s3, lifecycle: {expire_days: 10000000}}'),
      "checkpoint.lifecycle.expire_days: 10000000 is out of range"),
+    # Each pattern field names its own rule (not one wording for all of them).
+    ("bad-pipeline-name", dict(pipeline="-nightly"), "pipeline: '-nightly' is not a name: letters, digits"),
+    ("namespace-not-dns-label", dict(nodes=k8s("namespace: Team_A")),
+     "nodes.kubernetes.namespace: 'Team_A' is not a DNS-1123 label: at most 63 lowercase letters"),
+    ("hot-mount-relative", dict(nodes=k8s("hot_mount: mnt/hot")),
+     "nodes.kubernetes.hot_mount: 'mnt/hot' is not an absolute path: start with '/'"),
+    ("hot-mount-dotdot", dict(nodes=k8s("hot_mount: /mnt/../etc")), "'/mnt/../etc' is not an absolute path"),
+    ("cluster-domain", dict(nodes=k8s("cluster_domain: Cluster.Local")),
+     "nodes.kubernetes.cluster_domain: 'Cluster.Local' is not a DNS subdomain"),
+    # training.args: scalars or lists of scalars, one line naming the argument.
+    ("args-mapping", dict(training=training("args: {model: {d: 64}}")),
+     "training.args.model: a mapping is not allowed as an argument's value; write a string, number or boolean"),
+    ("args-nested-list", dict(training=training("args: {layers: [1, [2]]}")),
+     "training.args.layers: a list is not allowed as a list item"),
+    ("args-null", dict(training=training("args: {lr: null}")), "training.args.lr: null is not allowed"),
     # Labels trainyard writes on nodes stay out of the namespaces Kubernetes keeps for itself.
     ("evicted-hostname", dict(nodes=k8s("evicted_label: kubernetes.io/hostname")),
      "nodes.kubernetes.evicted_label: 'kubernetes.io/hostname' is in the kubernetes.io/ namespace"),

@@ -72,7 +72,10 @@ def _entrypoint(spec: PipelineSpec) -> list[str]:
 
 
 def _resume_from(spec: PipelineSpec) -> list[str]:
-    value = spec.training.resume_from
+    return _resume_shape(spec.training.resume_from)
+
+
+def _resume_shape(value: str) -> list[str]:
     if not valid_resume(value):
         return [f"training.resume_from: {value!r} must be 'latest', 'none' or an absolute checkpoint path"]
     return []
@@ -235,10 +238,8 @@ def dataset_name_problems(name: str, template: str | None = None) -> list[str]:
     spec's ``template`` then): a folder trainyard stages into, and may evict, must
     be a plain relative path of its own, never the root itself or outside it.
     """
-    if not name or name.startswith("/") or "\\" in name or "\x00" in name:
-        return [f"{name!r} escapes the hot root; use a relative key without '..' (e.g. tokens/{{{{ ds }}}})"]
     parts = name.split("/")
-    if ".." in parts:
+    if not name or name.startswith("/") or "\\" in name or "\x00" in name or ".." in parts:
         return [f"{name!r} escapes the hot root; use a relative key without '..' (e.g. tokens/{{{{ ds }}}})"]
     if "." in parts or "" in parts:
         return [f"{name!r} has an empty or '.' part; name a folder of its own under the hot root (e.g. tokens/{{{{ ds }}}})"]
@@ -329,10 +330,8 @@ def resume_problems(spec: PipelineSpec, resume_from: str, roots: Sequence[str | 
     resolved. The message is the same whether or not the path exists, so the
     check tells a trigger nothing about folders it may not read.
     """
-    if resume_from in ("latest", "none"):
-        return []
-    if not valid_resume(resume_from):
-        return [f"training.resume_from: {resume_from!r} must be 'latest', 'none' or an absolute checkpoint path"]
+    if resume_from in ("latest", "none") or not valid_resume(resume_from):
+        return _resume_shape(resume_from)
     folders = [str(r).removeprefix("file://") for r in roots if "://" not in str(r) or str(r).startswith("file://")]
     if any(_inside(resume_from, folder) for folder in folders):
         return []
