@@ -10,17 +10,17 @@ from pathlib import Path
 from trainyard.errors import TrainyardError
 from trainyard.ledger import Ledger, safe_name
 from trainyard.report.summary import format_summary, summarize
-from trainyard.spec import check_files
+from trainyard.spec import check_files, spec_files
 from trainyard.templating import render
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """One line per problem: ``FILE: field.path: what is wrong``; exit 1 on any."""
+    """One line per problem: ``FILE: field.path: what is wrong``; exit 1 on any. A folder: its *.yaml files."""
     problems = check_files(args.files)
     for line in problems:
         print(line)
     if not problems:
-        print(f"{len(args.files)} spec(s) valid")
+        print(f"{len(spec_files(args.files))} spec(s) valid")
     return 1 if problems else 0
 
 
@@ -136,7 +136,7 @@ def cmd_lineage_release(args: argparse.Namespace) -> int:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="trainyard", description="Declarative distributed-training pipelines on Airflow.")
     sub = p.add_subparsers(dest="command", required=True)
-    check = sub.add_parser("check", help="validate pipeline spec files")
+    check = sub.add_parser("check", help="validate pipeline spec files (a folder: its *.yaml files, checked together)")
     check.add_argument("files", nargs="+", type=Path)
     check.set_defaults(func=cmd_check)
     demo = sub.add_parser("demo-data", help="write the synthetic demo corpora into the cold tier")

@@ -42,7 +42,7 @@ from trainyard.train.progress import loss_points
 from trainyard.report.summary import write_report
 from trainyard.ledger import safe_name
 from trainyard.run import Run
-from trainyard.spec import PROBES, Lifecycle
+from trainyard.spec import PROBES, Lifecycle, dataset_name_problems
 from trainyard.storage import S3Tier, Tier
 from trainyard.storage.hot import HotRoom, unpin
 from trainyard.storage.staging import stage, upload_tree
@@ -80,6 +80,9 @@ def _stage_failed(run: Run, name: str, exc: Exception, seconds: float) -> None:
 def stage_dataset(run: Run) -> dict[str, Any]:
     """Copy the cold shards to the hot tier, verified; only what changed is copied."""
     ds = run.spec.dataset
+    # The spec check saw the template; this sees what it rendered to (e.g. a run id with a '/').
+    if problems := dataset_name_problems(run.resolve("dataset.name", ds.name), ds.name):
+        raise SpecError([f"{run.spec_path}: dataset.name: {p}" for p in problems])
     source = run.tier(run.source_uri, ds.connection)
     if ds.lifecycle:
         _set_lifecycle(source, ds.lifecycle, f"trainyard-{run.dag_id}-data")
@@ -166,6 +169,8 @@ def _cli_args(args: dict[str, Any]) -> list[str]:
     for key, value in args.items():
         if value is True:
             out.append(f"--{key}")
+        elif isinstance(value, list):  # --key v1 v2 (argparse nargs)
+            out += [f"--{key}", *map(str, value)]
         elif value is not False:
             out += [f"--{key}", str(value)]
     return out

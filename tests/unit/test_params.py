@@ -14,11 +14,12 @@ from airflow.sdk import Param
 from airflow.sdk.definitions.param import ParamsDict
 from airflow.sdk.exceptions import ParamValidationError
 
+from trainyard.airflow.params import param_schemas
 from trainyard.errors import SpecError
 from trainyard.ledger import Ledger
 from trainyard.run import RUN_STAGE, SNAPSHOT, load_run, open_run
 from trainyard.spec import (
-    PARAM_FIELDS, ParamName, _valid_resume, check_files, load_spec, param_schemas, spec_from_data, with_params,
+    PARAM_FIELDS, ParamName, check_files, load_spec, spec_from_data, valid_resume, with_params,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,7 +102,7 @@ def test_values_are_accepted_or_refused_with_the_schema_message(path: Path, name
 @pytest.mark.parametrize("value", ["latest", "none", "/", "/a/b", "/a..b/c", "/a/../b", "/..", "rel", "", "nones"])
 def test_resume_pattern_is_the_spec_rule(path: Path, value: str) -> None:
     accepted = Param(**param_schemas(load_spec(path))["resume_from"]).resolve(value, suppress_exception=True) is not None
-    assert accepted == _valid_resume(value)
+    assert accepted == valid_resume(value)
 
 
 def test_resume_from_offers_the_keywords_and_the_spec_path(tmp_path: Path) -> None:

@@ -16,9 +16,10 @@ from trainyard.airflow import tasks
 from trainyard.airflow.assets import checkpoint_asset
 from trainyard.airflow.notify import dag_callbacks
 from trainyard.airflow.operators import ReportOperator, TrainOperator
+from trainyard.airflow.params import param_schemas
 from trainyard.errors import SpecError
 from trainyard.report.pages import URL_PREFIX
-from trainyard.spec import PipelineSpec, load_spec, param_schemas
+from trainyard.spec import PipelineSpec, load_spec
 
 # Airflow pool of training nodes (airflow_settings.yaml declares it): one slot per node.
 NODE_POOL = "training_nodes"

@@ -60,6 +60,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from trainyard.spec.models import FailureKind
+
 MAX_EVIDENCE = 300
 """Characters of a quoted log line kept in the evidence (a CUDA OOM message runs to ~600)."""
 
@@ -93,8 +95,8 @@ class Failure:
 
 @dataclass(frozen=True)
 class Classified:
-    kind: str
-    """node_lost | hang | transient | oom | diverged | user_error | data_error"""
+    kind: FailureKind
+    """The spec's ``FailureKind`` vocabulary, whose ``recovery.actions`` say what to do about it."""
     evidence: str
     """One line a human can act on, quoting the decisive log line, exit code or reason."""
     culprits: list[str] = field(default_factory=list)
@@ -337,7 +339,7 @@ def _last_words(log: str) -> str:
 
 
 # The precedence, top to bottom; the first rule that fires decides (see the module docstring).
-RULES: tuple[tuple[str, Callable[[Seen], Classified | None]], ...] = (
+RULES: tuple[tuple[FailureKind, Callable[[Seen], Classified | None]], ...] = (
     ("oom", _k8s(OOM_REASONS, blame=True)),
     ("node_lost", _k8s(NODE_LOST_REASONS, blame=True)),
     ("user_error", _k8s(CONFIG_REASONS, blame=False)),
@@ -365,7 +367,7 @@ def classify(failure: Failure) -> Classified:
     raise AssertionError("the last rule always fires")  # pragma: no cover
 
 
-def _step(kind: str, seen: Seen) -> int | None:
+def _step(kind: FailureKind, seen: Seen) -> int | None:
     if kind == "diverged":
         m = _AT_STEP.search(seen.hits["diverged"][0].line) if seen.hits["diverged"] else None
         if m:

@@ -3,7 +3,8 @@
 ``decide(history, failure, situation, policy) -> Retry | ScaleDown | Rollback | Fail``
 is pure: no sleeps, no I/O, no API calls; the supervisor carries the decision
 out. The action for a failure kind comes from the spec (``recovery.actions``)
-or DESIGN's defaults (``spec.DEFAULT_ACTIONS``); the attempt budget, the
+or DESIGN's defaults (``spec.DEFAULT_ACTIONS``), both in the spec's ``Action``
+vocabulary, which ``ACTIONS`` implements one function each; the attempt budget, the
 backoff, the micro-batch after an OOM, the world size of a scale-down and the
 rollback target are worked out here, so each is a row in a table test.
 
@@ -32,9 +33,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, get_args
 
 from trainyard.recovery.classify import Classified
+from trainyard.spec.models import Action, FailureKind
 
 if TYPE_CHECKING:
     from trainyard.spec import RecoverySpec
@@ -51,7 +53,7 @@ class Retry:
     reason: str
     micro_batch: int | None = None
     """None: unchanged."""
-    action: ClassVar[str] = "retry"
+    action: ClassVar[Action] = "retry"
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,7 @@ class ScaleDown:
     delay_s: float
     reason: str
     micro_batch: int
-    action: ClassVar[str] = "scale_down"
+    action: ClassVar[Action] = "scale_down"
 
 
 @dataclass(frozen=True)
@@ -70,13 +72,13 @@ class Rollback:
     """0: no earlier valid checkpoint; start fresh."""
     delay_s: float
     reason: str
-    action: ClassVar[str] = "rollback"
+    action: ClassVar[Action] = "rollback"
 
 
 @dataclass(frozen=True)
 class Fail:
     reason: str
-    action: ClassVar[str] = "fail"
+    action: ClassVar[Action] = "fail"
 
 
 Decision = Retry | ScaleDown | Rollback | Fail
@@ -89,8 +91,8 @@ class AttemptRecord:
     """One earlier failed attempt, from the run ledger."""
 
     attempt: int
-    kind: str
-    decision: str
+    kind: FailureKind
+    decision: Action
     nodes: list[str]
 
 
@@ -114,7 +116,7 @@ class Situation:
 # ---------------------------------------------------------------- arithmetic
 
 
-def backoff(history: list[AttemptRecord], kind: str, policy: RecoverySpec) -> float:
+def backoff(history: list[AttemptRecord], kind: FailureKind, policy: RecoverySpec) -> float:
     """``backoff_s * 2**(n-1)``; n = earlier failures of ``kind`` + this one."""
     n = sum(1 for h in history if h.kind == kind) + 1
     return min(policy.backoff_s * 2 ** (n - 1), max(MAX_DELAY_S, policy.backoff_s))
@@ -208,7 +210,10 @@ def _fail(history: list[AttemptRecord], failure: Classified, s: Situation, delay
     return Fail(f"{_what(failure)}: not retried (recovery action for {failure.kind} is fail)")
 
 
-ACTIONS: dict[str, Act] = {"retry": _retry, "scale_down": _scale_down, "rollback": _rollback, "fail": _fail}
+ACTIONS: dict[Action, Act] = {"retry": _retry, "scale_down": _scale_down, "rollback": _rollback, "fail": _fail}
+# Every action the spec can name has its function (a new one in the Literal fails here, at import).
+if set(ACTIONS) != set(get_args(Action)):  # pragma: no cover
+    raise ImportError(f"recovery.policy.ACTIONS {sorted(ACTIONS)} != spec Action {sorted(get_args(Action))}")
 
 
 def decide(history: list[AttemptRecord], failure: Classified, situation: Situation, policy: RecoverySpec) -> Decision:

@@ -1,0 +1,523 @@
+"""The pipeline spec's models: one pydantic tree per ``dags/pipelines/*.yaml`` file.
+
+One spec tree, validated once (DESIGN rule 3). This module owns the fields,
+their documentation, their ranges and the per-field rules (a pattern field's
+error names its own rule); the vocabularies (failure kinds, actions, probes,
+Params) are ``Literal`` types defined here once and read elsewhere with
+``typing.get_args``. Checks that relate two fields live in ``checks``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import re
+from pathlib import Path, PurePosixPath
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, model_validator
+
+# ---------------------------------------------------------------- vocabularies
+
+FailureKind = Literal["node_lost", "hang", "transient", "oom", "diverged", "user_error", "data_error"]
+Action = Literal["retry", "scale_down", "rollback", "fail"]
+Probe = Literal["matmul_gflops", "membw_gbps", "disk_write_mbps", "disk_read_mbps"]
+NotifyOn = Literal["failure", "recovery"]
+ParamName = Literal["nodes", "min_nodes", "max_steps", "micro_batch", "lr", "resume_from"]
+
+PROBES: tuple[Probe, ...] = get_args(Probe)
+"""The pressure test's per-node probes, in the order of its verdict table."""
+
+# DESIGN.md's table of failure kinds and their default actions; ``recovery.actions`` overrides.
+DEFAULT_ACTIONS: dict[FailureKind, Action] = {
+    "node_lost": "scale_down",
+    "hang": "scale_down",
+    "transient": "retry",
+    "oom": "retry",
+    "diverged": "rollback",
+    "user_error": "fail",
+    "data_error": "fail",
+}
+
+# The trainyard launcher's own service account (docker/k8s/launcher-rbac.yaml): training pods are
+# untrusted (DESIGN rule 11) and must never run with the orchestrator's Kubernetes permissions.
+LAUNCHER_SERVICE_ACCOUNT = "trainyard-launcher"
+
+# ---------------------------------------------------------------- bounds
+
+# Ranges that keep every value finite and its uses cheap (a DAG parse builds enums and divisor
+# lists from these; a value beyond them is a typo, not a model choice).
+MAX_NODES = 512
+MAX_STEPS = 1_000_000_000
+MAX_BATCH = 1 << 24
+MAX_DAYS = 36_500
+DAY_S = 86_400.0
+MAX_KB = 1 << 20  # 1 GiB: the largest all-reduce message a probe sends
+
+Steps = Annotated[int, Field(ge=1, le=MAX_STEPS)]
+Batch = Annotated[int, Field(ge=1, le=MAX_BATCH)]
+Days = Annotated[int, Field(ge=1, le=MAX_DAYS)]
+Ratio = Annotated[float, Field(gt=0, le=1)]
+
+# ---------------------------------------------------------------- per-field rules
+
+
+def _rule(regex: str, rule: str) -> AfterValidator:
+    """A pattern check whose error says which rule the value breaks (not a bare regex)."""
+    pattern = re.compile(regex)
+
+    def check(value: str) -> str:
+        if not pattern.fullmatch(value):
+            raise ValueError(f"{value!r} is not {rule}")
+        return value
+
+    return AfterValidator(check)
+
+
+def _dns_subdomain(value: str) -> str:
+    if len(value) > 253 or not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", value):
+        raise ValueError(f"{value!r} is not a DNS subdomain: lowercase letters, digits, '-' and '.', at most 253"
+                         " characters, each dot-separated part starting and ending with a letter or digit")
+    return value
+
+
+def _absolute_path(value: str) -> str:
+    if not value.startswith("/") or ".." in PurePosixPath(value).parts or "\\" in value or "\x00" in value:
+        raise ValueError(f"{value!r} is not an absolute path: start with '/', without '..', backslashes or NUL")
+    return value
+
+
+Name = Annotated[str, Field(max_length=200), _rule(
+    r"[A-Za-z0-9][A-Za-z0-9_.-]*", "a name: letters, digits, '_', '.' and '-', starting with a letter or digit")]
+DnsLabel = Annotated[str, _rule(
+    r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?",
+    "a DNS-1123 label: at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit")]
+DnsSubdomain = Annotated[str, AfterValidator(_dns_subdomain)]
+AbsolutePath = Annotated[str, AfterValidator(_absolute_path)]
+
+# One address, no display name: a local part, '@', a domain with a dot (no spaces, commas or angle
+# brackets, which would smuggle a second recipient into the To header).
+_EMAIL = re.compile(r"[^@\s,;<>\"]+@[^@\s,;<>\"]+\.[^@\s,;<>\".]+\Z")
+
+
+def _email(value: str) -> str:
+    if not _EMAIL.match(value):
+        raise ValueError(f"{value!r} is not an email address; write one address as name@domain.tld")
+    return value
+
+
+Email = Annotated[str, AfterValidator(_email)]
+
+# Kubernetes label syntax (also taint and node-selector keys): an optional DNS-subdomain prefix and
+# '/', then a name; values are empty or a name.
+_LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+RESERVED_LABEL_DOMAINS = ("kubernetes.io", "k8s.io")
+
+
+def _label_key(value: str) -> str:
+    prefix, _, name = value.rpartition("/")
+    if not _LABEL_NAME.fullmatch(name) or (prefix and _subdomain_problem(prefix)) or value.startswith("/"):
+        raise ValueError(f"{value!r} is not a Kubernetes label key: an optional DNS subdomain and '/' (example.com/),"
+                         " then at most 63 letters, digits, '-', '_' and '.', starting and ending with a letter or digit")
+    return value
+
+
+def _subdomain_problem(text: str) -> bool:
+    try:
+        _dns_subdomain(text)
+    except ValueError:
+        return True
+    return False
+
+
+def _label_value(value: str) -> str:
+    if value and not _LABEL_NAME.fullmatch(value):
+        raise ValueError(f"{value!r} is not a Kubernetes label value: empty, or at most 63 letters, digits, '-', '_'"
+                         " and '.', starting and ending with a letter or digit")
+    return value
+
+
+def reserved_label_domain(key: str) -> str | None:
+    """The Kubernetes-reserved namespace ``key`` is in (``kubernetes.io``, ``k8s.io`` or a subdomain), if any."""
+    prefix = key.rpartition("/")[0].lower()
+    return next((d for d in RESERVED_LABEL_DOMAINS if prefix == d or prefix.endswith("." + d)), None)
+
+
+def _own_label_key(value: str) -> str:
+    domain = reserved_label_domain(value)
+    if domain is not None:
+        raise ValueError(f"{value!r} is in the {domain}/ namespace, which Kubernetes keeps for its own labels (marking"
+                         " nodes with it could overwrite one, e.g. kubernetes.io/hostname); use a key of your own,"
+                         " e.g. trainyard.io/evicted")
+    return value
+
+
+LabelKey = Annotated[str, AfterValidator(_label_key)]
+LabelValue = Annotated[str, AfterValidator(_label_value)]
+OwnLabelKey = Annotated[str, AfterValidator(_label_key), AfterValidator(_own_label_key)]
+"""A label (or taint) key trainyard writes: valid syntax, outside the namespaces Kubernetes reserves."""
+
+
+def _pod_service_account(value: str) -> str:
+    if value == LAUNCHER_SERVICE_ACCOUNT:
+        raise ValueError(f"{value!r} is the trainyard launcher's own service account; training pods run untrusted"
+                         " code and must not hold its permissions: use a service account of their own (or null)")
+    return value
+
+
+PodServiceAccount = Annotated[str, AfterValidator(_dns_subdomain), AfterValidator(_pod_service_account)]
+
+Scalar = str | int | float | bool
+
+
+def _arg_value(value: Any) -> Scalar | list[Scalar]:
+    if isinstance(value, list):
+        return [_arg_scalar(item, "a list item") for item in value]
+    return _arg_scalar(value, "an argument's value")
+
+
+def _arg_scalar(value: Any, what: str) -> Scalar:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{value!r} is not a finite number")
+    if isinstance(value, (str, int, float)):  # bool is an int
+        return value
+    kind = {dict: "a mapping", list: "a list", type(None): "null"}.get(type(value), type(value).__name__)
+    raise ValueError(f"{kind} is not allowed as {what}; write a string, number or boolean"
+                     + ("" if what == "a list item" else ", or a list of them (passed as --key v1 v2 ...)"))
+
+
+ArgValue = Annotated[Scalar | list[Scalar], PlainValidator(_arg_value)]
+
+# ---------------------------------------------------------------- models
+
+
+class _Model(BaseModel):
+    # allow_inf_nan: no .inf or .nan in any float field, whatever its bounds.
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, allow_inf_nan=False)
+
+
+class DataExpectations(_Model):
+    min_shards: int = Field(1, ge=1, le=10_000_000)
+    """Fewest shards the staged dataset may have."""
+    max_shards: int | None = Field(None, ge=1, le=10_000_000)
+    """Most shards the staged dataset may have; null: no bound."""
+    min_tokens_per_shard: int = Field(1, ge=1, le=1 << 40)
+    """Fewest tokens a shard may hold (a shard below it is empty or truncated)."""
+    max_tokens_per_shard: int | None = Field(None, ge=1, le=1 << 40)
+    """Most tokens a shard may hold; null: no bound."""
+    max_vocab: int | None = Field(None, ge=1, le=1 << 32)
+    """Largest vocabulary a shard header may declare (the model's embedding size, at most a uint32's range); null: no bound."""
+    dtypes: list[Literal["uint16", "uint32"]] = ["uint16", "uint32"]
+    """Token dtypes a shard may use."""
+    unique_shards: bool = True
+    """No two shards may have the same content (sha256)."""
+
+
+class Lifecycle(_Model):
+    expire_days: Days | None = None
+    """Delete objects under the cold prefix this many days after they were written (at most 36500)."""
+    transition_days: Days | None = None
+    """Move objects to ``storage_class`` this many days after they were written (at most 36500)."""
+    storage_class: str | None = Field(None, min_length=1, max_length=100)
+    """Target storage class of the transition (e.g. GLACIER, or a MinIO tier name)."""
+
+
+class DatasetSpec(_Model):
+    source: str
+    """Cold-tier URI of the shard folder (``file:///abs/path`` or ``s3://bucket/prefix``); may use ``{{ ds }}`` and ``${VAR}``."""
+    hot: str = "file://${TRAINYARD_HOME}/hot"
+    """Hot-tier root near the compute; a ``file://`` URI."""
+    name: str
+    """Key of the staged copy inside the hot root: a relative path without ``.``/``..`` parts, neither inside
+    nor around another pipeline's dataset in the same hot root; may use ``{{ ds }}`` (one placeholder renders
+    within one path part)."""
+    connection: str | None = None
+    """Airflow connection id (type aws, ``endpoint_url`` in extra) for an ``s3://`` source."""
+    expectations: DataExpectations = DataExpectations()
+    """Checks the staged data must pass before any node is spent on it."""
+    hot_capacity_gb: float | None = Field(None, gt=0, le=1_000_000)
+    """Size of the hot root, shared by every dataset staged there; least recently used
+    unpinned datasets are evicted to make room. Null: unbounded."""
+    concurrency: int = Field(4, ge=1, le=64)
+    """Objects transferred at once."""
+    lifecycle: Lifecycle | None = None
+    """Expiration or transition rule set on the ``s3://`` source prefix."""
+
+
+class KubernetesSpec(_Model):
+    connection: str | None = None
+    """Airflow connection id of the cluster (type kubernetes); null: in-cluster config or the default kubeconfig."""
+    namespace: DnsLabel = "default"
+    """Namespace of the training Job, Service and PodGroup (a DNS-1123 label)."""
+    image: str = Field(min_length=1)
+    """Trainer image (torch plus trainyard)."""
+    service_account: PodServiceAccount | None = None
+    """Service account of the training pods; never the launcher's own (``trainyard-launcher``): pods run
+    untrusted code. Null: none (no API token is mounted)."""
+    scheduler: Literal["default", "volcano"] = "default"
+    """``volcano`` adds a PodGroup with minMember = nodes for gang scheduling."""
+    cpu: str = "1"
+    """CPU request and limit per pod (Kubernetes quantity)."""
+    memory: str = "2Gi"
+    """Memory request and limit per pod (Kubernetes quantity)."""
+    gpus: int = Field(0, ge=0, le=64)
+    """``nvidia.com/gpu`` per pod."""
+    node_selector: dict[LabelKey, LabelValue] = {}
+    """Node labels the pods must match (Kubernetes label keys and values; well-known ones such as
+    ``kubernetes.io/arch`` may be selected on, since selecting reads a label and writes none)."""
+    tolerations: list[dict[str, str]] = []
+    """Pod tolerations, as in a pod spec."""
+    hot_pvc: DnsSubdomain | None = None
+    """PersistentVolumeClaim that holds the hot tier, mounted in every pod."""
+    evicted_label: OwnLabelKey = "trainyard.io/evicted"
+    """Label put on nodes the pressure test evicted; training pods avoid it. A key of your own: the
+    ``kubernetes.io/`` and ``k8s.io/`` namespaces (and their subdomains) belong to Kubernetes."""
+    evict_with: Literal["label", "taint"] = "label"
+    """How an evicted node is marked: ``label`` (only trainyard's pods avoid it) or ``taint``
+    (the label plus a NoSchedule taint of the same key, so every pod that does not tolerate it avoids it)."""
+    hot_mount: AbsolutePath | None = None
+    """Where ``hot_pvc`` is mounted in the pods (where the orchestrator mounts the same volume);
+    null: the deepest folder the run's paths share (``$TRAINYARD_HOME``)."""
+    store_host: str | None = None
+    """Address the burn-in pods use to reach the worker running the pressure test; null: its host's IP."""
+    cluster_domain: DnsSubdomain = "cluster.local"
+    """DNS domain of the cluster; pod 0's name under it is the rendezvous endpoint."""
+    deferrable: bool = True
+    """Free the worker slot while an attempt runs: the train task defers to a trigger, which watches
+    the pods (and the heartbeats, where the triggerer mounts the hot tier) and wakes it on each event.
+    false: the task supervises the attempt itself, holding its slot."""
+    wake_every_s: float = Field(300.0, ge=5, le=DAY_S)
+    """While deferred, the train task also wakes this often to judge new checkpoints (retention, cold
+    copies) and check heartbeats itself."""
+    poll_s: float = Field(5.0, gt=0, le=600)
+    """Seconds between the trigger's looks at the attempt's pods and heartbeats."""
+
+
+class NodesSpec(_Model):
+    count: int = Field(ge=1, le=MAX_NODES)
+    """Nodes to train on (at most 512)."""
+    min: int = Field(1, ge=1, le=MAX_NODES)
+    """Fewest nodes a run may scale down to after a failure."""
+    max: int | None = Field(None, ge=1, le=MAX_NODES)
+    """Most nodes a UI trigger may ask for (default: count + spare; at most 512)."""
+    spare: int = Field(0, ge=0, le=MAX_NODES)
+    """Extra candidates pressure-tested beside ``count``, so weak ones can be left out."""
+    procs_per_node: int = Field(1, ge=1, le=16)
+    """Training processes (ranks) per node."""
+    backend: Literal["local", "kubernetes"] = "local"
+    """``local``: one torchrun agent process per node on this machine; ``kubernetes``: pods."""
+    kubernetes: KubernetesSpec | None = None
+    """Settings of the kubernetes backend (required with it)."""
+
+    @property
+    def upper(self) -> int:
+        return self.max if self.max is not None else self.count + self.spare
+
+
+class BurnInDrill(_Model):
+    node: str
+    """Candidate to act out the fault (``node-0``, ``node-1``, ...)."""
+    fault: Literal["throttle", "crash", "hang"]
+    """``throttle``: slow by ``factor``; ``crash``: exit; ``hang``: stop responding."""
+    factor: float = Field(0.3, gt=0, lt=1)
+    """Share of throughput a throttled node loses."""
+
+
+class PressureTestSpec(_Model):
+    enabled: bool = True
+    """Run the pressure test before training."""
+    duration_s: float = Field(20.0, gt=0, le=3600)
+    """Time budget of the probes (local probes in turns, then the all-reduce); the stage adds at most ~10 s."""
+    timeout_s: float = Field(10.0, gt=0, le=3600)
+    """A node that does not start within this (at most 10 s locally) is dead; late reports get at most 5 s of grace."""
+    matmul_size: int = Field(256, ge=16, le=16384)
+    """Side of the square matrices of the compute probe."""
+    membw_mb: int = Field(64, ge=1, le=65536)
+    """Buffer copied by the memory-bandwidth probe (MiB)."""
+    disk_mb: int = Field(64, ge=1, le=65536)
+    """Most data the hot-tier disk probe writes and reads back (MiB)."""
+    collective_sizes_kb: list[Annotated[int, Field(ge=1, le=MAX_KB)]] = Field([64, 1024, 8192], min_length=1, max_length=16)
+    """All-reduce message sizes of the collective probe (KiB, 1 to 1048576 each, at most 16 sizes)."""
+    min_gflops: float = Field(0.0, ge=0, le=1e9)
+    """Absolute floor of the compute probe (GFLOP/s)."""
+    min_membw_gbps: float = Field(0.0, ge=0, le=1e6)
+    """Absolute floor of memory bandwidth (GB/s)."""
+    min_disk_mbps: float = Field(0.0, ge=0, le=1e7)
+    """Absolute floor of hot-tier write and read throughput (MB/s)."""
+    straggler_ratio: Ratio = 0.9
+    """A node below this fraction of the batch median on any probe is a straggler."""
+    ratio_overrides: dict[Probe, Ratio] = {"disk_write_mbps": 0.5, "disk_read_mbps": 0.5}
+    """Per-probe straggler ratios (shared disks are noisier than cores)."""
+    drills: list[BurnInDrill] = Field([], max_length=MAX_NODES)
+    """Faults to act out during the test, for rehearsals (also ``TRAINYARD_BURNIN_DRILLS``)."""
+
+    def ratio(self, probe: Probe) -> float:
+        return self.ratio_overrides.get(probe, self.straggler_ratio) if probe in PROBES else _unknown_probe(probe)
+
+    def floor(self, probe: Probe) -> float:
+        floors = {"matmul_gflops": self.min_gflops, "membw_gbps": self.min_membw_gbps,
+                  "disk_write_mbps": self.min_disk_mbps, "disk_read_mbps": self.min_disk_mbps}
+        return floors[probe] if probe in floors else _unknown_probe(probe)
+
+
+def _unknown_probe(probe: str) -> float:
+    raise ValueError(f"unknown pressure-test probe {probe!r}; probes: {', '.join(PROBES)}")
+
+
+class TrainingSpec(_Model):
+    entrypoint: str = "trainyard.train"
+    """Python module (``-m``) or ``.py`` script run by torchrun on every rank."""
+    args: dict[str, ArgValue] = {}
+    """Extra ``--key value`` arguments of the entrypoint (model size, learning rate): each value a string,
+    number or boolean (``true``: a bare ``--key``; ``false``: left out), or a list of them (``--key v1 v2``)."""
+    max_steps: Steps
+    """Optimizer steps to train."""
+    global_batch: Batch
+    """Sequences per optimizer step, kept constant when the world size changes."""
+    micro_batch: Batch
+    """Sequences per forward pass on one rank."""
+    checkpoint_every: Steps
+    """Steps between checkpoints (the final step is always saved)."""
+    checkpoint_async: bool = True
+    """Write checkpoints in the background: training blocks only to copy the state to memory, so
+    saving often costs little and a fault loses fewer steps. The manifest still comes last."""
+    heartbeat_timeout_s: float = Field(60.0, gt=0, le=DAY_S)
+    """A rank silent for this long is hung."""
+    progress_every_s: float = Field(30.0, ge=0, le=DAY_S)
+    """Seconds between progress records: a line in the ``train`` task's log (step, loss, speed, ETA, last
+    checkpoint) and a ledger ``step`` event with the min/mean/max loss and step time since the last one
+    (checkpoint steps, the first and last step and a non-finite loss are always recorded). 0: both at
+    every step (every poll for the log), for short runs whose every step matters; a long run stays cheap to view."""
+    seed: int = Field(0, ge=0, le=(1 << 32) - 1)
+    """Seed of weights and data order."""
+    resume_from: str = "latest"
+    """``latest`` (the newest valid checkpoint, if any), ``none``, or the absolute path of a checkpoint,
+    which must lie inside this pipeline's checkpoint folders or one of ``allowed_resume_roots``."""
+    allowed_resume_roots: list[str] = Field([], max_length=64)
+    """More folders a ``resume_from`` path may lie in (another pipeline's checkpoints, on purpose):
+    absolute ``file://`` URIs or paths; may use ``${VAR}``. Checked when a run starts, before staging."""
+
+
+class MetricExpectations(_Model):
+    max_loss: float | None = Field(None, gt=0, le=1e9)
+    """A checkpoint whose loss is above this is not valid; null: no bound."""
+    max_spike_ratio: float | None = Field(3.0, gt=1, le=1e6)
+    """No step's loss may exceed this multiple of the running median before it; null: no check."""
+    spike_window: int = Field(20, ge=2, le=100_000)
+    """Recorded losses in the running median of the spike check: one per step when
+    ``training.progress_every_s`` is 0, else the end and the peak of each progress record."""
+
+
+class CheckpointSpec(_Model):
+    hot: str = "file://${TRAINYARD_HOME}/checkpoints"
+    """Root of checkpoints near the compute (``file://``); the pipeline's folder lives under it."""
+    cold: str = "file://${TRAINYARD_HOME}/cold/checkpoints"
+    """Where valid checkpoints are published (``file://`` or ``s3://``)."""
+    connection: str | None = None
+    """Airflow connection id for an ``s3://`` cold tier."""
+    keep_hot: int = Field(3, ge=1, le=10_000)
+    """Latest valid checkpoints kept in the hot tier (the latest valid one is never deleted)."""
+    cold_every_steps: Steps | None = None
+    """Copy to the cold tier each valid checkpoint whose step is a multiple of this during training;
+    null: only the published one."""
+    expectations: MetricExpectations = MetricExpectations()
+    """Metric bounds a checkpoint must meet."""
+    lifecycle: Lifecycle | None = None
+    """Expiration or transition rule set on the ``s3://`` cold prefix of published checkpoints."""
+
+
+class RecoverySpec(_Model):
+    max_attempts: int = Field(3, ge=1, le=100)
+    """Training attempts per run, the first included."""
+    backoff_s: float = Field(5.0, ge=0, le=3600)
+    """Pause before a retry."""
+    actions: dict[FailureKind, Action] = {}
+    """Per-failure-kind action overriding the defaults (see DESIGN.md)."""
+
+    def action_for(self, kind: FailureKind) -> Action:
+        return self.actions.get(kind, DEFAULT_ACTIONS[kind])
+
+
+class Drill(_Model):
+    fault: Literal["kill", "hang", "slow", "corrupt_checkpoint", "nan", "oom", "exception"]
+    """``kill``: SIGKILL a node; ``hang``: SIGSTOP it; ``slow``: make it a straggler; ``corrupt_checkpoint``:
+    flip a byte of the next checkpoint; ``nan``: NaN loss; ``oom``: out-of-memory error; ``exception``: a bug."""
+    step: Steps
+    """Step at which the fault strikes (for ``corrupt_checkpoint``: the first checkpoint at or after it)."""
+    node: str | None = None
+    """Node that acts it out (``node-1``); null: every node (``nan``, ``corrupt_checkpoint``) or node-0."""
+    factor: float = Field(1.0, gt=0, le=1000)
+    """``slow`` only: extra time per step, as a multiple of the step time."""
+    attempt: int = Field(1, ge=1, le=100)
+    """The training attempt it strikes in (later attempts run clean, so recovery can succeed)."""
+
+
+class NotifySpec(_Model):
+    email: list[Email] = Field(min_length=1, max_length=100)
+    """Addresses to write to (at least one)."""
+    on: list[NotifyOn] = Field(["failure", "recovery"], min_length=1)
+    """When to write: ``failure`` (a run failed: which stage, the error class, what recovery did) and
+    ``recovery`` (a run succeeded, but recovery acted in ``train``: what failed, what was done, the steps lost)."""
+    connection: str = Field("smtp_default", min_length=1)
+    """Airflow connection id (type smtp) of the mail server; its credentials stay in the connection."""
+    from_email: Email | None = None
+    """Sender address; null: the connection's ``from_email`` extra."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _on_key(cls, data: Any) -> Any:
+        # YAML 1.1 reads a bare ``on:`` key as the boolean true (as in GitHub Actions files); the
+        # field is called ``on`` nonetheless, because that is what people write.
+        if isinstance(data, dict) and True in data and "on" not in data:
+            return {("on" if key is True else key): value for key, value in data.items()}
+        return data
+
+
+class PipelineSpec(_Model):
+    pipeline: Name | None = None
+    """DAG id (default: the file name without ``.yaml``)."""
+    description: str = ""
+    """Shown in the Airflow UI."""
+    owner: str = "trainyard"
+    """Airflow owner of the tasks."""
+    tags: list[str] = []
+    """Airflow DAG tags."""
+    schedule: str | None = None
+    """Cron expression or preset (``@daily``); null: triggered by hand only."""
+    start_date: dt.date = dt.date(2026, 1, 1)
+    """First logical date of a scheduled pipeline."""
+    catchup: bool = False
+    """Run the missed intervals since ``start_date``."""
+    max_active_runs: int = Field(1, ge=1, le=1000)
+    """Airflow's limit on concurrent scheduled and manual runs (a backfill has its own,
+    ``--max-active-runs``). Training is one run at a time whatever it says: runs share the
+    checkpoint lineage, and a second one fails fast with ``LineageBusy``."""
+    runs_root: str = "file://${TRAINYARD_HOME}/runs"
+    """Where each run keeps its ledger and report (``file://``)."""
+    dataset: DatasetSpec
+    """What to train on."""
+    nodes: NodesSpec
+    """Where to train."""
+    pressure_test: PressureTestSpec = PressureTestSpec()
+    """How nodes are tested before training."""
+    training: TrainingSpec
+    """What to run and how long."""
+    checkpoint: CheckpointSpec = CheckpointSpec()
+    """Where checkpoints go and what makes one valid."""
+    recovery: RecoverySpec = RecoverySpec()
+    """What to do when training fails."""
+    params: list[ParamName] = ["nodes", "min_nodes", "max_steps", "micro_batch", "resume_from"]
+    """Which settings a UI trigger may override (``lr`` also needs a positive ``training.args.lr``)."""
+    drills: list[Drill] = Field([], max_length=1000)
+    """Faults to act out during training, for rehearsals (see ``trainyard drill``)."""
+    notify: NotifySpec | None = None
+    """Whom to email, through Airflow's SMTP notifier, when a run fails or recovers; null: nobody."""
+
+    def dag_id(self, source: Path) -> str:
+        return self.pipeline or source.stem
+
+
+def model_types() -> list[type[_Model]]:
+    """Every model of the spec tree (for documentation checks)."""
+    return [m for m in globals().values() if isinstance(m, type) and issubclass(m, _Model) and m is not _Model]
+
