@@ -264,6 +264,18 @@ def test_no_credential_is_written_in_the_compose_file() -> None:
             assert m.group(2) == ":?", f"${{{m.group(1)}}} must be written ${{{m.group(1)}:?...}}"
 
 
+def test_no_credential_of_the_stack_reaches_the_training_processes() -> None:
+    # The scheduler runs the tasks (LocalExecutor), and they start torchrun agents and burn-in probes:
+    # those get an allow-listed environment, which none of the stack's credentials is on.
+    from trainyard.launch.environ import allowed
+
+    env = compose()["x-airflow-common"]["environment"]
+    secrets = [k for k in env if SECRET_NAME.search(k)]
+    assert {"AIRFLOW__CORE__FERNET_KEY", "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "AIRFLOW__API_AUTH__JWT_SECRET",
+            "AIRFLOW_CONN_TRAINYARD_COLD"} <= set(secrets)
+    assert [k for k in env if allowed(k)] == []  # not a secret either: nothing of Airflow's own crosses
+
+
 def test_env_example_names_every_variable_and_holds_no_secret() -> None:
     example = env_example()
     referenced = {m.group(1) for m in references(compose())}

@@ -108,7 +108,8 @@ def run_protocol(store: dist.Store, nodes: dict[str, Candidate], cfg: PressureTe
             if _wait(store, f"ready/{name}", node, ready_by):
                 _read(store, f"ready/{name}", keys[name])
             else:
-                result.dead[name] = _dead(store, name, keys[name], f"did not start within {min(cfg.timeout_s, startup_s):.0f} s")
+                late = f"did not start within {min(cfg.timeout_s, startup_s):.0f} s"
+                result.dead[name] = _dead(store, name, keys[name], late)
         for name, node in nodes.items():
             if name in result.dead:
                 continue
@@ -128,7 +129,8 @@ def run_protocol(store: dist.Store, nodes: dict[str, Candidate], cfg: PressureTe
                 if _wait(store, f"collective/{name}", nodes[name], by):
                     result.collective[name] = json.loads(_read(store, f"collective/{name}", keys[name]))
                 else:
-                    result.dead[name] = _dead(store, name, keys[name], nodes[name].why("did not complete the all-reduce"))
+                    why = nodes[name].why("did not complete the all-reduce")
+                    result.dead[name] = _dead(store, name, keys[name], why)
     finally:
         for node in nodes.values():
             node.kill()
