@@ -84,3 +84,61 @@ def test_too_few_healthy_nodes_fails_fast_with_the_table(tmp_path: Path) -> None
     assert "node-1" in str(err.value) and "evicted: dead" in str(err.value) and "median" in str(err.value)
     [failed] = run.ledger.events("burn_in", "stage_failed")
     assert failed["error"] == "NodeUnhealthy"
+
+
+# ---------------------------------------------------------------- the store is unauthenticated: values are signed
+
+
+def stranger(port: int):
+    """Anyone who reaches the store's port: a TCPStore client with no key."""
+    import torch.distributed as dist
+    from datetime import timedelta
+
+    return dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
+
+
+def test_a_report_forged_by_a_stranger_fails_the_stage_and_marks_no_node(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainyard.burnin import local
+    from trainyard.burnin.sealing import StoreTampered
+
+    real = local.host_store
+
+    def tampered_store():
+        store = real()
+        # Before any candidate has started: node-0 "is ready", and says it is the fastest node there is.
+        stranger(store.port).set("ready/node-0", "1")
+        return store
+
+    monkeypatch.setattr(local, "host_store", tampered_store)
+    run = run_for(tmp_path, count=2, spare=0, duration=3, drills="[]")
+    with pytest.raises(StoreTampered, match="'ready/node-0' is not signed"):
+        burn_in(run)
+    assert list(run.ledger.events("burn_in", "node_verdict")) == []  # nothing decided on forged data
+    assert no_probe_left()
+
+
+def test_a_candidate_refuses_an_instruction_it_cannot_verify(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainyard.burnin import node
+    from trainyard.burnin.protocol import host_store
+    from trainyard.burnin.sealing import KEY_ENV, unseal
+
+    store = host_store()
+    stranger(store.port).set("go/node-0", "1")  # not the orchestrator's: unsigned
+    monkeypatch.setenv(KEY_ENV, "cd" * 32)
+    with pytest.raises(SystemExit) as exited:
+        node.main(["--node", "node-0", "--store", f"127.0.0.1:{store.port}", "--slot", "1", "--collective-s", "1",
+                   "--scratch", str(tmp_path), "--timeout", "5"])
+    assert exited.value.code == node.TAMPERED_EXIT
+    assert "'go/node-0' is not signed" in unseal("cd" * 32, "tampered/node-0", store.get("tampered/node-0"))
+    assert not store.check(["local/node-0"])  # it ran no probe on a forged go
+
+
+def test_a_candidate_without_its_key_does_not_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainyard.burnin import node
+    from trainyard.burnin.sealing import KEY_ENV
+
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    with pytest.raises(SystemExit, match="TRAINYARD_BURNIN_KEY must hold"):
+        node.main(["--node", "node-0", "--store", "127.0.0.1:1", "--slot", "1", "--collective-s", "1",
+                   "--scratch", str(tmp_path)])

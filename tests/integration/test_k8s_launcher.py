@@ -93,6 +93,26 @@ def test_launch_creates_podgroup_service_and_job_with_the_built_bodies(fake: Fak
     assert [c.resource for c in fake.calls if c.verb == "create"] == ["podgroups", "services", "jobs"]
 
 
+def test_launch_makes_what_the_pods_mount_before_the_job(fake: FakeKube, tmp_path: Path) -> None:
+    # The kubelet would make a missing subPath as root (the pods could not write it), a missing file as a folder.
+    plan = make_plan(tmp_path)
+    KubernetesLauncher(fake.client(), SPEC).launch(plan)
+    assert Path(plan.env["TRAINYARD_CHECKPOINT_DIR"]).is_dir()
+    assert Path(plan.env["TRAINYARD_LEDGER"]).is_file()
+
+
+def test_a_launcher_refuses_to_give_pods_its_own_account(fake: FakeKube, tmp_path: Path) -> None:
+    import base64
+
+    api = fake.client()
+    sub = base64.urlsafe_b64encode(json.dumps({"sub": f"system:serviceaccount:{NS}:airflow-worker"}).encode())
+    api.configuration.api_key = {"authorization": f"Bearer h.{sub.decode().rstrip('=')}.s"}
+    spec = KubernetesSpec(image="registry.local/trainer:1", namespace=NS, service_account="airflow-worker")
+    with pytest.raises(ValueError, match="'airflow-worker' is the launcher's own account"):
+        KubernetesLauncher(api, spec).launch(make_plan(tmp_path))
+    assert fake.items("apis/batch/v1", "jobs", NS) == []
+
+
 def test_poll_reports_running_then_succeeded_and_keeps_each_pods_log(fake: FakeKube, tmp_path: Path) -> None:
     plan = make_plan(tmp_path)
     launcher = KubernetesLauncher(fake.client(), DEFAULT)
@@ -272,7 +292,7 @@ def test_burnin_pods_are_created_and_deleted(fake: FakeKube) -> None:
     core = client.CoreV1Api(fake.client())
     schedule = SimpleNamespace(slot_s=2.0, collective_s=3.0)
     pods = [build_burnin_pod(node, run_id="r1", store="10.0.0.5:41000", schedule=schedule, cfg=PressureTestSpec(),
-                             spec=DEFAULT, scratch="/mnt/scratch", timeout_s=20.0) for node in ("k8s-0", "k8s-1")]
+                             spec=DEFAULT, scratch="/mnt/scratch", timeout_s=20.0, key="ab" * 32) for node in ("k8s-0", "k8s-1")]
     names = create_burnin_pods(core, pods)
     assert create_burnin_pods(core, pods) == names  # this try's pods exist already: kept, no error
     stored = fake.get(CORE, "pods", NS, names[1])
@@ -349,7 +369,8 @@ def test_rbac_grants_exactly_the_calls_trainyard_makes(fake: FakeKube, tmp_path:
     assert event["status"] == "succeeded"
     launcher.cancel(handle)
     burnin = build_burnin_pod("k8s-0", run_id="r", store="10.0.0.5:1", schedule=SimpleNamespace(slot_s=1, collective_s=1),
-                              cfg=PressureTestSpec(), spec=SPEC, scratch="/mnt/s", timeout_s=5)
+                              cfg=PressureTestSpec(), spec=SPEC, scratch="/mnt/s", timeout_s=5,
+                              key="ab" * 32)
     delete_burnin_pods(core, NS, create_burnin_pods(core, [burnin]))
     fake.add_node("k8s-0")
     label_evicted(core, ["k8s-0"], SPEC.evicted_label, mode="taint")

@@ -143,3 +143,34 @@ def test_a_user_script_is_a_first_class_entrypoint(tmp_path: Path, data: Path) -
     supervise(plan(tmp_path, data, nodes=2, max_steps=12, resume="latest", attempt=2, entrypoint=script, args=[]))
     resumed = [e for e in Ledger.in_dir(tmp_path).events("train", "resumed")]
     assert resumed and resumed[-1]["step"] == 8
+
+
+def test_training_processes_never_see_the_workers_secrets(tmp_path: Path, data: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # What an Airflow worker holds: the Fernet key, the database URL, the JWT secret, cloud credentials.
+    secrets = {"AIRFLOW__CORE__FERNET_KEY": "fernet-secret", "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": "postgresql://u:pw@db/a",
+               "AIRFLOW__API_AUTH__JWT_SECRET": "jwt-secret", "AIRFLOW_CONN_TRAINYARD_COLD": '{"password": "s3-secret"}',
+               "AWS_SECRET_ACCESS_KEY": "aws-secret"}
+    for name, value in secrets.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # a tuning variable does pass
+    script = tmp_path / "dump_env.py"
+    script.write_text(textwrap.dedent("""
+        import json, os, pathlib
+        out = pathlib.Path(os.environ["TRAINYARD_CHECKPOINT_DIR"]) / f"env-{os.environ['RANK']}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(dict(os.environ)))
+    """))
+    launcher = LocalLauncher()
+    handle = launcher.launch(plan(tmp_path, data, nodes=2, max_steps=1, entrypoint=str(script), args=[]))
+    deadline = time.monotonic() + 120
+    while launcher.poll(handle).state == "running" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    launcher.cancel(handle)
+    dumps = [json.loads(p.read_text()) for p in sorted((tmp_path / "ckpt").glob("env-*.json"))]
+    assert len(dumps) == 2, [p.read_text()[-500:] for p in handle.logs.values()]
+    for env in dumps:
+        assert not set(secrets) & set(env), sorted(set(secrets) & set(env))
+        assert not [k for k, v in env.items() if v in secrets.values() or k.startswith(("AIRFLOW", "AWS_"))]
+        assert env["TRAINYARD_RUN_ID"] == tmp_path.name and env["TRAINYARD_NODE"] in ("node-0", "node-1")
+        assert env["OMP_NUM_THREADS"] == "2" and env["PATH"] == os.environ["PATH"]

@@ -25,7 +25,7 @@ import pytest
 import yaml
 from kubernetes.client import ApiClient
 
-from trainyard.launch.kubernetes import RUN_AS_USER, container_security_context, pod_security_context
+from trainyard.launch.kubernetes import LAUNCHER_ACCOUNT, RUN_AS_USER, container_security_context, pod_security_context
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
@@ -264,6 +264,18 @@ def test_no_credential_is_written_in_the_compose_file() -> None:
             assert m.group(2) == ":?", f"${{{m.group(1)}}} must be written ${{{m.group(1)}:?...}}"
 
 
+def test_no_credential_of_the_stack_reaches_the_training_processes() -> None:
+    # The scheduler runs the tasks (LocalExecutor), and they start torchrun agents and burn-in probes:
+    # those get an allow-listed environment, which none of the stack's credentials is on.
+    from trainyard.launch.environ import allowed
+
+    env = compose()["x-airflow-common"]["environment"]
+    secrets = [k for k in env if SECRET_NAME.search(k)]
+    assert {"AIRFLOW__CORE__FERNET_KEY", "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "AIRFLOW__API_AUTH__JWT_SECRET",
+            "AIRFLOW_CONN_TRAINYARD_COLD"} <= set(secrets)
+    assert [k for k in env if allowed(k)] == []  # not a secret either: nothing of Airflow's own crosses
+
+
 def test_env_example_names_every_variable_and_holds_no_secret() -> None:
     example = env_example()
     referenced = {m.group(1) for m in references(compose())}
@@ -355,8 +367,30 @@ def test_manifests_agree_on_namespace_and_names() -> None:
         if d["kind"] in ("RoleBinding", "ClusterRoleBinding"):
             assert (d["roleRef"]["kind"], d["roleRef"]["name"]) in roles
             assert all(s["name"] in accounts and s["namespace"] == ns for s in d["subjects"])
-        if d.get("type") == "kubernetes.io/service-account-token":
-            assert d["metadata"]["annotations"]["kubernetes.io/service-account.name"] in accounts
+
+
+
+def test_no_long_lived_token_and_the_short_lived_way_is_documented() -> None:
+    # A token Secret never expires; the TokenRequest API (kubectl create token, a projected volume) does.
+    docs = [doc for _, doc in k8s_docs()]
+    assert [d for d in docs if d["kind"] == "Secret"] == []
+    rbac = (DOCKER / "k8s" / "launcher-rbac.yaml").read_text()
+    assert "kubectl -n trainyard create token trainyard-launcher --duration=" in rbac
+    assert "serviceAccountToken: {path: token, expirationSeconds:" in rbac
+
+
+def test_the_only_cluster_wide_grant_is_marking_nodes() -> None:
+    docs = [doc for _, doc in k8s_docs()]
+    (cluster_role,) = [d for d in docs if d["kind"] == "ClusterRole"]
+    assert cluster_role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]}]
+    (binding,) = [d for d in docs if d["kind"] == "ClusterRoleBinding"]
+    assert binding["roleRef"]["name"] == cluster_role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": LAUNCHER_ACCOUNT, "namespace": "trainyard"}]
+    # Everything else is namespaced, and the launcher's account is the one no pod may be given.
+    (account,) = [d for d in docs if d["kind"] == "ServiceAccount"]
+    assert account["metadata"]["name"] == LAUNCHER_ACCOUNT
+    text = (DOCKER / "k8s" / "node-eviction-rbac.yaml").read_text()
+    assert "resourceNames cannot list the nodes" in text and "RBAC cannot limit a patch" in text
 
 
 def test_restricted_namespace_admits_the_pods_trainyard_builds() -> None:
@@ -367,3 +401,4 @@ def test_restricted_namespace_admits_the_pods_trainyard_builds() -> None:
     assert pod["runAsNonRoot"] is True and pod["seccompProfile"]["type"] == "RuntimeDefault"
     assert pod["runAsUser"] != 0
     assert container["allowPrivilegeEscalation"] is False and container["capabilities"]["drop"] == ["ALL"]
+    assert container["readOnlyRootFilesystem"] is True

@@ -186,8 +186,13 @@ def test_pods_run_as_non_root_with_no_privileges(setting: str) -> None:
     assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000,
                                       "seccompProfile": {"type": "RuntimeDefault"}}
     assert pod["containers"][0]["securityContext"] == {
-        "runAsNonRoot": True, "runAsUser": 1000, "allowPrivilegeEscalation": False,
+        "runAsNonRoot": True, "runAsUser": 1000, "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
         "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+    # The image is read-only: temporary files and caches go to an emptyDir.
+    assert {"name": "tmp", "emptyDir": {}} in pod["volumes"]
+    assert {"name": "tmp", "mountPath": "/tmp"} in pod["containers"][0]["volumeMounts"]
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["TMPDIR"] == env["HOME"] == "/tmp"
 
 
 @pytest.mark.parametrize("setting", SETTINGS)
@@ -205,7 +210,7 @@ def test_cpu_setting_has_no_gpu_no_pvc_no_scheduler_and_guaranteed_resources() -
     assert pod["containers"][0]["resources"] == {"limits": {"cpu": "1", "memory": "2Gi"},
                                                   "requests": {"cpu": "1", "memory": "2Gi"}}
     assert "schedulerName" not in pod and "nodeSelector" not in pod and "tolerations" not in pod
-    assert [v["name"] for v in pod["volumes"]] == ["dshm"]
+    assert [v["name"] for v in pod["volumes"]] == ["dshm", "tmp"]
     assert pod["automountServiceAccountToken"] is False and "serviceAccountName" not in pod
 
 
@@ -221,10 +226,6 @@ def test_gpu_setting_has_gpus_selector_tolerations_and_the_hot_tier() -> None:
         {"key": "spot", "operator": "Equal", "value": "true", "effect": "NoExecute", "tolerationSeconds": 300}]
     assert pod["serviceAccountName"] == "trainer" and "automountServiceAccountToken" not in pod
     assert {"name": "hot", "persistentVolumeClaim": {"claimName": "trainyard-hot"}} in pod["volumes"]
-    # Mounted where the plan's paths live, so they mean the same thing in the pod.
-    assert {"name": "hot", "mountPath": HOME} in trainer["volumeMounts"]
-    for key in ("TRAINYARD_DATA_DIR", "TRAINYARD_CHECKPOINT_DIR", "TRAINYARD_HEARTBEAT_DIR", "TRAINYARD_LEDGER"):
-        assert plan.env[key].startswith(HOME + "/")
     assert {"name": "dshm", "mountPath": "/dev/shm"} in trainer["volumeMounts"]
 
 
@@ -290,6 +291,89 @@ def test_hot_mount_is_the_deepest_shared_folder_or_the_spec_says_where() -> None
     with pytest.raises(ValueError, match="share no folder but '/'"):
         build_objects(scattered, SETTINGS["default-gpu"])
     build_objects(scattered, SETTINGS["default-cpu"])  # no PVC, nothing to mount
+
+
+# ---------------------------------------------------------------- what a pod may see and do
+
+
+def hot_mounts(pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {m["mountPath"]: m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "hot"}
+
+
+@pytest.mark.parametrize("setting", ["default-gpu", "volcano"])
+def test_pods_mount_only_their_attempts_folders_and_the_dataset_read_only(setting: str) -> None:
+    plan = make_plan()
+    pod = wire(build_objects(plan, SETTINGS[setting]).job)["spec"]["template"]["spec"]
+    env = plan.env
+    # Each its own subPath of the claim (whose root the orchestrator sees at HOME), at the orchestrator's path.
+    assert hot_mounts(pod) == {
+        env["TRAINYARD_CHECKPOINT_DIR"]: {"name": "hot", "mountPath": env["TRAINYARD_CHECKPOINT_DIR"],
+                                          "subPath": "checkpoints/tiny"},
+        env["TRAINYARD_HEARTBEAT_DIR"]: {"name": "hot", "mountPath": env["TRAINYARD_HEARTBEAT_DIR"],
+                                         "subPath": env["TRAINYARD_HEARTBEAT_DIR"].removeprefix(HOME + "/")},
+        env["TRAINYARD_LEDGER"]: {"name": "hot", "mountPath": env["TRAINYARD_LEDGER"],
+                                  "subPath": env["TRAINYARD_LEDGER"].removeprefix(HOME + "/")},
+        env["TRAINYARD_DATA_DIR"]: {"name": "hot", "mountPath": env["TRAINYARD_DATA_DIR"],
+                                    "subPath": "hot/tokens/2026-03-01", "readOnly": True},
+    }
+    # Not the tier's root, not the run folder (pinned spec, report), not other pipelines' checkpoints.
+    assert not {HOME, str(plan.log_dir.parent), str(plan.log_dir), f"{HOME}/checkpoints"} & set(hot_mounts(pod))
+    # Every path the pod is told about lies in what it mounts.
+    trainer_env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    for key in ("TRAINYARD_DATA_DIR", "TRAINYARD_CHECKPOINT_DIR", "TRAINYARD_HEARTBEAT_DIR", "TRAINYARD_LEDGER"):
+        assert any(Path(trainer_env[key]).is_relative_to(m) for m in hot_mounts(pod)), key
+
+
+def test_a_resume_path_outside_the_checkpoints_is_mounted_read_only() -> None:
+    other = f"{HOME}/checkpoints/other/step_000100"
+    plan = make_plan(env={**make_plan().env, "TRAINYARD_RESUME_FROM": other})
+    mounts = hot_mounts(wire(build_objects(plan, SETTINGS["default-gpu"]).job)["spec"]["template"]["spec"])
+    assert mounts[other] == {"name": "hot", "mountPath": other, "subPath": "checkpoints/other/step_000100",
+                             "readOnly": True}
+    inside = make_plan(env={**make_plan().env, "TRAINYARD_RESUME_FROM": f"{HOME}/checkpoints/tiny/step_000100"})
+    mounts = hot_mounts(wire(build_objects(inside, SETTINGS["default-gpu"]).job)["spec"]["template"]["spec"])
+    assert f"{HOME}/checkpoints/tiny/step_000100" not in mounts  # its own lineage's folder already holds it
+
+
+def test_a_path_climbing_out_of_the_tier_is_refused() -> None:
+    plan = make_plan(env={**make_plan().env, "TRAINYARD_DATA_DIR": f"{HOME}/hot/../../etc"})
+    with pytest.raises(ValueError, match=r"without '\.\.'"):
+        build_objects(plan, SETTINGS["default-gpu"])
+
+
+def test_no_pod_runs_as_the_launchers_own_account() -> None:
+    own = KubernetesSpec(image="t", namespace="trainyard", service_account="trainyard-launcher")
+    with pytest.raises(ValueError, match="service_account: 'trainyard-launcher' is the launcher's own account"):
+        build_objects(make_plan(), own)
+    with pytest.raises(ValueError, match="launcher's own account"):
+        burnin_pod(own)
+    # The account the launcher really calls the API as (from its token), in the pods' namespace.
+    worker = KubernetesSpec(image="t", namespace="ml", service_account="airflow-worker")
+    with pytest.raises(ValueError, match="'airflow-worker' is the launcher's own"):
+        build_objects(make_plan(), worker, ("ml", "airflow-worker"))
+    build_objects(make_plan(), worker, ("other-ns", "airflow-worker"))  # another namespace's account of that name
+
+
+def test_the_launcher_knows_its_own_account_from_its_token() -> None:
+    import base64
+
+    from kubernetes.client import Configuration
+
+    from trainyard.launch.kubernetes import token_account
+
+    def client(auth: str | None) -> ApiClient:
+        config = Configuration()
+        if auth is not None:
+            config.api_key = {"authorization": auth}
+        return ApiClient(config)
+
+    claims = base64.urlsafe_b64encode(json.dumps({"sub": "system:serviceaccount:ml:airflow-worker"}).encode())
+    token = f"eyJhbGciOiJSUzI1NiJ9.{claims.decode().rstrip('=')}.c2ln"
+    assert token_account(client(f"Bearer {token}")) == ("ml", "airflow-worker")
+    assert token_account(client("Bearer not-a-jwt")) is None
+    assert token_account(client(None)) is None
+    user = base64.urlsafe_b64encode(json.dumps({"sub": "alice"}).encode()).decode()
+    assert token_account(client(f"Bearer x.{user}.y")) is None
 
 
 def test_an_unknown_toleration_key_is_named() -> None:
@@ -403,10 +487,13 @@ def test_statuses_survive_a_json_round_trip() -> None:
 # ---------------------------------------------------------------- burn-in pods
 
 
+KEY = "ab" * 32
+
+
 def burnin_pod(spec: KubernetesSpec, scratch: str = f"{HOME}/hot/.burnin") -> dict[str, Any]:
     schedule = SimpleNamespace(slot_s=4.0, collective_s=6.0)
     return wire(build_burnin_pod("gpu-node-7", run_id="manual__2026-03-01", store="10.0.0.5:41000", schedule=schedule,
-                                 cfg=PressureTestSpec(), spec=spec, scratch=scratch, timeout_s=34.0,
+                                 cfg=PressureTestSpec(), spec=spec, scratch=scratch, timeout_s=34.0, key=KEY,
                                  drill=Drill("throttle", 0.3)))
 
 
@@ -422,6 +509,9 @@ def test_burnin_pod_is_valid_pinned_and_non_root(setting: str) -> None:
     assert trainer["args"][:4] == ["--node", "gpu-node-7", "--store", "10.0.0.5:41000"]
     assert {"name": "TRAINYARD_NODE", "value": "gpu-node-7"} in trainer["env"]
     assert trainer["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] == 1000
+    assert trainer["securityContext"]["readOnlyRootFilesystem"] is True
+    # Its per-run key is in its environment, never in its arguments (visible in every process list).
+    assert {"name": "TRAINYARD_BURNIN_KEY", "value": KEY} in trainer["env"] and KEY not in " ".join(trainer["args"])
     assert trainer["image"] == SETTINGS[setting].image
     assert trainer["resources"] == container(wire(build_objects(make_plan(), SETTINGS[setting]).job))["resources"]
     # A node marked evicted by taint can still be re-tested.
@@ -438,11 +528,13 @@ def test_burnin_pod_names_differ_per_node_and_per_try() -> None:
     assert burnin_pod_name("tiny/run-1", "a", "h:1") == burnin_pod_name("tiny/run-1", "a", "h:1")
 
 
-def test_burnin_pod_mounts_the_hot_tier_at_the_scratch_or_hot_mount() -> None:
-    mounts = burnin_pod(SETTINGS["default-gpu"])["spec"]["containers"][0]["volumeMounts"]
-    assert {"name": "hot", "mountPath": f"{HOME}/hot/.burnin"} in mounts
+def test_burnin_pod_mounts_only_its_scratch_folder_of_the_hot_tier() -> None:
+    # Without hot_mount: the folder of the scratch's name at the claim's root.
+    assert hot_mounts(burnin_pod(SETTINGS["default-gpu"])["spec"]) == {
+        f"{HOME}/hot/.burnin": {"name": "hot", "mountPath": f"{HOME}/hot/.burnin", "subPath": ".burnin"}}
     spec = KubernetesSpec(image="t", hot_pvc="hot", hot_mount=HOME)
-    assert {"name": "hot", "mountPath": HOME} in burnin_pod(spec)["spec"]["containers"][0]["volumeMounts"]
+    assert hot_mounts(burnin_pod(spec)["spec"]) == {
+        f"{HOME}/hot/.burnin": {"name": "hot", "mountPath": f"{HOME}/hot/.burnin", "subPath": "hot/.burnin"}}
     with pytest.raises(ValueError, match="does not hold the burn-in scratch"):
         burnin_pod(KubernetesSpec(image="t", hot_pvc="hot", hot_mount="/elsewhere"))
 

@@ -4,9 +4,11 @@ Each pod is pinned to its candidate (required node affinity on the node's
 ``metadata.name``, which goes through the scheduler, unlike ``nodeName``, so
 resources are still accounted) and runs the same ``trainyard.burnin.node``
 protocol as a local candidate, against the store the orchestrator hosts at an
-address the pods can reach. Pods run as the training pods do: same image,
-resources, non-root security context and hot-tier volume, so a node is
-measured the way it will be used.
+address the pods can reach, with its own per-run key in its environment
+(``trainyard.burnin.sealing``). Pods run as the training pods do: same image,
+resources, non-root read-only security context and hot-tier claim, so a node
+is measured the way it will be used; of the hot tier they see only the
+scratch folder of the disk probe.
 
 A node the verdict evicts is marked with ``evicted_label`` (and, with
 ``evict_with: taint``, a NoSchedule taint of the same key); the training
@@ -19,15 +21,16 @@ import logging
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Literal
 
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from trainyard.burnin.sealing import KEY_ENV, node_key, run_secret
 from trainyard.launch.kubernetes import (
-    CONTAINER, container_security_context, dns_label, label_value, pod_security_context, resources, tolerations,
-    volumes,
+    CONTAINER, PathMount, container_security_context, dns_label, label_value, pod_account, pod_security_context,
+    resources, scratch_env, token_account, tolerations, volumes,
 )
 from trainyard.spec import KubernetesSpec, PressureTestSpec
 
@@ -72,11 +75,14 @@ def burnin_pod_name(run_id: str, node: str, store: str) -> str:
     return dns_label(f"burnin-{run_id}-{node}", f"{run_id}|{node}|{store}")
 
 
-def scratch_mount(spec: KubernetesSpec, scratch: str) -> str:
-    """Where ``hot_pvc`` goes in a burn-in pod: ``hot_mount`` (which must hold ``scratch``), else ``scratch`` itself."""
+def scratch_root(spec: KubernetesSpec, scratch: str) -> str:
+    """Where the orchestrator sees the root of ``hot_pvc``: ``hot_mount`` (which must hold ``scratch``); without
+    it, the scratch's parent (the pod then gets the folder of that name at the claim's root)."""
+    if ".." in PurePosixPath(scratch).parts or not scratch.startswith("/"):
+        raise ValueError(f"burn-in scratch {scratch!r}: must be an absolute path without '..'")
     if spec.hot_mount is None:
-        return scratch
-    if not PurePosixPath(scratch).is_relative_to(spec.hot_mount):
+        return str(PurePosixPath(scratch).parent)
+    if not PurePosixPath(scratch).is_relative_to(spec.hot_mount) or scratch.rstrip("/") == spec.hot_mount.rstrip("/"):
         raise ValueError(f"nodes.kubernetes.hot_mount: {spec.hot_mount} does not hold the burn-in scratch {scratch}")
     return spec.hot_mount
 
@@ -88,14 +94,17 @@ def eviction_toleration(spec: KubernetesSpec) -> k8s.V1Toleration:
 
 def build_burnin_pod(
     node: str, *, run_id: str, store: str, schedule: Schedule, cfg: PressureTestSpec, spec: KubernetesSpec,
-    scratch: str, timeout_s: float, drill: Drill = Drill(),
+    scratch: str, timeout_s: float, key: str, drill: Drill = Drill(), launcher: tuple[str, str] | None = None,
 ) -> k8s.V1Pod:
     """The burn-in pod of candidate ``node`` (a Kubernetes node name); ``store`` is the orchestrator's host:port.
 
     ``run_id`` names the pod, so it must be unique across pipelines (``Run.holder``,
-    ``dag_id/run_id``); ``timeout_s`` is the node's protocol timeout (``--timeout``).
+    ``dag_id/run_id``); ``timeout_s`` is the node's protocol timeout (``--timeout``);
+    ``key`` the node's per-run key, in its environment (never in its arguments);
+    ``launcher`` the account no pod may run as (see ``pod_account``).
     """
-    vols, mounts = volumes(spec, scratch_mount(spec, scratch) if spec.hot_pvc else None)
+    account = pod_account(spec, launcher)
+    vols, mounts = volumes(spec, scratch_root(spec, scratch) if spec.hot_pvc else None, [PathMount(scratch, False)])
     pin = k8s.V1NodeSelectorTerm(match_fields=[
         k8s.V1NodeSelectorRequirement(key="metadata.name", operator="In", values=[node])])
     labels = {"app.kubernetes.io/name": "trainyard", "app.kubernetes.io/component": "burnin",
@@ -106,7 +115,9 @@ def build_burnin_pod(
         command=["python", "-m", "trainyard.burnin.node"],
         args=[a.replace("$", "$$") for a in node_args(node, store, schedule, cfg, scratch, timeout_s, drill)],
         env=[k8s.V1EnvVar(name="TRAINYARD_NODE", value=node.replace("$", "$$")),
-             k8s.V1EnvVar(name="PYTHONUNBUFFERED", value="1")],
+             k8s.V1EnvVar(name="PYTHONUNBUFFERED", value="1"), *scratch_env(),
+             # Per node and per run, worthless once the test ends (see trainyard.burnin.sealing).
+             k8s.V1EnvVar(name=KEY_ENV, value=key)],
         resources=resources(spec), volume_mounts=mounts, security_context=container_security_context(),
     )
     return k8s.V1Pod(
@@ -117,8 +128,8 @@ def build_burnin_pod(
             containers=[container], restart_policy="Never",
             active_deadline_seconds=math.ceil(timeout_s) + DEADLINE_SLACK_S,
             scheduler_name="volcano" if spec.scheduler == "volcano" else None,
-            service_account_name=spec.service_account,
-            automount_service_account_token=None if spec.service_account else False,
+            service_account_name=account,
+            automount_service_account_token=None if account else False,
             enable_service_links=False, node_selector=dict(spec.node_selector) or None,
             tolerations=tolerations(spec, [eviction_toleration(spec)]),
             affinity=k8s.V1Affinity(node_affinity=k8s.V1NodeAffinity(
@@ -288,12 +299,18 @@ def run_burn_in_k8s(
     plan = Schedule.of(cfg, len(nodes))
     store = host_store("0.0.0.0")  # the pods reach it over the cluster network
     endpoint = f"{store_host}:{store.port}"
+    secret = run_secret()
+    keys = {node: node_key(secret, node) for node in nodes}
+    launcher = token_account(core_api.api_client)
+    if spec.hot_pvc and spec.hot_mount:  # the orchestrator's path is the pods' folder: make it, not the kubelet (root)
+        Path(scratch).mkdir(parents=True, exist_ok=True)
     pods = [
         build_burnin_pod(node, run_id=run_id, store=endpoint, schedule=plan, cfg=cfg, spec=spec, scratch=scratch,
-                         timeout_s=plan.budget(cfg), drill=Drill(*drills.get(node, ("none", 0.0))))
+                         timeout_s=plan.budget(cfg), key=keys[node], drill=Drill(*drills.get(node, ("none", 0.0))),
+                         launcher=launcher)
         for node in nodes
     ]
     names = create_burnin_pods(core_api, pods)
     candidates = {node: PodCandidate(core_api, spec.namespace, name) for node, name in zip(nodes, names)}
     # Pods may pull an image and wait for the scheduler: give them the spec's timeout to start, at least.
-    return run_protocol(store, candidates, cfg, max(STARTUP_S, cfg.timeout_s))
+    return run_protocol(store, candidates, cfg, max(STARTUP_S, cfg.timeout_s), keys)

@@ -1,4 +1,8 @@
-"""Run the pressure test on local candidate nodes: one process each, on this machine."""
+"""Run the pressure test on local candidate nodes: one process each, on this machine.
+
+A candidate gets an allow-listed environment (``trainyard.launch.environ``),
+its name and its per-run key, never the Airflow worker's secrets.
+"""
 
 from __future__ import annotations
 
@@ -11,16 +15,24 @@ from pathlib import Path
 from trainyard.atomic import open_append
 from trainyard.burnin.kubernetes import Drill, node_args
 from trainyard.burnin.protocol import STARTUP_S, BurnInRun, Schedule, host_store, run_protocol
+from trainyard.burnin.sealing import KEY_ENV, node_key, run_secret
+from trainyard.launch.environ import child_env
 from trainyard.spec import PressureTestSpec
 
 
+def candidate_env(node: str, key: str, parent: dict[str, str] | None = None) -> dict[str, str]:
+    """What a local candidate's process sees: the allowed part of the worker's environment, its name, its key."""
+    return child_env(os.environ if parent is None else parent,
+                     {"TRAINYARD_NODE": node, "OMP_NUM_THREADS": "1", KEY_ENV: key})
+
+
 class LocalCandidate:
-    def __init__(self, node: str, args: list[str], log: Path):
+    def __init__(self, node: str, args: list[str], log: Path, key: str):
         self.node, self.log = node, log
         with open_append(log) as out:  # never through a link planted in the run folder
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "trainyard.burnin.node", *args], stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True, env={**os.environ, "TRAINYARD_NODE": node, "OMP_NUM_THREADS": "1"},
+                start_new_session=True, env=candidate_env(node, key),
             )
 
     def alive(self) -> bool:
@@ -46,9 +58,12 @@ def run_burn_in(
     plan = Schedule.of(cfg, len(candidates))
     store = host_store()
     endpoint = f"127.0.0.1:{store.port}"
+    secret = run_secret()
+    keys = {node: node_key(secret, node) for node in candidates}
     nodes = {
         node: LocalCandidate(node, node_args(node, endpoint, plan, cfg, str(scratch), plan.budget(cfg),
-                                             Drill(*drills.get(node, ("none", 0.0)))), log_dir / f"{node}.log")
+                                             Drill(*drills.get(node, ("none", 0.0)))), log_dir / f"{node}.log",
+                             keys[node])
         for node in candidates
     }
-    return run_protocol(store, nodes, cfg, STARTUP_S)
+    return run_protocol(store, nodes, cfg, STARTUP_S, keys)

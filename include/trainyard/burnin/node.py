@@ -5,11 +5,14 @@ same for a local process and a pod:
 
 1. ``ready/<node>`` once started;
 2. wait for ``go/<node>``, run the local probes, write ``local/<node>``;
-3. wait for ``members`` (the nodes that reported), join them in a gloo group,
-   measure all-reduce bandwidth, write ``collective/<node>``.
+3. wait for ``members/<node>`` (the nodes that reported), join them in a gloo
+   group, measure all-reduce bandwidth, write ``collective/<node>``.
 
-A node left out of ``members`` exits. Drills act here, so a rehearsal fails
-in the same place a real node would.
+Every value is signed with the node's per-run key, read from
+``TRAINYARD_BURNIN_KEY`` (``trainyard.burnin.sealing``): an instruction the
+orchestrator did not sign is refused (the node says so under
+``tampered/<node>`` and exits 3). A node left out of the members exits.
+Drills act here, so a rehearsal fails in the same place a real node would.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 from datetime import timedelta
 from pathlib import Path
@@ -26,6 +30,9 @@ import torch
 import torch.distributed as dist
 
 from trainyard.burnin.probes import Throttle, busbw_gbps, disk_mbps, gpu_checks, matmul_gflops, memory_gbps
+from trainyard.burnin.sealing import KEY_ENV, StoreTampered, seal, unseal
+
+TAMPERED_EXIT = 3
 
 
 def local_figures(args: argparse.Namespace, throttle: Throttle) -> dict[str, Any]:
@@ -57,6 +64,32 @@ def act_out(fault: str) -> None:
         os.kill(os.getpid(), signal.SIGSTOP)
 
 
+class SignedStore:
+    """This node's view of the store: what it writes is sealed with its key, what it reads must be."""
+
+    def __init__(self, store: dist.Store, key: str):
+        self.store, self.key = store, key
+
+    def set(self, name: str, payload: str) -> None:
+        self.store.set(name, seal(self.key, name, payload))
+
+    def get(self, name: str) -> str:
+        return unseal(self.key, name, self.store.get(name))
+
+
+def protocol(signed: SignedStore, args: argparse.Namespace) -> None:
+    signed.set(f"ready/{args.node}", "1")
+    signed.get(f"go/{args.node}")
+    act_out(args.fault)
+    throttle = Throttle(args.factor if args.fault == "throttle" else 0.0)
+    signed.set(f"local/{args.node}", json.dumps(local_figures(args, throttle)))
+    members = json.loads(signed.get(f"members/{args.node}"))
+    if args.node in members and len(members) > 1:
+        sizes = [int(s) for s in args.sizes_kb.split(",")]
+        signed.set(f"collective/{args.node}",
+                   json.dumps(collective(signed.store, args.node, members, sizes, args.collective_s)))
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--node", required=True)
@@ -74,16 +107,17 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     torch.set_num_threads(1)  # local nodes share this machine's cores, as ranks will
     host, port = args.store.rsplit(":", 1)
+    key = os.environ.get(KEY_ENV, "")
+    if not re.fullmatch(r"[0-9a-f]{64}", key):
+        raise SystemExit(f"{KEY_ENV} must hold this node's per-run key (64 hex digits); the orchestrator sets it")
     store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=args.timeout))
-    store.set(f"ready/{args.node}", "1")
-    store.get(f"go/{args.node}")
-    act_out(args.fault)
-    throttle = Throttle(args.factor if args.fault == "throttle" else 0.0)
-    store.set(f"local/{args.node}", json.dumps(local_figures(args, throttle)))
-    members = json.loads(store.get("members"))
-    if args.node in members and len(members) > 1:
-        sizes = [int(s) for s in args.sizes_kb.split(",")]
-        store.set(f"collective/{args.node}", json.dumps(collective(store, args.node, members, sizes, args.collective_s)))
+    signed = SignedStore(store, key)
+    try:
+        protocol(signed, args)
+    except StoreTampered as exc:
+        signed.set(f"tampered/{args.node}", str(exc))
+        print(f"refused: {exc}", flush=True)
+        raise SystemExit(TAMPERED_EXIT) from None
 
 
 if __name__ == "__main__":

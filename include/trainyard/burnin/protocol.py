@@ -5,7 +5,9 @@ for their side). Their local probes take turns (``go/<node>`` one at a time):
 local nodes share cores and would otherwise measure the scheduler, and on a
 cluster it costs little. Then every node that reported joins the all-reduce.
 A node that does not start, report or join within its deadline is dead and
-is stopped; nothing outlives the stage.
+is stopped; nothing outlives the stage. Every value is signed with the
+candidate's per-run key (``trainyard.burnin.sealing``): a value someone else
+wrote fails the stage, it never decides a node's fate.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any, Protocol
 
 import torch.distributed as dist
 
+from trainyard.burnin.sealing import StoreTampered, seal, unseal
 from trainyard.spec import PressureTestSpec
 
 STARTUP_S = 10.0  # importing torch in several fresh processes on a small machine
@@ -77,34 +80,57 @@ def _wait(store: dist.Store, key: str, node: Candidate, deadline: float) -> bool
     return False
 
 
-def run_protocol(store: dist.Store, nodes: dict[str, Candidate], cfg: PressureTestSpec, startup_s: float) -> BurnInRun:
-    """Drive started candidates through ready, local probes in turns, and the all-reduce."""
+def _read(store: dist.Store, key: str, node_key: str) -> str:
+    return unseal(node_key, key, store.get(key))
+
+
+def _dead(store: dist.Store, name: str, node_key: str, why: str) -> str:
+    """``why``, unless the candidate said it exited over a forged instruction: then nobody is to blame but the store."""
+    key = f"tampered/{name}"
+    if store.check([key]):
+        raise StoreTampered(f"candidate {name}: {_read(store, key, node_key)}")
+    return why
+
+
+def run_protocol(store: dist.Store, nodes: dict[str, Candidate], cfg: PressureTestSpec, startup_s: float,
+                 keys: dict[str, str]) -> BurnInRun:
+    """Drive started candidates through ready, local probes in turns, and the all-reduce.
+
+    ``keys`` holds each candidate's per-run key: what it signs with, and what
+    the orchestrator signs its instructions to it with.
+    """
     started = time.monotonic()
     plan = Schedule.of(cfg, len(nodes))
     result = BurnInRun()
     try:
         ready_by = time.monotonic() + min(cfg.timeout_s, startup_s)
         for name, node in nodes.items():
-            if not _wait(store, f"ready/{name}", node, ready_by):
-                result.dead[name] = f"did not start within {min(cfg.timeout_s, startup_s):.0f} s"
+            if _wait(store, f"ready/{name}", node, ready_by):
+                _read(store, f"ready/{name}", keys[name])
+            else:
+                late = f"did not start within {min(cfg.timeout_s, startup_s):.0f} s"
+                result.dead[name] = _dead(store, name, keys[name], late)
         for name, node in nodes.items():
             if name in result.dead:
                 continue
-            store.set(f"go/{name}", "1")
+            store.set(f"go/{name}", seal(keys[name], f"go/{name}", "1"))
             if _wait(store, f"local/{name}", node, time.monotonic() + plan.slot_s + plan.grace_s):
-                result.local[name] = json.loads(store.get(f"local/{name}"))
+                result.local[name] = json.loads(_read(store, f"local/{name}", keys[name]))
             else:
-                result.dead[name] = node.why(f"no report within {plan.slot_s + plan.grace_s:.1f} s")
+                result.dead[name] = _dead(store, name, keys[name],
+                                          node.why(f"no report within {plan.slot_s + plan.grace_s:.1f} s"))
                 node.kill()
         members = [n for n in nodes if n in result.local]
-        store.set("members", json.dumps(members))
+        for name in nodes:  # each its own copy, signed with its own key
+            store.set(f"members/{name}", seal(keys[name], f"members/{name}", json.dumps(members)))
         if len(members) > 1:
             by = time.monotonic() + plan.collective_s + 2 * plan.grace_s + 5
             for name in members:
                 if _wait(store, f"collective/{name}", nodes[name], by):
-                    result.collective[name] = json.loads(store.get(f"collective/{name}"))
+                    result.collective[name] = json.loads(_read(store, f"collective/{name}", keys[name]))
                 else:
-                    result.dead[name] = nodes[name].why("did not complete the all-reduce")
+                    why = nodes[name].why("did not complete the all-reduce")
+                    result.dead[name] = _dead(store, name, keys[name], why)
     finally:
         for node in nodes.values():
             node.kill()

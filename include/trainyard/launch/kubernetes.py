@@ -32,12 +32,15 @@ the provider's ``KubernetesJobTrigger``.
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import json
 import logging
+import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from kubernetes import client as k8s
@@ -62,8 +65,16 @@ LABEL_JOB = "trainyard.io/job"
 LABEL_RUN = "trainyard.io/run"
 LABEL_ATTEMPT = "trainyard.io/attempt"
 PODGROUP_GROUP, PODGROUP_VERSION, PODGROUP_PLURAL = "scheduling.volcano.sh", "v1beta1", "podgroups"
-HOT_VOLUME, SHM_VOLUME = "hot", "dshm"
+HOT_VOLUME, SHM_VOLUME, TMP_VOLUME = "hot", "dshm", "tmp"
 RUN_AS_USER = 1000  # the trainer image's user (docker/Dockerfile.trainer)
+# The launcher's own service account (docker/k8s/launcher-rbac.yaml): it may create pods and
+# mark nodes, so no pod it creates may run as it.
+LAUNCHER_ACCOUNT = "trainyard-launcher"
+# What each path of the training contract is to a pod: only these are mounted, each at the
+# orchestrator's own path (so a path in the ledger means the same file everywhere).
+WRITABLE_DIRS = ("TRAINYARD_CHECKPOINT_DIR", "TRAINYARD_HEARTBEAT_DIR")  # checkpoints (LATEST too), heartbeats
+WRITABLE_FILES = ("TRAINYARD_LEDGER",)  # rank 0 appends train events; the run folder itself is not mounted
+READ_ONLY_DIRS = ("TRAINYARD_DATA_DIR",)  # the staged dataset
 # Pod hostnames are "<job>-<index>" and must fit a 63-character DNS label; an index
 # has at most 3 digits (nodes.count <= 512), and pod names add a 6-character suffix.
 MAX_JOB_NAME = 52
@@ -174,14 +185,49 @@ def training_env(plan: LaunchPlan) -> list[k8s.V1EnvVar]:
     ]
 
 
-def hot_mount_path(plan: LaunchPlan, spec: KubernetesSpec) -> str:
-    """Where ``hot_pvc`` is mounted: ``spec.hot_mount``, else the deepest folder the plan's paths share.
+@dataclass(frozen=True)
+class PathMount:
+    """One path of the plan a pod sees: a folder (or the ledger file) of the hot tier."""
 
-    The plan's paths are the orchestrator's; mounting the same volume at the
-    same place in every pod makes them mean the same thing there.
+    path: str
+    read_only: bool
+
+
+def attempt_paths(plan: LaunchPlan) -> list[PathMount]:
+    """What an attempt's pods may see of the hot tier, and which of it they may write.
+
+    Its heartbeat folder, its lineage's checkpoint folder and the run's ledger
+    file read-write; its dataset (and a ``resume_from`` path outside the
+    checkpoint folder) read-only. Nothing else: not the run folder (its pinned
+    spec and report), not other pipelines' checkpoints or locks.
     """
-    folders = [PurePosixPath(v) if k.endswith("_DIR") else PurePosixPath(v).parent
-               for k, v in plan.env.items() if v.startswith("/")]
+    env = plan.env
+    mounts = [PathMount(env[k], False) for k in (*WRITABLE_DIRS, *WRITABLE_FILES) if k in env]
+    mounts += [PathMount(env[k], True) for k in READ_ONLY_DIRS if k in env]
+    if env.get("TRAINYARD_RESUME_FROM", "").startswith("/"):
+        mounts.append(PathMount(env["TRAINYARD_RESUME_FROM"], True))
+    for m in mounts:
+        if not m.path.startswith("/") or ".." in PurePosixPath(m.path).parts:
+            raise ValueError(f"launch plan: {m.path!r} must be an absolute path without '..' to be mounted in a pod")
+    return _covering(mounts)
+
+
+def _covering(mounts: list[PathMount]) -> list[PathMount]:
+    """Drop a mount another one already grants (inside a writable one, or read-only inside a read-only one)."""
+    keep: list[PathMount] = []
+    for m in sorted(mounts, key=lambda m: (len(PurePosixPath(m.path).parts), m.read_only, m.path)):
+        if not any(PurePosixPath(m.path).is_relative_to(k.path) and (m.read_only or not k.read_only) for k in keep):
+            keep.append(m)
+    return keep
+
+
+def hot_mount_path(plan: LaunchPlan, spec: KubernetesSpec) -> str:
+    """Where the orchestrator sees the root of ``hot_pvc``: ``spec.hot_mount``, else the deepest folder the
+    plan's paths share. Pods mount folders of the claim (``subPath``) at the same paths, so they mean the
+    same thing there.
+    """
+    folders = [PurePosixPath(m.path) if m.path != plan.env.get("TRAINYARD_LEDGER") else PurePosixPath(m.path).parent
+               for m in attempt_paths(plan)]
     if spec.hot_mount:
         outside = [str(f) for f in folders if not f.is_relative_to(spec.hot_mount)]
         if outside:
@@ -237,24 +283,49 @@ def pod_security_context() -> k8s.V1PodSecurityContext:
 
 
 def container_security_context() -> k8s.V1SecurityContext:
-    """What the "restricted" Pod Security Standard asks of every container."""
+    """What the "restricted" Pod Security Standard asks of every container, and a read-only image:
+    code that runs there can change nothing but its mounts (/tmp, /dev/shm, its hot-tier folders)."""
     return k8s.V1SecurityContext(run_as_non_root=True, run_as_user=RUN_AS_USER, allow_privilege_escalation=False,
-                                 capabilities=k8s.V1Capabilities(drop=["ALL"]),
+                                 capabilities=k8s.V1Capabilities(drop=["ALL"]), read_only_root_filesystem=True,
                                  seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault"))
 
 
-def volumes(spec: KubernetesSpec, mount: str | None) -> tuple[list[k8s.V1Volume], list[k8s.V1VolumeMount]]:
-    """The hot tier (when ``hot_pvc`` is set) at ``mount``, and a memory-backed /dev/shm.
+def scratch_env() -> list[k8s.V1EnvVar]:
+    """The root file system is read-only: temporary files and caches (~/.cache) go to the /tmp emptyDir."""
+    return [k8s.V1EnvVar(name="TMPDIR", value="/tmp"), k8s.V1EnvVar(name="HOME", value="/tmp")]
 
+
+def pod_account(spec: KubernetesSpec, launcher: tuple[str, str] | None = None) -> str | None:
+    """The spec's ``service_account``, refused when it is the launcher's own (defence in depth: the spec
+    check refuses it too). ``launcher``: (namespace, name) of the account the launcher calls the API as."""
+    account = spec.service_account
+    own = {LAUNCHER_ACCOUNT} | ({launcher[1]} if launcher and launcher[0] == spec.namespace else set())
+    if account in own:
+        raise ValueError(f"nodes.kubernetes.service_account: {account!r} is the launcher's own account, which may "
+                         "create pods and mark nodes; give the pods an account of their own, or none")
+    return account
+
+
+def volumes(spec: KubernetesSpec, root: str | None, paths: list[PathMount]) -> tuple[list[k8s.V1Volume],
+                                                                                  list[k8s.V1VolumeMount]]:
+    """Memory-backed /dev/shm, an emptyDir /tmp, and (when ``hot_pvc`` is set) ``paths`` of the hot tier.
+
+    Each path is its own ``subPath`` mount of the claim, whose root the
+    orchestrator sees at ``root``: a pod never sees the rest of the tier.
     A container's default /dev/shm is 64 MiB; NCCL and data-loader workers
     pass tensors through it and fail with a bus error when it is full.
     """
-    vols = [k8s.V1Volume(name=SHM_VOLUME, empty_dir=k8s.V1EmptyDirVolumeSource(medium="Memory"))]
-    mounts = [k8s.V1VolumeMount(name=SHM_VOLUME, mount_path="/dev/shm")]
-    if spec.hot_pvc and mount:
+    vols = [k8s.V1Volume(name=SHM_VOLUME, empty_dir=k8s.V1EmptyDirVolumeSource(medium="Memory")),
+            k8s.V1Volume(name=TMP_VOLUME, empty_dir=k8s.V1EmptyDirVolumeSource())]
+    mounts = [k8s.V1VolumeMount(name=SHM_VOLUME, mount_path="/dev/shm"),
+              k8s.V1VolumeMount(name=TMP_VOLUME, mount_path="/tmp")]
+    if spec.hot_pvc and root:
         vols.append(k8s.V1Volume(name=HOT_VOLUME, persistent_volume_claim=k8s.V1PersistentVolumeClaimVolumeSource(
             claim_name=spec.hot_pvc)))
-        mounts.append(k8s.V1VolumeMount(name=HOT_VOLUME, mount_path=mount))
+        for m in paths:
+            sub = str(PurePosixPath(m.path).relative_to(root))
+            mounts.append(k8s.V1VolumeMount(name=HOT_VOLUME, mount_path=m.path, sub_path=None if sub == "." else sub,
+                                            read_only=True if m.read_only else None))
     return vols, mounts
 
 
@@ -274,8 +345,10 @@ def training_affinity(spec: KubernetesSpec, name: str) -> k8s.V1Affinity:
         required_during_scheduling_ignored_during_execution=[spread]))
 
 
-def training_pod_template(plan: LaunchPlan, spec: KubernetesSpec, name: str) -> k8s.V1PodTemplateSpec:
-    vols, mounts = volumes(spec, hot_mount_path(plan, spec) if spec.hot_pvc else None)
+def training_pod_template(plan: LaunchPlan, spec: KubernetesSpec, name: str,
+                          launcher: tuple[str, str] | None = None) -> k8s.V1PodTemplateSpec:
+    account = pod_account(spec, launcher)
+    vols, mounts = volumes(spec, hot_mount_path(plan, spec) if spec.hot_pvc else None, attempt_paths(plan))
     annotations = {RUN_ID_ANNOTATION: plan.run_id}
     if spec.scheduler == "volcano":
         annotations[GROUP_NAME_ANNOTATION] = name
@@ -283,7 +356,7 @@ def training_pod_template(plan: LaunchPlan, spec: KubernetesSpec, name: str) -> 
         name=CONTAINER, image=spec.image,
         command=["python", "-m", "torch.distributed.run"],
         args=torchrun_args(plan, rendezvous_endpoint(name, spec.namespace, spec.cluster_domain)),
-        env=training_env(plan), resources=resources(spec), volume_mounts=mounts,
+        env=[*training_env(plan), *scratch_env()], resources=resources(spec), volume_mounts=mounts,
         ports=[k8s.V1ContainerPort(name="rdzv", container_port=RDZV_PORT, protocol="TCP")],
         security_context=container_security_context(),
     )
@@ -292,9 +365,9 @@ def training_pod_template(plan: LaunchPlan, spec: KubernetesSpec, name: str) -> 
         spec=k8s.V1PodSpec(
             containers=[container], restart_policy="Never", subdomain=name,
             scheduler_name="volcano" if spec.scheduler == "volcano" else None,
-            service_account_name=spec.service_account,
+            service_account_name=account,
             # Training code has no business with the API server unless an account was chosen for it.
-            automount_service_account_token=None if spec.service_account else False,
+            automount_service_account_token=None if account else False,
             enable_service_links=False, node_selector=dict(spec.node_selector) or None,
             tolerations=tolerations(spec), affinity=training_affinity(spec, name),
             security_context=pod_security_context(), volumes=vols,
@@ -314,7 +387,7 @@ class AttemptObjects:
     """Volcano PodGroup (a custom resource, so a plain dict); None with the default scheduler."""
 
 
-def build_job(plan: LaunchPlan, spec: KubernetesSpec) -> k8s.V1Job:
+def build_job(plan: LaunchPlan, spec: KubernetesSpec, launcher: tuple[str, str] | None = None) -> k8s.V1Job:
     name = object_name(plan)
     n = len(plan.nodes)
     return k8s.V1Job(
@@ -325,7 +398,7 @@ def build_job(plan: LaunchPlan, spec: KubernetesSpec) -> k8s.V1Job:
             completions=n, parallelism=n, completion_mode="Indexed",
             backoff_limit=0,  # a failed pod ends the attempt; retrying is the supervisor's decision
             ttl_seconds_after_finished=TTL_AFTER_FINISHED_S,
-            template=training_pod_template(plan, spec, name),
+            template=training_pod_template(plan, spec, name, launcher),
         ),
     )
 
@@ -364,10 +437,13 @@ def _times(quantity: str, n: int) -> str:
     return f"{int(total * 1000)}m"  # fractional CPUs
 
 
-def build_objects(plan: LaunchPlan, spec: KubernetesSpec) -> AttemptObjects:
-    """Every object of one attempt; pure, so the same plan always yields the same names and bodies."""
+def build_objects(plan: LaunchPlan, spec: KubernetesSpec, launcher: tuple[str, str] | None = None) -> AttemptObjects:
+    """Every object of one attempt; pure, so the same plan always yields the same names and bodies.
+
+    ``launcher``: the (namespace, name) of the account the launcher calls the API as, which no pod may run as.
+    """
     return AttemptObjects(
-        name=object_name(plan), job=build_job(plan, spec), service=build_service(plan, spec),
+        name=object_name(plan), job=build_job(plan, spec, launcher), service=build_service(plan, spec),
         podgroup=build_podgroup(plan, spec) if spec.scheduler == "volcano" else None,
     )
 
@@ -511,10 +587,45 @@ def _ignore(status: int, call: Callable[[], Any]) -> bool:
         return True
 
 
+def token_account(api_client: Any) -> tuple[str, str] | None:
+    """(namespace, name) of the service account whose token ``api_client`` sends, if it sends one.
+
+    Read from the token's ``sub`` claim (``system:serviceaccount:<ns>:<name>``) without checking its
+    signature: it is our own credential, read only to know which account no pod may be given.
+    """
+    try:
+        auth = api_client.configuration.api_key.get("authorization", "") or ""
+        token = auth.split()[-1] if auth else ""
+        payload = token.split(".")[1]
+        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+        kind, _, rest = str(claims.get("sub", "")).partition(":serviceaccount:")
+        namespace, _, name = rest.partition(":")
+    except (AttributeError, IndexError, ValueError, TypeError):
+        return None
+    return (namespace, name) if kind == "system" and namespace and name else None
+
+
+def prepare_paths(plan: LaunchPlan) -> None:
+    """Create the folders and the ledger file the pods mount, as the orchestrator's user, before the Job.
+
+    The kubelet would create a missing ``subPath`` itself, owned by root (not
+    writable by the pods' user), and a missing file ``subPath`` as a folder.
+    """
+    for key in WRITABLE_DIRS:
+        if key in plan.env:
+            Path(plan.env[key]).mkdir(parents=True, exist_ok=True)
+    for key in WRITABLE_FILES:
+        if key in plan.env:
+            Path(plan.env[key]).parent.mkdir(parents=True, exist_ok=True)
+            os.close(os.open(plan.env[key], os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644))
+
+
 class KubernetesLauncher:
     """``launch`` / ``poll`` / ``cancel`` over the Kubernetes API, with a ``kubernetes.client.ApiClient``."""
 
     def __init__(self, api_client: k8s.ApiClient, spec: KubernetesSpec, log_lines: int = 200) -> None:
+        self.account = token_account(api_client)
+        """The launcher's own service account, if it calls the API as one: no pod may run as it."""
         self.core = k8s.CoreV1Api(api_client)
         self.batch = k8s.BatchV1Api(api_client)
         self.custom = k8s.CustomObjectsApi(api_client)
@@ -529,10 +640,12 @@ class KubernetesLauncher:
         An object that already exists is adopted: names are derived from the plan,
         so it is this attempt's own, left by a launch interrupted half-way.
         """
-        objects = build_objects(plan, self.spec)
+        objects = build_objects(plan, self.spec, self.account)
         ns = self.spec.namespace
         handle = KubernetesHandle(plan, ns, objects.name, podgroup=objects.podgroup is not None)
         plan.log_dir.mkdir(parents=True, exist_ok=True)
+        if self.spec.hot_pvc:
+            prepare_paths(plan)
         self.active.append(handle)
         try:
             if objects.podgroup is not None:

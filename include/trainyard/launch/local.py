@@ -2,7 +2,9 @@
 
 Each node is its own process session with its own identity (TRAINYARD_NODE)
 and log file; the agents meet through c10d rendezvous on a free 127.0.0.1
-port and train over gloo. Node 0's agent hosts the rendezvous store.
+port and train over gloo. Node 0's agent hosts the rendezvous store. The
+agents get an allow-listed environment (``trainyard.launch.environ``), never
+the Airflow worker's secrets.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +24,7 @@ import psutil
 
 from trainyard.atomic import open_append
 from trainyard.launch.base import AttemptStatus, LaunchPlan, NodeStatus
+from trainyard.launch.environ import child_env
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +71,15 @@ def torchrun_argv(plan: LaunchPlan, port: int, node_index: int) -> list[str]:
     ]
 
 
+def node_env(plan: LaunchPlan, node: str, parent: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A node's agent environment: the allowed part of the worker's, the plan's contract, the node's name."""
+    env = child_env(os.environ if parent is None else parent,
+                    {"GLOO_SOCKET_IFNAME": "lo", **plan.env, "TRAINYARD_NODE": node})
+    # Local nodes share this machine's cores: one thread per rank unless told otherwise.
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
 class LocalLauncher:
     def __init__(self) -> None:
         self.active: list[LocalHandle] = []
@@ -76,16 +89,13 @@ class LocalLauncher:
         plan.log_dir.mkdir(parents=True, exist_ok=True)
         handle = LocalHandle(plan=plan, port=free_port())
         self.active.append(handle)
-        base_env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", **plan.env}
-        # Local nodes share this machine's cores: one thread per rank unless told otherwise.
-        base_env.setdefault("OMP_NUM_THREADS", "1")
         for index, node in enumerate(plan.nodes):
             path = plan.log_dir / f"{node}.log"
             with open_append(path) as out:  # training code may have planted a link for the next attempt
                 handle.procs[node] = subprocess.Popen(
                     torchrun_argv(plan, handle.port, index),
                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    env={**base_env, "TRAINYARD_NODE": node},
+                    env=node_env(plan, node),
                     start_new_session=True,
                     preexec_fn=_die_with_parent,
                 )

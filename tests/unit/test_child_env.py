@@ -1,0 +1,48 @@
+"""The environment of the processes trainyard starts locally: an allow-list, never the worker's secrets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainyard.burnin.local import candidate_env
+from trainyard.burnin.sealing import KEY_ENV
+from trainyard.launch.base import LaunchPlan
+from trainyard.launch.environ import child_env
+from trainyard.launch.local import node_env
+
+WORKER = {
+    # What an Airflow worker's environment holds (docker/docker-compose.yaml and a typical cloud VM).
+    "AIRFLOW__CORE__FERNET_KEY": "fernet", "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": "postgresql://u:pw@db/airflow",
+    "AIRFLOW__API_AUTH__JWT_SECRET": "jwt", "AIRFLOW__API__SECRET_KEY": "api",
+    "AIRFLOW_CONN_TRAINYARD_COLD": '{"password": "s3"}', "AWS_SECRET_ACCESS_KEY": "aws", "AWS_ACCESS_KEY_ID": "id",
+    "GOOGLE_APPLICATION_CREDENTIALS": "/secrets/gcp.json", "KUBECONFIG": "/opt/airflow/kube/config",
+    "TRAINYARD_S3_SECRET_KEY": "s3", "TRAINYARD_BURNIN_DRILLS": "node-1=crash",
+    # What a Python/torch process needs.
+    "PATH": "/usr/bin", "HOME": "/home/airflow", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHONPATH": "/opt/inc",
+    "TMPDIR": "/scratch", "CUDA_VISIBLE_DEVICES": "0,1", "NVIDIA_VISIBLE_DEVICES": "all", "OMP_NUM_THREADS": "4",
+    "MKL_NUM_THREADS": "4", "TORCH_HOME": "/cache/torch", "NCCL_DEBUG": "INFO", "GLOO_SOCKET_IFNAME": "eth0",
+}
+PASSED = {k: v for k, v in WORKER.items() if not k.startswith(("AIRFLOW", "AWS_", "GOOGLE_", "KUBECONFIG", "TRAINYARD_"))}
+
+
+def plan() -> LaunchPlan:
+    return LaunchPlan(run_id="r", attempt=1, nodes=["node-0"], procs_per_node=1, entrypoint="trainyard.train", args=[],
+                      env={"TRAINYARD_RUN_ID": "r", "TRAINYARD_LEDGER": "/runs/r/events.jsonl"}, log_dir=Path("/runs/r"))
+
+
+def test_a_training_agent_gets_the_allow_list_and_the_plans_contract_only() -> None:
+    env = node_env(plan(), "node-0", WORKER)
+    assert env == {**PASSED, "GLOO_SOCKET_IFNAME": "lo", "TRAINYARD_RUN_ID": "r",
+                   "TRAINYARD_LEDGER": "/runs/r/events.jsonl", "TRAINYARD_NODE": "node-0"}
+
+
+def test_a_burn_in_candidate_gets_the_allow_list_its_name_and_its_key_only() -> None:
+    env = candidate_env("node-1", "ab" * 32, WORKER)
+    assert env == {**PASSED, "TRAINYARD_NODE": "node-1", "OMP_NUM_THREADS": "1", KEY_ENV: "ab" * 32}
+
+
+def test_the_launcher_cannot_pass_a_malformed_name() -> None:
+    with pytest.raises(ValueError, match="'A-B'"):
+        child_env({}, {"A-B": "x"})
