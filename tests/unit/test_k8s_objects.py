@@ -342,7 +342,11 @@ def test_a_path_climbing_out_of_the_tier_is_refused() -> None:
 
 
 def test_no_pod_runs_as_the_launchers_own_account() -> None:
-    own = KubernetesSpec(image="t", namespace="trainyard", service_account="trainyard-launcher")
+    # The spec refuses this account; the launcher refuses it again (a spec built past validation).
+    with pytest.raises(ValueError, match="launcher's own service account"):
+        KubernetesSpec(image="t", namespace="trainyard", service_account="trainyard-launcher")
+    own = KubernetesSpec.model_construct(**{**KubernetesSpec(image="t", namespace="trainyard").__dict__,
+                                            "service_account": "trainyard-launcher"})
     with pytest.raises(ValueError, match="service_account: 'trainyard-launcher' is the launcher's own account"):
         build_objects(make_plan(), own)
     with pytest.raises(ValueError, match="launcher's own account"):

@@ -49,7 +49,7 @@ from kubernetes.utils import parse_quantity
 
 from trainyard.atomic import write_text_atomic
 from trainyard.launch.base import AttemptStatus, LaunchPlan, NodeStatus
-from trainyard.spec import KubernetesSpec
+from trainyard.spec import LAUNCHER_SERVICE_ACCOUNT, KubernetesSpec
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ HOT_VOLUME, SHM_VOLUME, TMP_VOLUME = "hot", "dshm", "tmp"
 RUN_AS_USER = 1000  # the trainer image's user (docker/Dockerfile.trainer)
 # The launcher's own service account (docker/k8s/launcher-rbac.yaml): it may create pods and
 # mark nodes, so no pod it creates may run as it.
-LAUNCHER_ACCOUNT = "trainyard-launcher"
+LAUNCHER_ACCOUNT = LAUNCHER_SERVICE_ACCOUNT  # the one name, in the spec models: the spec refuses it too
 # What each path of the training contract is to a pod: only these are mounted, each at the
 # orchestrator's own path (so a path in the ledger means the same file everywhere).
 WRITABLE_DIRS = ("TRAINYARD_CHECKPOINT_DIR", "TRAINYARD_HEARTBEAT_DIR")  # checkpoints (LATEST too), heartbeats
