@@ -126,6 +126,19 @@ def test_one_broken_spec_is_an_import_error_and_hides_no_other(tmp_path: Path) -
     assert f"{dags}/pipelines/broken.yaml: nodes.min: 7 must be <= nodes.count (2)" in message
 
 
+def test_a_dataset_folder_nested_in_anothers_is_no_dag(tmp_path: Path) -> None:
+    """Staging or evicting ``tokens`` would touch ``tokens/{{ ds }}``'s nights: the later spec is refused."""
+    dags = tmp_path / "dags"
+    shutil.copytree(ROOT / "dags", dags, ignore=shutil.ignore_patterns("__pycache__"))
+    nightly = (dags / "pipelines" / "nightly_pretrain.yaml").read_text()
+    assert "name: tokens/{{ ds }}" in nightly
+    (dags / "pipelines" / "z_all_tokens.yaml").write_text(nightly.replace("name: tokens/{{ ds }}", "name: tokens"))
+    bag = DagBag(dag_folder=str(dags))
+    assert {"nightly_pretrain", "finetune_manual"} <= set(bag.dags) and "z_all_tokens" not in bag.dags
+    [message] = bag.import_errors.values()
+    assert f"{dags}/pipelines/z_all_tokens.yaml: dataset.name: 'tokens' may be the folder of" in message
+
+
 def test_parsing_touches_no_tier(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
     DagBag(dag_folder=str(ROOT / "dags"))

@@ -19,7 +19,7 @@ from trainyard.airflow.operators import ReportOperator, TrainOperator
 from trainyard.airflow.params import param_schemas
 from trainyard.errors import SpecError
 from trainyard.report.pages import URL_PREFIX
-from trainyard.spec import PipelineSpec, load_spec
+from trainyard.spec import PipelineSpec, load_spec, nested_specs
 
 # Airflow pool of training nodes (airflow_settings.yaml declares it): one slot per node.
 NODE_POOL = "training_nodes"
@@ -117,7 +117,10 @@ def scan(folder: str | Path) -> tuple[dict[str, tuple[Path, PipelineSpec]], list
             problems.append(f"{spec_path}: pipeline: DAG id {dag_id!r} is already used by {valid[dag_id][0].name}")
             continue
         valid[dag_id] = (spec_path, spec)
-    return valid, problems
+    # Staging or evicting a dataset folder nested in another's would touch that pipeline's files.
+    nested = nested_specs({path: spec for path, spec in valid.values()})
+    problems.extend(nested.values())
+    return {dag_id: entry for dag_id, entry in valid.items() if entry[0] not in nested}, problems
 
 
 def build_dags(folder: str | Path) -> dict[str, DAG]:

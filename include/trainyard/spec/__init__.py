@@ -7,8 +7,8 @@ Airflow trigger form built from a spec lives in ``trainyard.airflow.params``.
 """
 
 from trainyard.spec.checks import (
-    CRON_PRESETS, URI_SCHEMES, cross_field_problems, dataset_name_problems, nested_roots, positive_number,
-    resume_problems, resume_root_fields, uri_problems, valid_resume,
+    CRON_PRESETS, URI_SCHEMES, cross_field_problems, dataset_name_problems, nested_roots, nested_specs,
+    positive_number, resume_problems, resume_root_fields, uri_problems, valid_resume,
 )
 from trainyard.spec.load import (
     PARAM_FIELDS, check_files, load_spec, parse_yaml, spec_files, spec_from_data, spec_from_text, with_params,
@@ -24,7 +24,7 @@ __all__ = [
     "Action", "BurnInDrill", "CheckpointSpec", "DataExpectations", "DatasetSpec", "Drill", "FailureKind",
     "KubernetesSpec", "Lifecycle", "MetricExpectations", "NodesSpec", "NotifyOn", "NotifySpec", "ParamName",
     "PipelineSpec", "PressureTestSpec", "Probe", "RecoverySpec", "TrainingSpec",
-    "check_files", "cross_field_problems", "dataset_name_problems", "load_spec", "nested_roots", "parse_yaml",
-    "positive_number", "resume_problems", "resume_root_fields", "spec_files", "spec_from_data", "spec_from_text",
+    "check_files", "cross_field_problems", "dataset_name_problems", "load_spec", "nested_roots", "nested_specs",
+    "parse_yaml", "positive_number", "resume_problems", "resume_root_fields", "spec_files", "spec_from_data", "spec_from_text",
     "uri_problems", "valid_resume", "with_params",
 ]

@@ -250,7 +250,12 @@ def dataset_name_problems(name: str, template: str | None = None) -> list[str]:
 
 
 def nested_roots(specs: Mapping[Path, PipelineSpec]) -> list[str]:
-    """A line for each spec whose dataset folder may lie inside (or around) another spec's.
+    """A line for each spec whose dataset folder may lie inside (or around) another spec's."""
+    return list(nested_specs(specs).values())
+
+
+def nested_specs(specs: Mapping[Path, PipelineSpec]) -> dict[Path, str]:
+    """``{spec path: why}`` for each spec whose dataset folder may lie inside (or around) an earlier spec's.
 
     Folders are compared as whole paths (hot root, then name), so a hot root inside
     another's counts too. Templates and ``${VAR}`` match any value within their path
@@ -258,12 +263,12 @@ def nested_roots(specs: Mapping[Path, PipelineSpec]) -> list[str]:
     source and folder share one staged copy on purpose, and pass.
     """
     folders = [(path, spec, _folder(spec)) for path, spec in specs.items()]
-    problems = []
+    problems = {}
     for i, (path, spec, folder) in enumerate(folders):
         for other_path, other, other_folder in folders[:i]:
             same = (spec.dataset.source, spec.dataset.name) == (other.dataset.source, other.dataset.name)
             if not same and _may_overlap(folder, other_folder):
-                problems.append(
+                problems[path] = (
                     f"{path}: dataset.name: {spec.dataset.name!r} may be the folder of, inside or around"
                     f" {other_path.name}'s dataset {other.dataset.name!r} (dataset.hot and dataset.name together);"
                     " dataset folders must not nest (staging or evicting one would touch the other's files):"
