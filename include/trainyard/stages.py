@@ -466,6 +466,7 @@ def _plan(run: Run, attempt: int, course: Course, target: int) -> LaunchPlan:
     return LaunchPlan(
         run_id=run.dir.name, attempt=attempt, nodes=list(course.nodes), procs_per_node=run.spec.nodes.procs_per_node,
         entrypoint=training.entrypoint, args=_cli_args(training.args), log_dir=attempt_dir,
+        pass_env=tuple(training.pass_env),
         env={
             "TRAINYARD_DATA_DIR": str(run.hot_dataset_dir),
             "TRAINYARD_CHECKPOINT_DIR": str(run.checkpoint_root),

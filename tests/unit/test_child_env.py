@@ -46,3 +46,22 @@ def test_a_burn_in_candidate_gets_the_allow_list_its_name_and_its_key_only() -> 
 def test_the_launcher_cannot_pass_a_malformed_name() -> None:
     with pytest.raises(ValueError, match="'A-B'"):
         child_env({}, {"A-B": "x"})
+
+
+def test_the_spec_may_pass_named_variables_to_training_but_never_airflows(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from trainyard.errors import SpecError
+    from trainyard.spec import spec_from_text
+
+    env = node_env(replace(plan(), pass_env=("WANDB_API_KEY",)), "node-0", {**WORKER, "WANDB_API_KEY": "wb"})
+    assert env["WANDB_API_KEY"] == "wb" and "AWS_SECRET_ACCESS_KEY" not in env
+    base = "dataset: {source: 'file:///c', name: t}\nnodes: {count: 1%s}\ntraining: {max_steps: 2, global_batch: 2," \
+           " micro_batch: 2, checkpoint_every: 1, pass_env: [%s]}\n"
+    assert spec_from_text(base % ("", "WANDB_API_KEY"), "p.yaml").training.pass_env == ["WANDB_API_KEY"]
+    for names, says in [("AIRFLOW__CORE__FERNET_KEY", "may not be passed to training code"),
+                        ("TRAINYARD_LEDGER", "set by the launcher"), ("'A-B'", "an environment variable name")]:
+        with pytest.raises(SpecError, match=says):
+            spec_from_text(base % ("", names), "p.yaml")
+    with pytest.raises(SpecError, match="training.pass_env: passes the worker's variables to local training"):
+        spec_from_text(base % (", backend: kubernetes", "WANDB_API_KEY") + "kubernetes: {image: t}\n", "p.yaml")

@@ -26,6 +26,8 @@ class LaunchPlan:
     env: dict[str, str]
     """The training contract (TRAINYARD_* variables), the same on every node."""
     log_dir: Path
+    pass_env: tuple[str, ...] = ()
+    """Names of the worker's variables a local process may also see (``training.pass_env``)."""
 
     @property
     def world_size(self) -> int:

@@ -11,7 +11,7 @@ running Python, torch and its libraries needs, plus what the launcher sets
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 # Exact names a Python/torch process needs to start and find its files and locale.
 ALLOWED_NAMES = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TERM",
@@ -27,8 +27,10 @@ def allowed(name: str) -> bool:
     return name in ALLOWED_NAMES or name.startswith(ALLOWED_PREFIXES)
 
 
-def child_env(parent: Mapping[str, str], launcher_sets: Mapping[str, str]) -> dict[str, str]:
-    """The allowed part of ``parent``, then ``launcher_sets`` (the ``TRAINYARD_*`` contract and the like) over it.
+def child_env(parent: Mapping[str, str], launcher_sets: Mapping[str, str],
+              passed: Iterable[str] = ()) -> dict[str, str]:
+    """The allowed part of ``parent`` and the ``passed`` names the spec lists (``training.pass_env``), then
+    ``launcher_sets`` (the ``TRAINYARD_*`` contract and the like) over it.
 
     What the launcher sets is passed whatever its name: it is trainyard's own
     contract, never read from the worker's environment.
@@ -36,4 +38,5 @@ def child_env(parent: Mapping[str, str], launcher_sets: Mapping[str, str]) -> di
     bad = sorted(k for k in launcher_sets if not _NAME.match(k))
     if bad:
         raise ValueError(f"environment variable name(s) {', '.join(map(repr, bad))}: use letters, digits and '_'")
-    return {**{k: v for k, v in parent.items() if allowed(k)}, **launcher_sets}
+    passed = frozenset(passed)
+    return {**{k: v for k, v in parent.items() if allowed(k) or k in passed}, **launcher_sets}

@@ -74,7 +74,7 @@ def torchrun_argv(plan: LaunchPlan, port: int, node_index: int) -> list[str]:
 def node_env(plan: LaunchPlan, node: str, parent: Mapping[str, str] | None = None) -> dict[str, str]:
     """A node's agent environment: the allowed part of the worker's, the plan's contract, the node's name."""
     env = child_env(os.environ if parent is None else parent,
-                    {"GLOO_SOCKET_IFNAME": "lo", **plan.env, "TRAINYARD_NODE": node})
+                    {"GLOO_SOCKET_IFNAME": "lo", **plan.env, "TRAINYARD_NODE": node}, plan.pass_env)
     # Local nodes share this machine's cores: one thread per rank unless told otherwise.
     env.setdefault("OMP_NUM_THREADS", "1")
     return env

@@ -176,6 +176,13 @@ def _params(spec: PipelineSpec) -> list[str]:
     return problems
 
 
+def _pass_env(spec: PipelineSpec) -> list[str]:
+    if spec.training.pass_env and spec.nodes.backend == "kubernetes":
+        return ["training.pass_env: passes the worker's variables to local training processes only; a pod gets its"
+                " variables from its image or the cluster (a Secret in its namespace): drop the field"]
+    return _repeated("training.pass_env", spec.training.pass_env)
+
+
 def _repeated(field: str, items: list[str]) -> list[str]:
     return [f"{field}[{i}]: {item!r} is listed twice" for i, item in enumerate(items) if item in items[:i]]
 
@@ -189,6 +196,7 @@ CHECKS: tuple[tuple[tuple[str, ...], Check], ...] = (
     (("training.entrypoint",), _entrypoint),
     (("training.resume_from",), _resume_from),
     (("training.allowed_resume_roots",), _resume_roots),
+    (("training.pass_env", "nodes.backend"), _pass_env),
     (("schedule",), _schedule),
     (("runs_root", "dataset.source", "dataset.hot", "checkpoint.hot", "checkpoint.cold"), _uris),
     (("dataset.name",), _dataset_name),

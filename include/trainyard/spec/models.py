@@ -93,6 +93,20 @@ DnsLabel = Annotated[str, _rule(
     r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?",
     "a DNS-1123 label: at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit")]
 DnsSubdomain = Annotated[str, AfterValidator(_dns_subdomain)]
+
+
+def _passed_variable(value: str) -> str:
+    # Airflow's settings and connections are the secrets the allow-list keeps from training code;
+    # TRAINYARD_* is the launcher's contract, set by it alone.
+    if value.upper().startswith(("AIRFLOW", "TRAINYARD_")):
+        raise ValueError(f"{value!r} may not be passed to training code: AIRFLOW* variables hold the orchestrator's"
+                         " secrets and TRAINYARD_* is set by the launcher")
+    return value
+
+
+PassedVariable = Annotated[str, _rule(
+    r"[A-Za-z_][A-Za-z0-9_]{0,127}", "an environment variable name: letters, digits and '_', not starting with a digit"),
+    AfterValidator(_passed_variable)]
 AbsolutePath = Annotated[str, AfterValidator(_absolute_path)]
 
 # One address, no display name: a local part, '@', a domain with a dot (no spaces, commas or angle
@@ -396,6 +410,11 @@ class TrainingSpec(_Model):
     allowed_resume_roots: list[str] = Field([], max_length=64)
     """More folders a ``resume_from`` path may lie in (another pipeline's checkpoints, on purpose):
     absolute ``file://`` URIs or paths; may use ``${VAR}``. Checked when a run starts, before staging."""
+    pass_env: list[PassedVariable] = Field([], max_length=64)
+    """Names of the worker's environment variables that reach training processes on the local backend
+    (an experiment tracker's key, a proxy). Nothing else crosses but an allow-list of paths, locale and
+    CUDA/OMP/MKL/TORCH/NCCL/GLOO tuning: training code is untrusted. Kubernetes pods take theirs from the
+    image or the cluster, never from the worker."""
 
 
 class MetricExpectations(_Model):
