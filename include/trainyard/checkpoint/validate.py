@@ -67,8 +67,10 @@ def child_env(parent: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def child_command(ckpt_dir: Path) -> list[str]:
-    # -P: the working directory (or the script's) never lands on sys.path; a planted module is not imported.
-    return [sys.executable, "-P", "-m", CHILD, str(ckpt_dir.resolve())]
+    # -P (3.11+): the working directory never lands on sys.path, so no planted module is imported; before
+    # 3.11 the child's working directory, "/", is what lands there.
+    safe_path = ["-P"] if sys.version_info >= (3, 11) else []
+    return [sys.executable, *safe_path, "-m", CHILD, str(ckpt_dir.resolve())]
 
 
 def tensor_problems(ckpt_dir: Path, timeout_s: float = CHILD_TIMEOUT_S) -> list[str]:
