@@ -84,10 +84,27 @@ def test_metadata_pointing_outside_the_checkpoint_is_refused(tmp_path: Path) -> 
 def test_the_allow_list_reads_real_dcp_metadata_and_nothing_else(tmp_path: Path) -> None:
     from trainyard.checkpoint import metadata as safe_meta
 
-    path = save(tmp_path, 10)
+    path = tmp_path / "step_000010"
+    model = torch.nn.Linear(4, 3).to(torch.bfloat16)
+    optim = torch.optim.AdamW(model.parameters(), lr=0.01)
+    model(torch.ones(2, 4, dtype=torch.bfloat16)).sum().backward()
+    optim.step()  # optimizer state: tensors, and plain values DCP stores as bytes entries
+    dcp.save({"model": model.state_dict(), "optim": optim.state_dict(), "note": "text"}, checkpoint_id=path,
+             no_dist=True)
+    real = pickle.loads((path / ".metadata").read_bytes())  # what DCP itself reads (our own file: trusted)
     md = safe_meta.read_metadata(path)
-    assert set(md.state_dict_metadata) == {"model.w", "model.b", "optim.step"}
-    assert md.state_dict_metadata["model.w"].size == torch.Size([8, 8])
+    assert set(md.state_dict_metadata) == set(real.state_dict_metadata)
+    for fqn, entry in real.state_dict_metadata.items():
+        mine = md.state_dict_metadata[fqn]
+        assert type(mine).__name__ == type(entry).__name__, fqn
+        if hasattr(entry, "size"):
+            assert (mine.size, mine.properties.dtype) == (entry.size, entry.properties.dtype)
+            assert [(c.offsets, c.sizes) for c in mine.chunks] == [(c.offsets, c.sizes) for c in entry.chunks]
+    assert {(k.fqn, k.offset, v.relative_path, v.offset, v.length) for k, v in md.storage_data.items()} == {
+        (k.fqn, k.offset, v.relative_path, v.offset, v.length) for k, v in real.storage_data.items()}
+    assert md.planner_data == real.planner_data
+    rewrite_manifest(path)
+    assert validate(path).problems == []  # optimizer state and plain values load weights-only
     for evil in (RunsCode(eval, "1"), RunsCode(getattr, 1, "real"), RunsCode(torch.load, "x"),
                  RunsCode(subprocess.Popen, ["true"])):
         with pytest.raises(safe_meta.MetadataRefused, match="which DCP metadata never holds"):
@@ -111,13 +128,13 @@ def test_the_inspecting_child_never_sees_the_workers_secrets(tmp_path: Path, mon
     for name, value in secrets.items():
         monkeypatch.setenv(name, value)
     seen: list[dict] = []
-    real = subprocess.run
+    real = subprocess.Popen
 
     def spy(cmd, **kwargs):
         seen.append({"cmd": cmd, **kwargs})
         return real(cmd, **kwargs)
 
-    monkeypatch.setattr(validation.subprocess, "run", spy)
+    monkeypatch.setattr(validation.subprocess, "Popen", spy)
     assert validate(save(tmp_path, 10)).valid  # the child works with the scrubbed environment
     [call] = seen  # one child per validation, not one per file
     assert call["cmd"][:4] == [sys.executable, "-P", "-m", "trainyard.checkpoint.tensors"]

@@ -25,10 +25,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint import metadata as dcp_meta
-from torch.distributed.checkpoint.filesystem import _StorageInfo, _StorageReaderTransforms
 
-from trainyard.checkpoint.metadata import MetadataRefused, read_metadata
+from trainyard.checkpoint import metadata as dcp_meta
+from trainyard.checkpoint.metadata import MetadataRefused, StorageInfo, read_metadata
 
 
 def _plain_name(rel: str) -> bool:
@@ -55,21 +54,23 @@ def storage_problems(ckpt_dir: Path, md: dcp_meta.Metadata) -> list[str]:
             problems.append(f"entry {index.fqn} claims bytes {info.offset}+{info.length} of {rel}, which holds {size}")
     for fqn, entry in md.state_dict_metadata.items():
         if isinstance(entry, dcp_meta.BytesStorageMetadata):
-            wanted = [dcp_meta.MetadataIndex(fqn)]
+            wanted = [dcp_meta.MetadataIndex.of(fqn)]
         else:
-            wanted = [dcp_meta.MetadataIndex(fqn, chunk.offsets) for chunk in entry.chunks]
+            wanted = [dcp_meta.MetadataIndex.of(fqn, chunk.offsets) for chunk in entry.chunks]
             if sum(chunk.sizes.numel() for chunk in entry.chunks) != entry.size.numel():
                 problems.append(f"tensor {fqn}: its chunks do not add up to its size {list(entry.size)}")
         problems += [f"entry {fqn} at {list(i.offset or [])} has no stored data" for i in wanted if i not in md.storage_data]
     return problems
 
 
-def _read(ckpt_dir: Path, info: _StorageInfo) -> bytes:
+def _read(ckpt_dir: Path, info: StorageInfo) -> bytes:
     fd = os.open(ckpt_dir / info.relative_path, os.O_RDONLY | os.O_NOFOLLOW)
     with os.fdopen(fd, "rb") as fh:
         fh.seek(info.offset)
         raw = fh.read(info.length)
     if info.transform_descriptors:  # e.g. compression; DCP's own registry of known transforms reads it
+        from torch.distributed.checkpoint.filesystem import _StorageReaderTransforms  # seconds to import: only here
+
         return _StorageReaderTransforms().transform_load_stream(None, info.transform_descriptors, io.BytesIO(raw)).read()
     return raw
 

@@ -73,27 +73,39 @@ def child_command(ckpt_dir: Path) -> list[str]:
     return [sys.executable, *safe_path, "-m", CHILD, str(ckpt_dir.resolve())]
 
 
-def tensor_problems(ckpt_dir: Path, timeout_s: float = CHILD_TIMEOUT_S) -> list[str]:
-    """The checkpoint loads weights-only and every floating-point tensor is finite, judged in a child process."""
-    try:
-        done = subprocess.run(child_command(ckpt_dir), env=child_env(), cwd="/", stdin=subprocess.DEVNULL,
-                              capture_output=True, timeout=timeout_s, check=False)
-    except subprocess.TimeoutExpired:
-        return [f"loading the tensors took longer than {timeout_s:.0f} s; the inspecting process was stopped"]
-    return _child_answer(done)
+def start_inspection(ckpt_dir: Path) -> subprocess.Popen[bytes]:
+    """Start the child that loads ``ckpt_dir``'s tensors; collect its answer with ``inspection_problems``."""
+    return subprocess.Popen(child_command(ckpt_dir), env=child_env(), cwd="/", stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def _child_answer(done: subprocess.CompletedProcess[bytes]) -> list[str]:
+def inspection_problems(child: subprocess.Popen[bytes], timeout_s: float = CHILD_TIMEOUT_S) -> list[str]:
     """The child's problems from its last stdout line, which must be JSON; anything else is a problem itself."""
-    lines = done.stdout.decode("utf-8", "replace").strip().splitlines()
     try:
-        answer = json.loads(lines[-1]) if done.returncode == 0 and lines else None
+        out, err = child.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _stop(child)
+        return [f"loading the tensors took longer than {timeout_s:.0f} s; the inspecting process was stopped"]
+    lines = out.decode("utf-8", "replace").strip().splitlines()
+    try:
+        answer = json.loads(lines[-1]) if child.returncode == 0 and lines else None
     except ValueError:
         answer = None
     if isinstance(answer, dict) and isinstance(answer.get("problems"), list):
         return [str(p)[:1000] for p in answer["problems"]]
-    tail = done.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no output"]
-    return [f"the process inspecting the tensors failed (exit {done.returncode}): {tail[0][:300]}"]
+    tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no output"]
+    return [f"the process inspecting the tensors failed (exit {child.returncode}): {tail[0][:300]}"]
+
+
+def _stop(child: subprocess.Popen[bytes]) -> None:
+    if child.poll() is None:
+        child.kill()
+    child.communicate()  # reap it and close its pipes
+
+
+def tensor_problems(ckpt_dir: Path, timeout_s: float = CHILD_TIMEOUT_S) -> list[str]:
+    """The checkpoint loads weights-only and every floating-point tensor is finite, judged in a child process."""
+    return inspection_problems(start_inspection(ckpt_dir), timeout_s)
 
 
 def validate(
@@ -105,17 +117,21 @@ def validate(
     """Every check on ``ckpt_dir``; ``after_step`` is the latest valid step it must follow."""
     started = time.monotonic()
     path = Path(ckpt_dir)
-    problems = verify(path)  # manifest, version, sizes, hashes, unlisted files
-    if problems:
-        return Validation(path, None, problems, round(time.monotonic() - started, 3))
-    manifest = read_manifest(path)
-    step = int(manifest["step"])
-    ranks = [int(m.group(1)) for p in path.iterdir() if (m := _RANK_FILE.match(p.name))]
-    if any(rank >= manifest["world_size"] for rank in ranks):
-        problems.append(f"rank files up to {max(ranks)} but the manifest says world size {manifest['world_size']}")
-    if after_step is not None and step <= after_step:
-        problems.append(f"step {step} does not follow the latest valid step {after_step}")
-    problems += tensor_problems(path)
+    child = start_inspection(path)  # it starts (imports torch) and loads while this process hashes
+    try:
+        problems = verify(path)  # manifest, version, sizes, hashes, unlisted files
+        if problems:
+            return Validation(path, None, problems, round(time.monotonic() - started, 3))
+        manifest = read_manifest(path)
+        step = int(manifest["step"])
+        ranks = [int(m.group(1)) for p in path.iterdir() if (m := _RANK_FILE.match(p.name))]
+        if any(rank >= manifest["world_size"] for rank in ranks):
+            problems.append(f"rank files up to {max(ranks)} but the manifest says world size {manifest['world_size']}")
+        if after_step is not None and step <= after_step:
+            problems.append(f"step {step} does not follow the latest valid step {after_step}")
+        problems += inspection_problems(child)
+    finally:
+        _stop(child)  # not needed after a failed integrity check; a no-op once it answered
     if expect is not None:
         loss = manifest.get("metrics", {}).get("loss")
         problems += metric_problems(history or [(step, loss)], step, loss, expect)
