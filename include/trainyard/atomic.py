@@ -144,7 +144,7 @@ def open_regular(path: Path, single_link: bool = False) -> IO[bytes]:
 def write_bytes_atomic(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data`` whole: temporary name, fsync, rename, fsync of the folder."""
     folder = open_dir(path.parent)
-    tmp = temp_name(path)
+    tmp, renamed = temp_name(path), False
     try:
         with os.fdopen(_open_in(folder, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "wb") as fh:
             fh.write(data)
@@ -152,10 +152,12 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
             os.fsync(fh.fileno())
         # A link planted at ``path`` is replaced by the rename, not followed.
         os.replace(tmp.name, path.name, src_dir_fd=folder, dst_dir_fd=folder)
+        renamed = True
         os.fsync(folder)
     finally:
         try:
-            os.unlink(tmp.name, dir_fd=folder)
+            if not renamed:  # a failed write leaves no temporary behind
+                os.unlink(tmp.name, dir_fd=folder)
         except FileNotFoundError:
             pass
         os.close(folder)

@@ -19,9 +19,10 @@ from trainyard.burnin.kubernetes import candidate_nodes, label_evicted, run_burn
 from trainyard.burnin.local import run_burn_in
 from trainyard.burnin.protocol import drills_from
 from trainyard.burnin.verdict import Rule, decide, format_table
+from trainyard.checkpoint import cold as cold_copies
 from trainyard.checkpoint import lease, registry
 from trainyard.checkpoint.format import (
-    MANIFEST, latest_valid, list_checkpoints, read_manifest, step_dir, step_of, supersede, verify,
+    latest_valid, list_checkpoints, read_manifest, step_dir, step_of, supersede, verify,
 )
 from trainyard.checkpoint.resume import check_resume
 from trainyard.checkpoint.validate import Validation, validate
@@ -45,7 +46,7 @@ from trainyard.run import Run
 from trainyard.spec import PROBES, Lifecycle, dataset_name_problems
 from trainyard.storage import S3Tier, Tier
 from trainyard.storage.hot import HotRoom, unpin
-from trainyard.storage.staging import stage, upload_tree
+from trainyard.storage.staging import stage
 
 log = logging.getLogger(__name__)
 
@@ -244,9 +245,9 @@ def _to_cold(run: Run) -> Callable[[Path], None] | None:
     def upload(ckpt: Path) -> None:
         if (step_of(ckpt) or 0) % every == 0:
             cold = run.tier(run.cold_checkpoint_uri, run.spec.checkpoint.connection)
-            moved = upload_tree(ckpt, cold, ckpt.name, last=MANIFEST)
-            run.ledger.append("train", "checkpoint_tiered", path=str(ckpt), uri=f"{run.cold_checkpoint_uri}/{ckpt.name}",
-                              bytes=moved)
+            copy = cold_copies.upload_copy(ckpt, cold)  # a prefix of its own; only publish moves the pointer
+            run.ledger.append("train", "checkpoint_tiered", path=str(ckpt), uri=f"{run.cold_checkpoint_uri}/{copy.name}",
+                              bytes=copy.bytes)
 
     return upload
 
@@ -533,16 +534,20 @@ def check_checkpoint(run: Run, checkpoint: str | None, target_step: int) -> dict
 
 @recorded("publish")
 def publish(run: Run, checkpoint: str) -> dict[str, Any]:
-    """Copy the valid checkpoint to the cold tier, verified, its manifest last."""
+    """Copy the valid checkpoint to a cold-tier prefix of its own, verify the copy, then point ``PUBLISHED`` at it.
+
+    ``uri`` names the copy itself, which is never written again (what downstream DAGs read);
+    ``pointer`` names the object that always leads to the latest published copy.
+    """
     src = Path(checkpoint)
     lease.renew_held(run.checkpoint_root, run.run_id, lease_ttl(run))  # retention must not take src meanwhile
     cold = run.tier(run.cold_checkpoint_uri, run.spec.checkpoint.connection)
     if run.spec.checkpoint.lifecycle:
         _set_lifecycle(cold, run.spec.checkpoint.lifecycle, f"trainyard-{run.dag_id}-checkpoints")
-    moved = upload_tree(src, cold, src.name, last=MANIFEST)
-    uri = f"{run.cold_checkpoint_uri}/{src.name}"
-    run.ledger.append("publish", "published", uri=uri, bytes=moved)
-    return {"uri": uri, "bytes": moved}
+    copy = cold_copies.publish(src, cold, run.run_id)
+    uri, pointer = f"{run.cold_checkpoint_uri}/{copy.name}", f"{run.cold_checkpoint_uri}/{cold_copies.POINTER}"
+    run.ledger.append("publish", "published", uri=uri, pointer=pointer, step=copy.step, bytes=copy.bytes)
+    return {"uri": uri, "pointer": pointer, "step": copy.step, "bytes": copy.bytes}
 
 
 @recorded("report")

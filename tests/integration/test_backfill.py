@@ -264,6 +264,7 @@ def check_runs(home: Path, run_ids: list[str], dates: list[str]) -> None:
         p.name for p in folders)
 
     previous_final, previous_ckpt = 0, "none"
+    copies: dict[str, Path] = {}
     for run_id, date, shards, folder in zip(run_ids, dates, SHARDS, folders):
         ledger = Ledger.in_dir(folder)
         assert json.loads((folder / "spec.json").read_text())["ds"] == date
@@ -291,12 +292,17 @@ def check_runs(home: Path, run_ids: list[str], dates: list[str]) -> None:
         assert ends["check_checkpoint"]["step"] == final
         ckpt = step_dir(ckpt_root, final)
         assert ends["train"]["checkpoint"] == str(ckpt)
-        assert ends["publish"]["uri"].endswith(f"/cold/checkpoints/{DAG_ID}/{ckpt.name}")
+        # Published to a copy of its own (step_NNNNNN.<16 hex>), never over an earlier copy.
+        copy = Path(ends["publish"]["uri"].removeprefix("file://"))
+        assert copy.parent == home / "cold" / "checkpoints" / DAG_ID and copy.name.startswith(f"{ckpt.name}."), copy
+        copies[run_id] = copy
         previous_final, previous_ckpt = final, str(ckpt)
 
     # Every night's checkpoint is still the one that night wrote: later nights never wrote over it.
     for run_id, step in zip(run_ids, range(MAX_STEPS, previous_final + 1, MAX_STEPS)):
-        for ckpt in (step_dir(ckpt_root, step), step_dir(home / "cold" / "checkpoints" / DAG_ID, step)):
+        for ckpt in (step_dir(ckpt_root, step), copies[run_id]):
             assert verify(ckpt) == [] and read_manifest(ckpt)["run_id"] == run_id, ckpt
+    last = json.loads((home / "cold" / "checkpoints" / DAG_ID / "PUBLISHED").read_text())
+    assert last["path"] == copies[run_ids[-1]].name and last["step"] == previous_final
     assert json.loads((ckpt_root / "LATEST").read_text())["path"] == step_dir(ckpt_root, previous_final).name
     assert not (ckpt_root / "superseded").exists()

@@ -33,8 +33,9 @@ def test_demo_pipeline_runs_end_to_end(env: dict[str, str]) -> None:
 
     home = Path(env["TRAINYARD_HOME"])
     hot = home / "checkpoints" / "nightly_pretrain" / "step_000060"
-    cold = home / "cold" / "checkpoints" / "nightly_pretrain" / "step_000060"
-    assert verify(hot) == [] and verify(cold) == []
+    published = home / "cold" / "checkpoints" / "nightly_pretrain"
+    cold = published / json.loads((published / "PUBLISHED").read_text())["path"]  # readers follow the pointer
+    assert cold.name.startswith("step_000060.") and verify(hot) == [] and verify(cold) == []
     assert json.loads((cold / "manifest.json").read_text())["files"] == json.loads((hot / "manifest.json").read_text())["files"]
 
     [run_dir] = (home / "runs" / "nightly_pretrain").iterdir()
@@ -52,7 +53,7 @@ def test_demo_pipeline_runs_end_to_end(env: dict[str, str]) -> None:
     with sqlite3.connect(Path(env["AIRFLOW_HOME"]) / "airflow.db") as db:
         [(extra,)] = db.execute("SELECT e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id"
                                 " WHERE a.uri = 'trainyard://checkpoints/nightly_pretrain'").fetchall()
-    assert json.loads(extra)["uri"].endswith("/cold/checkpoints/nightly_pretrain/step_000060")
+    assert json.loads(extra)["uri"].endswith(f"/cold/checkpoints/nightly_pretrain/{cold.name}")
 
     summary = subprocess.run(["trainyard", "summary", "--dag-id", "nightly_pretrain"], env=env, capture_output=True, text=True)
     assert summary.returncode == 0, summary.stderr

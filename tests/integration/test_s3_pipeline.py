@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from airflow_helpers import ROOT, TASKS, airflow, airflow_env, run_state, task_states
 
+from trainyard.checkpoint import cold as cold_copies
 from trainyard.shards import write_synthetic_corpus
 from trainyard.storage import S3Tier
 
@@ -61,9 +62,10 @@ def test_s3_pipeline_with_airflow_connection(s3_server, tmp_path: Path) -> None:
     assert run_state(env, "s3_pretrain", DATE) == "success"
 
     published = S3Tier("s3://cold/checkpoints/s3_pretrain", s3_server.settings)
+    copy = cold_copies.published(published)  # the pointer, written after the copy was verified
     keys = {o.key for o in published.list()}
-    assert "step_000006/manifest.json" in keys and "step_000006/.metadata" in keys
-    assert published.stat("step_000006/.metadata").sha256  # sha256 travels as metadata
+    assert copy.startswith("step_000006.") and f"{copy}/manifest.json" in keys and f"{copy}/.metadata" in keys
+    assert published.stat(f"{copy}/.metadata").sha256  # sha256 travels as metadata
     [rule] = [r for r in client.get_bucket_lifecycle("cold").rules if r.rule_id == "trainyard-s3_pretrain-checkpoints"]
     assert rule.expiration.days == 90 and rule.rule_filter.prefix == "checkpoints/s3_pretrain/"
 

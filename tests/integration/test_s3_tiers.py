@@ -186,3 +186,100 @@ def test_local_and_s3_tiers_agree_on_listing(s3_server, bucket: str, tmp_path: P
     for key, data in files.items():
         (local / key).write_bytes(data)
     assert [(o.key, o.size) for o in LocalTier(local).list()] == [(o.key, o.size) for o in tier(s3_server, bucket).list()]
+
+
+# Publishing checkpoints to an S3 cold tier: a copy under a prefix of its own, then the pointer object.
+
+CKPT_SPEC = """\
+dataset: {{source: "file://{root}/cold/tokens", name: tokens}}
+nodes: {{count: 1}}
+training: {{max_steps: 2, global_batch: 2, micro_batch: 1, checkpoint_every: 1}}
+checkpoint: {{hot: "file://{root}/hot", cold: "s3://{bucket}/checkpoints", connection: cold}}
+runs_root: "file://{root}/runs"
+"""
+
+
+def s3_run(s3_server, bucket: str, root: Path):
+    from trainyard.run import open_run
+
+    (root / "pipe.yaml").write_text(CKPT_SPEC.format(root=root, bucket=bucket))
+    return open_run(root / "pipe.yaml", "pipe", "manual__1", "2026-01-01", connections=lambda _: s3_server.settings)
+
+
+def save_as_ranks(root: Path, step: int, ranks: int) -> Path:
+    """A real DCP checkpoint with one tensor file per rank, as ``ranks`` ranks write it."""
+    import pickle
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    from trainyard.checkpoint.format import step_dir, write_manifest
+
+    path = step_dir(root, step)
+    state = {f"layer{i}": torch.full((16,), float(i + ranks)) for i in range(4)}
+    dcp.save(state, storage_writer=FileSystemWriter(path, thread_count=ranks), no_dist=True)
+    md = pickle.loads((path / ".metadata").read_bytes())  # written by this test: trusted
+    for info in md.storage_data.values():
+        info.relative_path = f"__{info.relative_path.removesuffix('.distcp').rsplit('_', 1)[1]}_0.distcp"
+    for rank in range(1, ranks):
+        (path / f"__0_{rank}.distcp").rename(path / f"__{rank}_0.distcp")
+    (path / ".metadata").write_bytes(pickle.dumps(md))
+    write_manifest(path, step=step, world_size=ranks, global_batch=8, micro_batch=2, metrics={"loss": 2.0},
+                   run_id=f"ranks-{ranks}")
+    return path
+
+
+def fetch(s3_server, uri: str, dest: Path) -> Path:
+    """Download every object under a published ``uri`` into ``dest/step_NNNNNN``: the copy as a reader gets it."""
+    source = S3Tier(uri, s3_server.settings, retry=FAST)
+    folder = dest / uri.rstrip("/").rsplit("/", 1)[1].split(".")[0]
+    for obj in source.list():
+        source.download(obj.key, folder / obj.key, obj)
+    return folder
+
+
+def test_s3_republish_at_a_smaller_world_size_leaves_no_stale_shards(s3_server, bucket: str, tmp_path: Path) -> None:
+    from trainyard import stages
+    from trainyard.checkpoint.format import read_manifest, verify
+    from trainyard.checkpoint.validate import validate
+
+    run = s3_run(s3_server, bucket, tmp_path)
+    stages.publish(run, str(save_as_ranks(tmp_path / "a", 10, ranks=2)))
+    result = stages.publish(run, str(save_as_ranks(tmp_path / "b", 10, ranks=1)))
+    copy = fetch(s3_server, result["uri"], tmp_path / "fetched")
+    assert verify(copy) == [], "the re-published copy mixes two saves"
+    assert read_manifest(copy)["world_size"] == 1 and validate(copy).valid
+    from trainyard.checkpoint import cold
+
+    tier = S3Tier(f"s3://{bucket}/checkpoints/pipe", s3_server.settings, retry=FAST)
+    assert cold.published(tier) == result["uri"].rsplit("/", 1)[1]
+    assert tier.stat(cold.POINTER).sha256  # the pointer is an object like the others, verified on write
+
+
+def test_s3_interrupted_republish_leaves_the_published_copy_whole_and_pointed_to(
+        s3_server, bucket: str, tmp_path: Path, monkeypatch) -> None:
+    from trainyard import stages
+    from trainyard.checkpoint.format import read_manifest, verify
+
+    run = s3_run(s3_server, bucket, tmp_path)
+    first = stages.publish(run, str(save_as_ranks(tmp_path / "a", 10, ranks=2)))
+    uploaded: list[str] = []
+    real = S3Tier.upload
+
+    def dies_after_one(self, src, key):
+        if uploaded:
+            raise TransientError(f"upload {key}: gave up after 4 tries: connection reset")
+        uploaded.append(key)
+        return real(self, src, key)
+
+    monkeypatch.setattr(S3Tier, "upload", dies_after_one)
+    with pytest.raises(TransientError):
+        stages.publish(run, str(save_as_ranks(tmp_path / "b", 10, ranks=1)))
+    monkeypatch.undo()
+    old = fetch(s3_server, first["uri"], tmp_path / "fetched")
+    assert verify(old) == [] and read_manifest(old)["world_size"] == 2, "the published copy was written over"
+    from trainyard.checkpoint import cold
+
+    tier = S3Tier(f"s3://{bucket}/checkpoints/pipe", s3_server.settings, retry=FAST)
+    assert cold.published(tier) == first["uri"].rsplit("/", 1)[1]

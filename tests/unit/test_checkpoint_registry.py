@@ -77,9 +77,12 @@ KILLER = textwrap.dedent("""
                 os.kill(os.getpid(), signal.SIGKILL)
             return real(*args, **kwargs)
         return wrapper
+    # Every rename, and every unlink or rmdir retention makes through a folder descriptor (the
+    # temporary-file clean-ups of atomic writes call unlink without one and are not counted).
     os.replace = dying(os.replace)
-    shutil.rmtree = dying(shutil.rmtree)
-    registry.os.replace, registry.shutil.rmtree = os.replace, shutil.rmtree
+    real_unlink, real_rmdir = os.unlink, os.rmdir
+    os.unlink = lambda p, *, dir_fd=None: (dying(real_unlink) if dir_fd is not None else real_unlink)(p, dir_fd=dir_fd)
+    os.rmdir = lambda p, *, dir_fd=None: (dying(real_rmdir) if dir_fd is not None else real_rmdir)(p, dir_fd=dir_fd)
     root = Path(sys.argv[1])
     registry.promote(root, root / "step_000010")
     registry.quarantine(root, root / "step_000020", ["corrupt"])
@@ -89,15 +92,16 @@ KILLER = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("kill_at", [1, 2, 3, 4, 5, 6])
+@pytest.mark.parametrize("kill_at", range(1, 9))
 def test_killed_midway_never_loses_the_last_valid_checkpoint(tmp_path: Path, kill_at: int) -> None:
     root = tmp_path / "ckpt"
     save(root, 10)
     flip_byte(save(root, 20))
     save(root, 30)
     done = subprocess.run([sys.executable, "-c", KILLER, str(root), str(kill_at)], capture_output=True, text=True)
-    # Five renames or deletions happen in all: each of them is a place to die; the sixth run finishes.
-    assert done.returncode == (-9 if kill_at <= 5 else 0), done.stderr
+    # Seven renames or deletions happen in all (four renames, then retiring step 10 unlinks its two files
+    # and its manifest): each of them is a place to die; the eighth run finishes.
+    assert done.returncode == (-9 if kill_at <= 7 else 0), done.stderr
     valid = [c for c in list_checkpoints(root) if not verify(c)]
     assert valid, "every valid checkpoint is gone"
     target = registry.latest(root)
@@ -108,3 +112,34 @@ def test_killed_midway_never_loses_the_last_valid_checkpoint(tmp_path: Path, kil
         assert registry.latest(root) == root / "step_000030"
         assert [c.name for c in list_checkpoints(root)] == ["step_000030"]
 
+
+def test_retention_deletes_only_what_the_manifest_lists(tmp_path: Path) -> None:
+    root, ledger = tmp_path / "ckpt", Ledger.in_dir(tmp_path)
+    old, new = save(root, 10), save(root, 20)
+    (old / "notes.txt").write_text("a user's file, written after the save")
+    (old / "sub").mkdir()
+    (old / "sub" / "mine.bin").write_bytes(b"also theirs")
+    registry.promote(root, new)
+    assert registry.retain(root, keep=1, valid={old.name, new.name}, pinned=set(), ledger=ledger) == [old]
+    assert (old / "notes.txt").read_text() == "a user's file, written after the save"
+    assert (old / "sub" / "mine.bin").read_bytes() == b"also theirs"
+    assert sorted(p.name for p in old.iterdir()) == ["notes.txt", "sub"]  # tensors, metadata and manifest went
+    assert list_checkpoints(root) == [new] and verify(new) == []
+    [retired] = ledger.events("train", "checkpoint_retired")
+    assert retired["kept"] == ["notes.txt", "sub"]
+
+
+def test_retention_removes_a_clean_checkpoint_whole_and_never_follows_a_link(tmp_path: Path) -> None:
+    root, outside = tmp_path / "ckpt", tmp_path / "outside"
+    outside.mkdir()
+    (outside / ".metadata").write_bytes(b"someone else's")
+    clean, linked, new = save(root, 10), save(root, 20), save(root, 30)
+    listed = json.loads((linked / "manifest.json").read_text())["files"]
+    assert ".metadata" in listed
+    (linked / ".metadata").unlink()
+    (linked / ".metadata").symlink_to(outside / ".metadata")  # listed name, now a link out of the folder
+    registry.promote(root, new)
+    registry.retain(root, keep=1, valid={clean.name, linked.name, new.name}, pinned=set())
+    assert not clean.exists()
+    assert (outside / ".metadata").read_bytes() == b"someone else's"
+    assert [p.name for p in linked.iterdir()] == [".metadata"] and (linked / ".metadata").is_symlink()

@@ -134,6 +134,9 @@ def _file_problems(ckpt_dir: Path, rel: str, entry: Any) -> list[str]:
         return [f"{rel}: path escapes the checkpoint directory"]
     if not isinstance(entry, dict) or not isinstance(entry.get("size"), int) or not isinstance(entry.get("sha256"), str):
         return [f"{rel}: manifest entry malformed (needs integer size and sha256)"]
+    if target.is_symlink() or (target.exists() and not target.resolve().is_relative_to(ckpt_dir.resolve())):
+        # Followed, it would hash (and publish) a file from anywhere the worker can read.
+        return [f"{rel}: a symbolic link; a checkpoint holds regular files only"]
     if not target.is_file():
         return [f"{rel}: missing"]
     size = target.stat().st_size

@@ -2,26 +2,29 @@
 
 ``LATEST`` is the pointer to the latest valid checkpoint; it moves by one
 atomic rename, so a reader sees the old pointer or the new one. An invalid
-checkpoint moves to ``quarantine/`` with its reasons. Retention deletes only
-valid checkpoints older than the newest ``keep`` and never the pointer's
-target. Every decision is a ledger event. Which run may train on the
-lineage at all is ``trainyard.checkpoint.lease``.
+checkpoint moves to ``quarantine/`` with its reasons (a move: nothing is
+deleted). Retention deletes only valid checkpoints older than the newest
+``keep`` and never the pointer's target, and of each only what its manifest
+lists: a file someone else put in the folder stays, and so does the folder.
+Every decision is a ledger event. Which run may train on the lineage at all
+is ``trainyard.checkpoint.lease``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import shutil
+import stat
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from trainyard.atomic import read_json, write_json_atomic
-from trainyard.checkpoint.format import list_checkpoints, step_of
+from trainyard.checkpoint.format import MANIFEST, list_checkpoints, read_manifest, step_of
 from trainyard.checkpoint.validate import Validation
+from trainyard.errors import CheckpointInvalid
 from trainyard.ledger import Ledger
 
 log = logging.getLogger(__name__)
@@ -85,10 +88,97 @@ def retain(root: Path, keep: int, valid: set[str], pinned: set[str], ledger: Led
     known = [c for c in list_checkpoints(root) if c.name in valid]
     doomed = [c for c in known[:-keep] if c != target and c.name not in pinned]
     for ckpt in doomed:
-        shutil.rmtree(ckpt)
+        kept = remove_listed(ckpt)
+        if kept:
+            log.warning("retired %s but kept what its manifest does not list: %s", ckpt, ", ".join(kept))
         if ledger:
-            ledger.append(STAGE, "checkpoint_retired", path=str(ckpt), step=step_of(ckpt))
+            ledger.append(STAGE, "checkpoint_retired", path=str(ckpt), step=step_of(ckpt), kept=kept)
     return doomed
+
+
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+
+
+def remove_listed(ckpt: Path) -> list[str]:
+    """Delete what ``ckpt``'s manifest lists, then the manifest, then the folder if now empty.
+
+    Never a whole tree: a file the manifest does not list (or that changed size
+    since the save, or sits behind a symbolic link) stays. Each step opens the
+    next folder without following links, so a link swapped in meanwhile leads
+    nowhere. Returns the names left in the folder ([] when it is gone).
+    """
+    try:
+        files = read_manifest(ckpt)["files"]
+    except CheckpointInvalid:
+        files = None
+    if files is not None:
+        for rel, entry in files.items():
+            _unlink_listed(ckpt, rel, entry)
+        _unlink_at(ckpt, MANIFEST, None)  # last: until now the folder still says what it holds
+        for folder in sorted({p for rel in files for p in PurePosixPath(rel).parents if p.parts}, key=lambda p: -len(p.parts)):
+            _rmdir_at(ckpt, folder)
+    try:
+        os.rmdir(ckpt)
+    except FileNotFoundError:
+        return []
+    except OSError:
+        return sorted(os.listdir(ckpt)) if ckpt.is_dir() and not ckpt.is_symlink() else [ckpt.name]
+    return []
+
+
+def _open_parent(ckpt: Path, rel: PurePosixPath) -> int | None:
+    """A descriptor of ``rel``'s folder inside ``ckpt``, reached without following links; None if not there."""
+    try:
+        fd = os.open(ckpt, _DIR)
+    except OSError:
+        return None
+    for part in rel.parts[:-1]:
+        try:
+            child = os.open(part, _DIR, dir_fd=fd)
+        except OSError:  # gone, not a folder, or a link
+            os.close(fd)
+            return None
+        os.close(fd)
+        fd = child
+    return fd
+
+
+def _listed(rel: str) -> PurePosixPath | None:
+    path = PurePosixPath(rel)
+    return path if rel and not path.is_absolute() and ".." not in path.parts and path.parts else None
+
+
+def _unlink_listed(ckpt: Path, rel: str, entry: Any) -> None:
+    size = entry.get("size") if isinstance(entry, dict) else None
+    _unlink_at(ckpt, rel, size if isinstance(size, int) else -1)
+
+
+def _unlink_at(ckpt: Path, rel: str, size: int | None) -> None:
+    """Unlink one regular file of ``ckpt`` (of ``size`` bytes unless None); anything else stays."""
+    path = _listed(rel)
+    fd = _open_parent(ckpt, path) if path else None
+    if fd is None:
+        return
+    try:
+        st = os.stat(path.name, dir_fd=fd, follow_symlinks=False)
+        if stat.S_ISREG(st.st_mode) and (size is None or st.st_size == size):
+            os.unlink(path.name, dir_fd=fd)
+    except FileNotFoundError:
+        pass  # a retention killed midway already took it
+    finally:
+        os.close(fd)
+
+
+def _rmdir_at(ckpt: Path, folder: PurePosixPath) -> None:
+    fd = _open_parent(ckpt, folder)
+    if fd is None:
+        return
+    try:
+        os.rmdir(folder.name, dir_fd=fd)
+    except OSError:
+        pass  # not empty (someone else's file), a link, or gone: it stays
+    finally:
+        os.close(fd)
 
 
 class Watcher:

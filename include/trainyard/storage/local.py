@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from trainyard.atomic import is_temp_name
+from trainyard.atomic import fsync_dir, is_temp_name, temp_name
 from trainyard.storage.hashing import copy_file_verified, sha256_file
 from trainyard.storage.keys import check_key, key_path
 from trainyard.storage.tier import ObjectInfo
@@ -40,3 +40,25 @@ class LocalTier:
         # The source's hash is known before the copy, so the copy is checked against it.
         check_key(key)
         return copy_file_verified(src, key_path(self.root, key), expect_sha256=sha256_file(src))
+
+    def write_bytes(self, key: str, data: bytes) -> None:
+        # A temporary sibling renamed over the key: the rename is the atomic switch a pointer needs.
+        final = key_path(self.root, key)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = temp_name(final)
+        try:
+            with open(tmp, "xb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, final)
+            fsync_dir(final.parent)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def read_bytes(self, key: str, limit: int = 1 << 20) -> bytes | None:
+        path = key_path(self.root, key)
+        if not path.is_file():
+            return None
+        with path.open("rb") as fh:
+            return fh.read(limit)

@@ -9,6 +9,8 @@ environment, never from a spec, and never appear in logs or reprs.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import logging
 import os
 import time
@@ -209,6 +211,37 @@ class S3Tier:
             return size, sha
 
         return self.retry.call(f"upload {self._name(key)}", put)
+
+    def write_bytes(self, key: str, data: bytes) -> None:
+        # One PUT is atomic in S3: readers get the previous object or this one, never a mix.
+        check_key(key)
+        sha = hashlib.sha256(data).hexdigest()
+
+        def put() -> None:
+            self.client.put_object(self.bucket, self._name(key), io.BytesIO(data), len(data), metadata={SHA_META: sha})
+            stored = self.stat(key)
+            if stored is None or stored.size != len(data) or stored.sha256 != sha:
+                raise OSError(f"write of {self.uri}/{key} failed verification: stored {stored}")
+
+        self.retry.call(f"write {self._name(key)}", put)
+
+    def read_bytes(self, key: str, limit: int = 1 << 20) -> bytes | None:
+        check_key(key)
+
+        def get() -> bytes:
+            response = self.client.get_object(self.bucket, self._name(key))
+            try:
+                return response.read(limit)
+            finally:
+                response.close()
+                response.release_conn()
+
+        try:
+            return self.retry.call(f"read {self._name(key)}", get)
+        except S3Error as exc:
+            if exc.code in ("NoSuchKey", "NoSuchObject"):
+                return None
+            raise
 
     def set_lifecycle(self, rule_id: str, expire_days: int | None, transition_days: int | None, storage_class: str | None) -> None:
         """Expire or transition objects under this tier's prefix; other rules of the bucket are kept."""

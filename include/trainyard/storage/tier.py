@@ -36,3 +36,11 @@ class Tier(Protocol):
     def upload(self, src: Path, key: str) -> tuple[int, str]:
         """Copy a local file to ``key``, verified; returns (size, sha256)."""
         ...
+
+    def write_bytes(self, key: str, data: bytes) -> None:
+        """Replace ``key`` with ``data`` at once: a reader sees the old object or the new, whole (a pointer)."""
+        ...
+
+    def read_bytes(self, key: str, limit: int = 1 << 20) -> bytes | None:
+        """A small object's bytes (at most ``limit``), or None if there is no such object."""
+        ...

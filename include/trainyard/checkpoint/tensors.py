@@ -1,0 +1,164 @@
+"""Load every entry of a DCP checkpoint safely and check that its tensors are finite.
+
+This is the part of validation that interprets bytes training code wrote, so it
+runs in a child process (``python -m trainyard.checkpoint.tensors DIR``, started
+by ``validate``) that holds none of the orchestrator's secrets, may not write
+files, and answers with one JSON line on stdout: ``{"problems": [...]}``.
+Inside, nothing is unpickled with a full unpickler either: ``.metadata`` goes
+through ``checkpoint.metadata``'s allow-list, and each stored entry through
+``torch.load(weights_only=True)``. Entries are read one at a time from the
+byte ranges the metadata names (files of this checkpoint only), so memory stays
+near the largest entry, not the whole model.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import resource
+import sys
+import warnings
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import torch
+
+from trainyard.checkpoint import metadata as dcp_meta
+from trainyard.checkpoint.metadata import MetadataRefused, StorageInfo, read_metadata
+
+
+def _plain_name(rel: str) -> bool:
+    path = PurePosixPath(rel)
+    return bool(rel) and not path.is_absolute() and ".." not in path.parts and "\\" not in rel and "\x00" not in rel
+
+
+def storage_problems(ckpt_dir: Path, md: dcp_meta.Metadata) -> list[str]:
+    """Every entry the metadata lists is stored, in a file of this checkpoint, within that file's bytes."""
+    problems: list[str] = []
+    sizes: dict[str, int | None] = {}
+    for index, info in md.storage_data.items():
+        rel = info.relative_path
+        if not _plain_name(rel):
+            problems.append(f"entry {index.fqn} is stored at {rel!r}, outside the checkpoint folder")
+            continue
+        if rel not in sizes:
+            path = ckpt_dir / rel
+            sizes[rel] = path.stat().st_size if path.is_file() and not path.is_symlink() else None
+        size = sizes[rel]
+        if size is None:
+            problems.append(f"entry {index.fqn} is stored in {rel}, which is not a regular file of the checkpoint")
+        elif info.offset < 0 or info.length < 0 or info.offset + info.length > size:
+            problems.append(f"entry {index.fqn} claims bytes {info.offset}+{info.length} of {rel}, which holds {size}")
+    for fqn, entry in md.state_dict_metadata.items():
+        if isinstance(entry, dcp_meta.BytesStorageMetadata):
+            wanted = [dcp_meta.MetadataIndex.of(fqn)]
+        else:
+            wanted = [dcp_meta.MetadataIndex.of(fqn, chunk.offsets) for chunk in entry.chunks]
+            if sum(chunk.sizes.numel() for chunk in entry.chunks) != entry.size.numel():
+                problems.append(f"tensor {fqn}: its chunks do not add up to its size {list(entry.size)}")
+        problems += [f"entry {fqn} at {list(i.offset or [])} has no stored data" for i in wanted if i not in md.storage_data]
+    return problems
+
+
+def _read(ckpt_dir: Path, info: StorageInfo) -> bytes:
+    fd = os.open(ckpt_dir / info.relative_path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as fh:
+        fh.seek(info.offset)
+        raw = fh.read(info.length)
+    if info.transform_descriptors:  # e.g. compression; DCP's own registry of known transforms reads it
+        from torch.distributed.checkpoint.filesystem import _StorageReaderTransforms  # seconds to import: only here
+
+        return _StorageReaderTransforms().transform_load_stream(None, info.transform_descriptors, io.BytesIO(raw)).read()
+    return raw
+
+
+def _tensors(value: Any, name: str) -> Iterator[tuple[str, torch.Tensor]]:
+    if isinstance(value, torch.Tensor):
+        yield name, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _tensors(item, f"{name}.{key}")
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from _tensors(item, f"{name}[{i}]")
+
+
+def _non_finite(tensor: torch.Tensor) -> tuple[int, int]:
+    # A sum is NaN or Inf if any element is, at memory speed; only then (or on overflow) count.
+    if not tensor.is_floating_point() or bool(torch.isfinite(tensor.sum())) or bool(torch.isfinite(tensor).all()):
+        return 0, 0
+    return int(torch.isnan(tensor).sum()), int(torch.isinf(tensor).sum())
+
+
+def _entry_problem(fqn: str, index: dcp_meta.MetadataIndex, entry: Any, value: Any) -> str | None:
+    """A stored tensor chunk has the dtype and shape the metadata promises."""
+    if not isinstance(entry, dcp_meta.TensorStorageMetadata):
+        return None
+    chunk = next((c for c in entry.chunks if c.offsets == index.offset), None)
+    if not isinstance(value, torch.Tensor) or chunk is None:
+        return f"entry {fqn} at {list(index.offset or [])} does not hold a tensor chunk the metadata lists"
+    if value.dtype != entry.properties.dtype or value.shape != chunk.sizes:
+        return (f"tensor {fqn}: stored chunk is {value.dtype} {list(value.shape)}, the metadata says"
+                f" {entry.properties.dtype} {list(chunk.sizes)}")
+    return None
+
+
+def tensor_problems(ckpt_dir: Path) -> list[str]:
+    """The metadata reads safely, every entry loads weights-only, and every floating-point tensor is finite."""
+    try:
+        md = read_metadata(ckpt_dir)
+    except MetadataRefused as exc:
+        return [f"torch.distributed.checkpoint metadata is unreadable: {exc}"]
+    problems = storage_problems(ckpt_dir, md)
+    if problems:
+        return problems
+    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for index, info in sorted(md.storage_data.items(), key=lambda kv: (kv[1].relative_path, kv[1].offset)):
+        entry = md.state_dict_metadata.get(index.fqn)
+        if entry is None:
+            problems.append(f"stored entry {index.fqn} is not in the metadata's state dict")
+            continue
+        try:
+            value = torch.load(io.BytesIO(_read(ckpt_dir, info)), map_location="cpu", weights_only=True)
+        except Exception as exc:  # noqa: BLE001 -- any failure to load is the reason, whatever its type
+            reason = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+            problems.append(f"entry {index.fqn} does not load weights-only: {type(exc).__name__}: {reason}")
+            continue
+        if problem := _entry_problem(index.fqn, index, entry, value):
+            problems.append(problem)
+            continue
+        for name, tensor in _tensors(value, index.fqn):
+            nan, inf = _non_finite(tensor)
+            counts[name][0] += nan
+            counts[name][1] += inf
+    problems += [f"tensor {name} has {nan} NaN and {inf} Inf value(s)" for name, (nan, inf) in counts.items() if nan or inf]
+    return problems
+
+
+def _no_writes() -> None:
+    """This process reads; a file it writes (or a core dump) can only be an attack's doing."""
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m trainyard.checkpoint.tensors CHECKPOINT_DIR", file=sys.stderr)
+        return 2
+    _no_writes()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            problems = tensor_problems(Path(args[0]))
+        except Exception as exc:  # noqa: BLE001 -- the parent gets a reason, never a traceback
+            problems = [f"checkpoint could not be inspected: {type(exc).__name__}: {str(exc)[:300]}"]
+    print(json.dumps({"problems": problems}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""A checkpoint is written by untrusted training code: validating it never runs what it carries.
+
+Each hostile checkpoint below has a manifest that matches its bytes (training code writes the
+manifest too), so it reaches the loading step, where a full unpickler would run its payload.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from test_checkpoint_validation import save
+
+from trainyard.checkpoint import validate as validation
+from trainyard.checkpoint.format import write_manifest
+from trainyard.checkpoint.validate import validate
+
+
+class RunsCode:
+    """Pickles as a call of ``fn(*args)``: what an attacker puts in a pickle."""
+
+    def __init__(self, fn, *args):
+        self.fn, self.args = fn, args
+
+    def __reduce__(self):
+        return self.fn, self.args
+
+
+def rewrite_manifest(path: Path) -> None:
+    write_manifest(path, step=10, world_size=1, global_batch=8, micro_batch=2, metrics={"loss": 2.0}, run_id="t")
+
+
+def touch_marker(marker: Path) -> str:
+    return f"open({str(marker)!r}, 'w').write('pwned')"
+
+
+@pytest.mark.parametrize("payload", ["os.system", "builtins.exec"])
+def test_a_metadata_pickle_that_runs_code_is_refused_and_never_runs(tmp_path: Path, payload: str) -> None:
+    path, marker = save(tmp_path / "ckpt", 10), tmp_path / "marker"
+    code = touch_marker(marker)
+    evil = RunsCode(os.system, f"{sys.executable} -c \"{code}\"") if payload == "os.system" else RunsCode(exec, code)
+    (path / ".metadata").write_bytes(pickle.dumps(evil))
+    rewrite_manifest(path)
+    result = validate(path)
+    assert not marker.exists(), "the checkpoint's pickle ran in the validating process"
+    assert not result.valid
+    [problem] = result.problems
+    assert problem.startswith("torch.distributed.checkpoint metadata is unreadable")
+    assert f"refers to {'posix' if payload == 'os.system' else 'builtins'}." in problem and "would run code" in problem
+
+
+def test_a_tensor_entry_that_runs_code_is_refused_and_never_runs(tmp_path: Path) -> None:
+    """DCP stores non-tensor values with ``torch.save``; loading them must be weights-only too."""
+    path, marker = tmp_path / "ckpt" / "step_000010", tmp_path / "marker"
+    state = {"model": {"w": torch.ones(4)}, "extra": RunsCode(exec, touch_marker(marker))}
+    dcp.save(state, checkpoint_id=path, no_dist=True)  # saving pickles the call; it does not make it
+    rewrite_manifest(path)
+    result = validate(path)
+    assert not marker.exists(), "a stored entry's pickle ran in the validating process"
+    [problem] = result.problems
+    assert problem.startswith("entry extra does not load weights-only: UnpicklingError")
+
+
+def test_metadata_pointing_outside_the_checkpoint_is_refused(tmp_path: Path) -> None:
+    path = save(tmp_path / "ckpt", 10)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not yours")
+    md = pickle.loads((path / ".metadata").read_bytes())  # our own file: this test trusts it
+    for info in md.storage_data.values():
+        info.relative_path = "../../secret.txt"
+    (path / ".metadata").write_bytes(pickle.dumps(md))
+    rewrite_manifest(path)
+    problems = validate(path).problems
+    assert problems and all("outside the checkpoint folder" in p for p in problems), problems
+
+
+def test_the_allow_list_reads_real_dcp_metadata_and_nothing_else(tmp_path: Path) -> None:
+    from trainyard.checkpoint import metadata as safe_meta
+
+    path = tmp_path / "step_000010"
+    model = torch.nn.Linear(4, 3).to(torch.bfloat16)
+    optim = torch.optim.AdamW(model.parameters(), lr=0.01)
+    model(torch.ones(2, 4, dtype=torch.bfloat16)).sum().backward()
+    optim.step()  # optimizer state: tensors, and plain values DCP stores as bytes entries
+    dcp.save({"model": model.state_dict(), "optim": optim.state_dict(), "note": "text"}, checkpoint_id=path,
+             no_dist=True)
+    real = pickle.loads((path / ".metadata").read_bytes())  # what DCP itself reads (our own file: trusted)
+    md = safe_meta.read_metadata(path)
+    assert set(md.state_dict_metadata) == set(real.state_dict_metadata)
+    for fqn, entry in real.state_dict_metadata.items():
+        mine = md.state_dict_metadata[fqn]
+        assert type(mine).__name__ == type(entry).__name__, fqn
+        if hasattr(entry, "size"):
+            assert (mine.size, mine.properties.dtype) == (entry.size, entry.properties.dtype)
+            assert [(c.offsets, c.sizes) for c in mine.chunks] == [(c.offsets, c.sizes) for c in entry.chunks]
+    assert {(k.fqn, k.offset, v.relative_path, v.offset, v.length) for k, v in md.storage_data.items()} == {
+        (k.fqn, k.offset, v.relative_path, v.offset, v.length) for k, v in real.storage_data.items()}
+    assert md.planner_data == real.planner_data
+    rewrite_manifest(path)
+    assert validate(path).problems == []  # optimizer state and plain values load weights-only
+    for evil in (RunsCode(eval, "1"), RunsCode(getattr, 1, "real"), RunsCode(torch.load, "x"),
+                 RunsCode(subprocess.Popen, ["true"])):
+        with pytest.raises(safe_meta.MetadataRefused, match="which DCP metadata never holds"):
+            safe_meta.loads(pickle.dumps(evil))
+    with pytest.raises(safe_meta.MetadataRefused, match="not torch.distributed.checkpoint Metadata"):
+        safe_meta.loads(pickle.dumps({"state_dict_metadata": {}}))
+    with pytest.raises(safe_meta.MetadataRefused, match="persistent id"):
+        buf = io.BytesIO()
+        pickler = pickle.Pickler(buf)
+        pickler.persistent_id = lambda obj: "x" if obj == 1 else None
+        pickler.dump([1])
+        safe_meta.loads(buf.getvalue())
+
+
+def test_the_inspecting_child_never_sees_the_workers_secrets(tmp_path: Path, monkeypatch) -> None:
+    from trainyard.checkpoint.validate import child_env
+
+    secrets = {"AIRFLOW__CORE__FERNET_KEY": "fernet-secret", "AIRFLOW__API_AUTH__JWT_SECRET": "jwt-secret",
+               "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": "postgresql://u:pw@db/airflow",
+               "AWS_SECRET_ACCESS_KEY": "aws-secret", "AIRFLOW_CONN_COLD": "aws://k:s@"}
+    for name, value in secrets.items():
+        monkeypatch.setenv(name, value)
+    seen: list[dict] = []
+    real = subprocess.Popen
+
+    def spy(cmd, **kwargs):
+        seen.append({"cmd": cmd, **kwargs})
+        return real(cmd, **kwargs)
+
+    monkeypatch.setattr(validation.subprocess, "Popen", spy)
+    assert validate(save(tmp_path, 10)).valid  # the child works with the scrubbed environment
+    [call] = seen  # one child per validation, not one per file
+    assert call["cmd"][:4] == [sys.executable, "-P", "-m", "trainyard.checkpoint.tensors"]
+    env = call["env"]
+    assert not set(secrets) & set(env) and not set(secrets.values()) & set(env.values())
+    assert not [k for k in env if k.startswith(("AIRFLOW", "AWS_"))]
+    assert set(child_env({"PATH": "/bin", **secrets})) == {"PATH", "PYTHONPATH", "PYTHONDONTWRITEBYTECODE",
+                                                           "CUDA_VISIBLE_DEVICES"}
+
+
+def test_the_inspecting_child_cannot_write_files(tmp_path: Path) -> None:
+    from trainyard.checkpoint.validate import child_env
+
+    target = tmp_path / "written"
+    script = (f"from trainyard.checkpoint.tensors import _no_writes; _no_writes()\n"
+              f"with open({str(target)!r}, 'w') as fh: fh.write('x' * 10)")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=child_env())
+    assert done.returncode != 0 and "File too large" in done.stderr
+    assert not target.exists() or target.stat().st_size == 0
+
+
+def test_a_child_that_dies_or_says_no_json_is_a_problem_not_a_pass(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(validation, "child_command", lambda p: [sys.executable, "-c", "print('all good')"])
+    [problem] = validation.tensor_problems(save(tmp_path, 10))
+    assert problem.startswith("the process inspecting the tensors failed (exit 0)")
+    monkeypatch.setattr(validation, "child_command", lambda p: [sys.executable, "-c", "import os; os.abort()"])
+    [problem] = validation.tensor_problems(tmp_path / "step_000010")
+    assert problem.startswith("the process inspecting the tensors failed (exit -6)")
