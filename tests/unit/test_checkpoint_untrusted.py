@@ -135,9 +135,11 @@ def test_the_inspecting_child_never_sees_the_workers_secrets(tmp_path: Path, mon
         return real(cmd, **kwargs)
 
     monkeypatch.setattr(validation.subprocess, "Popen", spy)
-    assert validate(save(tmp_path, 10)).valid  # the child works with the scrubbed environment
-    [call] = seen  # one child per validation, not one per file
-    assert call["cmd"][:4] == [sys.executable, "-P", "-m", "trainyard.checkpoint.tensors"]
+    monkeypatch.setattr(validation, "_inspectors", {})
+    for step in (10, 20):
+        assert validate(save(tmp_path, step)).valid  # the child works with the scrubbed environment
+    [call] = seen  # one server per process, not one child per validation or per file
+    assert call["cmd"] == [sys.executable, "-P", "-m", "trainyard.checkpoint.tensors", "--serve"]
     env = call["env"]
     assert not set(secrets) & set(env) and not set(secrets.values()) & set(env.values())
     assert not [k for k in env if k.startswith(("AIRFLOW", "AWS_"))]
@@ -156,10 +158,33 @@ def test_the_inspecting_child_cannot_write_files(tmp_path: Path) -> None:
     assert not target.exists() or target.stat().st_size == 0
 
 
-def test_a_child_that_dies_or_says_no_json_is_a_problem_not_a_pass(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(validation, "child_command", lambda p: [sys.executable, "-c", "print('all good')"])
-    [problem] = validation.tensor_problems(save(tmp_path, 10))
-    assert problem.startswith("the process inspecting the tensors failed (exit 0)")
-    monkeypatch.setattr(validation, "child_command", lambda p: [sys.executable, "-c", "import os; os.abort()"])
-    [problem] = validation.tensor_problems(tmp_path / "step_000010")
-    assert problem.startswith("the process inspecting the tensors failed (exit -6)")
+def test_a_child_that_dies_hangs_or_says_no_json_is_a_problem_not_a_pass(tmp_path: Path) -> None:
+    ckpt = save(tmp_path, 10)
+    chatty = validation.Inspector([sys.executable, "-c", "print('all good')"])
+    [problem] = chatty.problems(ckpt)
+    assert problem == "the process inspecting the tensors failed: it answered 'all good', not JSON"
+    [problem] = validation.Inspector([sys.executable, "-c", "import os; os.abort()"]).problems(ckpt)
+    assert problem == "the process inspecting the tensors failed: it ended (exit -6) without an answer"
+    [problem] = validation.Inspector([sys.executable, "-c", "import time; time.sleep(60)"]).problems(ckpt, 0.5)
+    assert problem == "the process inspecting the tensors failed: no answer within 0 s; it was stopped"
+    assert chatty.proc is None  # stopped: the next request starts a new server
+
+
+def test_each_checkpoint_is_inspected_by_a_fresh_process(tmp_path: Path) -> None:
+    """The server forks per request and answers for it: a checkpoint that subverted its inspector
+    (past the allow-list) could still not touch the next checkpoint's answer."""
+    import json
+
+    from trainyard.checkpoint.validate import child_command, child_env
+
+    server = subprocess.Popen(child_command(), env=child_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    answers = []
+    for step in (10, 20):
+        server.stdin.write(f"{save(tmp_path, step)}\n")
+        server.stdin.flush()
+        answers.append(json.loads(server.stdout.readline()))
+    server.stdin.close()
+    assert server.wait(timeout=30) == 0  # its stdin closed: it ends, no process is left behind
+    assert [a["problems"] for a in answers] == [[], []]
+    assert len({a["pid"] for a in answers} | {server.pid}) == 3

@@ -1,9 +1,13 @@
 """Load every entry of a DCP checkpoint safely and check that its tensors are finite.
 
 This is the part of validation that interprets bytes training code wrote, so it
-runs in a child process (``python -m trainyard.checkpoint.tensors DIR``, started
-by ``validate``) that holds none of the orchestrator's secrets, may not write
-files, and answers with one JSON line on stdout: ``{"problems": [...]}``.
+runs in a child process that holds none of the orchestrator's secrets, may not
+write files, and answers in JSON: ``{"problems": [...]}``. ``validate`` starts
+one server per process (``python -m trainyard.checkpoint.tensors --serve``),
+which imports torch once and forks a fresh process for each checkpoint: the
+server itself never reads a checkpoint, so what one checkpoint does to its
+inspector cannot reach the next. ``python -m trainyard.checkpoint.tensors DIR``
+inspects one folder.
 Inside, nothing is unpickled with a full unpickler either: ``.metadata`` goes
 through ``checkpoint.metadata``'s allow-list, and each stored entry through
 ``torch.load(weights_only=True)``. Entries are read one at a time from the
@@ -144,19 +148,68 @@ def _no_writes() -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m trainyard.checkpoint.tensors CHECKPOINT_DIR", file=sys.stderr)
-        return 2
-    _no_writes()
+def inspect(ckpt_dir: Path) -> list[str]:
+    """``tensor_problems``, with any failure as a reason instead of a traceback."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            problems = tensor_problems(Path(args[0]))
+            return tensor_problems(ckpt_dir)
         except Exception as exc:  # noqa: BLE001 -- the parent gets a reason, never a traceback
-            problems = [f"checkpoint could not be inspected: {type(exc).__name__}: {str(exc)[:300]}"]
-    print(json.dumps({"problems": problems}))
+            return [f"checkpoint could not be inspected: {type(exc).__name__}: {str(exc)[:300]}"]
+
+
+def serve() -> int:
+    """Answer each checkpoint folder read from stdin (one per line) with one JSON line, each from a fresh fork."""
+    _no_writes()
+    for line in sys.stdin.buffer:
+        answer = _in_fork(Path(line.decode("utf-8", "replace").rstrip("\n")))
+        sys.stdout.write(json.dumps(answer) + "\n")
+        sys.stdout.flush()
+    return 0  # stdin closed: the process that started this server is gone or done
+
+
+def _in_fork(ckpt_dir: Path) -> dict[str, Any]:
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the inspector: its own process, with no way to the server's channel
+        try:
+            os.close(read_end)
+            devnull = os.open(os.devnull, os.O_RDWR)
+            os.dup2(devnull, 0)
+            os.dup2(devnull, 1)
+            answer = {"problems": inspect(ckpt_dir), "pid": os.getpid()}
+            with os.fdopen(write_end, "w") as out:
+                out.write(json.dumps(answer))
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as answer_pipe:
+        text = answer_pipe.read()
+    _, status = os.waitpid(pid, 0)
+    try:
+        answer = json.loads(text)
+        if isinstance(answer, dict) and isinstance(answer.get("problems"), list):
+            return answer
+    except ValueError:
+        pass
+    return {"problems": [f"the process inspecting the tensors failed ({_how(status)}) without an answer"]}
+
+
+def _how(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        return f"signal {os.WTERMSIG(status)}"
+    return f"exit {os.waitstatus_to_exitcode(status)}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args == ["--serve"]:
+        return serve()
+    if len(args) != 1:
+        print("usage: python -m trainyard.checkpoint.tensors CHECKPOINT_DIR | --serve", file=sys.stderr)
+        return 2
+    _no_writes()
+    print(json.dumps({"problems": inspect(Path(args[0]))}))
     return 0
 
 

@@ -7,10 +7,10 @@ manifest's world size, the step moves forward, and the metrics meet the
 spec. One reason per problem; an empty list means valid.
 
 Loading interprets bytes that training code wrote (untrusted, DESIGN rule 11),
-so it never happens in this process, which may hold the worker's secrets: one
-child per validation (``trainyard.checkpoint.tensors``) does it with an
-allow-list environment, no file writes, a time limit, and answers in JSON. This
-module imports no torch.
+so it never happens in this process, which may hold the worker's secrets: a
+child (``trainyard.checkpoint.tensors``, a fresh fork of one server per
+process for each checkpoint) does it with an allow-list environment, no file
+writes, a time limit, and answers in JSON. This module imports no torch.
 """
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,46 +68,88 @@ def child_env(parent: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def child_command(ckpt_dir: Path) -> list[str]:
+def child_command() -> list[str]:
     # -P (3.11+): the working directory never lands on sys.path, so no planted module is imported; before
     # 3.11 the child's working directory, "/", is what lands there.
     safe_path = ["-P"] if sys.version_info >= (3, 11) else []
-    return [sys.executable, *safe_path, "-m", CHILD, str(ckpt_dir.resolve())]
+    return [sys.executable, *safe_path, "-m", CHILD, "--serve"]
 
 
-def start_inspection(ckpt_dir: Path) -> subprocess.Popen[bytes]:
-    """Start the child that loads ``ckpt_dir``'s tensors; collect its answer with ``inspection_problems``."""
-    return subprocess.Popen(child_command(ckpt_dir), env=child_env(), cwd="/", stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+class Inspector:
+    """This process's inspection server (``tensors --serve``): torch is imported once, not once per checkpoint.
+
+    The server forks a fresh process per checkpoint and reads none itself, so a
+    checkpoint can influence only its own answer. One request at a time; a
+    server that dies, hangs past the time limit or answers with anything but
+    JSON is stopped, its answer is a problem (never a pass), and the next
+    request starts a new one.
+    """
+
+    def __init__(self, argv: list[str] | None = None):
+        self.argv = argv
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.lock = threading.Lock()
+
+    def problems(self, ckpt_dir: Path, timeout_s: float = CHILD_TIMEOUT_S) -> list[str]:
+        with self.lock:
+            try:
+                proc = self._running()
+                assert proc.stdin is not None
+                proc.stdin.write(str(ckpt_dir.resolve()).encode() + b"\n")
+                proc.stdin.flush()
+                line = self._line(proc, timeout_s)
+            except (OSError, TimeoutError) as exc:
+                self.stop()
+                return [f"the process inspecting the tensors failed: {exc}"]
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            answer = None
+        if isinstance(answer, dict) and isinstance(answer.get("problems"), list):
+            return [str(p)[:1000] for p in answer["problems"]]
+        self.stop()
+        return [f"the process inspecting the tensors failed: it answered {line[:200]!r}, not JSON"]
+
+    def _running(self) -> subprocess.Popen[bytes]:
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = subprocess.Popen(self.argv or child_command(), env=child_env(), cwd="/",
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        return self.proc
+
+    @staticmethod
+    def _line(proc: subprocess.Popen[bytes], timeout_s: float) -> str:
+        """One answer line; raw reads, so ``select`` sees every byte that is not yet consumed."""
+        assert proc.stdout is not None
+        fd, data, deadline = proc.stdout.fileno(), b"", time.monotonic() + timeout_s
+        while not data.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise TimeoutError(f"no answer within {timeout_s:.0f} s; it was stopped")
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise OSError(f"it ended (exit {proc.wait()}) without an answer")
+            data += chunk
+        return data.decode("utf-8", "replace").strip()
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.communicate()  # reap it and close its pipes
+            self.proc = None
 
 
-def inspection_problems(child: subprocess.Popen[bytes], timeout_s: float = CHILD_TIMEOUT_S) -> list[str]:
-    """The child's problems from its last stdout line, which must be JSON; anything else is a problem itself."""
-    try:
-        out, err = child.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        _stop(child)
-        return [f"loading the tensors took longer than {timeout_s:.0f} s; the inspecting process was stopped"]
-    lines = out.decode("utf-8", "replace").strip().splitlines()
-    try:
-        answer = json.loads(lines[-1]) if child.returncode == 0 and lines else None
-    except ValueError:
-        answer = None
-    if isinstance(answer, dict) and isinstance(answer.get("problems"), list):
-        return [str(p)[:1000] for p in answer["problems"]]
-    tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no output"]
-    return [f"the process inspecting the tensors failed (exit {child.returncode}): {tail[0][:300]}"]
+_inspectors: dict[int, Inspector] = {}
 
 
-def _stop(child: subprocess.Popen[bytes]) -> None:
-    if child.poll() is None:
-        child.kill()
-    child.communicate()  # reap it and close its pipes
+def inspector() -> Inspector:
+    """This process's inspector (a forked process makes its own: pipes are not shared across a fork)."""
+    return _inspectors.setdefault(os.getpid(), Inspector())
 
 
 def tensor_problems(ckpt_dir: Path, timeout_s: float = CHILD_TIMEOUT_S) -> list[str]:
     """The checkpoint loads weights-only and every floating-point tensor is finite, judged in a child process."""
-    return inspection_problems(start_inspection(ckpt_dir), timeout_s)
+    return inspector().problems(ckpt_dir, timeout_s)
 
 
 def validate(
@@ -117,21 +161,17 @@ def validate(
     """Every check on ``ckpt_dir``; ``after_step`` is the latest valid step it must follow."""
     started = time.monotonic()
     path = Path(ckpt_dir)
-    child = start_inspection(path)  # it starts (imports torch) and loads while this process hashes
-    try:
-        problems = verify(path)  # manifest, version, sizes, hashes, unlisted files
-        if problems:
-            return Validation(path, None, problems, round(time.monotonic() - started, 3))
-        manifest = read_manifest(path)
-        step = int(manifest["step"])
-        ranks = [int(m.group(1)) for p in path.iterdir() if (m := _RANK_FILE.match(p.name))]
-        if any(rank >= manifest["world_size"] for rank in ranks):
-            problems.append(f"rank files up to {max(ranks)} but the manifest says world size {manifest['world_size']}")
-        if after_step is not None and step <= after_step:
-            problems.append(f"step {step} does not follow the latest valid step {after_step}")
-        problems += inspection_problems(child)
-    finally:
-        _stop(child)  # not needed after a failed integrity check; a no-op once it answered
+    problems = verify(path)  # manifest, version, sizes, hashes, unlisted files: no loading
+    if problems:
+        return Validation(path, None, problems, round(time.monotonic() - started, 3))
+    manifest = read_manifest(path)
+    step = int(manifest["step"])
+    ranks = [int(m.group(1)) for p in path.iterdir() if (m := _RANK_FILE.match(p.name))]
+    if any(rank >= manifest["world_size"] for rank in ranks):
+        problems.append(f"rank files up to {max(ranks)} but the manifest says world size {manifest['world_size']}")
+    if after_step is not None and step <= after_step:
+        problems.append(f"step {step} does not follow the latest valid step {after_step}")
+    problems += tensor_problems(path)
     if expect is not None:
         loss = manifest.get("metrics", {}).get("loss")
         problems += metric_problems(history or [(step, loss)], step, loss, expect)
