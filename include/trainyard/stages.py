@@ -544,7 +544,8 @@ def publish(run: Run, checkpoint: str) -> dict[str, Any]:
     cold = run.tier(run.cold_checkpoint_uri, run.spec.checkpoint.connection)
     if run.spec.checkpoint.lifecycle:
         _set_lifecycle(cold, run.spec.checkpoint.lifecycle, f"trainyard-{run.dag_id}-checkpoints")
-    copy = cold_copies.publish(src, cold, run.run_id)
+    keep = lease.keeper(run.checkpoint_root, run.run_id, lease_ttl(run))  # an upload may outlast the lease
+    copy = cold_copies.publish(src, cold, run.run_id, on_file=keep)
     uri, pointer = f"{run.cold_checkpoint_uri}/{copy.name}", f"{run.cold_checkpoint_uri}/{cold_copies.POINTER}"
     run.ledger.append("publish", "published", uri=uri, pointer=pointer, step=copy.step, bytes=copy.bytes)
     return {"uri": uri, "pointer": pointer, "step": copy.step, "bytes": copy.bytes}

@@ -212,3 +212,16 @@ checkpoint: {{hot: "file://{tmp_path}/ckpt"}}
     assert main(["lineage", "release", str(spec)]) == 0
     assert f"{root}: released; it was held by run run-1 of nightly" in capsys.readouterr().out
     assert read_claim(root) is None
+
+
+def test_a_long_publish_keeps_the_lease_alive_file_by_file(root: Path, tmp_path: Path) -> None:
+    """The keeper a publish calls per uploaded file renews the run's claim once a quarter of it has passed."""
+    clock = Clock()
+    hold(root, "nightly", "run-1", ledger(tmp_path, "run-1"), ttl_s=100, clock=clock)
+    keep = lease.keeper(root, "run-1", ttl_s=100, clock=clock)
+    for _ in range(12):  # an upload of twelve files, 20 s each: 240 s, over twice the lease
+        clock.t += 20
+        keep()
+    assert read_claim(root).expires >= clock.t + 60
+    with pytest.raises(LineageBusy):
+        hold(root, "nightly", "run-2", ledger(tmp_path, "run-2"), clock=clock)

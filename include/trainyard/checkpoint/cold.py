@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,8 +52,9 @@ def copy_name(ckpt: Path) -> str:
     return f"{ckpt.name}.{sha256_file(ckpt / MANIFEST)[:16]}"
 
 
-def upload_copy(ckpt: Path, tier: Tier, concurrency: int = 4) -> ColdCopy:
-    """Upload the files ``ckpt``'s manifest lists under a prefix of their own, the manifest last, and verify."""
+def upload_copy(ckpt: Path, tier: Tier, concurrency: int = 4, on_file: Callable[[], None] | None = None) -> ColdCopy:
+    """Upload the files ``ckpt``'s manifest lists under a prefix of their own, the manifest last, and verify;
+    ``on_file`` is called after each file (the publishing run renews its lease there)."""
     manifest = read_manifest(ckpt)
     name = copy_name(ckpt)
     files: dict[str, Any] = manifest["files"]
@@ -62,6 +64,8 @@ def upload_copy(ckpt: Path, tier: Tier, concurrency: int = 4) -> ColdCopy:
         if sha != files[rel]["sha256"]:
             raise CheckpointInvalid(f"{ckpt / rel}: changed since it was validated (sha256 differs from {MANIFEST});"
                                     " validate the checkpoint again before publishing it")
+        if on_file:
+            on_file()
         return size
 
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
@@ -83,9 +87,9 @@ def copy_problems(tier: Tier, name: str, files: dict[str, Any], manifest_size: i
     return problems
 
 
-def publish(ckpt: Path, tier: Tier, run_id: str) -> ColdCopy:
+def publish(ckpt: Path, tier: Tier, run_id: str, on_file: Callable[[], None] | None = None) -> ColdCopy:
     """Upload and verify a copy of ``ckpt``, then point ``PUBLISHED`` at it; the pointer moves last."""
-    copy = upload_copy(ckpt, tier)
+    copy = upload_copy(ckpt, tier, on_file=on_file)
     pointer = {"format": POINTER_FORMAT, "path": copy.name, "step": copy.step, "run_id": run_id,
                "published_at": time.time()}
     tier.write_bytes(POINTER, json.dumps(pointer, sort_keys=True).encode())
