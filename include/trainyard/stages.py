@@ -25,7 +25,7 @@ from trainyard.checkpoint.format import (
     latest_valid, list_checkpoints, read_manifest, step_dir, step_of, supersede, verify,
 )
 from trainyard.checkpoint.resume import check_resume
-from trainyard.checkpoint.validate import Validation, validate
+from trainyard.checkpoint.validate import Validation, inspector, validate
 from trainyard.errors import CheckpointInvalid, LineageBusy, NodeUnhealthy, SpecError, TransientError
 from trainyard.launch.base import AttemptStatus, Launcher, LaunchPlan
 from trainyard.launch.kubernetes import status_from_dicts
@@ -292,6 +292,7 @@ def _progress(run: Run, plan: LaunchPlan, target: int, every_s: float | None = N
 
 def _watcher(run: Run) -> registry.Watcher:
     cfg = run.spec.checkpoint
+    inspector().start()  # its torch import runs while training starts, not when the first checkpoint waits
     return registry.Watcher(run.checkpoint_root, _validator(run), run.ledger, cfg.keep_hot, _to_cold(run))
 
 

@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from dcp_helpers import save_as_ranks
 
 from trainyard.errors import DataError, TransientError
 from trainyard.storage import LocalTier, S3Tier
@@ -204,30 +205,6 @@ def s3_run(s3_server, bucket: str, root: Path):
 
     (root / "pipe.yaml").write_text(CKPT_SPEC.format(root=root, bucket=bucket))
     return open_run(root / "pipe.yaml", "pipe", "manual__1", "2026-01-01", connections=lambda _: s3_server.settings)
-
-
-def save_as_ranks(root: Path, step: int, ranks: int) -> Path:
-    """A real DCP checkpoint with one tensor file per rank, as ``ranks`` ranks write it."""
-    import pickle
-
-    import torch
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import FileSystemWriter
-
-    from trainyard.checkpoint.format import step_dir, write_manifest
-
-    path = step_dir(root, step)
-    state = {f"layer{i}": torch.full((16,), float(i + ranks)) for i in range(4)}
-    dcp.save(state, storage_writer=FileSystemWriter(path, thread_count=ranks), no_dist=True)
-    md = pickle.loads((path / ".metadata").read_bytes())  # written by this test: trusted
-    for info in md.storage_data.values():
-        info.relative_path = f"__{info.relative_path.removesuffix('.distcp').rsplit('_', 1)[1]}_0.distcp"
-    for rank in range(1, ranks):
-        (path / f"__0_{rank}.distcp").rename(path / f"__{rank}_0.distcp")
-    (path / ".metadata").write_bytes(pickle.dumps(md))
-    write_manifest(path, step=step, world_size=ranks, global_batch=8, micro_batch=2, metrics={"loss": 2.0},
-                   run_id=f"ranks-{ranks}")
-    return path
 
 
 def fetch(s3_server, uri: str, dest: Path) -> Path:

@@ -5,16 +5,13 @@ The S3 side of the same cases runs against an S3 server in tests/integration/tes
 
 from __future__ import annotations
 
-import pickle
 from pathlib import Path
 
 import pytest
-import torch
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemWriter
+from dcp_helpers import save_as_ranks
 
 from trainyard import stages
-from trainyard.checkpoint.format import read_manifest, step_dir, verify, write_manifest
+from trainyard.checkpoint.format import read_manifest, verify
 from trainyard.checkpoint.validate import validate
 from trainyard.errors import DataError
 from trainyard.run import Run, open_run
@@ -33,23 +30,6 @@ def make_run(root: Path, extra: str = "") -> Run:
     spec = root / "pipe.yaml"
     spec.write_text(SPEC.format(root=root, cold=f"file://{root}/cold/checkpoints", extra=extra))
     return open_run(spec, "pipe", "manual__1", "2026-01-01")
-
-
-def save_as_ranks(root: Path, step: int, ranks: int) -> Path:
-    """A real DCP checkpoint whose entries lie in one file per rank (``__<rank>_0.distcp``), as ``ranks`` ranks write it."""
-    path = step_dir(root, step)
-    state = {f"layer{i}": torch.full((16,), float(i + ranks)) for i in range(4)}
-    dcp.save(state, storage_writer=FileSystemWriter(path, thread_count=ranks), no_dist=True)
-    md = pickle.loads((path / ".metadata").read_bytes())  # written by this test: trusted
-    for info in md.storage_data.values():
-        rank = int(info.relative_path.removesuffix(".distcp").rsplit("_", 1)[1])  # __0_<file>.distcp
-        info.relative_path = f"__{rank}_0.distcp"
-    for rank in range(1, ranks):
-        (path / f"__0_{rank}.distcp").rename(path / f"__{rank}_0.distcp")
-    (path / ".metadata").write_bytes(pickle.dumps(md))
-    write_manifest(path, step=step, world_size=ranks, global_batch=8, micro_batch=2, metrics={"loss": 2.0},
-                   run_id=f"ranks-{ranks}")
-    return path
 
 
 def copy_at(uri: str) -> Path:

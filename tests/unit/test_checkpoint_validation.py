@@ -116,3 +116,13 @@ def test_a_copy_is_as_valid_as_the_original(tmp_path: Path) -> None:
     path = save(tmp_path, 10)
     shutil.copytree(path, tmp_path / "copy" / path.name)
     assert validate(tmp_path / "copy" / path.name).valid
+
+
+def test_an_answer_left_unread_never_answers_the_next_checkpoint(tmp_path: Path) -> None:
+    """The child loads while the manifest is hashed; when the hashes fail first, its answer is still
+    read and dropped, so the next validation reads its own."""
+    poisoned = save(tmp_path / "p", 10, poison=math.nan)
+    (poisoned / "notes.txt").write_text("not in the manifest")  # the integrity check fails first
+    result = validate(poisoned)
+    assert result.problems and not any("NaN" in p for p in result.problems), result.problems
+    assert validate(save(tmp_path / "ok", 20)).valid  # not the poisoned one's answer

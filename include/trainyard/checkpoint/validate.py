@@ -23,6 +23,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,16 +93,56 @@ class Inspector:
         self.lock = threading.Lock()
 
     def problems(self, ckpt_dir: Path, timeout_s: float = CHILD_TIMEOUT_S) -> list[str]:
+        with self.asking(ckpt_dir, timeout_s) as answer:
+            return answer()
+
+    @contextmanager
+    def asking(self, ckpt_dir: Path, timeout_s: float = CHILD_TIMEOUT_S) -> Iterator[Callable[[], list[str]]]:
+        """Send ``ckpt_dir`` now, take the answer when called: the caller hashes while the child loads.
+
+        An answer not taken is still read before the next request, so each request reads its own.
+        """
+        with self.lock:
+            failed = self._send(ckpt_dir)
+            taken = False
+
+            def answer() -> list[str]:
+                nonlocal taken
+                taken = True
+                return failed or self._receive(timeout_s)
+
+            try:
+                yield answer
+            finally:
+                if not taken and not failed:
+                    self._receive(timeout_s)
+
+    def start(self) -> None:
+        """Start the server (torch imports in the background) before the first checkpoint needs it."""
         with self.lock:
             try:
-                proc = self._running()
-                assert proc.stdin is not None
-                proc.stdin.write(str(ckpt_dir.resolve()).encode() + b"\n")
-                proc.stdin.flush()
-                line = self._line(proc, timeout_s)
-            except (OSError, TimeoutError) as exc:
-                self.stop()
-                return [f"the process inspecting the tensors failed: {exc}"]
+                self._running()
+            except OSError:
+                pass  # the first request says why
+
+    def _send(self, ckpt_dir: Path) -> list[str]:
+        try:
+            proc = self._running()
+            assert proc.stdin is not None
+            proc.stdin.write(str(ckpt_dir.resolve()).encode() + b"\n")
+            proc.stdin.flush()
+            return []
+        except OSError as exc:
+            self.stop()
+            return [f"the process inspecting the tensors failed: {exc}"]
+
+    def _receive(self, timeout_s: float) -> list[str]:
+        assert self.proc is not None
+        try:
+            line = self._line(self.proc, timeout_s)
+        except (OSError, TimeoutError) as exc:
+            self.stop()
+            return [f"the process inspecting the tensors failed: {exc}"]
         try:
             answer = json.loads(line)
         except ValueError:
@@ -161,17 +203,18 @@ def validate(
     """Every check on ``ckpt_dir``; ``after_step`` is the latest valid step it must follow."""
     started = time.monotonic()
     path = Path(ckpt_dir)
-    problems = verify(path)  # manifest, version, sizes, hashes, unlisted files: no loading
-    if problems:
-        return Validation(path, None, problems, round(time.monotonic() - started, 3))
-    manifest = read_manifest(path)
-    step = int(manifest["step"])
-    ranks = [int(m.group(1)) for p in path.iterdir() if (m := _RANK_FILE.match(p.name))]
-    if any(rank >= manifest["world_size"] for rank in ranks):
-        problems.append(f"rank files up to {max(ranks)} but the manifest says world size {manifest['world_size']}")
-    if after_step is not None and step <= after_step:
-        problems.append(f"step {step} does not follow the latest valid step {after_step}")
-    problems += tensor_problems(path)
+    with inspector().asking(path) as inspection:  # the child loads while this process hashes
+        problems = verify(path)  # manifest, version, sizes, hashes, unlisted files
+        if problems:
+            return Validation(path, None, problems, round(time.monotonic() - started, 3))
+        manifest = read_manifest(path)
+        step = int(manifest["step"])
+        ranks = [int(m.group(1)) for p in path.iterdir() if (m := _RANK_FILE.match(p.name))]
+        if any(rank >= manifest["world_size"] for rank in ranks):
+            problems.append(f"rank files up to {max(ranks)} but the manifest says world size {manifest['world_size']}")
+        if after_step is not None and step <= after_step:
+            problems.append(f"step {step} does not follow the latest valid step {after_step}")
+        problems += inspection()
     if expect is not None:
         loss = manifest.get("metrics", {}).get("loss")
         problems += metric_problems(history or [(step, loss)], step, loss, expect)
