@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainyard.errors import SpecError
-from trainyard.spec.checks import resume_problems
+from trainyard.spec.checks import resume_problems, resume_root_fields
 
 if TYPE_CHECKING:
     from trainyard.run import Run
@@ -33,10 +33,8 @@ def resume_roots(run: Run) -> tuple[list[Path], list[str]]:
     cold = run.cold_checkpoint_uri
     if cold.startswith("file://"):
         roots.append(Path(local_path(cold)))
-    for i, text in enumerate(run.spec.training.allowed_resume_roots):
-        name = f"training.allowed_resume_roots[{i}]"
-        value = run.resolve(name, text)
-        path = Path(local_path(value) if value.startswith("file://") else value)
+    for (name, uri), text in zip(resume_root_fields(run.spec), run.spec.training.allowed_resume_roots):
+        path = Path(local_path(run.resolve(name, uri)))  # checked again rendered: ${VAR} may hold anything
         if not path.is_absolute() or ".." in path.parts:
             problems.append(f"{name}: {text!r} must be an absolute folder path without '..'")
         else:
