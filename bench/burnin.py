@@ -74,8 +74,10 @@ def trials(count: int, duration: float, seed: int) -> tuple[int, int, list[dict]
             detected += hit
             false += len(wrong)
             log.append({"nodes": len(nodes), "slow": slow, "detected": hit, "false": wrong})
-            print(f"trial {i + 1:2d}: {len(nodes)} nodes, {slow} throttled 20%: "
-                  f"{'detected' if hit else 'MISSED'}{', false: ' + ', '.join(wrong) if wrong else ''}")
+            print(
+                f"trial {i + 1:2d}: {len(nodes)} nodes, {slow} throttled 20%: "
+                f"{'detected' if hit else 'MISSED'}{', false: ' + ', '.join(wrong) if wrong else ''}"
+            )
     return detected, false, log
 
 
@@ -88,8 +90,13 @@ def main() -> None:
     ratio = harness_ratio()
     gpu = gpu_fraction()
     detected, false, _ = trials(args.trials, args.duration, args.seed)
-    result = {"bench": "burnin", "probe_ratio": round(ratio, 3), "detected_fraction": detected / args.trials,
-              "false_evictions": false, "trials": args.trials}
+    result = {
+        "bench": "burnin",
+        "probe_ratio": round(ratio, 3),
+        "detected_fraction": detected / args.trials,
+        "false_evictions": false,
+        "trials": args.trials,
+    }
     if gpu is not None:
         result["bf16_fraction_of_peak"] = round(gpu, 3)
     print(json.dumps(result))

@@ -82,8 +82,12 @@ def demo_fraction(tmp: Path) -> tuple[float, float]:
         "stages.check_checkpoint(run, sys.argv[2], int(sys.argv[3]))"
     )
     # Time the import separately in the same fresh process, then the gate (which finds GX imported).
-    done = subprocess.run([sys.executable, "-c", gate, str(run.spec_path), trained["checkpoint"],
-                           str(trained["target_step"])], check=True, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", gate, str(run.spec_path), trained["checkpoint"], str(trained["target_step"])],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     gx_import = float(done.stdout.strip().splitlines()[-1])
     train_s = next(e["seconds"] for e in run.ledger.events("train", "stage_end"))
     background = sum(e["seconds"] for e in run.ledger.events("train", "checkpoint_validated"))
@@ -102,12 +106,21 @@ def main() -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"{gb:.2f} GB: sha256sum {t_sum:.2f} s, trainyard validate {t_ours:.2f} s (hashes + load + finiteness)")
-    print(f"demo run: validation {validation_s:.2f} s + great-expectations import {gx_import_s:.2f} s"
-          f" against train {train_s:.2f} s")
-    print(json.dumps({"bench": "ckpt_verify", "speedup_vs_sha256sum": round(t_sum / t_ours, 3),
-                      "gb_per_s": round(gb / t_ours, 3),
-                      "validation_fraction": round((validation_s + gx_import_s) / train_s, 4),
-                      "validation_fraction_warm": round(validation_s / train_s, 4)}))
+    print(
+        f"demo run: validation {validation_s:.2f} s + great-expectations import {gx_import_s:.2f} s"
+        f" against train {train_s:.2f} s"
+    )
+    print(
+        json.dumps(
+            {
+                "bench": "ckpt_verify",
+                "speedup_vs_sha256sum": round(t_sum / t_ours, 3),
+                "gb_per_s": round(gb / t_ours, 3),
+                "validation_fraction": round((validation_s + gx_import_s) / train_s, 4),
+                "validation_fraction_warm": round(validation_s / train_s, 4),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

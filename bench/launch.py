@@ -32,9 +32,13 @@ ARGS = ["--seq-len", "32", "--d-model", "32", "--n-heads", "2"]
 
 def contract(root: Path, data: Path) -> dict[str, str]:
     return {
-        "TRAINYARD_DATA_DIR": str(data), "TRAINYARD_CHECKPOINT_DIR": str(root / "ckpt"),
-        "TRAINYARD_HEARTBEAT_DIR": str(root / "hb"), "TRAINYARD_MAX_STEPS": "1000000",
-        "TRAINYARD_GLOBAL_BATCH": "12", "TRAINYARD_MICRO_BATCH": "2", "TRAINYARD_CHECKPOINT_EVERY": "0",
+        "TRAINYARD_DATA_DIR": str(data),
+        "TRAINYARD_CHECKPOINT_DIR": str(root / "ckpt"),
+        "TRAINYARD_HEARTBEAT_DIR": str(root / "hb"),
+        "TRAINYARD_MAX_STEPS": "1000000",
+        "TRAINYARD_GLOBAL_BATCH": "12",
+        "TRAINYARD_MICRO_BATCH": "2",
+        "TRAINYARD_CHECKPOINT_EVERY": "0",
     }
 
 
@@ -47,8 +51,16 @@ def wait_first_step(hb: Path, ranks: int, started: float) -> float:
 
 
 def with_launcher(root: Path, data: Path, nodes: int) -> float:
-    plan = LaunchPlan(run_id=root.name, attempt=1, nodes=[f"node-{i}" for i in range(nodes)], procs_per_node=1,
-                      entrypoint="trainyard.train", args=ARGS, env=contract(root, data), log_dir=root / "logs")
+    plan = LaunchPlan(
+        run_id=root.name,
+        attempt=1,
+        nodes=[f"node-{i}" for i in range(nodes)],
+        procs_per_node=1,
+        entrypoint="trainyard.train",
+        args=ARGS,
+        env=contract(root, data),
+        log_dir=root / "logs",
+    )
     launcher = LocalLauncher()
     started = time.perf_counter()
     handle = launcher.launch(plan)
@@ -66,10 +78,24 @@ def by_hand(root: Path, data: Path, nodes: int) -> float:
     started = time.perf_counter()
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}", "--nproc-per-node=1",
-             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=bench-{root.name}",
-             f"--rdzv-conf=is_host={int(i == 0)}", "--local-addr=127.0.0.1", "-m", "trainyard.train", *ARGS],
-            env={**env, "TRAINYARD_NODE": f"node-{i}"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                f"--nnodes={nodes}",
+                "--nproc-per-node=1",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint=127.0.0.1:{port}",
+                f"--rdzv-id=bench-{root.name}",
+                f"--rdzv-conf=is_host={int(i == 0)}",
+                "--local-addr=127.0.0.1",
+                "-m",
+                "trainyard.train",
+                *ARGS,
+            ],
+            env={**env, "TRAINYARD_NODE": f"node-{i}"},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
         for i in range(nodes)

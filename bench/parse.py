@@ -51,7 +51,16 @@ def main() -> None:
         full = parse_ms(fifty, 50)
     per_spec = (full - base) / 49
     print(f"1 spec: {base:.1f} ms; 50 specs: {full:.1f} ms; {per_spec:.2f} ms per additional spec (goal <= 20)")
-    print(json.dumps({"bench": "parse", "ms_per_spec": round(per_spec, 2), "base_ms": round(base, 1), "ms_50_specs": round(full, 1)}))
+    print(
+        json.dumps(
+            {
+                "bench": "parse",
+                "ms_per_spec": round(per_spec, 2),
+                "base_ms": round(base, 1),
+                "ms_50_specs": round(full, 1),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

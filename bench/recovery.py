@@ -69,8 +69,18 @@ def trainyard_run(root: Path, steps: int, at: int, fault: str, node: str, hb: fl
                   background: bool) -> dict:  # fmt: skip
     write_synthetic_corpus(root / "cold", shards=2, tokens_per_shard=16_384)
     spec = root / "bench.yaml"
-    spec.write_text(SPEC.format(root=root, steps=steps, at=at, fault=fault, node=node, hb=hb, every=every,
-                                background=str(background).lower()))
+    spec.write_text(
+        SPEC.format(
+            root=root,
+            steps=steps,
+            at=at,
+            fault=fault,
+            node=node,
+            hb=hb,
+            every=every,
+            background=str(background).lower(),
+        )
+    )
     run = open_run(spec, "bench", f"{fault}-{time.time_ns()}", "2026-11-28")
     stages.stage_dataset(run)
     stages.train(run, ["node-0", "node-1", "node-2"])
@@ -86,21 +96,46 @@ def torchrun_run(root: Path, steps: int, at: int, every: int, background: bool, 
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     ledger = root / "events.jsonl"
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1",
-           "TRAINYARD_DATA_DIR": str(data), "TRAINYARD_CHECKPOINT_DIR": str(root / "ckpt"),
-           "TRAINYARD_HEARTBEAT_DIR": str(root / "hb"), "TRAINYARD_LEDGER": str(ledger),
-           "TRAINYARD_RESUME_FROM": "latest", "TRAINYARD_MAX_STEPS": str(steps), "TRAINYARD_GLOBAL_BATCH": "12",
-           "TRAINYARD_MICRO_BATCH": "2", "TRAINYARD_CHECKPOINT_EVERY": str(every),
-           "TRAINYARD_CHECKPOINT_ASYNC": str(int(background)), "TRAINYARD_PROGRESS_EVERY_S": "0",
-           "TRAINYARD_DRILLS": json.dumps([{"fault": "kill", "node": "node-1", "step": at}])}
+    env = {
+        **os.environ,
+        "GLOO_SOCKET_IFNAME": "lo",
+        "OMP_NUM_THREADS": "1",
+        "TRAINYARD_DATA_DIR": str(data),
+        "TRAINYARD_CHECKPOINT_DIR": str(root / "ckpt"),
+        "TRAINYARD_HEARTBEAT_DIR": str(root / "hb"),
+        "TRAINYARD_LEDGER": str(ledger),
+        "TRAINYARD_RESUME_FROM": "latest",
+        "TRAINYARD_MAX_STEPS": str(steps),
+        "TRAINYARD_GLOBAL_BATCH": "12",
+        "TRAINYARD_MICRO_BATCH": "2",
+        "TRAINYARD_CHECKPOINT_EVERY": str(every),
+        "TRAINYARD_CHECKPOINT_ASYNC": str(int(background)),
+        "TRAINYARD_PROGRESS_EVERY_S": "0",
+        "TRAINYARD_DRILLS": json.dumps([{"fault": "kill", "node": "node-1", "step": at}]),
+    }
     Ledger(ledger).append("train", "stage_start")
     started = time.monotonic()
     agents = [
         subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nnodes=1:3", "--nproc-per-node=1", "--max-restarts=3",
-             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=bench",
-             f"--rdzv-conf=is_host={int(i == 0)}", "--local-addr=127.0.0.1", "-m", "trainyard.train", *ARGS],
-            env={**env, "TRAINYARD_NODE": f"node-{i}"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes=1:3",
+                "--nproc-per-node=1",
+                "--max-restarts=3",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint=127.0.0.1:{port}",
+                "--rdzv-id=bench",
+                f"--rdzv-conf=is_host={int(i == 0)}",
+                "--local-addr=127.0.0.1",
+                "-m",
+                "trainyard.train",
+                *ARGS,
+            ],
+            env={**env, "TRAINYARD_NODE": f"node-{i}"},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
         for i in range(3)
@@ -110,8 +145,13 @@ def torchrun_run(root: Path, steps: int, at: int, every: int, background: bool, 
             fired = list(Ledger(ledger).events("train", "drill_fired"))
             if fired and time.time() - fired[0]["ts"] > grace_s and not resumed_after(ledger, fired[0]["ts"]):
                 print(f"torchrun: no resume {grace_s:.0f} s after the fault; stopped", file=sys.stderr)
-                return {"resume_delay_s": None, "lost_steps": None, "ettr": None, "restart_detected_s": None,
-                        "resumed": False}
+                return {
+                    "resume_delay_s": None,
+                    "lost_steps": None,
+                    "ettr": None,
+                    "restart_detected_s": None,
+                    "resumed": False,
+                }
             time.sleep(1)
     finally:
         for agent in agents:  # with its workers, which torchrun starts in sessions of their own
@@ -124,8 +164,13 @@ def torchrun_run(root: Path, steps: int, at: int, every: int, background: bool, 
     first = next(e for e in after if e["event"] == "step" and e["ts"] > resumed["ts"])
     before = max(e["step"] for e in events if e["event"] == "step" and e["ts"] <= fault["ts"])
     figures = recovery_figures(Ledger(ledger))  # ETTR: the same definition on the same events
-    return {"resume_delay_s": round(first["ts"] - fault["ts"], 3), "lost_steps": before - resumed["step"],
-            "ettr": figures["ettr"], "restart_detected_s": round(resumed["ts"] - fault["ts"], 3), "resumed": True}
+    return {
+        "resume_delay_s": round(first["ts"] - fault["ts"], 3),
+        "lost_steps": before - resumed["step"],
+        "ettr": figures["ettr"],
+        "restart_detected_s": round(resumed["ts"] - fault["ts"], 3),
+        "resumed": True,
+    }
 
 
 def resumed_after(ledger: Path, ts: float) -> bool:
@@ -150,24 +195,42 @@ def main() -> None:
         print(f"trainyard: {json.dumps(ours)}\nhang: {json.dumps(hang)}", file=sys.stderr)  # kept if the baseline fails
         theirs = torchrun_run(Path(tmp) / "torchrun", args.steps, args.kill_at, *saves, args.torchrun_grace)
     print(f"one fault in {ours['wall_s']:.0f} s of training")
-    print(f"trainyard: detection {ours['detection_s']} s, resume delay {ours['resume_delay_s']} s,"
-          f" lost steps {ours['lost_steps']}, ETTR {ours['ettr']} (productive {ours['productive_s']} s)")
-    print(f"checkpoints every {args.checkpoint_every} steps, {'blocking' if args.sync else 'in the background'}:"
-          f" training waited {ours['save_blocked_s']} s per save")
+    print(
+        f"trainyard: detection {ours['detection_s']} s, resume delay {ours['resume_delay_s']} s,"
+        f" lost steps {ours['lost_steps']}, ETTR {ours['ettr']} (productive {ours['productive_s']} s)"
+    )
+    print(
+        f"checkpoints every {args.checkpoint_every} steps, {'blocking' if args.sync else 'in the background'}:"
+        f" training waited {ours['save_blocked_s']} s per save"
+    )
     print(f"hang: detected {hang['detection_s']} s after the fault (heartbeat timeout {args.heartbeat_timeout} s)")
-    print(f"torchrun --max-restarts=3: resume delay {theirs['resume_delay_s']} s, lost steps {theirs['lost_steps']},"
-          f" ETTR {theirs['ettr']}")
-    print(json.dumps({
-        "bench": "recovery", "detection_s": ours["detection_s"], "hang_detection_s": hang["detection_s"],
-        "resume_delay_s": ours["resume_delay_s"],
-        "resume_delay_ratio_vs_torchrun":
-            round(ours["resume_delay_s"] / theirs["resume_delay_s"], 3) if theirs["resumed"] else None,
-        "torchrun_resumed": theirs["resumed"],
-        "lost_steps": ours["lost_steps"], "ettr": ours["ettr"], "torchrun_resume_delay_s": theirs["resume_delay_s"],
-        "torchrun_ettr": theirs["ettr"], "steps": args.steps, "train_s_per_fault": ours["wall_s"],
-        "checkpoint_every": args.checkpoint_every, "checkpoint_async": not args.sync,
-        "save_blocked_s": ours["save_blocked_s"],
-    }))
+    print(
+        f"torchrun --max-restarts=3: resume delay {theirs['resume_delay_s']} s, lost steps {theirs['lost_steps']},"
+        f" ETTR {theirs['ettr']}"
+    )
+    print(
+        json.dumps(
+            {
+                "bench": "recovery",
+                "detection_s": ours["detection_s"],
+                "hang_detection_s": hang["detection_s"],
+                "resume_delay_s": ours["resume_delay_s"],
+                "resume_delay_ratio_vs_torchrun": round(ours["resume_delay_s"] / theirs["resume_delay_s"], 3)
+                if theirs["resumed"]
+                else None,
+                "torchrun_resumed": theirs["resumed"],
+                "lost_steps": ours["lost_steps"],
+                "ettr": ours["ettr"],
+                "torchrun_resume_delay_s": theirs["resume_delay_s"],
+                "torchrun_ettr": theirs["ettr"],
+                "steps": args.steps,
+                "train_s_per_fault": ours["wall_s"],
+                "checkpoint_every": args.checkpoint_every,
+                "checkpoint_async": not args.sync,
+                "save_blocked_s": ours["save_blocked_s"],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

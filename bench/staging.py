@@ -54,8 +54,11 @@ def s3_server() -> tuple[subprocess.Popen, int]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     for _ in range(100):
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
@@ -109,13 +112,17 @@ def main() -> None:
     print(f"local->local: cp -r {t_cp:.2f} s, stage {t_local:.2f} s ({mb / t_local:.0f} MB/s, verified)")
     print(f"S3->local:    sequential fget {t_seq:.2f} s, stage {t_s3:.2f} s ({mb / t_s3:.0f} MB/s)")
     print(f"re-stage unchanged: {t_restage * 1000:.0f} ms")
-    print(json.dumps({
-        "bench": "staging",
-        "ratio_vs_cp": round(t_cp / t_local, 3),
-        "speedup_vs_sequential_fget": round(t_seq / t_s3, 3),
-        "restage_fraction": round(t_restage / t_s3, 4),
-        "mb_per_s": round(mb / t_s3, 1),
-    }))
+    print(
+        json.dumps(
+            {
+                "bench": "staging",
+                "ratio_vs_cp": round(t_cp / t_local, 3),
+                "speedup_vs_sequential_fget": round(t_seq / t_s3, 3),
+                "restage_fraction": round(t_restage / t_s3, 4),
+                "mb_per_s": round(mb / t_s3, 1),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -73,13 +73,22 @@ def main() -> None:
         assert index.status_code == 200 and len(index.json()) == 2  # type: ignore[attr-defined]
         mb = ledger.stat().st_size / 2**20
     result = {
-        "bench": "view", "page_s": round(page, 3), "ledger_mb": round(mb, 2),
-        "revisit_s": round(revisit, 3), "parse_s": round(parse_s, 3), "ratio_vs_parse": round(page / parse_s, 2),
-        "small_page_s": round(small, 3), "index_s": round(index_s, 3), "steps": STEPS,
-        "events": len(events), "write_s": round(write_s, 1),  # type: ignore[arg-type]
+        "bench": "view",
+        "page_s": round(page, 3),
+        "ledger_mb": round(mb, 2),
+        "revisit_s": round(revisit, 3),
+        "parse_s": round(parse_s, 3),
+        "ratio_vs_parse": round(page / parse_s, 2),
+        "small_page_s": round(small, 3),
+        "index_s": round(index_s, 3),
+        "steps": STEPS,
+        "events": len(events),
+        "write_s": round(write_s, 1),  # type: ignore[arg-type]
     }
-    print(f"{STEPS} steps: {result['events']} events; page {page:.3f} s (revisit {revisit:.3f} s),"
-          f" json parse of the ledger {parse_s:.3f} s, small run page {small:.3f} s")
+    print(
+        f"{STEPS} steps: {result['events']} events; page {page:.3f} s (revisit {revisit:.3f} s),"
+        f" json parse of the ledger {parse_s:.3f} s, small run page {small:.3f} s"
+    )
     print(json.dumps(result))
 
 

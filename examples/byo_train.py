@@ -45,8 +45,9 @@ def train(ctx: runtime.RunContext) -> None:
         optimizer.step()
         runtime.heartbeat(step, {"loss": loss.item()})
         if ctx.should_checkpoint(step):
-            checkpoints.save(step, {"model": model.module.state_dict(), "optimizer": optimizer.state_dict()},
-                             {"loss": loss.item()})
+            checkpoints.save(
+                step, {"model": model.module.state_dict(), "optimizer": optimizer.state_dict()}, {"loss": loss.item()}
+            )
     checkpoints.close()
     runtime.finish(ctx.max_steps, {"loss": loss.item()})
 

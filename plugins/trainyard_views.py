@@ -9,6 +9,8 @@ fills ``{DAG_ID}`` and ``{RUN_ID}`` URL-encoded.
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 from airflow.plugins_manager import AirflowPlugin
 
 from trainyard.airflow.views import URL_PREFIX, app
@@ -18,10 +20,21 @@ _HREF = URL_PREFIX.lstrip("/")
 
 class TrainyardViewsPlugin(AirflowPlugin):
     name = "trainyard"
-    fastapi_apps = [{"app": app, "url_prefix": URL_PREFIX, "name": "trainyard training runs"}]
-    external_views = [
-        {"name": "Training runs", "href": f"{_HREF}/", "destination": "nav", "category": "browse",
-         "url_route": "trainyard"},
-        {"name": "Training run", "href": f"{_HREF}/runs/{{DAG_ID}}/{{RUN_ID}}", "destination": "dag_run",
-         "url_route": "trainyard-run"},
+    fastapi_apps: ClassVar[list[dict[str, Any]]] = [
+        {"app": app, "url_prefix": URL_PREFIX, "name": "trainyard training runs"}
+    ]
+    external_views: ClassVar[list[dict[str, Any]]] = [
+        {
+            "name": "Training runs",
+            "href": f"{_HREF}/",
+            "destination": "nav",
+            "category": "browse",
+            "url_route": "trainyard",
+        },
+        {
+            "name": "Training run",
+            "href": f"{_HREF}/runs/{{DAG_ID}}/{{RUN_ID}}",
+            "destination": "dag_run",
+            "url_route": "trainyard-run",
+        },
     ]

@@ -47,16 +47,27 @@ class MailSink:
 
         login = auth_data.login.decode() if isinstance(auth_data, LoginPassword) else str(auth_data)
         self.logins.append(login)
-        ok = isinstance(auth_data, LoginPassword) and auth_data.password.decode() == self.password and login == self.login
+        ok = (
+            isinstance(auth_data, LoginPassword)
+            and auth_data.password.decode() == self.password
+            and login == self.login
+        )
         return AuthResult(success=ok, handled=False)
 
     def connection(self, port: int | None = None, **extra) -> str:
         """An ``AIRFLOW_CONN_*`` value (JSON) for this server (or ``port``): plain SMTP, no TLS (a test server)."""
         import json
 
-        return json.dumps({"conn_type": "smtp", "host": "127.0.0.1", "port": port or self.port, "login": self.login,
-                           "password": self.password, "extra": {"disable_tls": True, "disable_ssl": True,
-                                                                "timeout": 10, "retry_limit": 0, **extra}})
+        return json.dumps(
+            {
+                "conn_type": "smtp",
+                "host": "127.0.0.1",
+                "port": port or self.port,
+                "login": self.login,
+                "password": self.password,
+                "extra": {"disable_tls": True, "disable_ssl": True, "timeout": 10, "retry_limit": 0, **extra},
+            }
+        )
 
     @staticmethod
     def text(mail: dict) -> str:
@@ -77,8 +88,14 @@ def smtp_server():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     sink = MailSink(port)
-    controller = Controller(sink, hostname="127.0.0.1", port=port, authenticator=sink.authenticate,
-                            auth_required=True, auth_require_tls=False)
+    controller = Controller(
+        sink,
+        hostname="127.0.0.1",
+        port=port,
+        authenticator=sink.authenticate,
+        auth_required=True,
+        auth_require_tls=False,
+    )
     controller.start()
     try:
         yield sink

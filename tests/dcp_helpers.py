@@ -24,6 +24,7 @@ def save_as_ranks(root: Path, step: int, ranks: int) -> Path:
     for rank in range(1, ranks):
         (path / f"__0_{rank}.distcp").rename(path / f"__{rank}_0.distcp")
     (path / ".metadata").write_bytes(pickle.dumps(md))
-    write_manifest(path, step=step, world_size=ranks, global_batch=8, micro_batch=2, metrics={"loss": 2.0},
-                   run_id=f"ranks-{ranks}")
+    write_manifest(
+        path, step=step, world_size=ranks, global_batch=8, micro_batch=2, metrics={"loss": 2.0}, run_id=f"ranks-{ranks}"
+    )
     return path

@@ -62,9 +62,12 @@ def fsync_dir(directory: Path) -> None:
 
 
 def _refused(path: Path, what: str) -> UnsafePath:
-    return UnsafePath(errno.ELOOP, f"{path} is {what}; trainyard reads and writes only its own regular files"
-                      " there, never through a link that training code could have planted. Remove it (and find"
-                      " out who made it), then retry")
+    return UnsafePath(
+        errno.ELOOP,
+        f"{path} is {what}; trainyard reads and writes only its own regular files"
+        " there, never through a link that training code could have planted. Remove it (and find"
+        " out who made it), then retry",
+    )
 
 
 def open_dir(folder: Path, create: bool = True) -> int:
@@ -82,8 +85,13 @@ def open_dir(folder: Path, create: bool = True) -> int:
 def _checked(fd: int, path: Path, single_link: bool) -> int:
     """``fd`` if it is a regular file (with one link if asked); closed and refused otherwise."""
     st = os.fstat(fd)
-    problem = ("not a regular file" if not stat.S_ISREG(st.st_mode)
-               else f"a hard link ({st.st_nlink} names share it)" if single_link and st.st_nlink != 1 else None)
+    problem = (
+        "not a regular file"
+        if not stat.S_ISREG(st.st_mode)
+        else f"a hard link ({st.st_nlink} names share it)"
+        if single_link and st.st_nlink != 1
+        else None
+    )
     if problem:
         os.close(fd)
         raise _refused(path, problem)

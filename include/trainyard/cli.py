@@ -42,8 +42,10 @@ def cmd_summary(args: argparse.Namespace) -> int:
         run_dir = Path(args.run_dir)
     else:
         runs = Path(render(args.runs_root, {})) / safe_name(args.dag_id)
-        candidates = sorted((p for p in runs.glob("*") if (p / "events.jsonl").exists()),
-                            key=lambda p: (p / "events.jsonl").stat().st_mtime)
+        candidates = sorted(
+            (p for p in runs.glob("*") if (p / "events.jsonl").exists()),
+            key=lambda p: (p / "events.jsonl").stat().st_mtime,
+        )
         if not candidates:
             print(f"no runs of {args.dag_id} under {runs}", file=sys.stderr)
             return 1
@@ -86,8 +88,10 @@ def cmd_drill(args: argparse.Namespace) -> int:
     drill = Drill(fault=args.fault, step=args.step, node=args.node, factor=args.factor)
     report = run_drill(args.spec, drill, args.date)
     action, end = report.expected
-    print(f"drill {report.fault} at step {args.step}{' on ' + args.node if args.node else ''}: "
-          f"actions {report.actions or ['none']}, run {report.end}")
+    print(
+        f"drill {report.fault} at step {args.step}{' on ' + args.node if args.node else ''}: "
+        f"actions {report.actions or ['none']}, run {report.end}"
+    )
     print(f"expected: {action or 'no recovery needed'}, run {end} -> {'OK' if report.ok else 'UNEXPECTED'}")
     figures = {k: v for k, v in report.figures.items() if k != "failures"}
     print("recovery figures: " + ", ".join(f"{k} {v}" for k, v in figures.items()))
@@ -105,8 +109,9 @@ def lineage_root(target: Path) -> Path:
         return target
     spec = load_spec(target)
     if TEMPLATE.search(spec.checkpoint.hot):
-        raise TrainyardError(f"{target}: checkpoint.hot ({spec.checkpoint.hot}) differs per run; pass the checkpoint"
-                             " folder itself")
+        raise TrainyardError(
+            f"{target}: checkpoint.hot ({spec.checkpoint.hot}) differs per run; pass the checkpoint folder itself"
+        )
     return Run(spec=spec, spec_path=target, dag_id=spec.dag_id(target), run_id="", ds="").checkpoint_root
 
 
@@ -123,8 +128,11 @@ def cmd_lineage_release(args: argparse.Namespace) -> int:
         return 0
     held = "a damaged claim" if claim is lease.UNREADABLE else claim.describe(now)
     if claim.expires > now and not args.force:
-        print(f"{root}: held by {held}; its lease is live (the run is renewing it). If that run is dead,"
-              " mark it failed in Airflow or pass --force", file=sys.stderr)
+        print(
+            f"{root}: held by {held}; its lease is live (the run is renewing it). If that run is dead,"
+            " mark it failed in Airflow or pass --force",
+            file=sys.stderr,
+        )
         return 1
     if not lease.force_release(root, claim):
         print(f"{root}: the claim changed while we looked; run the command again", file=sys.stderr)
@@ -153,7 +161,9 @@ def parser() -> argparse.ArgumentParser:
     verify.set_defaults(func=cmd_ckpt_verify)
     drill = sub.add_parser("drill", help="act out a fault in a real run and check the recovery")
     drill.add_argument("spec", type=Path)
-    drill.add_argument("--fault", required=True, choices=["kill", "hang", "slow", "corrupt_checkpoint", "nan", "oom", "exception"])
+    drill.add_argument(
+        "--fault", required=True, choices=["kill", "hang", "slow", "corrupt_checkpoint", "nan", "oom", "exception"]
+    )
     drill.add_argument("--step", type=int, required=True)
     drill.add_argument("--node", help="the node that acts it out (default: every node / node-0)")
     drill.add_argument("--factor", type=float, default=1.0, help="slow: extra time per step, x the step time")
@@ -165,8 +175,9 @@ def parser() -> argparse.ArgumentParser:
     summary.add_argument("--runs-root", default="${TRAINYARD_HOME}/runs")
     summary.add_argument("--latest", action="store_true", help="the most recent run of --dag-id (the default)")
     summary.set_defaults(func=cmd_summary)
-    lineage = sub.add_parser("lineage", help="a pipeline's checkpoint lineage").add_subparsers(dest="lineage_command",
-                                                                                          required=True)
+    lineage = sub.add_parser("lineage", help="a pipeline's checkpoint lineage").add_subparsers(
+        dest="lineage_command", required=True
+    )
     release = lineage.add_parser("release", help="free the lineage a dead run still holds (prints who held it)")
     release.add_argument("target", type=Path, help="the pipeline's spec file, or its checkpoint folder")
     release.add_argument("--force", action="store_true", help="free it even though its holder renewed it recently")

@@ -55,17 +55,29 @@ def run_drill(spec_path: Path, drill: Drill, ds: str | None = None, run_id: str 
     # A rehearsal never touches the pipeline's checkpoints: fresh start, its own roots.
     scratch = Path(render("${TRAINYARD_HOME}", {})) / "drills" / f"{drill.fault}-{time.time_ns()}"
     data = load_spec(spec_path).model_dump(mode="json", exclude_unset=True)
-    data.update(drills=[drill.model_dump()], runs_root=f"file://{scratch}/runs",
-                training={**data["training"], "resume_from": "none"},
-                checkpoint={**data.get("checkpoint", {}), "hot": f"file://{scratch}/checkpoints",
-                            "cold": f"file://{scratch}/cold", "connection": None, "lifecycle": None})
+    data.update(
+        drills=[drill.model_dump()],
+        runs_root=f"file://{scratch}/runs",
+        training={**data["training"], "resume_from": "none"},
+        checkpoint={
+            **data.get("checkpoint", {}),
+            "hot": f"file://{scratch}/checkpoints",
+            "cold": f"file://{scratch}/cold",
+            "connection": None,
+            "lifecycle": None,
+        },
+    )
     spec = spec_from_data(data, spec_path)
     # The drilled spec lives outside the DAG folder, so no DAG is ever built from it.
     path = Path(tempfile.mkdtemp(prefix="trainyard-drill-")) / spec_path.name
     path.write_text(_yaml(spec.model_dump(mode="json", exclude_unset=True)))
     try:
-        run = open_run(path, spec.dag_id(spec_path), run_id or f"drill__{drill.fault}__{time.time_ns()}",
-                       ds or time.strftime("%Y-%m-%d"))
+        run = open_run(
+            path,
+            spec.dag_id(spec_path),
+            run_id or f"drill__{drill.fault}__{time.time_ns()}",
+            ds or time.strftime("%Y-%m-%d"),
+        )
         stages.stage_dataset(run)
         stages.check_dataset(run)
         chosen = stages.burn_in(run)

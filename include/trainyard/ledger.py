@@ -112,17 +112,23 @@ class Ledger:
         try:
             written = os.write(fd, data)
         except OSError as exc:
-            raise LedgerWriteError(exc.errno, f"ledger {self.path}: event {what} not recorded ({exc.strerror});"
-                                   " free space on that file system, then retry the task") from None
+            raise LedgerWriteError(
+                exc.errno,
+                f"ledger {self.path}: event {what} not recorded ({exc.strerror});"
+                " free space on that file system, then retry the task",
+            ) from None
         if written == len(data):
             return
         try:
             os.write(fd, b"\n")  # close the torn line now; if this fails too, the next append does
         except OSError:
             pass
-        raise LedgerWriteError(errno.ENOSPC, f"ledger {self.path}: the file system took only {written} of"
-                               f" {len(data)} bytes of event {what}, so it is not recorded (the partial line is"
-                               " skipped by readers); free space on that file system, then retry the task")
+        raise LedgerWriteError(
+            errno.ENOSPC,
+            f"ledger {self.path}: the file system took only {written} of"
+            f" {len(data)} bytes of event {what}, so it is not recorded (the partial line is"
+            " skipped by readers); free space on that file system, then retry the task",
+        )
 
     def events(self, stage: str | None = None, event: str | None = None) -> Iterator[dict[str, Any]]:
         """Events in write order, optionally filtered (copies: the parsed events are shared)."""
@@ -144,8 +150,13 @@ def _torn(path: Path, offset: int, tail: bytes, warned: set[int]) -> None:
     """Warn once about an unterminated last line (keyed by where it starts, unlike line numbers)."""
     if tail and -offset - 1 not in warned:
         warned.add(-offset - 1)
-        log.warning("%s ends in a line without a newline at byte %d (a torn append, or one still being"
-                    " written); skipped until it ends (%s)", path, offset, tail[:80].decode(errors="replace"))
+        log.warning(
+            "%s ends in a line without a newline at byte %d (a torn append, or one still being"
+            " written); skipped until it ends (%s)",
+            path,
+            offset,
+            tail[:80].decode(errors="replace"),
+        )
 
 
 def _parse(raw: bytes, path: Path, number: int, warned: set[int]) -> dict[str, Any] | None:
@@ -202,7 +213,7 @@ class _Tail:
             end = data.rfind(b"\n") + 1  # a torn last line: its writer may be mid-write
             _torn(self.path, self.offset + end, data[end:], self.warned)
             if not self.head:
-                self.head = data[:min(_HEAD, end)]
+                self.head = data[: min(_HEAD, end)]
             for raw in data[:end].split(b"\n")[:-1]:
                 self.lines += 1
                 if (record := _parse(raw, self.path, self.lines, self.warned)) is not None:

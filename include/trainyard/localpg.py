@@ -58,8 +58,10 @@ def binaries() -> Path:
     for folder in [*candidates, *versions]:
         if (folder / "initdb").is_file() and (folder / "pg_ctl").is_file():
             return folder
-    raise PostgresUnavailable("PostgreSQL's initdb and pg_ctl are not installed: on Debian, "
-                              "`apt-get install postgresql` (as root; `make postgres` does it)")
+    raise PostgresUnavailable(
+        "PostgreSQL's initdb and pg_ctl are not installed: on Debian, "
+        "`apt-get install postgresql` (as root; `make postgres` does it)"
+    )
 
 
 def _major(name: str) -> int:
@@ -76,8 +78,10 @@ def server_user() -> str | None:
             return name
         except KeyError:
             continue
-    raise PostgresUnavailable("running as root, and neither a `postgres` nor a `nobody` user exists "
-                              "to run PostgreSQL as (it refuses root): create one with `useradd postgres`")
+    raise PostgresUnavailable(
+        "running as root, and neither a `postgres` nor a `nobody` user exists "
+        "to run PostgreSQL as (it refuses root): create one with `useradd postgres`"
+    )
 
 
 def _as_server_user(argv: list[str]) -> list[str]:
@@ -91,7 +95,9 @@ def _run(argv: list[str], what: str, timeout_s: float = 120) -> subprocess.Compl
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise PostgresUnavailable(f"{what}: {exc}") from exc
     if done.returncode != 0:
-        raise PostgresUnavailable(f"{what} failed (exit {done.returncode}): {(done.stderr or done.stdout).strip()[-1500:]}")
+        raise PostgresUnavailable(
+            f"{what} failed (exit {done.returncode}): {(done.stderr or done.stdout).strip()[-1500:]}"
+        )
     return done
 
 
@@ -123,14 +129,27 @@ def init(folder: Path, *, fast: bool = False) -> None:
         try:
             _run(["test", "-w", str(folder)], "checking the folder")
         except PostgresUnavailable as exc:
-            raise PostgresUnavailable(f"user {server_user()!r} cannot write {folder} (a folder above it is closed "
-                                      f"to it): use a folder it can reach (a new one right under /tmp), or chmod o+x the folders above") from exc
+            raise PostgresUnavailable(
+                f"user {server_user()!r} cannot write {folder} (a folder above it is closed "
+                f"to it): use a folder it can reach (a new one right under /tmp), or chmod o+x the folders above"
+            ) from exc
     # initdb into a temporary name, renamed when complete: a half-made cluster never looks made.
     partial = folder / "data.partial"
     if partial.exists():
         shutil.rmtree(partial)
-    argv = [str(bins / "initdb"), "-D", str(partial), "-U", SUPERUSER, "--auth-local=trust",
-            "--auth-host=scram-sha-256", "-E", "UTF8", "--locale=C", "--no-instructions"]
+    argv = [
+        str(bins / "initdb"),
+        "-D",
+        str(partial),
+        "-U",
+        SUPERUSER,
+        "--auth-local=trust",
+        "--auth-host=scram-sha-256",
+        "-E",
+        "UTF8",
+        "--locale=C",
+        "--no-instructions",
+    ]
     _run(argv + (["--no-sync"] if fast else []), f"initdb of {data}")
     partial.rename(data)
 
@@ -140,8 +159,12 @@ def running_port(folder: Path) -> int | None:
     data = folder.resolve() / "data"
     if not (data / "PG_VERSION").exists():
         return None
-    status = subprocess.run(_as_server_user([str(binaries() / "pg_ctl"), "status", "-D", str(data)]),
-                            capture_output=True, text=True, timeout=30)
+    status = subprocess.run(
+        _as_server_user([str(binaries() / "pg_ctl"), "status", "-D", str(data)]),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     if status.returncode != 0:
         return None
     # postmaster.pid: pid, data folder, start time, port, ... (one per line)
@@ -169,8 +192,20 @@ def start(folder: Path, *, fast: bool = False) -> int:
         settings = ["listen_addresses=127.0.0.1", *(FAST_SETTINGS if fast else ())]
         # pg_ctl hands -o to a shell: quote the one path in it.
         options = " ".join([f"-p {port}", "-k", shlex.quote(str(folder / "run")), *(f"-c {s}" for s in settings)])
-        argv = [str(binaries() / "pg_ctl"), "start", "-D", str(folder / "data"), "-l", str(log), "-w",
-                "-t", str(START_TIMEOUT_S), "-s", "-o", options]
+        argv = [
+            str(binaries() / "pg_ctl"),
+            "start",
+            "-D",
+            str(folder / "data"),
+            "-l",
+            str(log),
+            "-w",
+            "-t",
+            str(START_TIMEOUT_S),
+            "-s",
+            "-o",
+            options,
+        ]
         before = log.stat().st_size if log.exists() else 0
         try:
             _run(argv, f"starting PostgreSQL in {folder}", timeout_s=START_TIMEOUT_S + 30)
@@ -192,8 +227,9 @@ def create_database(folder: Path, name: str = ROLE) -> str:
     folder = folder.resolve()
     port = running_port(folder)
     if port is None:
-        raise PostgresUnavailable(f"no PostgreSQL is running in {folder}: start it first "
-                                  f"(python -m trainyard.localpg start {folder})")
+        raise PostgresUnavailable(
+            f"no PostgreSQL is running in {folder}: start it first (python -m trainyard.localpg start {folder})"
+        )
     try:
         import psycopg2
         from psycopg2 import sql
@@ -209,8 +245,11 @@ def create_database(folder: Path, name: str = ROLE) -> str:
                 cur.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD %s").format(sql.Identifier(ROLE)), (password,))
             cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
             if not cur.fetchone():
-                cur.execute(sql.SQL("CREATE DATABASE {} OWNER {} ENCODING 'UTF8'").format(
-                    sql.Identifier(name), sql.Identifier(ROLE)))
+                cur.execute(
+                    sql.SQL("CREATE DATABASE {} OWNER {} ENCODING 'UTF8'").format(
+                        sql.Identifier(name), sql.Identifier(ROLE)
+                    )
+                )
     finally:
         conn.close()
     return url(folder, name, port)
@@ -231,8 +270,22 @@ def stop(folder: Path) -> bool:
     folder = folder.resolve()
     if running_port(folder) is None:
         return False
-    _run([str(binaries() / "pg_ctl"), "stop", "-D", str(folder / "data"), "-m", "fast", "-w", "-s",
-          "-t", str(START_TIMEOUT_S)], f"stopping PostgreSQL in {folder}", timeout_s=START_TIMEOUT_S + 30)
+    _run(
+        [
+            str(binaries() / "pg_ctl"),
+            "stop",
+            "-D",
+            str(folder / "data"),
+            "-m",
+            "fast",
+            "-w",
+            "-s",
+            "-t",
+            str(START_TIMEOUT_S),
+        ],
+        f"stopping PostgreSQL in {folder}",
+        timeout_s=START_TIMEOUT_S + 30,
+    )
     return True
 
 

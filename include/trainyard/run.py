@@ -118,12 +118,26 @@ def open_run(
     # The event goes first and the snapshot last: a task killed in between leaves no snapshot, and the
     # next open finds the event and writes only the snapshot (the ledger is read just this once).
     if next(run.ledger.events(RUN_STAGE, "params"), None) is None:
-        run.ledger.append(RUN_STAGE, "params", params=dict(params or {}),
-                          overrides=param_overrides(file_spec, spec), spec_file=str(spec_path), snapshot=SNAPSHOT, ds=ds)
-    write_json_atomic(snapshot, {
-        "spec_file": str(spec_path), "params": dict(params or {}), "spec": spec.model_dump(mode="json"),
-        "dag_id": dag_id, "run_id": run_id, "ds": ds,
-    })
+        run.ledger.append(
+            RUN_STAGE,
+            "params",
+            params=dict(params or {}),
+            overrides=param_overrides(file_spec, spec),
+            spec_file=str(spec_path),
+            snapshot=SNAPSHOT,
+            ds=ds,
+        )
+    write_json_atomic(
+        snapshot,
+        {
+            "spec_file": str(spec_path),
+            "params": dict(params or {}),
+            "spec": spec.model_dump(mode="json"),
+            "dag_id": dag_id,
+            "run_id": run_id,
+            "ds": ds,
+        },
+    )
     return run
 
 
@@ -136,8 +150,12 @@ def load_run(snapshot: str | Path, connections: Callable[[str], S3Settings] | No
         spec = spec_from_data(pinned["spec"], spec_file)
         ids = pinned["dag_id"], pinned["run_id"], pinned["ds"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise SpecError([f"{snapshot}: cannot read the run's pinned spec ({type(exc).__name__}: {exc});"
-                         " clear the run's first task (pin_spec) to pin it again"]) from None
+        raise SpecError(
+            [
+                f"{snapshot}: cannot read the run's pinned spec ({type(exc).__name__}: {exc});"
+                " clear the run's first task (pin_spec) to pin it again"
+            ]
+        ) from None
     return Run(spec=spec, spec_path=spec_file, dag_id=ids[0], run_id=ids[1], ds=ids[2], connections=connections)
 
 

@@ -22,7 +22,13 @@ from trainyard.burnin.verdict import Rule, decide, format_table
 from trainyard.checkpoint import cold as cold_copies
 from trainyard.checkpoint import lease, registry
 from trainyard.checkpoint.format import (
-    latest_valid, list_checkpoints, read_manifest, step_dir, step_of, supersede, verify,
+    latest_valid,
+    list_checkpoints,
+    read_manifest,
+    step_dir,
+    step_of,
+    supersede,
+    verify,
 )
 from trainyard.checkpoint.resume import check_resume
 from trainyard.checkpoint.validate import Validation, inspector, validate
@@ -30,23 +36,31 @@ from trainyard.errors import CheckpointInvalid, LineageBusy, NodeUnhealthy, Spec
 from trainyard.launch.base import AttemptStatus, Launcher, LaunchPlan
 from trainyard.launch.kubernetes import status_from_dicts
 from trainyard.launch.local import LocalLauncher
+from trainyard.ledger import safe_name
 from trainyard.quality.dataset import check_dataset as _check_dataset
 from trainyard.quality.metrics import check_metrics
 from trainyard.recovery.figures import recovery_figures
 from trainyard.recovery.policy import Situation
 from trainyard.recovery.progress import ProgressLog, tokens_per_step
 from trainyard.recovery.supervisor import (
-    AttemptResult, Course, attempt_failed, attempt_succeeded, detect, pause, recover, start_attempt, supervise,
+    AttemptResult,
+    Course,
+    attempt_failed,
+    attempt_succeeded,
+    detect,
+    pause,
+    recover,
+    start_attempt,
+    supervise,
 )
-from trainyard.train.drills import ENV as DRILLS_ENV
-from trainyard.train.progress import loss_points
 from trainyard.report.summary import write_report
-from trainyard.ledger import safe_name
 from trainyard.run import Run
 from trainyard.spec import PROBES, Lifecycle, dataset_name_problems
 from trainyard.storage import S3Tier, Tier
 from trainyard.storage.hot import HotRoom, unpin
 from trainyard.storage.staging import stage
+from trainyard.train.drills import ENV as DRILLS_ENV
+from trainyard.train.progress import loss_points
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +88,9 @@ def recorded(name: str) -> Callable[[Callable[..., dict[str, Any]]], Callable[..
 
 
 def _stage_failed(run: Run, name: str, exc: Exception, seconds: float) -> None:
-    run.ledger.append(name, "stage_failed", error=type(exc).__name__, message=str(exc)[:2000], seconds=round(seconds, 3))
+    run.ledger.append(
+        name, "stage_failed", error=type(exc).__name__, message=str(exc)[:2000], seconds=round(seconds, 3)
+    )
 
 
 @recorded("stage_dataset")
@@ -122,8 +138,16 @@ def burn_in(run: Run, cluster: Any | None = None) -> dict[str, Any]:
         return {"healthy": candidates(run)[: nodes.count], "skipped": True}
     if nodes.backend == "kubernetes":
         core, names = _cluster_candidates(run, cluster)
-        probed = run_burn_in_k8s(core, names, cfg, nodes.kubernetes, run.dir.name, str(run.hot_root / ".burnin"),
-                                 drills_from(cfg), nodes.kubernetes.store_host or socket.gethostbyname(socket.gethostname()))
+        probed = run_burn_in_k8s(
+            core,
+            names,
+            cfg,
+            nodes.kubernetes,
+            run.dir.name,
+            str(run.hot_root / ".burnin"),
+            drills_from(cfg),
+            nodes.kubernetes.store_host or socket.gethostbyname(socket.gethostname()),
+        )
     else:
         names = candidates(run)
         probed = run_burn_in(names, cfg, run.hot_root, run.dir / "burn-in", drills_from(cfg))
@@ -133,10 +157,18 @@ def burn_in(run: Run, cluster: Any | None = None) -> dict[str, Any]:
     table = format_table(verdict, rules)
     log.info("pressure test verdict (%.1f s):\n%s", probed.seconds, table)
     for node, f in figures.items():
-        run.ledger.append("burn_in", "node_verdict", node=node, figures=f, collective=probed.collective.get(node),
-                          verdict="train" if node in verdict.healthy else "spare" if node in verdict.spare else "evicted",
-                          reason=verdict.evicted.get(node, ""))
-    run.ledger.append("burn_in", "thresholds", medians=verdict.medians, thresholds=verdict.thresholds, seconds=probed.seconds)
+        run.ledger.append(
+            "burn_in",
+            "node_verdict",
+            node=node,
+            figures=f,
+            collective=probed.collective.get(node),
+            verdict="train" if node in verdict.healthy else "spare" if node in verdict.spare else "evicted",
+            reason=verdict.evicted.get(node, ""),
+        )
+    run.ledger.append(
+        "burn_in", "thresholds", medians=verdict.medians, thresholds=verdict.thresholds, seconds=probed.seconds
+    )
     if nodes.backend == "kubernetes" and verdict.evicted:
         marked = label_evicted(core, list(verdict.evicted), nodes.kubernetes.evicted_label, nodes.kubernetes.evict_with)
         run.ledger.append("burn_in", "nodes_marked", nodes=marked, label=nodes.kubernetes.evicted_label)
@@ -154,15 +186,21 @@ def _cluster_candidates(run: Run, cluster: Any | None) -> tuple[Any, list[str]]:
     want = run.spec.nodes.count + run.spec.nodes.spare
     names = candidate_nodes(core, run.spec.nodes.kubernetes, want)
     if len(names) < run.spec.nodes.min:
-        raise NodeUnhealthy(f"the cluster has {len(names)} usable node(s) (node_selector, not evicted); nodes.min is"
-                            f" {run.spec.nodes.min}")
+        raise NodeUnhealthy(
+            f"the cluster has {len(names)} usable node(s) (node_selector, not evicted); nodes.min is"
+            f" {run.spec.nodes.min}"
+        )
     return core, names
 
 
 def _require_local(run: Run) -> None:
     if run.spec.nodes.backend != "local":
-        raise SpecError([f"{run.spec_path}: nodes.backend: kubernetes needs a launcher from the Airflow layer"
-                         " (the train task builds one from nodes.kubernetes.connection)"])
+        raise SpecError(
+            [
+                f"{run.spec_path}: nodes.backend: kubernetes needs a launcher from the Airflow layer"
+                " (the train task builds one from nodes.kubernetes.connection)"
+            ]
+        )
 
 
 def _cli_args(args: dict[str, Any]) -> list[str]:
@@ -246,15 +284,25 @@ def _to_cold(run: Run) -> Callable[[Path], None] | None:
         if (step_of(ckpt) or 0) % every == 0:
             cold = run.tier(run.cold_checkpoint_uri, run.spec.checkpoint.connection)
             copy = cold_copies.upload_copy(ckpt, cold)  # a prefix of its own; only publish moves the pointer
-            run.ledger.append("train", "checkpoint_tiered", path=str(ckpt), uri=f"{run.cold_checkpoint_uri}/{copy.name}",
-                              bytes=copy.bytes)
+            run.ledger.append(
+                "train",
+                "checkpoint_tiered",
+                path=str(ckpt),
+                uri=f"{run.cold_checkpoint_uri}/{copy.name}",
+                bytes=copy.bytes,
+            )
 
     return upload
 
 
 @recorded("train")
-def train(run: Run, nodes: list[str], launcher: Launcher | None = None, spares: list[str] | None = None,
-          run_state: lease.RunState | None = None) -> dict[str, Any]:
+def train(
+    run: Run,
+    nodes: list[str],
+    launcher: Launcher | None = None,
+    spares: list[str] | None = None,
+    run_state: lease.RunState | None = None,
+) -> dict[str, Any]:
     """Train on ``nodes`` with torchrun, recovering from failures until done or the policy says stop.
 
     ``launcher`` is the backend (default: local processes); the caller keeps it
@@ -274,9 +322,17 @@ def train(run: Run, nodes: list[str], launcher: Launcher | None = None, spares: 
     course, first = _course(run, nodes, resume_from)
     with _watcher(run):
         result = supervise(
-            launcher, lambda attempt, c: _plan(run, attempt, c, target), course, _spares_left(run, spares),
-            lambda c, free: _situation(run, c, free), run.spec.recovery, run.ledger, training.heartbeat_timeout_s,
-            lambda step: _rollback(run, step), first_attempt=first, progress_for=lambda plan: _progress(run, plan, target),
+            launcher,
+            lambda attempt, c: _plan(run, attempt, c, target),
+            course,
+            _spares_left(run, spares),
+            lambda c, free: _situation(run, c, free),
+            run.spec.recovery,
+            run.ledger,
+            training.heartbeat_timeout_s,
+            lambda step: _rollback(run, step),
+            first_attempt=first,
+            progress_for=lambda plan: _progress(run, plan, target),
             keep_alive=held.keep,
         )
     return _trained(run, nodes, start, target, result)
@@ -285,9 +341,16 @@ def train(run: Run, nodes: list[str], launcher: Launcher | None = None, spares: 
 def _progress(run: Run, plan: LaunchPlan, target: int, every_s: float | None = None) -> ProgressLog:
     """The progress lines of one attempt in the task's log, every ``training.progress_every_s`` (or ``every_s``)."""
     training = run.spec.training
-    return ProgressLog(training.progress_every_s if every_s is None else every_s, time.time(), attempt=plan.attempt, world_size=plan.world_size,
-                       target=target, tokens_per_step=tokens_per_step(training.global_batch, training.args),
-                       heartbeat_dir=Path(plan.env["TRAINYARD_HEARTBEAT_DIR"]), checkpoint_root=run.checkpoint_root)
+    return ProgressLog(
+        training.progress_every_s if every_s is None else every_s,
+        time.time(),
+        attempt=plan.attempt,
+        world_size=plan.world_size,
+        target=target,
+        tokens_per_step=tokens_per_step(training.global_batch, training.args),
+        heartbeat_dir=Path(plan.env["TRAINYARD_HEARTBEAT_DIR"]),
+        checkpoint_root=run.checkpoint_root,
+    )
 
 
 def _watcher(run: Run) -> registry.Watcher:
@@ -306,8 +369,14 @@ def _trained(run: Run, nodes: list[str], start: int, target: int, result: Attemp
     final = registry.latest(run.checkpoint_root)
     figures = recovery_figures(run.ledger)
     run.ledger.append("train", "recovery_figures", **{k: v for k, v in figures.items() if k != "failures"})
-    return {"nodes": list(nodes), "start_step": start, "target_step": target, "last_step": result.last_step,
-            "checkpoint": str(final) if final else None, "attempts": result.attempt}
+    return {
+        "nodes": list(nodes),
+        "start_step": start,
+        "target_step": target,
+        "last_step": result.last_step,
+        "checkpoint": str(final) if final else None,
+        "attempts": result.attempt,
+    }
 
 
 # The deferred train task: the same attempts, decisions and ledger as ``train``, cut at each wait so
@@ -317,8 +386,9 @@ def _trained(run: Run, nodes: list[str], start: int, target: int, result: Attemp
 # so everything it needs is in the ledger or the watch.
 
 
-def start_training(run: Run, nodes: list[str], launcher: Any, spares: list[str] | None = None,
-                   run_state: lease.RunState | None = None) -> dict[str, Any]:
+def start_training(
+    run: Run, nodes: list[str], launcher: Any, spares: list[str] | None = None, run_state: lease.RunState | None = None
+) -> dict[str, Any]:
     """Launch the run's next attempt, or re-attach to one an earlier task process left running; the watch."""
     run.ledger.append("train", "stage_start")
     try:
@@ -336,8 +406,14 @@ def start_training(run: Run, nodes: list[str], launcher: Any, spares: list[str] 
         raise
 
 
-def continue_training(run: Run, nodes: list[str], launcher: Any, spares: list[str] | None,
-                      event: dict[str, Any], run_state: lease.RunState | None = None) -> dict[str, Any]:
+def continue_training(
+    run: Run,
+    nodes: list[str],
+    launcher: Any,
+    spares: list[str] | None,
+    event: dict[str, Any],
+    run_state: lease.RunState | None = None,
+) -> dict[str, Any]:
     """Act on the trigger's ``event`` for the current attempt: ``{"watch": ...}`` to wait again, or ``{"result": ...}``.
 
     The current attempt is the ledger's last one (not a value the deferral
@@ -352,8 +428,9 @@ def continue_training(run: Run, nodes: list[str], launcher: Any, spares: list[st
         _, start = resume_point(run, held)
         target = start + run.spec.training.max_steps
         course, plan, handle, watch = _current(run, launcher, target)
-        run.ledger.append("train", "attempt_event", attempt=plan.attempt, status=event["status"],
-                          message=event.get("message", ""))
+        run.ledger.append(
+            "train", "attempt_event", attempt=plan.attempt, status=event["status"], message=event.get("message", "")
+        )
         # Look first, then judge the checkpoints: an attempt seen finished has its last one on disk.
         status = launcher.poll(handle) if event["status"] not in ("succeeded", "error") else None
         _watcher(run).carry_on(start).sweep()
@@ -374,9 +451,16 @@ def continue_training(run: Run, nodes: list[str], launcher: Any, spares: list[st
             run.ledger.append("train", "stage_end", seconds=_train_seconds(run), result=trained)
             return {"result": trained}
         failed = attempt_failed(plan, problem[0], run.ledger, beats, *problem[1])
-        course, delay = recover(launcher, failed, course, _spares_left(run, spares),
-                                lambda c, free: _situation(run, c, free), run.spec.recovery, run.ledger,
-                                lambda step: _rollback(run, step))
+        course, delay = recover(
+            launcher,
+            failed,
+            course,
+            _spares_left(run, spares),
+            lambda c, free: _situation(run, c, free),
+            run.spec.recovery,
+            run.ledger,
+            lambda step: _rollback(run, step),
+        )
         pause(delay, held.keep)
         return {"watch": _launch(run, launcher, plan.attempt + 1, course, target)}
     except Exception as exc:
@@ -396,8 +480,9 @@ def _hold_or_end(run: Run, launcher: Any, run_state: lease.RunState | None) -> l
         raise
 
 
-def _problem(run: Run, status: AttemptStatus, plan: LaunchPlan, watch: dict[str, Any],
-             event: dict[str, Any]) -> tuple[AttemptStatus, tuple[str, list[str], str]] | str | None:
+def _problem(
+    run: Run, status: AttemptStatus, plan: LaunchPlan, watch: dict[str, Any], event: dict[str, Any]
+) -> tuple[AttemptStatus, tuple[str, list[str], str]] | str | None:
     """What a non-success event means, judged on a fresh look (``status``, with the pods' logs as evidence):
     the status and ``(trigger, suspects, reason)`` of a failure, ``None`` if it succeeded, or ``"running"``."""
     if event["status"] == "hang":
@@ -426,9 +511,16 @@ def _current(run: Run, launcher: Any, target: int) -> tuple[Course, LaunchPlan, 
     course = _attempt_course(last)
     plan = _plan(run, last["attempt"], course, target)
     handle = launcher.attach(plan)
-    watch = {"attempt": plan.attempt, "started": last["ts"], "namespace": handle.namespace, "job_name": handle.name,
-             "nodes": list(plan.nodes), "world_size": plan.world_size,
-             "heartbeat_dir": plan.env["TRAINYARD_HEARTBEAT_DIR"], "target_step": target}
+    watch = {
+        "attempt": plan.attempt,
+        "started": last["ts"],
+        "namespace": handle.namespace,
+        "job_name": handle.name,
+        "nodes": list(plan.nodes),
+        "world_size": plan.world_size,
+        "heartbeat_dir": plan.env["TRAINYARD_HEARTBEAT_DIR"],
+        "target_step": target,
+    }
     return course, plan, handle, watch
 
 
@@ -455,9 +547,14 @@ def _course(run: Run, nodes: list[str], resume_from: str) -> tuple[Course, int]:
     if not starts:
         return Course(list(nodes), run.spec.training.micro_batch, resume_from), 1
     last = starts[-1]
-    decision = next((e for e in reversed(list(run.ledger.events("train", "decision"))) if e["attempt"] == last["attempt"]), {})
-    course = Course(decision.get("new_nodes", last["nodes"]),
-                    int(decision.get("micro_batch") or last["micro_batch"] or run.spec.training.micro_batch), "latest")
+    decision = next(
+        (e for e in reversed(list(run.ledger.events("train", "decision"))) if e["attempt"] == last["attempt"]), {}
+    )
+    course = Course(
+        decision.get("new_nodes", last["nodes"]),
+        int(decision.get("micro_batch") or last["micro_batch"] or run.spec.training.micro_batch),
+        "latest",
+    )
     return course, last["attempt"] + 1
 
 
@@ -466,8 +563,13 @@ def _plan(run: Run, attempt: int, course: Course, target: int) -> LaunchPlan:
     attempt_dir = run.dir / f"attempt-{attempt}"
     drills = [d.model_dump() for d in run.spec.drills if d.attempt == attempt]
     return LaunchPlan(
-        run_id=run.dir.name, attempt=attempt, nodes=list(course.nodes), procs_per_node=run.spec.nodes.procs_per_node,
-        entrypoint=training.entrypoint, args=_cli_args(training.args), log_dir=attempt_dir,
+        run_id=run.dir.name,
+        attempt=attempt,
+        nodes=list(course.nodes),
+        procs_per_node=run.spec.nodes.procs_per_node,
+        entrypoint=training.entrypoint,
+        args=_cli_args(training.args),
+        log_dir=attempt_dir,
         pass_env=tuple(training.pass_env),
         env={
             "TRAINYARD_DATA_DIR": str(run.hot_dataset_dir),
@@ -493,8 +595,11 @@ def _situation(run: Run, course: Course, spares: list[str]) -> Situation:
     latest = registry.latest(run.checkpoint_root)
     started = course.resume_from if course.resume_from not in ("latest", "none") else str(latest) if latest else None
     return Situation(
-        nodes=list(course.nodes), spares=list(spares), min_nodes=run.spec.nodes.min,
-        procs_per_node=run.spec.nodes.procs_per_node, global_batch=run.spec.training.global_batch,
+        nodes=list(course.nodes),
+        spares=list(spares),
+        min_nodes=run.spec.nodes.min,
+        procs_per_node=run.spec.nodes.procs_per_node,
+        global_batch=run.spec.training.global_batch,
         micro_batch=course.micro_batch,
         valid_steps=[step_of(c) or 0 for c in list_checkpoints(run.checkpoint_root) if not verify(c)],
         resumed_from=step_of(Path(started)) if started else None,
@@ -526,11 +631,21 @@ def check_checkpoint(run: Run, checkpoint: str | None, target_step: int) -> dict
         problems.append(f"step {result.step} is not the run's final step {target_step}")
     if result.step is not None:
         problems += [p for p in check_metrics(history, result.step, expect, run.dir) if p not in problems]
-    run.ledger.append("check_checkpoint", "checkpoint_checked", path=checkpoint, valid=not problems, problems=problems,
-                      seconds=result.seconds)
+    run.ledger.append(
+        "check_checkpoint",
+        "checkpoint_checked",
+        path=checkpoint,
+        valid=not problems,
+        problems=problems,
+        seconds=result.seconds,
+    )
     if problems:
         raise CheckpointInvalid(f"{checkpoint}: " + "; ".join(problems))
-    return {"checkpoint": checkpoint, "step": result.step, "metrics": read_manifest(Path(checkpoint)).get("metrics", {})}
+    return {
+        "checkpoint": checkpoint,
+        "step": result.step,
+        "metrics": read_manifest(Path(checkpoint)).get("metrics", {}),
+    }
 
 
 @recorded("publish")

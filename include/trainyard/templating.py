@@ -57,7 +57,7 @@ def render(text: str, run: Mapping[str, str], environ: Mapping[str, str] | None 
 
     def env_value(match: re.Match[str]) -> str:
         name = match.group(1)
-        if name in env and env[name]:
+        if env.get(name):
             return env[name]
         if name == HOME_VARIABLE:
             return default_home()

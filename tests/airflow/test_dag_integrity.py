@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import subprocess
@@ -31,7 +32,7 @@ def test_every_spec_is_a_dag_and_nothing_fails(bag: DagBag) -> None:
 def test_stages_are_chained_in_order(bag: DagBag, dag_id: str) -> None:
     dag = bag.dags[dag_id]
     assert sorted(t.task_id for t in dag.tasks) == sorted(["pin_spec", *STAGES])
-    for upstream, downstream in zip(STAGES, STAGES[1:]):
+    for upstream, downstream in itertools.pairwise(STAGES):
         assert downstream in dag.get_task(upstream).downstream_task_ids, (upstream, downstream)
     # Every stage reads the spec pin_spec pinned; the report is the run's teardown, never a leaf that decides it.
     pin, report = dag.get_task("pin_spec"), dag.get_task("report")
@@ -73,8 +74,11 @@ def test_params_validate_with_their_schema(bag: DagBag) -> None:
 
 FORM = {
     # nightly_pretrain lists no params: the default set, micro_batch included
-    "nightly_pretrain": {"Nodes": ["nodes", "min_nodes"], "Training": ["max_steps", "micro_batch"],
-                         "Checkpoint": ["resume_from"]},
+    "nightly_pretrain": {
+        "Nodes": ["nodes", "min_nodes"],
+        "Training": ["max_steps", "micro_batch"],
+        "Checkpoint": ["resume_from"],
+    },
     "finetune_manual": {"Nodes": ["nodes", "min_nodes"], "Training": ["max_steps"], "Checkpoint": ["resume_from"]},
 }
 
@@ -93,12 +97,18 @@ def test_the_trigger_form_survives_serialization(bag: DagBag, dag_id: str) -> No
     assert sections == FORM[dag_id]
 
 
-@pytest.mark.parametrize("dag_id,slots", [("nightly_pretrain", {"burn_in": 2, "train": 2}),   # count 2, no max, no spare
-                                          ("finetune_manual", {"burn_in": 5, "train": 4})])  # max 4, spare 1
+@pytest.mark.parametrize(
+    "dag_id,slots",
+    [
+        ("nightly_pretrain", {"burn_in": 2, "train": 2}),  # count 2, no max, no spare
+        ("finetune_manual", {"burn_in": 5, "train": 4}),
+    ],
+)  # max 4, spare 1
 def test_node_tasks_take_a_slot_per_node_a_run_may_use(bag: DagBag, dag_id: str, slots: dict[str, int]) -> None:
     dag = bag.dags[dag_id]
     assert {t.task_id: (t.pool, t.pool_slots) for t in dag.tasks if t.pool != "default_pool"} == {
-        task_id: ("training_nodes", n) for task_id, n in slots.items()}
+        task_id: ("training_nodes", n) for task_id, n in slots.items()
+    }
     # The nodes Param cannot ask for more than the slots the train task holds.
     assert dag.params.get_param("nodes").schema["maximum"] <= dag.get_task("train").pool_slots
 
@@ -109,14 +119,18 @@ def test_the_pool_fits_every_pipeline(bag: DagBag) -> None:
 
     [pool] = [p for p in load_settings(ROOT / "airflow_settings.yaml")["pools"] if p["pool_name"] == "training_nodes"]
     assert pool["pool_include_deferred"] is True  # a deferred train task's pods still hold their nodes
-    assert max(t.pool_slots for dag in bag.dags.values() for t in dag.tasks if t.pool == "training_nodes") <= pool["pool_slot"]
+    assert (
+        max(t.pool_slots for dag in bag.dags.values() for t in dag.tasks if t.pool == "training_nodes")
+        <= pool["pool_slot"]
+    )
 
 
 def test_one_broken_spec_is_an_import_error_and_hides_no_other(tmp_path: Path) -> None:
     dags = tmp_path / "dags"
     shutil.copytree(ROOT / "dags", dags, ignore=shutil.ignore_patterns("__pycache__"))
-    (dags / "pipelines" / "broken.yaml").write_text((dags / "pipelines" / "finetune_manual.yaml").read_text()
-                                                    .replace("min: 1", "min: 7"))
+    (dags / "pipelines" / "broken.yaml").write_text(
+        (dags / "pipelines" / "finetune_manual.yaml").read_text().replace("min: 1", "min: 7")
+    )
     bag = DagBag(dag_folder=str(dags))
     assert {"nightly_pretrain", "finetune_manual"} <= set(bag.dags)
     assert "broken" not in bag.dags
@@ -148,9 +162,11 @@ def test_parsing_touches_no_tier(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 
 def test_parsing_imports_neither_torch_nor_the_kubernetes_clients() -> None:
     """The DAG processor parses every file often; torch alone takes seconds to import."""
-    code = ("import sys; from airflow.dag_processing.dagbag import DagBag; bag = DagBag(dag_folder=sys.argv[1]);"
-            " assert not bag.import_errors, bag.import_errors;"
-            " print(sorted(m for m in ('torch', 'kubernetes', 'kubernetes_asyncio') if m in sys.modules))")
+    code = (
+        "import sys; from airflow.dag_processing.dagbag import DagBag; bag = DagBag(dag_folder=sys.argv[1]);"
+        " assert not bag.import_errors, bag.import_errors;"
+        " print(sorted(m for m in ('torch', 'kubernetes', 'kubernetes_asyncio') if m in sys.modules))"
+    )
     done = subprocess.run([sys.executable, "-c", code, str(ROOT / "dags")], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"

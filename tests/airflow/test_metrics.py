@@ -51,8 +51,12 @@ class StatsdServer:
         self.port = self.sock.getsockname()[1]
 
     def env(self) -> dict[str, str]:
-        return {"AIRFLOW__METRICS__STATSD_ON": "True", "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
-                "AIRFLOW__METRICS__STATSD_PORT": str(self.port), "AIRFLOW__METRICS__STATSD_PREFIX": "airflow"}
+        return {
+            "AIRFLOW__METRICS__STATSD_ON": "True",
+            "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
+            "AIRFLOW__METRICS__STATSD_PORT": str(self.port),
+            "AIRFLOW__METRICS__STATSD_PREFIX": "airflow",
+        }
 
     def received(self, prefix: str = "airflow.trainyard.") -> dict[str, str]:
         """``name -> "value|type"`` of every metric under ``prefix`` sent so far (the sender has finished)."""
@@ -93,8 +97,15 @@ def ledger_of_a_run(path: Path) -> Ledger:
     ledger.append("train", "failure_classified", attempt=1, kind="node_lost", detected_at=0)
     ledger.append("train", "attempt_start", attempt=2)
     ledger.append("train", "stage_end", seconds=16.7, result={})
-    ledger.append("train", "recovery_figures", detection_s=0.694, resume_delay_s=7.379, lost_steps=9,
-                  productive_s=1.537, ettr=0.092)
+    ledger.append(
+        "train",
+        "recovery_figures",
+        detection_s=0.694,
+        resume_delay_s=7.379,
+        lost_steps=9,
+        productive_s=1.537,
+        ettr=0.092,
+    )
     return ledger
 
 
@@ -122,8 +133,13 @@ emit_recovery(ledger, sys.argv[2])
 
 def test_stage_and_recovery_figures_arrive_as_statsd_datagrams(tmp_path: Path, statsd: StatsdServer) -> None:
     ledger = ledger_of_a_run(tmp_path / "events.jsonl")
-    done = subprocess.run([sys.executable, "-c", SENDER, str(ledger.path), DAG], env={**os.environ, **statsd.env()},
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", SENDER, str(ledger.path), DAG],
+        env={**os.environ, **statsd.env()},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert statsd.received() == {
         "airflow.trainyard.stage.duration.nightly__v2.burn_in": "4250.000000|ms",
@@ -148,13 +164,24 @@ def test_a_real_task_sends_its_stage_duration(tmp_path: Path, statsd: StatsdServ
     (tmp_path / "dags" / "pipelines").mkdir(parents=True)
     shutil.copy(ROOT / "dags" / "pipelines.py", tmp_path / "dags")
     (tmp_path / "dags" / "pipelines" / "tiny.yaml").write_text(SPEC.format(home=home))
-    env = {**os.environ, **statsd.env(), "AIRFLOW_HOME": str(tmp_path / "airflow"), "TRAINYARD_HOME": str(home),
-           "AIRFLOW__CORE__DAGS_FOLDER": str(tmp_path / "dags"), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-           "PATH": f"{BIN}:{os.environ['PATH']}"}
+    env = {
+        **os.environ,
+        **statsd.env(),
+        "AIRFLOW_HOME": str(tmp_path / "airflow"),
+        "TRAINYARD_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(tmp_path / "dags"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "PATH": f"{BIN}:{os.environ['PATH']}",
+    }
     subprocess.run(["airflow", "db", "migrate"], env=env, check=True, capture_output=True, timeout=300)
     # `tasks test` runs the task in a run of its own, never pinned by pin_spec: the stage pins it itself.
-    done = subprocess.run(["airflow", "tasks", "test", "tiny", "stage_dataset", "2026-11-28"], env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        ["airflow", "tasks", "test", "tiny", "stage_dataset", "2026-11-28"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     [events] = (home / "runs" / "tiny").glob("*/events.jsonl")
     [end] = Ledger(events).events("stage_dataset", "stage_end")
@@ -199,12 +226,17 @@ def recorder(monkeypatch: pytest.MonkeyPatch) -> Recorder:
 def test_names_pass_airflows_checks_even_for_the_longest_dag_id(tmp_path: Path) -> None:
     ledger = ledger_of_a_run(tmp_path / "events.jsonl")
     long_ids = ["a" * 200, "a" * 199 + "x", "weird id/with:chars"]
-    names = [m.name for dag_id in [DAG, *long_ids]
-             for m in stage_metrics(ledger, "burn_in", dag_id) + recovery_metrics(ledger, dag_id)]
+    names = [
+        m.name
+        for dag_id in [DAG, *long_ids]
+        for m in stage_metrics(ledger, "burn_in", dag_id) + recovery_metrics(ledger, dag_id)
+    ]
     for name in names:
         assert stat_name_default_handler(name) == name  # StatsD (raises when invalid)
         stat_name_otel_handler("airflow", name)  # OpenTelemetry: prefix + name within 255
-        assert len(name.split(".")) == (5 if name.startswith("trainyard.stage.") else 4), name  # the DAG id is one level
+        assert len(name.split(".")) == (5 if name.startswith("trainyard.stage.") else 4), (
+            name
+        )  # the DAG id is one level
     assert len(set(names)) == len(names)  # ids cut to fit stay apart
     assert metric_name("stage", "duration", "weird_id_with_chars", "burn_in") in names
 
@@ -215,7 +247,8 @@ def test_only_this_tries_events_count(tmp_path: Path) -> None:
     ledger.append("burn_in", "stage_failed", error="NodeUnhealthy", message="", seconds=2.0)  # a retry, failed
     assert [(m.kind, m.name, m.value) for m in stage_metrics(ledger, "burn_in", DAG)] == [
         ("timing", "trainyard.stage.duration.nightly__v2.burn_in", 2000.0),
-        ("incr", "trainyard.stage.failed.nightly__v2.burn_in", 1)]
+        ("incr", "trainyard.stage.failed.nightly__v2.burn_in", 1),
+    ]
     assert stage_metrics(ledger, "publish", DAG) == []
 
 
@@ -227,22 +260,34 @@ def test_a_failed_train_stage_still_reports_its_recovery(tmp_path: Path) -> None
     ledger.append("train", "failure_classified", attempt=1, kind="user_error", detected_at=time.time())
     ledger.append("train", "stage_failed", error="TrainingFailed", message="", seconds=2.0)
     sent = {m.name.rsplit(".", 1)[0]: m.value for m in recovery_metrics(ledger, DAG)}
-    assert sent == {"trainyard.recovery.detection": pytest.approx(0, abs=50), "trainyard.recovery.productive": 500.0,
-                    "trainyard.recovery.lost_steps": 0, "trainyard.recovery.ettr": 0.25,
-                    "trainyard.recovery.attempts": 1, "trainyard.recovery.failures": 1}  # no resume: no resume delay
+    assert sent == {
+        "trainyard.recovery.detection": pytest.approx(0, abs=50),
+        "trainyard.recovery.productive": 500.0,
+        "trainyard.recovery.lost_steps": 0,
+        "trainyard.recovery.ettr": 0.25,
+        "trainyard.recovery.attempts": 1,
+        "trainyard.recovery.failures": 1,
+    }  # no resume: no resume delay
 
 
 def test_a_run_without_failures_sends_no_detection_time(tmp_path: Path, recorder: Recorder) -> None:
     ledger = Ledger(tmp_path / "events.jsonl")
-    ledger.append("train", "recovery_figures", detection_s=None, resume_delay_s=None, lost_steps=0,
-                  productive_s=3.0, ettr=0.9)
+    ledger.append(
+        "train", "recovery_figures", detection_s=None, resume_delay_s=None, lost_steps=0, productive_s=3.0, ettr=0.9
+    )
     emit_recovery(ledger, DAG)
-    assert {name.split(".")[2] for _, name, _ in recorder.sent} == {"productive", "lost_steps", "ettr", "attempts",
-                                                                      "failures"}
+    assert {name.split(".")[2] for _, name, _ in recorder.sent} == {
+        "productive",
+        "lost_steps",
+        "ettr",
+        "attempts",
+        "failures",
+    }
 
 
-def test_a_broken_client_or_ledger_never_fails_the_task(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                        caplog: pytest.LogCaptureFixture) -> None:
+def test_a_broken_client_or_ledger_never_fails_the_task(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.setattr(metrics, "stats", Recorder(fail=True))
     ledger = ledger_of_a_run(tmp_path / "events.jsonl")
     assert emit_stage(ledger, "burn_in", DAG) == [] and emit_recovery(ledger, DAG) == []
@@ -252,7 +297,7 @@ def test_a_broken_client_or_ledger_never_fails_the_task(tmp_path: Path, monkeypa
 
 
 @pytest.fixture
-def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201 -- a Run
+def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     path = tmp_path / "tiny.yaml"
     path.write_text(SPEC.format(home=tmp_path))
     opened = open_run(path, DAG, "manual__1", "2026-11-28")
@@ -273,7 +318,8 @@ def test_an_adapter_sends_the_stage_it_ran_once_even_when_it_fails(run: Any, rec
             raise DataError("before the stage started")
     assert [(kind, name) for kind, name, _ in recorder.sent] == [
         ("timing", "trainyard.stage.duration.nightly__v2.check_dataset"),
-        ("incr", "trainyard.stage.failed.nightly__v2.check_dataset")]
+        ("incr", "trainyard.stage.failed.nightly__v2.check_dataset"),
+    ]
 
 
 def test_train_sends_its_recovery_figures_and_a_deferral_sends_nothing(run: Any, recorder: Recorder) -> None:
@@ -283,20 +329,27 @@ def test_train_sends_its_recovery_figures_and_a_deferral_sends_nothing(run: Any,
     with emitted(run, "train"):
         run.ledger.append("train", "attempt_start", attempt=1)
         run.ledger.append("train", "stage_end", seconds=3.0, result={})
-        run.ledger.append("train", "recovery_figures", detection_s=None, resume_delay_s=None, lost_steps=0,
-                          productive_s=2.4, ettr=0.8)
+        run.ledger.append(
+            "train", "recovery_figures", detection_s=None, resume_delay_s=None, lost_steps=0, productive_s=2.4, ettr=0.8
+        )
     assert [name for _, name, _ in recorder.sent] == [
-        "trainyard.stage.duration.nightly__v2.train", "trainyard.stage.succeeded.nightly__v2.train",
-        "trainyard.recovery.productive.nightly__v2", "trainyard.recovery.lost_steps.nightly__v2",
-        "trainyard.recovery.ettr.nightly__v2", "trainyard.recovery.attempts.nightly__v2",
-        "trainyard.recovery.failures.nightly__v2"]
+        "trainyard.stage.duration.nightly__v2.train",
+        "trainyard.stage.succeeded.nightly__v2.train",
+        "trainyard.recovery.productive.nightly__v2",
+        "trainyard.recovery.lost_steps.nightly__v2",
+        "trainyard.recovery.ettr.nightly__v2",
+        "trainyard.recovery.attempts.nightly__v2",
+        "trainyard.recovery.failures.nightly__v2",
+    ]
 
 
 def test_every_metric_is_documented() -> None:
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## Metrics", 1)[1].split("\n## ", 1)[0]
-    kinds = {"stage": ["duration", "succeeded", "failed"], "recovery": [n for n, _ in metrics.RECOVERY.values()]
-             + ["attempts", "failures"]}
+    kinds = {
+        "stage": ["duration", "succeeded", "failed"],
+        "recovery": [n for n, _ in metrics.RECOVERY.values()] + ["attempts", "failures"],
+    }
     for group, names in kinds.items():
         for name in names:
             assert f"trainyard.{group}.{name}." in section, name

@@ -30,7 +30,9 @@ nodes: {{count: 1}}
 training: {{max_steps: 4, global_batch: 2, micro_batch: 2, checkpoint_every: 2}}
 {notify}
 """
-NOTIFY = "notify: {{email: [ml-oncall@example.com, lead@example.com], on: [failure, recovery], connection: {conn}{sender}}}"
+NOTIFY = (
+    "notify: {{email: [ml-oncall@example.com, lead@example.com], on: [failure, recovery], connection: {conn}{sender}}}"
+)
 
 
 def write_spec(tmp_path: Path, conn: str = "mail", sender: str = "trainyard@example.com", notify: bool = True) -> Path:
@@ -43,14 +45,23 @@ def write_spec(tmp_path: Path, conn: str = "mail", sender: str = "trainyard@exam
 def failed_run(path: Path) -> Run:
     run = open_run(path, DAG_ID, f"manual__{time.monotonic_ns()}", "2026-11-28")
     run.ledger.append("stage_dataset", "stage_start")
-    run.ledger.append("stage_dataset", "stage_failed", error="DataError", seconds=0.1,
-                      message="file:///cold holds no objects to stage; check dataset.source and the partition date")
+    run.ledger.append(
+        "stage_dataset",
+        "stage_failed",
+        error="DataError",
+        seconds=0.1,
+        message="file:///cold holds no objects to stage; check dataset.source and the partition date",
+    )
     return run
 
 
 def context(run: Run, task: str = "stage_dataset", reason: str = "task_failure") -> dict[str, Any]:
-    return {"dag": SimpleNamespace(dag_id=run.dag_id), "run_id": run.run_id, "reason": reason,
-            "ti": SimpleNamespace(task_id=task)}
+    return {
+        "dag": SimpleNamespace(dag_id=run.dag_id),
+        "run_id": run.run_id,
+        "reason": reason,
+        "ti": SimpleNamespace(task_id=task),
+    }
 
 
 @pytest.fixture(autouse=True)
@@ -76,13 +87,18 @@ def test_a_failed_run_is_mailed_with_stage_class_and_link(smtp_server, tmp_path,
 
 
 @pytest.mark.parametrize("case", ["server down", "wrong password", "no sender anywhere"])
-def test_a_notice_that_cannot_go_is_one_warning_naming_the_connection(case, smtp_server, tmp_path, monkeypatch,
-                                                                         caplog) -> None:
-    conn = {"server down": smtp_server.connection(port=_closed_port()),
-            "wrong password": smtp_server.connection().replace(smtp_server.password, "not-the-password"),
-            "no sender anywhere": smtp_server.connection()}[case]
+def test_a_notice_that_cannot_go_is_one_warning_naming_the_connection(
+    case, smtp_server, tmp_path, monkeypatch, caplog
+) -> None:
+    conn = {
+        "server down": smtp_server.connection(port=_closed_port()),
+        "wrong password": smtp_server.connection().replace(smtp_server.password, "not-the-password"),
+        "no sender anywhere": smtp_server.connection(),
+    }[case]
     monkeypatch.setenv("AIRFLOW_CONN_MAIL_DOWN", conn)
-    run = failed_run(write_spec(tmp_path, conn="mail_down", sender="" if case == "no sender anywhere" else "t@example.com"))
+    run = failed_run(
+        write_spec(tmp_path, conn="mail_down", sender="" if case == "no sender anywhere" else "t@example.com")
+    )
     with caplog.at_level(logging.INFO):
         RunNotifier(str(run.spec_path), "failed")(context(run))  # returns: a mail problem never raises
     assert smtp_server.mails == []

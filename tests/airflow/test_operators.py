@@ -13,7 +13,9 @@ from trainyard.launch.local import LocalLauncher
 from trainyard.spec import NodesSpec
 
 KUBECONFIG = {
-    "apiVersion": "v1", "kind": "Config", "current-context": "test",
+    "apiVersion": "v1",
+    "kind": "Config",
+    "current-context": "test",
     "clusters": [{"name": "test", "cluster": {"server": "http://127.0.0.1:6443"}}],
     "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
     "users": [{"name": "test", "user": {"token": "not-a-real-token"}}],
@@ -24,12 +26,18 @@ def test_local_backend_gets_local_processes() -> None:
     assert isinstance(launcher_for(NodesSpec(count=2)), LocalLauncher)
 
 
-def test_kubernetes_backend_goes_through_the_airflow_connection(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_kubernetes_backend_goes_through_the_airflow_connection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     config = tmp_path / "kubeconfig"
     config.write_text(json.dumps(KUBECONFIG))
-    monkeypatch.setenv("AIRFLOW_CONN_TRAINING_CLUSTER", json.dumps(
-        {"conn_type": "kubernetes", "extra": {"kube_config_path": str(config), "namespace": "ml"}}))
-    nodes = NodesSpec(count=2, backend="kubernetes", kubernetes={"image": "trainer:1", "connection": "training_cluster"})
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_TRAINING_CLUSTER",
+        json.dumps({"conn_type": "kubernetes", "extra": {"kube_config_path": str(config), "namespace": "ml"}}),
+    )
+    nodes = NodesSpec(
+        count=2, backend="kubernetes", kubernetes={"image": "trainer:1", "connection": "training_cluster"}
+    )
     launcher = launcher_for(nodes)
     assert isinstance(launcher, KubernetesLauncher)
     assert launcher.core.api_client.configuration.host == "http://127.0.0.1:6443"
@@ -74,19 +82,24 @@ class FakeComms:
         self.asked.append((msg.dag_id, msg.run_id))
         if (msg.dag_id, msg.run_id) in self.runs:
             return DagRunStateResult(state=self.runs[(msg.dag_id, msg.run_id)])
-        raise AirflowRuntimeError(ErrorResponse(error=ErrorType.API_SERVER_ERROR,
-                                                detail={"status_code": self.status, "message": "no"}))
+        raise AirflowRuntimeError(
+            ErrorResponse(error=ErrorType.API_SERVER_ERROR, detail={"status_code": self.status, "message": "no"})
+        )
 
 
-@pytest.mark.parametrize("runs,status,expected", [
-    ({("nightly", "r1"): "running"}, 404, "running"),
-    ({("nightly", "r1"): "failed"}, 404, "failed"),
-    ({("nightly", "r1"): "success"}, 404, "success"),
-    ({}, 404, "absent"),  # deleted: its claim may go
-    ({}, 503, None),  # Airflow cannot say: the lease's expiry decides
-])
-def test_the_lease_asks_airflow_for_the_holders_run_state(monkeypatch: pytest.MonkeyPatch, runs: dict, status: int,
-                                                         expected: str | None) -> None:
+@pytest.mark.parametrize(
+    "runs,status,expected",
+    [
+        ({("nightly", "r1"): "running"}, 404, "running"),
+        ({("nightly", "r1"): "failed"}, 404, "failed"),
+        ({("nightly", "r1"): "success"}, 404, "success"),
+        ({}, 404, "absent"),  # deleted: its claim may go
+        ({}, 503, None),  # Airflow cannot say: the lease's expiry decides
+    ],
+)
+def test_the_lease_asks_airflow_for_the_holders_run_state(
+    monkeypatch: pytest.MonkeyPatch, runs: dict, status: int, expected: str | None
+) -> None:
     from airflow.sdk.execution_time import task_runner
 
     from trainyard.airflow.tasks import dagrun_state

@@ -71,8 +71,12 @@ def _sqlite_template() -> Path:
     """One migrated SQLite metadata DB per test session: migrating takes ~12 s on two cores, a copy none."""
     home = Path(tempfile.mkdtemp(prefix="trainyard-airflow-db-"))
     atexit.register(shutil.rmtree, home, ignore_errors=True)
-    env = {**os.environ, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-           "PATH": f"{BIN}:{os.environ['PATH']}"}
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "PATH": f"{BIN}:{os.environ['PATH']}",
+    }
     env.pop("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", None)
     _set_up_db(env)
     return home / "airflow.db"
@@ -84,8 +88,12 @@ def airflow(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]
 
 def task_states(env: dict[str, str], dag_id: str, date: str) -> dict[str, tuple[str, int]]:
     """``task_id -> (state, try_number)`` of the run at logical ``date`` (``dags test`` exits 0 either way)."""
-    rows = query(env, "SELECT ti.task_id, ti.state, ti.try_number, r.logical_date FROM task_instance ti JOIN dag_run r"
-                      " ON ti.dag_id = r.dag_id AND ti.run_id = r.run_id WHERE r.dag_id = :dag_id", dag_id=dag_id)
+    rows = query(
+        env,
+        "SELECT ti.task_id, ti.state, ti.try_number, r.logical_date FROM task_instance ti JOIN dag_run r"
+        " ON ti.dag_id = r.dag_id AND ti.run_id = r.run_id WHERE r.dag_id = :dag_id",
+        dag_id=dag_id,
+    )
     return {task: (state, tries) for task, state, tries, logical_date in rows if day(logical_date) == date}
 
 
@@ -165,8 +173,9 @@ def start_service(env: dict[str, str], name: str, argv: list[str], log_dir: Path
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"{name}.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
     return Service(name, proc, log)
 
 
@@ -175,8 +184,12 @@ def start_services(env: dict[str, str], log_dir: Path, apps: str = "execution") 
     processor and scheduler, on the env's settings."""
     port = env["AIRFLOW__API__PORT"]
     return [
-        start_service(env, "api-server", ["airflow", "api-server", "--apps", apps, "-H", "127.0.0.1",
-                                          "-p", port, "-w", "1"], log_dir),
+        start_service(
+            env,
+            "api-server",
+            ["airflow", "api-server", "--apps", apps, "-H", "127.0.0.1", "-p", port, "-w", "1"],
+            log_dir,
+        ),
         start_service(env, "dag-processor", ["airflow", "dag-processor"], log_dir),
         start_service(env, "scheduler", ["airflow", "scheduler", "--skip-serve-logs"], log_dir),
     ]
@@ -234,8 +247,13 @@ def reap_leftovers(env: dict[str, str], wait_s: float = 10.0) -> list[str]:
     return described
 
 
-def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str, every_s: float = 1.0,
-               services: list[Service] | None = None) -> Any:
+def wait_until(
+    predicate: Callable[[], Any],
+    timeout_s: float,
+    what: str,
+    every_s: float = 1.0,
+    services: list[Service] | None = None,
+) -> Any:
     """Poll ``predicate`` until it returns something truthy; fail naming ``what`` (or a dead service)."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -287,8 +305,12 @@ def day(timestamp: Any) -> str:
 
 def run_task_states(env: dict[str, str], dag_id: str, run_id: str) -> dict[str, str]:
     """``task_id -> state`` of one DAG run."""
-    rows = query(env, "SELECT task_id, state FROM task_instance WHERE dag_id = :dag_id AND run_id = :run_id",
-                 dag_id=dag_id, run_id=run_id)
+    rows = query(
+        env,
+        "SELECT task_id, state FROM task_instance WHERE dag_id = :dag_id AND run_id = :run_id",
+        dag_id=dag_id,
+        run_id=run_id,
+    )
     return dict(rows)
 
 

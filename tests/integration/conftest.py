@@ -30,7 +30,9 @@ class S3Server:
 
     @property
     def settings(self) -> S3Settings:
-        return S3Settings.from_endpoint_url(f"http://127.0.0.1:{self.port}", "testing-key", "testing-secret", "us-east-1")
+        return S3Settings.from_endpoint_url(
+            f"http://127.0.0.1:{self.port}", "testing-key", "testing-secret", "us-east-1"
+        )
 
     def client(self) -> Minio:
         s = self.settings
@@ -106,8 +108,9 @@ def metadata_db(postgres: Postgres, request: pytest.FixtureRequest) -> dict[str,
     a database of its own in the session's PostgreSQL, as in production; where PostgreSQL is
     unavailable, SQLite in the deployment's AIRFLOW_HOME, with a warning that says why."""
     if postgres.folder is None:
-        warnings.warn(f"PostgreSQL unavailable, {request.node.name} runs Airflow on SQLite: {postgres.unavailable}",
-                      stacklevel=1)
+        warnings.warn(
+            f"PostgreSQL unavailable, {request.node.name} runs Airflow on SQLite: {postgres.unavailable}", stacklevel=1
+        )
         return sqlite_service_settings()
     name = "t_" + re.sub(r"[^a-z0-9]+", "_", request.node.name.lower())[:40].strip("_")
     return {"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": localpg.create_database(postgres.folder, name)}

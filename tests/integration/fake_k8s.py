@@ -84,19 +84,32 @@ def _matches(labels: dict[str, str], selector: str) -> bool:
 
 
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:
-    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
-            "reason": reason, "code": code}
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
 
 
 def airflow_connection(server: FakeKube, folder: Path, namespace: str) -> str:
     """An ``AIRFLOW_CONN_*`` value (type kubernetes) reaching ``server`` through a kubeconfig written in ``folder``."""
     config = folder / "kubeconfig"
-    config.write_text(json.dumps({  # JSON is YAML: kubeconfig loaders read it as is
-        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-        "clusters": [{"name": "fake", "cluster": {"server": server.url}}],
-        "users": [{"name": "fake", "user": {"token": "t"}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": namespace}}],
-    }))
+    config.write_text(
+        json.dumps(
+            {  # JSON is YAML: kubeconfig loaders read it as is
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "fake",
+                "clusters": [{"name": "fake", "cluster": {"server": server.url}}],
+                "users": [{"name": "fake", "user": {"token": "t"}}],
+                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": namespace}}],
+            }
+        )
+    )
     return json.dumps({"conn_type": "kubernetes", "extra": {"kube_config_path": str(config), "namespace": namespace}})
 
 
@@ -159,10 +172,20 @@ class FakeKube:
             self.objects[(prefix, resource, ns, meta["name"])] = obj
             return obj
 
-    def add_node(self, name: str, labels: dict[str, str] | None = None, taints: list[dict[str, str]] | None = None) -> None:
-        self.put("api/v1", "nodes", "", {"apiVersion": "v1", "kind": "Node",
-                                         "metadata": {"name": name, "labels": dict(labels or {})},
-                                         "spec": {"taints": list(taints or [])}})
+    def add_node(
+        self, name: str, labels: dict[str, str] | None = None, taints: list[dict[str, str]] | None = None
+    ) -> None:
+        self.put(
+            "api/v1",
+            "nodes",
+            "",
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": name, "labels": dict(labels or {})},
+                "spec": {"taints": list(taints or [])},
+            },
+        )
 
     def spawn_job_pods(self, ns: str, job_name: str) -> list[str]:
         """What the Job controller does for an Indexed Job: one pending pod per completion index."""
@@ -173,13 +196,21 @@ class FakeKube:
         for i in range(job["spec"]["completions"]):
             meta = template.get("metadata", {})
             pod = {
-                "apiVersion": "v1", "kind": "Pod",
+                "apiVersion": "v1",
+                "kind": "Pod",
                 "metadata": {
                     "name": f"{job_name}-{i}-x{i:04d}",
                     "labels": {**meta.get("labels", {}), "job-name": job_name, INDEX: str(i)},
                     "annotations": {**meta.get("annotations", {}), INDEX: str(i)},
-                    "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": job_name,
-                                         "uid": job["metadata"]["uid"], "controller": True}],
+                    "ownerReferences": [
+                        {
+                            "apiVersion": "batch/v1",
+                            "kind": "Job",
+                            "name": job_name,
+                            "uid": job["metadata"]["uid"],
+                            "controller": True,
+                        }
+                    ],
                 },
                 "spec": {**json.loads(json.dumps(template["spec"])), "hostname": f"{job_name}-{i}"},
                 "status": {"phase": "Pending"},
@@ -187,9 +218,19 @@ class FakeKube:
             names.append(self.put("api/v1", "pods", ns, pod)["metadata"]["name"])
         return names
 
-    def set_pod(self, ns: str, name: str, phase: str, *, node: str | None = None, reason: str | None = None,
-                message: str | None = None, state: dict[str, Any] | None = None, log: str | None = None,
-                conditions: list[dict[str, Any]] | None = None) -> None:
+    def set_pod(
+        self,
+        ns: str,
+        name: str,
+        phase: str,
+        *,
+        node: str | None = None,
+        reason: str | None = None,
+        message: str | None = None,
+        state: dict[str, Any] | None = None,
+        log: str | None = None,
+        conditions: list[dict[str, Any]] | None = None,
+    ) -> None:
         """Move a pod to ``phase``; ``state`` is the trainer container's state (``{"terminated": {...}}``)."""
         with self.lock:
             pod = self.get("api/v1", "pods", ns, name)
@@ -204,8 +245,16 @@ class FakeKube:
             if conditions:
                 status["conditions"] = conditions
             if state is not None:
-                status["containerStatuses"] = [{"name": "trainer", "image": "trainer", "imageID": "", "ready": False,
-                                                "restartCount": 0, "state": state}]
+                status["containerStatuses"] = [
+                    {
+                        "name": "trainer",
+                        "image": "trainer",
+                        "imageID": "",
+                        "ready": False,
+                        "restartCount": 0,
+                        "state": state,
+                    }
+                ]
             pod["status"] = status
             pod["metadata"]["resourceVersion"] = self._next_version()
             if log is not None:
@@ -228,9 +277,15 @@ class FakeKube:
                 return self._create(prefix, resource, ns, data)
             if method == "GET" and not name:
                 selector = query.get("labelSelector", [""])[0]
-                items = [o for o in self.items(prefix, resource, ns) if _matches(o["metadata"].get("labels", {}), selector)]
-                return 200, {"kind": "List", "apiVersion": "v1", "metadata": {"resourceVersion": str(self._version)},
-                             "items": items}
+                items = [
+                    o for o in self.items(prefix, resource, ns) if _matches(o["metadata"].get("labels", {}), selector)
+                ]
+                return 200, {
+                    "kind": "List",
+                    "apiVersion": "v1",
+                    "metadata": {"resourceVersion": str(self._version)},
+                    "items": items,
+                }
             obj = self.objects.get(key)
             if obj is None:
                 return 404, _status(404, "NotFound", f'{resource} "{name}" not found')
@@ -258,7 +313,7 @@ class FakeKube:
         return 201, self.put(prefix, resource, ns, data)
 
     def _delete(self, key: tuple[str, str, str, str], options: dict[str, Any]) -> tuple[int, Any]:
-        prefix, resource, ns, name = key
+        _prefix, resource, ns, name = key
         obj = self.objects.pop(key)
         self.deletes.append((resource, name, options))
         if resource == "jobs" and options.get("propagationPolicy") in ("Foreground", "Background"):
@@ -270,12 +325,16 @@ class FakeKube:
 
     def _patch(self, key: tuple[str, str, str, str], obj: dict[str, Any], ctype: str, data: Any) -> tuple[int, Any]:
         if ctype.startswith("application/json-patch+json") and not isinstance(data, list):
-            return 400, _status(400, "BadRequest", "json: cannot unmarshal object into Go value of type jsonpatch.Patch")
+            return 400, _status(
+                400, "BadRequest", "json: cannot unmarshal object into Go value of type jsonpatch.Patch"
+            )
         if not ctype.startswith(("application/merge-patch+json", "application/strategic-merge-patch+json")):
             return 415, _status(415, "UnsupportedMediaType", ctype)
         wanted = (data or {}).get("metadata", {}).get("resourceVersion")
         if wanted is not None and wanted != obj["metadata"]["resourceVersion"]:
-            return 409, _status(409, "Conflict", "the object has been modified; please apply your changes to the latest version")
+            return 409, _status(
+                409, "Conflict", "the object has been modified; please apply your changes to the latest version"
+            )
         merged = _merge(obj, data)
         merged["metadata"]["resourceVersion"] = self._next_version()
         self.objects[key] = merged
@@ -290,8 +349,9 @@ def _handler(fake: FakeKube) -> type[BaseHTTPRequestHandler]:
         def _serve(self) -> None:
             url = urlparse(self.path)
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            code, payload = fake.handle(self.command, url.path, parse_qs(url.query),
-                                        self.headers.get("Content-Type", ""), body)
+            code, payload = fake.handle(
+                self.command, url.path, parse_qs(url.query), self.headers.get("Content-Type", ""), body
+            )
             raw = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
             self.send_response(code)
             self.send_header("Content-Type", "text/plain" if isinstance(payload, str) else "application/json")
@@ -301,7 +361,7 @@ def _handler(fake: FakeKube) -> type[BaseHTTPRequestHandler]:
 
         do_GET = do_POST = do_DELETE = do_PATCH = do_PUT = _serve
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        def log_message(self, format: str, *args: Any) -> None:
             pass  # one line per request otherwise
 
     return Handler
@@ -327,8 +387,13 @@ def container_env(pod: dict[str, Any]) -> dict[str, str]:
             continue
         path = item["valueFrom"]["fieldRef"]["fieldPath"]
         field = _FIELD.match(path)
-        env[item["name"]] = (pod["metadata"].get("annotations", {})[field["key"]] if field
-                             else pod["spec"]["nodeName"] if path == "spec.nodeName" else "")
+        env[item["name"]] = (
+            pod["metadata"].get("annotations", {})[field["key"]]
+            if field
+            else pod["spec"]["nodeName"]
+            if path == "spec.nodeName"
+            else ""
+        )
     return env
 
 
@@ -387,10 +452,13 @@ class Kubelet:
                     self._start(name, pod)
                 elif self.procs[name].poll() is not None and pod["status"]["phase"] == "Running":
                     code = self.procs[name].returncode
-                    self.fake.set_pod(self.ns, name, "Succeeded" if code == 0 else "Failed",
-                                      log=(self.log_dir / f"{name}.log").read_text(errors="replace"),
-                                      state={"terminated": {"exitCode": code,
-                                                            "reason": "Completed" if code == 0 else "Error"}})
+                    self.fake.set_pod(
+                        self.ns,
+                        name,
+                        "Succeeded" if code == 0 else "Failed",
+                        log=(self.log_dir / f"{name}.log").read_text(errors="replace"),
+                        state={"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}},
+                    )
             for name, proc in self.procs.items():
                 if name not in pods:
                     self._kill(proc)  # the pod was deleted
@@ -404,8 +472,9 @@ class Kubelet:
         argv = [expand(a, env) for a in [*container["command"], *container.get("args", [])]]
         argv = [sys.executable if a == "python" else self._resolve(a) for a in argv]
         with open(self.log_dir / f"{name}.log", "wb") as out:
-            self.procs[name] = subprocess.Popen(argv, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT,
-                                                start_new_session=True)
+            self.procs[name] = subprocess.Popen(
+                argv, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
         self.fake.set_pod(self.ns, name, "Running", node=node, state={"running": {"startedAt": "2026-01-01T00:00:00Z"}})
 
     def _resolve(self, arg: str) -> str:
@@ -413,7 +482,7 @@ class Kubelet:
         prefix = "--rdzv-endpoint="
         if not arg.startswith(prefix) or f".{self.ns}.svc." not in arg:
             return arg
-        host = arg[len(prefix):].rsplit(":", 1)[0]
+        host = arg[len(prefix) :].rsplit(":", 1)[0]
         if host not in self.ports:
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))

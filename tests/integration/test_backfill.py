@@ -19,6 +19,7 @@ takes the day of its run_after for ``{{ ds }}``.
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import json
 import shutil
 import subprocess
@@ -31,8 +32,23 @@ from urllib.parse import quote
 import pytest
 import yaml
 from airflow_helpers import (
-    ROOT, STAGES, Service, airflow, airflow_env, api_healthy, day, free_port, log_tail, query, reap_leftovers,
-    run_task_states, service_settings, start_services, stop_services, task_logs, wait_until,
+    ROOT,
+    STAGES,
+    Service,
+    airflow,
+    airflow_env,
+    api_healthy,
+    day,
+    free_port,
+    log_tail,
+    query,
+    reap_leftovers,
+    run_task_states,
+    service_settings,
+    start_services,
+    stop_services,
+    task_logs,
+    wait_until,
 )
 
 from trainyard.checkpoint.format import read_manifest, step_dir, verify
@@ -77,12 +93,19 @@ def small_spec(first_night: str) -> str:
 
 
 def demo_data(env: dict[str, str], date: str, shards: int) -> None:
-    subprocess.run(["trainyard", "demo-data", "--date", date, "--shards", str(shards)], env=env, check=True,
-                   capture_output=True, timeout=120)
+    subprocess.run(
+        ["trainyard", "demo-data", "--date", date, "--shards", str(shards)],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
 
 
 @pytest.fixture
-def deployment(tmp_path: Path, metadata_db: dict[str, str]) -> Iterator[tuple[dict[str, str], list[Service], list[str]]]:
+def deployment(
+    tmp_path: Path, metadata_db: dict[str, str]
+) -> Iterator[tuple[dict[str, str], list[Service], list[str]]]:
     dates = nights()
     dags = tmp_path / "dags"
     (dags / "pipelines").mkdir(parents=True)
@@ -91,8 +114,13 @@ def deployment(tmp_path: Path, metadata_db: dict[str, str]) -> Iterator[tuple[di
     (dags / "pipelines" / f"{DAG_ID}.yaml").write_text(small_spec(dates[0]))
 
     # Every caller is admin: the REST API answers without a login (every listener is on 127.0.0.1).
-    env = airflow_env(tmp_path, dags, **service_settings(free_port()), **metadata_db,
-                      AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS="True")
+    env = airflow_env(
+        tmp_path,
+        dags,
+        **service_settings(free_port()),
+        **metadata_db,
+        AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS="True",
+    )
     for date, shards in list(zip(dates, SHARDS))[:-1]:  # the last night's partition comes late
         demo_data(env, date, shards)
     services = start_services(env, tmp_path / "services", apps="core,execution")  # the REST API too
@@ -106,8 +134,9 @@ def deployment(tmp_path: Path, metadata_db: dict[str, str]) -> Iterator[tuple[di
 
 def diagnostics(env: dict[str, str], services: list[Service]) -> str:
     parts = [f"===== {s.name} (exit {s.proc.poll()})\n{log_tail(s.log, 6000)}" for s in services]
-    runs = query(env, "SELECT run_id, state, run_type, backfill_id, start_date, end_date FROM dag_run"
-                      " ORDER BY logical_date")
+    runs = query(
+        env, "SELECT run_id, state, run_type, backfill_id, start_date, end_date FROM dag_run ORDER BY logical_date"
+    )
     parts.append("===== dag runs\n" + "\n".join(map(str, runs)))
     parts.append(task_logs(env, DAG_ID))
     return "\n".join(parts)
@@ -129,20 +158,37 @@ def backfill(env: dict[str, str], dates: list[str], *extra: str) -> int:
     defaults a backfill to 10 at once): one night at a time must be asked for. --to-date is an
     instant, and a bare date means its 00:00, before that night's 02:00 run; hence the time.
     """
-    created = airflow(env, "backfill", "create", "--dag-id", DAG_ID, "--from-date", dates[0],
-                      "--to-date", f"{dates[-1]}T02:00:00+00:00", "--max-active-runs", "1", *extra)
+    created = airflow(
+        env,
+        "backfill",
+        "create",
+        "--dag-id",
+        DAG_ID,
+        "--from-date",
+        dates[0],
+        "--to-date",
+        f"{dates[-1]}T02:00:00+00:00",
+        "--max-active-runs",
+        "1",
+        *extra,
+    )
     assert created.returncode == 0, created.stdout[-3000:] + created.stderr[-3000:]
-    [(backfill_id, max_active)] = query(env, "SELECT id, max_active_runs FROM backfill WHERE dag_id = :dag_id"
-                                             " ORDER BY id DESC LIMIT 1", dag_id=DAG_ID)
+    [(backfill_id, max_active)] = query(
+        env, "SELECT id, max_active_runs FROM backfill WHERE dag_id = :dag_id ORDER BY id DESC LIMIT 1", dag_id=DAG_ID
+    )
     assert max_active == 1
     return backfill_id
 
 
 def backfill_runs(env: dict[str, str], backfill_id: int) -> list[tuple[Any, ...]]:
     """``(run_id, state, logical_date, start_date, end_date)`` of the backfill's runs, by logical date."""
-    return query(env, "SELECT run_id, state, logical_date, start_date, end_date FROM dag_run"
-                      " WHERE dag_id = :dag_id AND backfill_id = :backfill_id ORDER BY logical_date",
-                 dag_id=DAG_ID, backfill_id=backfill_id)
+    return query(
+        env,
+        "SELECT run_id, state, logical_date, start_date, end_date FROM dag_run"
+        " WHERE dag_id = :dag_id AND backfill_id = :backfill_id ORDER BY logical_date",
+        dag_id=DAG_ID,
+        backfill_id=backfill_id,
+    )
 
 
 def assert_succeeded(env: dict[str, str], run_id: str) -> None:
@@ -153,8 +199,12 @@ def assert_succeeded(env: dict[str, str], run_id: str) -> None:
 
 def check_backfill(env: dict[str, str], services: list[Service], dates: list[str]) -> None:
     wait_until(lambda: api_healthy(env), 120, "the api-server's /execution/health", services=services)
-    wait_until(lambda: query(env, "SELECT 1 FROM serialized_dag WHERE dag_id = :dag_id", dag_id=DAG_ID), 180,
-               f"the DAG processor to serialize {DAG_ID}", services=services)
+    wait_until(
+        lambda: query(env, "SELECT 1 FROM serialized_dag WHERE dag_id = :dag_id", dag_id=DAG_ID),
+        180,
+        f"the DAG processor to serialize {DAG_ID}",
+        services=services,
+    )
 
     first = backfill(env, dates)
     # New DAGs start paused, and the runs of a paused DAG stay queued, backfill runs included.
@@ -177,16 +227,24 @@ def check_backfill(env: dict[str, str], services: list[Service], dates: list[str
     assert missing["stage_dataset"] == "failed" and missing["report"] == "success", missing
     assert all(missing[t] != "success" for t in STAGES[1:-1]), missing  # nothing ran on data that is not there
     # One at a time, in date order: each night starts after the night before ended.
-    for before, after in zip(runs, runs[1:]):
+    for before, after in itertools.pairwise(runs):
         assert before[4] <= after[3], f"{after[0]} started before {before[0]} ended"
 
     # The partition arrives; the same range again, reprocessing failed runs only: the last night alone.
-    wait_until(lambda: query(env, "SELECT 1 FROM backfill WHERE id = :id AND completed_at IS NOT NULL", id=first),
-               120, f"backfill {first} to be marked complete", services=services)
+    wait_until(
+        lambda: query(env, "SELECT 1 FROM backfill WHERE id = :id AND completed_at IS NOT NULL", id=first),
+        120,
+        f"backfill {first} to be marked complete",
+        services=services,
+    )
     demo_data(env, dates[-1], SHARDS[-1])
     second = backfill(env, dates, "--reprocess-behavior", "failed")
-    created = query(env, "SELECT logical_date, dag_run_id, exception_reason FROM backfill_dag_run"
-                         " WHERE backfill_id = :id ORDER BY logical_date", id=second)
+    created = query(
+        env,
+        "SELECT logical_date, dag_run_id, exception_reason FROM backfill_dag_run"
+        " WHERE backfill_id = :id ORDER BY logical_date",
+        id=second,
+    )
     assert [(day(d), run is not None) for d, run, _ in created] == [(d, d == dates[-1]) for d in dates], created
     assert [reason for *_, reason in created[:-1]] == ["already exists"] * (len(dates) - 1), created
 
@@ -194,12 +252,17 @@ def check_backfill(env: dict[str, str], services: list[Service], dates: list[str
         rows = backfill_runs(env, second)
         return rows if rows and rows[0][1] in ("success", "failed") else None
 
-    [rerun] = wait_until(rerun_finished, RERUN_DEADLINE_S, "the failed night's run again", every_s=2,
-                         services=services)
+    [rerun] = wait_until(rerun_finished, RERUN_DEADLINE_S, "the failed night's run again", every_s=2, services=services)
     assert rerun[0] == runs[-1][0] and rerun[1] == "success", rerun  # the same run, cleared and run again
     assert_succeeded(env, rerun[0])
-    tries = dict(query(env, "SELECT run_id, MAX(try_number) FROM task_instance WHERE dag_id = :dag_id"
-                            " AND task_id = 'stage_dataset' GROUP BY run_id", dag_id=DAG_ID))
+    tries = dict(
+        query(
+            env,
+            "SELECT run_id, MAX(try_number) FROM task_instance WHERE dag_id = :dag_id"
+            " AND task_id = 'stage_dataset' GROUP BY run_id",
+            dag_id=DAG_ID,
+        )
+    )
     assert [tries[r[0]] for r in runs] == [1, 2], tries
     unchanged = backfill_runs(env, first)
     assert unchanged == runs[:-1], "the night that had succeeded ran again"
@@ -217,8 +280,12 @@ def check_train_log(env: dict[str, str], run_id: str) -> None:
     folder = Path(env["AIRFLOW_HOME"]) / "logs" / f"dag_id={DAG_ID}" / f"run_id={run_id}" / "task_id=train"
     logs = sorted(folder.glob("attempt=*.log"))
     assert logs, f"no train task log under {folder}"
-    lines = [json.loads(line).get("event", "") for log in logs for line in log.read_text().splitlines()
-             if line.startswith("{")]
+    lines = [
+        json.loads(line).get("event", "")
+        for log in logs
+        for line in log.read_text().splitlines()
+        if line.startswith("{")
+    ]
     progress = [line for line in lines if line.startswith("progress: attempt 1, world size 1, step ")]
     assert progress and all(f"/{len(SHARDS) * MAX_STEPS}" in line for line in progress), lines[-40:]
     links = api(env, "GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{quote(run_id, safe='')}/taskInstances/train/links")
@@ -235,8 +302,9 @@ def check_run_without_a_logical_date(env: dict[str, str], services: list[Service
     run_id, ds = created["dag_run_id"], created["run_after"][:10]
 
     def finished() -> list[tuple[Any, ...]] | None:
-        rows = query(env, "SELECT state FROM dag_run WHERE dag_id = :dag_id AND run_id = :run_id", dag_id=DAG_ID,
-                     run_id=run_id)
+        rows = query(
+            env, "SELECT state FROM dag_run WHERE dag_id = :dag_id AND run_id = :run_id", dag_id=DAG_ID, run_id=run_id
+        )
         return rows if rows and rows[0][0] in ("success", "failed") else None
 
     [(state,)] = wait_until(finished, DEADLINE_S, "the REST-triggered run", every_s=2, services=services)
@@ -249,9 +317,12 @@ def check_run_without_a_logical_date(env: dict[str, str], services: list[Service
 
 
 def api(env: dict[str, str], method: str, path: str, body: Any = None) -> Any:
-    request = urllib.request.Request(f"{env['AIRFLOW__API__BASE_URL']}{path}", method=method,
-                                     data=None if body is None else json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{env['AIRFLOW__API__BASE_URL']}{path}",
+        method=method,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=30) as response:
         return json.loads(response.read())
 
@@ -261,7 +332,8 @@ def check_runs(home: Path, run_ids: list[str], dates: list[str]) -> None:
     ckpt_root = home / "checkpoints" / DAG_ID
     folders = [run_dir(home / "runs", DAG_ID, run_id) for run_id in run_ids]
     assert len(set(folders)) == len(folders) and sorted(p.name for p in (home / "runs" / DAG_ID).iterdir()) == sorted(
-        p.name for p in folders)
+        p.name for p in folders
+    )
 
     previous_final, previous_ckpt = 0, "none"
     copies: dict[str, Path] = {}
@@ -286,8 +358,9 @@ def check_runs(home: Path, run_ids: list[str], dates: list[str]) -> None:
         assert (resume["start_step"], resume["resume_from"]) == (previous_final, previous_ckpt), run_id
         final = previous_final + MAX_STEPS
         assert (ends["train"]["start_step"], ends["train"]["last_step"]) == (previous_final, final)
-        steps = sorted({s for e in ledger.events("train", "step") for s in range(e.get("first_step", e["step"]),
-                                                                                   e["step"] + 1)})
+        steps = sorted(
+            {s for e in ledger.events("train", "step") for s in range(e.get("first_step", e["step"]), e["step"] + 1)}
+        )
         assert steps == list(range(previous_final + 1, final + 1)), f"{run_id} trained steps {steps}"
         assert ends["check_checkpoint"]["step"] == final
         ckpt = step_dir(ckpt_root, final)

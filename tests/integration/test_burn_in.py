@@ -34,20 +34,24 @@ training: {{max_steps: 1, global_batch: 6, micro_batch: 1, checkpoint_every: 1}}
 """
 
 
-def run_for(tmp_path: Path, count: int, spare: int, drills: str, duration: float = 6, minimum: int = 1,
-            ratio: float = 0.9):
+def run_for(
+    tmp_path: Path, count: int, spare: int, drills: str, duration: float = 6, minimum: int = 1, ratio: float = 0.9
+):
     spec = tmp_path / "p.yaml"
-    spec.write_text(SPEC.format(root=tmp_path, count=count, min=minimum, spare=spare, duration=duration, drills=drills,
-                                ratio=ratio))
+    spec.write_text(
+        SPEC.format(root=tmp_path, count=count, min=minimum, spare=spare, duration=duration, drills=drills, ratio=ratio)
+    )
     return open_run(spec, "p", f"run-{time.monotonic_ns()}", "2026-11-28")
 
 
 def no_probe_left() -> bool:
-    return not [p for p in psutil.process_iter(["cmdline"]) if "trainyard.burnin.node" in " ".join(p.info["cmdline"] or [])]
+    return not [
+        p for p in psutil.process_iter(["cmdline"]) if "trainyard.burnin.node" in " ".join(p.info["cmdline"] or [])
+    ]
 
 
 def test_a_throttled_node_is_evicted_and_the_others_train(tmp_path: Path) -> None:
-    run = run_for(tmp_path, count=2, spare=1, drills='[{node: node-1, fault: throttle, factor: 0.5}]')
+    run = run_for(tmp_path, count=2, spare=1, drills="[{node: node-1, fault: throttle, factor: 0.5}]")
     started = time.monotonic()
     result = burn_in(run)
     elapsed = time.monotonic() - started
@@ -73,7 +77,11 @@ def test_a_crashed_or_hung_node_is_dead_within_the_timeout(tmp_path: Path, fault
     assert time.monotonic() - started < 5 + 10
     assert sorted(result["healthy"]) == ["node-1", "node-2"], result["evicted"]
     reason = result["evicted"]["node-0"]
-    assert reason == "dead: exited 1: drill: node crashed on purpose (node-0)" if fault == "crash" else reason.startswith("dead: no report within")
+    assert (
+        reason == "dead: exited 1: drill: node crashed on purpose (node-0)"
+        if fault == "crash"
+        else reason.startswith("dead: no report within")
+    )
     assert no_probe_left()
 
 
@@ -91,14 +99,16 @@ def test_too_few_healthy_nodes_fails_fast_with_the_table(tmp_path: Path) -> None
 
 def stranger(port: int):
     """Anyone who reaches the store's port: a TCPStore client with no key."""
-    import torch.distributed as dist
     from datetime import timedelta
+
+    import torch.distributed as dist
 
     return dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
 
 
-def test_a_report_forged_by_a_stranger_fails_the_stage_and_marks_no_node(tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_report_forged_by_a_stranger_fails_the_stage_and_marks_no_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from trainyard.burnin import local
     from trainyard.burnin.sealing import StoreTampered
 
@@ -127,8 +137,22 @@ def test_a_candidate_refuses_an_instruction_it_cannot_verify(tmp_path: Path, mon
     stranger(store.port).set("go/node-0", "1")  # not the orchestrator's: unsigned
     monkeypatch.setenv(KEY_ENV, "cd" * 32)
     with pytest.raises(SystemExit) as exited:
-        node.main(["--node", "node-0", "--store", f"127.0.0.1:{store.port}", "--slot", "1", "--collective-s", "1",
-                   "--scratch", str(tmp_path), "--timeout", "5"])
+        node.main(
+            [
+                "--node",
+                "node-0",
+                "--store",
+                f"127.0.0.1:{store.port}",
+                "--slot",
+                "1",
+                "--collective-s",
+                "1",
+                "--scratch",
+                str(tmp_path),
+                "--timeout",
+                "5",
+            ]
+        )
     assert exited.value.code == node.TAMPERED_EXIT
     assert "'go/node-0' is not signed" in unseal("cd" * 32, "tampered/node-0", store.get("tampered/node-0"))
     assert not store.check(["local/node-0"])  # it ran no probe on a forged go
@@ -140,5 +164,17 @@ def test_a_candidate_without_its_key_does_not_start(tmp_path: Path, monkeypatch:
 
     monkeypatch.delenv(KEY_ENV, raising=False)
     with pytest.raises(SystemExit, match="TRAINYARD_BURNIN_KEY must hold"):
-        node.main(["--node", "node-0", "--store", "127.0.0.1:1", "--slot", "1", "--collective-s", "1",
-                   "--scratch", str(tmp_path)])
+        node.main(
+            [
+                "--node",
+                "node-0",
+                "--store",
+                "127.0.0.1:1",
+                "--slot",
+                "1",
+                "--collective-s",
+                "1",
+                "--scratch",
+                str(tmp_path),
+            ]
+        )

@@ -36,7 +36,10 @@ def test_demo_pipeline_runs_end_to_end(env: dict[str, str]) -> None:
     published = home / "cold" / "checkpoints" / "nightly_pretrain"
     cold = published / json.loads((published / "PUBLISHED").read_text())["path"]  # readers follow the pointer
     assert cold.name.startswith("step_000060.") and verify(hot) == [] and verify(cold) == []
-    assert json.loads((cold / "manifest.json").read_text())["files"] == json.loads((hot / "manifest.json").read_text())["files"]
+    assert (
+        json.loads((cold / "manifest.json").read_text())["files"]
+        == json.loads((hot / "manifest.json").read_text())["files"]
+    )
 
     [run_dir] = (home / "runs" / "nightly_pretrain").iterdir()
     ledger = Ledger.in_dir(run_dir)
@@ -51,11 +54,15 @@ def test_demo_pipeline_runs_end_to_end(env: dict[str, str]) -> None:
     assert json.loads((hot.parent / "LATEST").read_text())["path"] == "step_000060"
     assert json.loads((run_dir / "metric_quality.json").read_text())["success"] is True
     with sqlite3.connect(Path(env["AIRFLOW_HOME"]) / "airflow.db") as db:
-        [(extra,)] = db.execute("SELECT e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id"
-                                " WHERE a.uri = 'trainyard://checkpoints/nightly_pretrain'").fetchall()
+        [(extra,)] = db.execute(
+            "SELECT e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id"
+            " WHERE a.uri = 'trainyard://checkpoints/nightly_pretrain'"
+        ).fetchall()
     assert json.loads(extra)["uri"].endswith(f"/cold/checkpoints/nightly_pretrain/{cold.name}")
 
-    summary = subprocess.run(["trainyard", "summary", "--dag-id", "nightly_pretrain"], env=env, capture_output=True, text=True)
+    summary = subprocess.run(
+        ["trainyard", "summary", "--dag-id", "nightly_pretrain"], env=env, capture_output=True, text=True
+    )
     assert summary.returncode == 0, summary.stderr
     assert "steps trained:    60" in summary.stdout and str(hot) in summary.stdout
 

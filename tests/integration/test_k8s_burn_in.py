@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from fake_k8s import FakeKube, Kubelet
+
 from trainyard.errors import NodeUnhealthy
 from trainyard.run import open_run
 from trainyard.stages import burn_in

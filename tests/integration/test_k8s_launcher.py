@@ -20,13 +20,18 @@ from typing import Any
 
 import pytest
 import yaml
+from fake_k8s import Call, FakeKube
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from fake_k8s import Call, FakeKube
 from trainyard.airflow.triggers import KubernetesAttemptTrigger
 from trainyard.burnin.kubernetes import (
-    build_burnin_pod, create_burnin_pods, delete_burnin_pods, evicted_nodes, label_evicted, unlabel,
+    build_burnin_pod,
+    create_burnin_pods,
+    delete_burnin_pods,
+    evicted_nodes,
+    label_evicted,
+    unlabel,
 )
 from trainyard.launch.base import LaunchPlan, NodeStatus
 from trainyard.launch.kubernetes import KubernetesHandle, KubernetesLauncher, build_objects
@@ -37,7 +42,9 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 NS = "trainyard"
 BATCH, CORE, VOLCANO = "apis/batch/v1", "api/v1", "apis/scheduling.volcano.sh/v1beta1"
-SPEC = KubernetesSpec(image="registry.local/trainer:1", namespace=NS, scheduler="volcano", gpus=1, hot_pvc="trainyard-hot")
+SPEC = KubernetesSpec(
+    image="registry.local/trainer:1", namespace=NS, scheduler="volcano", gpus=1, hot_pvc="trainyard-hot"
+)
 DEFAULT = KubernetesSpec(image="registry.local/trainer:1", namespace=NS)
 
 
@@ -51,10 +58,18 @@ def fake() -> Iterator[FakeKube]:
 def make_plan(tmp_path: Path, nodes: int = 2, attempt: int = 1) -> LaunchPlan:
     home = tmp_path / "home"
     return LaunchPlan(
-        run_id="manual__2026-03-01T02:00:00+00:00", attempt=attempt, nodes=[f"node-{i}" for i in range(nodes)],
-        procs_per_node=1, entrypoint="trainyard.train", args=["--lr", "0.01"],
-        env={"TRAINYARD_DATA_DIR": f"{home}/hot/tokens", "TRAINYARD_CHECKPOINT_DIR": f"{home}/checkpoints/p",
-             "TRAINYARD_LEDGER": f"{home}/runs/p/r/events.jsonl", "TRAINYARD_ATTEMPT": str(attempt)},
+        run_id="manual__2026-03-01T02:00:00+00:00",
+        attempt=attempt,
+        nodes=[f"node-{i}" for i in range(nodes)],
+        procs_per_node=1,
+        entrypoint="trainyard.train",
+        args=["--lr", "0.01"],
+        env={
+            "TRAINYARD_DATA_DIR": f"{home}/hot/tokens",
+            "TRAINYARD_CHECKPOINT_DIR": f"{home}/checkpoints/p",
+            "TRAINYARD_LEDGER": f"{home}/runs/p/r/events.jsonl",
+            "TRAINYARD_ATTEMPT": str(attempt),
+        },
         log_dir=home / "runs" / "p" / "r" / f"attempt-{attempt}",
     )
 
@@ -66,8 +81,14 @@ def running(fake: FakeKube, pods: list[str]) -> None:
 
 def succeed(fake: FakeKube, pods: list[str]) -> None:
     for i, name in enumerate(pods):
-        fake.set_pod(NS, name, "Succeeded", node=f"k8s-{i}", log=f"rank {i} done\n",
-                     state={"terminated": {"exitCode": 0, "reason": "Completed"}})
+        fake.set_pod(
+            NS,
+            name,
+            "Succeeded",
+            node=f"k8s-{i}",
+            log=f"rank {i} done\n",
+            state={"terminated": {"exitCode": 0, "reason": "Completed"}},
+        )
 
 
 def wire(obj: Any) -> Any:
@@ -140,10 +161,15 @@ def test_evicted_and_oom_killed_pods_fail_with_reason_and_exit_code(fake: FakeKu
     handle = launcher.launch(make_plan(tmp_path, nodes=3))
     pods = fake.spawn_job_pods(NS, handle.name)
     running(fake, pods)
-    fake.set_pod(NS, pods[0], "Failed", node="k8s-0", reason="Evicted",
-                 message="The node was low on resource: memory.")
-    fake.set_pod(NS, pods[1], "Failed", node="k8s-1", log="torch.OutOfMemoryError\n",
-                 state={"terminated": {"exitCode": 137, "reason": "OOMKilled"}})
+    fake.set_pod(NS, pods[0], "Failed", node="k8s-0", reason="Evicted", message="The node was low on resource: memory.")
+    fake.set_pod(
+        NS,
+        pods[1],
+        "Failed",
+        node="k8s-1",
+        log="torch.OutOfMemoryError\n",
+        state={"terminated": {"exitCode": 137, "reason": "OOMKilled"}},
+    )
     status = launcher.poll(handle)
     assert status.state == "failed"
     evicted, oom, alive = status.nodes
@@ -152,7 +178,9 @@ def test_evicted_and_oom_killed_pods_fail_with_reason_and_exit_code(fake: FakeKu
     assert alive == NodeStatus("k8s-2", "running")
     # The evidence the supervisor tails: the pod's verdict, and the log where there is one.
     evidence = Path(evicted.log).read_text()
-    assert "reason=Evicted" in evidence and "low on resource: memory" in evidence and "no container log: 400" in evidence
+    assert (
+        "reason=Evicted" in evidence and "low on resource: memory" in evidence and "no container log: 400" in evidence
+    )
     assert Path(oom.log).read_text().splitlines()[-1] == "torch.OutOfMemoryError"
 
 
@@ -162,7 +190,8 @@ def test_image_pull_backoff_fails_now_and_a_deleted_job_fails_the_rest(fake: Fak
     pods = fake.spawn_job_pods(NS, handle.name)
     fake.set_pod(NS, pods[0], "Pending", node="k8s-0", state={"waiting": {"reason": "ImagePullBackOff"}})
     assert launcher.poll(handle).failed() == [
-        NodeStatus("k8s-0", "failed", None, launcher.poll(handle).nodes[0].log, "ImagePullBackOff")]
+        NodeStatus("k8s-0", "failed", None, launcher.poll(handle).nodes[0].log, "ImagePullBackOff")
+    ]
     other = launcher.launch(make_plan(tmp_path, attempt=2))
     fake.objects.pop((BATCH, "jobs", NS, other.name))  # someone ran kubectl delete job --cascade=orphan
     assert {n.reason for n in launcher.poll(other).nodes} == {"JobDeleted"}
@@ -212,12 +241,18 @@ def test_a_failed_launch_leaves_nothing_behind_and_a_repeated_one_adopts(fake: F
 
 def kubeconfig(tmp_path: Path, url: str) -> str:
     path = tmp_path / "kubeconfig"
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-        "clusters": [{"name": "fake", "cluster": {"server": url}}],
-        "users": [{"name": "fake", "user": {"token": "t"}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": NS}}],
-    }))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "fake",
+                "clusters": [{"name": "fake", "cluster": {"server": url}}],
+                "users": [{"name": "fake", "user": {"token": "t"}}],
+                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": NS}}],
+            }
+        )
+    )
     return str(path)
 
 
@@ -236,8 +271,13 @@ def test_trigger_fires_once_the_attempt_ends_with_the_launchers_records(fake: Fa
     handle = launcher.launch(plan)
     pods = fake.spawn_job_pods(NS, handle.name)
     running(fake, pods)
-    trigger = KubernetesAttemptTrigger(namespace=NS, job_name=handle.name, nodes=plan.nodes, poll_interval=0.05,
-                                       config_file=kubeconfig(tmp_path, fake.url))
+    trigger = KubernetesAttemptTrigger(
+        namespace=NS,
+        job_name=handle.name,
+        nodes=plan.nodes,
+        poll_interval=0.05,
+        config_file=kubeconfig(tmp_path, fake.url),
+    )
     # The pods finish while the trigger is already polling.
     threading.Timer(0.3, succeed, (fake, pods)).start()
     started = time.monotonic()
@@ -250,38 +290,54 @@ def test_trigger_fires_once_the_attempt_ends_with_the_launchers_records(fake: Fa
 
 
 def test_trigger_reports_a_failed_node_and_times_out_and_gives_up_on_an_unreachable_api(
-    fake: FakeKube, tmp_path: Path,
+    fake: FakeKube,
+    tmp_path: Path,
 ) -> None:
     launcher = KubernetesLauncher(fake.client(), DEFAULT)
     handle = launcher.launch(make_plan(tmp_path))
     pods = fake.spawn_job_pods(NS, handle.name)
     running(fake, pods)
     config = kubeconfig(tmp_path, fake.url)
-    waiting = first_event(KubernetesAttemptTrigger(NS, handle.name, ["node-0", "node-1"], poll_interval=0.05,
-                                                   config_file=config, timeout_s=0.2))
+    waiting = first_event(
+        KubernetesAttemptTrigger(
+            NS, handle.name, ["node-0", "node-1"], poll_interval=0.05, config_file=config, timeout_s=0.2
+        )
+    )
     assert waiting["status"] == "timeout" and {n["state"] for n in waiting["nodes"]} == {"running"}
     fake.set_pod(NS, pods[1], "Failed", node="k8s-1", state={"terminated": {"exitCode": 137, "reason": "OOMKilled"}})
-    failed = first_event(KubernetesAttemptTrigger(NS, handle.name, ["node-0", "node-1"], poll_interval=0.05,
-                                                  config_file=config))
+    failed = first_event(
+        KubernetesAttemptTrigger(NS, handle.name, ["node-0", "node-1"], poll_interval=0.05, config_file=config)
+    )
     assert failed["status"] == "failed" and failed["message"] == "k8s-1: OOMKilled"
-    assert failed["nodes"][1] == {"node": "k8s-1", "state": "failed", "exit_code": 137, "log": "", "reason": "OOMKilled"}
+    assert failed["nodes"][1] == {
+        "node": "k8s-1",
+        "state": "failed",
+        "exit_code": 137,
+        "log": "",
+        "reason": "OOMKilled",
+    }
     gone = kubeconfig(tmp_path, "http://127.0.0.1:9")  # nothing listens on the discard port
-    error = first_event(KubernetesAttemptTrigger(NS, handle.name, ["node-0"], poll_interval=0.01, config_file=gone,
-                                                 max_api_errors=2))
+    error = first_event(
+        KubernetesAttemptTrigger(NS, handle.name, ["node-0"], poll_interval=0.01, config_file=gone, max_api_errors=2)
+    )
     assert error["status"] == "error" and error["nodes"] == [] and "unreachable" in error["message"]
 
 
-def test_a_user_kill_of_the_deferred_task_deletes_the_attempt_from_the_triggerer(fake: FakeKube, tmp_path: Path) -> None:
+def test_a_user_kill_of_the_deferred_task_deletes_the_attempt_from_the_triggerer(
+    fake: FakeKube, tmp_path: Path
+) -> None:
     launcher = KubernetesLauncher(fake.client(), SPEC)  # volcano: a PodGroup too
     handle = launcher.launch(make_plan(tmp_path))
     running(fake, fake.spawn_job_pods(NS, handle.name))
-    trigger = KubernetesAttemptTrigger(NS, handle.name, ["node-0", "node-1"], config_file=kubeconfig(tmp_path, fake.url),
-                                       podgroup=True)
+    trigger = KubernetesAttemptTrigger(
+        NS, handle.name, ["node-0", "node-1"], config_file=kubeconfig(tmp_path, fake.url), podgroup=True
+    )
     asyncio.run(trigger.on_kill())
     assert fake.items(BATCH, "jobs", NS) == [] and fake.items(CORE, "services", NS) == []
     assert fake.items(VOLCANO, "podgroups", NS) == [] and fake.items(CORE, "pods", NS) == []
     assert ("jobs", handle.name, {"propagationPolicy": "Foreground"}) in [
-        (r, n, {k: v for k, v in o.items() if k == "propagationPolicy"}) for r, n, o in fake.deletes]
+        (r, n, {k: v for k, v in o.items() if k == "propagationPolicy"}) for r, n, o in fake.deletes
+    ]
     asyncio.run(trigger.on_kill())  # twice: everything already gone is fine
 
 
@@ -291,8 +347,20 @@ def test_a_user_kill_of_the_deferred_task_deletes_the_attempt_from_the_triggerer
 def test_burnin_pods_are_created_and_deleted(fake: FakeKube) -> None:
     core = client.CoreV1Api(fake.client())
     schedule = SimpleNamespace(slot_s=2.0, collective_s=3.0)
-    pods = [build_burnin_pod(node, run_id="r1", store="10.0.0.5:41000", schedule=schedule, cfg=PressureTestSpec(),
-                             spec=DEFAULT, scratch="/mnt/scratch", timeout_s=20.0, key="ab" * 32) for node in ("k8s-0", "k8s-1")]
+    pods = [
+        build_burnin_pod(
+            node,
+            run_id="r1",
+            store="10.0.0.5:41000",
+            schedule=schedule,
+            cfg=PressureTestSpec(),
+            spec=DEFAULT,
+            scratch="/mnt/scratch",
+            timeout_s=20.0,
+            key="ab" * 32,
+        )
+        for node in ("k8s-0", "k8s-1")
+    ]
     names = create_burnin_pods(core, pods)
     assert create_burnin_pods(core, pods) == names  # this try's pods exist already: kept, no error
     stored = fake.get(CORE, "pods", NS, names[1])
@@ -338,7 +406,10 @@ def test_a_taint_written_concurrently_is_not_lost(fake: FakeKube, monkeypatch: p
 
     monkeypatch.setattr(core, "read_node", read_then_race)
     label_evicted(core, ["k8s-0"], "trainyard.io/evicted", mode="taint")
-    assert [t["key"] for t in fake.get(CORE, "nodes", "", "k8s-0")["spec"]["taints"]] == ["other", "trainyard.io/evicted"]
+    assert [t["key"] for t in fake.get(CORE, "nodes", "", "k8s-0")["spec"]["taints"]] == [
+        "other",
+        "trainyard.io/evicted",
+    ]
 
 
 # ---------------------------------------------------------------- RBAC
@@ -349,8 +420,12 @@ def granted(name: str) -> set[Call]:
     for doc in yaml.safe_load_all((ROOT / "docker" / "k8s" / name).read_text()):
         if doc and doc["kind"] in ("Role", "ClusterRole"):
             for rule in doc["rules"]:
-                out |= {Call(v, g, r, doc["kind"] == "Role") for g in rule["apiGroups"] for r in rule["resources"]
-                        for v in rule["verbs"]}
+                out |= {
+                    Call(v, g, r, doc["kind"] == "Role")
+                    for g in rule["apiGroups"]
+                    for r in rule["resources"]
+                    for v in rule["verbs"]
+                }
     return out
 
 
@@ -364,13 +439,24 @@ def test_rbac_grants_exactly_the_calls_trainyard_makes(fake: FakeKube, tmp_path:
     pods = fake.spawn_job_pods(NS, handle.name)
     succeed(fake, pods)
     assert launcher.poll(handle).state == "succeeded"
-    event = first_event(KubernetesAttemptTrigger(NS, handle.name, plan.nodes, poll_interval=0.05,
-                                                 config_file=kubeconfig(tmp_path, fake.url)))
+    event = first_event(
+        KubernetesAttemptTrigger(
+            NS, handle.name, plan.nodes, poll_interval=0.05, config_file=kubeconfig(tmp_path, fake.url)
+        )
+    )
     assert event["status"] == "succeeded"
     launcher.cancel(handle)
-    burnin = build_burnin_pod("k8s-0", run_id="r", store="10.0.0.5:1", schedule=SimpleNamespace(slot_s=1, collective_s=1),
-                              cfg=PressureTestSpec(), spec=SPEC, scratch="/mnt/s", timeout_s=5,
-                              key="ab" * 32)
+    burnin = build_burnin_pod(
+        "k8s-0",
+        run_id="r",
+        store="10.0.0.5:1",
+        schedule=SimpleNamespace(slot_s=1, collective_s=1),
+        cfg=PressureTestSpec(),
+        spec=SPEC,
+        scratch="/mnt/s",
+        timeout_s=5,
+        key="ab" * 32,
+    )
     delete_burnin_pods(core, NS, create_burnin_pods(core, [burnin]))
     fake.add_node("k8s-0")
     label_evicted(core, ["k8s-0"], SPEC.evicted_label, mode="taint")

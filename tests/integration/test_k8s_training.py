@@ -22,9 +22,9 @@ from typing import Any
 
 import psutil
 import pytest
-
 from airflow_helpers import ROOT, TASKS, airflow, airflow_env, run_state, task_states, wait_until
 from fake_k8s import FakeKube, Kubelet, airflow_connection
+
 from trainyard import stages
 from trainyard.airflow.operators import defers, launcher_for, trigger_for
 from trainyard.checkpoint.format import read_manifest
@@ -94,7 +94,7 @@ def deferred_train(run: Run) -> tuple[dict[str, Any], list[str]]:
     seen = []
     while "watch" in outcome:
         trigger = trigger_for(run, outcome["watch"])
-        kind, data = trigger.serialize()  # what the triggerer gets from the metadata DB
+        _kind, data = trigger.serialize()  # what the triggerer gets from the metadata DB
         event = first_event(type(trigger)(**json.loads(json.dumps(data))))
         seen.append(event["status"])
         outcome = stages.continue_training(run, NODES, launcher_for(run.spec.nodes), [], event)
@@ -102,8 +102,11 @@ def deferred_train(run: Run) -> tuple[dict[str, Any], list[str]]:
 
 
 def evicted(fake: FakeKube) -> list[str]:
-    return sorted(n["metadata"]["name"] for n in fake.items("api/v1", "nodes")
-                  if n["metadata"].get("labels", {}).get("trainyard.io/evicted") == "true")
+    return sorted(
+        n["metadata"]["name"]
+        for n in fake.items("api/v1", "nodes")
+        if n["metadata"].get("labels", {}).get("trainyard.io/evicted") == "true"
+    )
 
 
 def train_events(run: Run, name: str) -> list[dict[str, Any]]:
@@ -128,7 +131,10 @@ def test_an_oom_pod_is_retried_with_half_the_micro_batch_and_the_run_finishes(fa
     # Every checkpoint was judged by the wake-up sweeps, the final one included.
     judged = {Path(e["path"]).name for e in train_events(run, "checkpoint_validated")}
     assert Path(result["checkpoint"]).name in judged
-    assert [e["event"] for e in run.ledger.events("train") if e["event"].startswith("stage_")] == ["stage_start", "stage_end"]
+    assert [e["event"] for e in run.ledger.events("train") if e["event"].startswith("stage_")] == [
+        "stage_start",
+        "stage_end",
+    ]
     assert fake.items("apis/batch/v1", "jobs", NS) == [] and fake.items("api/v1", "services", NS) == []
     assert evicted(fake) == []  # an OOM is the job's fault, not the node's
     assert stages.check_checkpoint(run, result["checkpoint"], 20)["step"] == 20
@@ -176,7 +182,9 @@ def test_the_train_task_defers_in_a_real_airflow_run(fake: FakeKube, tmp_path: P
         done = airflow(env, "dags", "test", "k8s_train", "2026-11-28")
     Path("/tmp/k8s_dags_test.log").write_text(done.stdout + done.stderr)
     out = done.stdout[-4000:] + done.stderr[-4000:]
-    assert {t: s for t, (s, _) in task_states(env, "k8s_train", "2026-11-28").items()} == dict.fromkeys(TASKS, "success"), out
+    assert {t: s for t, (s, _) in task_states(env, "k8s_train", "2026-11-28").items()} == dict.fromkeys(
+        TASKS, "success"
+    ), out
     assert run_state(env, "k8s_train", "2026-11-28") == "success"
     [run_dir] = (tmp_path / "runs" / "k8s_train").iterdir()
     ledger = Ledger.in_dir(run_dir)
@@ -187,5 +195,7 @@ def test_the_train_task_defers_in_a_real_airflow_run(fake: FakeKube, tmp_path: P
     # The trigger ran inline, in this process: its progress lines went to dags test's own output (there is
     # no task log file without an executor; under a triggerer they go to the task log's
     # ``attempt=N.log.trigger.<id>.log`` beside it, and the task logs a line itself at each wake).
-    steps = [int(s) for s in re.findall(r"progress: attempt 1, world size 2, step (\d+)/20 ", done.stdout + done.stderr)]
+    steps = [
+        int(s) for s in re.findall(r"progress: attempt 1, world size 2, step (\d+)/20 ", done.stdout + done.stderr)
+    ]
     assert steps and steps == sorted(steps), out

@@ -33,24 +33,47 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def plan(root: Path, data: Path, nodes: int, max_steps: int, resume: str = "none", attempt: int = 1,
-         entrypoint: str = "trainyard.train", args: list[str] = MODEL, **env: str) -> LaunchPlan:
+def plan(
+    root: Path,
+    data: Path,
+    nodes: int,
+    max_steps: int,
+    resume: str = "none",
+    attempt: int = 1,
+    entrypoint: str = "trainyard.train",
+    args: list[str] = MODEL,
+    **env: str,
+) -> LaunchPlan:
     return LaunchPlan(
-        run_id=root.name, attempt=attempt, nodes=[f"node-{i}" for i in range(nodes)], procs_per_node=1,
-        entrypoint=entrypoint, args=args, log_dir=root / f"attempt-{attempt}",
+        run_id=root.name,
+        attempt=attempt,
+        nodes=[f"node-{i}" for i in range(nodes)],
+        procs_per_node=1,
+        entrypoint=entrypoint,
+        args=args,
+        log_dir=root / f"attempt-{attempt}",
         env={
-            "TRAINYARD_DATA_DIR": str(data), "TRAINYARD_CHECKPOINT_DIR": str(root / "ckpt"),
-            "TRAINYARD_RESUME_FROM": resume, "TRAINYARD_HEARTBEAT_DIR": str(root / f"hb-{attempt}"),
-            "TRAINYARD_LEDGER": str(root / "events.jsonl"), "TRAINYARD_RUN_ID": root.name,
-            "TRAINYARD_ATTEMPT": str(attempt), "TRAINYARD_MAX_STEPS": str(max_steps),
-            "TRAINYARD_GLOBAL_BATCH": "12", "TRAINYARD_MICRO_BATCH": "2", "TRAINYARD_CHECKPOINT_EVERY": "4",
-            "TRAINYARD_PROGRESS_EVERY_S": "0", **env,  # losses are compared step by step
+            "TRAINYARD_DATA_DIR": str(data),
+            "TRAINYARD_CHECKPOINT_DIR": str(root / "ckpt"),
+            "TRAINYARD_RESUME_FROM": resume,
+            "TRAINYARD_HEARTBEAT_DIR": str(root / f"hb-{attempt}"),
+            "TRAINYARD_LEDGER": str(root / "events.jsonl"),
+            "TRAINYARD_RUN_ID": root.name,
+            "TRAINYARD_ATTEMPT": str(attempt),
+            "TRAINYARD_MAX_STEPS": str(max_steps),
+            "TRAINYARD_GLOBAL_BATCH": "12",
+            "TRAINYARD_MICRO_BATCH": "2",
+            "TRAINYARD_CHECKPOINT_EVERY": "4",
+            "TRAINYARD_PROGRESS_EVERY_S": "0",
+            **env,  # losses are compared step by step
         },
     )
 
 
 def supervise(p: LaunchPlan) -> None:
-    run_attempt(LocalLauncher(), p, Path(p.env["TRAINYARD_HEARTBEAT_DIR"]), 60.0, Ledger(p.env["TRAINYARD_LEDGER"]), 0.2)
+    run_attempt(
+        LocalLauncher(), p, Path(p.env["TRAINYARD_HEARTBEAT_DIR"]), 60.0, Ledger(p.env["TRAINYARD_LEDGER"]), 0.2
+    )
 
 
 def losses(root: Path) -> dict[int, float]:
@@ -145,22 +168,29 @@ def test_a_user_script_is_a_first_class_entrypoint(tmp_path: Path, data: Path) -
     assert resumed and resumed[-1]["step"] == 8
 
 
-def test_training_processes_never_see_the_workers_secrets(tmp_path: Path, data: Path,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_training_processes_never_see_the_workers_secrets(
+    tmp_path: Path, data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # What an Airflow worker holds: the Fernet key, the database URL, the JWT secret, cloud credentials.
-    secrets = {"AIRFLOW__CORE__FERNET_KEY": "fernet-secret", "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": "postgresql://u:pw@db/a",
-               "AIRFLOW__API_AUTH__JWT_SECRET": "jwt-secret", "AIRFLOW_CONN_TRAINYARD_COLD": '{"password": "s3-secret"}',
-               "AWS_SECRET_ACCESS_KEY": "aws-secret"}
+    secrets = {
+        "AIRFLOW__CORE__FERNET_KEY": "fernet-secret",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": "postgresql://u:pw@db/a",
+        "AIRFLOW__API_AUTH__JWT_SECRET": "jwt-secret",
+        "AIRFLOW_CONN_TRAINYARD_COLD": '{"password": "s3-secret"}',
+        "AWS_SECRET_ACCESS_KEY": "aws-secret",
+    }
     for name, value in secrets.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("OMP_NUM_THREADS", "2")  # a tuning variable does pass
     script = tmp_path / "dump_env.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import json, os, pathlib
         out = pathlib.Path(os.environ["TRAINYARD_CHECKPOINT_DIR"]) / f"env-{os.environ['RANK']}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(dict(os.environ)))
-    """))
+    """)
+    )
     launcher = LocalLauncher()
     handle = launcher.launch(plan(tmp_path, data, nodes=2, max_steps=1, entrypoint=str(script), args=[]))
     deadline = time.monotonic() + 120

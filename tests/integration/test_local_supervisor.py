@@ -35,8 +35,16 @@ class Recording(LocalLauncher):
 def plan_for(tmp_path: Path, script: str) -> LaunchPlan:
     entry = tmp_path / "entry.py"
     entry.write_text(script)
-    return LaunchPlan(run_id="t", attempt=1, nodes=["node-0", "node-1"], procs_per_node=1,
-                      entrypoint=str(entry), args=[], env={}, log_dir=tmp_path / "attempt-1")
+    return LaunchPlan(
+        run_id="t",
+        attempt=1,
+        nodes=["node-0", "node-1"],
+        procs_per_node=1,
+        entrypoint=str(entry),
+        args=[],
+        env={},
+        log_dir=tmp_path / "attempt-1",
+    )
 
 
 def alive(pids: list[int]) -> list[int]:
@@ -57,15 +65,23 @@ def test_a_crashed_node_fails_the_attempt_and_ends_the_others(tmp_path: Path) ->
 def test_a_silent_rank_is_a_hang_and_every_process_ends(tmp_path: Path) -> None:
     launcher = Recording()
     with pytest.raises(TrainingFailed, match=r"\(hang\): no progress for 3 s from rank-0, rank-1") as err:
-        run_attempt(launcher, plan_for(tmp_path, "import time\ntime.sleep(120)\n"), tmp_path / "hb", 3.0,
-                    Ledger.in_dir(tmp_path), poll_s=0.2, startup_grace_s=3.0)
+        run_attempt(
+            launcher,
+            plan_for(tmp_path, "import time\ntime.sleep(120)\n"),
+            tmp_path / "hb",
+            3.0,
+            Ledger.in_dir(tmp_path),
+            poll_s=0.2,
+            startup_grace_s=3.0,
+        )
     assert err.value.kind == "hang"
     assert launcher.pids and alive(launcher.pids) == []
 
 
 def test_a_clean_exit_succeeds(tmp_path: Path) -> None:
-    result = run_attempt(LocalLauncher(), plan_for(tmp_path, "print('ok')\n"), tmp_path / "hb", 30.0,
-                         Ledger.in_dir(tmp_path), poll_s=0.2)
+    result = run_attempt(
+        LocalLauncher(), plan_for(tmp_path, "print('ok')\n"), tmp_path / "hb", 30.0, Ledger.in_dir(tmp_path), poll_s=0.2
+    )
     assert result.attempt == 1
     assert "ok" in (tmp_path / "attempt-1" / "node-0.log").read_text()
 
@@ -80,6 +96,13 @@ def test_a_lost_lineage_lease_ends_the_attempt_and_every_process(tmp_path: Path)
     hold(root, "p", "run-2", Ledger.in_dir(tmp_path / "run-2"), ttl_s=4.0, clock=lambda: clock[0])
     launcher = Recording()
     with pytest.raises(LineageBusy, match="run run-1 lost its claim"):
-        run_attempt(launcher, plan_for(tmp_path, "import time\ntime.sleep(120)\n"), tmp_path / "hb", 60.0, ledger,
-                    poll_s=0.2, keep_alive=held.keep)
+        run_attempt(
+            launcher,
+            plan_for(tmp_path, "import time\ntime.sleep(120)\n"),
+            tmp_path / "hb",
+            60.0,
+            ledger,
+            poll_s=0.2,
+            keep_alive=held.keep,
+        )
     assert launcher.pids and alive(launcher.pids) == []

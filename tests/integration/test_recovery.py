@@ -125,7 +125,9 @@ def test_out_of_memory_retries_with_a_smaller_micro_batch(tmp_path: Path) -> Non
     assert manifest["micro_batch"] == 1 and manifest["world_size"] == 3
 
 
-def test_an_exception_in_user_code_fails_fast_with_its_traceback(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_an_exception_in_user_code_fails_fast_with_its_traceback(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     run = run_with(tmp_path, "[{fault: exception, node: node-0, step: 12}]")
     with pytest.raises(TrainingFailed, match="user_error") as err:
         stages.train(run, ["node-0", "node-1", "node-2"])
@@ -137,8 +139,11 @@ def test_an_exception_in_user_code_fails_fast_with_its_traceback(tmp_path: Path,
 
 
 def test_the_attempt_budget_is_respected(tmp_path: Path) -> None:
-    run = run_with(tmp_path, "[{fault: kill, node: node-1, step: 7}, {fault: kill, node: node-0, step: 12, attempt: 2}]",
-                   attempts=2)
+    run = run_with(
+        tmp_path,
+        "[{fault: kill, node: node-1, step: 7}, {fault: kill, node: node-0, step: 12, attempt: 2}]",
+        attempts=2,
+    )
     with pytest.raises(TrainingFailed, match="budget"):
         stages.train(run, ["node-0", "node-1", "node-2"])
     assert len(events(run, "attempt_start")) == 2

@@ -56,9 +56,17 @@ RECOVERS = {"nodes": {"count": 2, "min": 1, "procs_per_node": 1, "backend": "loc
 SPECS = {
     "pinned_night": small(**RECOVERS, drills=[{"fault": "kill", "step": 3, "node": "node-1"}]),
     # Two nodes, both needed; the pressure test's drill crashes one: too few healthy nodes.
-    "few_nodes": small(nodes={"count": 2, "min": 2, "procs_per_node": 1, "backend": "local"}, training__micro_batch=2,
-                       pressure_test={"duration_s": 2, "matmul_size": 64, "membw_mb": 8, "disk_mb": 8,
-                                      "drills": [{"node": "node-1", "fault": "crash"}]}),
+    "few_nodes": small(
+        nodes={"count": 2, "min": 2, "procs_per_node": 1, "backend": "local"},
+        training__micro_batch=2,
+        pressure_test={
+            "duration_s": 2,
+            "matmul_size": 64,
+            "membw_mb": 8,
+            "disk_mb": 8,
+            "drills": [{"node": "node-1", "fault": "crash"}],
+        },
+    ),
     # One attempt only, and it loses its node: the recovery budget is spent at once.
     "no_budget": small(recovery__max_attempts=1, drills=[{"fault": "kill", "step": 2, "node": "node-0"}]),
 }
@@ -75,7 +83,9 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         (dags / "pipelines" / f"{dag_id}.yaml").write_text(text)
     env = airflow_env(home, dags, AIRFLOW__API__BASE_URL=BASE_URL)
     for date in sorted(d for dates in DATES.values() for d in dates):
-        subprocess.run(["trainyard", "demo-data", "--date", date], env=env, check=True, capture_output=True, timeout=120)
+        subprocess.run(
+            ["trainyard", "demo-data", "--date", date], env=env, check=True, capture_output=True, timeout=120
+        )
     return env
 
 
@@ -103,8 +113,11 @@ def the_one_mail(env: dict[str, str], smtp_server, dag_id: str, date: str, out: 
     [mail] = smtp_server.mails
     assert mail["to"] == RECIPIENTS and mail["from"] == "trainyard@example.com"  # the connection's from_email
     assert smtp_server.logins == ["trainyard"]  # logged in with the connection's credentials
-    [run_id] = [r for r, logical in query(env, "SELECT run_id, logical_date FROM dag_run WHERE dag_id = :dag_id",
-                                          dag_id=dag_id) if day(logical) == date]
+    [run_id] = [
+        r
+        for r, logical in query(env, "SELECT run_id, logical_date FROM dag_run WHERE dag_id = :dag_id", dag_id=dag_id)
+        if day(logical) == date
+    ]
     body = smtp_server.text(mail)
     assert f"Run page: {run_url(BASE_URL, dag_id, run_id)}" in body
     return mail["message"]["Subject"], body
@@ -144,8 +157,12 @@ def test_a_spec_edited_mid_run_changes_only_the_next_run(env: dict[str, str], sm
     spec_file = Path(env["AIRFLOW__CORE__DAGS_FOLDER"]) / "pipelines" / "pinned_night.yaml"
     log = Path(env["AIRFLOW_HOME"]) / "pinned-night.log"
     with log.open("w") as out:
-        running = subprocess.Popen(["airflow", "dags", "test", "pinned_night", first], env=smtp_env(env, smtp_server),
-                                   stdout=out, stderr=subprocess.STDOUT)
+        running = subprocess.Popen(
+            ["airflow", "dags", "test", "pinned_night", first],
+            env=smtp_env(env, smtp_server),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         # Once training has started, tighten the gate so that no checkpoint of this model could pass it.
         deadline = time.monotonic() + 300

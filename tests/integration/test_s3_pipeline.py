@@ -52,8 +52,12 @@ def test_s3_pipeline_with_airflow_connection(s3_server, tmp_path: Path) -> None:
     (dags / "pipelines" / "s3_pretrain.yaml").write_text(SPEC)
     s = s3_server.settings
     secret = s.secret_key
-    conn = {"conn_type": "aws", "login": s.access_key, "password": secret,
-            "extra": {"endpoint_url": f"http://{s.endpoint}", "region_name": s.region}}
+    conn = {
+        "conn_type": "aws",
+        "login": s.access_key,
+        "password": secret,
+        "extra": {"endpoint_url": f"http://{s.endpoint}", "region_name": s.region},
+    }
     env = airflow_env(tmp_path / "home", dags, AIRFLOW_CONN_TRAINYARD_COLD=json.dumps(conn))
 
     done = airflow(env, "dags", "test", "s3_pretrain", DATE)

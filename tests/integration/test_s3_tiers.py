@@ -86,9 +86,13 @@ def test_escaping_keys_are_refused_and_nothing_lands_outside(s3_server, bucket: 
     import boto3
 
     s = s3_server.settings
-    boto3.client("s3", endpoint_url=f"http://{s.endpoint}", aws_access_key_id=s.access_key,
-                 aws_secret_access_key=s.secret_key, region_name=s.region).put_object(
-        Bucket=bucket, Key="ds/../../escape.tok", Body=b"evil")
+    boto3.client(
+        "s3",
+        endpoint_url=f"http://{s.endpoint}",
+        aws_access_key_id=s.access_key,
+        aws_secret_access_key=s.secret_key,
+        region_name=s.region,
+    ).put_object(Bucket=bucket, Key="ds/../../escape.tok", Body=b"evil")
     with pytest.raises(DataError, match="would escape the tier root"):
         stage(tier(s3_server, bucket), tmp_path / "root" / "hot")
     assert not list(tmp_path.rglob("escape.tok"))
@@ -186,7 +190,9 @@ def test_local_and_s3_tiers_agree_on_listing(s3_server, bucket: str, tmp_path: P
     local.mkdir()
     for key, data in files.items():
         (local / key).write_bytes(data)
-    assert [(o.key, o.size) for o in LocalTier(local).list()] == [(o.key, o.size) for o in tier(s3_server, bucket).list()]
+    assert [(o.key, o.size) for o in LocalTier(local).list()] == [
+        (o.key, o.size) for o in tier(s3_server, bucket).list()
+    ]
 
 
 # Publishing checkpoints to an S3 cold tier: a copy under a prefix of its own, then the pointer object.
@@ -235,7 +241,8 @@ def test_s3_republish_at_a_smaller_world_size_leaves_no_stale_shards(s3_server, 
 
 
 def test_s3_interrupted_republish_leaves_the_published_copy_whole_and_pointed_to(
-        s3_server, bucket: str, tmp_path: Path, monkeypatch) -> None:
+    s3_server, bucket: str, tmp_path: Path, monkeypatch
+) -> None:
     from trainyard import stages
     from trainyard.checkpoint.format import read_manifest, verify
 

@@ -217,8 +217,13 @@ def test_explicit_invalid_checkpoint_is_refused(corpus: Path, reference: Run, tm
 def test_a_long_runs_steps_are_summarised_and_exact_at_checkpoints(corpus: Path, tmp_path: Path) -> None:
     run = Run.in_dir(tmp_path / "summarised")
     env = _env(corpus, run, 0, max_steps=25, checkpoint_every=10, progress_every_s=30)
-    result = subprocess.run([sys.executable, "-m", "trainyard.train", *MODEL_ARGS], env=env, capture_output=True,
-                            text=True, timeout=RUN_TIMEOUT_S)  # one process: the writer is rank 0's either way
+    result = subprocess.run(
+        [sys.executable, "-m", "trainyard.train", *MODEL_ARGS],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+    )  # one process: the writer is rank 0's either way
     assert result.returncode == 0, result.stderr[-3000:]
 
     steps = list(Ledger(run.ledger).events("train", "step"))
@@ -261,8 +266,17 @@ def test_a_rank_whose_peer_dies_mid_save_fails_at_once(corpus: Path, tmp_path: P
     their save threads could wait on each other in a collective until gloo's 30-minute timeout."""
     run = Run.in_dir(tmp_path / "peer-dies")
     drill = json.dumps([{"fault": "kill", "node": "node-1", "step": 8}])
-    procs, logs = start(corpus, run, nodes=3, max_steps=40, checkpoint_every=1, checkpoint_async=1, drills=drill,
-                        global_batch=12, micro_batch=2)
+    procs, logs = start(
+        corpus,
+        run,
+        nodes=3,
+        max_steps=40,
+        checkpoint_every=1,
+        checkpoint_async=1,
+        drills=drill,
+        global_batch=12,
+        micro_batch=2,
+    )
     codes = [_wait(p, timeout=60) for p in procs]
     for code, log in zip(codes[::2], logs[::2]):  # node-0 and node-2
         assert code not in (0, None), log.read_text(errors="replace")[-3000:]

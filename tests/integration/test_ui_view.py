@@ -67,8 +67,8 @@ def chromium() -> str:
     """The browser, installed here if missing (``make browser`` does the same for CI)."""
     found = shutil.which("chromium")
     if not found and os.geteuid() == 0 and shutil.which("apt-get"):
-        subprocess.run("apt-get update -qq && apt-get install -y -qq chromium", shell=True, capture_output=True,
-                       timeout=900)
+        subprocess.run(["apt-get", "update", "-qq"], capture_output=True, timeout=900)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "chromium"], capture_output=True, timeout=900)
         found = shutil.which("chromium")
     if not found:
         pytest.skip("chromium is not installed and `apt-get install chromium` was not possible (needs root on Debian)")
@@ -95,8 +95,13 @@ def start_api_server(home: Path, metadata_db: dict[str, str]) -> tuple[subproces
         AIRFLOW__API__PORT=str(port),
     )
     log = (home / "api-server.log").open("wb")
-    server = subprocess.Popen(["airflow", "api-server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                              env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    server = subprocess.Popen(
+        ["airflow", "api-server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     return server, port
 
 
@@ -216,8 +221,20 @@ def test_the_run_page_shows_the_runs_ledger_in_a_browser(tmp_path: Path, metadat
             assert not [e for e in json.load(r)["import_errors"] if "trainyard_views" in e["source"]]
 
         page = f"{base}/trainyard/runs/{DAG_ID}/{quote(RUN_ID, safe='')}"
-        dom = subprocess.run([browser, "--headless", "--disable-gpu", "--no-sandbox", f"--user-data-dir={tmp_path / 'chromium'}",
-                              "--dump-dom", page], capture_output=True, text=True, timeout=60).stdout
+        dom = subprocess.run(
+            [
+                browser,
+                "--headless",
+                "--disable-gpu",
+                "--no-sandbox",
+                f"--user-data-dir={tmp_path / 'chromium'}",
+                "--dump-dom",
+                page,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
         assert f"Training run {RUN_ID}" in dom, dom[:2000]
         tables = Tables(dom)
 
@@ -257,8 +274,12 @@ def test_the_run_page_shows_the_runs_ledger_in_a_browser(tmp_path: Path, metadat
             assert r.headers["Content-Security-Policy"].startswith("sandbox;") and b"<html" in r.read()
             assert r.headers["X-Content-Type-Options"] == "nosniff"
 
-        for path in (f"/trainyard/runs/{DAG_ID}/..", "/trainyard/runs/../summary.json",
-                     f"/trainyard/runs/{DAG_ID}/..%2F..%2F..%2Fetc/summary.json", f"/trainyard/runs/{DAG_ID}/nope"):
+        for path in (
+            f"/trainyard/runs/{DAG_ID}/..",
+            "/trainyard/runs/../summary.json",
+            f"/trainyard/runs/{DAG_ID}/..%2F..%2F..%2Fetc/summary.json",
+            f"/trainyard/runs/{DAG_ID}/nope",
+        ):
             status, body = raw_get(port, path)
             assert status == 404, (path, body)
         assert "not a valid run id" in raw_get(port, f"/trainyard/runs/{DAG_ID}/..")[1]

@@ -40,15 +40,30 @@ def fake_clock() -> Iterator[list[float]]:
 
 
 def _attempt(ctx: runtime.RunContext, ledger: Ledger, now: list[float], first: int, last: int) -> None:
-    ledger.append("train", "attempt_start", attempt=ctx.attempt, nodes=["node-0", "node-1"], world_size=2,
-                  micro_batch=4, resume_from="latest")
+    ledger.append(
+        "train",
+        "attempt_start",
+        attempt=ctx.attempt,
+        nodes=["node-0", "node-1"],
+        world_size=2,
+        micro_batch=4,
+        resume_from="latest",
+    )
     if first > 1:
-        runtime._ledger_event(ctx, "resumed", step=first - 1, path=f"/ck/step_{first - 1:06d}", from_world_size=2,
-                              from_global_batch=32, seconds=1.0)
+        runtime._ledger_event(
+            ctx,
+            "resumed",
+            step=first - 1,
+            path=f"/ck/step_{first - 1:06d}",
+            from_world_size=2,
+            from_global_batch=32,
+            seconds=1.0,
+        )
     for step in range(first, last + 1):
         now[0] += STEP_S
-        runtime.heartbeat(step, {"loss": loss_at(step), "lr": 1e-3, "step_ms": STEP_S * 1e3,
-                                 "tokens_per_s": 20480.0}, ctx=ctx)
+        runtime.heartbeat(
+            step, {"loss": loss_at(step), "lr": 1e-3, "step_ms": STEP_S * 1e3, "tokens_per_s": 20480.0}, ctx=ctx
+        )
         if ctx.should_checkpoint(step):
             path = f"/ck/step_{step:06d}"
             runtime.flush_progress(ctx)  # as Checkpointer.save does before saving
@@ -56,8 +71,12 @@ def _attempt(ctx: runtime.RunContext, ledger: Ledger, now: list[float], first: i
             ledger.append("train", "checkpoint_validated", path=path, step=step, valid=True, problems=[], seconds=1.5)
             ledger.append("train", "checkpoint_promoted", path=path, step=step)
             if step > 3 * CHECKPOINT_EVERY:
-                ledger.append("train", "checkpoint_retired", path=f"/ck/step_{step - 3 * CHECKPOINT_EVERY:06d}",
-                              step=step - 3 * CHECKPOINT_EVERY)
+                ledger.append(
+                    "train",
+                    "checkpoint_retired",
+                    path=f"/ck/step_{step - 3 * CHECKPOINT_EVERY:06d}",
+                    step=step - 3 * CHECKPOINT_EVERY,
+                )
 
 
 def write_long_run(root: Path, steps: int = STEPS, progress_every_s: float = 30.0,
@@ -71,20 +90,54 @@ def write_long_run(root: Path, steps: int = STEPS, progress_every_s: float = 30.
     resumed = fault_at // CHECKPOINT_EVERY * CHECKPOINT_EVERY  # the last checkpoint before the fault
     with fake_clock() as now:
         for attempt, (first, last) in enumerate([(1, fault_at), (resumed + 1, steps)], 1):
-            ctx = runtime.RunContext(data_dir=root, checkpoint_dir=root, max_steps=steps, ledger=ledger.path,
-                                     run_id=run_id, node="node-0", attempt=attempt, checkpoint_every=CHECKPOINT_EVERY,
-                                     progress_every_s=progress_every_s)
+            ctx = runtime.RunContext(
+                data_dir=root,
+                checkpoint_dir=root,
+                max_steps=steps,
+                ledger=ledger.path,
+                run_id=run_id,
+                node="node-0",
+                attempt=attempt,
+                checkpoint_every=CHECKPOINT_EVERY,
+                progress_every_s=progress_every_s,
+            )
             _attempt(ctx, ledger, now, first, last)
             if attempt == 1:
                 runtime.flush_progress(ctx)  # the process exits (atexit) before the supervisor sees it
-                ledger.append("train", "attempt_end", attempt=1, state="failed", trigger="crash",
-                              reason="node-1 exited -9", last_step=fault_at)
-                ledger.append("train", "failure_classified", attempt=1, kind="node_lost", evidence="node-1 exit -9",
-                              culprits=["node-1"], detected_at=0)
-                ledger.append("train", "decision", attempt=1, kind="node_lost", action="retry",
-                              nodes=["node-0", "node-1"], reason="retry on the same nodes", delay_s=0)
+                ledger.append(
+                    "train",
+                    "attempt_end",
+                    attempt=1,
+                    state="failed",
+                    trigger="crash",
+                    reason="node-1 exited -9",
+                    last_step=fault_at,
+                )
+                ledger.append(
+                    "train",
+                    "failure_classified",
+                    attempt=1,
+                    kind="node_lost",
+                    evidence="node-1 exit -9",
+                    culprits=["node-1"],
+                    detected_at=0,
+                )
+                ledger.append(
+                    "train",
+                    "decision",
+                    attempt=1,
+                    kind="node_lost",
+                    action="retry",
+                    nodes=["node-0", "node-1"],
+                    reason="retry on the same nodes",
+                    delay_s=0,
+                )
         runtime.finish(steps, {"loss": loss_at(steps)}, ctx=ctx)
     ledger.append("train", "attempt_end", attempt=2, state="succeeded", seconds=now[0], last_step=steps)
-    ledger.append("train", "stage_end", seconds=now[0] + 60, result={"nodes": ["node-0", "node-1"],
-                                                                     "checkpoint": f"/ck/step_{steps:06d}"})
+    ledger.append(
+        "train",
+        "stage_end",
+        seconds=now[0] + 60,
+        result={"nodes": ["node-0", "node-1"], "checkpoint": f"/ck/step_{steps:06d}"},
+    )
     return folder

@@ -84,8 +84,11 @@ def test_a_pointer_that_names_no_copy_is_refused(tmp_path: Path) -> None:
 
     tier = LocalTier(tmp_path)
     assert cold.published(tier) is None
-    for bad in (b'{"format": "trainyard.pointer", "path": "../other_pipeline/step_000010.0123456789abcdef"}',
-                b"not json", b'{"format": "trainyard.pointer", "path": "step_000010"}'):
+    for bad in (
+        b'{"format": "trainyard.pointer", "path": "../other_pipeline/step_000010.0123456789abcdef"}',
+        b"not json",
+        b'{"format": "trainyard.pointer", "path": "step_000010"}',
+    ):
         tier.write_bytes(cold.POINTER, bad)
         with pytest.raises(DataError, match="does not name a checkpoint copy"):
             cold.published(tier)

@@ -70,7 +70,10 @@ def _flip_byte(path: Path, offset: int = 100) -> None:
     ("damage", "expected"),
     [
         (lambda d: _flip_byte(d / "__0_0.distcp"), "__0_0.distcp: sha256 mismatch"),
-        (lambda d: (d / "__0_0.distcp").write_bytes((d / "__0_0.distcp").read_bytes()[:-10]), "__0_0.distcp: size mismatch"),
+        (
+            lambda d: (d / "__0_0.distcp").write_bytes((d / "__0_0.distcp").read_bytes()[:-10]),
+            "__0_0.distcp: size mismatch",
+        ),
         (lambda d: (d / "__1_0.distcp").unlink(), "__1_0.distcp: missing"),
         (lambda d: (d / "extra" / "rng.bin").unlink(), "extra/rng.bin: missing"),
         (lambda d: (d / "stray.distcp").write_bytes(b"x"), "stray.distcp: not listed in the manifest"),

@@ -40,7 +40,11 @@ def test_watcher_promotes_quarantines_and_retains(tmp_path: Path) -> None:
     assert "sha256 mismatch" in json.loads((quarantined / registry.REASONS).read_text())["problems"][0]
     assert uploaded == ["step_000010", "step_000030", "step_000040"]
     events = [e["event"] for e in ledger.events("train")]
-    assert events.count("checkpoint_validated") == 4 and "checkpoint_quarantined" in events and "checkpoint_retired" in events
+    assert (
+        events.count("checkpoint_validated") == 4
+        and "checkpoint_quarantined" in events
+        and "checkpoint_retired" in events
+    )
 
 
 def test_the_pointer_target_is_never_retired_or_quarantined(tmp_path: Path) -> None:

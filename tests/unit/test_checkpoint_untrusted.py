@@ -45,7 +45,7 @@ def touch_marker(marker: Path) -> str:
 def test_a_metadata_pickle_that_runs_code_is_refused_and_never_runs(tmp_path: Path, payload: str) -> None:
     path, marker = save(tmp_path / "ckpt", 10), tmp_path / "marker"
     code = touch_marker(marker)
-    evil = RunsCode(os.system, f"{sys.executable} -c \"{code}\"") if payload == "os.system" else RunsCode(exec, code)
+    evil = RunsCode(os.system, f'{sys.executable} -c "{code}"') if payload == "os.system" else RunsCode(exec, code)
     (path / ".metadata").write_bytes(pickle.dumps(evil))
     rewrite_manifest(path)
     result = validate(path)
@@ -89,8 +89,9 @@ def test_the_allow_list_reads_real_dcp_metadata_and_nothing_else(tmp_path: Path)
     optim = torch.optim.AdamW(model.parameters(), lr=0.01)
     model(torch.ones(2, 4, dtype=torch.bfloat16)).sum().backward()
     optim.step()  # optimizer state: tensors, and plain values DCP stores as bytes entries
-    dcp.save({"model": model.state_dict(), "optim": optim.state_dict(), "note": "text"}, checkpoint_id=path,
-             no_dist=True)
+    dcp.save(
+        {"model": model.state_dict(), "optim": optim.state_dict(), "note": "text"}, checkpoint_id=path, no_dist=True
+    )
     real = pickle.loads((path / ".metadata").read_bytes())  # what DCP itself reads (our own file: trusted)
     md = safe_meta.read_metadata(path)
     assert set(md.state_dict_metadata) == set(real.state_dict_metadata)
@@ -101,12 +102,17 @@ def test_the_allow_list_reads_real_dcp_metadata_and_nothing_else(tmp_path: Path)
             assert (mine.size, mine.properties.dtype) == (entry.size, entry.properties.dtype)
             assert [(c.offsets, c.sizes) for c in mine.chunks] == [(c.offsets, c.sizes) for c in entry.chunks]
     assert {(k.fqn, k.offset, v.relative_path, v.offset, v.length) for k, v in md.storage_data.items()} == {
-        (k.fqn, k.offset, v.relative_path, v.offset, v.length) for k, v in real.storage_data.items()}
+        (k.fqn, k.offset, v.relative_path, v.offset, v.length) for k, v in real.storage_data.items()
+    }
     assert md.planner_data == real.planner_data
     rewrite_manifest(path)
     assert validate(path).problems == []  # optimizer state and plain values load weights-only
-    for evil in (RunsCode(eval, "1"), RunsCode(getattr, 1, "real"), RunsCode(torch.load, "x"),
-                 RunsCode(subprocess.Popen, ["true"])):
+    for evil in (
+        RunsCode(eval, "1"),
+        RunsCode(getattr, 1, "real"),
+        RunsCode(torch.load, "x"),
+        RunsCode(subprocess.Popen, ["true"]),
+    ):
         with pytest.raises(safe_meta.MetadataRefused, match="which DCP metadata never holds"):
             safe_meta.loads(pickle.dumps(evil))
     with pytest.raises(safe_meta.MetadataRefused, match="not torch.distributed.checkpoint Metadata"):
@@ -122,9 +128,13 @@ def test_the_allow_list_reads_real_dcp_metadata_and_nothing_else(tmp_path: Path)
 def test_the_inspecting_child_never_sees_the_workers_secrets(tmp_path: Path, monkeypatch) -> None:
     from trainyard.checkpoint.validate import child_env
 
-    secrets = {"AIRFLOW__CORE__FERNET_KEY": "fernet-secret", "AIRFLOW__API_AUTH__JWT_SECRET": "jwt-secret",
-               "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": "postgresql://u:pw@db/airflow",
-               "AWS_SECRET_ACCESS_KEY": "aws-secret", "AIRFLOW_CONN_COLD": "aws://k:s@"}
+    secrets = {
+        "AIRFLOW__CORE__FERNET_KEY": "fernet-secret",
+        "AIRFLOW__API_AUTH__JWT_SECRET": "jwt-secret",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": "postgresql://u:pw@db/airflow",
+        "AWS_SECRET_ACCESS_KEY": "aws-secret",
+        "AIRFLOW_CONN_COLD": "aws://k:s@",
+    }
     for name, value in secrets.items():
         monkeypatch.setenv(name, value)
     seen: list[dict] = []
@@ -143,16 +153,22 @@ def test_the_inspecting_child_never_sees_the_workers_secrets(tmp_path: Path, mon
     env = call["env"]
     assert not set(secrets) & set(env) and not set(secrets.values()) & set(env.values())
     assert not [k for k in env if k.startswith(("AIRFLOW", "AWS_"))]
-    assert set(child_env({"PATH": "/bin", **secrets})) == {"PATH", "PYTHONPATH", "PYTHONDONTWRITEBYTECODE",
-                                                           "CUDA_VISIBLE_DEVICES"}
+    assert set(child_env({"PATH": "/bin", **secrets})) == {
+        "PATH",
+        "PYTHONPATH",
+        "PYTHONDONTWRITEBYTECODE",
+        "CUDA_VISIBLE_DEVICES",
+    }
 
 
 def test_the_inspecting_child_cannot_write_files(tmp_path: Path) -> None:
     from trainyard.checkpoint.validate import child_env
 
     target = tmp_path / "written"
-    script = (f"from trainyard.checkpoint.tensors import _no_writes; _no_writes()\n"
-              f"with open({str(target)!r}, 'w') as fh: fh.write('x' * 10)")
+    script = (
+        f"from trainyard.checkpoint.tensors import _no_writes; _no_writes()\n"
+        f"with open({str(target)!r}, 'w') as fh: fh.write('x' * 10)"
+    )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=child_env())
     assert done.returncode != 0 and "File too large" in done.stderr
     assert not target.exists() or target.stat().st_size == 0
@@ -177,8 +193,9 @@ def test_each_checkpoint_is_inspected_by_a_fresh_process(tmp_path: Path) -> None
 
     from trainyard.checkpoint.validate import child_command, child_env
 
-    server = subprocess.Popen(child_command(), env=child_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              text=True)
+    server = subprocess.Popen(
+        child_command(), env=child_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     answers = []
     for step in (10, 20):
         server.stdin.write(f"{save(tmp_path, step)}\n")

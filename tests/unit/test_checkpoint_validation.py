@@ -24,8 +24,9 @@ def save(root: Path, step: int, loss: float = 2.0, poison: float | None = None, 
         weights[3, 3] = poison
     state = {"model": {"w": weights, "b": torch.zeros(8)}, "optim": {"step": torch.tensor(step)}}
     dcp.save(state, checkpoint_id=path, no_dist=True)
-    write_manifest(path, step=step, world_size=world_size, global_batch=8, micro_batch=2,
-                   metrics={"loss": loss}, run_id="test")
+    write_manifest(
+        path, step=step, world_size=world_size, global_batch=8, micro_batch=2, metrics={"loss": loss}, run_id="test"
+    )
     return path
 
 
@@ -53,10 +54,18 @@ CATALOG = [
     ("missing-manifest", lambda p: (p / MANIFEST).unlink(), "manifest"),
     ("truncated-manifest", lambda p: (p / MANIFEST).write_text((p / MANIFEST).read_text()[:40]), "manifest"),
     ("unknown-version", lambda p: edit_manifest(p, version=99), "version"),
-    ("hash-mismatch", lambda p: edit_manifest(p, files={k: {**v, "sha256": "0" * 64} for k, v in
-                                                         json.loads((p / MANIFEST).read_text())["files"].items()}),
-     "sha256 mismatch"),
-    ("file-added-after-manifest", lambda p: (p / "extra.bin").write_bytes(b"late"), "extra.bin: not listed in the manifest"),
+    (
+        "hash-mismatch",
+        lambda p: edit_manifest(
+            p, files={k: {**v, "sha256": "0" * 64} for k, v in json.loads((p / MANIFEST).read_text())["files"].items()}
+        ),
+        "sha256 mismatch",
+    ),
+    (
+        "file-added-after-manifest",
+        lambda p: (p / "extra.bin").write_bytes(b"late"),
+        "extra.bin: not listed in the manifest",
+    ),
 ]
 # Unreadable DCP metadata needs a manifest that matches the bad .metadata: see its own test below.
 

@@ -14,28 +14,59 @@ from trainyard.launch.local import node_env
 
 WORKER = {
     # What an Airflow worker's environment holds (docker/docker-compose.yaml and a typical cloud VM).
-    "AIRFLOW__CORE__FERNET_KEY": "fernet", "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": "postgresql://u:pw@db/airflow",
-    "AIRFLOW__API_AUTH__JWT_SECRET": "jwt", "AIRFLOW__API__SECRET_KEY": "api",
-    "AIRFLOW_CONN_TRAINYARD_COLD": '{"password": "s3"}', "AWS_SECRET_ACCESS_KEY": "aws", "AWS_ACCESS_KEY_ID": "id",
-    "GOOGLE_APPLICATION_CREDENTIALS": "/secrets/gcp.json", "KUBECONFIG": "/opt/airflow/kube/config",
-    "TRAINYARD_S3_SECRET_KEY": "s3", "TRAINYARD_BURNIN_DRILLS": "node-1=crash",
+    "AIRFLOW__CORE__FERNET_KEY": "fernet",
+    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": "postgresql://u:pw@db/airflow",
+    "AIRFLOW__API_AUTH__JWT_SECRET": "jwt",
+    "AIRFLOW__API__SECRET_KEY": "api",
+    "AIRFLOW_CONN_TRAINYARD_COLD": '{"password": "s3"}',
+    "AWS_SECRET_ACCESS_KEY": "aws",
+    "AWS_ACCESS_KEY_ID": "id",
+    "GOOGLE_APPLICATION_CREDENTIALS": "/secrets/gcp.json",
+    "KUBECONFIG": "/opt/airflow/kube/config",
+    "TRAINYARD_S3_SECRET_KEY": "s3",
+    "TRAINYARD_BURNIN_DRILLS": "node-1=crash",
     # What a Python/torch process needs.
-    "PATH": "/usr/bin", "HOME": "/home/airflow", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHONPATH": "/opt/inc",
-    "TMPDIR": "/scratch", "CUDA_VISIBLE_DEVICES": "0,1", "NVIDIA_VISIBLE_DEVICES": "all", "OMP_NUM_THREADS": "4",
-    "MKL_NUM_THREADS": "4", "TORCH_HOME": "/cache/torch", "NCCL_DEBUG": "INFO", "GLOO_SOCKET_IFNAME": "eth0",
+    "PATH": "/usr/bin",
+    "HOME": "/home/airflow",
+    "LANG": "C.UTF-8",
+    "LC_ALL": "C.UTF-8",
+    "PYTHONPATH": "/opt/inc",
+    "TMPDIR": "/scratch",
+    "CUDA_VISIBLE_DEVICES": "0,1",
+    "NVIDIA_VISIBLE_DEVICES": "all",
+    "OMP_NUM_THREADS": "4",
+    "MKL_NUM_THREADS": "4",
+    "TORCH_HOME": "/cache/torch",
+    "NCCL_DEBUG": "INFO",
+    "GLOO_SOCKET_IFNAME": "eth0",
 }
-PASSED = {k: v for k, v in WORKER.items() if not k.startswith(("AIRFLOW", "AWS_", "GOOGLE_", "KUBECONFIG", "TRAINYARD_"))}
+PASSED = {
+    k: v for k, v in WORKER.items() if not k.startswith(("AIRFLOW", "AWS_", "GOOGLE_", "KUBECONFIG", "TRAINYARD_"))
+}
 
 
 def plan() -> LaunchPlan:
-    return LaunchPlan(run_id="r", attempt=1, nodes=["node-0"], procs_per_node=1, entrypoint="trainyard.train", args=[],
-                      env={"TRAINYARD_RUN_ID": "r", "TRAINYARD_LEDGER": "/runs/r/events.jsonl"}, log_dir=Path("/runs/r"))
+    return LaunchPlan(
+        run_id="r",
+        attempt=1,
+        nodes=["node-0"],
+        procs_per_node=1,
+        entrypoint="trainyard.train",
+        args=[],
+        env={"TRAINYARD_RUN_ID": "r", "TRAINYARD_LEDGER": "/runs/r/events.jsonl"},
+        log_dir=Path("/runs/r"),
+    )
 
 
 def test_a_training_agent_gets_the_allow_list_and_the_plans_contract_only() -> None:
     env = node_env(plan(), "node-0", WORKER)
-    assert env == {**PASSED, "GLOO_SOCKET_IFNAME": "lo", "TRAINYARD_RUN_ID": "r",
-                   "TRAINYARD_LEDGER": "/runs/r/events.jsonl", "TRAINYARD_NODE": "node-0"}
+    assert env == {
+        **PASSED,
+        "GLOO_SOCKET_IFNAME": "lo",
+        "TRAINYARD_RUN_ID": "r",
+        "TRAINYARD_LEDGER": "/runs/r/events.jsonl",
+        "TRAINYARD_NODE": "node-0",
+    }
 
 
 def test_a_burn_in_candidate_gets_the_allow_list_its_name_and_its_key_only() -> None:
@@ -56,11 +87,16 @@ def test_the_spec_may_pass_named_variables_to_training_but_never_airflows(tmp_pa
 
     env = node_env(replace(plan(), pass_env=("WANDB_API_KEY",)), "node-0", {**WORKER, "WANDB_API_KEY": "wb"})
     assert env["WANDB_API_KEY"] == "wb" and "AWS_SECRET_ACCESS_KEY" not in env
-    base = "dataset: {source: 'file:///c', name: t}\nnodes: {count: 1%s}\ntraining: {max_steps: 2, global_batch: 2," \
-           " micro_batch: 2, checkpoint_every: 1, pass_env: [%s]}\n"
+    base = (
+        "dataset: {source: 'file:///c', name: t}\nnodes: {count: 1%s}\ntraining: {max_steps: 2, global_batch: 2,"
+        " micro_batch: 2, checkpoint_every: 1, pass_env: [%s]}\n"
+    )
     assert spec_from_text(base % ("", "WANDB_API_KEY"), "p.yaml").training.pass_env == ["WANDB_API_KEY"]
-    for names, says in [("AIRFLOW__CORE__FERNET_KEY", "may not be passed to training code"),
-                        ("TRAINYARD_LEDGER", "set by the launcher"), ("'A-B'", "an environment variable name")]:
+    for names, says in [
+        ("AIRFLOW__CORE__FERNET_KEY", "may not be passed to training code"),
+        ("TRAINYARD_LEDGER", "set by the launcher"),
+        ("'A-B'", "an environment variable name"),
+    ]:
         with pytest.raises(SpecError, match=says):
             spec_from_text(base % ("", names), "p.yaml")
     with pytest.raises(SpecError, match="training.pass_env: passes the worker's variables to local training"):

@@ -46,12 +46,15 @@ Root Cause (first observed failure):
 
 def worker_raised(rank: int, *exception_lines: str, frames: str = "") -> str:
     """A worker's uncaught traceback as torch prints it, every line behind ``[rankN]: ``."""
-    body = frames or f"""\
+    body = (
+        frames
+        or f"""\
 Traceback (most recent call last):
   File "{VENV}/trainyard/train/__main__.py", line 4, in <module>
     main()
   File "{VENV}/trainyard/train/loop.py", line 176, in run
     loss = train_step(model, optimizer, batches, lr_at(step, args), args.grad_clip)"""
+    )
     lines = [*body.splitlines(), *exception_lines]
     return "\n".join(f"[rank{rank}]: {line}" for line in lines)
 
@@ -82,30 +85,60 @@ Traceback (most recent call last):
     raise SignalException(f"Process {{os.getpid()}} got signal: {{sigval}}", sigval=sigval)
 torch.distributed.elastic.multiprocessing.api.SignalException: Process 26114 got signal: 15"""
 
-NAN = "\n".join([STEPS, "step 13 loss nan lr 2.00e-03 ms 15.0 tok/s 25100",
-                 worker_raised(1, "trainyard.errors.TrainingFailed: loss is nan at step 13"), agent_summary(1, 1)])
-INF = "\n".join([STEPS, worker_raised(0, "trainyard.errors.TrainingFailed: loss is inf at step 9"), agent_summary(0, 1)])
-DATA = "\n".join([worker_raised(0, "trainyard.errors.DataError: shard tokens-0003.bin is truncated: header says"
-                                   " 1048576 tokens, file holds 524288"), agent_summary(0, 1)])
-SPEC = "\n".join([
-    worker_raised(2, "trainyard.errors.SpecError: global batch 12 is not divisible by micro-batch 5 x 1 ranks"),
-    agent_summary(2, 1),
-])
-CUDA_OOM = "\n".join([STEPS, worker_raised(
-    1,
-    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.15 GiB"
-    " of which 1.23 GiB is free. Including non-PyTorch memory, this process has 77.90 GiB memory in use. If reserved"
-    " but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid"
-    " fragmentation.",
-), agent_summary(1, 1)])
-CPU_OOM = "\n".join([worker_raised(
-    0,
-    "RuntimeError: [enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you"
-    " tried to allocate 35184372088832 bytes. Error code 12 (Cannot allocate memory)",
-), agent_summary(0, 1)])
+NAN = "\n".join(
+    [
+        STEPS,
+        "step 13 loss nan lr 2.00e-03 ms 15.0 tok/s 25100",
+        worker_raised(1, "trainyard.errors.TrainingFailed: loss is nan at step 13"),
+        agent_summary(1, 1),
+    ]
+)
+INF = "\n".join(
+    [STEPS, worker_raised(0, "trainyard.errors.TrainingFailed: loss is inf at step 9"), agent_summary(0, 1)]
+)
+DATA = "\n".join(
+    [
+        worker_raised(
+            0,
+            "trainyard.errors.DataError: shard tokens-0003.bin is truncated: header says"
+            " 1048576 tokens, file holds 524288",
+        ),
+        agent_summary(0, 1),
+    ]
+)
+SPEC = "\n".join(
+    [
+        worker_raised(2, "trainyard.errors.SpecError: global batch 12 is not divisible by micro-batch 5 x 1 ranks"),
+        agent_summary(2, 1),
+    ]
+)
+CUDA_OOM = "\n".join(
+    [
+        STEPS,
+        worker_raised(
+            1,
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.15 GiB"
+            " of which 1.23 GiB is free. Including non-PyTorch memory, this process has 77.90 GiB memory in use. If reserved"
+            " but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid"
+            " fragmentation.",
+        ),
+        agent_summary(1, 1),
+    ]
+)
+CPU_OOM = "\n".join(
+    [
+        worker_raised(
+            0,
+            "RuntimeError: [enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you"
+            " tried to allocate 35184372088832 bytes. Error code 12 (Cannot allocate memory)",
+        ),
+        agent_summary(0, 1),
+    ]
+)
 PY_MEMORY_ERROR = "\n".join([STEPS, worker_raised(1, "MemoryError")])
-VALUE_ERROR = "\n".join([STEPS, worker_raised(1, "ValueError: bad shape for head: expected 64 got 48"),
-                         agent_summary(1, 1)])
+VALUE_ERROR = "\n".join(
+    [STEPS, worker_raised(1, "ValueError: bad shape for head: expected 64 got 48"), agent_summary(1, 1)]
+)
 # Raised before the process group formed: no rank prefix, mixed with the agent's own lines.
 KEY_ERROR_EARLY = f"""\
 Traceback (most recent call last):
@@ -115,51 +148,83 @@ KeyError: 'd_model'
 {agent_summary(0, 1)}"""
 ASSERTION = "\n".join([STEPS, worker_raised(0, "AssertionError"), agent_summary(0, 1)])
 # A worker that caught a peer's disappearance and raised its own error about it: still the peer's fault.
-CHAINED_FROM_PEER = "\n".join([
-    peer_closed(0),
-    "[rank0]: ",
-    "[rank0]: During handling of the above exception, another exception occurred:",
-    "[rank0]: ",
-    worker_raised(0, "ValueError: gradient sync failed at step 12", frames="Traceback (most recent call last):\n"
-                  f'  File "{VENV}/trainyard/train/loop.py", line 125, in train_step\n    raise ValueError(...)'),
-    agent_summary(0, 1),
-])
-RESET = "\n".join([STEPS, worker_raised(
-    0, "RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Connection reset by peer"),
-    agent_summary(0, 1)])
+CHAINED_FROM_PEER = "\n".join(
+    [
+        peer_closed(0),
+        "[rank0]: ",
+        "[rank0]: During handling of the above exception, another exception occurred:",
+        "[rank0]: ",
+        worker_raised(
+            0,
+            "ValueError: gradient sync failed at step 12",
+            frames="Traceback (most recent call last):\n"
+            f'  File "{VENV}/trainyard/train/loop.py", line 125, in train_step\n    raise ValueError(...)',
+        ),
+        agent_summary(0, 1),
+    ]
+)
+RESET = "\n".join(
+    [
+        STEPS,
+        worker_raised(
+            0, "RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Connection reset by peer"
+        ),
+        agent_summary(0, 1),
+    ]
+)
 RDZV_TIMEOUT = f"""\
 Traceback (most recent call last):
   File "{VENV}/torch/distributed/elastic/rendezvous/dynamic_rendezvous.py", line 1122, in next_rendezvous
     self._op_executor.run(join_op, deadline, self._get_deadline)
 torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError: The node '127.0.0.1_4411_0' has timed out waiting for the rendezvous 'nightly-a2'."""
-GLOO_TIMEOUT = "\n".join([STEPS, worker_raised(
-    1, "RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 1800000ms for"
-       " recv operation to complete"), agent_summary(1, 1)])
+GLOO_TIMEOUT = "\n".join(
+    [
+        STEPS,
+        worker_raised(
+            1,
+            "RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 1800000ms for"
+            " recv operation to complete",
+        ),
+        agent_summary(1, 1),
+    ]
+)
 NCCL_WATCHDOG = f"""\
 [rank3]:[E1129 22:41:07.112000 ProcessGroupNCCL.cpp:632] [Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5021, OpType=ALLREDUCE, NumelIn=2097152, NumelOut=2097152, Timeout(ms)=600000) ran for 600012 milliseconds before timing out.
 [rank3]:[E1129 22:41:07.113000 ProcessGroupNCCL.cpp:1664] [PG 0 Rank 3] Exception (either an error or timeout) detected by watchdog at work: 5021, last enqueued NCCL work: 5021, last completed NCCL work: 5020.
 {agent_summary(3, -6)}"""
 WORKER_SIGKILLED = "\n".join([STEPS, agent_summary(1, -9)])
-ECC = "\n".join([STEPS, worker_raised(
-    0, "RuntimeError: CUDA error: uncorrectable ECC error encountered",
-    "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be"
-    " incorrect."), agent_summary(0, 1)])
+ECC = "\n".join(
+    [
+        STEPS,
+        worker_raised(
+            0,
+            "RuntimeError: CUDA error: uncorrectable ECC error encountered",
+            "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be"
+            " incorrect.",
+        ),
+        agent_summary(0, 1),
+    ]
+)
 UNEXPLAINED = "\n".join([STEPS, agent_summary(1, 3)])
 # Two ranks of one node writing at once: rank 1's chained traceback is cut by rank 0's own exception.
-INTERLEAVED = "\n".join([
-    peer_closed(1),
-    "[rank1]: ",
-    "[rank1]: During handling of the above exception, another exception occurred:",
-    worker_raised(0, "ValueError: unknown optimizer 'adamw8bit'"),
-    "[rank1]: ",
-    worker_raised(1, "RuntimeError: gradient sync failed at step 12"),
-    agent_summary(0, 1),
-])
+INTERLEAVED = "\n".join(
+    [
+        peer_closed(1),
+        "[rank1]: ",
+        "[rank1]: During handling of the above exception, another exception occurred:",
+        worker_raised(0, "ValueError: unknown optimizer 'adamw8bit'"),
+        "[rank1]: ",
+        worker_raised(1, "RuntimeError: gradient sync failed at step 12"),
+        agent_summary(0, 1),
+    ]
+)
 # What trainyard's own fault drills (train/drills.py) leave behind.
-DRILL_OOM = "\n".join([STEPS, worker_raised(1, "MemoryError: drill: out of memory at step 13 on node-1"),
-                       agent_summary(1, 1)])
-DRILL_EXCEPTION = "\n".join([STEPS, worker_raised(1, "RuntimeError: drill: exception in user code at step 13 on node-1"),
-                             agent_summary(1, 1)])
+DRILL_OOM = "\n".join(
+    [STEPS, worker_raised(1, "MemoryError: drill: out of memory at step 13 on node-1"), agent_summary(1, 1)]
+)
+DRILL_EXCEPTION = "\n".join(
+    [STEPS, worker_raised(1, "RuntimeError: drill: exception in user code at step 13 on node-1"), agent_summary(1, 1)]
+)
 RDZV_SHUTDOWN_NOISE = (
     f"W1129 22:02:17.522000 25529 {VENV}/torch/distributed/elastic/rendezvous/dynamic_rendezvous.py:1298] The node"
     " '127.0.0.1_25529_0' has failed to shutdown the rendezvous 'nightly-a1' due to an error of type"
@@ -178,97 +243,278 @@ def running(name: str, log: str = "") -> NodeFailure:
 CASES = [
     # id, failure, kind, culprits, evidence must contain
     # ---- Kubernetes' own verdicts come first
-    ("k8s-oomkilled", Failure(1, "crash", [node("node-0", log=peer_closed(0)),
-                                           node("node-1", exit_code=137, reason="OOMKilled")]),
-     "oom", ["node-1"], "node-1: pod OOMKilled (exit 137)"),
-    ("k8s-evicted", Failure(1, "crash", [running("node-0"), node("node-1", "running"),
-                                         node("node-2", exit_code=137, reason="Evicted")]),
-     "node_lost", ["node-2"], "pod Evicted"),
-    ("k8s-nodelost", Failure(2, "crash", [node("node-0", exit_code=None, reason="NodeLost"), running("node-1")]),
-     "node_lost", ["node-0"], "node-0: pod NodeLost"),
-    ("k8s-preempted", Failure(1, "crash", [node("node-1", exit_code=143, reason="PreemptionByScheduler")]),
-     "node_lost", ["node-1"], "PreemptionByScheduler"),
-    ("k8s-image-pull", Failure(1, "crash", [node("node-0", exit_code=None, reason="ImagePullBackOff"),
-                                            node("node-1", exit_code=None, reason="ImagePullBackOff")]),
-     "user_error", [], "pod ImagePullBackOff"),
-    ("k8s-config", Failure(1, "crash", [node("node-0", exit_code=None, reason="CreateContainerConfigError")]),
-     "user_error", [], "CreateContainerConfigError"),
+    (
+        "k8s-oomkilled",
+        Failure(1, "crash", [node("node-0", log=peer_closed(0)), node("node-1", exit_code=137, reason="OOMKilled")]),
+        "oom",
+        ["node-1"],
+        "node-1: pod OOMKilled (exit 137)",
+    ),
+    (
+        "k8s-evicted",
+        Failure(
+            1, "crash", [running("node-0"), node("node-1", "running"), node("node-2", exit_code=137, reason="Evicted")]
+        ),
+        "node_lost",
+        ["node-2"],
+        "pod Evicted",
+    ),
+    (
+        "k8s-nodelost",
+        Failure(2, "crash", [node("node-0", exit_code=None, reason="NodeLost"), running("node-1")]),
+        "node_lost",
+        ["node-0"],
+        "node-0: pod NodeLost",
+    ),
+    (
+        "k8s-preempted",
+        Failure(1, "crash", [node("node-1", exit_code=143, reason="PreemptionByScheduler")]),
+        "node_lost",
+        ["node-1"],
+        "PreemptionByScheduler",
+    ),
+    (
+        "k8s-image-pull",
+        Failure(
+            1,
+            "crash",
+            [
+                node("node-0", exit_code=None, reason="ImagePullBackOff"),
+                node("node-1", exit_code=None, reason="ImagePullBackOff"),
+            ],
+        ),
+        "user_error",
+        [],
+        "pod ImagePullBackOff",
+    ),
+    (
+        "k8s-config",
+        Failure(1, "crash", [node("node-0", exit_code=None, reason="CreateContainerConfigError")]),
+        "user_error",
+        [],
+        "CreateContainerConfigError",
+    ),
     # an OOM kill beats an eviction seen on another pod: the table's order decides
-    ("k8s-oom-over-evicted", Failure(1, "crash", [node("node-0", exit_code=137, reason="Evicted"),
-                                                  node("node-1", exit_code=137, reason="OOMKilled")]),
-     "oom", ["node-1"], "OOMKilled"),
+    (
+        "k8s-oom-over-evicted",
+        Failure(
+            1,
+            "crash",
+            [node("node-0", exit_code=137, reason="Evicted"), node("node-1", exit_code=137, reason="OOMKilled")],
+        ),
+        "oom",
+        ["node-1"],
+        "OOMKilled",
+    ),
     # ---- root causes in a node's own log beat what its peers saw
-    ("nan-loss", Failure(1, "crash", [node("node-0", log=peer_closed(0)), node("node-1", log=NAN)]),
-     "diverged", [], "node-1: [rank1]: trainyard.errors.TrainingFailed: loss is nan at step 13"),
-    ("inf-loss-beats-a-sigkill", Failure(1, "crash", [node("node-0", log=INF), node("node-1", exit_code=-9)]),
-     "diverged", [], "loss is inf at step 9"),
-    ("data-error", Failure(1, "crash", [node("node-0", log=DATA), running("node-1", peer_closed(1))]),
-     "data_error", [], "DataError: shard tokens-0003.bin is truncated"),
-    ("spec-error", Failure(1, "crash", [node("node-2", log=SPEC)]),
-     "user_error", [], "SpecError: global batch 12"),
-    ("cuda-oom", Failure(3, "crash", [node("node-0", log=peer_closed(0)), node("node-1", log=CUDA_OOM)]),
-     "oom", ["node-1"], "node-1: [rank1]: torch.OutOfMemoryError: CUDA out of memory"),
-    ("cpu-alloc", Failure(1, "crash", [node("node-0", log=CPU_OOM)]),
-     "oom", ["node-0"], "Cannot allocate memory"),
-    ("137-with-oom-evidence", Failure(1, "crash", [node("node-1", exit_code=137, log=PY_MEMORY_ERROR)]),
-     "oom", ["node-1"], "MemoryError"),
-    ("ecc", Failure(1, "crash", [node("node-0", log=ECC), node("node-1", log=peer_closed(1))]),
-     "node_lost", ["node-0"], "uncorrectable ECC error"),
-    ("user-exception", Failure(1, "crash", [node("node-0", log=peer_closed(0)), node("node-1", log=VALUE_ERROR)]),
-     "user_error", [], "node-1: [rank1]: ValueError: bad shape for head"),
-    ("user-exception-before-init", Failure(1, "crash", [node("node-0", log=KEY_ERROR_EARLY)]),
-     "user_error", [], "node-0: KeyError: 'd_model'"),
-    ("bare-assertion", Failure(1, "crash", [node("node-0", log=ASSERTION)]),
-     "user_error", [], "[rank0]: AssertionError"),
-    ("ranks-interleaved", Failure(1, "crash", [node("node-0", log=INTERLEAVED)]),
-     "user_error", [], "[rank0]: ValueError: unknown optimizer 'adamw8bit'"),
-    ("drill-oom", Failure(1, "crash", [node("node-0", log=peer_closed(0)), node("node-1", log=DRILL_OOM)]),
-     "oom", ["node-1"], "MemoryError: drill: out of memory at step 13"),
-    ("drill-exception", Failure(1, "crash", [node("node-0", log=peer_closed(0)), node("node-1", log=DRILL_EXCEPTION)]),
-     "user_error", [], "RuntimeError: drill: exception in user code"),
+    (
+        "nan-loss",
+        Failure(1, "crash", [node("node-0", log=peer_closed(0)), node("node-1", log=NAN)]),
+        "diverged",
+        [],
+        "node-1: [rank1]: trainyard.errors.TrainingFailed: loss is nan at step 13",
+    ),
+    (
+        "inf-loss-beats-a-sigkill",
+        Failure(1, "crash", [node("node-0", log=INF), node("node-1", exit_code=-9)]),
+        "diverged",
+        [],
+        "loss is inf at step 9",
+    ),
+    (
+        "data-error",
+        Failure(1, "crash", [node("node-0", log=DATA), running("node-1", peer_closed(1))]),
+        "data_error",
+        [],
+        "DataError: shard tokens-0003.bin is truncated",
+    ),
+    ("spec-error", Failure(1, "crash", [node("node-2", log=SPEC)]), "user_error", [], "SpecError: global batch 12"),
+    (
+        "cuda-oom",
+        Failure(3, "crash", [node("node-0", log=peer_closed(0)), node("node-1", log=CUDA_OOM)]),
+        "oom",
+        ["node-1"],
+        "node-1: [rank1]: torch.OutOfMemoryError: CUDA out of memory",
+    ),
+    ("cpu-alloc", Failure(1, "crash", [node("node-0", log=CPU_OOM)]), "oom", ["node-0"], "Cannot allocate memory"),
+    (
+        "137-with-oom-evidence",
+        Failure(1, "crash", [node("node-1", exit_code=137, log=PY_MEMORY_ERROR)]),
+        "oom",
+        ["node-1"],
+        "MemoryError",
+    ),
+    (
+        "ecc",
+        Failure(1, "crash", [node("node-0", log=ECC), node("node-1", log=peer_closed(1))]),
+        "node_lost",
+        ["node-0"],
+        "uncorrectable ECC error",
+    ),
+    (
+        "user-exception",
+        Failure(1, "crash", [node("node-0", log=peer_closed(0)), node("node-1", log=VALUE_ERROR)]),
+        "user_error",
+        [],
+        "node-1: [rank1]: ValueError: bad shape for head",
+    ),
+    (
+        "user-exception-before-init",
+        Failure(1, "crash", [node("node-0", log=KEY_ERROR_EARLY)]),
+        "user_error",
+        [],
+        "node-0: KeyError: 'd_model'",
+    ),
+    (
+        "bare-assertion",
+        Failure(1, "crash", [node("node-0", log=ASSERTION)]),
+        "user_error",
+        [],
+        "[rank0]: AssertionError",
+    ),
+    (
+        "ranks-interleaved",
+        Failure(1, "crash", [node("node-0", log=INTERLEAVED)]),
+        "user_error",
+        [],
+        "[rank0]: ValueError: unknown optimizer 'adamw8bit'",
+    ),
+    (
+        "drill-oom",
+        Failure(1, "crash", [node("node-0", log=peer_closed(0)), node("node-1", log=DRILL_OOM)]),
+        "oom",
+        ["node-1"],
+        "MemoryError: drill: out of memory at step 13",
+    ),
+    (
+        "drill-exception",
+        Failure(1, "crash", [node("node-0", log=peer_closed(0)), node("node-1", log=DRILL_EXCEPTION)]),
+        "user_error",
+        [],
+        "RuntimeError: drill: exception in user code",
+    ),
     # ---- symptoms: peers vanishing
-    ("exception-chained-from-peer", Failure(1, "crash", [node("node-0", log=CHAINED_FROM_PEER)]),
-     "transient", [], "Connection closed by peer"),
-    ("sigkilled-node-peer-reset", Failure(1, "crash", [node("node-0", log=peer_closed(0)),
-                                                       node("node-1", exit_code=-9, log=STEPS)]),
-     "node_lost", ["node-1"], "node-1 exit -9"),
-    ("worker-sigkilled", Failure(1, "crash", [node("node-0", log=peer_closed(0)), node("node-1", log=WORKER_SIGKILLED)]),
-     "node_lost", ["node-1"], "worker SIGKILLed (failed (exitcode: -9)"),
-    ("connection-reset", Failure(1, "crash", [node("node-0", log=RESET), node("node-1", log=peer_closed(1))]),
-     "transient", [], "Connection reset by peer"),
-    ("rendezvous-timeout", Failure(2, "crash", [node("node-1", log=RDZV_TIMEOUT)]),
-     "transient", [], "RendezvousTimeoutError"),
-    ("gloo-timeout", Failure(1, "crash", [node("node-1", log=GLOO_TIMEOUT)]),
-     "transient", [], "Timed out waiting 1800000ms"),
-    ("nccl-watchdog", Failure(1, "crash", [node("node-3", exit_code=1, log=NCCL_WATCHDOG)]),
-     "transient", [], "Watchdog caught collective operation timeout"),
+    (
+        "exception-chained-from-peer",
+        Failure(1, "crash", [node("node-0", log=CHAINED_FROM_PEER)]),
+        "transient",
+        [],
+        "Connection closed by peer",
+    ),
+    (
+        "sigkilled-node-peer-reset",
+        Failure(1, "crash", [node("node-0", log=peer_closed(0)), node("node-1", exit_code=-9, log=STEPS)]),
+        "node_lost",
+        ["node-1"],
+        "node-1 exit -9",
+    ),
+    (
+        "worker-sigkilled",
+        Failure(1, "crash", [node("node-0", log=peer_closed(0)), node("node-1", log=WORKER_SIGKILLED)]),
+        "node_lost",
+        ["node-1"],
+        "worker SIGKILLed (failed (exitcode: -9)",
+    ),
+    (
+        "connection-reset",
+        Failure(1, "crash", [node("node-0", log=RESET), node("node-1", log=peer_closed(1))]),
+        "transient",
+        [],
+        "Connection reset by peer",
+    ),
+    (
+        "rendezvous-timeout",
+        Failure(2, "crash", [node("node-1", log=RDZV_TIMEOUT)]),
+        "transient",
+        [],
+        "RendezvousTimeoutError",
+    ),
+    (
+        "gloo-timeout",
+        Failure(1, "crash", [node("node-1", log=GLOO_TIMEOUT)]),
+        "transient",
+        [],
+        "Timed out waiting 1800000ms",
+    ),
+    (
+        "nccl-watchdog",
+        Failure(1, "crash", [node("node-3", exit_code=1, log=NCCL_WATCHDOG)]),
+        "transient",
+        [],
+        "Watchdog caught collective operation timeout",
+    ),
     # SIGTERM is how attempts are torn down, so it blames nobody
-    ("sigterm-blames-nobody", Failure(1, "crash", [node("node-0", exit_code=-15, log=CANCELLED),
-                                                   node("node-1", log=peer_closed(1))]),
-     "transient", [], "Connection closed by peer"),
+    (
+        "sigterm-blames-nobody",
+        Failure(1, "crash", [node("node-0", exit_code=-15, log=CANCELLED), node("node-1", log=peer_closed(1))]),
+        "transient",
+        [],
+        "Connection closed by peer",
+    ),
     # ---- exit codes alone
-    ("sigkill-no-log", Failure(1, "crash", [node("node-2", exit_code=-9), running("node-0")]),
-     "node_lost", ["node-2"], "node-2 exit -9"),
-    ("137-no-log", Failure(1, "crash", [node("node-1", exit_code=137, reason="Error")]),
-     "node_lost", ["node-1"], "exit 137"),
+    (
+        "sigkill-no-log",
+        Failure(1, "crash", [node("node-2", exit_code=-9), running("node-0")]),
+        "node_lost",
+        ["node-2"],
+        "node-2 exit -9",
+    ),
+    (
+        "137-no-log",
+        Failure(1, "crash", [node("node-1", exit_code=137, reason="Error")]),
+        "node_lost",
+        ["node-1"],
+        "exit 137",
+    ),
     # ---- hangs: the supervisor ended them, so the cancel's noise must not decide
-    ("hang", Failure(2, "hang", [running("node-0", CANCELLED), running("node-1", CANCELLED)], ["node-1"], 40),
-     "hang", ["node-1"], "no heartbeat from node-1 after step 40"),
-    ("hang-with-teardown-noise", Failure(1, "hang", [running("node-0", peer_closed(0)),
-                                                     running("node-1", WORKER_SIGKILLED)], ["node-1"]),
-     "hang", ["node-1"], "no heartbeat from node-1"),
-    ("hang-unknown-node", Failure(1, "hang", [running("node-0"), running("node-1")], []),
-     "hang", [], "no silent node was identified"),
+    (
+        "hang",
+        Failure(2, "hang", [running("node-0", CANCELLED), running("node-1", CANCELLED)], ["node-1"], 40),
+        "hang",
+        ["node-1"],
+        "no heartbeat from node-1 after step 40",
+    ),
+    (
+        "hang-with-teardown-noise",
+        Failure(1, "hang", [running("node-0", peer_closed(0)), running("node-1", WORKER_SIGKILLED)], ["node-1"]),
+        "hang",
+        ["node-1"],
+        "no heartbeat from node-1",
+    ),
+    (
+        "hang-unknown-node",
+        Failure(1, "hang", [running("node-0"), running("node-1")], []),
+        "hang",
+        [],
+        "no silent node was identified",
+    ),
     # ---- nothing explains it
-    ("unexplained-exit", Failure(1, "crash", [node("node-0", log=CANCELLED), node("node-1", exit_code=1,
-                                                                                 log=UNEXPLAINED)]),
-     "transient", [], "unclassified: "),
-    ("cancel-is-not-a-user-error", Failure(1, "crash", [node("node-0", log=CANCELLED)]),
-     "transient", [], "SignalException"),
+    (
+        "unexplained-exit",
+        Failure(1, "crash", [node("node-0", log=CANCELLED), node("node-1", exit_code=1, log=UNEXPLAINED)]),
+        "transient",
+        [],
+        "unclassified: ",
+    ),
+    (
+        "cancel-is-not-a-user-error",
+        Failure(1, "crash", [node("node-0", log=CANCELLED)]),
+        "transient",
+        [],
+        "SignalException",
+    ),
     # a node that finished holds no root cause; its shutdown warnings are noise
-    ("succeeded-node-noise", Failure(1, "crash", [node("node-0", "succeeded", 0, RDZV_SHUTDOWN_NOISE),
-                                                  node("node-1", exit_code=3, log=agent_summary(1, 3))]),
-     "transient", [], "unclassified: node-1 exited 3, last line: failed (exitcode: 3)"),
+    (
+        "succeeded-node-noise",
+        Failure(
+            1,
+            "crash",
+            [node("node-0", "succeeded", 0, RDZV_SHUTDOWN_NOISE), node("node-1", exit_code=3, log=agent_summary(1, 3))],
+        ),
+        "transient",
+        [],
+        "unclassified: node-1 exited 3, last line: failed (exitcode: 3)",
+    ),
 ]
 
 

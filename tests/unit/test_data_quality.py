@@ -135,7 +135,9 @@ def test_failure_saves_the_result_and_names_its_path(tmp_path: Path) -> None:
 def test_no_staged_shards_points_at_staging(tmp_path: Path) -> None:
     hot = tmp_path / "hot"
     hot.mkdir()
-    with pytest.raises(DataError, match=r"shard count at least 1 .*: 0 shard\(s\) staged \(no \*\.tok keys in .*_staged\.json"):
+    with pytest.raises(
+        DataError, match=r"shard count at least 1 .*: 0 shard\(s\) staged \(no \*\.tok keys in .*_staged\.json"
+    ):
         check_dataset(hot, DataExpectations())
 
 

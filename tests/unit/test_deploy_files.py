@@ -35,7 +35,8 @@ AIRFLOW_SERVICES = ["airflow-init", "api-server", "scheduler", "dag-processor", 
 LONG_RUNNING = ["postgres", "minio", "api-server", "scheduler", "dag-processor", "triggerer"]
 # Names of values that hold a credential (an access key id is a name, a passwords file a path).
 SECRET_NAME = re.compile(
-    r"PASSWORD(?!S_FILE)|SECRET|TOKEN|FERNET|(?<!ACCESS)_KEY$|^MC_HOST_|^AIRFLOW_CONN_|SQL_ALCHEMY_CONN")
+    r"PASSWORD(?!S_FILE)|SECRET|TOKEN|FERNET|(?<!ACCESS)_KEY$|^MC_HOST_|^AIRFLOW_CONN_|SQL_ALCHEMY_CONN"
+)
 # ${VAR}, ${VAR:-default}, ${VAR-default}, ${VAR:?error}, ${VAR?error}; $$ is a literal $.
 REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}")
 REQUIRED = re.compile(r"^\$\{[A-Z_][A-Z0-9_]*:\?[^}]*\}$")
@@ -59,6 +60,7 @@ def env_example() -> dict[str, str]:
 
 def interpolate(text: str, env: dict[str, str]) -> str:
     """Compose's variable substitution, as far as this file uses it."""
+
     def one(m: re.Match[str]) -> str:
         name, op, arg = m.group(1), m.group(2), m.group(3)
         value = env.get(name)
@@ -68,6 +70,7 @@ def interpolate(text: str, env: dict[str, str]) -> str:
         if op in (":-", "-") and unset:
             return arg
         return value or ""
+
     parts = text.split("$$")
     return "$".join(REFERENCE.sub(one, part) for part in parts)
 
@@ -111,8 +114,12 @@ def args_of(instructions: list[tuple[str, str]]) -> dict[str, str]:
 
 
 def k8s_docs() -> list[tuple[str, dict[str, Any]]]:
-    return [(path.name, doc) for path in sorted((DOCKER / "k8s").glob("*.yaml"))
-            for doc in yaml.safe_load_all(path.read_text()) if doc]
+    return [
+        (path.name, doc)
+        for path in sorted((DOCKER / "k8s").glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc
+    ]
 
 
 # ---------------------------------------------------------------- compose: schema
@@ -144,8 +151,12 @@ def test_stack_has_the_databases_and_every_airflow_3_component() -> None:
     assert services["minio"]["command"][:2] == ["server", "/data"]
     assert services["minio-init"]["image"].startswith("minio/mc:RELEASE.")
     commands = {name: services[name]["command"] for name in AIRFLOW_SERVICES[1:]}
-    assert commands == {"api-server": "api-server", "scheduler": "scheduler", "dag-processor": "dag-processor",
-                        "triggerer": "triggerer"}
+    assert commands == {
+        "api-server": "api-server",
+        "scheduler": "scheduler",
+        "dag-processor": "dag-processor",
+        "triggerer": "triggerer",
+    }
 
 
 def test_airflow_services_share_one_image_and_one_environment_anchor() -> None:
@@ -271,8 +282,12 @@ def test_no_credential_of_the_stack_reaches_the_training_processes() -> None:
 
     env = compose()["x-airflow-common"]["environment"]
     secrets = [k for k in env if SECRET_NAME.search(k)]
-    assert {"AIRFLOW__CORE__FERNET_KEY", "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "AIRFLOW__API_AUTH__JWT_SECRET",
-            "AIRFLOW_CONN_TRAINYARD_COLD"} <= set(secrets)
+    assert {
+        "AIRFLOW__CORE__FERNET_KEY",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN",
+        "AIRFLOW__API_AUTH__JWT_SECRET",
+        "AIRFLOW_CONN_TRAINYARD_COLD",
+    } <= set(secrets)
     assert [k for k in env if allowed(k)] == []  # not a secret either: nothing of Airflow's own crosses
 
 
@@ -339,8 +354,13 @@ def test_build_context_lets_through_exactly_what_the_image_copies(name: str) -> 
     rules = [r for r in (DOCKER / f"{name}.dockerignore").read_text().splitlines() if r and not r.startswith("#")]
     assert rules[0] == "*", "the context is the repository root: exclude all, then allow"
     allowed = {r[1:].rstrip("/") for r in rules if r.startswith("!")}
-    sources = {src.rstrip("/") for k, a in dockerfile(name) if k == "COPY"
-               for src in a.split()[:-1] if not src.startswith("--")}
+    sources = {
+        src.rstrip("/")
+        for k, a in dockerfile(name)
+        if k == "COPY"
+        for src in a.split()[:-1]
+        if not src.startswith("--")
+    }
     assert sources == allowed
     assert all((ROOT / s).exists() for s in sources)
 
@@ -367,7 +387,6 @@ def test_manifests_agree_on_namespace_and_names() -> None:
         if d["kind"] in ("RoleBinding", "ClusterRoleBinding"):
             assert (d["roleRef"]["kind"], d["roleRef"]["name"]) in roles
             assert all(s["name"] in accounts and s["namespace"] == ns for s in d["subjects"])
-
 
 
 def test_no_long_lived_token_and_the_short_lived_way_is_documented() -> None:

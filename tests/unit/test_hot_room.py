@@ -77,7 +77,10 @@ def test_unpin_releases(root: Path) -> None:
 
 def test_no_room_fails_before_anything_is_evicted(root: Path) -> None:
     pin(root / "mid", "nightly/run-2")
-    with pytest.raises(DataError, match=r"is full: staging needs 80.0 kB more, 9.\d kB of 100.0 kB is free and evicting every unpinned dataset frees only 60.\d kB; 1 dataset\(s\) \(30.\d kB\) are pinned"):
+    with pytest.raises(
+        DataError,
+        match=r"is full: staging needs 80.0 kB more, 9.\d kB of 100.0 kB is free and evicting every unpinned dataset frees only 60.\d kB; 1 dataset\(s\) \(30.\d kB\) are pinned",
+    ):
         make_room(HotRoom(root, 100_000, "me"), root / "incoming", 80_000, None)
     assert names(root) == ["old", "mid", "new"]
 
@@ -103,7 +106,10 @@ def test_eviction_leaves_files_trainyard_did_not_stage(root: Path) -> None:
     (root / "old" / "drafts" / "plan.md").write_text("also mine")
     assert [d.path.name for d in make_room(HotRoom(root, 100_000, "me"), root / "incoming", 35_000, None)] == ["old"]
     assert notes.read_text() == "mine" and (root / "old" / "drafts" / "plan.md").read_text() == "also mine"
-    assert sorted(p.name for p in (root / "old").iterdir()) == ["drafts", "notes.txt"]  # staged files and bookkeeping gone
+    assert sorted(p.name for p in (root / "old").iterdir()) == [
+        "drafts",
+        "notes.txt",
+    ]  # staged files and bookkeeping gone
     assert names(root) == ["mid", "new"]
 
 

@@ -24,8 +24,18 @@ from kubernetes.client import ApiClient
 from trainyard.burnin.kubernetes import Drill, build_burnin_pod, node_args
 from trainyard.launch.base import AttemptStatus, LaunchPlan, NodeStatus
 from trainyard.launch.kubernetes import (
-    GROUP_NAME_ANNOTATION, LABEL_JOB, MAX_JOB_NAME, attempt_status, build_objects, hot_mount_path, label_value,
-    object_name, pod_node_status, rendezvous_endpoint, status_from_dicts, status_to_dicts,
+    GROUP_NAME_ANNOTATION,
+    LABEL_JOB,
+    MAX_JOB_NAME,
+    attempt_status,
+    build_objects,
+    hot_mount_path,
+    label_value,
+    object_name,
+    pod_node_status,
+    rendezvous_endpoint,
+    status_from_dicts,
+    status_to_dicts,
 )
 from trainyard.spec import KubernetesSpec, PressureTestSpec
 
@@ -33,28 +43,59 @@ ROOT = Path(__file__).resolve().parents[2]
 K8S_VERSION = "1.37"  # the newest schema kubernetes-validate 1.37.0 ships
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")  # DNS-1035: also what a Service name must be
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-CONTRACT = ["TRAINYARD_DATA_DIR", "TRAINYARD_CHECKPOINT_DIR", "TRAINYARD_RESUME_FROM", "TRAINYARD_MAX_STEPS",
-            "TRAINYARD_GLOBAL_BATCH", "TRAINYARD_MICRO_BATCH", "TRAINYARD_CHECKPOINT_EVERY",
-            "TRAINYARD_CHECKPOINT_ASYNC", "TRAINYARD_SEED", "TRAINYARD_HEARTBEAT_DIR", "TRAINYARD_LEDGER",
-            "TRAINYARD_RUN_ID", "TRAINYARD_ATTEMPT", "TRAINYARD_PROGRESS_EVERY_S"]
+CONTRACT = [
+    "TRAINYARD_DATA_DIR",
+    "TRAINYARD_CHECKPOINT_DIR",
+    "TRAINYARD_RESUME_FROM",
+    "TRAINYARD_MAX_STEPS",
+    "TRAINYARD_GLOBAL_BATCH",
+    "TRAINYARD_MICRO_BATCH",
+    "TRAINYARD_CHECKPOINT_EVERY",
+    "TRAINYARD_CHECKPOINT_ASYNC",
+    "TRAINYARD_SEED",
+    "TRAINYARD_HEARTBEAT_DIR",
+    "TRAINYARD_LEDGER",
+    "TRAINYARD_RUN_ID",
+    "TRAINYARD_ATTEMPT",
+    "TRAINYARD_PROGRESS_EVERY_S",
+]
 HOME = "/mnt/trainyard"
 
 SETTINGS = {
     "default-cpu": KubernetesSpec(image="registry.local/trainer:1", namespace="ml"),
     "default-gpu": KubernetesSpec(
-        image="registry.local/trainer:1", namespace="ml", gpus=8, cpu="32", memory="256Gi",
-        node_selector={"nvidia.com/gpu.product": "H100"}, hot_pvc="trainyard-hot", service_account="trainer",
-        tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
-                     {"key": "spot", "operator": "Equal", "value": "true", "effect": "NoExecute",
-                      "tolerationSeconds": "300"}],
+        image="registry.local/trainer:1",
+        namespace="ml",
+        gpus=8,
+        cpu="32",
+        memory="256Gi",
+        node_selector={"nvidia.com/gpu.product": "H100"},
+        hot_pvc="trainyard-hot",
+        service_account="trainer",
+        tolerations=[
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+            {"key": "spot", "operator": "Equal", "value": "true", "effect": "NoExecute", "tolerationSeconds": "300"},
+        ],
     ),
-    "volcano": KubernetesSpec(image="registry.local/trainer:1", namespace="ml", scheduler="volcano", cpu="500m",
-                              memory="3Gi", gpus=1, hot_pvc="trainyard-hot"),
+    "volcano": KubernetesSpec(
+        image="registry.local/trainer:1",
+        namespace="ml",
+        scheduler="volcano",
+        cpu="500m",
+        memory="3Gi",
+        gpus=1,
+        hot_pvc="trainyard-hot",
+    ),
 }
 
 
-def make_plan(nodes: int = 3, run_id: str = "scheduled__2026-03-01T02:00:00+00:00", attempt: int = 2,
-              env: dict[str, str] | None = None, args: list[str] | None = None) -> LaunchPlan:
+def make_plan(
+    nodes: int = 3,
+    run_id: str = "scheduled__2026-03-01T02:00:00+00:00",
+    attempt: int = 2,
+    env: dict[str, str] | None = None,
+    args: list[str] | None = None,
+) -> LaunchPlan:
     run = f"{HOME}/runs/tiny/{run_id}"
     base = {
         "TRAINYARD_DATA_DIR": f"{HOME}/hot/tokens/2026-03-01",
@@ -72,9 +113,16 @@ def make_plan(nodes: int = 3, run_id: str = "scheduled__2026-03-01T02:00:00+00:0
         "TRAINYARD_SEED": "0",
         "TRAINYARD_PROGRESS_EVERY_S": "30.0",
     }
-    return LaunchPlan(run_id=run_id, attempt=attempt, nodes=[f"node-{i}" for i in range(nodes)], procs_per_node=2,
-                      entrypoint="trainyard.train", args=args if args is not None else ["--lr", "0.01"],
-                      env=env if env is not None else base, log_dir=Path(f"{run}/attempt-{attempt}"))
+    return LaunchPlan(
+        run_id=run_id,
+        attempt=attempt,
+        nodes=[f"node-{i}" for i in range(nodes)],
+        procs_per_node=2,
+        entrypoint="trainyard.train",
+        args=args if args is not None else ["--lr", "0.01"],
+        env=env if env is not None else base,
+        log_dir=Path(f"{run}/attempt-{attempt}"),
+    )
 
 
 def wire(obj: Any) -> dict[str, Any]:
@@ -116,7 +164,12 @@ def test_an_unknown_field_fails_the_schema_check() -> None:
 def test_job_is_indexed_gang_of_nodes_with_no_retries(setting: str) -> None:
     job = wire(build_objects(make_plan(nodes=3), SETTINGS[setting]).job)
     spec = job["spec"]
-    assert (spec["completionMode"], spec["completions"], spec["parallelism"], spec["backoffLimit"]) == ("Indexed", 3, 3, 0)
+    assert (spec["completionMode"], spec["completions"], spec["parallelism"], spec["backoffLimit"]) == (
+        "Indexed",
+        3,
+        3,
+        0,
+    )
     assert spec["template"]["spec"]["restartPolicy"] == "Never"
     assert job["metadata"]["namespace"] == "ml"
 
@@ -130,9 +183,17 @@ def test_each_pod_runs_torchrun_with_its_index_as_node_rank_and_pod_0_as_rendezv
     assert trainer["command"] == ["python", "-m", "torch.distributed.run"]
     endpoint = f"{name}-0.{name}.ml.svc.cluster.local:29400"
     assert trainer["args"] == [
-        "--nnodes=4", "--nproc-per-node=2", "--node-rank=$(JOB_COMPLETION_INDEX)", "--rdzv-backend=c10d",
-        f"--rdzv-endpoint={endpoint}", f"--rdzv-id={plan.run_id}-a2", "--max-restarts=0",
-        "-m", "trainyard.train", "--lr", "0.01",
+        "--nnodes=4",
+        "--nproc-per-node=2",
+        "--node-rank=$(JOB_COMPLETION_INDEX)",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={endpoint}",
+        f"--rdzv-id={plan.run_id}-a2",
+        "--max-restarts=0",
+        "-m",
+        "trainyard.train",
+        "--lr",
+        "0.01",
     ]
     assert rendezvous_endpoint(name, "ml") == endpoint
     # The per-pod DNS name exists only if the pods' subdomain is the headless Service.
@@ -144,7 +205,10 @@ def test_each_pod_runs_torchrun_with_its_index_as_node_rank_and_pod_0_as_rendezv
     assert wire(objects.job)["spec"]["template"]["metadata"]["labels"][LABEL_JOB] == name
     # $(JOB_COMPLETION_INDEX) only expands if the variable is declared in the container.
     index_var = next(e for e in trainer["env"] if e["name"] == "JOB_COMPLETION_INDEX")
-    assert index_var["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    assert (
+        index_var["valueFrom"]["fieldRef"]["fieldPath"]
+        == "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    )
 
 
 def test_a_script_entrypoint_and_a_custom_cluster_domain() -> None:
@@ -170,24 +234,38 @@ def test_the_env_contract_and_the_node_identity(setting: str) -> None:
     env = {e["name"]: e for e in trainer["env"]}
     for name in CONTRACT:
         assert env[name]["value"] == make_plan().env[name].replace("$", "$$")
-    assert env["TRAINYARD_NODE"] == {"name": "TRAINYARD_NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+    assert env["TRAINYARD_NODE"] == {
+        "name": "TRAINYARD_NODE",
+        "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}},
+    }
 
 
 def test_a_node_name_in_the_plan_env_does_not_override_the_pods_own() -> None:
     plan = make_plan(env={**make_plan().env, "TRAINYARD_NODE": "node-0"})
     env = container(wire(build_objects(plan, SETTINGS["default-cpu"]).job))["env"]
     assert [e for e in env if e["name"] == "TRAINYARD_NODE"] == [
-        {"name": "TRAINYARD_NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
+        {"name": "TRAINYARD_NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+    ]
 
 
 @pytest.mark.parametrize("setting", SETTINGS)
 def test_pods_run_as_non_root_with_no_privileges(setting: str) -> None:
     pod = wire(build_objects(make_plan(), SETTINGS[setting]).job)["spec"]["template"]["spec"]
-    assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000,
-                                      "seccompProfile": {"type": "RuntimeDefault"}}
+    assert pod["securityContext"] == {
+        "runAsNonRoot": True,
+        "runAsUser": 1000,
+        "runAsGroup": 1000,
+        "fsGroup": 1000,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
     assert pod["containers"][0]["securityContext"] == {
-        "runAsNonRoot": True, "runAsUser": 1000, "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-        "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+        "runAsNonRoot": True,
+        "runAsUser": 1000,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
     # The image is read-only: temporary files and caches go to an emptyDir.
     assert {"name": "tmp", "emptyDir": {}} in pod["volumes"]
     assert {"name": "tmp", "mountPath": "/tmp"} in pod["containers"][0]["volumeMounts"]
@@ -202,13 +280,16 @@ def test_pods_avoid_evicted_nodes_and_each_other(setting: str) -> None:
     terms = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert terms == [{"matchExpressions": [{"key": "trainyard.io/evicted", "operator": "DoesNotExist"}]}]
     assert affinity["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == [
-        {"labelSelector": {"matchLabels": {LABEL_JOB: objects.name}}, "topologyKey": "kubernetes.io/hostname"}]
+        {"labelSelector": {"matchLabels": {LABEL_JOB: objects.name}}, "topologyKey": "kubernetes.io/hostname"}
+    ]
 
 
 def test_cpu_setting_has_no_gpu_no_pvc_no_scheduler_and_guaranteed_resources() -> None:
     pod = wire(build_objects(make_plan(), SETTINGS["default-cpu"]).job)["spec"]["template"]["spec"]
-    assert pod["containers"][0]["resources"] == {"limits": {"cpu": "1", "memory": "2Gi"},
-                                                  "requests": {"cpu": "1", "memory": "2Gi"}}
+    assert pod["containers"][0]["resources"] == {
+        "limits": {"cpu": "1", "memory": "2Gi"},
+        "requests": {"cpu": "1", "memory": "2Gi"},
+    }
     assert "schedulerName" not in pod and "nodeSelector" not in pod and "tolerations" not in pod
     assert [v["name"] for v in pod["volumes"]] == ["dshm", "tmp"]
     assert pod["automountServiceAccountToken"] is False and "serviceAccountName" not in pod
@@ -223,7 +304,8 @@ def test_gpu_setting_has_gpus_selector_tolerations_and_the_hot_tier() -> None:
     assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "H100"}
     assert pod["tolerations"] == [
         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
-        {"key": "spot", "operator": "Equal", "value": "true", "effect": "NoExecute", "tolerationSeconds": 300}]
+        {"key": "spot", "operator": "Equal", "value": "true", "effect": "NoExecute", "tolerationSeconds": 300},
+    ]
     assert pod["serviceAccountName"] == "trainer" and "automountServiceAccountToken" not in pod
     assert {"name": "hot", "persistentVolumeClaim": {"claimName": "trainyard-hot"}} in pod["volumes"]
     assert {"name": "dshm", "mountPath": "/dev/shm"} in trainer["volumeMounts"]
@@ -240,8 +322,10 @@ def test_volcano_setting_adds_scheduler_group_annotation_and_a_podgroup() -> Non
     assert set(group) == {"apiVersion", "kind", "metadata", "spec"}
     assert (group["apiVersion"], group["kind"]) == ("scheduling.volcano.sh/v1beta1", "PodGroup")
     assert group["metadata"]["name"] == objects.name and group["metadata"]["namespace"] == "ml"
-    assert group["spec"] == {"minMember": 3, "minResources": {"cpu": "1500m", "memory": str(9 * 2**30),
-                                                              "nvidia.com/gpu": "3"}}
+    assert group["spec"] == {
+        "minMember": 3,
+        "minResources": {"cpu": "1500m", "memory": str(9 * 2**30), "nvidia.com/gpu": "3"},
+    }
     assert json.loads(json.dumps(group)) == group
     assert build_objects(make_plan(), SETTINGS["default-cpu"]).podgroup is None
 
@@ -249,13 +333,16 @@ def test_volcano_setting_adds_scheduler_group_annotation_and_a_podgroup() -> Non
 # ---------------------------------------------------------------- names
 
 
-@pytest.mark.parametrize("run_id", [
-    "manual__2026-03-01T02:00:00.123456+00:00",
-    "scheduled__2026-03-01T02:00:00+00:00",
-    "backfill__" + "x" * 200,
-    "UPPER_and.dots",
-    "---",
-])
+@pytest.mark.parametrize(
+    "run_id",
+    [
+        "manual__2026-03-01T02:00:00.123456+00:00",
+        "scheduled__2026-03-01T02:00:00+00:00",
+        "backfill__" + "x" * 200,
+        "UPPER_and.dots",
+        "---",
+    ],
+)
 def test_names_are_dns_labels_short_enough_for_every_pod_hostname(run_id: str) -> None:
     plan = make_plan(nodes=512, run_id=run_id)
     name = object_name(plan)
@@ -307,14 +394,27 @@ def test_pods_mount_only_their_attempts_folders_and_the_dataset_read_only(settin
     env = plan.env
     # Each its own subPath of the claim (whose root the orchestrator sees at HOME), at the orchestrator's path.
     assert hot_mounts(pod) == {
-        env["TRAINYARD_CHECKPOINT_DIR"]: {"name": "hot", "mountPath": env["TRAINYARD_CHECKPOINT_DIR"],
-                                          "subPath": "checkpoints/tiny"},
-        env["TRAINYARD_HEARTBEAT_DIR"]: {"name": "hot", "mountPath": env["TRAINYARD_HEARTBEAT_DIR"],
-                                         "subPath": env["TRAINYARD_HEARTBEAT_DIR"].removeprefix(HOME + "/")},
-        env["TRAINYARD_LEDGER"]: {"name": "hot", "mountPath": env["TRAINYARD_LEDGER"],
-                                  "subPath": env["TRAINYARD_LEDGER"].removeprefix(HOME + "/")},
-        env["TRAINYARD_DATA_DIR"]: {"name": "hot", "mountPath": env["TRAINYARD_DATA_DIR"],
-                                    "subPath": "hot/tokens/2026-03-01", "readOnly": True},
+        env["TRAINYARD_CHECKPOINT_DIR"]: {
+            "name": "hot",
+            "mountPath": env["TRAINYARD_CHECKPOINT_DIR"],
+            "subPath": "checkpoints/tiny",
+        },
+        env["TRAINYARD_HEARTBEAT_DIR"]: {
+            "name": "hot",
+            "mountPath": env["TRAINYARD_HEARTBEAT_DIR"],
+            "subPath": env["TRAINYARD_HEARTBEAT_DIR"].removeprefix(HOME + "/"),
+        },
+        env["TRAINYARD_LEDGER"]: {
+            "name": "hot",
+            "mountPath": env["TRAINYARD_LEDGER"],
+            "subPath": env["TRAINYARD_LEDGER"].removeprefix(HOME + "/"),
+        },
+        env["TRAINYARD_DATA_DIR"]: {
+            "name": "hot",
+            "mountPath": env["TRAINYARD_DATA_DIR"],
+            "subPath": "hot/tokens/2026-03-01",
+            "readOnly": True,
+        },
     }
     # Not the tier's root, not the run folder (pinned spec, report), not other pipelines' checkpoints.
     assert not {HOME, str(plan.log_dir.parent), str(plan.log_dir), f"{HOME}/checkpoints"} & set(hot_mounts(pod))
@@ -328,8 +428,12 @@ def test_a_resume_path_outside_the_checkpoints_is_mounted_read_only() -> None:
     other = f"{HOME}/checkpoints/other/step_000100"
     plan = make_plan(env={**make_plan().env, "TRAINYARD_RESUME_FROM": other})
     mounts = hot_mounts(wire(build_objects(plan, SETTINGS["default-gpu"]).job)["spec"]["template"]["spec"])
-    assert mounts[other] == {"name": "hot", "mountPath": other, "subPath": "checkpoints/other/step_000100",
-                             "readOnly": True}
+    assert mounts[other] == {
+        "name": "hot",
+        "mountPath": other,
+        "subPath": "checkpoints/other/step_000100",
+        "readOnly": True,
+    }
     inside = make_plan(env={**make_plan().env, "TRAINYARD_RESUME_FROM": f"{HOME}/checkpoints/tiny/step_000100"})
     mounts = hot_mounts(wire(build_objects(inside, SETTINGS["default-gpu"]).job)["spec"]["template"]["spec"])
     assert f"{HOME}/checkpoints/tiny/step_000100" not in mounts  # its own lineage's folder already holds it
@@ -345,8 +449,9 @@ def test_no_pod_runs_as_the_launchers_own_account() -> None:
     # The spec refuses this account; the launcher refuses it again (a spec built past validation).
     with pytest.raises(ValueError, match="launcher's own service account"):
         KubernetesSpec(image="t", namespace="trainyard", service_account="trainyard-launcher")
-    own = KubernetesSpec.model_construct(**{**KubernetesSpec(image="t", namespace="trainyard").__dict__,
-                                            "service_account": "trainyard-launcher"})
+    own = KubernetesSpec.model_construct(
+        **{**KubernetesSpec(image="t", namespace="trainyard").__dict__, "service_account": "trainyard-launcher"}
+    )
     with pytest.raises(ValueError, match="service_account: 'trainyard-launcher' is the launcher's own account"):
         build_objects(make_plan(), own)
     with pytest.raises(ValueError, match="launcher's own account"):
@@ -399,23 +504,45 @@ def test_new_spec_fields_are_validated() -> None:
 # ---------------------------------------------------------------- pods -> statuses
 
 
-def pod(phase: str, *, node: str | None = "k8s-a", index: int = 0, reason: str | None = None,
-        state: dict[str, Any] | None = None, last: dict[str, Any] | None = None,
-        conditions: list[dict[str, Any]] | None = None, deleting: bool = False) -> Any:
+def pod(
+    phase: str,
+    *,
+    node: str | None = "k8s-a",
+    index: int = 0,
+    reason: str | None = None,
+    state: dict[str, Any] | None = None,
+    last: dict[str, Any] | None = None,
+    conditions: list[dict[str, Any]] | None = None,
+    deleting: bool = False,
+) -> Any:
     """A V1Pod as the client deserializes it from the API server's JSON."""
     body: dict[str, Any] = {
-        "metadata": {"name": f"job-{index}-abcde", "namespace": "ml",
-                     "annotations": {"batch.kubernetes.io/job-completion-index": str(index)}},
+        "metadata": {
+            "name": f"job-{index}-abcde",
+            "namespace": "ml",
+            "annotations": {"batch.kubernetes.io/job-completion-index": str(index)},
+        },
         "spec": {"containers": [{"name": "trainer", "image": "t"}], **({"nodeName": node} if node else {})},
-        "status": {"phase": phase, **({"reason": reason} if reason else {}),
-                   **({"conditions": conditions} if conditions else {})},
+        "status": {
+            "phase": phase,
+            **({"reason": reason} if reason else {}),
+            **({"conditions": conditions} if conditions else {}),
+        },
     }
     if deleting:
         body["metadata"]["deletionTimestamp"] = "2026-03-01T03:00:00Z"
     if state is not None or last is not None:
-        body["status"]["containerStatuses"] = [{"name": "trainer", "image": "t", "imageID": "", "ready": False,
-                                                "restartCount": 1 if last else 0, "state": state or {},
-                                                **({"lastState": last} if last else {})}]
+        body["status"]["containerStatuses"] = [
+            {
+                "name": "trainer",
+                "image": "t",
+                "imageID": "",
+                "ready": False,
+                "restartCount": 1 if last else 0,
+                "state": state or {},
+                **({"lastState": last} if last else {}),
+            }
+        ]
     return ApiClient().deserialize(SimpleNamespace(data=json.dumps(body)), "V1Pod")
 
 
@@ -428,28 +555,62 @@ PREEMPTED = [{"type": "DisruptionTarget", "status": "True", "reason": "Preemptio
 
 STATUS_CASES = [
     ("pending-unscheduled", pod("Pending", node=None), NodeStatus("node-0", "running")),
-    ("pending-pulling", pod("Pending", state={"waiting": {"reason": "ContainerCreating"}}), NodeStatus("k8s-a", "running")),
+    (
+        "pending-pulling",
+        pod("Pending", state={"waiting": {"reason": "ContainerCreating"}}),
+        NodeStatus("k8s-a", "running"),
+    ),
     ("running", pod("Running", state={"running": {}}), NodeStatus("k8s-a", "running")),
     ("succeeded", pod("Succeeded", state=terminated(0, "Completed")), NodeStatus("k8s-a", "succeeded", 0)),
     ("user-error", pod("Failed", state=terminated(1, "Error")), NodeStatus("k8s-a", "failed", 1, reason="Error")),
     ("oom", pod("Failed", state=terminated(137, "OOMKilled")), NodeStatus("k8s-a", "failed", 137, reason="OOMKilled")),
     ("evicted", pod("Failed", reason="Evicted"), NodeStatus("k8s-a", "failed", None, reason="Evicted")),
-    ("evicted-after-start", pod("Failed", reason="Evicted", state=terminated(137, "Error")),
-     NodeStatus("k8s-a", "failed", 137, reason="Evicted")),
-    ("deadline", pod("Failed", reason="DeadlineExceeded"), NodeStatus("k8s-a", "failed", None, reason="DeadlineExceeded")),
-    ("node-lost-running", pod("Running", reason="NodeLost", state={"running": {}}),
-     NodeStatus("k8s-a", "failed", None, reason="NodeLost")),
+    (
+        "evicted-after-start",
+        pod("Failed", reason="Evicted", state=terminated(137, "Error")),
+        NodeStatus("k8s-a", "failed", 137, reason="Evicted"),
+    ),
+    (
+        "deadline",
+        pod("Failed", reason="DeadlineExceeded"),
+        NodeStatus("k8s-a", "failed", None, reason="DeadlineExceeded"),
+    ),
+    (
+        "node-lost-running",
+        pod("Running", reason="NodeLost", state={"running": {}}),
+        NodeStatus("k8s-a", "failed", None, reason="NodeLost"),
+    ),
     ("node-unknown", pod("Unknown"), NodeStatus("k8s-a", "failed", None, reason="NodeLost")),
-    ("taint-eviction", pod("Running", state={"running": {}}, conditions=DISRUPTED, deleting=True),
-     NodeStatus("k8s-a", "failed", None, reason="DeletionByTaintManager")),
-    ("preempted", pod("Failed", state=terminated(143, "Error"), conditions=PREEMPTED),
-     NodeStatus("k8s-a", "failed", 143, reason="PreemptionByScheduler")),
-    ("image-pull", pod("Pending", state={"waiting": {"reason": "ImagePullBackOff"}}),
-     NodeStatus("k8s-a", "failed", None, reason="ImagePullBackOff")),
-    ("crash-loop", pod("Running", state={"waiting": {"reason": "CrashLoopBackOff"}}, last=terminated(2, "Error")),
-     NodeStatus("k8s-a", "failed", 2, reason="CrashLoopBackOff")),
-    ("exited-phase-lagging", pod("Running", state=terminated(3, "Error")), NodeStatus("k8s-a", "failed", 3, reason="Error")),
-    ("deleting-without-disruption", pod("Running", state={"running": {}}, deleting=True), NodeStatus("k8s-a", "running")),
+    (
+        "taint-eviction",
+        pod("Running", state={"running": {}}, conditions=DISRUPTED, deleting=True),
+        NodeStatus("k8s-a", "failed", None, reason="DeletionByTaintManager"),
+    ),
+    (
+        "preempted",
+        pod("Failed", state=terminated(143, "Error"), conditions=PREEMPTED),
+        NodeStatus("k8s-a", "failed", 143, reason="PreemptionByScheduler"),
+    ),
+    (
+        "image-pull",
+        pod("Pending", state={"waiting": {"reason": "ImagePullBackOff"}}),
+        NodeStatus("k8s-a", "failed", None, reason="ImagePullBackOff"),
+    ),
+    (
+        "crash-loop",
+        pod("Running", state={"waiting": {"reason": "CrashLoopBackOff"}}, last=terminated(2, "Error")),
+        NodeStatus("k8s-a", "failed", 2, reason="CrashLoopBackOff"),
+    ),
+    (
+        "exited-phase-lagging",
+        pod("Running", state=terminated(3, "Error")),
+        NodeStatus("k8s-a", "failed", 3, reason="Error"),
+    ),
+    (
+        "deleting-without-disruption",
+        pod("Running", state={"running": {}}, deleting=True),
+        NodeStatus("k8s-a", "running"),
+    ),
 ]
 
 
@@ -460,9 +621,12 @@ def test_pod_to_node_status(case: str, given: Any, expected: NodeStatus) -> None
 
 def test_attempt_status_orders_by_index_and_keeps_the_telling_pod() -> None:
     nodes = ["node-0", "node-1", "node-2"]
-    pods = [pod("Running", index=2, node="c", state={"running": {}}), pod("Succeeded", index=0, node="a"),
-            pod("Running", index=1, node="b", state={"running": {}}),
-            pod("Failed", index=1, node="b", state=terminated(137, "OOMKilled"))]
+    pods = [
+        pod("Running", index=2, node="c", state={"running": {}}),
+        pod("Succeeded", index=0, node="a"),
+        pod("Running", index=1, node="b", state={"running": {}}),
+        pod("Failed", index=1, node="b", state=terminated(137, "OOMKilled")),
+    ]
     status = attempt_status(pods, nodes)
     assert [n.node for n in status.nodes] == ["a", "b", "c"]
     assert status.state == "failed" and status.failed() == [NodeStatus("b", "failed", 137, reason="OOMKilled")]
@@ -475,12 +639,18 @@ def test_a_failed_job_fails_unfinished_nodes_only_when_no_pod_says_why() -> None
     nodes = ["node-0", "node-1"]
     done, running = pod("Succeeded", index=0, node="a"), pod("Running", index=1, node="b", state={"running": {}})
     assert attempt_status([done, running], nodes, "DeadlineExceeded").nodes == [
-        NodeStatus("a", "succeeded", 0), NodeStatus("b", "failed", None, reason="DeadlineExceeded")]
+        NodeStatus("a", "succeeded", 0),
+        NodeStatus("b", "failed", None, reason="DeadlineExceeded"),
+    ]
     oom = pod("Failed", index=0, node="a", state=terminated(137, "OOMKilled"))
     assert attempt_status([oom, running], nodes, "BackoffLimitExceeded").nodes == [
-        NodeStatus("a", "failed", 137, reason="OOMKilled"), NodeStatus("b", "running")]
+        NodeStatus("a", "failed", 137, reason="OOMKilled"),
+        NodeStatus("b", "running"),
+    ]
     assert attempt_status([], nodes, "JobDeleted").failed() == [
-        NodeStatus("node-0", "failed", reason="JobDeleted"), NodeStatus("node-1", "failed", reason="JobDeleted")]
+        NodeStatus("node-0", "failed", reason="JobDeleted"),
+        NodeStatus("node-1", "failed", reason="JobDeleted"),
+    ]
 
 
 def test_statuses_survive_a_json_round_trip() -> None:
@@ -496,9 +666,20 @@ KEY = "ab" * 32
 
 def burnin_pod(spec: KubernetesSpec, scratch: str = f"{HOME}/hot/.burnin") -> dict[str, Any]:
     schedule = SimpleNamespace(slot_s=4.0, collective_s=6.0)
-    return wire(build_burnin_pod("gpu-node-7", run_id="manual__2026-03-01", store="10.0.0.5:41000", schedule=schedule,
-                                 cfg=PressureTestSpec(), spec=spec, scratch=scratch, timeout_s=34.0, key=KEY,
-                                 drill=Drill("throttle", 0.3)))
+    return wire(
+        build_burnin_pod(
+            "gpu-node-7",
+            run_id="manual__2026-03-01",
+            store="10.0.0.5:41000",
+            schedule=schedule,
+            cfg=PressureTestSpec(),
+            spec=spec,
+            scratch=scratch,
+            timeout_s=34.0,
+            key=KEY,
+            drill=Drill("throttle", 0.3),
+        )
+    )
 
 
 @pytest.mark.parametrize("setting", SETTINGS)
@@ -507,7 +688,8 @@ def test_burnin_pod_is_valid_pinned_and_non_root(setting: str) -> None:
     validate(body)
     spec = body["spec"]
     assert spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] == [
-        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-node-7"]}]}]
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-node-7"]}]}
+    ]
     trainer = spec["containers"][0]
     assert trainer["command"] == ["python", "-m", "trainyard.burnin.node"]
     assert trainer["args"][:4] == ["--node", "gpu-node-7", "--store", "10.0.0.5:41000"]
@@ -535,15 +717,19 @@ def test_burnin_pod_names_differ_per_node_and_per_try() -> None:
 def test_burnin_pod_mounts_only_its_scratch_folder_of_the_hot_tier() -> None:
     # Without hot_mount: the folder of the scratch's name at the claim's root.
     assert hot_mounts(burnin_pod(SETTINGS["default-gpu"])["spec"]) == {
-        f"{HOME}/hot/.burnin": {"name": "hot", "mountPath": f"{HOME}/hot/.burnin", "subPath": ".burnin"}}
+        f"{HOME}/hot/.burnin": {"name": "hot", "mountPath": f"{HOME}/hot/.burnin", "subPath": ".burnin"}
+    }
     spec = KubernetesSpec(image="t", hot_pvc="hot", hot_mount=HOME)
     assert hot_mounts(burnin_pod(spec)["spec"]) == {
-        f"{HOME}/hot/.burnin": {"name": "hot", "mountPath": f"{HOME}/hot/.burnin", "subPath": "hot/.burnin"}}
+        f"{HOME}/hot/.burnin": {"name": "hot", "mountPath": f"{HOME}/hot/.burnin", "subPath": "hot/.burnin"}
+    }
     with pytest.raises(ValueError, match="does not hold the burn-in scratch"):
         burnin_pod(KubernetesSpec(image="t", hot_pvc="hot", hot_mount="/elsewhere"))
 
 
-def test_burnin_args_are_the_ones_the_local_pressure_test_passes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_burnin_args_are_the_ones_the_local_pressure_test_passes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Run the local pressure test with a Popen that records its argv, then compare."""
     from trainyard.burnin import local
 
@@ -568,7 +754,9 @@ def test_burnin_args_are_the_ones_the_local_pressure_test_passes(tmp_path: Path,
     assert argv[:3] == [sys.executable, "-m", "trainyard.burnin.node"]
     store = argv[argv.index("--store") + 1]
     timeout = float(argv[argv.index("--timeout") + 1])
-    ours = node_args("node-1", store, local.Schedule.of(cfg, 1), cfg, str(tmp_path / "scratch"), timeout, Drill("crash", 0.0))
+    ours = node_args(
+        "node-1", store, local.Schedule.of(cfg, 1), cfg, str(tmp_path / "scratch"), timeout, Drill("crash", 0.0)
+    )
     assert argv[3:] == ours
 
 
@@ -590,8 +778,13 @@ def test_manifests_are_valid_kubernetes_objects(name: str) -> None:
 def test_launcher_role_grants_only_namespaced_training_verbs() -> None:
     by_kind = {d["kind"]: d for d in manifests("launcher-rbac.yaml")}
     assert set(by_kind) == {"ServiceAccount", "Role", "RoleBinding"}
-    grants = {(g, r, v) for rule in by_kind["Role"]["rules"] for g in rule["apiGroups"] for r in rule["resources"]
-              for v in rule["verbs"]}
+    grants = {
+        (g, r, v)
+        for rule in by_kind["Role"]["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
     assert not any("*" in part for grant in grants for part in grant)
     assert ("batch", "jobs", "create") in grants and ("scheduling.volcano.sh", "podgroups", "delete") in grants
     assert ("", "secrets", "get") not in grants and not any(r == "nodes" for _, r, _ in grants)
@@ -618,24 +811,52 @@ def test_hot_tier_claim_is_shared_read_write() -> None:
 def test_trigger_serialize_round_trips() -> None:
     from trainyard.airflow.triggers import KubernetesAttemptTrigger
 
-    trigger = KubernetesAttemptTrigger(namespace="ml", job_name="ty-run-a1-0123abcd", nodes=["node-0", "node-1"],
-                                       poll_interval=5.0, kubernetes_conn_id="k8s", cluster_context="prod",
-                                       timeout_s=3600.0, heartbeat_dir="/hot/runs/r/attempt-1/heartbeat",
-                                       heartbeat_timeout_s=60.0, world_size=2, started=1795996612.5, attempt=2,
-                                       target_step=1000, tokens_per_step=4096, progress_every_s=30.0,
-                                       checkpoint_dir="/hot/checkpoints/p")
+    trigger = KubernetesAttemptTrigger(
+        namespace="ml",
+        job_name="ty-run-a1-0123abcd",
+        nodes=["node-0", "node-1"],
+        poll_interval=5.0,
+        kubernetes_conn_id="k8s",
+        cluster_context="prod",
+        timeout_s=3600.0,
+        heartbeat_dir="/hot/runs/r/attempt-1/heartbeat",
+        heartbeat_timeout_s=60.0,
+        world_size=2,
+        started=1795996612.5,
+        attempt=2,
+        target_step=1000,
+        tokens_per_step=4096,
+        progress_every_s=30.0,
+        checkpoint_dir="/hot/checkpoints/p",
+    )
     classpath, kwargs = trigger.serialize()
     assert classpath == "trainyard.airflow.triggers.KubernetesAttemptTrigger"
     module, _, cls = classpath.rpartition(".")
     rebuilt = getattr(__import__(module, fromlist=[cls]), cls)(**kwargs)
     assert rebuilt.serialize() == (classpath, kwargs)
-    assert kwargs == {"namespace": "ml", "job_name": "ty-run-a1-0123abcd", "nodes": ["node-0", "node-1"],
-                      "poll_interval": 5.0, "kubernetes_conn_id": "k8s", "config_file": None,
-                      "cluster_context": "prod", "in_cluster": None, "timeout_s": 3600.0, "max_api_errors": 5,
-                      "heartbeat_dir": "/hot/runs/r/attempt-1/heartbeat", "heartbeat_timeout_s": 60.0, "world_size": 2,
-                      "started": 1795996612.5, "startup_grace_s": 120.0, "podgroup": False, "attempt": 2,
-                      "target_step": 1000, "tokens_per_step": 4096, "progress_every_s": 30.0,
-                      "checkpoint_dir": "/hot/checkpoints/p"}
+    assert kwargs == {
+        "namespace": "ml",
+        "job_name": "ty-run-a1-0123abcd",
+        "nodes": ["node-0", "node-1"],
+        "poll_interval": 5.0,
+        "kubernetes_conn_id": "k8s",
+        "config_file": None,
+        "cluster_context": "prod",
+        "in_cluster": None,
+        "timeout_s": 3600.0,
+        "max_api_errors": 5,
+        "heartbeat_dir": "/hot/runs/r/attempt-1/heartbeat",
+        "heartbeat_timeout_s": 60.0,
+        "world_size": 2,
+        "started": 1795996612.5,
+        "startup_grace_s": 120.0,
+        "podgroup": False,
+        "attempt": 2,
+        "target_step": 1000,
+        "tokens_per_step": 4096,
+        "progress_every_s": 30.0,
+        "checkpoint_dir": "/hot/checkpoints/p",
+    }
     assert json.loads(json.dumps(kwargs)) == kwargs  # what the triggerer stores must be plain JSON
     import inspect
 

@@ -25,8 +25,18 @@ def test_run_dirs_of_two_runs_never_collide(tmp_path: Path) -> None:
     assert "/" not in safe_name("../../etc") and safe_name("../../etc").startswith("etc~")
 
 
-@pytest.mark.parametrize("ids", [("nightly", "nightly_"), ("a/b", "a_b"), ("a:b", "a_b"), ("a/b", "a:b"),
-                                 (".", "_"), ("x" * 201, "x" * 202), ("a_b", f"a_b~{'0' * 16}")])
+@pytest.mark.parametrize(
+    "ids",
+    [
+        ("nightly", "nightly_"),
+        ("a/b", "a_b"),
+        ("a:b", "a_b"),
+        ("a/b", "a:b"),
+        (".", "_"),
+        ("x" * 201, "x" * 202),
+        ("a_b", f"a_b~{'0' * 16}"),
+    ],
+)
 def test_distinct_ids_never_share_a_folder(tmp_path: Path, ids: tuple[str, str]) -> None:
     first, second = ids
     assert safe_name(first) != safe_name(second)
@@ -37,13 +47,20 @@ def test_distinct_ids_never_share_a_folder(tmp_path: Path, ids: tuple[str, str])
 
 
 def test_ids_that_are_already_safe_keep_their_folder_names() -> None:
-    assert [safe_name(i) for i in ("nightly", "train-7b.v2", "backfill_2026")] == ["nightly", "train-7b.v2", "backfill_2026"]
+    assert [safe_name(i) for i in ("nightly", "train-7b.v2", "backfill_2026")] == [
+        "nightly",
+        "train-7b.v2",
+        "backfill_2026",
+    ]
     assert safe_name("manual__2026-11-29T02:00:00+00:00").startswith("manual__2026-11-29T02_00_00_00_00~")
 
 
 def test_render_fills_run_and_environment() -> None:
     run = {"ds": "2026-11-28", "ds_nodash": "20261128", "dag_id": "d", "run_id": "r"}
-    assert render("file://${ROOT}/x/{{ ds }}/{{ds_nodash}}", run, {"ROOT": "/data"}) == "file:///data/x/2026-11-28/20261128"
+    assert (
+        render("file://${ROOT}/x/{{ ds }}/{{ds_nodash}}", run, {"ROOT": "/data"})
+        == "file:///data/x/2026-11-28/20261128"
+    )
     assert render("${TRAINYARD_HOME}/x", run, {}).endswith(".trainyard/x")
     with pytest.raises(KeyError, match="environment variable NOPE is not set"):
         render("${NOPE}/x", run, {})

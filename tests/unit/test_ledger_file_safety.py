@@ -49,8 +49,12 @@ def test_a_pod_log_is_not_written_through_a_link_planted_in_the_attempt_folder(t
     (log_dir / "ty-run-0.log").symlink_to(secret)  # planted by the pod before it exited
     launcher = KubernetesLauncher(k8s.ApiClient(), KubernetesSpec(image="trainer:1"))
     launcher.core = _PodLogs()
-    plan = LaunchPlan(run_id="r", attempt=1, nodes=["n0"], procs_per_node=1, entrypoint="m", args=[], env={}, log_dir=log_dir)
-    pod = SimpleNamespace(metadata=SimpleNamespace(name="ty-run-0", namespace="ns"), status=SimpleNamespace(message=None))
+    plan = LaunchPlan(
+        run_id="r", attempt=1, nodes=["n0"], procs_per_node=1, entrypoint="m", args=[], env={}, log_dir=log_dir
+    )
+    pod = SimpleNamespace(
+        metadata=SimpleNamespace(name="ty-run-0", namespace="ns"), status=SimpleNamespace(message=None)
+    )
     handle = KubernetesHandle(plan=plan, namespace="ns", name="ty-run", podgroup=False)
 
     status = launcher._with_evidence(handle, 0, pod, NodeStatus(node="n0", state="failed", exit_code=137))
@@ -136,10 +140,12 @@ def _short_writes(monkeypatch: pytest.MonkeyPatch, *behaviours: str) -> None:
     monkeypatch.setattr(os, "write", write)
 
 
-@pytest.mark.parametrize("disk", [("half",), ("half", "full"), ("full",)],
-                         ids=["short write", "short write then full", "no space"])
+@pytest.mark.parametrize(
+    "disk", [("half",), ("half", "full"), ("full",)], ids=["short write", "short write then full", "no space"]
+)
 def test_an_append_the_disk_did_not_take_raises_and_the_next_event_is_intact(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, disk: tuple[str, ...]) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, disk: tuple[str, ...]
+) -> None:
     ledger = Ledger.in_dir(tmp_path)
     ledger.append("train", "step", step=1)
     _short_writes(monkeypatch, *disk)

@@ -57,8 +57,14 @@ def test_recovery_figures_from_summarised_steps(long_run: Path) -> None:
 
 
 def test_steps_are_written_at_the_configured_rate_with_their_figures(tmp_path: Path) -> None:
-    ctx = runtime.RunContext(data_dir=tmp_path, checkpoint_dir=tmp_path, max_steps=100, ledger=tmp_path / "e.jsonl",
-                             checkpoint_every=50, progress_every_s=10.0)
+    ctx = runtime.RunContext(
+        data_dir=tmp_path,
+        checkpoint_dir=tmp_path,
+        max_steps=100,
+        ledger=tmp_path / "e.jsonl",
+        checkpoint_every=50,
+        progress_every_s=10.0,
+    )
     with fake_clock() as now:
         for step in range(1, 101):
             now[0] += 1.0
@@ -68,8 +74,20 @@ def test_steps_are_written_at_the_configured_rate_with_their_figures(tmp_path: P
     events = list(Ledger(ctx.ledger).events("train", "step"))
     # First step; every 10 s; checkpoint 50 at once; the steps before the NaN, then the NaN alone; the last step.
     assert [(e.get("first_step", e["step"]), e["step"]) for e in events] == [
-        (1, 1), (2, 11), (12, 21), (22, 31), (32, 41), (42, 50), (51, 60), (61, 62), (63, 63), (64, 73), (74, 83),
-        (84, 93), (94, 100)]
+        (1, 1),
+        (2, 11),
+        (12, 21),
+        (22, 31),
+        (32, 41),
+        (42, 50),
+        (51, 60),
+        (61, 62),
+        (63, 63),
+        (64, 73),
+        (74, 83),
+        (84, 93),
+        (94, 100),
+    ]
     spike = events[4]
     assert (spike["loss_max"], spike["loss_max_step"], spike["loss_min"]) == (9.0, 37, 3.0 - 41 / 100)
     assert spike["step_ms_mean"] == pytest.approx(1000 + 36.5) and spike["steps"] == 10

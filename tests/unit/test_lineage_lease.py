@@ -36,21 +36,25 @@ def claim(run_id: str = "run-1", expires: float = 100.0) -> Claim:
     return Claim(dag_id="nightly", run_id=run_id, token="t", since=0.0, renewed=0.0, expires=expires)
 
 
-@pytest.mark.parametrize("held,run_id,now,state,reason", [
-    (None, "b", 0.0, None, "free"),
-    (UNREADABLE, "b", 0.0, None, "unreadable claim"),
-    (claim("a"), "a", 0.0, None, "same run"),
-    (claim("a"), "b", 100.0, None, "expired"),
-    (claim("a"), "b", 100.0, "running", "expired"),
-    (claim("a"), "b", 50.0, "failed", "holder run failed"),
-    (claim("a"), "b", 50.0, "success", "holder run success"),
-    (claim("a"), "b", 50.0, "absent", "holder run absent"),
-    (claim("a"), "b", 50.0, "running", None),
-    (claim("a"), "b", 50.0, "queued", None),
-    (claim("a"), "b", 50.0, None, None),  # Airflow could not say: the lease decides
-])
-def test_who_may_take_the_lineage(held: Claim | None, run_id: str, now: float, state: str | None,
-                                  reason: str | None) -> None:
+@pytest.mark.parametrize(
+    "held,run_id,now,state,reason",
+    [
+        (None, "b", 0.0, None, "free"),
+        (UNREADABLE, "b", 0.0, None, "unreadable claim"),
+        (claim("a"), "a", 0.0, None, "same run"),
+        (claim("a"), "b", 100.0, None, "expired"),
+        (claim("a"), "b", 100.0, "running", "expired"),
+        (claim("a"), "b", 50.0, "failed", "holder run failed"),
+        (claim("a"), "b", 50.0, "success", "holder run success"),
+        (claim("a"), "b", 50.0, "absent", "holder run absent"),
+        (claim("a"), "b", 50.0, "running", None),
+        (claim("a"), "b", 50.0, "queued", None),
+        (claim("a"), "b", 50.0, None, None),  # Airflow could not say: the lease decides
+    ],
+)
+def test_who_may_take_the_lineage(
+    held: Claim | None, run_id: str, now: float, state: str | None, reason: str | None
+) -> None:
     assert takeover_reason(held, run_id, now, state) == reason
 
 
@@ -60,8 +64,11 @@ def test_a_rerun_of_a_finished_run_keeps_a_second_run_out(root: Path, tmp_path: 
     first.append("report", "stage_end", seconds=0.1)  # run-1 finished once ...
     release(root, "run-1")
     hold(root, "nightly", "run-1", first)  # ... and is cleared (or backfilled with --reprocess-behavior completed)
-    with pytest.raises(LineageBusy, match=r"run run-1 of nightly since .* holds these checkpoints and is still running"
-                                          r".*trainyard lineage release"):
+    with pytest.raises(
+        LineageBusy,
+        match=r"run run-1 of nightly since .* holds these checkpoints and is still running"
+        r".*trainyard lineage release",
+    ):
         hold(root, "nightly", "run-2", ledger(tmp_path, "run-2"))
     assert read_claim(root).run_id == "run-1"
 
@@ -184,8 +191,9 @@ def test_concurrent_takeovers_of_an_expired_claim_leave_one_holder(root: Path, t
     assert read_claim(root).token == won[0].claim.token
 
 
-def test_cli_release_refuses_a_live_lease_unless_forced(root: Path, tmp_path: Path,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_release_refuses_a_live_lease_unless_forced(
+    root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     hold(root, "nightly", "run-1", ledger(tmp_path, "run-1"))
     assert main(["lineage", "release", str(root)]) == 1
     assert "held by run run-1 of nightly since" in capsys.readouterr().err
@@ -197,8 +205,9 @@ def test_cli_release_refuses_a_live_lease_unless_forced(root: Path, tmp_path: Pa
     assert "no run holds this lineage" in capsys.readouterr().out
 
 
-def test_cli_release_frees_an_expired_lease_found_from_the_spec_file(tmp_path: Path,
-                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_release_frees_an_expired_lease_found_from_the_spec_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     spec = tmp_path / "nightly.yaml"
     spec.write_text(f"""\
 dataset: {{source: "file://{tmp_path}/cold", name: tokens, hot: "file://{tmp_path}/hot"}}

@@ -19,7 +19,13 @@ from trainyard.errors import SpecError
 from trainyard.ledger import Ledger
 from trainyard.run import RUN_STAGE, SNAPSHOT, load_run, open_run
 from trainyard.spec import (
-    PARAM_FIELDS, ParamName, check_files, load_spec, spec_from_data, valid_resume, with_params,
+    PARAM_FIELDS,
+    ParamName,
+    check_files,
+    load_spec,
+    spec_from_data,
+    valid_resume,
+    with_params,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,8 +94,9 @@ CASES = [
 
 
 @pytest.mark.parametrize("name,value,refused", CASES, ids=[f"{n}={v!r}" for n, v, _ in CASES])
-def test_values_are_accepted_or_refused_with_the_schema_message(path: Path, name: str, value: object,
-                                                                refused: str | None) -> None:
+def test_values_are_accepted_or_refused_with_the_schema_message(
+    path: Path, name: str, value: object, refused: str | None
+) -> None:
     params = form(path)
     if refused is None:
         params[name] = value
@@ -101,7 +108,9 @@ def test_values_are_accepted_or_refused_with_the_schema_message(path: Path, name
 
 @pytest.mark.parametrize("value", ["latest", "none", "/", "/a/b", "/a..b/c", "/a/../b", "/..", "rel", "", "nones"])
 def test_resume_pattern_is_the_spec_rule(path: Path, value: str) -> None:
-    accepted = Param(**param_schemas(load_spec(path))["resume_from"]).resolve(value, suppress_exception=True) is not None
+    accepted = (
+        Param(**param_schemas(load_spec(path))["resume_from"]).resolve(value, suppress_exception=True) is not None
+    )
     assert accepted == valid_resume(value)
 
 
@@ -115,20 +124,34 @@ def test_resume_from_offers_the_keywords_and_the_spec_path(tmp_path: Path) -> No
 def test_choices_follow_the_knobs_a_trigger_may_turn(tmp_path: Path) -> None:
     path = tmp_path / "p.yaml"
     # micro_batch fixed at 4: 16 sequences over 4 x n -> n in {1, 2, 4}, but nodes.max 4 and 4 x 4 = 16 fits.
-    path.write_text(SPEC.format(root=tmp_path).replace("micro_batch: 2", "micro_batch: 4")
-                    .replace("[nodes, min_nodes, max_steps, micro_batch, lr, resume_from]", "[nodes]"))
+    path.write_text(
+        SPEC.format(root=tmp_path)
+        .replace("micro_batch: 2", "micro_batch: 4")
+        .replace("[nodes, min_nodes, max_steps, micro_batch, lr, resume_from]", "[nodes]")
+    )
     assert param_schemas(load_spec(path))["nodes"]["enum"] == [1, 2, 4]
     # nodes fixed at 2: micro-batches m with 2 x m dividing 16.
-    path.write_text(SPEC.format(root=tmp_path).replace("[nodes, min_nodes, max_steps, micro_batch, lr, resume_from]",
-                                                       "[micro_batch]"))
+    path.write_text(
+        SPEC.format(root=tmp_path).replace(
+            "[nodes, min_nodes, max_steps, micro_batch, lr, resume_from]", "[micro_batch]"
+        )
+    )
     assert param_schemas(load_spec(path))["micro_batch"]["enum"] == [1, 2, 4, 8]
 
 
 def test_a_spec_beyond_the_typo_bounds_keeps_its_own_default(tmp_path: Path) -> None:
     path = tmp_path / "p.yaml"
-    path.write_text(SPEC.format(root=tmp_path).replace("lr: 0.003", "lr: 2.5").replace("max_steps: 10", "max_steps: 20000000"))
-    assert form(path).validate() == {"nodes": 2, "min_nodes": 1, "max_steps": 20_000_000, "micro_batch": 2, "lr": 2.5,
-                                     "resume_from": "latest"}
+    path.write_text(
+        SPEC.format(root=tmp_path).replace("lr: 0.003", "lr: 2.5").replace("max_steps: 10", "max_steps: 20000000")
+    )
+    assert form(path).validate() == {
+        "nodes": 2,
+        "min_nodes": 1,
+        "max_steps": 20_000_000,
+        "micro_batch": 2,
+        "lr": 2.5,
+        "resume_from": "latest",
+    }
 
 
 def test_new_knobs_reach_the_spec(path: Path) -> None:
@@ -143,11 +166,14 @@ def test_a_combination_the_form_cannot_see_fails_when_the_run_opens(path: Path) 
         with_params(load_spec(path), {"nodes": 2, "micro_batch": 16}, path)
 
 
-@pytest.mark.parametrize("args,problem", [
-    ("{}", "params[4]: 'lr' overrides training.args.lr, which is not set to a positive number"),
-    ("{lr: fast}", "params[4]: 'lr' overrides training.args.lr, which is not set to a positive number"),
-    ("{lr: 0}", "params[4]: 'lr' overrides training.args.lr, which is not set to a positive number"),
-])
+@pytest.mark.parametrize(
+    "args,problem",
+    [
+        ("{}", "params[4]: 'lr' overrides training.args.lr, which is not set to a positive number"),
+        ("{lr: fast}", "params[4]: 'lr' overrides training.args.lr, which is not set to a positive number"),
+        ("{lr: 0}", "params[4]: 'lr' overrides training.args.lr, which is not set to a positive number"),
+    ],
+)
 def test_lr_needs_a_learning_rate_in_the_args(tmp_path: Path, args: str, problem: str) -> None:
     path = tmp_path / "p.yaml"
     path.write_text(SPEC.format(root=tmp_path).replace("args: {lr: 0.003}", f"args: {args}"))

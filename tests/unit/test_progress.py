@@ -16,38 +16,81 @@ def beat(step: Any, loss: Any = 2.5, at: Any = 110.0, **metrics: Any) -> dict[st
     return {"step": step, "time": at, "status": "running", "metrics": {"loss": loss, **metrics}}
 
 
-def progress(beats: dict[str, dict[str, Any]], before: Look | None = Look(100.0, 10), now: float = 111.0,
-             tokens: int | None = 512, checkpoint: str | None = "step_000010", last_rate: float | None = None,
-             saved: str | None = None) -> Progress:
-    return Progress.from_heartbeats(beats, attempt=2, world_size=4, target=110, now=now, before=before,
-                                    tokens_per_step=tokens, checkpoint=checkpoint, last_rate=last_rate, saved=saved)
+def progress(
+    beats: dict[str, dict[str, Any]],
+    before: Look | None = Look(100.0, 10),  # noqa: B008 (an immutable tuple)
+    now: float = 111.0,
+    tokens: int | None = 512,
+    checkpoint: str | None = "step_000010",
+    last_rate: float | None = None,
+    saved: str | None = None,
+) -> Progress:
+    return Progress.from_heartbeats(
+        beats,
+        attempt=2,
+        world_size=4,
+        target=110,
+        now=now,
+        before=before,
+        tokens_per_step=tokens,
+        checkpoint=checkpoint,
+        last_rate=last_rate,
+        saved=saved,
+    )
 
 
-@pytest.mark.parametrize(("beats", "before", "tokens", "want"), [
-    # 20 steps between the beats at 100 s and 110 s: 2 steps/s, 1024 tokens/s; 80 steps left at 2/s.
-    ({"rank-0": beat(30, 2.25), "rank-1": beat(29, 9.0, at=109.5)}, Look(100.0, 10), 512,
-     "progress: attempt 2, world size 4, step 30/110 (27%), loss 2.2500, 2 steps/s, 1,024 tokens/s, ETA 40s,"
-     " last valid checkpoint step_000010"),
-    # The first look: no rate, so no speed and no ETA yet.
-    ({"rank-0": beat(30)}, None, 512,
-     "progress: attempt 2, world size 4, step 30/110 (27%), loss 2.5000, - steps/s, - tokens/s, ETA -,"
-     " last valid checkpoint step_000010"),
-    # Tokens per step unknown to the spec and not reported by the script: "-", not a guess.
-    ({"rank-0": beat(15)}, Look(100.0, 10), None,
-     "progress: attempt 2, world size 4, step 15/110 (14%), loss 2.5000, 0.5 steps/s, - tokens/s, ETA 3m10s,"
-     " last valid checkpoint step_000010"),
-    # No step since the last look and no speed measured before: unknown, never 0 within a long step.
-    ({"rank-0": beat(10, at=100.0)}, Look(100.0, 10), 512,
-     "progress: attempt 2, world size 4, step 10/110 (9%), loss 2.5000, - steps/s, - tokens/s, ETA -,"
-     " last valid checkpoint step_000010"),
-    # No rank has beaten yet.
-    ({}, None, 512,
-     "progress: attempt 2, world size 4, step -/110, loss -, - steps/s, - tokens/s, ETA -, last valid checkpoint step_000010"),
-    # Done: ETA 0 whatever the rate.
-    ({"rank-0": beat(110)}, None, 512,
-     "progress: attempt 2, world size 4, step 110/110 (100%), loss 2.5000, - steps/s, - tokens/s, ETA 0s,"
-     " last valid checkpoint step_000010"),
-])
+@pytest.mark.parametrize(
+    ("beats", "before", "tokens", "want"),
+    [
+        # 20 steps between the beats at 100 s and 110 s: 2 steps/s, 1024 tokens/s; 80 steps left at 2/s.
+        (
+            {"rank-0": beat(30, 2.25), "rank-1": beat(29, 9.0, at=109.5)},
+            Look(100.0, 10),
+            512,
+            "progress: attempt 2, world size 4, step 30/110 (27%), loss 2.2500, 2 steps/s, 1,024 tokens/s, ETA 40s,"
+            " last valid checkpoint step_000010",
+        ),
+        # The first look: no rate, so no speed and no ETA yet.
+        (
+            {"rank-0": beat(30)},
+            None,
+            512,
+            "progress: attempt 2, world size 4, step 30/110 (27%), loss 2.5000, - steps/s, - tokens/s, ETA -,"
+            " last valid checkpoint step_000010",
+        ),
+        # Tokens per step unknown to the spec and not reported by the script: "-", not a guess.
+        (
+            {"rank-0": beat(15)},
+            Look(100.0, 10),
+            None,
+            "progress: attempt 2, world size 4, step 15/110 (14%), loss 2.5000, 0.5 steps/s, - tokens/s, ETA 3m10s,"
+            " last valid checkpoint step_000010",
+        ),
+        # No step since the last look and no speed measured before: unknown, never 0 within a long step.
+        (
+            {"rank-0": beat(10, at=100.0)},
+            Look(100.0, 10),
+            512,
+            "progress: attempt 2, world size 4, step 10/110 (9%), loss 2.5000, - steps/s, - tokens/s, ETA -,"
+            " last valid checkpoint step_000010",
+        ),
+        # No rank has beaten yet.
+        (
+            {},
+            None,
+            512,
+            "progress: attempt 2, world size 4, step -/110, loss -, - steps/s, - tokens/s, ETA -, last valid checkpoint step_000010",
+        ),
+        # Done: ETA 0 whatever the rate.
+        (
+            {"rank-0": beat(110)},
+            None,
+            512,
+            "progress: attempt 2, world size 4, step 110/110 (100%), loss 2.5000, - steps/s, - tokens/s, ETA 0s,"
+            " last valid checkpoint step_000010",
+        ),
+    ],
+)
 def test_the_line_from_heartbeats(beats: dict, before: Look | None, tokens: int | None, want: str) -> None:
     assert progress(beats, before, tokens=tokens).line() == want
 
@@ -64,8 +107,11 @@ def test_a_beat_without_a_usable_time_counts_as_seen_now() -> None:
 
 
 def test_a_newer_checkpoint_not_yet_validated_is_named_as_such() -> None:
-    assert progress({}, saved="step_000020").line().endswith(
-        "last valid checkpoint step_000010, newest saved step_000020 (not yet validated)")
+    assert (
+        progress({}, saved="step_000020")
+        .line()
+        .endswith("last valid checkpoint step_000010, newest saved step_000020 (not yet validated)")
+    )
 
 
 def test_tokens_per_step_from_what_the_workload_reports_when_the_spec_does_not_know() -> None:
@@ -92,18 +138,36 @@ def test_unknown_checkpoint_is_a_dash() -> None:
     assert progress({}, checkpoint="none").line().endswith("last valid checkpoint none")
 
 
-@pytest.mark.parametrize(("seconds", "want"), [
-    (None, "-"), (float("inf"), "-"), (-1.0, "-"), (0.4, "0s"), (42.0, "42s"), (59.6, "1m00s"), (365.0, "6m05s"),
-    (3600.0, "1h00m"), (11220.0, "3h07m"), (187200.0, "2d04h"),
-])
+@pytest.mark.parametrize(
+    ("seconds", "want"),
+    [
+        (None, "-"),
+        (float("inf"), "-"),
+        (-1.0, "-"),
+        (0.4, "0s"),
+        (42.0, "42s"),
+        (59.6, "1m00s"),
+        (365.0, "6m05s"),
+        (3600.0, "1h00m"),
+        (11220.0, "3h07m"),
+        (187200.0, "2d04h"),
+    ],
+)
 def test_duration(seconds: float | None, want: str) -> None:
     assert duration(seconds) == want
 
 
-@pytest.mark.parametrize(("args", "want"), [
-    ({"seq-len": 64, "lr": 0.1}, 16 * 64), ({"seq_len": "32"}, 16 * 32), ({}, None), ({"seq-len": "long"}, None),
-    ({"seq-len": True}, None), ({"seq-len": 0}, None),
-])
+@pytest.mark.parametrize(
+    ("args", "want"),
+    [
+        ({"seq-len": 64, "lr": 0.1}, 16 * 64),
+        ({"seq_len": "32"}, 16 * 32),
+        ({}, None),
+        ({"seq-len": "long"}, None),
+        ({"seq-len": True}, None),
+        ({"seq-len": 0}, None),
+    ],
+)
 def test_tokens_per_step_from_the_spec(args: dict, want: int | None) -> None:
     assert tokens_per_step(16, args) == want
 
@@ -122,8 +186,16 @@ def commit(root: Path, step: int) -> Path:
 
 def test_progress_log_paces_lines_and_rates_from_the_first_beat(tmp_path: Path) -> None:
     beats, ckpts = tmp_path / "heartbeat", tmp_path / "ckpt"
-    pace = ProgressLog(10.0, 1000.0, attempt=1, world_size=2, target=100, tokens_per_step=None, heartbeat_dir=beats,
-                       checkpoint_root=ckpts)
+    pace = ProgressLog(
+        10.0,
+        1000.0,
+        attempt=1,
+        world_size=2,
+        target=100,
+        tokens_per_step=None,
+        heartbeat_dir=beats,
+        checkpoint_root=ckpts,
+    )
     assert pace.poll(1001.0) is None  # nothing to see yet, and not due
     write_beat(beats, 0, 5, at=1001.5)
     assert pace.poll(1002.0) is None  # the first beat: the first line's starting point
@@ -149,13 +221,30 @@ def test_progress_log_paces_lines_and_rates_from_the_first_beat(tmp_path: Path) 
 
 def test_progress_log_says_none_when_no_checkpoint_is_valid_yet(tmp_path: Path) -> None:
     (tmp_path / "ckpt").mkdir()
-    pace = ProgressLog(1.0, 0.0, attempt=3, world_size=1, target=10, tokens_per_step=None,
-                       heartbeat_dir=tmp_path / "absent", checkpoint_root=tmp_path / "ckpt")
-    assert pace.poll(1.0) == ("progress: attempt 3, world size 1, step -/10, loss -, - steps/s, - tokens/s, ETA -,"
-                              " last valid checkpoint none")
+    pace = ProgressLog(
+        1.0,
+        0.0,
+        attempt=3,
+        world_size=1,
+        target=10,
+        tokens_per_step=None,
+        heartbeat_dir=tmp_path / "absent",
+        checkpoint_root=tmp_path / "ckpt",
+    )
+    assert pace.poll(1.0) == (
+        "progress: attempt 3, world size 1, step -/10, loss -, - steps/s, - tokens/s, ETA -, last valid checkpoint none"
+    )
 
 
 def test_a_rate_of_zero_gives_a_line_at_every_poll(tmp_path: Path) -> None:
-    log = ProgressLog(0.0, 100.0, attempt=1, world_size=1, target=10, tokens_per_step=None,
-                      heartbeat_dir=tmp_path, checkpoint_root=None)
+    log = ProgressLog(
+        0.0,
+        100.0,
+        attempt=1,
+        world_size=1,
+        target=10,
+        tokens_per_step=None,
+        heartbeat_dir=tmp_path,
+        checkpoint_root=None,
+    )
     assert [log.poll(t) is not None for t in (100.0, 100.5, 101.0)] == [True, True, True]

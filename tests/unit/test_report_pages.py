@@ -35,34 +35,82 @@ def write_run(root: Path, run_id: str = RUN_ID, dag_id: str = "nightly") -> Ledg
     stage(ledger, "check_dataset", ok=False)  # failed once, then retried
     stage(ledger, "check_dataset")
     ledger.append("burn_in", "stage_start")
-    for node, gflops, verdict, reason in (("node-0", 100.0, "train", ""), ("node-1", 98.0, "train", ""),
-                                          ("node-2", 30.0, "evicted", f"straggler: matmul_gflops 30.00 {EVIL}")):
-        ledger.append("burn_in", "node_verdict", node=node, verdict=verdict, reason=reason, collective={"64KB": 0.1},
-                      figures={"matmul_gflops": gflops, "membw_gbps": 20.0, "gpu": {"skipped": "no CUDA"}})
-    ledger.append("burn_in", "thresholds", medians={"matmul_gflops": 98.0, "membw_gbps": 20.0},
-                  thresholds={"matmul_gflops": 88.2, "membw_gbps": 18.0}, seconds=2.0)
+    for node, gflops, verdict, reason in (
+        ("node-0", 100.0, "train", ""),
+        ("node-1", 98.0, "train", ""),
+        ("node-2", 30.0, "evicted", f"straggler: matmul_gflops 30.00 {EVIL}"),
+    ):
+        ledger.append(
+            "burn_in",
+            "node_verdict",
+            node=node,
+            verdict=verdict,
+            reason=reason,
+            collective={"64KB": 0.1},
+            figures={"matmul_gflops": gflops, "membw_gbps": 20.0, "gpu": {"skipped": "no CUDA"}},
+        )
+    ledger.append(
+        "burn_in",
+        "thresholds",
+        medians={"matmul_gflops": 98.0, "membw_gbps": 20.0},
+        thresholds={"matmul_gflops": 88.2, "membw_gbps": 18.0},
+        seconds=2.0,
+    )
     ledger.append("burn_in", "stage_end", seconds=2.5, result={"healthy": ["node-0", "node-1"]})
     ledger.append("train", "stage_start")
     ledger.append("train", "lineage_reset", path=None)
-    ledger.append("train", "attempt_start", attempt=1, nodes=["node-0", "node-1"], world_size=2, micro_batch="2",
-                  resume_from="none")
+    ledger.append(
+        "train",
+        "attempt_start",
+        attempt=1,
+        nodes=["node-0", "node-1"],
+        world_size=2,
+        micro_batch="2",
+        resume_from="none",
+    )
     ckpt = "/ck/nightly/step_{:06d}"
     for step in range(1, 11):
         ledger.append("train", "step", attempt=1, step=step, loss=5.0 - step * 0.1)
     ledger.append("train", "checkpoint_saved", attempt=1, step=4, path=ckpt.format(4))
-    ledger.append("train", "checkpoint_validated", path=ckpt.format(4), step=4, valid=False, problems=["sha256 mismatch"])
-    ledger.append("train", "checkpoint_quarantined", path=ckpt.format(4), to="/ck/nightly/quarantine/step_000004-1",
-                  problems=["sha256 mismatch"])
+    ledger.append(
+        "train", "checkpoint_validated", path=ckpt.format(4), step=4, valid=False, problems=["sha256 mismatch"]
+    )
+    ledger.append(
+        "train",
+        "checkpoint_quarantined",
+        path=ckpt.format(4),
+        to="/ck/nightly/quarantine/step_000004-1",
+        problems=["sha256 mismatch"],
+    )
     ledger.append("train", "checkpoint_saved", attempt=1, step=8, path=ckpt.format(8))
     ledger.append("train", "checkpoint_validated", path=ckpt.format(8), step=8, valid=True, problems=[])
     ledger.append("train", "checkpoint_promoted", path=ckpt.format(8), step=8)
     ledger.append("train", "drill_fired", fault="kill", node="node-1", step=10)
     ledger.append("train", "attempt_end", attempt=1, state="failed", trigger="crash", reason="node-1 exited -9")
-    ledger.append("train", "failure_classified", attempt=1, kind="node_lost", evidence=f"node-1 exit -9 {EVIL}",
-                  culprits=["node-1"], detected_at=0)
-    ledger.append("train", "decision", attempt=1, kind="node_lost", action="scale_down", nodes=["node-0", "node-1"],
-                  reason="scale down 2 -> 1 nodes", new_nodes=["node-0"], micro_batch=2, delay_s=0.2)
-    ledger.append("train", "attempt_start", attempt=2, nodes=["node-0"], world_size=1, micro_batch="2", resume_from="latest")
+    ledger.append(
+        "train",
+        "failure_classified",
+        attempt=1,
+        kind="node_lost",
+        evidence=f"node-1 exit -9 {EVIL}",
+        culprits=["node-1"],
+        detected_at=0,
+    )
+    ledger.append(
+        "train",
+        "decision",
+        attempt=1,
+        kind="node_lost",
+        action="scale_down",
+        nodes=["node-0", "node-1"],
+        reason="scale down 2 -> 1 nodes",
+        new_nodes=["node-0"],
+        micro_batch=2,
+        delay_s=0.2,
+    )
+    ledger.append(
+        "train", "attempt_start", attempt=2, nodes=["node-0"], world_size=1, micro_batch="2", resume_from="latest"
+    )
     ledger.append("train", "resumed", attempt=2, step=8, path=ckpt.format(8))
     for step in range(9, 13):
         ledger.append("train", "step", attempt=2, step=step, loss=4.0 - step * 0.1)
@@ -71,8 +119,12 @@ def write_run(root: Path, run_id: str = RUN_ID, dag_id: str = "nightly") -> Ledg
     ledger.append("train", "checkpoint_promoted", path=ckpt.format(12), step=12)
     ledger.append("train", "checkpoint_retired", path=ckpt.format(8), step=8)
     ledger.append("train", "attempt_end", attempt=2, state="succeeded", seconds=3.0, last_step=12)
-    ledger.append("train", "recovery_figures", detection_s=0.7, resume_delay_s=5.1, lost_steps=2, productive_s=1.2, ettr=0.3)
-    ledger.append("train", "stage_end", seconds=9.0, result={"nodes": ["node-0", "node-1"], "checkpoint": ckpt.format(12)})
+    ledger.append(
+        "train", "recovery_figures", detection_s=0.7, resume_delay_s=5.1, lost_steps=2, productive_s=1.2, ettr=0.3
+    )
+    ledger.append(
+        "train", "stage_end", seconds=9.0, result={"nodes": ["node-0", "node-1"], "checkpoint": ckpt.format(12)}
+    )
     ledger.append("check_checkpoint", "stage_start")
     ledger.append("check_checkpoint", "checkpoint_checked", path=ckpt.format(12), valid=True, problems=[], seconds=0.1)
     ledger.append("check_checkpoint", "stage_end", seconds=0.2, result={"checkpoint": ckpt.format(12), "step": 12})
@@ -82,13 +134,24 @@ def write_run(root: Path, run_id: str = RUN_ID, dag_id: str = "nightly") -> Ledg
 
 def test_the_summary_has_every_section_from_the_ledger(tmp_path: Path) -> None:
     summary = summarize(write_run(tmp_path))
-    assert list(summary["stages"]) == ["stage_dataset", "check_dataset", "burn_in", "train", "check_checkpoint", "publish"]
+    assert list(summary["stages"]) == [
+        "stage_dataset",
+        "check_dataset",
+        "burn_in",
+        "train",
+        "check_checkpoint",
+        "publish",
+    ]
     assert summary["stages"]["check_dataset"]["ok"]  # the retry's end replaces the failed try
     assert summary["state"] == "running" and summary["running"] == []  # ended publish, report not yet run
     assert summary["thresholds"]["thresholds"]["matmul_gflops"] == 88.2
     assert summary["node_verdicts"]["node-2"]["verdict"] == "evicted"
     first, second = summary["attempt_details"]
-    assert first["state"] == "failed" and first["failure"]["kind"] == "node_lost" and first["decision"]["action"] == "scale_down"
+    assert (
+        first["state"] == "failed"
+        and first["failure"]["kind"] == "node_lost"
+        and first["decision"]["action"] == "scale_down"
+    )
     assert first["decision"]["new_nodes"] == ["node-0"] and first["drills"][0]["fault"] == "kill"
     assert second["state"] == "succeeded" and second["resumed_step"] == 8 and second["last_step"] == 12
     ckpts = {c["step"]: c for c in summary["checkpoints"]}
@@ -100,13 +163,16 @@ def test_the_summary_has_every_section_from_the_ledger(tmp_path: Path) -> None:
     assert "attempts:         2" in format_summary(summary)
 
 
-@pytest.mark.parametrize(("stages", "running", "state"), [
-    ({}, ["stage_dataset"], "running"),
-    ({"train": {"ok": False}}, [], "failed"),
-    ({"train": {"ok": False}}, ["train"], "running"),  # a retry of the failed task is on
-    ({"train": {"ok": True}}, [], "running"),  # between two tasks
-    ({"train": {"ok": True}, "report": {"ok": True}}, [], "succeeded"),
-])
+@pytest.mark.parametrize(
+    ("stages", "running", "state"),
+    [
+        ({}, ["stage_dataset"], "running"),
+        ({"train": {"ok": False}}, [], "failed"),
+        ({"train": {"ok": False}}, ["train"], "running"),  # a retry of the failed task is on
+        ({"train": {"ok": True}}, [], "running"),  # between two tasks
+        ({"train": {"ok": True}, "report": {"ok": True}}, [], "succeeded"),
+    ],
+)
 def test_run_state(stages: dict, running: list, state: str) -> None:
     assert run_state(stages, running) == state
 
@@ -117,10 +183,21 @@ def test_the_report_file_shows_every_section_and_escapes_the_ledger(tmp_path: Pa
     result = write_report(folder, ledger)
     page = Path(result["report"]).read_text()
     assert EVIL not in page and "&lt;script&gt;" in page
-    for text in ("<h2>Stages</h2>", "<h2>Burn-in</h2>", "<h2>Training attempts</h2>", "<h2>Loss</h2>",
-                 "<h2>Checkpoints</h2>", "<h2>Recovery figures</h2>", 'aria-label="loss versus step"',
-                 'aria-label="matmul_gflops per node against its threshold"', 'aria-label="training attempts over time"',
-                 "node_lost", "scale_down", "<b>LATEST</b>", RUN_ID):
+    for text in (
+        "<h2>Stages</h2>",
+        "<h2>Burn-in</h2>",
+        "<h2>Training attempts</h2>",
+        "<h2>Loss</h2>",
+        "<h2>Checkpoints</h2>",
+        "<h2>Recovery figures</h2>",
+        'aria-label="loss versus step"',
+        'aria-label="matmul_gflops per node against its threshold"',
+        'aria-label="training attempts over time"',
+        "node_lost",
+        "scale_down",
+        "<b>LATEST</b>",
+        RUN_ID,
+    ):
         assert text in page, text
     saved = json.loads((folder / "summary.json").read_text())
     assert saved["state"] == "succeeded"  # written by the report stage: the other stages decide
@@ -128,8 +205,13 @@ def test_the_report_file_shows_every_section_and_escapes_the_ledger(tmp_path: Pa
 
 
 def test_burn_in_bars_below_the_threshold_are_red_and_other_evictions_grey() -> None:
-    svg = burnin_svg("matmul_gflops", {"node-0": 100.0, "node-2": 30.0, "node-1": 95.0, "node-3": None}, 88.2, 98.0,
-                     {"node-0": "train", "node-2": "evicted", "node-1": "evicted", "node-3": "evicted"})
+    svg = burnin_svg(
+        "matmul_gflops",
+        {"node-0": 100.0, "node-2": 30.0, "node-1": 95.0, "node-3": None},
+        88.2,
+        98.0,
+        {"node-0": "train", "node-2": "evicted", "node-1": "evicted", "node-3": "evicted"},
+    )
     bars = svg.split('<rect class="bar"')[1:]
     assert 'fill="#2ca02c"' in bars[0] and 'fill="#d62728"' in bars[1]
     assert 'fill="#bbbbbb"' in bars[2]  # passed this probe, evicted for another

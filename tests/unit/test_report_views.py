@@ -88,7 +88,10 @@ def test_the_report_is_sent_sandboxed_and_unsniffed(client: TestClient, tmp_path
     assert report.headers["x-content-type-options"] == "nosniff"
     for path in ("/", RUN, f"{RUN}/summary.json", "/api/runs", "/runs/nightly/nope"):
         headers = client.get(path).headers  # pages holding ledger strings run no script either
-        assert headers["x-content-type-options"] == "nosniff" and "default-src 'none'" in headers["content-security-policy"]
+        assert (
+            headers["x-content-type-options"] == "nosniff"
+            and "default-src 'none'" in headers["content-security-policy"]
+        )
 
 
 @pytest.mark.parametrize("link", [os.symlink, os.link], ids=["symlink", "hard link"])

@@ -66,15 +66,28 @@ def test_a_link_inside_the_own_root_to_elsewhere_is_refused(tmp_path: Path, othe
 def test_the_pipelines_own_checkpoints_and_listed_roots_are_accepted(tmp_path: Path, other: Path) -> None:
     path = spec(tmp_path)
     for i, target in enumerate([tmp_path / "ckpt" / "p" / "step_000010", tmp_path / "cold" / "ckpt" / "p" / "step_5"]):
-        assert open_run(path, "p", f"manual__{i}", "2026-11-30", {"resume_from": str(target)}).spec.training.resume_from == str(target)
+        assert open_run(
+            path, "p", f"manual__{i}", "2026-11-30", {"resume_from": str(target)}
+        ).spec.training.resume_from == str(target)
     listed = spec(tmp_path, extra=f", allowed_resume_roots: [{tmp_path}/ckpt/other]")
-    assert open_run(listed, "p", "manual__9", "2026-11-30", {"resume_from": str(other)}).spec.training.resume_from == str(other)
+    assert open_run(
+        listed, "p", "manual__9", "2026-11-30", {"resume_from": str(other)}
+    ).spec.training.resume_from == str(other)
 
 
-@pytest.mark.parametrize("resume_from,ok", [
-    ("latest", True), ("none", True), ("/r/p/step_1", True), ("/r/p/a/b", True),
-    ("/r/p", False), ("/r/pp/step_1", False), ("/r/other/step_1", False), ("/etc/passwd", False),
-])
+@pytest.mark.parametrize(
+    "resume_from,ok",
+    [
+        ("latest", True),
+        ("none", True),
+        ("/r/p/step_1", True),
+        ("/r/p/a/b", True),
+        ("/r/p", False),
+        ("/r/pp/step_1", False),
+        ("/r/other/step_1", False),
+        ("/etc/passwd", False),
+    ],
+)
 def test_containment_is_by_whole_path_parts(tmp_path: Path, resume_from: str, ok: bool) -> None:
     from trainyard.spec import load_spec, resume_problems
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from trainyard.airflow.params import param_schemas
 from trainyard.cli import main as cli
 from trainyard.errors import SpecError
-from trainyard.airflow.params import param_schemas
 from trainyard.spec import check_files, load_spec, with_params
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,49 +40,152 @@ BAD = [
     ("top-level-list", "- a\n- b\n", "the top level must be a mapping of fields, not a list"),
     ("duplicate-key", GOOD + "nodes: {count: 3}\n", "duplicate key 'nodes'"),
     ("unknown-top-key", spec_text(colour="red"), "colour: unknown field; allowed here: catchup, checkpoint"),
-    ("unknown-nested-key", spec_text(nodes="{count: 2, gpus: 8}"), "nodes.gpus: unknown field; allowed here: backend, count"),
+    (
+        "unknown-nested-key",
+        spec_text(nodes="{count: 2, gpus: 8}"),
+        "nodes.gpus: unknown field; allowed here: backend, count",
+    ),
     ("missing-section", spec_text(dataset=None), "dataset: required field is missing"),
-    ("missing-field", spec_text(training="{max_steps: 10, global_batch: 8, micro_batch: 2}"), "training.checkpoint_every: required field is missing"),
+    (
+        "missing-field",
+        spec_text(training="{max_steps: 10, global_batch: 8, micro_batch: 2}"),
+        "training.checkpoint_every: required field is missing",
+    ),
     ("wrong-type", spec_text(nodes="{count: two}"), "nodes.count: input should be a valid integer"),
     ("min-above-count", spec_text(nodes="{count: 4, min: 5}"), "nodes.min: 5 must be <= nodes.count (4)"),
-    ("negative-steps", spec_text(training="{max_steps: -3, global_batch: 8, micro_batch: 2, checkpoint_every: 5}"),
-     "training.max_steps: -3 is out of range; it should be greater than or equal to 1"),
+    (
+        "negative-steps",
+        spec_text(training="{max_steps: -3, global_batch: 8, micro_batch: 2, checkpoint_every: 5}"),
+        "training.max_steps: -3 is out of range; it should be greater than or equal to 1",
+    ),
     ("negative-spare", spec_text(nodes="{count: 2, spare: -1}"), "nodes.spare: -1 is out of range"),
     ("bad-cron", spec_text(schedule='"61 2 * * *"'), "schedule: '61 2 * * *' is not a cron expression"),
     ("bad-preset", spec_text(schedule="'@fortnightly'"), "schedule: '@fortnightly' is not a cron expression"),
-    ("bad-backend", spec_text(nodes="{count: 2, backend: slurm}"), "nodes.backend: 'slurm' is not allowed; expected 'local' or 'kubernetes'"),
-    ("k8s-without-settings", spec_text(nodes="{count: 2, backend: kubernetes}"), "nodes.kubernetes: required when nodes.backend is kubernetes"),
-    ("name-escapes-root", spec_text(dataset='{source: "file:///d", name: "../../etc"}'), "dataset.name: '../../etc' escapes the hot root"),
-    ("absolute-name", spec_text(dataset='{source: "file:///d", name: "/etc"}'), "dataset.name: '/etc' escapes the hot root"),
-    ("uri-with-dotdot", spec_text(dataset='{source: "file:///data/../etc", name: t}'), "dataset.source: 'file:///data/../etc' may not contain '..'"),
-    ("relative-file-uri", spec_text(dataset='{source: "file://data/x", name: t}'), "dataset.source: 'file://data/x' must be an absolute path"),
-    ("bad-scheme", spec_text(dataset='{source: "http://host/x", name: t}'), "dataset.source: 'http://host/x' must start with file:// or s3://"),
-    ("s3-without-connection", spec_text(dataset='{source: "s3://bucket/x", name: t}'), "dataset.connection: required for an s3:// source"),
-    ("unknown-template", spec_text(dataset='{source: "file:///d/{{ dss }}", name: t}'), "dataset.source: unknown template variable {{ dss }}; allowed: ds"),
-    ("template-in-root", spec_text(checkpoint='{hot: "file:///ck/{{ ds }}"}'), "checkpoint.hot: run templates are only allowed in dataset.source and dataset.name"),
-    ("indivisible-batch", spec_text(nodes="{count: 3}"), "training.global_batch: 8 must be divisible by training.micro_batch x nodes.count x nodes.procs_per_node (2 x 3 x 1 = 6)"),
-    ("unknown-failure-kind", spec_text(recovery="{actions: {meteor: retry}}"), "recovery.actions.meteor: 'meteor' is not allowed"),
-    ("unknown-action", spec_text(recovery="{actions: {oom: pray}}"), "recovery.actions.oom: 'pray' is not allowed; expected 'retry', 'scale_down', 'rollback' or 'fail'"),
-    ("bad-entrypoint", spec_text(training="{entrypoint: 'my script', max_steps: 1, global_batch: 8, micro_batch: 2, checkpoint_every: 5}"),
-     "training.entrypoint: 'my script' is neither a dotted module name nor a .py script"),
-    ("relative-resume", spec_text(training="{resume_from: ckpt/x, max_steps: 1, global_batch: 8, micro_batch: 2, checkpoint_every: 5}"),
-     "training.resume_from: 'ckpt/x' must be 'latest', 'none' or an absolute checkpoint path"),
+    (
+        "bad-backend",
+        spec_text(nodes="{count: 2, backend: slurm}"),
+        "nodes.backend: 'slurm' is not allowed; expected 'local' or 'kubernetes'",
+    ),
+    (
+        "k8s-without-settings",
+        spec_text(nodes="{count: 2, backend: kubernetes}"),
+        "nodes.kubernetes: required when nodes.backend is kubernetes",
+    ),
+    (
+        "name-escapes-root",
+        spec_text(dataset='{source: "file:///d", name: "../../etc"}'),
+        "dataset.name: '../../etc' escapes the hot root",
+    ),
+    (
+        "absolute-name",
+        spec_text(dataset='{source: "file:///d", name: "/etc"}'),
+        "dataset.name: '/etc' escapes the hot root",
+    ),
+    (
+        "uri-with-dotdot",
+        spec_text(dataset='{source: "file:///data/../etc", name: t}'),
+        "dataset.source: 'file:///data/../etc' may not contain '..'",
+    ),
+    (
+        "relative-file-uri",
+        spec_text(dataset='{source: "file://data/x", name: t}'),
+        "dataset.source: 'file://data/x' must be an absolute path",
+    ),
+    (
+        "bad-scheme",
+        spec_text(dataset='{source: "http://host/x", name: t}'),
+        "dataset.source: 'http://host/x' must start with file:// or s3://",
+    ),
+    (
+        "s3-without-connection",
+        spec_text(dataset='{source: "s3://bucket/x", name: t}'),
+        "dataset.connection: required for an s3:// source",
+    ),
+    (
+        "unknown-template",
+        spec_text(dataset='{source: "file:///d/{{ dss }}", name: t}'),
+        "dataset.source: unknown template variable {{ dss }}; allowed: ds",
+    ),
+    (
+        "template-in-root",
+        spec_text(checkpoint='{hot: "file:///ck/{{ ds }}"}'),
+        "checkpoint.hot: run templates are only allowed in dataset.source and dataset.name",
+    ),
+    (
+        "indivisible-batch",
+        spec_text(nodes="{count: 3}"),
+        "training.global_batch: 8 must be divisible by training.micro_batch x nodes.count x nodes.procs_per_node (2 x 3 x 1 = 6)",
+    ),
+    (
+        "unknown-failure-kind",
+        spec_text(recovery="{actions: {meteor: retry}}"),
+        "recovery.actions.meteor: 'meteor' is not allowed",
+    ),
+    (
+        "unknown-action",
+        spec_text(recovery="{actions: {oom: pray}}"),
+        "recovery.actions.oom: 'pray' is not allowed; expected 'retry', 'scale_down', 'rollback' or 'fail'",
+    ),
+    (
+        "bad-entrypoint",
+        spec_text(
+            training="{entrypoint: 'my script', max_steps: 1, global_batch: 8, micro_batch: 2, checkpoint_every: 5}"
+        ),
+        "training.entrypoint: 'my script' is neither a dotted module name nor a .py script",
+    ),
+    (
+        "relative-resume",
+        spec_text(training="{resume_from: ckpt/x, max_steps: 1, global_batch: 8, micro_batch: 2, checkpoint_every: 5}"),
+        "training.resume_from: 'ckpt/x' must be 'latest', 'none' or an absolute checkpoint path",
+    ),
     ("unknown-param", spec_text(params="[nodes, gpus]"), "params[1]: 'gpus' is not allowed"),
-    ("lr-param-without-lr", spec_text(params="[nodes, lr]"), "params[1]: 'lr' overrides training.args.lr, which is not set"),
-    ("ratio-above-one", spec_text(pressure_test="{straggler_ratio: 1.5}"), "pressure_test.straggler_ratio: 1.5 is out of range"),
+    (
+        "lr-param-without-lr",
+        spec_text(params="[nodes, lr]"),
+        "params[1]: 'lr' overrides training.args.lr, which is not set",
+    ),
+    (
+        "ratio-above-one",
+        spec_text(pressure_test="{straggler_ratio: 1.5}"),
+        "pressure_test.straggler_ratio: 1.5 is out of range",
+    ),
     ("notify-nobody", spec_text(notify="{email: []}"), "notify.email: list should have at least 1 item"),
-    ("notify-not-an-address", spec_text(notify="{email: [ml-oncall]}"),
-     "notify.email[0]: 'ml-oncall' is not an email address; write one address as name@domain.tld"),
-    ("notify-two-in-one", spec_text(notify="{email: ['a@example.com, b@example.com']}"), "notify.email[0]: 'a@example.com, b"),
-    ("notify-bad-sender", spec_text(notify="{email: [a@example.com], from_email: airflow}"), "notify.from_email: 'airflow' is not an email"),
-    ("notify-unknown-event", spec_text(notify="{email: [a@example.com], on: [failure, success]}"),
-     "notify.on[1]: 'success' is not allowed; expected 'failure' or 'recovery'"),
-    ("notify-never", spec_text(notify="{email: [a@example.com], on: []}"), "notify.on: list should have at least 1 item"),
-    ("notify-twice", spec_text(notify="{email: [a@example.com, a@example.com]}"), "notify.email[1]: 'a@example.com' is listed twice"),
-    ("notify-unknown-key", spec_text(notify="{email: [a@example.com], slack: '#ml'}"),
-     "notify.slack: unknown field; allowed here: connection, email, from_email, on"),
+    (
+        "notify-not-an-address",
+        spec_text(notify="{email: [ml-oncall]}"),
+        "notify.email[0]: 'ml-oncall' is not an email address; write one address as name@domain.tld",
+    ),
+    (
+        "notify-two-in-one",
+        spec_text(notify="{email: ['a@example.com, b@example.com']}"),
+        "notify.email[0]: 'a@example.com, b",
+    ),
+    (
+        "notify-bad-sender",
+        spec_text(notify="{email: [a@example.com], from_email: airflow}"),
+        "notify.from_email: 'airflow' is not an email",
+    ),
+    (
+        "notify-unknown-event",
+        spec_text(notify="{email: [a@example.com], on: [failure, success]}"),
+        "notify.on[1]: 'success' is not allowed; expected 'failure' or 'recovery'",
+    ),
+    (
+        "notify-never",
+        spec_text(notify="{email: [a@example.com], on: []}"),
+        "notify.on: list should have at least 1 item",
+    ),
+    (
+        "notify-twice",
+        spec_text(notify="{email: [a@example.com, a@example.com]}"),
+        "notify.email[1]: 'a@example.com' is listed twice",
+    ),
+    (
+        "notify-unknown-key",
+        spec_text(notify="{email: [a@example.com], slack: '#ml'}"),
+        "notify.slack: unknown field; allowed here: connection, email, from_email, on",
+    ),
 ]
-
 
 
 @pytest.mark.parametrize("text,expected", [(t, e) for _, t, e in BAD], ids=[c for c, _, _ in BAD])
@@ -118,11 +221,23 @@ def test_notify_defaults_and_a_full_section(tmp_path: Path) -> None:
     path.write_text(spec_text(notify="{email: [ml-oncall@example.com]}"))
     notify = load_spec(path).notify
     assert (notify.email, notify.on, notify.connection, notify.from_email) == (
-        ["ml-oncall@example.com"], ["failure", "recovery"], "smtp_default", None)
-    path.write_text(spec_text(notify="{email: [a@example.com, b.c@ml.example.org], on: [failure], connection: mail,"
-                                     " from_email: trainyard@example.com}"))
+        ["ml-oncall@example.com"],
+        ["failure", "recovery"],
+        "smtp_default",
+        None,
+    )
+    path.write_text(
+        spec_text(
+            notify="{email: [a@example.com, b.c@ml.example.org], on: [failure], connection: mail,"
+            " from_email: trainyard@example.com}"
+        )
+    )
     notify = load_spec(path).notify
-    assert (notify.email, notify.on, notify.connection) == (["a@example.com", "b.c@ml.example.org"], ["failure"], "mail")
+    assert (notify.email, notify.on, notify.connection) == (
+        ["a@example.com", "b.c@ml.example.org"],
+        ["failure"],
+        "mail",
+    )
     path.write_text(GOOD)
     assert load_spec(path).notify is None
 
@@ -131,8 +246,9 @@ def test_every_field_is_documented() -> None:
     from trainyard.spec.models import PipelineSpec, model_types
 
     assert PipelineSpec in model_types()
-    undocumented = [f"{m.__name__}.{name}" for m in model_types() for name, field in m.model_fields.items()
-                    if not field.description]
+    undocumented = [
+        f"{m.__name__}.{name}" for m in model_types() for name, field in m.model_fields.items() if not field.description
+    ]
     assert undocumented == []
 
 

@@ -39,9 +39,16 @@ def test_attempt_state_from_node_states() -> None:
 
 
 def test_torchrun_argv_is_an_argument_list_per_node(tmp_path: Path) -> None:
-    plan = LaunchPlan(run_id="r", attempt=2, nodes=["node-0", "node-1"], procs_per_node=1,
-                      entrypoint="trainyard.train", args=_cli_args({"lr": 0.1, "compile": True, "debug": False}),
-                      env={}, log_dir=tmp_path)
+    plan = LaunchPlan(
+        run_id="r",
+        attempt=2,
+        nodes=["node-0", "node-1"],
+        procs_per_node=1,
+        entrypoint="trainyard.train",
+        args=_cli_args({"lr": 0.1, "compile": True, "debug": False}),
+        env={},
+        log_dir=tmp_path,
+    )
     host, other = torchrun_argv(plan, 29500, 0), torchrun_argv(plan, 29500, 1)
     assert "--rdzv-conf=is_host=1" in host and "--rdzv-conf=is_host=0" in other
     assert "--nnodes=2" in host and "--rdzv-endpoint=127.0.0.1:29500" in host and "--rdzv-id=r-a2" in host

@@ -40,8 +40,18 @@ def test_decide(figures, need, dead, healthy, evicted, spare) -> None:
 
 def test_floors_reasons_and_table() -> None:
     rules = [Rule("compute", 1.0, 0.9)]
-    verdict = decide({"node-0": {"compute": 10.0}, "node-1": {"compute": 8.0}, "node-2": None,
-                      "node-3": {"compute": 0.5}, "node-4": {"compute": 10.0}}, 2, rules, {"node-2": "no report within 3.0 s"})
+    verdict = decide(
+        {
+            "node-0": {"compute": 10.0},
+            "node-1": {"compute": 8.0},
+            "node-2": None,
+            "node-3": {"compute": 0.5},
+            "node-4": {"compute": 10.0},
+        },
+        2,
+        rules,
+        {"node-2": "no report within 3.0 s"},
+    )
     assert verdict.medians["compute"] == 9.0 and verdict.thresholds["compute"] == pytest.approx(8.1)
     assert verdict.evicted["node-1"] == "straggler: compute 8.00 < 0.90 x median 9.00"
     assert verdict.evicted["node-3"] == "compute 0.50 is below the floor of 1.00"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
+
 from airflow.sdk import DAG, Param, task
 
 from trainyard.airflow import tasks
@@ -64,16 +65,27 @@ def build_dag(spec_path: Path, spec: PipelineSpec) -> DAG:
         # The run's spec (file + the trigger's Params) is pinned once, here; every later task reads the snapshot.
         path = str(spec_path)
         pinned = task(task_id="pin_spec")(tasks.pin_spec)(path)
-        stage = task(task_id="stage_dataset", retries=2, retry_delay=dt.timedelta(seconds=rec.backoff_s))(tasks.stage_dataset)(path, pinned)
+        stage = task(task_id="stage_dataset", retries=2, retry_delay=dt.timedelta(seconds=rec.backoff_s))(
+            tasks.stage_dataset
+        )(path, pinned)
         check = task(task_id="check_dataset")(tasks.check_dataset)(path, pinned)
         slots = node_slots(spec)
         burn = task(task_id="burn_in", pool=NODE_POOL, pool_slots=slots["burn_in"])(tasks.burn_in)(path, pinned)
         # The supervisor inside ``train`` retries, scales down and rolls back itself; Airflow's one
         # retry is for the task process dying, and it carries on from the ledger.
-        trained = TrainOperator(task_id="train", spec_path=path, run_file=pinned, retries=1,
-                                retry_delay=dt.timedelta(seconds=rec.backoff_s), pool=NODE_POOL, pool_slots=slots["train"])
+        trained = TrainOperator(
+            task_id="train",
+            spec_path=path,
+            run_file=pinned,
+            retries=1,
+            retry_delay=dt.timedelta(seconds=rec.backoff_s),
+            pool=NODE_POOL,
+            pool_slots=slots["train"],
+        )
         checked = task(task_id="check_checkpoint")(tasks.check_checkpoint)(path, pinned, trained.output)
-        published = task(task_id="publish", retries=2, outlets=[checkpoint_asset(dag_id)])(tasks.publish)(path, pinned, checked)
+        published = task(task_id="publish", retries=2, outlets=[checkpoint_asset(dag_id)])(tasks.publish)(
+            path, pinned, checked
+        )
         # The report is written whatever happened (a failed run needs it most), and the run's state must
         # still say what happened. A teardown gives both: it runs once its setup (pin_spec) succeeded and
         # everything before it is done, and it is no leaf, so a failed stage fails the DAG run (a report
@@ -89,16 +101,22 @@ def build_dag(spec_path: Path, spec: PipelineSpec) -> DAG:
 
 def dag_doc(spec_path: Path, spec: PipelineSpec, schemas: dict[str, dict]) -> str:
     """The DAG's page text: the spec's description, where it comes from, its Params and the runs view."""
-    lines = [spec.description or f"trainyard pipeline from `{spec_path.name}`.", "",
-             f"Built by trainyard from `{spec_path}`; each run pins this file (with the trigger's Params) when it"
-             " starts, so an edit takes effect from the next run.", ""]
+    lines = [
+        spec.description or f"trainyard pipeline from `{spec_path.name}`.",
+        "",
+        f"Built by trainyard from `{spec_path}`; each run pins this file (with the trigger's Params) when it"
+        " starts, so an edit takes effect from the next run.",
+        "",
+    ]
     if schemas:
         lines += ["| Param | default | what it sets |", "| --- | --- | --- |"]
         lines += [f"| `{name}` | `{s.get('default')}` | {s.get('description', '')} |" for name, s in schemas.items()]
         lines.append("")
     # Host-relative: the API server serves the view under its own host (and any base URL in front of it).
-    lines.append(f"Runs of this pipeline: [training-runs view]({URL_PREFIX}/) (and the \"Training run\" tab of"
-                 " each DAG run, or the \"Training run\" link of its train and report tasks).")
+    lines.append(
+        f'Runs of this pipeline: [training-runs view]({URL_PREFIX}/) (and the "Training run" tab of'
+        ' each DAG run, or the "Training run" link of its train and report tasks).'
+    )
     return "\n".join(lines)
 
 

@@ -72,7 +72,7 @@ def metric_name(*parts: str) -> str:
     longest = max(range(len(parts)), key=lambda i: len(parts[i]))
     digest = hashlib.sha1(parts[longest].encode()).hexdigest()[:8]
     keep = len(parts[longest]) - (len(name) - MAX_NAME) - len(digest) - 1
-    return metric_name(*parts[:longest], f"{parts[longest][:max(keep, 1)]}-{digest}", *parts[longest + 1:])
+    return metric_name(*parts[:longest], f"{parts[longest][: max(keep, 1)]}-{digest}", *parts[longest + 1 :])
 
 
 # ---------------------------------------------------------------- what to send (pure: ledger in, metrics out)
@@ -102,8 +102,11 @@ def recovery_metrics(ledger: Ledger, dag_id: str) -> list[Metric]:
     figures = next((e for e in reversed(events) if e.get("event") == "recovery_figures"), None)
     figures = figures or recovery_figures(ledger)
     dag, tags = segment(dag_id), {"dag_id": dag_id}
-    out = [Metric(kind, metric_name("recovery", name, dag), figures[key] * (1000 if kind == "timing" else 1), tags)
-           for key, (name, kind) in RECOVERY.items() if figures.get(key) is not None]
+    out = [
+        Metric(kind, metric_name("recovery", name, dag), figures[key] * (1000 if kind == "timing" else 1), tags)
+        for key, (name, kind) in RECOVERY.items()
+        if figures.get(key) is not None
+    ]
     attempts = sum(1 for e in events if e.get("event") == "attempt_start")
     failures = sum(1 for e in events if e.get("event") == "failure_classified")
     out.append(Metric("gauge", metric_name("recovery", "attempts", dag), attempts, tags))
@@ -139,7 +142,7 @@ def _safely(build: Callable[[], list[Metric]], what: str) -> list[Metric]:
         metrics = build()
         send(metrics)
         return metrics
-    except Exception:  # noqa: BLE001 -- metrics are a by-product; the stage's result is what matters
+    except Exception:
         log.warning("trainyard metrics for %s not sent", what, exc_info=True)
         return []
 

@@ -68,9 +68,14 @@ class RunNotifier:
             self._notify(context, dag_id, run_id)
         except SpecError as exc:
             log.warning("notify: no notice for run %s of %s: the spec cannot be read: %s", run_id, dag_id, exc)
-        except Exception as exc:  # noqa: BLE001 -- Airflow would log a bare traceback; say what failed instead
-            log.warning("notify: no notice for run %s of %s: %s: %s (the run itself is not affected)",
-                        run_id, dag_id, type(exc).__name__, exc)
+        except Exception as exc:
+            log.warning(
+                "notify: no notice for run %s of %s: %s: %s (the run itself is not affected)",
+                run_id,
+                dag_id,
+                type(exc).__name__,
+                exc,
+            )
 
     def _notify(self, context: Any, dag_id: str, run_id: str) -> None:
         run, notify = _run_and_notify(self.spec_path, dag_id, run_id)
@@ -89,18 +94,29 @@ def deliver(notice: Notice, notify: NotifySpec, run: Run, context: Any) -> bool:
     """Send ``notice``; on any failure log one warning naming the connection and record it. True if sent."""
     try:
         _smtp_send(notice, notify, context)
-    except Exception as exc:  # noqa: BLE001 -- a mail problem must never turn into a callback traceback
+    except Exception as exc:
         reason = f"{type(exc).__name__}: {str(exc).rstrip('.')}"
         log.warning(
             "notify: the %s notice of run %s was NOT sent through the Airflow connection %r: %s. Check that"
             " connection (type smtp: host, port, login, from_email extra) or notify.from_email in %s;"
-            " the run itself is not affected.", notice.kind, run.run_id, notify.connection, reason, run.spec_path,
+            " the run itself is not affected.",
+            notice.kind,
+            run.run_id,
+            notify.connection,
+            reason,
+            run.spec_path,
         )
         run.ledger.append(RUN_STAGE, "notify_failed", kind=notice.kind, connection=notify.connection, error=reason)
         return False
     log.info("notify: %s notice of run %s sent to %s", notice.kind, run.run_id, ", ".join(notify.email))
-    run.ledger.append(RUN_STAGE, "notified", kind=notice.kind, connection=notify.connection, to=list(notify.email),
-                      subject=notice.subject)
+    run.ledger.append(
+        RUN_STAGE,
+        "notified",
+        kind=notice.kind,
+        connection=notify.connection,
+        to=list(notify.email),
+        subject=notice.subject,
+    )
     return True
 
 
@@ -108,8 +124,13 @@ def _smtp_send(notice: Notice, notify: NotifySpec, context: Any) -> None:
     # Imported when a notice goes out: the DAG processor imports this module to parse every pipeline.
     from airflow.providers.smtp.notifications.smtp import SmtpNotifier
 
-    notifier = SmtpNotifier(to=list(notify.email), from_email=notify.from_email, subject=notice.subject,
-                            html_content=notice.html(), smtp_conn_id=notify.connection)
+    notifier = SmtpNotifier(
+        to=list(notify.email),
+        from_email=notify.from_email,
+        subject=notice.subject,
+        html_content=notice.html(),
+        smtp_conn_id=notify.connection,
+    )
     # Only a sender taken from the connection is rendered, with the DAG's template environment; under
     # ``airflow dags test`` the context's DAG is a SerializedDAG, which has none. Without a DAG the
     # notifier uses a sandboxed default environment, and the subject and body are never rendered.
@@ -144,7 +165,9 @@ def _facts(context: Any, run: Run, outcome: Outcome) -> RunFacts:
     base_url = conf.get("api", "base_url", fallback=None)
     report = run.dir / "report.html"
     return RunFacts(
-        dag_id=run.dag_id, run_id=run.run_id, failed=outcome == "failed",
+        dag_id=run.dag_id,
+        run_id=run.run_id,
+        failed=outcome == "failed",
         failed_task=getattr(ti, "task_id", None) if outcome == "failed" else None,
         reason=context.get("reason"),
         link=run_url(base_url, run.dag_id, run.run_id) if base_url else None,

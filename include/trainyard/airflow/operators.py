@@ -54,12 +54,22 @@ def trigger_for(run: Run, watch: dict[str, Any]) -> KubernetesAttemptTrigger:
     assert k8s is not None
     training = run.spec.training
     return KubernetesAttemptTrigger(
-        namespace=watch["namespace"], job_name=watch["job_name"], nodes=watch["nodes"], poll_interval=k8s.poll_s,
-        kubernetes_conn_id=k8s.connection, timeout_s=k8s.wake_every_s, heartbeat_dir=watch["heartbeat_dir"],
-        heartbeat_timeout_s=run.spec.training.heartbeat_timeout_s, world_size=watch["world_size"],
-        started=watch["started"], podgroup=k8s.scheduler == "volcano", attempt=watch["attempt"],
-        target_step=watch["target_step"], tokens_per_step=tokens_per_step(training.global_batch, training.args),
-        progress_every_s=training.progress_every_s, checkpoint_dir=str(run.checkpoint_root),
+        namespace=watch["namespace"],
+        job_name=watch["job_name"],
+        nodes=watch["nodes"],
+        poll_interval=k8s.poll_s,
+        kubernetes_conn_id=k8s.connection,
+        timeout_s=k8s.wake_every_s,
+        heartbeat_dir=watch["heartbeat_dir"],
+        heartbeat_timeout_s=run.spec.training.heartbeat_timeout_s,
+        world_size=watch["world_size"],
+        started=watch["started"],
+        podgroup=k8s.scheduler == "volcano",
+        attempt=watch["attempt"],
+        target_step=watch["target_step"],
+        tokens_per_step=tokens_per_step(training.global_batch, training.args),
+        progress_every_s=training.progress_every_s,
+        checkpoint_dir=str(run.checkpoint_root),
     )
 
 
@@ -104,10 +114,16 @@ class TrainOperator(BaseOperator):
         with stage_run(self.spec_path, self.run_file, "train") as run:
             self._launcher = launcher_for(run.spec.nodes)
             if not defers(run.spec.nodes):
-                return load_stages().train(run, chosen["healthy"], launcher=self._launcher, spares=chosen.get("spare", []),
-                                           run_state=dagrun_state)
-            watch = load_stages().start_training(run, chosen["healthy"], self._launcher, chosen.get("spare", []),
-                                                 run_state=dagrun_state)
+                return load_stages().train(
+                    run,
+                    chosen["healthy"],
+                    launcher=self._launcher,
+                    spares=chosen.get("spare", []),
+                    run_state=dagrun_state,
+                )
+            watch = load_stages().start_training(
+                run, chosen["healthy"], self._launcher, chosen.get("spare", []), run_state=dagrun_state
+            )
         self.defer(trigger=trigger_for(run, watch), method_name="attempt_event")
 
     def attempt_event(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
@@ -119,8 +135,9 @@ class TrainOperator(BaseOperator):
         chosen = context["ti"].xcom_pull(task_ids=self.burn_in_task_id)
         with stage_run(self.spec_path, self.run_file, "train") as run:
             self._launcher = launcher_for(run.spec.nodes)
-            outcome = load_stages().continue_training(run, chosen["healthy"], self._launcher, chosen.get("spare", []), event,
-                                                      run_state=dagrun_state)
+            outcome = load_stages().continue_training(
+                run, chosen["healthy"], self._launcher, chosen.get("spare", []), event, run_state=dagrun_state
+            )
         if "result" in outcome:
             return outcome["result"]
         self.defer(trigger=trigger_for(run, outcome["watch"]), method_name="attempt_event")

@@ -45,46 +45,68 @@ def param_schemas(spec: PipelineSpec) -> dict[str, dict[str, Any]]:
     batch_rule = f"micro-batch x nodes x {ranks} rank(s) per node must divide the global batch ({batch})"
     schemas: dict[str, dict[str, Any]] = {
         "nodes": {
-            "type": "integer", "minimum": 1, "maximum": upper, "default": nodes.count,
+            "type": "integer",
+            "minimum": 1,
+            "maximum": upper,
+            "default": nodes.count,
             "enum": [c for c in range(1, upper + 1) if batch % (least_micro * c * ranks) == 0],
-            "title": "Nodes", "section": SECTION_NODES,
+            "title": "Nodes",
+            "section": SECTION_NODES,
             "description": f"Nodes to train on, 1 to {upper}; the spec says {nodes.count}. Offered: the counts"
-                           f" that keep the rule {batch_rule}.",
+            f" that keep the rule {batch_rule}.",
         },
         "min_nodes": {
-            "type": "integer", "minimum": 1, "maximum": upper, "default": nodes.min,
-            "title": "Minimum nodes", "section": SECTION_NODES,
+            "type": "integer",
+            "minimum": 1,
+            "maximum": upper,
+            "default": nodes.min,
+            "title": "Minimum nodes",
+            "section": SECTION_NODES,
             "description": f"Fewest nodes a failure may scale the run down to; at most Nodes."
-                           f" The spec says {nodes.min}.",
+            f" The spec says {nodes.min}.",
         },
         "max_steps": {
-            "type": "integer", "minimum": 1, "maximum": max(MAX_STEPS_BOUND, training.max_steps),
+            "type": "integer",
+            "minimum": 1,
+            "maximum": max(MAX_STEPS_BOUND, training.max_steps),
             "default": training.max_steps,
-            "title": "Steps to train", "section": SECTION_TRAINING,
+            "title": "Steps to train",
+            "section": SECTION_TRAINING,
             "description": f"Optimizer steps this run trains, counted from the checkpoint it resumes from;"
-                           f" the spec says {training.max_steps}.",
+            f" the spec says {training.max_steps}.",
         },
         "micro_batch": {
-            "type": "integer", "minimum": 1, "maximum": batch, "default": training.micro_batch,
+            "type": "integer",
+            "minimum": 1,
+            "maximum": batch,
+            "default": training.micro_batch,
             "enum": [m for m in _divisors(batch) if batch % (m * least_nodes * ranks) == 0],
-            "title": "Micro-batch", "section": SECTION_TRAINING,
+            "title": "Micro-batch",
+            "section": SECTION_TRAINING,
             "description": f"Sequences per forward pass on one rank; the spec says {training.micro_batch}."
-                           f" Lower it to fit memory: the global batch stays, the rest is gradient accumulation."
-                           f" Rule: {batch_rule}.",
+            f" Lower it to fit memory: the global batch stays, the rest is gradient accumulation."
+            f" Rule: {batch_rule}.",
         },
         "lr": {
-            "type": "number", "exclusiveMinimum": 0, "maximum": max(MAX_LR, lr), "default": lr,
-            "title": "Learning rate", "section": SECTION_TRAINING,
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "maximum": max(MAX_LR, lr),
+            "default": lr,
+            "title": "Learning rate",
+            "section": SECTION_TRAINING,
             "description": f"Passed to the entrypoint as --lr (training.args.lr); the spec says {lr}.",
         },
         "resume_from": {
-            "type": "string", "pattern": RESUME_PATTERN, "default": training.resume_from,
+            "type": "string",
+            "pattern": RESUME_PATTERN,
+            "default": training.resume_from,
             # examples, not enum: the form offers the two keywords and still accepts a typed absolute path.
             "examples": list(dict.fromkeys(["latest", "none", training.resume_from])),
             "values_display": {"latest": "latest: the newest valid checkpoint", "none": "none: a fresh start"},
-            "title": "Resume from", "section": SECTION_CHECKPOINT,
+            "title": "Resume from",
+            "section": SECTION_CHECKPOINT,
             "description": "'latest' valid checkpoint of this pipeline, 'none' for a fresh start, or the absolute"
-                           " path of a checkpoint folder (step_NNNNNN).",
+            " path of a checkpoint folder (step_NNNNNN).",
         },
     }
     return {name: schemas[name] for name in spec.params}

@@ -41,8 +41,13 @@ def apply(settings: dict[str, list[dict[str, Any]]]) -> list[str]:
             done.append(f"connection {c['conn_id']}")
         for p in settings["pools"]:
             # include_deferred: a deferred task whose pods still run must keep its slots (Astro has no such key).
-            Pool.create_or_update_pool(p["pool_name"], int(p["pool_slot"]), p.get("pool_description", ""),
-                                       include_deferred=bool(p.get("pool_include_deferred", False)), session=session)
+            Pool.create_or_update_pool(
+                p["pool_name"],
+                int(p["pool_slot"]),
+                p.get("pool_description", ""),
+                include_deferred=bool(p.get("pool_include_deferred", False)),
+                session=session,
+            )
             done.append(f"pool {p['pool_name']} ({p['pool_slot']} slots)")
     for v in settings["variables"]:
         Variable.set(v["variable_name"], v["variable_value"])

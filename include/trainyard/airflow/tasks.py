@@ -59,9 +59,10 @@ def dagrun_state(dag_id: str, run_id: str) -> str | None:
             return "absent"  # deleted, or a claim from before a database reset
         log.warning("cannot ask Airflow about run %s of %s (%s); its lease decides", run_id, dag_id, exc)
         return None
-    except Exception as exc:  # noqa: BLE001 -- no answer is not a reason to take or refuse the lineage
-        log.warning("cannot ask Airflow about run %s of %s (%s: %s); its lease decides", run_id, dag_id,
-                    type(exc).__name__, exc)
+    except Exception as exc:
+        log.warning(
+            "cannot ask Airflow about run %s of %s (%s: %s); its lease decides", run_id, dag_id, type(exc).__name__, exc
+        )
         return None
     return str(getattr(state, "value", state))
 
@@ -95,8 +96,9 @@ def pin_spec(spec_path: str) -> str:
 
 def _pin(spec_path: str) -> Run:
     ctx = get_current_context()
-    return open_run(spec_path, ctx["dag"].dag_id, ctx["run_id"], run_date(ctx), dict(ctx["params"]),
-                    connections=_s3_settings)
+    return open_run(
+        spec_path, ctx["dag"].dag_id, ctx["run_id"], run_date(ctx), dict(ctx["params"]), connections=_s3_settings
+    )
 
 
 def open_pinned(spec_path: str, run_file: str | None) -> Run:

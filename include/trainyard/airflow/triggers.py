@@ -29,16 +29,41 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from trainyard.launch.base import AttemptStatus
 from trainyard.launch.kubernetes import (
-    PODGROUP_GROUP, PODGROUP_PLURAL, PODGROUP_VERSION, attempt_status, job_failure_reason, selector, status_to_dicts,
+    PODGROUP_GROUP,
+    PODGROUP_PLURAL,
+    PODGROUP_VERSION,
+    attempt_status,
+    job_failure_reason,
+    selector,
+    status_to_dicts,
 )
 from trainyard.recovery.progress import ProgressLog
 from trainyard.recovery.supervisor import STARTUP_GRACE_S, detect
 
 CLASSPATH = "trainyard.airflow.triggers.KubernetesAttemptTrigger"
-_ARGUMENTS = ("namespace", "job_name", "nodes", "poll_interval", "kubernetes_conn_id", "config_file", "cluster_context",
-              "in_cluster", "timeout_s", "max_api_errors", "heartbeat_dir", "heartbeat_timeout_s", "world_size",
-              "started", "startup_grace_s", "podgroup", "attempt", "target_step", "tokens_per_step", "progress_every_s",
-              "checkpoint_dir")
+_ARGUMENTS = (
+    "namespace",
+    "job_name",
+    "nodes",
+    "poll_interval",
+    "kubernetes_conn_id",
+    "config_file",
+    "cluster_context",
+    "in_cluster",
+    "timeout_s",
+    "max_api_errors",
+    "heartbeat_dir",
+    "heartbeat_timeout_s",
+    "world_size",
+    "started",
+    "startup_grace_s",
+    "podgroup",
+    "attempt",
+    "target_step",
+    "tokens_per_step",
+    "progress_every_s",
+    "checkpoint_dir",
+)
 
 
 class KubernetesAttemptTrigger(BaseTrigger):
@@ -134,15 +159,20 @@ class KubernetesAttemptTrigger(BaseTrigger):
         # The provider's async hook reads a kubeconfig path only from the connection's
         # extras (its config_file argument is for the sync hook), so a file is passed as extras.
         extras = {"kube_config_path": self.config_file} if self.config_file else None
-        return AsyncKubernetesHook(conn_id=self.kubernetes_conn_id, in_cluster=self.in_cluster,
-                                   cluster_context=self.cluster_context, connection_extras=extras)
+        return AsyncKubernetesHook(
+            conn_id=self.kubernetes_conn_id,
+            in_cluster=self.in_cluster,
+            cluster_context=self.cluster_context,
+            connection_extras=extras,
+        )
 
     async def poll(self, hook: AsyncKubernetesHook) -> AttemptStatus:
         # A client per poll: the hook reloads exec-plugin credentials (EKS, GKE tokens
         # that expire within the hour) on each connection, and attempts last longer.
         async with hook.get_conn() as api:
             pods = await async_client.CoreV1Api(api).list_namespaced_pod(
-                self.namespace, label_selector=selector(self.job_name))
+                self.namespace, label_selector=selector(self.job_name)
+            )
             try:
                 job = await async_client.BatchV1Api(api).read_namespaced_job(self.job_name, self.namespace)
                 reason = job_failure_reason(job)
@@ -162,8 +192,11 @@ class KubernetesAttemptTrigger(BaseTrigger):
                 lambda: async_client.CoreV1Api(api).delete_namespaced_service(name, ns),
             ]
             if self.podgroup:
-                calls.append(lambda: async_client.CustomObjectsApi(api).delete_namespaced_custom_object(
-                    PODGROUP_GROUP, PODGROUP_VERSION, ns, PODGROUP_PLURAL, name))
+                calls.append(
+                    lambda: async_client.CustomObjectsApi(api).delete_namespaced_custom_object(
+                        PODGROUP_GROUP, PODGROUP_VERSION, ns, PODGROUP_PLURAL, name
+                    )
+                )
             for call in calls:
                 try:
                     await call()
@@ -182,18 +215,25 @@ class KubernetesAttemptTrigger(BaseTrigger):
                 self._blind = True  # created before the launch: the triggerer does not mount the hot tier
                 self.log.warning("heartbeat folder %s is not visible here; the task checks hangs when it wakes", folder)
             return None
-        problem = await asyncio.to_thread(detect, status, folder, self.world_size, self.started,
-                                          self.heartbeat_timeout_s, self.startup_grace_s)
+        problem = await asyncio.to_thread(
+            detect, status, folder, self.world_size, self.started, self.heartbeat_timeout_s, self.startup_grace_s
+        )
         return (problem[1], problem[2]) if problem and problem[0] == "hang" else None
 
     def progress_log(self) -> ProgressLog | None:
         """Paces this trigger's progress lines, from now (each wake-up starts a new trigger)."""
         if not self.progress_every_s or not self.heartbeat_dir:
             return None
-        return ProgressLog(self.progress_every_s, time.time(), attempt=self.attempt, world_size=self.world_size,
-                           target=self.target_step, tokens_per_step=self.tokens_per_step,
-                           heartbeat_dir=Path(self.heartbeat_dir),
-                           checkpoint_root=Path(self.checkpoint_dir) if self.checkpoint_dir else None)
+        return ProgressLog(
+            self.progress_every_s,
+            time.time(),
+            attempt=self.attempt,
+            world_size=self.world_size,
+            target=self.target_step,
+            tokens_per_step=self.tokens_per_step,
+            heartbeat_dir=Path(self.heartbeat_dir),
+            checkpoint_root=Path(self.checkpoint_dir) if self.checkpoint_dir else None,
+        )
 
     async def progress(self, pace: ProgressLog | None) -> None:
         """Log a progress line if one is due; not while the heartbeats are out of sight (all would be unknown)."""
@@ -203,11 +243,16 @@ class KubernetesAttemptTrigger(BaseTrigger):
             self.log.info("%s", line)
 
     def _event(self, status: str, nodes: AttemptStatus | None, message: str, suspects: list[str] = ()) -> TriggerEvent:
-        return TriggerEvent({
-            "status": status, "namespace": self.namespace, "job_name": self.job_name,
-            "nodes": status_to_dicts(nodes) if nodes is not None else [], "suspects": list(suspects),
-            "message": message,
-        })
+        return TriggerEvent(
+            {
+                "status": status,
+                "namespace": self.namespace,
+                "job_name": self.job_name,
+                "nodes": status_to_dicts(nodes) if nodes is not None else [],
+                "suspects": list(suspects),
+                "message": message,
+            }
+        )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         loop = asyncio.get_running_loop()
@@ -239,7 +284,9 @@ class KubernetesAttemptTrigger(BaseTrigger):
                 yield self._event("error", None, message)
                 return
             if errors:
-                self.log.warning("poll of %s/%s failed (%d in a row): %s", self.namespace, self.job_name, errors, message)
+                self.log.warning(
+                    "poll of %s/%s failed (%d in a row): %s", self.namespace, self.job_name, errors, message
+                )
             if deadline is not None and loop.time() >= deadline:
                 yield self._event("timeout", last, f"still running after {self.timeout_s:.0f} s")
                 return

@@ -112,8 +112,10 @@ async def _not_routed(request: Request, exc: StarletteHTTPException) -> Response
     """Say what went wrong in words; a '..' or '/' inside an id lands here when it splits the path."""
     if exc.status_code != 404:
         return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
-    return JSONResponse({"detail": f"no such page in the training-runs view: {request.url.path}"
-                                   " (a run is at runs/<dag_id>/<run_id>)"}, status_code=404)
+    return JSONResponse(
+        {"detail": f"no such page in the training-runs view: {request.url.path} (a run is at runs/<dag_id>/<run_id>)"},
+        status_code=404,
+    )
 
 
 async def _run(dag_id: str, run_id: str, may_read: MayRead) -> Path:

@@ -29,8 +29,18 @@ from kubernetes.client.exceptions import ApiException
 
 from trainyard.burnin.sealing import KEY_ENV, node_key, run_secret
 from trainyard.launch.kubernetes import (
-    CONTAINER, PathMount, container_security_context, dns_label, label_value, pod_account, pod_security_context,
-    resources, scratch_env, token_account, tolerations, volumes,
+    CONTAINER,
+    PathMount,
+    container_security_context,
+    dns_label,
+    label_value,
+    pod_account,
+    pod_security_context,
+    resources,
+    scratch_env,
+    token_account,
+    tolerations,
+    volumes,
 )
 from trainyard.spec import KubernetesSpec, PressureTestSpec
 
@@ -57,15 +67,41 @@ class Drill:
     factor: float = 0.0
 
 
-def node_args(node: str, store: str, schedule: Schedule, cfg: PressureTestSpec, scratch: str, timeout_s: float,
-              drill: Drill = Drill()) -> list[str]:
+def node_args(
+    node: str,
+    store: str,
+    schedule: Schedule,
+    cfg: PressureTestSpec,
+    scratch: str,
+    timeout_s: float,
+    drill: Drill = Drill(),
+) -> list[str]:
     """Arguments of ``python -m trainyard.burnin.node``: the same ones ``burnin.local`` passes."""
     return [
-        "--node", node, "--store", store,
-        "--slot", str(schedule.slot_s), "--collective-s", str(schedule.collective_s),
-        "--size", str(cfg.matmul_size), "--membw-mb", str(cfg.membw_mb), "--disk-mb", str(cfg.disk_mb),
-        "--sizes-kb", ",".join(map(str, cfg.collective_sizes_kb)), "--scratch", scratch,
-        "--timeout", str(timeout_s), "--fault", drill.fault, "--factor", str(drill.factor),
+        "--node",
+        node,
+        "--store",
+        store,
+        "--slot",
+        str(schedule.slot_s),
+        "--collective-s",
+        str(schedule.collective_s),
+        "--size",
+        str(cfg.matmul_size),
+        "--membw-mb",
+        str(cfg.membw_mb),
+        "--disk-mb",
+        str(cfg.disk_mb),
+        "--sizes-kb",
+        ",".join(map(str, cfg.collective_sizes_kb)),
+        "--scratch",
+        scratch,
+        "--timeout",
+        str(timeout_s),
+        "--fault",
+        drill.fault,
+        "--factor",
+        str(drill.factor),
     ]
 
 
@@ -93,8 +129,18 @@ def eviction_toleration(spec: KubernetesSpec) -> k8s.V1Toleration:
 
 
 def build_burnin_pod(
-    node: str, *, run_id: str, store: str, schedule: Schedule, cfg: PressureTestSpec, spec: KubernetesSpec,
-    scratch: str, timeout_s: float, key: str, drill: Drill = Drill(), launcher: tuple[str, str] | None = None,
+    node: str,
+    *,
+    run_id: str,
+    store: str,
+    schedule: Schedule,
+    cfg: PressureTestSpec,
+    spec: KubernetesSpec,
+    scratch: str,
+    timeout_s: float,
+    key: str,
+    drill: Drill = Drill(),
+    launcher: tuple[str, str] | None = None,
 ) -> k8s.V1Pod:
     """The burn-in pod of candidate ``node`` (a Kubernetes node name); ``store`` is the orchestrator's host:port.
 
@@ -105,36 +151,58 @@ def build_burnin_pod(
     """
     account = pod_account(spec, launcher)
     vols, mounts = volumes(spec, scratch_root(spec, scratch) if spec.hot_pvc else None, [PathMount(scratch, False)])
-    pin = k8s.V1NodeSelectorTerm(match_fields=[
-        k8s.V1NodeSelectorRequirement(key="metadata.name", operator="In", values=[node])])
-    labels = {"app.kubernetes.io/name": "trainyard", "app.kubernetes.io/component": "burnin",
-              LABEL_BURNIN: label_value(run_id), LABEL_CANDIDATE: label_value(node)}
+    pin = k8s.V1NodeSelectorTerm(
+        match_fields=[k8s.V1NodeSelectorRequirement(key="metadata.name", operator="In", values=[node])]
+    )
+    labels = {
+        "app.kubernetes.io/name": "trainyard",
+        "app.kubernetes.io/component": "burnin",
+        LABEL_BURNIN: label_value(run_id),
+        LABEL_CANDIDATE: label_value(node),
+    }
     container = k8s.V1Container(
-        name=CONTAINER, image=spec.image,
+        name=CONTAINER,
+        image=spec.image,
         # Explicit: the trainer image's entrypoint is torchrun.
         command=["python", "-m", "trainyard.burnin.node"],
         args=[a.replace("$", "$$") for a in node_args(node, store, schedule, cfg, scratch, timeout_s, drill)],
-        env=[k8s.V1EnvVar(name="TRAINYARD_NODE", value=node.replace("$", "$$")),
-             k8s.V1EnvVar(name="PYTHONUNBUFFERED", value="1"), *scratch_env(),
-             # Per node and per run, worthless once the test ends (see trainyard.burnin.sealing).
-             k8s.V1EnvVar(name=KEY_ENV, value=key)],
-        resources=resources(spec), volume_mounts=mounts, security_context=container_security_context(),
+        env=[
+            k8s.V1EnvVar(name="TRAINYARD_NODE", value=node.replace("$", "$$")),
+            k8s.V1EnvVar(name="PYTHONUNBUFFERED", value="1"),
+            *scratch_env(),
+            # Per node and per run, worthless once the test ends (see trainyard.burnin.sealing).
+            k8s.V1EnvVar(name=KEY_ENV, value=key),
+        ],
+        resources=resources(spec),
+        volume_mounts=mounts,
+        security_context=container_security_context(),
     )
     return k8s.V1Pod(
-        api_version="v1", kind="Pod",
-        metadata=k8s.V1ObjectMeta(name=burnin_pod_name(run_id, node, store), namespace=spec.namespace, labels=labels,
-                                  annotations={"trainyard.io/run-id": run_id, "trainyard.io/node": node}),
+        api_version="v1",
+        kind="Pod",
+        metadata=k8s.V1ObjectMeta(
+            name=burnin_pod_name(run_id, node, store),
+            namespace=spec.namespace,
+            labels=labels,
+            annotations={"trainyard.io/run-id": run_id, "trainyard.io/node": node},
+        ),
         spec=k8s.V1PodSpec(
-            containers=[container], restart_policy="Never",
+            containers=[container],
+            restart_policy="Never",
             active_deadline_seconds=math.ceil(timeout_s) + DEADLINE_SLACK_S,
             scheduler_name="volcano" if spec.scheduler == "volcano" else None,
             service_account_name=account,
             automount_service_account_token=None if account else False,
-            enable_service_links=False, node_selector=dict(spec.node_selector) or None,
+            enable_service_links=False,
+            node_selector=dict(spec.node_selector) or None,
             tolerations=tolerations(spec, [eviction_toleration(spec)]),
-            affinity=k8s.V1Affinity(node_affinity=k8s.V1NodeAffinity(
-                required_during_scheduling_ignored_during_execution=k8s.V1NodeSelector(node_selector_terms=[pin]))),
-            security_context=pod_security_context(), volumes=vols,
+            affinity=k8s.V1Affinity(
+                node_affinity=k8s.V1NodeAffinity(
+                    required_during_scheduling_ignored_during_execution=k8s.V1NodeSelector(node_selector_terms=[pin])
+                )
+            ),
+            security_context=pod_security_context(),
+            volumes=vols,
         ),
     )
 
@@ -222,8 +290,10 @@ def _set_taint(core_api: k8s.CoreV1Api, node: str, key: str, on: bool) -> None:
         taints = [t for t in (current.spec.taints or []) if not (t.key == key and t.effect == "NoSchedule")]
         if on:
             taints.append(k8s.V1Taint(key=key, value=EVICTED_VALUE, effect="NoSchedule"))
-        body = {"metadata": {"resourceVersion": current.metadata.resource_version},
-                "spec": {"taints": core_api.api_client.sanitize_for_serialization(taints)}}
+        body = {
+            "metadata": {"resourceVersion": current.metadata.resource_version},
+            "spec": {"taints": core_api.api_client.sanitize_for_serialization(taints)},
+        }
         try:
             _patch(core_api, node, body)
             return
@@ -283,15 +353,22 @@ def candidate_nodes(core_api: k8s.CoreV1Api, spec: KubernetesSpec, count: int) -
     selector = ",".join(f"{k}={v}" for k, v in sorted(spec.node_selector.items())) or None
     nodes = core_api.list_node(label_selector=selector).items
     usable = sorted(
-        n.metadata.name for n in nodes
+        n.metadata.name
+        for n in nodes
         if not (n.spec and n.spec.unschedulable) and spec.evicted_label not in (n.metadata.labels or {})
     )
     return usable[:count]
 
 
 def run_burn_in_k8s(
-    core_api: k8s.CoreV1Api, nodes: list[str], cfg: PressureTestSpec, spec: KubernetesSpec, run_id: str,
-    scratch: str, drills: dict[str, tuple[str, float]], store_host: str,
+    core_api: k8s.CoreV1Api,
+    nodes: list[str],
+    cfg: PressureTestSpec,
+    spec: KubernetesSpec,
+    run_id: str,
+    scratch: str,
+    drills: dict[str, tuple[str, float]],
+    store_host: str,
 ) -> Any:
     """One pinned pod per candidate node, driven through the same protocol as local candidates."""
     from trainyard.burnin.protocol import STARTUP_S, Schedule, host_store, run_protocol
@@ -305,9 +382,19 @@ def run_burn_in_k8s(
     if spec.hot_pvc and spec.hot_mount:  # the orchestrator's path is the pods' folder: make it, not the kubelet (root)
         Path(scratch).mkdir(parents=True, exist_ok=True)
     pods = [
-        build_burnin_pod(node, run_id=run_id, store=endpoint, schedule=plan, cfg=cfg, spec=spec, scratch=scratch,
-                         timeout_s=plan.budget(cfg), key=keys[node], drill=Drill(*drills.get(node, ("none", 0.0))),
-                         launcher=launcher)
+        build_burnin_pod(
+            node,
+            run_id=run_id,
+            store=endpoint,
+            schedule=plan,
+            cfg=cfg,
+            spec=spec,
+            scratch=scratch,
+            timeout_s=plan.budget(cfg),
+            key=keys[node],
+            drill=Drill(*drills.get(node, ("none", 0.0))),
+            launcher=launcher,
+        )
         for node in nodes
     ]
     names = create_burnin_pods(core_api, pods)

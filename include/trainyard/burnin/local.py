@@ -22,8 +22,9 @@ from trainyard.spec import PressureTestSpec
 
 def candidate_env(node: str, key: str, parent: dict[str, str] | None = None) -> dict[str, str]:
     """What a local candidate's process sees: the allowed part of the worker's environment, its name, its key."""
-    return child_env(os.environ if parent is None else parent,
-                     {"TRAINYARD_NODE": node, "OMP_NUM_THREADS": "1", KEY_ENV: key})
+    return child_env(
+        os.environ if parent is None else parent, {"TRAINYARD_NODE": node, "OMP_NUM_THREADS": "1", KEY_ENV: key}
+    )
 
 
 class LocalCandidate:
@@ -31,8 +32,11 @@ class LocalCandidate:
         self.node, self.log = node, log
         with open_append(log) as out:  # never through a link planted in the run folder
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "trainyard.burnin.node", *args], stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True, env=candidate_env(node, key),
+                [sys.executable, "-m", "trainyard.burnin.node", *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=candidate_env(node, key),
             )
 
     def alive(self) -> bool:
@@ -61,9 +65,14 @@ def run_burn_in(
     secret = run_secret()
     keys = {node: node_key(secret, node) for node in candidates}
     nodes = {
-        node: LocalCandidate(node, node_args(node, endpoint, plan, cfg, str(scratch), plan.budget(cfg),
-                                             Drill(*drills.get(node, ("none", 0.0)))), log_dir / f"{node}.log",
-                             keys[node])
+        node: LocalCandidate(
+            node,
+            node_args(
+                node, endpoint, plan, cfg, str(scratch), plan.budget(cfg), Drill(*drills.get(node, ("none", 0.0)))
+            ),
+            log_dir / f"{node}.log",
+            keys[node],
+        )
         for node in candidates
     }
     return run_protocol(store, nodes, cfg, STARTUP_S, keys)

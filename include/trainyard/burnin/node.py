@@ -47,9 +47,16 @@ def local_figures(args: argparse.Namespace, throttle: Throttle) -> dict[str, Any
     }
 
 
-def collective(store: dist.Store, node: str, members: list[str], sizes_kb: list[int], budget_s: float) -> dict[str, Any]:
-    dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=members.index(node),
-                            world_size=len(members), timeout=timedelta(seconds=budget_s + 10))
+def collective(
+    store: dist.Store, node: str, members: list[str], sizes_kb: list[int], budget_s: float
+) -> dict[str, Any]:
+    dist.init_process_group(
+        "gloo",
+        store=dist.PrefixStore("pg", store),
+        rank=members.index(node),
+        world_size=len(members),
+        timeout=timedelta(seconds=budget_s + 10),
+    )
     try:
         return {f"{kb}KB": round(busbw_gbps(kb << 10, budget_s / len(sizes_kb)), 4) for kb in sizes_kb}
     finally:
@@ -86,8 +93,10 @@ def protocol(signed: SignedStore, args: argparse.Namespace) -> None:
     members = json.loads(signed.get(f"members/{args.node}"))
     if args.node in members and len(members) > 1:
         sizes = [int(s) for s in args.sizes_kb.split(",")]
-        signed.set(f"collective/{args.node}",
-                   json.dumps(collective(signed.store, args.node, members, sizes, args.collective_s)))
+        signed.set(
+            f"collective/{args.node}",
+            json.dumps(collective(signed.store, args.node, members, sizes, args.collective_s)),
+        )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -43,7 +43,9 @@ class Throttle:
 NO_THROTTLE = Throttle()
 
 
-def timed_loop(op: Callable[[], None], budget_s: float, throttle: Throttle = NO_THROTTLE, windows: int = 3) -> tuple[int, float]:
+def timed_loop(
+    op: Callable[[], None], budget_s: float, throttle: Throttle = NO_THROTTLE, windows: int = 3
+) -> tuple[int, float]:
     """Run ``op`` for ``budget_s`` in ``windows`` equal windows; the best window's (iterations, seconds).
 
     The best window, not the mean: on a shared machine a burst of someone else's
@@ -67,8 +69,13 @@ def timed_loop(op: Callable[[], None], budget_s: float, throttle: Throttle = NO_
     return best
 
 
-def matmul_gflops(size: int, budget_s: float, throttle: Throttle = NO_THROTTLE, device: str = "cpu",
-                  dtype: torch.dtype = torch.float32) -> float:
+def matmul_gflops(
+    size: int,
+    budget_s: float,
+    throttle: Throttle = NO_THROTTLE,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> float:
     """Sustained matmul throughput (fp32 on CPU; bf16 on GPU)."""
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype)
@@ -90,7 +97,9 @@ def memory_gbps(megabytes: int, budget_s: float, throttle: Throttle = NO_THROTTL
     return 2 * src.numel() * 4 * iters / seconds / 1e9
 
 
-def disk_mbps(directory: Path, megabytes: int, budget_s: float, throttle: Throttle = NO_THROTTLE) -> tuple[float, float]:
+def disk_mbps(
+    directory: Path, megabytes: int, budget_s: float, throttle: Throttle = NO_THROTTLE
+) -> tuple[float, float]:
     """Write (fsync'd) then read back a scratch file in ``directory``; (write MB/s, read MB/s).
 
     The read drops the file from the page cache first, so it measures the
@@ -137,8 +146,9 @@ def gpu_checks(budget_s: float, throttle: Throttle = NO_THROTTLE) -> dict[str, A
         out["nvml"] = "skipped: nvidia-smi not found"
         return out
     query = "index,temperature.gpu,ecc.errors.uncorrected.volatile.total"
-    done = subprocess.run([smi, f"--query-gpu={query}", "--format=csv,noheader,nounits"],
-                          capture_output=True, text=True, timeout=10)
+    done = subprocess.run(
+        [smi, f"--query-gpu={query}", "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10
+    )
     if done.returncode != 0:
         out["nvml"] = f"skipped: nvidia-smi exited {done.returncode}"
         return out

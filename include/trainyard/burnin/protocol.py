@@ -92,8 +92,9 @@ def _dead(store: dist.Store, name: str, node_key: str, why: str) -> str:
     return why
 
 
-def run_protocol(store: dist.Store, nodes: dict[str, Candidate], cfg: PressureTestSpec, startup_s: float,
-                 keys: dict[str, str]) -> BurnInRun:
+def run_protocol(
+    store: dist.Store, nodes: dict[str, Candidate], cfg: PressureTestSpec, startup_s: float, keys: dict[str, str]
+) -> BurnInRun:
     """Drive started candidates through ready, local probes in turns, and the all-reduce.
 
     ``keys`` holds each candidate's per-run key: what it signs with, and what
@@ -117,8 +118,9 @@ def run_protocol(store: dist.Store, nodes: dict[str, Candidate], cfg: PressureTe
             if _wait(store, f"local/{name}", node, time.monotonic() + plan.slot_s + plan.grace_s):
                 result.local[name] = json.loads(_read(store, f"local/{name}", keys[name]))
             else:
-                result.dead[name] = _dead(store, name, keys[name],
-                                          node.why(f"no report within {plan.slot_s + plan.grace_s:.1f} s"))
+                result.dead[name] = _dead(
+                    store, name, keys[name], node.why(f"no report within {plan.slot_s + plan.grace_s:.1f} s")
+                )
                 node.kill()
         members = [n for n in nodes if n in result.local]
         for name in nodes:  # each its own copy, signed with its own key

@@ -56,6 +56,8 @@ def unseal(key: str, name: str, raw: bytes | str) -> str:
     text = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else raw
     mac, dot, payload = text.partition(".")
     if not dot or not hmac.compare_digest(mac.encode(), _mac(key, name, payload).encode()):
-        raise StoreTampered(f"pressure test store: {name!r} is not signed with its writer's per-run key; "
-                            "someone else wrote to the store (its port must be reachable only by the candidates)")
+        raise StoreTampered(
+            f"pressure test store: {name!r} is not signed with its writer's per-run key; "
+            "someone else wrote to the store (its port must be reachable only by the candidates)"
+        )
     return payload

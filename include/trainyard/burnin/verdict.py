@@ -39,7 +39,9 @@ class Verdict:
         return dict(self.__dict__)
 
 
-def decide(figures: Mapping[str, Figures | None], need: int, rules: list[Rule], dead: Mapping[str, str] | None = None) -> Verdict:
+def decide(
+    figures: Mapping[str, Figures | None], need: int, rules: list[Rule], dead: Mapping[str, str] | None = None
+) -> Verdict:
     """Judge each candidate (``None`` figures: it reported nothing; ``dead`` says why)."""
     dead = dict(dead or {})
     alive = {n: f for n, f in figures.items() if f is not None and n not in dead}
@@ -59,8 +61,14 @@ def decide(figures: Mapping[str, Figures | None], need: int, rules: list[Rule], 
                 [f[r.probe] / medians[r.probe] if medians[r.probe] > 0 else 1.0 for r in rules] or [1.0]
             )
     passing = sorted(score, key=lambda n: (-score[n], n))
-    return Verdict({n: (dict(f) if f is not None else None) for n, f in figures.items()}, medians, thresholds,
-                   healthy=passing[:need], evicted=evicted, spare=passing[need:])
+    return Verdict(
+        {n: (dict(f) if f is not None else None) for n, f in figures.items()},
+        medians,
+        thresholds,
+        healthy=passing[:need],
+        evicted=evicted,
+        spare=passing[need:],
+    )
 
 
 def _failure(rule: Rule, value: float, median: float) -> str:
@@ -75,7 +83,13 @@ def format_table(verdict: Verdict, rules: list[Rule]) -> str:
     rows = [f"{'node':<10} " + " ".join(f"{p:>16}" for p in probes) + "  verdict"]
     for node, f in verdict.figures.items():
         values = " ".join(f"{'-' if f is None else f'{f[p]:.2f}':>16}" for p in probes)
-        state = "train" if node in verdict.healthy else "spare" if node in verdict.spare else "evicted: " + verdict.evicted[node]
+        state = (
+            "train"
+            if node in verdict.healthy
+            else "spare"
+            if node in verdict.spare
+            else "evicted: " + verdict.evicted[node]
+        )
         rows.append(f"{node:<10} {values}  {state}")
     rows.append(f"{'median':<10} " + " ".join(f"{verdict.medians[p]:>16.2f}" for p in probes))
     rows.append(f"{'threshold':<10} " + " ".join(f"{verdict.thresholds[p]:>16.2f}" for p in probes))

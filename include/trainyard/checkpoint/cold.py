@@ -62,8 +62,10 @@ def upload_copy(ckpt: Path, tier: Tier, concurrency: int = 4, on_file: Callable[
     def put(rel: str) -> int:
         size, sha = tier.upload(key_path(ckpt, rel), f"{name}/{rel}")
         if sha != files[rel]["sha256"]:
-            raise CheckpointInvalid(f"{ckpt / rel}: changed since it was validated (sha256 differs from {MANIFEST});"
-                                    " validate the checkpoint again before publishing it")
+            raise CheckpointInvalid(
+                f"{ckpt / rel}: changed since it was validated (sha256 differs from {MANIFEST});"
+                " validate the checkpoint again before publishing it"
+            )
         if on_file:
             on_file()
         return size
@@ -81,17 +83,27 @@ def copy_problems(tier: Tier, name: str, files: dict[str, Any], manifest_size: i
     expected = {rel: entry["size"] for rel, entry in files.items()} | {MANIFEST: manifest_size}
     stored = {o.key.removeprefix(f"{name}/"): o.size for o in tier.list(f"{name}/")}
     problems = [f"{rel}: missing" for rel in sorted(expected) if rel not in stored]
-    problems += [f"{rel}: {stored[rel]} bytes, expected {size}" for rel, size in sorted(expected.items())
-                 if rel in stored and stored[rel] != size]
-    problems += [f"{rel}: not listed in the manifest (remove it from the tier)" for rel in sorted(set(stored) - set(expected))]
+    problems += [
+        f"{rel}: {stored[rel]} bytes, expected {size}"
+        for rel, size in sorted(expected.items())
+        if rel in stored and stored[rel] != size
+    ]
+    problems += [
+        f"{rel}: not listed in the manifest (remove it from the tier)" for rel in sorted(set(stored) - set(expected))
+    ]
     return problems
 
 
 def publish(ckpt: Path, tier: Tier, run_id: str, on_file: Callable[[], None] | None = None) -> ColdCopy:
     """Upload and verify a copy of ``ckpt``, then point ``PUBLISHED`` at it; the pointer moves last."""
     copy = upload_copy(ckpt, tier, on_file=on_file)
-    pointer = {"format": POINTER_FORMAT, "path": copy.name, "step": copy.step, "run_id": run_id,
-               "published_at": time.time()}
+    pointer = {
+        "format": POINTER_FORMAT,
+        "path": copy.name,
+        "step": copy.step,
+        "run_id": run_id,
+        "published_at": time.time(),
+    }
     tier.write_bytes(POINTER, json.dumps(pointer, sort_keys=True).encode())
     return copy
 
@@ -111,8 +123,9 @@ def published(tier: Tier) -> str | None:
     except (ValueError, TypeError, KeyError, AttributeError):
         name = None
     if not isinstance(name, str) or not _COPY.match(name):
-        raise DataError(f"{tier.uri}/{POINTER} does not name a checkpoint copy (step_NNNNNN.<16 hex>);"
-                        " publish again to rewrite it")
+        raise DataError(
+            f"{tier.uri}/{POINTER} does not name a checkpoint copy (step_NNNNNN.<16 hex>); publish again to rewrite it"
+        )
     return name
 
 

@@ -132,7 +132,11 @@ def _file_problems(ckpt_dir: Path, rel: str, entry: Any) -> list[str]:
     target = ckpt_dir / rel
     if Path(rel).is_absolute() or ".." in Path(rel).parts:
         return [f"{rel}: path escapes the checkpoint directory"]
-    if not isinstance(entry, dict) or not isinstance(entry.get("size"), int) or not isinstance(entry.get("sha256"), str):
+    if (
+        not isinstance(entry, dict)
+        or not isinstance(entry.get("size"), int)
+        or not isinstance(entry.get("sha256"), str)
+    ):
         return [f"{rel}: manifest entry malformed (needs integer size and sha256)"]
     if target.is_symlink() or (target.exists() and not target.resolve().is_relative_to(ckpt_dir.resolve())):
         # Followed, it would hash (and publish) a file from anywhere the worker can read.
@@ -185,9 +189,7 @@ def list_checkpoints(root: str | Path) -> list[Path]:
     return sorted(found, key=lambda p: step_of(p) or 0)
 
 
-def latest_valid(
-    root: str | Path, on_invalid: Callable[[Path, list[str]], None] | None = None
-) -> Path | None:
+def latest_valid(root: str | Path, on_invalid: Callable[[Path, list[str]], None] | None = None) -> Path | None:
     """The highest-step checkpoint under ``root`` that passes ``verify``, or None.
 
     ``on_invalid(path, problems)`` hears about every newer checkpoint skipped on

@@ -68,16 +68,24 @@ class Claim:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Claim:
         since = float(data.get("since", 0.0))
-        return cls(dag_id=str(data.get("dag_id", "")), run_id=str(data["run_id"]), token=str(data.get("token", "")),
-                   since=since, renewed=float(data.get("renewed", since)),
-                   # a claim written before leases (no expiry) lapses like a claim never renewed
-                   expires=float(data.get("expires", since + LEASE_S)), ledger=str(data.get("ledger", "")))
+        return cls(
+            dag_id=str(data.get("dag_id", "")),
+            run_id=str(data["run_id"]),
+            token=str(data.get("token", "")),
+            since=since,
+            renewed=float(data.get("renewed", since)),
+            # a claim written before leases (no expiry) lapses like a claim never renewed
+            expires=float(data.get("expires", since + LEASE_S)),
+            ledger=str(data.get("ledger", "")),
+        )
 
     def describe(self, now: float) -> str:
         left = self.expires - now
         until = f"expires in {left:.0f} s" if left > 0 else f"expired {-left:.0f} s ago"
-        return (f"run {self.run_id or '?'} of {self.dag_id or '?'} since {_utc(self.since)} UTC,"
-                f" last renewed {_utc(self.renewed)} UTC ({until})")
+        return (
+            f"run {self.run_id or '?'} of {self.dag_id or '?'} since {_utc(self.since)} UTC,"
+            f" last renewed {_utc(self.renewed)} UTC ({until})"
+        )
 
 
 UNREADABLE = Claim(dag_id="", run_id="", token="", since=0.0, renewed=0.0, expires=0.0)
@@ -154,8 +162,15 @@ class Lease:
                 (self.root / HOLDER).unlink()
 
 
-def hold(root: Path, dag_id: str, run_id: str, ledger: Ledger, ttl_s: float = LEASE_S,
-         run_state: RunState | None = None, clock: Callable[[], float] = time.time) -> Lease:
+def hold(
+    root: Path,
+    dag_id: str,
+    run_id: str,
+    ledger: Ledger,
+    ttl_s: float = LEASE_S,
+    run_state: RunState | None = None,
+    clock: Callable[[], float] = time.time,
+) -> Lease:
     """Claim the lineage for ``run_id`` for ``ttl_s`` seconds (renew with the returned lease).
 
     The same run takes its own claim again under a new token (a retried task);
@@ -166,21 +181,42 @@ def hold(root: Path, dag_id: str, run_id: str, ledger: Ledger, ttl_s: float = LE
     with _locked(root):
         now = clock()
         current = read_claim(root)
-        state = run_state(current.dag_id, current.run_id) if run_state and current and needs_state(current, run_id, now) else None
+        state = (
+            run_state(current.dag_id, current.run_id)
+            if run_state and current and needs_state(current, run_id, now)
+            else None
+        )
         reason = takeover_reason(current, run_id, now, state)
         if reason is None:
             assert current is not None
             raise LineageBusy(
                 f"{root}: {current.describe(now)} holds these checkpoints and is still running"
                 f"{f' (Airflow: {state})' if state else ''}; runs of one pipeline train one at a time (backfill with"
-                f" --max-active-runs 1). If that run is dead, `trainyard lineage release {root}` frees it")
-        claim = _write(root, Claim(dag_id=dag_id, run_id=run_id, token=uuid.uuid4().hex, since=now, renewed=now,
-                                   expires=now + ttl_s, ledger=str(ledger.path)))
+                f" --max-active-runs 1). If that run is dead, `trainyard lineage release {root}` frees it"
+            )
+        claim = _write(
+            root,
+            Claim(
+                dag_id=dag_id,
+                run_id=run_id,
+                token=uuid.uuid4().hex,
+                since=now,
+                renewed=now,
+                expires=now + ttl_s,
+                ledger=str(ledger.path),
+            ),
+        )
     if reason == "same run":
         return Lease(root, claim, ttl_s, clock)  # a deferred wake or a retry: no news for the ledger
     previous = None if current in (None, UNREADABLE) else asdict(current)
-    ledger.append(STAGE, "lineage_held", root=str(root), reason=reason, expires=claim.expires,
-                  **({"previous": {k: previous[k] for k in ("dag_id", "run_id", "expires")}} if previous else {}))
+    ledger.append(
+        STAGE,
+        "lineage_held",
+        root=str(root),
+        reason=reason,
+        expires=claim.expires,
+        **({"previous": {k: previous[k] for k in ("dag_id", "run_id", "expires")}} if previous else {}),
+    )
     if previous:
         log.warning("took the lineage %s over from run %s (%s)", root, previous["run_id"], reason)
     return Lease(root, claim, ttl_s, clock)
@@ -199,8 +235,9 @@ def renew_held(root: Path, run_id: str, ttl_s: float = LEASE_S, clock: Callable[
         return True
 
 
-def keeper(root: Path, run_id: str, ttl_s: float = LEASE_S,
-           clock: Callable[[], float] = time.time) -> Callable[[], None]:
+def keeper(
+    root: Path, run_id: str, ttl_s: float = LEASE_S, clock: Callable[[], float] = time.time
+) -> Callable[[], None]:
     """``renew_held`` once a quarter of the lease has passed, cheap enough to call per uploaded file:
     a stage after training (a long publish) must not let the claim lapse under it."""
     last = [clock()]
@@ -244,8 +281,10 @@ def _locked(root: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
     try:
         fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     except OSError as exc:  # a link or a folder planted under that name
-        raise LineageBusy(f"{root / LOCK}: cannot open the lineage's lock file ({exc.strerror}); it must be a plain"
-                          " file: remove it and run again") from None
+        raise LineageBusy(
+            f"{root / LOCK}: cannot open the lineage's lock file ({exc.strerror}); it must be a plain"
+            " file: remove it and run again"
+        ) from None
     try:
         deadline = time.monotonic() + wait_s
         while True:
@@ -254,7 +293,9 @@ def _locked(root: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
                 break
             except OSError as exc:
                 if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN) or time.monotonic() >= deadline:
-                    raise LineageBusy(f"{root / LOCK}: locked by another process for {wait_s:.0f} s; try again") from None
+                    raise LineageBusy(
+                        f"{root / LOCK}: locked by another process for {wait_s:.0f} s; try again"
+                    ) from None
                 time.sleep(0.05)
         yield
     finally:
@@ -262,10 +303,18 @@ def _locked(root: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
 
 
 def _lost(root: Path, mine: Claim, current: Claim | None, now: float) -> str:
-    who = current.describe(now) if current not in (None, UNREADABLE) else "nobody" if current is None else "a damaged claim"
-    return (f"{root}: run {mine.run_id} lost its claim on these checkpoints (it lapsed at {_utc(mine.expires)} UTC"
-            f" or was released by hand); {who} holds them now. This run stops so that two runs never train on one"
-            " lineage; clear its train task once the other run is done")
+    who = (
+        current.describe(now)
+        if current not in (None, UNREADABLE)
+        else "nobody"
+        if current is None
+        else "a damaged claim"
+    )
+    return (
+        f"{root}: run {mine.run_id} lost its claim on these checkpoints (it lapsed at {_utc(mine.expires)} UTC"
+        f" or was released by hand); {who} holds them now. This run stops so that two runs never train on one"
+        " lineage; clear its train task once the other run is done"
+    )
 
 
 def _utc(t: float) -> str:

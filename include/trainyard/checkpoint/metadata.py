@@ -151,9 +151,11 @@ class _AllowListUnpickler(pickle.Unpickler):
         try:
             return ALLOWED[(module, name)]
         except KeyError:
-            raise MetadataRefused(f"it refers to {module}.{name}, which DCP metadata never holds"
-                                  " (a pickle that would run code); the checkpoint was not written by"
-                                  " torch.distributed.checkpoint.save") from None
+            raise MetadataRefused(
+                f"it refers to {module}.{name}, which DCP metadata never holds"
+                " (a pickle that would run code); the checkpoint was not written by"
+                " torch.distributed.checkpoint.save"
+            ) from None
 
     def persistent_load(self, pid: Any) -> Any:
         raise MetadataRefused("it uses a persistent id, which DCP metadata never holds")
@@ -165,7 +167,7 @@ def loads(data: bytes) -> Metadata:
         value = _AllowListUnpickler(io.BytesIO(data)).load()
     except MetadataRefused:
         raise
-    except Exception as exc:  # noqa: BLE001 -- a malformed pickle fails in many ways; each is a refusal
+    except Exception as exc:
         raise MetadataRefused(f"it is not a readable pickle ({type(exc).__name__}: {str(exc)[:200]})") from None
     _check_shape(value)
     return value
@@ -190,24 +192,39 @@ def _check_shape(value: Any) -> None:
         raise MetadataRefused(f"it holds a {type(value).__name__}, not torch.distributed.checkpoint Metadata")
     entries = value.state_dict_metadata
     if not isinstance(entries, dict) or not all(
-        isinstance(k, str) and isinstance(v, (TensorStorageMetadata, BytesStorageMetadata))
-        for k, v in entries.items()
+        isinstance(k, str) and isinstance(v, (TensorStorageMetadata, BytesStorageMetadata)) for k, v in entries.items()
     ):
         raise MetadataRefused("its state_dict_metadata is not a mapping of names to tensor or bytes entries")
     for name, entry in entries.items():
         if isinstance(entry, TensorStorageMetadata) and not (
-            isinstance(entry.size, torch.Size) and isinstance(entry.properties, TensorProperties)
-            and isinstance(entry.properties.dtype, torch.dtype) and isinstance(entry.chunks, list)
-            and all(isinstance(c, ChunkStorageMetadata) and isinstance(c.offsets, torch.Size)
-                    and isinstance(c.sizes, torch.Size) for c in entry.chunks)
+            isinstance(entry.size, torch.Size)
+            and isinstance(entry.properties, TensorProperties)
+            and isinstance(entry.properties.dtype, torch.dtype)
+            and isinstance(entry.chunks, list)
+            and all(
+                isinstance(c, ChunkStorageMetadata)
+                and isinstance(c.offsets, torch.Size)
+                and isinstance(c.sizes, torch.Size)
+                for c in entry.chunks
+            )
         ):
             raise MetadataRefused(f"its entry {name!r} is not a well-formed tensor entry")
     storage = value.storage_data
     if not isinstance(storage, dict) or not all(
-        isinstance(k, MetadataIndex) and isinstance(k.fqn, str) and (k.offset is None or isinstance(k.offset, torch.Size))
-        and isinstance(v, StorageInfo) and isinstance(v.relative_path, str) and type(v.offset) is int
-        and type(v.length) is int and (v.transform_descriptors is None or (
-            isinstance(v.transform_descriptors, (list, tuple)) and all(isinstance(d, str) for d in v.transform_descriptors)))
+        isinstance(k, MetadataIndex)
+        and isinstance(k.fqn, str)
+        and (k.offset is None or isinstance(k.offset, torch.Size))
+        and isinstance(v, StorageInfo)
+        and isinstance(v.relative_path, str)
+        and type(v.offset) is int
+        and type(v.length) is int
+        and (
+            v.transform_descriptors is None
+            or (
+                isinstance(v.transform_descriptors, (list, tuple))
+                and all(isinstance(d, str) for d in v.transform_descriptors)
+            )
+        )
         for k, v in storage.items()
     ):
         raise MetadataRefused("its storage_data is not a mapping of entries to (file, offset, length)")

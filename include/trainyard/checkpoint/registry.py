@@ -115,7 +115,9 @@ def remove_listed(ckpt: Path) -> list[str]:
         for rel, entry in files.items():
             _unlink_listed(ckpt, rel, entry)
         _unlink_at(ckpt, MANIFEST, None)  # last: until now the folder still says what it holds
-        for folder in sorted({p for rel in files for p in PurePosixPath(rel).parents if p.parts}, key=lambda p: -len(p.parts)):
+        for folder in sorted(
+            {p for rel in files for p in PurePosixPath(rel).parents if p.parts}, key=lambda p: -len(p.parts)
+        ):
             _rmdir_at(ckpt, folder)
     try:
         os.rmdir(ckpt)
@@ -189,8 +191,15 @@ class Watcher:
     invalid ones quarantined, and retention applied after each decision.
     """
 
-    def __init__(self, root: Path, validate: Callable[[Path, int | None], Validation], ledger: Ledger, keep: int,
-                 on_valid: Callable[[Path], None] | None = None, poll_s: float = 0.5):
+    def __init__(
+        self,
+        root: Path,
+        validate: Callable[[Path, int | None], Validation],
+        ledger: Ledger,
+        keep: int,
+        on_valid: Callable[[Path], None] | None = None,
+        poll_s: float = 0.5,
+    ):
         self.root, self.validate, self.ledger, self.keep = root, validate, ledger, keep
         self.on_valid, self.poll_s = on_valid, poll_s
         self.seen: set[str] = set()
@@ -228,7 +237,7 @@ class Watcher:
         while not self._stop.wait(self.poll_s):
             try:
                 self.sweep()
-            except Exception:  # noqa: BLE001 -- the watcher must not die; the final sweep retries
+            except Exception:
                 log.exception("checkpoint watcher failed; will retry")
 
     def sweep(self) -> None:

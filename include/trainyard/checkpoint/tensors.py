@@ -63,7 +63,9 @@ def storage_problems(ckpt_dir: Path, md: dcp_meta.Metadata) -> list[str]:
             wanted = [dcp_meta.MetadataIndex.of(fqn, chunk.offsets) for chunk in entry.chunks]
             if sum(chunk.sizes.numel() for chunk in entry.chunks) != entry.size.numel():
                 problems.append(f"tensor {fqn}: its chunks do not add up to its size {list(entry.size)}")
-        problems += [f"entry {fqn} at {list(i.offset or [])} has no stored data" for i in wanted if i not in md.storage_data]
+        problems += [
+            f"entry {fqn} at {list(i.offset or [])} has no stored data" for i in wanted if i not in md.storage_data
+        ]
     return problems
 
 
@@ -75,7 +77,9 @@ def _read(ckpt_dir: Path, info: StorageInfo) -> bytes:
     if info.transform_descriptors:  # e.g. compression; DCP's own registry of known transforms reads it
         from torch.distributed.checkpoint.filesystem import _StorageReaderTransforms  # seconds to import: only here
 
-        return _StorageReaderTransforms().transform_load_stream(None, info.transform_descriptors, io.BytesIO(raw)).read()
+        return (
+            _StorageReaderTransforms().transform_load_stream(None, info.transform_descriptors, io.BytesIO(raw)).read()
+        )
     return raw
 
 
@@ -105,8 +109,10 @@ def _entry_problem(fqn: str, index: dcp_meta.MetadataIndex, entry: Any, value: A
     if not isinstance(value, torch.Tensor) or chunk is None:
         return f"entry {fqn} at {list(index.offset or [])} does not hold a tensor chunk the metadata lists"
     if value.dtype != entry.properties.dtype or value.shape != chunk.sizes:
-        return (f"tensor {fqn}: stored chunk is {value.dtype} {list(value.shape)}, the metadata says"
-                f" {entry.properties.dtype} {list(chunk.sizes)}")
+        return (
+            f"tensor {fqn}: stored chunk is {value.dtype} {list(value.shape)}, the metadata says"
+            f" {entry.properties.dtype} {list(chunk.sizes)}"
+        )
     return None
 
 
@@ -127,7 +133,7 @@ def tensor_problems(ckpt_dir: Path) -> list[str]:
             continue
         try:
             value = torch.load(io.BytesIO(_read(ckpt_dir, info)), map_location="cpu", weights_only=True)
-        except Exception as exc:  # noqa: BLE001 -- any failure to load is the reason, whatever its type
+        except Exception as exc:
             reason = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
             problems.append(f"entry {index.fqn} does not load weights-only: {type(exc).__name__}: {reason}")
             continue
@@ -138,7 +144,9 @@ def tensor_problems(ckpt_dir: Path) -> list[str]:
             nan, inf = _non_finite(tensor)
             counts[name][0] += nan
             counts[name][1] += inf
-    problems += [f"tensor {name} has {nan} NaN and {inf} Inf value(s)" for name, (nan, inf) in counts.items() if nan or inf]
+    problems += [
+        f"tensor {name} has {nan} NaN and {inf} Inf value(s)" for name, (nan, inf) in counts.items() if nan or inf
+    ]
     return problems
 
 
@@ -154,7 +162,7 @@ def inspect(ckpt_dir: Path) -> list[str]:
         warnings.simplefilter("ignore")
         try:
             return tensor_problems(ckpt_dir)
-        except Exception as exc:  # noqa: BLE001 -- the parent gets a reason, never a traceback
+        except Exception as exc:
             return [f"checkpoint could not be inspected: {type(exc).__name__}: {str(exc)[:300]}"]
 
 

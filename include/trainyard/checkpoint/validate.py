@@ -39,8 +39,17 @@ CHILD = "trainyard.checkpoint.tensors"
 CHILD_TIMEOUT_S = 1800.0
 # What the child may inherit: where programs and libraries are, locale, thread counts. Nothing else:
 # never AIRFLOW__* (Fernet key, JWT secret, database URL), AWS_*, connections or tokens.
-CHILD_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
-             "LD_LIBRARY_PATH")
+CHILD_ENV = (
+    "PATH",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TZ",
+    "TMPDIR",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "LD_LIBRARY_PATH",
+)
 
 
 @dataclass(frozen=True)
@@ -55,8 +64,13 @@ class Validation:
         return not self.problems
 
     def as_dict(self) -> dict[str, Any]:
-        return {"path": str(self.path), "step": self.step, "valid": self.valid, "problems": self.problems,
-                "seconds": self.seconds}
+        return {
+            "path": str(self.path),
+            "step": self.step,
+            "valid": self.valid,
+            "problems": self.problems,
+            "seconds": self.seconds,
+        }
 
 
 def child_env(parent: dict[str, str] | None = None) -> dict[str, str]:
@@ -65,8 +79,7 @@ def child_env(parent: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: parent[k] for k in CHILD_ENV if k in parent}
     here = str(Path(trainyard.__file__).resolve().parents[1])  # the folder that holds this trainyard
     paths = [here, *(p for p in parent.get("PYTHONPATH", "").split(os.pathsep) if p and p != here)]
-    env.update(PYTHONPATH=os.pathsep.join(paths), PYTHONDONTWRITEBYTECODE="1",
-               CUDA_VISIBLE_DEVICES="")
+    env.update(PYTHONPATH=os.pathsep.join(paths), PYTHONDONTWRITEBYTECODE="1", CUDA_VISIBLE_DEVICES="")
     return env
 
 
@@ -154,8 +167,14 @@ class Inspector:
 
     def _running(self) -> subprocess.Popen[bytes]:
         if self.proc is None or self.proc.poll() is not None:
-            self.proc = subprocess.Popen(self.argv or child_command(), env=child_env(), cwd="/",
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            self.proc = subprocess.Popen(
+                self.argv or child_command(),
+                env=child_env(),
+                cwd="/",
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+            )
         return self.proc
 
     @staticmethod

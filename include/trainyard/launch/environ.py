@@ -14,9 +14,26 @@ import re
 from collections.abc import Iterable, Mapping
 
 # Exact names a Python/torch process needs to start and find its files and locale.
-ALLOWED_NAMES = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TERM",
-                           "PYTHONPATH", "PYTHONHASHSEED", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE",
-                           "VIRTUAL_ENV", "TMPDIR", "LD_LIBRARY_PATH"})
+ALLOWED_NAMES = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "SHELL",
+        "LANG",
+        "LANGUAGE",
+        "TZ",
+        "TERM",
+        "PYTHONPATH",
+        "PYTHONHASHSEED",
+        "PYTHONUNBUFFERED",
+        "PYTHONDONTWRITEBYTECODE",
+        "VIRTUAL_ENV",
+        "TMPDIR",
+        "LD_LIBRARY_PATH",
+    }
+)
 # Families that tune the numeric libraries and the accelerators (no credentials live there).
 ALLOWED_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "OMP_", "MKL_", "TORCH_", "NCCL_", "GLOO_")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -27,8 +44,9 @@ def allowed(name: str) -> bool:
     return name in ALLOWED_NAMES or name.startswith(ALLOWED_PREFIXES)
 
 
-def child_env(parent: Mapping[str, str], launcher_sets: Mapping[str, str],
-              passed: Iterable[str] = ()) -> dict[str, str]:
+def child_env(
+    parent: Mapping[str, str], launcher_sets: Mapping[str, str], passed: Iterable[str] = ()
+) -> dict[str, str]:
     """The allowed part of ``parent`` and the ``passed`` names the spec lists (``training.pass_env``), then
     ``launcher_sets`` (the ``TRAINYARD_*`` contract and the like) over it.
 

@@ -83,15 +83,39 @@ MAX_JOB_NAME = 52
 TTL_AFTER_FINISHED_S = 24 * 3600
 
 # Reasons a pod carries in status.reason when Kubernetes itself ended it.
-POD_FAILURE_REASONS = frozenset({"Evicted", "NodeLost", "DeadlineExceeded", "UnexpectedAdmissionError", "Shutdown",
-                                 "NodeShutdown", "Terminated", "Preempting"})
+POD_FAILURE_REASONS = frozenset(
+    {
+        "Evicted",
+        "NodeLost",
+        "DeadlineExceeded",
+        "UnexpectedAdmissionError",
+        "Shutdown",
+        "NodeShutdown",
+        "Terminated",
+        "Preempting",
+    }
+)
 # Container waiting reasons that will not resolve by waiting: with backoffLimit 0 and
 # restartPolicy Never the attempt is lost, so it is reported now instead of after a timeout.
-FAILED_WAITING_REASONS = frozenset({"ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName", "CrashLoopBackOff",
-                                    "CreateContainerConfigError", "CreateContainerError", "RunContainerError"})
+FAILED_WAITING_REASONS = frozenset(
+    {
+        "ImagePullBackOff",
+        "ErrImageNeverPull",
+        "InvalidImageName",
+        "CrashLoopBackOff",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "RunContainerError",
+    }
+)
 _STATE_RANK = {"running": 0, "succeeded": 1, "failed": 2}
-_TOLERATION_KEYS = {"key": "key", "operator": "operator", "value": "value", "effect": "effect",
-                    "tolerationSeconds": "toleration_seconds"}
+_TOLERATION_KEYS = {
+    "key": "key",
+    "operator": "operator",
+    "value": "value",
+    "effect": "effect",
+    "tolerationSeconds": "toleration_seconds",
+}
 
 
 # ---------------------------------------------------------------- names
@@ -175,11 +199,17 @@ def training_env(plan: LaunchPlan) -> list[k8s.V1EnvVar]:
     return [
         # Declared here so "$(JOB_COMPLETION_INDEX)" in args expands (the Job controller
         # injects the same variable, and leaves a declared one alone).
-        k8s.V1EnvVar(name="JOB_COMPLETION_INDEX", value_from=k8s.V1EnvVarSource(
-            field_ref=k8s.V1ObjectFieldSelector(field_path=f"metadata.annotations['{INDEX_ANNOTATION}']"))),
+        k8s.V1EnvVar(
+            name="JOB_COMPLETION_INDEX",
+            value_from=k8s.V1EnvVarSource(
+                field_ref=k8s.V1ObjectFieldSelector(field_path=f"metadata.annotations['{INDEX_ANNOTATION}']")
+            ),
+        ),
         # The node is only known once scheduled: the downward API gives the Kubernetes node name.
-        k8s.V1EnvVar(name="TRAINYARD_NODE", value_from=k8s.V1EnvVarSource(
-            field_ref=k8s.V1ObjectFieldSelector(field_path="spec.nodeName"))),
+        k8s.V1EnvVar(
+            name="TRAINYARD_NODE",
+            value_from=k8s.V1EnvVarSource(field_ref=k8s.V1ObjectFieldSelector(field_path="spec.nodeName")),
+        ),
         k8s.V1EnvVar(name="PYTHONUNBUFFERED", value="1"),  # pod logs are the node's evidence
         *(k8s.V1EnvVar(name=key, value=_literal(value)) for key, value in plan.env.items() if key != "TRAINYARD_NODE"),
     ]
@@ -226,8 +256,10 @@ def hot_mount_path(plan: LaunchPlan, spec: KubernetesSpec) -> str:
     plan's paths share. Pods mount folders of the claim (``subPath``) at the same paths, so they mean the
     same thing there.
     """
-    folders = [PurePosixPath(m.path) if m.path != plan.env.get("TRAINYARD_LEDGER") else PurePosixPath(m.path).parent
-               for m in attempt_paths(plan)]
+    folders = [
+        PurePosixPath(m.path) if m.path != plan.env.get("TRAINYARD_LEDGER") else PurePosixPath(m.path).parent
+        for m in attempt_paths(plan)
+    ]
     if spec.hot_mount:
         outside = [str(f) for f in folders if not f.is_relative_to(spec.hot_mount)]
         if outside:
@@ -237,8 +269,10 @@ def hot_mount_path(plan: LaunchPlan, spec: KubernetesSpec) -> str:
         raise ValueError("nodes.kubernetes.hot_mount: the plan names no paths; set where hot_pvc is mounted")
     root = PurePosixPath(*_common_parts([f.parts for f in folders]))
     if str(root) == "/":
-        raise ValueError("nodes.kubernetes.hot_mount: the run's paths share no folder but '/'; "
-                         "set where hot_pvc is mounted (e.g. $TRAINYARD_HOME)")
+        raise ValueError(
+            "nodes.kubernetes.hot_mount: the run's paths share no folder but '/'; "
+            "set where hot_pvc is mounted (e.g. $TRAINYARD_HOME)"
+        )
     return str(root)
 
 
@@ -265,8 +299,10 @@ def tolerations(spec: KubernetesSpec, extra: Iterable[k8s.V1Toleration] = ()) ->
     for i, item in enumerate(spec.tolerations):
         unknown = sorted(set(item) - set(_TOLERATION_KEYS))
         if unknown:
-            raise ValueError(f"nodes.kubernetes.tolerations[{i}]: unknown key(s) {', '.join(unknown)}; "
-                             f"allowed: {', '.join(_TOLERATION_KEYS)}")
+            raise ValueError(
+                f"nodes.kubernetes.tolerations[{i}]: unknown key(s) {', '.join(unknown)}; "
+                f"allowed: {', '.join(_TOLERATION_KEYS)}"
+            )
         kwargs: dict[str, Any] = {_TOLERATION_KEYS[k]: v for k, v in item.items()}
         if "toleration_seconds" in kwargs:
             kwargs["toleration_seconds"] = int(kwargs["toleration_seconds"])
@@ -277,17 +313,26 @@ def tolerations(spec: KubernetesSpec, extra: Iterable[k8s.V1Toleration] = ()) ->
 
 def pod_security_context() -> k8s.V1PodSecurityContext:
     # fsGroup makes the hot-tier volume writable by the non-root user.
-    return k8s.V1PodSecurityContext(run_as_non_root=True, run_as_user=RUN_AS_USER, run_as_group=RUN_AS_USER,
-                                    fs_group=RUN_AS_USER,
-                                    seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault"))
+    return k8s.V1PodSecurityContext(
+        run_as_non_root=True,
+        run_as_user=RUN_AS_USER,
+        run_as_group=RUN_AS_USER,
+        fs_group=RUN_AS_USER,
+        seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault"),
+    )
 
 
 def container_security_context() -> k8s.V1SecurityContext:
     """What the "restricted" Pod Security Standard asks of every container, and a read-only image:
     code that runs there can change nothing but its mounts (/tmp, /dev/shm, its hot-tier folders)."""
-    return k8s.V1SecurityContext(run_as_non_root=True, run_as_user=RUN_AS_USER, allow_privilege_escalation=False,
-                                 capabilities=k8s.V1Capabilities(drop=["ALL"]), read_only_root_filesystem=True,
-                                 seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault"))
+    return k8s.V1SecurityContext(
+        run_as_non_root=True,
+        run_as_user=RUN_AS_USER,
+        allow_privilege_escalation=False,
+        capabilities=k8s.V1Capabilities(drop=["ALL"]),
+        read_only_root_filesystem=True,
+        seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault"),
+    )
 
 
 def scratch_env() -> list[k8s.V1EnvVar]:
@@ -301,13 +346,16 @@ def pod_account(spec: KubernetesSpec, launcher: tuple[str, str] | None = None) -
     account = spec.service_account
     own = {LAUNCHER_ACCOUNT} | ({launcher[1]} if launcher and launcher[0] == spec.namespace else set())
     if account in own:
-        raise ValueError(f"nodes.kubernetes.service_account: {account!r} is the launcher's own account, which may "
-                         "create pods and mark nodes; give the pods an account of their own, or none")
+        raise ValueError(
+            f"nodes.kubernetes.service_account: {account!r} is the launcher's own account, which may "
+            "create pods and mark nodes; give the pods an account of their own, or none"
+        )
     return account
 
 
-def volumes(spec: KubernetesSpec, root: str | None, paths: list[PathMount]) -> tuple[list[k8s.V1Volume],
-                                                                                  list[k8s.V1VolumeMount]]:
+def volumes(
+    spec: KubernetesSpec, root: str | None, paths: list[PathMount]
+) -> tuple[list[k8s.V1Volume], list[k8s.V1VolumeMount]]:
     """Memory-backed /dev/shm, an emptyDir /tmp, and (when ``hot_pvc`` is set) ``paths`` of the hot tier.
 
     Each path is its own ``subPath`` mount of the claim, whose root the
@@ -315,62 +363,90 @@ def volumes(spec: KubernetesSpec, root: str | None, paths: list[PathMount]) -> t
     A container's default /dev/shm is 64 MiB; NCCL and data-loader workers
     pass tensors through it and fail with a bus error when it is full.
     """
-    vols = [k8s.V1Volume(name=SHM_VOLUME, empty_dir=k8s.V1EmptyDirVolumeSource(medium="Memory")),
-            k8s.V1Volume(name=TMP_VOLUME, empty_dir=k8s.V1EmptyDirVolumeSource())]
-    mounts = [k8s.V1VolumeMount(name=SHM_VOLUME, mount_path="/dev/shm"),
-              k8s.V1VolumeMount(name=TMP_VOLUME, mount_path="/tmp")]
+    vols = [
+        k8s.V1Volume(name=SHM_VOLUME, empty_dir=k8s.V1EmptyDirVolumeSource(medium="Memory")),
+        k8s.V1Volume(name=TMP_VOLUME, empty_dir=k8s.V1EmptyDirVolumeSource()),
+    ]
+    mounts = [
+        k8s.V1VolumeMount(name=SHM_VOLUME, mount_path="/dev/shm"),
+        k8s.V1VolumeMount(name=TMP_VOLUME, mount_path="/tmp"),
+    ]
     if spec.hot_pvc and root:
-        vols.append(k8s.V1Volume(name=HOT_VOLUME, persistent_volume_claim=k8s.V1PersistentVolumeClaimVolumeSource(
-            claim_name=spec.hot_pvc)))
+        vols.append(
+            k8s.V1Volume(
+                name=HOT_VOLUME,
+                persistent_volume_claim=k8s.V1PersistentVolumeClaimVolumeSource(claim_name=spec.hot_pvc),
+            )
+        )
         for m in paths:
             sub = str(PurePosixPath(m.path).relative_to(root))
-            mounts.append(k8s.V1VolumeMount(name=HOT_VOLUME, mount_path=m.path, sub_path=None if sub == "." else sub,
-                                            read_only=True if m.read_only else None))
+            mounts.append(
+                k8s.V1VolumeMount(
+                    name=HOT_VOLUME,
+                    mount_path=m.path,
+                    sub_path=None if sub == "." else sub,
+                    read_only=True if m.read_only else None,
+                )
+            )
     return vols, mounts
 
 
 def not_evicted(spec: KubernetesSpec) -> k8s.V1NodeAffinity:
     """Required node affinity: never schedule on a node carrying the evicted label."""
-    term = k8s.V1NodeSelectorTerm(match_expressions=[
-        k8s.V1NodeSelectorRequirement(key=spec.evicted_label, operator="DoesNotExist")])
-    return k8s.V1NodeAffinity(required_during_scheduling_ignored_during_execution=k8s.V1NodeSelector(
-        node_selector_terms=[term]))
+    term = k8s.V1NodeSelectorTerm(
+        match_expressions=[k8s.V1NodeSelectorRequirement(key=spec.evicted_label, operator="DoesNotExist")]
+    )
+    return k8s.V1NodeAffinity(
+        required_during_scheduling_ignored_during_execution=k8s.V1NodeSelector(node_selector_terms=[term])
+    )
 
 
 def training_affinity(spec: KubernetesSpec, name: str) -> k8s.V1Affinity:
     """Off evicted nodes, and one training pod per node (a node lost must cost one rank group, not two)."""
-    spread = k8s.V1PodAffinityTerm(label_selector=k8s.V1LabelSelector(match_labels={LABEL_JOB: name}),
-                                   topology_key="kubernetes.io/hostname")
-    return k8s.V1Affinity(node_affinity=not_evicted(spec), pod_anti_affinity=k8s.V1PodAntiAffinity(
-        required_during_scheduling_ignored_during_execution=[spread]))
+    spread = k8s.V1PodAffinityTerm(
+        label_selector=k8s.V1LabelSelector(match_labels={LABEL_JOB: name}), topology_key="kubernetes.io/hostname"
+    )
+    return k8s.V1Affinity(
+        node_affinity=not_evicted(spec),
+        pod_anti_affinity=k8s.V1PodAntiAffinity(required_during_scheduling_ignored_during_execution=[spread]),
+    )
 
 
-def training_pod_template(plan: LaunchPlan, spec: KubernetesSpec, name: str,
-                          launcher: tuple[str, str] | None = None) -> k8s.V1PodTemplateSpec:
+def training_pod_template(
+    plan: LaunchPlan, spec: KubernetesSpec, name: str, launcher: tuple[str, str] | None = None
+) -> k8s.V1PodTemplateSpec:
     account = pod_account(spec, launcher)
     vols, mounts = volumes(spec, hot_mount_path(plan, spec) if spec.hot_pvc else None, attempt_paths(plan))
     annotations = {RUN_ID_ANNOTATION: plan.run_id}
     if spec.scheduler == "volcano":
         annotations[GROUP_NAME_ANNOTATION] = name
     container = k8s.V1Container(
-        name=CONTAINER, image=spec.image,
+        name=CONTAINER,
+        image=spec.image,
         command=["python", "-m", "torch.distributed.run"],
         args=torchrun_args(plan, rendezvous_endpoint(name, spec.namespace, spec.cluster_domain)),
-        env=[*training_env(plan), *scratch_env()], resources=resources(spec), volume_mounts=mounts,
+        env=[*training_env(plan), *scratch_env()],
+        resources=resources(spec),
+        volume_mounts=mounts,
         ports=[k8s.V1ContainerPort(name="rdzv", container_port=RDZV_PORT, protocol="TCP")],
         security_context=container_security_context(),
     )
     return k8s.V1PodTemplateSpec(
         metadata=k8s.V1ObjectMeta(labels=attempt_labels(plan, name), annotations=annotations),
         spec=k8s.V1PodSpec(
-            containers=[container], restart_policy="Never", subdomain=name,
+            containers=[container],
+            restart_policy="Never",
+            subdomain=name,
             scheduler_name="volcano" if spec.scheduler == "volcano" else None,
             service_account_name=account,
             # Training code has no business with the API server unless an account was chosen for it.
             automount_service_account_token=None if account else False,
-            enable_service_links=False, node_selector=dict(spec.node_selector) or None,
-            tolerations=tolerations(spec), affinity=training_affinity(spec, name),
-            security_context=pod_security_context(), volumes=vols,
+            enable_service_links=False,
+            node_selector=dict(spec.node_selector) or None,
+            tolerations=tolerations(spec),
+            affinity=training_affinity(spec, name),
+            security_context=pod_security_context(),
+            volumes=vols,
         ),
     )
 
@@ -391,11 +467,18 @@ def build_job(plan: LaunchPlan, spec: KubernetesSpec, launcher: tuple[str, str] 
     name = object_name(plan)
     n = len(plan.nodes)
     return k8s.V1Job(
-        api_version="batch/v1", kind="Job",
-        metadata=k8s.V1ObjectMeta(name=name, namespace=spec.namespace, labels=attempt_labels(plan, name),
-                                  annotations={RUN_ID_ANNOTATION: plan.run_id}),
+        api_version="batch/v1",
+        kind="Job",
+        metadata=k8s.V1ObjectMeta(
+            name=name,
+            namespace=spec.namespace,
+            labels=attempt_labels(plan, name),
+            annotations={RUN_ID_ANNOTATION: plan.run_id},
+        ),
         spec=k8s.V1JobSpec(
-            completions=n, parallelism=n, completion_mode="Indexed",
+            completions=n,
+            parallelism=n,
+            completion_mode="Indexed",
             backoff_limit=0,  # a failed pod ends the attempt; retrying is the supervisor's decision
             ttl_seconds_after_finished=TTL_AFTER_FINISHED_S,
             template=training_pod_template(plan, spec, name, launcher),
@@ -407,10 +490,12 @@ def build_service(plan: LaunchPlan, spec: KubernetesSpec) -> k8s.V1Service:
     """Headless Service selecting the attempt's pods, so pod 0 has a DNS name before anyone joins it."""
     name = object_name(plan)
     return k8s.V1Service(
-        api_version="v1", kind="Service",
+        api_version="v1",
+        kind="Service",
         metadata=k8s.V1ObjectMeta(name=name, namespace=spec.namespace, labels=attempt_labels(plan, name)),
         spec=k8s.V1ServiceSpec(
-            cluster_ip="None", selector={LABEL_JOB: name},
+            cluster_ip="None",
+            selector={LABEL_JOB: name},
             # The other agents dial pod 0 while it starts, before any readiness.
             publish_not_ready_addresses=True,
             ports=[k8s.V1ServicePort(name="rdzv", port=RDZV_PORT, target_port=RDZV_PORT, protocol="TCP")],
@@ -443,7 +528,9 @@ def build_objects(plan: LaunchPlan, spec: KubernetesSpec, launcher: tuple[str, s
     ``launcher``: the (namespace, name) of the account the launcher calls the API as, which no pod may run as.
     """
     return AttemptObjects(
-        name=object_name(plan), job=build_job(plan, spec, launcher), service=build_service(plan, spec),
+        name=object_name(plan),
+        job=build_job(plan, spec, launcher),
+        service=build_service(plan, spec),
         podgroup=build_podgroup(plan, spec) if spec.scheduler == "volcano" else None,
     )
 
@@ -649,15 +736,26 @@ class KubernetesLauncher:
         self.active.append(handle)
         try:
             if objects.podgroup is not None:
-                self._create("PodGroup", objects.name, lambda: self.custom.create_namespaced_custom_object(
-                    PODGROUP_GROUP, PODGROUP_VERSION, ns, PODGROUP_PLURAL, objects.podgroup))
+                self._create(
+                    "PodGroup",
+                    objects.name,
+                    lambda: self.custom.create_namespaced_custom_object(
+                        PODGROUP_GROUP, PODGROUP_VERSION, ns, PODGROUP_PLURAL, objects.podgroup
+                    ),
+                )
             self._create("Service", objects.name, lambda: self.core.create_namespaced_service(ns, objects.service))
             self._create("Job", objects.name, lambda: self.batch.create_namespaced_job(ns, objects.job))
         except Exception:
             self.cancel(handle)  # leave nothing half-made behind
             raise
-        log.info("attempt %d: Job %s/%s with %d pod(s), rendezvous on %s", plan.attempt, ns, objects.name,
-                 len(plan.nodes), rendezvous_endpoint(objects.name, ns, self.spec.cluster_domain))
+        log.info(
+            "attempt %d: Job %s/%s with %d pod(s), rendezvous on %s",
+            plan.attempt,
+            ns,
+            objects.name,
+            len(plan.nodes),
+            rendezvous_endpoint(objects.name, ns, self.spec.cluster_domain),
+        )
         return handle
 
     def attach(self, plan: LaunchPlan) -> KubernetesHandle:
@@ -704,13 +802,20 @@ class KubernetesLauncher:
         return replace(status, log=handle.logs[index])
 
     def _evidence(self, pod: Any, status: NodeStatus) -> str:
-        head = (f"# pod {pod.metadata.name} on node {status.node}: {status.state}"
-                f" exit={status.exit_code} reason={status.reason or '-'} {pod.status.message or ''}".rstrip())
+        head = (
+            f"# pod {pod.metadata.name} on node {status.node}: {status.state}"
+            f" exit={status.exit_code} reason={status.reason or '-'} {pod.status.message or ''}".rstrip()
+        )
         try:
             # Raw bytes: the client's "str" deserializer would hand back "b'...'" (or parse a log
             # that happens to be JSON), so the response is read and decoded here.
-            raw = self.core.read_namespaced_pod_log(pod.metadata.name, pod.metadata.namespace, container=CONTAINER,
-                                                    tail_lines=self.log_lines, _preload_content=False)
+            raw = self.core.read_namespaced_pod_log(
+                pod.metadata.name,
+                pod.metadata.namespace,
+                container=CONTAINER,
+                tail_lines=self.log_lines,
+                _preload_content=False,
+            )
             text = raw.data.decode("utf-8", errors="replace")
         except ApiException as exc:
             text = f"# no container log: {exc.status} {exc.reason}"  # never started (image pull, eviction)
@@ -726,8 +831,12 @@ class KubernetesLauncher:
         _ignore(404, lambda: self.batch.delete_namespaced_job(name, ns, propagation_policy="Foreground"))
         _ignore(404, lambda: self.core.delete_namespaced_service(name, ns))
         if handle.podgroup:
-            _ignore(404, lambda: self.custom.delete_namespaced_custom_object(
-                PODGROUP_GROUP, PODGROUP_VERSION, ns, PODGROUP_PLURAL, name))
+            _ignore(
+                404,
+                lambda: self.custom.delete_namespaced_custom_object(
+                    PODGROUP_GROUP, PODGROUP_VERSION, ns, PODGROUP_PLURAL, name
+                ),
+            )
         if handle in self.active:
             self.active.remove(handle)
 

@@ -57,7 +57,9 @@ class LocalHandle:
 
 def torchrun_argv(plan: LaunchPlan, port: int, node_index: int) -> list[str]:
     return [
-        sys.executable, "-m", "torch.distributed.run",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
         f"--nnodes={len(plan.nodes)}",
         f"--nproc-per-node={plan.procs_per_node}",
         "--rdzv-backend=c10d",
@@ -73,8 +75,11 @@ def torchrun_argv(plan: LaunchPlan, port: int, node_index: int) -> list[str]:
 
 def node_env(plan: LaunchPlan, node: str, parent: Mapping[str, str] | None = None) -> dict[str, str]:
     """A node's agent environment: the allowed part of the worker's, the plan's contract, the node's name."""
-    env = child_env(os.environ if parent is None else parent,
-                    {"GLOO_SOCKET_IFNAME": "lo", **plan.env, "TRAINYARD_NODE": node}, plan.pass_env)
+    env = child_env(
+        os.environ if parent is None else parent,
+        {"GLOO_SOCKET_IFNAME": "lo", **plan.env, "TRAINYARD_NODE": node},
+        plan.pass_env,
+    )
     # Local nodes share this machine's cores: one thread per rank unless told otherwise.
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
@@ -94,7 +99,9 @@ class LocalLauncher:
             with open_append(path) as out:  # training code may have planted a link for the next attempt
                 handle.procs[node] = subprocess.Popen(
                     torchrun_argv(plan, handle.port, index),
-                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
                     env=node_env(plan, node),
                     start_new_session=True,
                     preexec_fn=_die_with_parent,
@@ -154,4 +161,3 @@ def signal_all(procs: list[psutil.Process], sig: signal.Signals) -> None:
             proc.send_signal(sig)
         except psutil.NoSuchProcess:
             pass
-

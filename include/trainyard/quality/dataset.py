@@ -170,12 +170,16 @@ def _bounds(low: int, high: int | None) -> str:
     return f"at least {low}" if high is None else f"between {low} and {high}"
 
 
-def _failure_message(hot_dir: Path, table: pd.DataFrame, suite: Suite, result: dict[str, Any], result_path: Path | None) -> str:
+def _failure_message(
+    hot_dir: Path, table: pd.DataFrame, suite: Suite, result: dict[str, Any], result_path: Path | None
+) -> str:
     failed = suite.failed(result)
     rows = {row["key"]: row for row in table.astype(object).where(table.notna(), None).to_dict("records")}
     problems = [_problem(check, outcome, rows, hot_dir) for check, outcome in failed]
     # "shards ..." also keeps "DataError: shard..." greppable in task logs, as the other shard errors read.
-    message = f"shards in {hot_dir} failed {len(failed)} of {len(suite.checks)} data expectations: " + "; ".join(problems)
+    message = f"shards in {hot_dir} failed {len(failed)} of {len(suite.checks)} data expectations: " + "; ".join(
+        problems
+    )
     if result_path is not None:
         message += f" (full result: {result_path})"
     return message
@@ -188,7 +192,9 @@ def _problem(check: Check, outcome: dict[str, Any], rows: dict[str, dict[str, An
     found = outcome["result"]
     if check.detail is None:  # the shard count
         observed = found["observed_value"]
-        hint = f" (no *{SHARD_SUFFIX} keys in {hot_dir / STAGED_MANIFEST}; did stage_dataset run?)" if not observed else ""
+        hint = (
+            f" (no *{SHARD_SUFFIX} keys in {hot_dir / STAGED_MANIFEST}; did stage_dataset run?)" if not observed else ""
+        )
         return f"{check.name}: {observed} shard(s) staged{hint}"
     keys = [item["key"] for item in found.get("partial_unexpected_index_list", [])]
     details = [check.detail(rows[key]) for key in keys[:SHOWN]]

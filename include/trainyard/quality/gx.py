@@ -49,7 +49,9 @@ class Suite:
         self.checks: list[Check] = []
 
     def add(self, name: str, expectation: str, detail: Callable[[dict[str, Any]], str] | None, **kwargs: Any) -> None:
-        made = getattr(self.gx.expectations, expectation)(description=name, meta={"trainyard_check": len(self.checks)}, **kwargs)
+        made = getattr(self.gx.expectations, expectation)(
+            description=name, meta={"trainyard_check": len(self.checks)}, **kwargs
+        )
         self.checks.append(Check(name, made, detail))
 
     def validate(self, table: pd.DataFrame, name: str, index_column: str, shown: int) -> dict[str, Any]:
@@ -66,8 +68,11 @@ class Suite:
             suite.add_expectation(check.expectation)
         # SUMMARY with an index column: the saved result names the first offending rows of each
         # expectation (and counts all of them) without listing every row.
-        result_format = {"result_format": "SUMMARY", "unexpected_index_column_names": [index_column],
-                         "partial_unexpected_count": shown}
+        result_format = {
+            "result_format": "SUMMARY",
+            "unexpected_index_column_names": [index_column],
+            "partial_unexpected_count": shown,
+        }
         return batch.validate(suite, result_format=result_format).to_json_dict()
 
     def failed(self, result: dict[str, Any]) -> list[tuple[Check, dict[str, Any]]]:

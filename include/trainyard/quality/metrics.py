@@ -30,7 +30,7 @@ def spike_ratios(history: History, window: int) -> list[float | None]:
     losses = [loss for _, loss in history]
     ratios: list[float | None] = []
     for i, loss in enumerate(losses):
-        before = [x for x in losses[max(0, i - window):i] if math.isfinite(x)]
+        before = [x for x in losses[max(0, i - window) : i] if math.isfinite(x)]
         median = statistics.median(before) if len(before) >= 2 else None
         ratios.append(loss / median if median and math.isfinite(loss) else None)
     return ratios
@@ -48,7 +48,11 @@ def metric_problems(history: History, step: int, loss: float | None, expect: Met
     if bad:
         problems.append(f"loss was not finite at step(s) {', '.join(map(str, bad[:SHOWN]))}")
     if expect.max_spike_ratio is not None:
-        spikes = [(s, r) for (s, _), r in zip(upto, spike_ratios(upto, expect.spike_window)) if r and r > expect.max_spike_ratio]
+        spikes = [
+            (s, r)
+            for (s, _), r in zip(upto, spike_ratios(upto, expect.spike_window))
+            if r and r > expect.max_spike_ratio
+        ]
         if spikes:
             shown = ", ".join(f"step {s} ({r:.1f}x)" for s, r in spikes[:SHOWN])
             problems.append(f"loss spiked above {expect.max_spike_ratio}x its running median at {shown}")
@@ -60,25 +64,49 @@ def check_metrics(history: History, step: int, expect: MetricExpectations, resul
     import pandas as pd
 
     upto = [(s, v) for s, v in history if s <= step]
-    table = pd.DataFrame({
-        "step": [s for s, _ in upto],
-        "loss": [v for _, v in upto],
-        "finite": [math.isfinite(v) for _, v in upto],
-        "spike_ratio": spike_ratios(upto, expect.spike_window),
-    })
+    table = pd.DataFrame(
+        {
+            "step": [s for s, _ in upto],
+            "loss": [v for _, v in upto],
+            "finite": [math.isfinite(v) for _, v in upto],
+            "spike_ratio": spike_ratios(upto, expect.spike_window),
+        }
+    )
     suite = Suite(import_gx())
-    suite.add("loss recorded for the checkpoint's step", "ExpectColumnValuesToBeInSet", None,
-              column="step", value_set=[step], row_condition=f"step=={step}", condition_parser="pandas")
-    suite.add("loss finite at every step", "ExpectColumnValuesToBeInSet",
-              lambda row: f"step {row['step']} ({row['loss']})", column="finite", value_set=[True])
+    suite.add(
+        "loss recorded for the checkpoint's step",
+        "ExpectColumnValuesToBeInSet",
+        None,
+        column="step",
+        value_set=[step],
+        row_condition=f"step=={step}",
+        condition_parser="pandas",
+    )
+    suite.add(
+        "loss finite at every step",
+        "ExpectColumnValuesToBeInSet",
+        lambda row: f"step {row['step']} ({row['loss']})",
+        column="finite",
+        value_set=[True],
+    )
     if expect.max_loss is not None:
-        suite.add(f"loss at the checkpoint at most checkpoint.expectations.max_loss {expect.max_loss}",
-                  "ExpectColumnValuesToBeBetween", lambda row: f"step {row['step']} (loss {row['loss']:.4f})",
-                  column="loss", max_value=expect.max_loss, row_condition=f"step=={step}", condition_parser="pandas")
+        suite.add(
+            f"loss at the checkpoint at most checkpoint.expectations.max_loss {expect.max_loss}",
+            "ExpectColumnValuesToBeBetween",
+            lambda row: f"step {row['step']} (loss {row['loss']:.4f})",
+            column="loss",
+            max_value=expect.max_loss,
+            row_condition=f"step=={step}",
+            condition_parser="pandas",
+        )
     if expect.max_spike_ratio is not None:
-        suite.add(f"no loss spike above {expect.max_spike_ratio}x the running median of {expect.spike_window} steps",
-                  "ExpectColumnValuesToBeBetween", lambda row: f"step {row['step']} ({row['spike_ratio']:.1f}x)",
-                  column="spike_ratio", max_value=expect.max_spike_ratio)
+        suite.add(
+            f"no loss spike above {expect.max_spike_ratio}x the running median of {expect.spike_window} steps",
+            "ExpectColumnValuesToBeBetween",
+            lambda row: f"step {row['step']} ({row['spike_ratio']:.1f}x)",
+            column="spike_ratio",
+            max_value=expect.max_spike_ratio,
+        )
     result = suite.validate(table, "loss_history", "step", SHOWN)
     if result_dir is not None:
         write_json_atomic(Path(result_dir) / RESULT_FILE, result)

@@ -125,16 +125,34 @@ LOG_PATTERNS: dict[str, tuple[str, ...]] = {
     "data": (r"\bDataError\b",),
     "spec": (r"\bSpecError\b",),
     "oom": (
-        r"CUDA out of memory", r"OutOfMemoryError", r"\bMemoryError\b", r"Cannot allocate memory",
-        r"can't allocate memory", r"oom-kill", r"Out of memory: Killed process", r"std::bad_alloc",
+        r"CUDA out of memory",
+        r"OutOfMemoryError",
+        r"\bMemoryError\b",
+        r"Cannot allocate memory",
+        r"can't allocate memory",
+        r"oom-kill",
+        r"Out of memory: Killed process",
+        r"std::bad_alloc",
     ),
     "hardware": (r"\bECC error", r"fallen off the bus", r"GPU is lost"),
     "comm": (
-        r"Connection reset by peer", r"Connection closed by peer", r"Connection refused", r"Broken ?pipe",
-        r"Connection was likely closed", r"Failed to recv", r"rendezvous", r"ProcessGroup(?:Gloo|NCCL)",
-        r"third_party/gloo", r"Socket Timeout", r"Timed out waiting", r"collective operation timeout",
-        r"Dist(?:Network|Backend|Store)Error", r"NCCL (?:error|timeout|communicator)",
-        r"nccl(?:Remote|System|Internal)Error", r"communicator was aborted", r"remote process exited",
+        r"Connection reset by peer",
+        r"Connection closed by peer",
+        r"Connection refused",
+        r"Broken ?pipe",
+        r"Connection was likely closed",
+        r"Failed to recv",
+        r"rendezvous",
+        r"ProcessGroup(?:Gloo|NCCL)",
+        r"third_party/gloo",
+        r"Socket Timeout",
+        r"Timed out waiting",
+        r"collective operation timeout",
+        r"Dist(?:Network|Backend|Store)Error",
+        r"NCCL (?:error|timeout|communicator)",
+        r"nccl(?:Remote|System|Internal)Error",
+        r"communicator was aborted",
+        r"remote process exited",
     ),
     # A torchrun agent reporting that one of its workers was SIGKILLed (the node, or its memory, went away).
     "sigkill": (r"Signals\.SIGKILL", r"exitcode\s*:\s*-9\b", r"Signal 9 \(SIGKILL\)"),
@@ -184,7 +202,7 @@ def _streams(log: str) -> dict[str, list[tuple[str, str]]]:
     for raw in log.splitlines():
         m = _RANK_PREFIX.match(raw)
         quoted = _LOG_HEADER.sub("", raw.strip())
-        streams.setdefault(m.group(1) if m else "", []).append((raw[m.end():] if m else raw, quoted))
+        streams.setdefault(m.group(1) if m else "", []).append((raw[m.end() :] if m else raw, quoted))
     return streams
 
 

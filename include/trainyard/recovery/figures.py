@@ -22,8 +22,14 @@ from trainyard.train.progress import kept_stretches, weighted_median
 
 
 def _first(events: list[dict[str, Any]], after: float, event: str, **match: Any) -> dict[str, Any] | None:
-    return next((e for e in events if e["ts"] >= after and e["event"] == event
-                 and all(e.get(k) == v for k, v in match.items())), None)
+    return next(
+        (
+            e
+            for e in events
+            if e["ts"] >= after and e["event"] == event and all(e.get(k) == v for k, v in match.items())
+        ),
+        None,
+    )
 
 
 def recovery_figures(ledger: Ledger) -> dict[str, Any]:
@@ -40,12 +46,16 @@ def recovery_figures(ledger: Ledger) -> dict[str, Any]:
         nxt = _first(events, classified["ts"], "attempt_start", attempt=attempt + 1)
         first_step = _first(events, nxt["ts"], "step") if nxt else None
         resumed = _first(events, nxt["ts"], "resumed") if nxt else None
-        failures.append({
-            "attempt": attempt, "kind": classified["kind"], "fault_at": fault_at,
-            "detection_s": round(classified["ts"] - fault_at, 3),
-            "resume_delay_s": round(first_step["ts"] - fault_at, 3) if first_step else None,
-            "lost_steps": (max(steps) - (resumed["step"] if resumed else 0)) if steps and nxt else None,
-        })
+        failures.append(
+            {
+                "attempt": attempt,
+                "kind": classified["kind"],
+                "fault_at": fault_at,
+                "detection_s": round(classified["ts"] - fault_at, 3),
+                "resume_delay_s": round(first_step["ts"] - fault_at, 3) if first_step else None,
+                "lost_steps": (max(steps) - (resumed["step"] if resumed else 0)) if steps and nxt else None,
+            }
+        )
     kept = [(n, (ms or 0.0) / 1000) for n, ms in kept_stretches([e for e in events if e["event"] == "step"])]
     productive = sum(n for n, _ in kept) * (weighted_median(kept) or 0.0)
     end = next((e for e in reversed(events) if e["event"] in ("stage_end", "stage_failed")), None)

@@ -52,8 +52,17 @@ class Progress:
 
     @classmethod
     def from_heartbeats(
-        cls, beats: dict[str, dict[str, Any]], *, attempt: int, world_size: int, target: int, now: float,
-        before: Look | None, tokens_per_step: int | None, checkpoint: str | None, saved: str | None = None,
+        cls,
+        beats: dict[str, dict[str, Any]],
+        *,
+        attempt: int,
+        world_size: int,
+        target: int,
+        now: float,
+        before: Look | None,
+        tokens_per_step: int | None,
+        checkpoint: str | None,
+        saved: str | None = None,
         last_rate: float | None = None,
     ) -> Progress:
         """Progress from the heartbeats (``rank-N`` -> record) at ``now``; speed since the look ``before``.
@@ -76,9 +85,16 @@ class Progress:
         elif step is not None and rate:
             eta = (target - step) / rate
         return cls(
-            attempt=attempt, world_size=world_size, step=step, target=target, loss=_number(_lead(beats), "loss"),
-            steps_per_s=rate, tokens_per_s=rate * per_step if rate is not None and per_step else None,
-            eta_s=eta, checkpoint=checkpoint, saved=saved,
+            attempt=attempt,
+            world_size=world_size,
+            step=step,
+            target=target,
+            loss=_number(_lead(beats), "loss"),
+            steps_per_s=rate,
+            tokens_per_s=rate * per_step if rate is not None and per_step else None,
+            eta_s=eta,
+            checkpoint=checkpoint,
+            saved=saved,
         )
 
     def line(self) -> str:
@@ -179,8 +195,18 @@ class ProgressLog:
     starting point moves on only when the step does.
     """
 
-    def __init__(self, every_s: float, started: float, *, attempt: int, world_size: int, target: int,
-                 tokens_per_step: int | None, heartbeat_dir: Path, checkpoint_root: Path | None):
+    def __init__(
+        self,
+        every_s: float,
+        started: float,
+        *,
+        attempt: int,
+        world_size: int,
+        target: int,
+        tokens_per_step: int | None,
+        heartbeat_dir: Path,
+        checkpoint_root: Path | None,
+    ):
         self.every_s, self.next_at = every_s, started + every_s
         self.attempt, self.world_size, self.target = attempt, world_size, target
         self.tokens_per_step = tokens_per_step
@@ -198,11 +224,21 @@ class ProgressLog:
             self.before = look  # a starting point for the first line's rates
             return None
         # A late poll (a long save, a busy triggerer) skips lines, not the cadence; every_s 0: a line per poll.
-        self.next_at = now if self.every_s <= 0 else self.next_at + self.every_s * ((now - self.next_at) // self.every_s + 1)
+        self.next_at = (
+            now if self.every_s <= 0 else self.next_at + self.every_s * ((now - self.next_at) // self.every_s + 1)
+        )
         valid, saved = self._checkpoints()
         progress = Progress.from_heartbeats(
-            beats, attempt=self.attempt, world_size=self.world_size, target=self.target, now=now, before=self.before,
-            tokens_per_step=self.tokens_per_step, checkpoint=valid, saved=saved, last_rate=self.rate,
+            beats,
+            attempt=self.attempt,
+            world_size=self.world_size,
+            target=self.target,
+            now=now,
+            before=self.before,
+            tokens_per_step=self.tokens_per_step,
+            checkpoint=valid,
+            saved=saved,
+            last_rate=self.rate,
         )
         self.rate = progress.steps_per_s
         if look and (self.before is None or look.step > self.before.step):

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainyard.atomic import open_regular
 from trainyard.errors import TrainingFailed
-from trainyard.launch.base import AttemptStatus, LaunchPlan, Launcher
+from trainyard.launch.base import AttemptStatus, Launcher, LaunchPlan
 from trainyard.ledger import Ledger
 from trainyard.recovery.classify import Classified, Failure, NodeFailure, classify
 from trainyard.recovery.policy import AttemptRecord, Fail, Rollback, ScaleDown, Situation, decide
@@ -63,8 +63,14 @@ def read_heartbeats(directory: Path) -> dict[str, dict[str, Any]]:
 STARTUP_GRACE_S = 120.0  # interpreter, torch import, rendezvous and data before a rank's first step
 
 
-def stale_ranks(beats: dict[str, dict[str, Any]], expected: int, started: float, now: float, timeout_s: float,
-                grace_s: float = STARTUP_GRACE_S) -> list[str]:
+def stale_ranks(
+    beats: dict[str, dict[str, Any]],
+    expected: int,
+    started: float,
+    now: float,
+    timeout_s: float,
+    grace_s: float = STARTUP_GRACE_S,
+) -> list[str]:
     """Ranks without progress for longer than ``timeout_s``; a rank that never beat gets ``grace_s`` to start."""
     stale = [rank for rank, b in beats.items() if b.get("status") != "finished" and now - b["time"] > timeout_s]
     if len(beats) < expected and now - started > max(timeout_s, grace_s):
@@ -96,13 +102,26 @@ def start_attempt(launcher: Launcher, plan: LaunchPlan, ledger: Ledger) -> Any:
     """Record the attempt and launch it; the heartbeat folder exists before any rank (or watcher) looks."""
     if "TRAINYARD_HEARTBEAT_DIR" in plan.env:
         Path(plan.env["TRAINYARD_HEARTBEAT_DIR"]).mkdir(parents=True, exist_ok=True)
-    ledger.append("train", "attempt_start", attempt=plan.attempt, nodes=plan.nodes, world_size=plan.world_size,
-                  micro_batch=plan.env.get("TRAINYARD_MICRO_BATCH"), resume_from=plan.env.get("TRAINYARD_RESUME_FROM"))
+    ledger.append(
+        "train",
+        "attempt_start",
+        attempt=plan.attempt,
+        nodes=plan.nodes,
+        world_size=plan.world_size,
+        micro_batch=plan.env.get("TRAINYARD_MICRO_BATCH"),
+        resume_from=plan.env.get("TRAINYARD_RESUME_FROM"),
+    )
     return launcher.launch(plan)
 
 
-def detect(status: AttemptStatus, heartbeat_dir: Path, world_size: int, started: float, timeout_s: float,
-           grace_s: float = STARTUP_GRACE_S) -> tuple[str, list[str], str] | None:
+def detect(
+    status: AttemptStatus,
+    heartbeat_dir: Path,
+    world_size: int,
+    started: float,
+    timeout_s: float,
+    grace_s: float = STARTUP_GRACE_S,
+) -> tuple[str, list[str], str] | None:
     """What is wrong with a running attempt, if anything: ``(trigger, suspect nodes, reason)``.
 
     A failed node is a crash. A rank without progress past the timeout is a
@@ -118,22 +137,42 @@ def detect(status: AttemptStatus, heartbeat_dir: Path, world_size: int, started:
         return None
     silent = silent_ranks(heartbeat_dir, stale, now)
     nodes = sorted({beats[r]["node"] for r in silent if r in beats and beats[r].get("node")})
-    return "hang", nodes, (f"no progress for {timeout_s:.0f} s from {', '.join(stale)};"
-                           f" no pulse from {', '.join(silent) or 'none'}")
+    return (
+        "hang",
+        nodes,
+        (f"no progress for {timeout_s:.0f} s from {', '.join(stale)}; no pulse from {', '.join(silent) or 'none'}"),
+    )
 
 
-def attempt_failed(plan: LaunchPlan, status: AttemptStatus, ledger: Ledger, heartbeat_dir: Path, trigger: str,
-                   suspects: list[str], reason: str) -> AttemptFailed:
+def attempt_failed(
+    plan: LaunchPlan,
+    status: AttemptStatus,
+    ledger: Ledger,
+    heartbeat_dir: Path,
+    trigger: str,
+    suspects: list[str],
+    reason: str,
+) -> AttemptFailed:
     """Record the end of a failed attempt; the returned error carries what ``classify`` needs."""
     detected_at = time.time()
     steps = [b.get("step", 0) for b in read_heartbeats(heartbeat_dir).values()]
     failure = Failure(
-        attempt=plan.attempt, trigger=trigger, stale_nodes=suspects, last_step=max(steps, default=None),
+        attempt=plan.attempt,
+        trigger=trigger,
+        stale_nodes=suspects,
+        last_step=max(steps, default=None),
         nodes=[NodeFailure(n.node, n.state, n.exit_code, n.reason, tail(n.log)) for n in status.nodes],
     )
     # last_step: the heartbeats' latest step, which the rate-bounded step events may not have reached.
-    ledger.append("train", "attempt_end", attempt=plan.attempt, state="failed", trigger=trigger, reason=reason,
-                  last_step=failure.last_step)
+    ledger.append(
+        "train",
+        "attempt_end",
+        attempt=plan.attempt,
+        state="failed",
+        trigger=trigger,
+        reason=reason,
+        last_step=failure.last_step,
+    )
     log.error("attempt %d failed (%s): %s", plan.attempt, trigger, reason)
     return AttemptFailed(f"attempt {plan.attempt} failed ({trigger}): {reason}", failure, detected_at)
 
@@ -142,13 +181,21 @@ def attempt_succeeded(plan: LaunchPlan, started: float, heartbeat_dir: Path, led
     beats = read_heartbeats(heartbeat_dir)
     last = max((b.get("step", 0) for b in beats.values()), default=None)
     result = AttemptResult(plan.attempt, round(time.time() - started, 3), last)
-    ledger.append("train", "attempt_end", attempt=plan.attempt, state="succeeded", seconds=result.seconds, last_step=last)
+    ledger.append(
+        "train", "attempt_end", attempt=plan.attempt, state="succeeded", seconds=result.seconds, last_step=last
+    )
     return result
 
 
 def run_attempt(
-    launcher: Launcher, plan: LaunchPlan, heartbeat_dir: Path, heartbeat_timeout_s: float, ledger: Ledger,
-    poll_s: float = 0.5, startup_grace_s: float = STARTUP_GRACE_S, progress: ProgressLog | None = None,
+    launcher: Launcher,
+    plan: LaunchPlan,
+    heartbeat_dir: Path,
+    heartbeat_timeout_s: float,
+    ledger: Ledger,
+    poll_s: float = 0.5,
+    startup_grace_s: float = STARTUP_GRACE_S,
+    progress: ProgressLog | None = None,
     keep_alive: Callable[[], None] | None = None,
 ) -> AttemptResult:
     """Launch ``plan`` and block until it succeeds; raise ``AttemptFailed`` when it does not.
@@ -214,11 +261,26 @@ def recover(
     """
     attempt = failed.failure.attempt
     found = classify(failed.failure)
-    ledger.append("train", "failure_classified", attempt=attempt, kind=found.kind, evidence=found.evidence,
-                  culprits=list(found.culprits), detected_at=failed.detected_at)
+    ledger.append(
+        "train",
+        "failure_classified",
+        attempt=attempt,
+        kind=found.kind,
+        evidence=found.evidence,
+        culprits=list(found.culprits),
+        detected_at=failed.detected_at,
+    )
     decision = decide(history(ledger), found, situation(course, spares), recovery)
-    ledger.append("train", "decision", attempt=attempt, kind=found.kind, action=decision.action, nodes=course.nodes,
-                  reason=getattr(decision, "reason", ""), **_changes(decision))
+    ledger.append(
+        "train",
+        "decision",
+        attempt=attempt,
+        kind=found.kind,
+        action=decision.action,
+        nodes=course.nodes,
+        reason=getattr(decision, "reason", ""),
+        **_changes(decision),
+    )
     log.warning("attempt %d: %s -> %s: %s", attempt, found.kind, decision.action, getattr(decision, "reason", ""))
     if isinstance(decision, Fail):
         evidence = _evidence(found, failed)
@@ -258,8 +320,16 @@ def supervise(
     while True:
         plan = plan_for(attempt, course)
         try:
-            return run_attempt(launcher, plan, Path(plan.env["TRAINYARD_HEARTBEAT_DIR"]), heartbeat_timeout_s, ledger,
-                               poll_s, progress=progress_for(plan) if progress_for else None, keep_alive=keep_alive)
+            return run_attempt(
+                launcher,
+                plan,
+                Path(plan.env["TRAINYARD_HEARTBEAT_DIR"]),
+                heartbeat_timeout_s,
+                ledger,
+                poll_s,
+                progress=progress_for(plan) if progress_for else None,
+                keep_alive=keep_alive,
+            )
         except AttemptFailed as failed:
             course, delay = recover(launcher, failed, course, spares, situation, recovery, ledger, rollback_to)
             pause(delay, keep_alive)

@@ -25,12 +25,18 @@ def _text(x: float, y: float, text: Any, size: int = 11, anchor: str = "start", 
 
 
 def _svg(width: int, height: int, label: str, body: str) -> str:
-    return (f'<svg class="chart" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img"'
-            f' aria-label="{esc(label)}" xmlns="http://www.w3.org/2000/svg">{body}</svg>')
+    return (
+        f'<svg class="chart" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img"'
+        f' aria-label="{esc(label)}" xmlns="http://www.w3.org/2000/svg">{body}</svg>'
+    )
 
 
-def loss_svg(points: Sequence[Sequence[float]], boundaries: Sequence[int | tuple[int, str]] = (), width: int = 640,
-             height: int = 260) -> str:
+def loss_svg(
+    points: Sequence[Sequence[float]],
+    boundaries: Sequence[int | tuple[int, str]] = (),
+    width: int = 640,
+    height: int = 260,
+) -> str:
     """Loss versus step; a dashed line where a later attempt resumed (the steps after it were trained again).
 
     ``boundaries`` are steps, or ``(step, label)`` pairs. Non-finite losses (a
@@ -51,34 +57,49 @@ def loss_svg(points: Sequence[Sequence[float]], boundaries: Sequence[int | tuple
     def py(loss: float) -> float:
         return height - bottom - (loss - y0) * sy
 
-    parts = [f'<line x1="{left}" x2="{left}" y1="{top}" y2="{height - bottom}" stroke="#999"/>',
-             f'<line x1="{left}" x2="{width - right}" y1="{height - bottom}" y2="{height - bottom}" stroke="#999"/>']
+    parts = [
+        f'<line x1="{left}" x2="{left}" y1="{top}" y2="{height - bottom}" stroke="#999"/>',
+        f'<line x1="{left}" x2="{width - right}" y1="{height - bottom}" y2="{height - bottom}" stroke="#999"/>',
+    ]
     for value in (y0, (y0 + y1) / 2, y1):
         parts.append(_text(left - 4, py(value) + 4, f"{value:.3f}", anchor="end"))
-    parts += [_text(left, height - 10, f"step {x0}"), _text(width - right, height - 10, f"step {x1}", anchor="end"),
-              _text(left + (width - left - right) / 2, height - 10, "step", anchor="middle", fill=GREY)]
+    parts += [
+        _text(left, height - 10, f"step {x0}"),
+        _text(width - right, height - 10, f"step {x1}", anchor="end"),
+        _text(left + (width - left - right) / 2, height - 10, "step", anchor="middle", fill=GREY),
+    ]
     for b in boundaries:
         step, label = (b, f"resumed at step {b}") if isinstance(b, (int, float)) else b
         x = px(min(max(step, x0), x1))
-        parts.append(f'<line class="boundary" x1="{x:.1f}" x2="{x:.1f}" y1="{top}" y2="{height - bottom}" stroke="{RED}"'
-                     f' stroke-dasharray="4"><title>{esc(label)}</title></line>')
+        parts.append(
+            f'<line class="boundary" x1="{x:.1f}" x2="{x:.1f}" y1="{top}" y2="{height - bottom}" stroke="{RED}"'
+            f' stroke-dasharray="4"><title>{esc(label)}</title></line>'
+        )
         parts.append(_text(x + 3, top - 6, label, size=10, fill=RED))
     for step, loss in points:
         if not (isinstance(loss, (int, float)) and math.isfinite(loss)):
-            parts.append(f'<circle cx="{px(step):.1f}" cy="{top}" r="4" fill="{RED}"><title>loss {esc(loss)} at step'
-                         f' {esc(step)}</title></circle>')
+            parts.append(
+                f'<circle cx="{px(step):.1f}" cy="{top}" r="4" fill="{RED}"><title>loss {esc(loss)} at step'
+                f" {esc(step)}</title></circle>"
+            )
     path = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in finite)
     parts.append(f'<polyline class="loss" fill="none" stroke="{BLUE}" stroke-width="2" points="{path}"/>')
     return _svg(width, height, "loss versus step", "".join(parts))
 
 
-def burnin_svg(probe: str, figures: Mapping[str, float | None], threshold: float | None, median: float | None,
-               verdicts: Mapping[str, str], width: int = 460) -> str:
+def burnin_svg(
+    probe: str,
+    figures: Mapping[str, float | None],
+    threshold: float | None,
+    median: float | None,
+    verdicts: Mapping[str, str],
+    width: int = 460,
+) -> str:
     """One probe: a bar per node, the threshold it had to reach (dashed) and the batch median (grey)."""
     row, label_w, value_w = 22, 70, 70
     height = 28 + row * len(figures) + 8
     known = [v for v in figures.values() if isinstance(v, (int, float))]
-    top = max(known + [threshold or 0, median or 0]) * 1.05 or 1.0
+    top = max([*known, threshold or 0, median or 0]) * 1.05 or 1.0
     plot = width - label_w - value_w
 
     def px(value: float) -> float:
@@ -94,17 +115,25 @@ def burnin_svg(probe: str, figures: Mapping[str, float | None], threshold: float
         # Red: below this probe's threshold. Grey: passed this probe, evicted for another one.
         below = threshold is not None and value < threshold
         color = RED if below else LIGHT if verdicts.get(node) == "evicted" else GREEN
-        parts.append(f'<rect class="bar" x="{label_w}" y="{y + 2}" width="{max(1.0, px(value) - label_w):.1f}" height="{row - 6}"'
-                     f' fill="{color}"><title>{esc(node)}: {value:.2f} ({esc(verdicts.get(node, "-"))})</title></rect>')
+        parts.append(
+            f'<rect class="bar" x="{label_w}" y="{y + 2}" width="{max(1.0, px(value) - label_w):.1f}" height="{row - 6}"'
+            f' fill="{color}"><title>{esc(node)}: {value:.2f} ({esc(verdicts.get(node, "-"))})</title></rect>'
+        )
         parts.append(_text(px(value) + 4, y + 14, f"{value:.1f}"))
     bottom = 22 + row * len(figures)
     if median is not None:
-        parts.append(f'<line x1="{px(median):.1f}" x2="{px(median):.1f}" y1="18" y2="{bottom}" stroke="{GREY}">'
-                     f'<title>median {median:.2f}</title></line>')
+        parts.append(
+            f'<line x1="{px(median):.1f}" x2="{px(median):.1f}" y1="18" y2="{bottom}" stroke="{GREY}">'
+            f"<title>median {median:.2f}</title></line>"
+        )
     if threshold is not None:
-        parts.append(f'<line class="threshold" x1="{px(threshold):.1f}" x2="{px(threshold):.1f}" y1="16" y2="{bottom + 4}"'
-                     f' stroke="{RED}" stroke-width="2" stroke-dasharray="5,3"><title>threshold {threshold:.2f}</title></line>')
-        parts.append(_text(min(px(threshold), width - 110), bottom + 14, f"threshold {threshold:.1f}", size=10, fill=RED))
+        parts.append(
+            f'<line class="threshold" x1="{px(threshold):.1f}" x2="{px(threshold):.1f}" y1="16" y2="{bottom + 4}"'
+            f' stroke="{RED}" stroke-width="2" stroke-dasharray="5,3"><title>threshold {threshold:.2f}</title></line>'
+        )
+        parts.append(
+            _text(min(px(threshold), width - 110), bottom + 14, f"threshold {threshold:.1f}", size=10, fill=RED)
+        )
     return _svg(width, height + 10, f"{probe} per node against its threshold", "".join(parts))
 
 
@@ -128,13 +157,17 @@ def timeline_svg(attempts: Sequence[Mapping[str, Any]], width: int = 640) -> str
         color = STATE_COLORS.get(a.get("state") or "", GREY)
         end = a.get("end") or t1
         parts.append(_text(label_w - 6, y + 14, f"attempt {a['attempt']}", anchor="end"))
-        parts.append(f'<rect class="attempt" x="{px(a["start"]):.1f}" y="{y}" width="{max(2.0, px(end) - px(a["start"])):.1f}"'
-                     f' height="18" fill="{color}"><title>attempt {esc(a["attempt"])} on {esc(", ".join(a.get("nodes") or []))}:'
-                     f' {esc(a.get("state"))}</title></rect>')
+        parts.append(
+            f'<rect class="attempt" x="{px(a["start"]):.1f}" y="{y}" width="{max(2.0, px(end) - px(a["start"])):.1f}"'
+            f' height="18" fill="{color}"><title>attempt {esc(a["attempt"])} on {esc(", ".join(a.get("nodes") or []))}:'
+            f" {esc(a.get('state'))}</title></rect>"
+        )
         for d in a.get("drills") or []:
             x = px(d["ts"])
-            parts.append(f'<path d="M{x:.1f},{y - 3} l5,12 l-5,12 l-5,-12 z" fill="{ORANGE}"><title>drill {esc(d.get("fault"))}'
-                         f' on {esc(d.get("node"))} at step {esc(d.get("step"))}</title></path>')
+            parts.append(
+                f'<path d="M{x:.1f},{y - 3} l5,12 l-5,12 l-5,-12 z" fill="{ORANGE}"><title>drill {esc(d.get("fault"))}'
+                f" on {esc(d.get('node'))} at step {esc(d.get('step'))}</title></path>"
+            )
         failure, decision = a.get("failure"), a.get("decision")
         if failure or decision:
             note = " \u2192 ".join(str(x) for x in ((failure or {}).get("kind"), (decision or {}).get("action")) if x)

@@ -71,13 +71,17 @@ def notice_from_ledger(ledger: Ledger, facts: RunFacts, on: Collection[str]) -> 
     return build_notice(list(ledger.events()), recovery_figures(ledger), facts, on)
 
 
-def build_notice(events: list[dict[str, Any]], figures: dict[str, Any], facts: RunFacts,
-                 on: Collection[str]) -> Notice | None:
+def build_notice(
+    events: list[dict[str, Any]], figures: dict[str, Any], facts: RunFacts, on: Collection[str]
+) -> Notice | None:
     """The notice ``on`` asks for, or None: a failure if the run failed, else a recovery if recovery acted."""
     stages, _ = stage_table(events)
     failed_stages = [name for name, s in stages.items() if not s["ok"]]
-    recovered = [row for row in attempt_table([e for e in events if e.get("stage") == "train"])
-                 if row["failure"] or row["decision"]]
+    recovered = [
+        row
+        for row in attempt_table([e for e in events if e.get("stage") == "train"])
+        if row["failure"] or row["decision"]
+    ]
     if facts.failed or failed_stages:
         if "failure" not in on:
             return None
@@ -87,8 +91,14 @@ def build_notice(events: list[dict[str, Any]], figures: dict[str, Any], facts: R
     return None
 
 
-def _failure(events: list[dict[str, Any]], stages: dict[str, dict[str, Any]], failed_stages: list[str],
-             recovered: list[dict[str, Any]], figures: dict[str, Any], facts: RunFacts) -> Notice:
+def _failure(
+    events: list[dict[str, Any]],
+    stages: dict[str, dict[str, Any]],
+    failed_stages: list[str],
+    recovered: list[dict[str, Any]],
+    figures: dict[str, Any],
+    facts: RunFacts,
+) -> Notice:
     lines = [f"Pipeline {facts.dag_id}: run {facts.run_id} FAILED.", *_where(facts), ""]
     if failed_stages:
         stage = failed_stages[0]  # the first to fail; later ones (a report of a broken run) follow from it
@@ -101,23 +111,36 @@ def _failure(events: list[dict[str, Any]], stages: dict[str, dict[str, Any]], fa
     else:
         task = facts.failed_task or "unknown task"
         subject = f"[trainyard] {facts.dag_id} failed at {task}"
-        lines += [f"Failed stage: {task}", "Failure class: not recorded (the task ended without writing to the run"
-                  " ledger: killed, timed out or marked failed by hand; see its task log)"]
+        lines += [
+            f"Failed stage: {task}",
+            "Failure class: not recorded (the task ended without writing to the run"
+            " ledger: killed, timed out or marked failed by hand; see its task log)",
+        ]
     if facts.reason and facts.reason not in ("task_failure", "success"):
         lines.append(f"Airflow's reason: {facts.reason}")
     if recovered:
         lines += ["", *_recovery_lines(recovered, figures)]
-    return Notice("failure", subject, tuple(lines + ["", *_stage_lines(stages)]))
+    return Notice("failure", subject, tuple([*lines, "", *_stage_lines(stages)]))
 
 
-def _recovery(stages: dict[str, dict[str, Any]], recovered: list[dict[str, Any]], figures: dict[str, Any],
-              facts: RunFacts) -> Notice:
-    kinds = ", ".join(dict.fromkeys(f"{r['failure']['kind']} -> {r['decision']['action']}"
-                                    for r in recovered if r["failure"] and r["decision"]))
+def _recovery(
+    stages: dict[str, dict[str, Any]], recovered: list[dict[str, Any]], figures: dict[str, Any], facts: RunFacts
+) -> Notice:
+    kinds = ", ".join(
+        dict.fromkeys(
+            f"{r['failure']['kind']} -> {r['decision']['action']}" for r in recovered if r["failure"] and r["decision"]
+        )
+    )
     lost = figures.get("lost_steps") or 0
     subject = f"[trainyard] {facts.dag_id} succeeded after recovery: {kinds or 'recovery acted'}, {lost} step(s) lost"
-    lines = [f"Pipeline {facts.dag_id}: run {facts.run_id} succeeded, but recovery acted in train.",
-             *_where(facts), "", *_recovery_lines(recovered, figures), "", *_stage_lines(stages)]
+    lines = [
+        f"Pipeline {facts.dag_id}: run {facts.run_id} succeeded, but recovery acted in train.",
+        *_where(facts),
+        "",
+        *_recovery_lines(recovered, figures),
+        "",
+        *_stage_lines(stages),
+    ]
     return Notice("recovery", subject, tuple(lines))
 
 
@@ -173,4 +196,4 @@ def _cut(text: str, tail: bool = False) -> str:
     text = " ".join(text.split())
     if len(text) <= MAX_MESSAGE:
         return text
-    return "..." + text[3 - MAX_MESSAGE:] if tail else text[: MAX_MESSAGE - 3] + "..."
+    return "..." + text[3 - MAX_MESSAGE :] if tail else text[: MAX_MESSAGE - 3] + "..."

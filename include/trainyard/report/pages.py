@@ -21,8 +21,10 @@ URL_PREFIX = "/trainyard"
 """Where the Airflow API server mounts the training-runs view (the plugin's ``url_prefix``)."""
 
 RECOVERY_FIGURES = (
-    ("detection_s", "failure detected after (s)"), ("resume_delay_s", "first step after the fault (s)"),
-    ("lost_steps", "steps lost"), ("productive_s", "productive training time (s)"),
+    ("detection_s", "failure detected after (s)"),
+    ("resume_delay_s", "first step after the fault (s)"),
+    ("lost_steps", "steps lost"),
+    ("productive_s", "productive training time (s)"),
     ("ettr", "effective training time ratio"),
 )
 
@@ -73,9 +75,16 @@ def _long(text: Any, keep: int = 120) -> str:
 
 
 def stages_section(summary: Mapping[str, Any]) -> str:
-    rows = [[esc(name), _when(s.get("start")), _when(s.get("end")), f"{s['seconds']:.1f}",
-             _badge("ok" if s["ok"] else "failed") + (f" {_long(s['error'])}" if s.get("error") else "")]
-            for name, s in summary["stages"].items()]
+    rows = [
+        [
+            esc(name),
+            _when(s.get("start")),
+            _when(s.get("end")),
+            f"{s['seconds']:.1f}",
+            _badge("ok" if s["ok"] else "failed") + (f" {_long(s['error'])}" if s.get("error") else ""),
+        ]
+        for name, s in summary["stages"].items()
+    ]
     rows += [[esc(name), "", "", "", _badge("running")] for name in summary.get("running") or []]
     if not rows:
         return '<h2>Stages</h2><p class="empty">No stage recorded yet.</p>'
@@ -97,23 +106,39 @@ def _probes(summary: Mapping[str, Any]) -> list[str]:
 def burn_in_section(summary: Mapping[str, Any]) -> str:
     verdicts = summary["node_verdicts"]
     if not verdicts:
-        return '<h2>Burn-in</h2><p class="empty">No burn-in verdicts recorded (pressure test skipped or not run yet).</p>'
+        return (
+            '<h2>Burn-in</h2><p class="empty">No burn-in verdicts recorded (pressure test skipped or not run yet).</p>'
+        )
     limits = summary.get("thresholds") or {}
     thresholds, medians = limits.get("thresholds") or {}, limits.get("medians") or {}
     probes = _probes(summary)
-    rows = [[esc(node)] + [_num((v.get("figures") or {}).get(p)) for p in probes]
-            + [_badge(v.get("verdict")), _long(v.get("reason"))] for node, v in verdicts.items()]
+    rows = [
+        [esc(node)]
+        + [_num((v.get("figures") or {}).get(p)) for p in probes]
+        + [_badge(v.get("verdict")), _long(v.get("reason"))]
+        for node, v in verdicts.items()
+    ]
     if thresholds:
         rows.append(["<b>threshold</b>"] + [_num(thresholds.get(p)) for p in probes] + ["", ""])
         rows.append(["<i>median</i>"] + [_num(medians.get(p)) for p in probes] + ["", ""])
     table = _table(["node", *probes, "verdict", "reason"], rows, "verdicts")
     states = {n: str(v.get("verdict")) for n, v in verdicts.items()}
     charts = "".join(
-        burnin_svg(p, {n: (v.get("figures") or {}).get(p) for n, v in verdicts.items()}, thresholds.get(p),
-                   medians.get(p), states)
-        for p in probes)
-    note = (f"<p>Each node against the threshold it had to reach: the larger of the probe's floor and the straggler"
-            f" ratio times the batch median (pressure test: {_num(limits.get('seconds'), 1)} s).</p>" if thresholds else "")
+        burnin_svg(
+            p,
+            {n: (v.get("figures") or {}).get(p) for n, v in verdicts.items()},
+            thresholds.get(p),
+            medians.get(p),
+            states,
+        )
+        for p in probes
+    )
+    note = (
+        f"<p>Each node against the threshold it had to reach: the larger of the probe's floor and the straggler"
+        f" ratio times the batch median (pressure test: {_num(limits.get('seconds'), 1)} s).</p>"
+        if thresholds
+        else ""
+    )
     return f'<h2>Burn-in</h2>{table}{note}<div class="charts">{charts}</div>'
 
 
@@ -129,62 +154,114 @@ def _failure(f: Mapping[str, Any] | None) -> str:
     if not f:
         return ""
     culprits = ", ".join(f.get("culprits") or [])
-    return f"<b>{esc(f.get('kind'))}</b>" + (f" ({esc(culprits)})" if culprits else "") + f"<br>{_long(f.get('evidence'))}"
+    return (
+        f"<b>{esc(f.get('kind'))}</b>" + (f" ({esc(culprits)})" if culprits else "") + f"<br>{_long(f.get('evidence'))}"
+    )
 
 
 def _decision(d: Mapping[str, Any] | None) -> str:
     if not d:
         return ""
-    changes = ", ".join(f"{k} {v if not isinstance(v, list) else ' '.join(map(str, v))}"
-                        for k, v in d.items() if k in ("new_nodes", "micro_batch", "delay_s", "to_step"))
-    return f"<b>{esc(d.get('action'))}</b>" + (f" ({esc(changes)})" if changes else "") + f"<br>{_long(d.get('reason'))}"
+    changes = ", ".join(
+        f"{k} {v if not isinstance(v, list) else ' '.join(map(str, v))}"
+        for k, v in d.items()
+        if k in ("new_nodes", "micro_batch", "delay_s", "to_step")
+    )
+    return (
+        f"<b>{esc(d.get('action'))}</b>" + (f" ({esc(changes)})" if changes else "") + f"<br>{_long(d.get('reason'))}"
+    )
 
 
 def attempts_section(summary: Mapping[str, Any]) -> str:
     attempts = summary.get("attempt_details") or []
     if not attempts:
         return '<h2>Training attempts</h2><p class="empty">No training attempt recorded.</p>'
-    rows = [[esc(a["attempt"]),
-             esc(", ".join(a.get("nodes") or [])) + f"<br>world size {esc(a.get('world_size') or '-')},"
-             f" micro-batch {esc(a.get('micro_batch') or '-')}",
-             esc("-" if a.get("resumed_step") is None else a["resumed_step"]),
-             _when(a.get("start")), _num(a.get("seconds"), 1), _outcome(a),
-             esc("; ".join(f"{d.get('fault')} on {d.get('node')} at step {d.get('step')}" for d in a.get("drills") or [])),
-             _failure(a.get("failure")), _decision(a.get("decision"))] for a in attempts]
-    table = _table(["attempt", "nodes", "resumed at step", "start", "seconds", "outcome", "drill",
-                    "failure (classified)", "decision"], rows, "attempts")
+    rows = [
+        [
+            esc(a["attempt"]),
+            esc(", ".join(a.get("nodes") or [])) + f"<br>world size {esc(a.get('world_size') or '-')},"
+            f" micro-batch {esc(a.get('micro_batch') or '-')}",
+            esc("-" if a.get("resumed_step") is None else a["resumed_step"]),
+            _when(a.get("start")),
+            _num(a.get("seconds"), 1),
+            _outcome(a),
+            esc(
+                "; ".join(f"{d.get('fault')} on {d.get('node')} at step {d.get('step')}" for d in a.get("drills") or [])
+            ),
+            _failure(a.get("failure")),
+            _decision(a.get("decision")),
+        ]
+        for a in attempts
+    ]
+    table = _table(
+        [
+            "attempt",
+            "nodes",
+            "resumed at step",
+            "start",
+            "seconds",
+            "outcome",
+            "drill",
+            "failure (classified)",
+            "decision",
+        ],
+        rows,
+        "attempts",
+    )
     return f"<h2>Training attempts</h2>{timeline_svg(attempts)}{table}"
 
 
 def loss_section(summary: Mapping[str, Any]) -> str:
-    starts = [(a["resumed_step"], f"attempt {a['attempt']}") for a in summary.get("attempt_details") or []
-              if a.get("resumed_step") is not None and a["attempt"] > 1]
+    starts = [
+        (a["resumed_step"], f"attempt {a['attempt']}")
+        for a in summary.get("attempt_details") or []
+        if a.get("resumed_step") is not None and a["attempt"] > 1
+    ]
     boundaries = starts or summary.get("attempt_starts") or []
     text = ""
     if summary.get("steps_trained"):
-        text = (f"<p>{summary['steps_trained']} steps trained (step {esc(summary['first_step'])} to"
-                f" {esc(summary['last_step'])}); loss {_num(summary['first_loss'], 4)} \u2192"
-                f" {_num(summary['last_loss'], 4)}. Dashed: where a later attempt resumed.</p>")
+        text = (
+            f"<p>{summary['steps_trained']} steps trained (step {esc(summary['first_step'])} to"
+            f" {esc(summary['last_step'])}); loss {_num(summary['first_loss'], 4)} \u2192"
+            f" {_num(summary['last_loss'], 4)}. Dashed: where a later attempt resumed.</p>"
+        )
     return f"<h2>Loss</h2>{loss_svg(summary['loss_curve'], boundaries)}{text}"
 
 
 def checkpoints_section(summary: Mapping[str, Any]) -> str:
     rows = []
     for c in summary.get("checkpoints") or []:
-        validity = ("not validated" if c.get("valid") is None else _badge("valid") if c["valid"]
-                    else _badge("invalid") + " " + _long("; ".join(c.get("problems") or [])))
+        validity = (
+            "not validated"
+            if c.get("valid") is None
+            else _badge("valid")
+            if c["valid"]
+            else _badge("invalid") + " " + _long("; ".join(c.get("problems") or []))
+        )
         fate = [esc(f) for f in c.get("fate") or []]
         if c.get("latest"):
             fate.insert(0, "<b>LATEST</b>")
-        rows.append([esc("-" if c.get("step") is None else c["step"]), esc(c.get("name")),
-                     esc(c.get("attempt") or ""), validity, "<br>".join(fate)])
-    table = (_table(["step", "checkpoint", "saved by attempt", "validity", "what happened"], rows, "checkpoints")
-             if rows else '<p class="empty">No checkpoint recorded.</p>')
+        rows.append(
+            [
+                esc("-" if c.get("step") is None else c["step"]),
+                esc(c.get("name")),
+                esc(c.get("attempt") or ""),
+                validity,
+                "<br>".join(fate),
+            ]
+        )
+    table = (
+        _table(["step", "checkpoint", "saved by attempt", "validity", "what happened"], rows, "checkpoints")
+        if rows
+        else '<p class="empty">No checkpoint recorded.</p>'
+    )
     gate = summary.get("gate")
     lines = [f"LATEST at the end of the run: {esc(summary.get('latest_checkpoint') or '-')}"]
     if gate:
-        lines.append(f"Gate (check_checkpoint): {_badge('valid' if gate.get('valid') else 'invalid')} {esc(gate.get('path'))}"
-                     + (f" {_long('; '.join(gate.get('problems') or []))}" if gate.get("problems") else ""))
+        lines.append(
+            f"Gate (check_checkpoint): {_badge('valid' if gate.get('valid') else 'invalid')} {esc(gate.get('path'))}"
+            + (f" {_long('; '.join(gate.get('problems') or []))}" if gate.get("problems") else "")
+        )
     lines.append(f"Published: {esc(summary.get('published') or '-')}")
     return "<h2>Checkpoints</h2>" + table + "<p>" + "<br>".join(lines) + "</p>"
 
@@ -194,34 +271,52 @@ def recovery_section(summary: Mapping[str, Any]) -> str:
     if not figures:
         return '<h2>Recovery figures</h2><p class="empty">No recovery figures recorded (training did not finish).</p>'
     rows = [[esc(label), esc("-" if figures.get(key) is None else figures[key])] for key, label in RECOVERY_FIGURES]
-    return (f"<h2>Recovery figures</h2>{_table(['figure', 'value'], rows, 'recovery')}"
-            f"<p>Attempts: {esc(summary.get('attempts'))}</p>")
+    return (
+        f"<h2>Recovery figures</h2>{_table(['figure', 'value'], rows, 'recovery')}"
+        f"<p>Attempts: {esc(summary.get('attempts'))}</p>"
+    )
 
 
 def sections(summary: Mapping[str, Any]) -> str:
-    return "".join(f(summary) for f in (stages_section, burn_in_section, attempts_section, loss_section,
-                                        checkpoints_section, recovery_section))
+    return "".join(
+        f(summary)
+        for f in (
+            stages_section,
+            burn_in_section,
+            attempts_section,
+            loss_section,
+            checkpoints_section,
+            recovery_section,
+        )
+    )
 
 
 def _document(title: str, body: str) -> str:
-    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>'
-            f"<style>{CSS}</style></head><body>{body}</body></html>")
+    return (
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>'
+        f"<style>{CSS}</style></head><body>{body}</body></html>"
+    )
 
 
 def _heading(summary: Mapping[str, Any], identity: Mapping[str, Any]) -> str:
     facts = [f"DAG <b>{esc(identity.get('dag_id'))}</b>", f"run <b>{esc(identity.get('run_id'))}</b>"]
     if identity.get("ds"):
         facts.append(f"date {esc(identity['ds'])}")
-    facts += [_badge(summary.get("state")), f"started {_when(summary.get('started'))}",
-              f"last event {_when(summary.get('ended'))}"]
+    facts += [
+        _badge(summary.get("state")),
+        f"started {_when(summary.get('started'))}",
+        f"last event {_when(summary.get('ended'))}",
+    ]
     return f"<p>{' &middot; '.join(facts)}</p>"
 
 
 def report_html(summary: Mapping[str, Any], identity: Mapping[str, Any] | None = None) -> str:
     """The self-contained report file: the run's sections and nothing that needs a server."""
     identity = identity or {}
-    return _document(f"trainyard run report {identity.get('run_id', '')}",
-                     f"<h1>trainyard run report</h1>{_heading(summary, identity)}{sections(summary)}")
+    return _document(
+        f"trainyard run report {identity.get('run_id', '')}",
+        f"<h1>trainyard run report</h1>{_heading(summary, identity)}{sections(summary)}",
+    )
 
 
 def run_page(summary: Mapping[str, Any], identity: Mapping[str, Any], has_report: bool = False) -> str:
@@ -230,35 +325,53 @@ def run_page(summary: Mapping[str, Any], identity: Mapping[str, Any], has_report
     links = ['<a href="../../">all training runs</a>', f'<a href="{esc(here)}/summary.json">summary (JSON)</a>']
     if has_report:
         links.append(f'<a href="{esc(here)}/report.html">report file</a>')
-    body = (f"<nav>{''.join(links)}</nav><h1>Training run {esc(identity['run_id'])}</h1>"
-            f"{_heading(summary, identity)}{sections(summary)}")
+    body = (
+        f"<nav>{''.join(links)}</nav><h1>Training run {esc(identity['run_id'])}</h1>"
+        f"{_heading(summary, identity)}{sections(summary)}"
+    )
     return _document(f"trainyard {identity['dag_id']} {identity['run_id']}", body)
 
 
 def index_page(runs: Sequence[Mapping[str, Any]], root_label: str = "") -> str:
     """Runs grouped by DAG, newest first within each. The page lives at the view's root."""
     if not runs:
-        return _document("trainyard training runs", "<h1>Training runs</h1><p class=\"empty\">No run ledger found"
-                         f" under {esc(root_label)}.</p>")
+        return _document(
+            "trainyard training runs",
+            f'<h1>Training runs</h1><p class="empty">No run ledger found under {esc(root_label)}.</p>',
+        )
     body, by_dag = ["<h1>Training runs</h1>"], {}
     for r in runs:
         by_dag.setdefault(r["dag_id"], []).append(r)
     for dag_id, items in sorted(by_dag.items()):
         items = sorted(items, key=lambda r: r.get("started") or 0, reverse=True)
-        rows = [[f'<a href="{esc(run_href(r["dag_id"], r["run_id"]))}">{esc(r["run_id"])}</a>', esc(r.get("ds") or ""),
-                 _badge(r.get("state")), _when(r.get("started")),
-                 _num((r["ended"] - r["started"]) if r.get("ended") and r.get("started") else None, 1),
-                 esc(r.get("attempts") or 0), esc(r.get("steps_trained") or 0), _num(r.get("last_loss"), 4)]
-                for r in items]
-        body.append(f"<h2>{esc(dag_id)}</h2>" + _table(["run", "date", "state", "started", "seconds", "attempts",
-                                                         "steps trained", "last loss"], rows, "runs"))
+        rows = [
+            [
+                f'<a href="{esc(run_href(r["dag_id"], r["run_id"]))}">{esc(r["run_id"])}</a>',
+                esc(r.get("ds") or ""),
+                _badge(r.get("state")),
+                _when(r.get("started")),
+                _num((r["ended"] - r["started"]) if r.get("ended") and r.get("started") else None, 1),
+                esc(r.get("attempts") or 0),
+                esc(r.get("steps_trained") or 0),
+                _num(r.get("last_loss"), 4),
+            ]
+            for r in items
+        ]
+        body.append(
+            f"<h2>{esc(dag_id)}</h2>"
+            + _table(
+                ["run", "date", "state", "started", "seconds", "attempts", "steps trained", "last loss"], rows, "runs"
+            )
+        )
     return _document("trainyard training runs", "".join(body))
 
 
 def error_page(status: int, message: str, home: str = "../../") -> str:
     """``home``: the view's root relative to the page that failed."""
-    return _document(f"trainyard: {status}", f'<nav><a href="{esc(home)}">all training runs</a></nav>'
-                     f"<h1>{status}</h1><p>{esc(message)}</p>")
+    return _document(
+        f"trainyard: {status}",
+        f'<nav><a href="{esc(home)}">all training runs</a></nav><h1>{status}</h1><p>{esc(message)}</p>',
+    )
 
 
 def to_json(data: Any) -> str:

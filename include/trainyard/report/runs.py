@@ -63,8 +63,9 @@ def recorded_ids(folder: Path) -> tuple[str, str] | None:
         return None
     except (OSError, ValueError, KeyError, TypeError) as exc:
         reason = str(exc) if isinstance(exc, UnsafePath) else f"{type(exc).__name__}: {exc}"
-        raise RunNotFound(f"run folder {folder.parent.name}/{folder.name}: its {SNAPSHOT} cannot tell whose run"
-                          f" it is ({reason})") from None
+        raise RunNotFound(
+            f"run folder {folder.parent.name}/{folder.name}: its {SNAPSHOT} cannot tell whose run it is ({reason})"
+        ) from None
 
 
 def belongs(folder: Path, dag_id: str, run_id: str) -> bool:
@@ -97,16 +98,22 @@ def find_run(root: Path, dag_id: str, run_id: str) -> Path:
                 raise RunNotFound(f"run {run_id!r} of DAG {dag_id!r} is outside the runs folder")
             if servable(folder / LEDGER_FILE) and belongs(folder, dag_id, run_id):
                 return folder
-    raise RunNotFound(f"no run {run_id!r} of DAG {dag_id!r}: no ledger at"
-                      f" runs/{safe_name(dag_id)}/{safe_name(run_id)}/{LEDGER_FILE}")
+    raise RunNotFound(
+        f"no run {run_id!r} of DAG {dag_id!r}: no ledger at runs/{safe_name(dag_id)}/{safe_name(run_id)}/{LEDGER_FILE}"
+    )
 
 
 def run_folders(root: Path) -> list[Path]:
     """Every folder under ``root/<dag>/`` that holds a ledger (a regular file, not a link to one)."""
     if not root.is_dir():
         return []
-    return sorted(ledger.parent for dag in root.iterdir() if dag.is_dir()
-                  for ledger in dag.glob(f"*/{LEDGER_FILE}") if ledger.is_file() and not ledger.is_symlink())
+    return sorted(
+        ledger.parent
+        for dag in root.iterdir()
+        if dag.is_dir()
+        for ledger in dag.glob(f"*/{LEDGER_FILE}")
+        if ledger.is_file() and not ledger.is_symlink()
+    )
 
 
 def overview(folder: Path) -> dict[str, Any]:
@@ -118,5 +125,10 @@ def overview(folder: Path) -> dict[str, Any]:
         owned = belongs(folder, identity["dag_id"], identity["run_id"])
     except RunNotFound:
         owned = False
-    return {**identity, "folder": folder.name, **{k: summary[k] for k in OVERVIEW},
-            "has_report": servable(folder / "report.html"), "owned": owned}
+    return {
+        **identity,
+        "folder": folder.name,
+        **{k: summary[k] for k in OVERVIEW},
+        "has_report": servable(folder / "report.html"),
+        "owned": owned,
+    }

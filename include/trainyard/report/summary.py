@@ -41,8 +41,9 @@ def summarize(ledger: Ledger) -> dict[str, Any]:
         "running": running,
         "nodes_used": ends.get("train", {}).get("nodes", []),
         # .get: the view also shows ledgers written by older versions of the stages.
-        "node_verdicts": {n: {k: v.get(k) for k in ("figures", "verdict", "reason", "collective")}
-                          for n, v in verdicts.items()},
+        "node_verdicts": {
+            n: {k: v.get(k) for k in ("figures", "verdict", "reason", "collective")} for n, v in verdicts.items()
+        },
         "thresholds": {k: thresholds.get(k) for k in ("thresholds", "medians", "seconds")} if thresholds else None,
         "steps_trained": progress.steps_trained(step_events),
         "first_step": steps[0][0] if steps else None,
@@ -54,7 +55,8 @@ def summarize(ledger: Ledger) -> dict[str, Any]:
         "attempt_details": attempt_table(train),
         "timeline": [
             {k: e.get(k) for k in ("ts", "event", "attempt", "nodes", "kind", "action", "reason", "evidence")}
-            for e in train if e["event"] in ATTEMPT_EVENTS
+            for e in train
+            if e["event"] in ATTEMPT_EVENTS
         ],
         "attempt_starts": [e["step"] for e in train if e["event"] == "resumed"],
         "recovery": _last(e for e in train if e["event"] == "recovery_figures"),
@@ -68,8 +70,8 @@ def summarize(ledger: Ledger) -> dict[str, Any]:
 
 def _last(events: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
     found = None
-    for found in events:
-        pass
+    for event in events:
+        found = event
     return found
 
 
@@ -87,8 +89,12 @@ def stage_table(events: list[dict[str, Any]]) -> tuple[dict[str, dict[str, Any]]
             started.setdefault(name, e["ts"])  # a deferred task logs a start per wake-up: keep the first
         elif e["event"] in ("stage_end", "stage_failed"):
             stages.pop(name, None)  # a retry's end replaces the failed try, at its own place
-            stages[name] = {"seconds": e["seconds"], "ok": e["event"] == "stage_end",
-                            "start": started.pop(name, e["ts"] - e["seconds"]), "end": e["ts"]}
+            stages[name] = {
+                "seconds": e["seconds"],
+                "ok": e["event"] == "stage_end",
+                "start": started.pop(name, e["ts"] - e["seconds"]),
+                "end": e["ts"],
+            }
             if e["event"] == "stage_failed":
                 stages[name]["error"] = f"{e.get('error', '')}: {e.get('message', '')}".strip(": ")
     return stages, [name for name in started]
@@ -112,17 +118,29 @@ def attempt_table(train: list[dict[str, Any]]) -> list[dict[str, Any]]:
         kind = e["event"]
         if kind == "attempt_start":
             current = rows[e["attempt"]] = {
-                "attempt": e["attempt"], "start": e["ts"], "end": None, "state": "running",
+                "attempt": e["attempt"],
+                "start": e["ts"],
+                "end": None,
+                "state": "running",
                 **{k: e.get(k) for k in ("nodes", "world_size", "micro_batch", "resume_from")},
-                "resumed_step": None, "drills": [], "failure": None, "decision": None,
+                "resumed_step": None,
+                "drills": [],
+                "failure": None,
+                "decision": None,
             }
             continue
         row = rows.get(e.get("attempt")) if e.get("attempt") is not None else current
         if row is None:
             continue
         if kind == "attempt_end":
-            row.update(end=e["ts"], state=e.get("state"), trigger=e.get("trigger"), reason=e.get("reason"),
-                       last_step=e.get("last_step"), seconds=e.get("seconds", round(e["ts"] - row["start"], 3)))
+            row.update(
+                end=e["ts"],
+                state=e.get("state"),
+                trigger=e.get("trigger"),
+                reason=e.get("reason"),
+                last_step=e.get("last_step"),
+                seconds=e.get("seconds", round(e["ts"] - row["start"], 3)),
+            )
         elif kind == "resumed" and row["resumed_step"] is None:
             row["resumed_step"] = e.get("step")
         elif kind == "drill_fired":  # written by the workload, which does not know the attempt number
@@ -142,8 +160,16 @@ def checkpoint_table(events: list[dict[str, Any]]) -> tuple[list[dict[str, Any]]
 
     def row(path: str, step: Any = None) -> dict[str, Any]:
         if path not in rows:
-            rows[path] = {"path": path, "name": os.path.basename(path), "step": step, "attempt": None, "saved_at": None,
-                          "valid": None, "problems": [], "fate": []}
+            rows[path] = {
+                "path": path,
+                "name": os.path.basename(path),
+                "step": step,
+                "attempt": None,
+                "saved_at": None,
+                "valid": None,
+                "problems": [],
+                "fate": [],
+            }
         if step is not None and rows[path]["step"] is None:
             rows[path]["step"] = step
         return rows[path]
@@ -192,12 +218,16 @@ def format_summary(summary: dict[str, Any]) -> str:
             lines.append(f"    {name:<17} {s['seconds']:>8.1f} s  {'ok' if s['ok'] else 'FAILED'}")
     lines.append(f"  nodes used:       {', '.join(summary['nodes_used']) or '-'}")
     if summary["steps_trained"]:
-        lines.append(f"  steps trained:    {summary['steps_trained']} (step {summary['first_step']} to {summary['last_step']})")
+        lines.append(
+            f"  steps trained:    {summary['steps_trained']} (step {summary['first_step']} to {summary['last_step']})"
+        )
         lines.append(f"  loss:             {summary['first_loss']:.4f} -> {summary['last_loss']:.4f}")
     recovery = summary.get("recovery") or {}
     if summary["attempts"] > 1 and recovery:
-        lines.append(f"  attempts:         {summary['attempts']} (detection {recovery.get('detection_s')} s, resume delay"
-                     f" {recovery.get('resume_delay_s')} s, lost steps {recovery.get('lost_steps')}, ETTR {recovery.get('ettr')})")
+        lines.append(
+            f"  attempts:         {summary['attempts']} (detection {recovery.get('detection_s')} s, resume delay"
+            f" {recovery.get('resume_delay_s')} s, lost steps {recovery.get('lost_steps')}, ETTR {recovery.get('ettr')})"
+        )
     lines.append(f"  valid checkpoint: {summary['checkpoint'] or '-'}")
     lines.append(f"  published to:     {summary['published'] or '-'}")
     if summary.get("report"):
@@ -213,8 +243,12 @@ def write_report(run_dir: Path, ledger: Ledger) -> dict[str, Any]:
     summary["report"] = str(run_dir / "report.html")
     write_json_atomic(run_dir / "summary.json", summary)
     write_text_atomic(run_dir / "report.html", report_html(summary, run_identity(run_dir)))
-    return {"report": summary["report"], "summary": str(run_dir / "summary.json"),
-            "steps_trained": summary["steps_trained"], "last_loss": summary["last_loss"]}
+    return {
+        "report": summary["report"],
+        "summary": str(run_dir / "summary.json"),
+        "steps_trained": summary["steps_trained"],
+        "last_loss": summary["last_loss"],
+    }
 
 
 def run_identity(run_dir: Path) -> dict[str, Any]:
@@ -223,5 +257,8 @@ def run_identity(run_dir: Path) -> dict[str, Any]:
         snap = read_json(run_dir / "spec.json")
     except (OSError, ValueError):
         snap = {}
-    return {"dag_id": snap.get("dag_id") or run_dir.parent.name, "run_id": snap.get("run_id") or run_dir.name,
-            "ds": snap.get("ds")}
+    return {
+        "dag_id": snap.get("dag_id") or run_dir.parent.name,
+        "run_id": snap.get("run_id") or run_dir.name,
+        "ds": snap.get("ds"),
+    }

@@ -46,7 +46,9 @@ def _nodes(spec: PipelineSpec) -> list[str]:
 def _expectations(spec: PipelineSpec) -> list[str]:
     expect, problems = spec.dataset.expectations, []
     if expect.max_shards is not None and expect.max_shards < expect.min_shards:
-        problems.append(f"dataset.expectations.max_shards: {expect.max_shards} must be >= min_shards ({expect.min_shards})")
+        problems.append(
+            f"dataset.expectations.max_shards: {expect.max_shards} must be >= min_shards ({expect.min_shards})"
+        )
     if expect.max_tokens_per_shard is not None and expect.max_tokens_per_shard < expect.min_tokens_per_shard:
         problems.append(
             f"dataset.expectations.max_tokens_per_shard: {expect.max_tokens_per_shard} must be >= min_tokens_per_shard"
@@ -59,8 +61,10 @@ def _batch(spec: PipelineSpec) -> list[str]:
     nodes, training = spec.nodes, spec.training
     ranks = training.micro_batch * nodes.count * nodes.procs_per_node
     if training.global_batch % ranks:
-        return [f"training.global_batch: {training.global_batch} must be divisible by training.micro_batch x nodes.count"
-                f" x nodes.procs_per_node ({training.micro_batch} x {nodes.count} x {nodes.procs_per_node} = {ranks})"]
+        return [
+            f"training.global_batch: {training.global_batch} must be divisible by training.micro_batch x nodes.count"
+            f" x nodes.procs_per_node ({training.micro_batch} x {nodes.count} x {nodes.procs_per_node} = {ranks})"
+        ]
     return []
 
 
@@ -141,8 +145,10 @@ def _connections(spec: PipelineSpec) -> list[str]:
 
 def _lifecycles(spec: PipelineSpec) -> list[str]:
     problems = []
-    for field, uri, rule in (("dataset", spec.dataset.source, spec.dataset.lifecycle),
-                             ("checkpoint", spec.checkpoint.cold, spec.checkpoint.lifecycle)):
+    for field, uri, rule in (
+        ("dataset", spec.dataset.source, spec.dataset.lifecycle),
+        ("checkpoint", spec.checkpoint.cold, spec.checkpoint.lifecycle),
+    ):
         if rule is not None:
             problems += [f"{field}.lifecycle: {p}" for p in _lifecycle_problems(uri, rule)]
     return problems
@@ -171,15 +177,19 @@ def _params(spec: PipelineSpec) -> list[str]:
         if name in spec.params[:i]:
             problems.append(f"params[{i}]: {name!r} is listed twice")
         if name == "lr" and not positive_number(spec.training.args.get("lr")):
-            problems.append(f"params[{i}]: 'lr' overrides training.args.lr, which is not set to a positive number;"
-                            " set it (the entrypoint's --lr) or drop 'lr' from params")
+            problems.append(
+                f"params[{i}]: 'lr' overrides training.args.lr, which is not set to a positive number;"
+                " set it (the entrypoint's --lr) or drop 'lr' from params"
+            )
     return problems
 
 
 def _pass_env(spec: PipelineSpec) -> list[str]:
     if spec.training.pass_env and spec.nodes.backend == "kubernetes":
-        return ["training.pass_env: passes the worker's variables to local training processes only; a pod gets its"
-                " variables from its image or the cluster (a Secret in its namespace): drop the field"]
+        return [
+            "training.pass_env: passes the worker's variables to local training processes only; a pod gets its"
+            " variables from its image or the cluster (a Secret in its namespace): drop the field"
+        ]
     return _repeated("training.pass_env", spec.training.pass_env)
 
 
@@ -250,10 +260,14 @@ def dataset_name_problems(name: str, template: str | None = None) -> list[str]:
     if not name or name.startswith("/") or "\\" in name or "\x00" in name or ".." in parts:
         return [f"{name!r} escapes the hot root; use a relative key without '..' (e.g. tokens/{{{{ ds }}}})"]
     if "." in parts or "" in parts:
-        return [f"{name!r} has an empty or '.' part; name a folder of its own under the hot root (e.g. tokens/{{{{ ds }}}})"]
+        return [
+            f"{name!r} has an empty or '.' part; name a folder of its own under the hot root (e.g. tokens/{{{{ ds }}}})"
+        ]
     if template is not None and len(parts) != len(template.split("/")):
-        return [f"{name!r} (from {template!r}) has more parts than its template: a placeholder rendered a '/';"
-                " each placeholder must render within one path part"]
+        return [
+            f"{name!r} (from {template!r}) has more parts than its template: a placeholder rendered a '/';"
+            " each placeholder must render within one path part"
+        ]
     return []
 
 
@@ -317,7 +331,7 @@ def _ends(part: str) -> tuple[str, str | None]:
     spans = [m.span() for m in (*TEMPLATE.finditer(part), *ENV_REF.finditer(part))]
     if not spans:
         return part, None
-    return part[: min(s for s, _ in spans)], part[max(e for _, e in spans):]
+    return part[: min(s for s, _ in spans)], part[max(e for _, e in spans) :]
 
 
 # ---------------------------------------------------------------- resuming
@@ -330,8 +344,10 @@ def valid_resume(value: str) -> bool:
 
 def resume_root_fields(spec: PipelineSpec) -> list[tuple[str, str]]:
     """(field, URI as written) of each ``training.allowed_resume_roots`` entry; a bare path as ``file://``."""
-    return [(f"training.allowed_resume_roots[{i}]", root if "://" in root else "file://" + root)
-            for i, root in enumerate(spec.training.allowed_resume_roots)]
+    return [
+        (f"training.allowed_resume_roots[{i}]", root if "://" in root else "file://" + root)
+        for i, root in enumerate(spec.training.allowed_resume_roots)
+    ]
 
 
 def resume_problems(spec: PipelineSpec, resume_from: str, roots: Sequence[str | Path]) -> list[str]:
@@ -352,12 +368,16 @@ def resume_problems(spec: PipelineSpec, resume_from: str, roots: Sequence[str | 
         fix = "or from inside one of training.allowed_resume_roots, or add the folder that holds it there"
     else:
         fix = "or list the folder that holds it in training.allowed_resume_roots"
-    return [f"training.resume_from: {resume_from!r} is outside this pipeline's checkpoint folders and"
-            f" training.allowed_resume_roots; resume from this pipeline's own checkpoints {fix}"]
+    return [
+        f"training.resume_from: {resume_from!r} is outside this pipeline's checkpoint folders and"
+        f" training.allowed_resume_roots; resume from this pipeline's own checkpoints {fix}"
+    ]
 
 
 def _inside(path: str, root: str) -> bool:
     def within(p: str, r: str) -> bool:  # strictly below: a checkpoint root itself is no checkpoint
         return p.startswith(r.rstrip("/") + "/")
 
-    return within(os.path.normpath(path), os.path.normpath(root)) and within(os.path.realpath(path), os.path.realpath(root))
+    return within(os.path.normpath(path), os.path.normpath(root)) and within(
+        os.path.realpath(path), os.path.realpath(root)
+    )

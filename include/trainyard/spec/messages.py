@@ -70,4 +70,6 @@ def show(value: Any) -> str:
 
 
 def type_name(value: Any) -> str:
-    return {list: "list", str: "string", int: "number", float: "number", bool: "boolean"}.get(type(value), type(value).__name__)
+    return {list: "list", str: "string", int: "number", float: "number", bool: "boolean"}.get(
+        type(value), type(value).__name__
+    )

@@ -76,8 +76,10 @@ def _rule(regex: str, rule: str) -> AfterValidator:
 
 def _dns_subdomain(value: str) -> str:
     if len(value) > 253 or not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", value):
-        raise ValueError(f"{value!r} is not a DNS subdomain: lowercase letters, digits, '-' and '.', at most 253"
-                         " characters, each dot-separated part starting and ending with a letter or digit")
+        raise ValueError(
+            f"{value!r} is not a DNS subdomain: lowercase letters, digits, '-' and '.', at most 253"
+            " characters, each dot-separated part starting and ending with a letter or digit"
+        )
     return value
 
 
@@ -87,11 +89,18 @@ def _absolute_path(value: str) -> str:
     return value
 
 
-Name = Annotated[str, Field(max_length=200), _rule(
-    r"[A-Za-z0-9][A-Za-z0-9_.-]*", "a name: letters, digits, '_', '.' and '-', starting with a letter or digit")]
-DnsLabel = Annotated[str, _rule(
-    r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?",
-    "a DNS-1123 label: at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit")]
+Name = Annotated[
+    str,
+    Field(max_length=200),
+    _rule(r"[A-Za-z0-9][A-Za-z0-9_.-]*", "a name: letters, digits, '_', '.' and '-', starting with a letter or digit"),
+]
+DnsLabel = Annotated[
+    str,
+    _rule(
+        r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?",
+        "a DNS-1123 label: at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit",
+    ),
+]
 DnsSubdomain = Annotated[str, AfterValidator(_dns_subdomain)]
 
 
@@ -99,14 +108,21 @@ def _passed_variable(value: str) -> str:
     # Airflow's settings and connections are the secrets the allow-list keeps from training code;
     # TRAINYARD_* is the launcher's contract, set by it alone.
     if value.upper().startswith(("AIRFLOW", "TRAINYARD_")):
-        raise ValueError(f"{value!r} may not be passed to training code: AIRFLOW* variables hold the orchestrator's"
-                         " secrets and TRAINYARD_* is set by the launcher")
+        raise ValueError(
+            f"{value!r} may not be passed to training code: AIRFLOW* variables hold the orchestrator's"
+            " secrets and TRAINYARD_* is set by the launcher"
+        )
     return value
 
 
-PassedVariable = Annotated[str, _rule(
-    r"[A-Za-z_][A-Za-z0-9_]{0,127}", "an environment variable name: letters, digits and '_', not starting with a digit"),
-    AfterValidator(_passed_variable)]
+PassedVariable = Annotated[
+    str,
+    _rule(
+        r"[A-Za-z_][A-Za-z0-9_]{0,127}",
+        "an environment variable name: letters, digits and '_', not starting with a digit",
+    ),
+    AfterValidator(_passed_variable),
+]
 AbsolutePath = Annotated[str, AfterValidator(_absolute_path)]
 
 # One address, no display name: a local part, '@', a domain with a dot (no spaces, commas or angle
@@ -131,8 +147,10 @@ RESERVED_LABEL_DOMAINS = ("kubernetes.io", "k8s.io")
 def _label_key(value: str) -> str:
     prefix, _, name = value.rpartition("/")
     if not _LABEL_NAME.fullmatch(name) or (prefix and _subdomain_problem(prefix)) or value.startswith("/"):
-        raise ValueError(f"{value!r} is not a Kubernetes label key: an optional DNS subdomain and '/' (example.com/),"
-                         " then at most 63 letters, digits, '-', '_' and '.', starting and ending with a letter or digit")
+        raise ValueError(
+            f"{value!r} is not a Kubernetes label key: an optional DNS subdomain and '/' (example.com/),"
+            " then at most 63 letters, digits, '-', '_' and '.', starting and ending with a letter or digit"
+        )
     return value
 
 
@@ -146,8 +164,10 @@ def _subdomain_problem(text: str) -> bool:
 
 def _label_value(value: str) -> str:
     if value and not _LABEL_NAME.fullmatch(value):
-        raise ValueError(f"{value!r} is not a Kubernetes label value: empty, or at most 63 letters, digits, '-', '_'"
-                         " and '.', starting and ending with a letter or digit")
+        raise ValueError(
+            f"{value!r} is not a Kubernetes label value: empty, or at most 63 letters, digits, '-', '_'"
+            " and '.', starting and ending with a letter or digit"
+        )
     return value
 
 
@@ -160,9 +180,11 @@ def reserved_label_domain(key: str) -> str | None:
 def _own_label_key(value: str) -> str:
     domain = reserved_label_domain(value)
     if domain is not None:
-        raise ValueError(f"{value!r} is in the {domain}/ namespace, which Kubernetes keeps for its own labels (marking"
-                         " nodes with it could overwrite one, e.g. kubernetes.io/hostname); use a key of your own,"
-                         " e.g. trainyard.io/evicted")
+        raise ValueError(
+            f"{value!r} is in the {domain}/ namespace, which Kubernetes keeps for its own labels (marking"
+            " nodes with it could overwrite one, e.g. kubernetes.io/hostname); use a key of your own,"
+            " e.g. trainyard.io/evicted"
+        )
     return value
 
 
@@ -174,8 +196,10 @@ OwnLabelKey = Annotated[str, AfterValidator(_label_key), AfterValidator(_own_lab
 
 def _pod_service_account(value: str) -> str:
     if value == LAUNCHER_SERVICE_ACCOUNT:
-        raise ValueError(f"{value!r} is the trainyard launcher's own service account; training pods run untrusted"
-                         " code and must not hold its permissions: use a service account of their own (or null)")
+        raise ValueError(
+            f"{value!r} is the trainyard launcher's own service account; training pods run untrusted"
+            " code and must not hold its permissions: use a service account of their own (or null)"
+        )
     return value
 
 
@@ -196,8 +220,10 @@ def _arg_scalar(value: Any, what: str) -> Scalar:
     if isinstance(value, (str, int, float)):  # bool is an int
         return value
     kind = {dict: "a mapping", list: "a list", type(None): "null"}.get(type(value), type(value).__name__)
-    raise ValueError(f"{kind} is not allowed as {what}; write a string, number or boolean"
-                     + ("" if what == "a list item" else ", or a list of them (passed as --key v1 v2 ...)"))
+    raise ValueError(
+        f"{kind} is not allowed as {what}; write a string, number or boolean"
+        + ("" if what == "a list item" else ", or a list of them (passed as --key v1 v2 ...)")
+    )
 
 
 ArgValue = Annotated[Scalar | list[Scalar], PlainValidator(_arg_value)]
@@ -350,7 +376,9 @@ class PressureTestSpec(_Model):
     """Buffer copied by the memory-bandwidth probe (MiB)."""
     disk_mb: int = Field(64, ge=1, le=65536)
     """Most data the hot-tier disk probe writes and reads back (MiB)."""
-    collective_sizes_kb: list[Annotated[int, Field(ge=1, le=MAX_KB)]] = Field([64, 1024, 8192], min_length=1, max_length=16)
+    collective_sizes_kb: list[Annotated[int, Field(ge=1, le=MAX_KB)]] = Field(
+        [64, 1024, 8192], min_length=1, max_length=16
+    )
     """All-reduce message sizes of the collective probe (KiB, 1 to 1048576 each, at most 16 sizes)."""
     min_gflops: float = Field(0.0, ge=0, le=1e9)
     """Absolute floor of the compute probe (GFLOP/s)."""
@@ -369,8 +397,12 @@ class PressureTestSpec(_Model):
         return self.ratio_overrides.get(probe, self.straggler_ratio) if probe in PROBES else _unknown_probe(probe)
 
     def floor(self, probe: Probe) -> float:
-        floors = {"matmul_gflops": self.min_gflops, "membw_gbps": self.min_membw_gbps,
-                  "disk_write_mbps": self.min_disk_mbps, "disk_read_mbps": self.min_disk_mbps}
+        floors = {
+            "matmul_gflops": self.min_gflops,
+            "membw_gbps": self.min_membw_gbps,
+            "disk_write_mbps": self.min_disk_mbps,
+            "disk_read_mbps": self.min_disk_mbps,
+        }
         return floors[probe] if probe in floors else _unknown_probe(probe)
 
 
@@ -539,4 +571,3 @@ class PipelineSpec(_Model):
 def model_types() -> list[type[_Model]]:
     """Every model of the spec tree (for documentation checks)."""
     return [m for m in globals().values() if isinstance(m, type) and issubclass(m, _Model) and m is not _Model]
-

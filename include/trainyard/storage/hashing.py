@@ -24,7 +24,9 @@ def sha256_file(path: str | Path) -> str:
     return digest.hexdigest()
 
 
-def write_verified(stream: BinaryIO, final: Path, expect_size: int | None = None, expect_sha256: str | None = None) -> tuple[int, str]:
+def write_verified(
+    stream: BinaryIO, final: Path, expect_size: int | None = None, expect_sha256: str | None = None
+) -> tuple[int, str]:
     """Copy ``stream`` to ``final`` through a temporary file, verify, then rename.
 
     The bytes are hashed as they are written, once; the size on disk and that
@@ -42,13 +44,17 @@ def write_verified(stream: BinaryIO, final: Path, expect_size: int | None = None
             out.flush()
             os.fsync(out.fileno())
         actual = digest.hexdigest()
-        commit_verified(tmp, final, size if expect_size is None else expect_size, expect_sha256 or actual, actual_sha256=actual)
+        commit_verified(
+            tmp, final, size if expect_size is None else expect_size, expect_sha256 or actual, actual_sha256=actual
+        )
         return size, actual
     finally:
         tmp.unlink(missing_ok=True)
 
 
-def copy_file_verified(src: Path, final: Path, expect_size: int | None = None, expect_sha256: str | None = None) -> tuple[int, str]:
+def copy_file_verified(
+    src: Path, final: Path, expect_size: int | None = None, expect_sha256: str | None = None
+) -> tuple[int, str]:
     """Copy a local file to ``final`` in the kernel, hash what landed, verify, rename.
 
     One hash pass over the copy (not two: re-reading right after writing reads

@@ -117,7 +117,9 @@ def make_room(room: HotRoom, keep: Path, need: int, ledger: Ledger | None = None
     if room.capacity_bytes is None or need <= 0:
         return []
     datasets = staged_datasets(room.root)
-    used = sum(d.bytes for d in datasets) + (0 if any(d.path == keep for d in datasets) else _size(keep) if keep.exists() else 0)
+    used = sum(d.bytes for d in datasets) + (
+        0 if any(d.path == keep for d in datasets) else _size(keep) if keep.exists() else 0
+    )
     free = room.capacity_bytes - used
     if need <= free:
         return []
@@ -142,7 +144,9 @@ def make_room(room: HotRoom, keep: Path, need: int, ledger: Ledger | None = None
         evicted.append(victim)
         log.info("evicted %s (%s, last used %s)", victim.path, _mb(victim.bytes), time.ctime(victim.last_used))
         if ledger:
-            ledger.append("stage_dataset", "evicted", path=str(victim.path), bytes=victim.bytes, last_used=victim.last_used)
+            ledger.append(
+                "stage_dataset", "evicted", path=str(victim.path), bytes=victim.bytes, last_used=victim.last_used
+            )
     return evicted
 
 

@@ -22,7 +22,9 @@ def check_key(key: str) -> str:
         or any(part in ("..", ".") for part in parts)
         or key != str(PurePosixPath(*parts))
     ):
-        raise DataError(f"object key {key!r} would escape the tier root; keys must be relative without '..', '\\' or NUL")
+        raise DataError(
+            f"object key {key!r} would escape the tier root; keys must be relative without '..', '\\' or NUL"
+        )
     return key
 
 

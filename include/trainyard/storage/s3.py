@@ -65,7 +65,9 @@ class S3Settings:
         env = os.environ if env is None else env
         missing = [n for n in ("TRAINYARD_S3_ENDPOINT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY") if not env.get(n)]
         if missing:
-            raise SpecError([f"s3 access needs an Airflow connection or the environment variables {', '.join(missing)}"])
+            raise SpecError(
+                [f"s3 access needs an Airflow connection or the environment variables {', '.join(missing)}"]
+            )
         return cls.from_endpoint_url(
             env["TRAINYARD_S3_ENDPOINT"], env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"], env.get("AWS_REGION")
         )
@@ -88,7 +90,9 @@ class Retry:
                 if attempt == self.attempts:
                     raise TransientError(f"{what}: gave up after {attempt} tries: {_short(exc)}") from exc
                 delay = self.backoff_s * 2 ** (attempt - 1)
-                log.warning("%s: try %d of %d failed (%s); again in %.1f s", what, attempt, self.attempts, _short(exc), delay)
+                log.warning(
+                    "%s: try %d of %d failed (%s); again in %.1f s", what, attempt, self.attempts, _short(exc), delay
+                )
                 time.sleep(delay)
         raise AssertionError("unreachable")
 
@@ -116,8 +120,14 @@ class S3Tier:
             timeout=urllib3.Timeout(connect=5, read=60),
             retries=urllib3.Retry(total=1, backoff_factor=0.1, status_forcelist=[500, 502, 503, 504]),
         )
-        self.client = Minio(settings.endpoint, settings.access_key, settings.secret_key,
-                            secure=settings.secure, region=settings.region, http_client=http)
+        self.client = Minio(
+            settings.endpoint,
+            settings.access_key,
+            settings.secret_key,
+            secure=settings.secure,
+            region=settings.region,
+            http_client=http,
+        )
 
     def _name(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
@@ -127,7 +137,7 @@ class S3Tier:
 
         def listing() -> list[ObjectInfo]:
             objects = self.client.list_objects(self.bucket, prefix=base + prefix, recursive=True)
-            return [ObjectInfo(o.object_name[len(base):], o.size, o.etag) for o in objects if not o.is_dir]
+            return [ObjectInfo(o.object_name[len(base) :], o.size, o.etag) for o in objects if not o.is_dir]
 
         try:
             found = self.retry.call(f"list {self.uri}", listing)
@@ -203,8 +213,14 @@ class S3Tier:
         sha, size = sha256_file(src), src.stat().st_size
 
         def put() -> tuple[int, str]:
-            self.client.fput_object(self.bucket, self._name(key), str(src), metadata={SHA_META: sha},
-                                    part_size=max(self.part_size, 5 << 20), num_parallel_uploads=self.parallel_parts)
+            self.client.fput_object(
+                self.bucket,
+                self._name(key),
+                str(src),
+                metadata={SHA_META: sha},
+                part_size=max(self.part_size, 5 << 20),
+                num_parallel_uploads=self.parallel_parts,
+            )
             stored = self.stat(key)
             if stored is None or stored.size != size or stored.sha256 != sha:
                 raise OSError(f"upload of {src} to {self.uri}/{key} failed verification: stored {stored}")
@@ -243,7 +259,9 @@ class S3Tier:
                 return None
             raise
 
-    def set_lifecycle(self, rule_id: str, expire_days: int | None, transition_days: int | None, storage_class: str | None) -> None:
+    def set_lifecycle(
+        self, rule_id: str, expire_days: int | None, transition_days: int | None, storage_class: str | None
+    ) -> None:
         """Expire or transition objects under this tier's prefix; other rules of the bucket are kept."""
         try:
             current = self.client.get_bucket_lifecycle(self.bucket)
@@ -252,16 +270,24 @@ class S3Tier:
                 raise
             current = None
         rules = [r for r in (current.rules if current else []) if r.rule_id != rule_id]
-        rules.append(Rule(
-            ENABLED,
-            rule_filter=Filter(prefix=f"{self.prefix}/" if self.prefix else ""),
-            rule_id=rule_id,
-            expiration=Expiration(days=expire_days) if expire_days else None,
-            transition=Transition(days=transition_days, storage_class=storage_class) if transition_days else None,
-        ))
+        rules.append(
+            Rule(
+                ENABLED,
+                rule_filter=Filter(prefix=f"{self.prefix}/" if self.prefix else ""),
+                rule_id=rule_id,
+                expiration=Expiration(days=expire_days) if expire_days else None,
+                transition=Transition(days=transition_days, storage_class=storage_class) if transition_days else None,
+            )
+        )
         self.client.set_bucket_lifecycle(self.bucket, LifecycleConfig(rules))
-        log.info("lifecycle rule %s on %s: expire after %s days, transition after %s days to %s",
-                 rule_id, self.uri, expire_days, transition_days, storage_class)
+        log.info(
+            "lifecycle rule %s on %s: expire after %s days, transition after %s days to %s",
+            rule_id,
+            self.uri,
+            expire_days,
+            transition_days,
+            storage_class,
+        )
 
 
 def settings_for(connection: Any) -> S3Settings:
@@ -269,7 +295,9 @@ def settings_for(connection: Any) -> S3Settings:
     extra = connection.extra_dejson or {}
     url = extra.get("endpoint_url") or (f"http://{connection.host}:{connection.port}" if connection.host else None)
     if not url:
-        raise SpecError([f"connection {connection.conn_id!r}: set endpoint_url in its extra (e.g. http://127.0.0.1:9000)"])
+        raise SpecError(
+            [f"connection {connection.conn_id!r}: set endpoint_url in its extra (e.g. http://127.0.0.1:9000)"]
+        )
     if not connection.login or not connection.password:
         raise SpecError([f"connection {connection.conn_id!r}: needs a login (access key) and password (secret key)"])
     return S3Settings.from_endpoint_url(url, connection.login, connection.password, extra.get("region_name"))

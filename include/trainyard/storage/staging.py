@@ -104,8 +104,14 @@ class Progress:
             log.info("%s", self.line(now))
         if self.ledger and (done or now - self.recorded >= 5 * self.log_every_s):
             self.recorded = now
-            self.ledger.append("stage_dataset", "progress", objects=self.objects, bytes=self.bytes,
-                               total_bytes=self.total_bytes, mb_per_s=round(self.rate(now) / 1e6, 2))
+            self.ledger.append(
+                "stage_dataset",
+                "progress",
+                objects=self.objects,
+                bytes=self.bytes,
+                total_bytes=self.total_bytes,
+                mb_per_s=round(self.rate(now) / 1e6, 2),
+            )
 
     def rate(self, now: float) -> float:
         return self.bytes / max(now - self.started, 1e-6)
@@ -113,8 +119,10 @@ class Progress:
     def line(self, now: float) -> str:
         rate = self.rate(now)
         eta = (self.total_bytes - self.bytes) / rate if rate else float("inf")
-        return (f"staged {self.objects}/{self.total_objects} objects, {self.bytes / 1e6:.1f} of "
-                f"{self.total_bytes / 1e6:.1f} MB, {rate / 1e6:.1f} MB/s, ETA {eta:.1f} s")
+        return (
+            f"staged {self.objects}/{self.total_objects} objects, {self.bytes / 1e6:.1f} of "
+            f"{self.total_bytes / 1e6:.1f} MB, {rate / 1e6:.1f} MB/s, ETA {eta:.1f} s"
+        )
 
 
 def stage(
@@ -133,8 +141,17 @@ def stage(
     todo = plan(objects, known, hot_dir)
     need = sum(o.size for o in todo)
     if ledger:
-        ledger.append("stage_dataset", "plan", source=source.uri, objects=len(objects), to_transfer=len(todo), bytes=need)
-    log.info("staging %s -> %s: %d objects, %d to transfer (%.1f MB)", source.uri, hot_dir, len(objects), len(todo), need / 1e6)
+        ledger.append(
+            "stage_dataset", "plan", source=source.uri, objects=len(objects), to_transfer=len(todo), bytes=need
+        )
+    log.info(
+        "staging %s -> %s: %d objects, %d to transfer (%.1f MB)",
+        source.uri,
+        hot_dir,
+        len(objects),
+        len(todo),
+        need / 1e6,
+    )
     if room:
         pin(hot_dir, room.holder)  # before making room, so a parallel stage cannot evict us
         make_room(room, hot_dir, need - sum(known[o.key]["size"] for o in todo if o.key in known), ledger)
@@ -163,7 +180,12 @@ def stage(
 
 
 def _transfer(
-    source: Tier, hot_dir: Path, todo: list[ObjectInfo], entries: dict[str, dict[str, Any]], progress: Progress, concurrency: int
+    source: Tier,
+    hot_dir: Path,
+    todo: list[ObjectInfo],
+    entries: dict[str, dict[str, Any]],
+    progress: Progress,
+    concurrency: int,
 ) -> None:
     """Copy ``todo`` in parallel, journaling each object as it lands (``entries`` is filled in)."""
     with open_append(hot_dir / JOURNAL, "a") as journal, ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     except TrainyardError as exc:
         print(f"trainyard.train: rank {dist.get_rank()}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         _exit_now(1)
-    except Exception:  # noqa: BLE001 - a bug or a lost peer: the traceback is the evidence
+    except Exception:
         traceback.print_exc()
         _exit_now(1)
     dist.destroy_process_group()

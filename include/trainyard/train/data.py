@@ -117,7 +117,4 @@ def micro_batches(
     starts = global_starts(step, seed, len(stream), seq_len + 1, plan.global_batch)
     mine = starts[plan.rank * plan.per_rank : (plan.rank + 1) * plan.per_rank]
     windows = torch.from_numpy(np.stack([stream.window(int(s), seq_len + 1) for s in mine]))
-    return [
-        (chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous())
-        for chunk in windows.split(plan.micro_batch)
-    ]
+    return [(chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()) for chunk in windows.split(plan.micro_batch)]

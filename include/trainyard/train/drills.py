@@ -71,7 +71,12 @@ class Drills:
         """Flip one byte of the first checkpoint at or after the drill's step (rank 0, after its manifest)."""
         step = step_of(path) or 0
         for drill in self.items:
-            if drill["fault"] == "corrupt_checkpoint" and self.rank == 0 and step >= drill["step"] and not self.corrupted:
+            if (
+                drill["fault"] == "corrupt_checkpoint"
+                and self.rank == 0
+                and step >= drill["step"]
+                and not self.corrupted
+            ):
                 self.corrupted = True
                 self._fired(drill, step)
                 victim = max(path.glob("*.distcp"), key=lambda p: p.stat().st_size)

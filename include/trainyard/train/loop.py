@@ -107,7 +107,11 @@ def lr_at(step: int, args: argparse.Namespace) -> float:
 
 
 def train_step(
-    model: DDP, optimizer: torch.optim.Optimizer, batches: list[tuple[torch.Tensor, torch.Tensor]], lr: float, clip: float
+    model: DDP,
+    optimizer: torch.optim.Optimizer,
+    batches: list[tuple[torch.Tensor, torch.Tensor]],
+    lr: float,
+    clip: float,
 ) -> float:
     """One optimizer step over this rank's micro-batches; returns the loss averaged over the global batch."""
     for group in optimizer.param_groups:

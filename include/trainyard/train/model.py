@@ -91,7 +91,9 @@ class GPT(nn.Module):
         """Distinct trainable parameters (a tied head is counted once)."""
         return sum(p.numel() for p in self.parameters())
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits for ``idx`` (B, T); with ``targets``, also the mean cross-entropy."""
         _, time = idx.shape
         if time > self.cfg.seq_len:

@@ -74,8 +74,9 @@ class _Stretch:
             return out
         out.update(first_step=self.first, steps=self.count)
         for name, total in self.sum.items():
-            out.update({f"{name}_min": self.low[name], f"{name}_mean": total / self.count,
-                        f"{name}_max": self.high[name]})
+            out.update(
+                {f"{name}_min": self.low[name], f"{name}_mean": total / self.count, f"{name}_max": self.high[name]}
+            )
         if "loss" in self.high_step:
             out["loss_max_step"] = self.high_step["loss"]
         return out

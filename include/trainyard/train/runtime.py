@@ -200,7 +200,7 @@ def _on_rank0(fn: Callable[[], T]) -> T:
     if rank() == 0:
         try:
             outcome[0] = ("ok", fn())
-        except Exception as exc:  # noqa: BLE001 - forwarded to every rank and re-raised there
+        except Exception as exc:
             outcome[0] = ("error", exc if _picklable(exc) else RuntimeError(f"rank 0 failed: {exc!r}"))
     if dist.is_initialized():
         dist.broadcast_object_list(outcome, src=0)
@@ -213,7 +213,7 @@ def _on_rank0(fn: Callable[[], T]) -> T:
 def _picklable(value: Any) -> bool:
     try:
         pickle.dumps(value)
-    except Exception:  # noqa: BLE001 - any pickling failure means "send a plain error instead"
+    except Exception:
         return False
     return True
 
@@ -408,8 +408,14 @@ class Checkpointer:
         flush_progress(self.ctx)  # the steps up to a checkpoint are in the ledger before it is
         self.wait()  # also frees the staging buffers, which the stager reuses
         if self._stager is None:
-            self._stager = DefaultStager(StagingOptions(
-                use_pinned_memory=False, use_shared_memory=False, use_async_staging=False, use_non_blocking_copy=False))
+            self._stager = DefaultStager(
+                StagingOptions(
+                    use_pinned_memory=False,
+                    use_shared_memory=False,
+                    use_async_staging=False,
+                    use_non_blocking_copy=False,
+                )
+            )
             self._group = dist.new_group(backend="gloo") if dist.is_initialized() else None
         staging = _on_rank0(lambda: ckpt_format.prepare_staging(self.ctx.checkpoint_dir, step))
         plain = {k: v.state_dict() if isinstance(v, Stateful) else v for k, v in state_dict.items()}
@@ -425,7 +431,7 @@ class Checkpointer:
                 if rank() == 0:
                     self.on_commit(commit(blocked_s))
                 pending.set_result(None)
-            except BaseException as exc:  # noqa: BLE001 - re-raised by wait() on the training thread
+            except BaseException as exc:
                 pending.set_exception(exc)
 
         threading.Thread(target=write, name=f"trainyard-checkpoint-{step}", daemon=True).start()
@@ -454,6 +460,7 @@ def _resolve_resume(ctx: RunContext) -> tuple[Path, dict[str, Any]] | None:
     if mode.lower() in ("", "none"):
         return None
     if mode.lower() == "latest":
+
         def skipped(path: Path, problems: list[str]) -> None:
             log.warning("skipping invalid checkpoint %s: %s", path, "; ".join(problems))
             _ledger_event(ctx, "checkpoint_skipped", path=str(path), problems=problems)
