@@ -14,7 +14,7 @@ import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TypeGuard
 
 from croniter import croniter
 
@@ -193,7 +193,7 @@ def _pass_env(spec: PipelineSpec) -> list[str]:
     return _repeated("training.pass_env", spec.training.pass_env)
 
 
-def _repeated(field: str, items: list[str]) -> list[str]:
+def _repeated(field: str, items: Sequence[str]) -> list[str]:
     return [f"{field}[{i}]: {item!r} is listed twice" for i, item in enumerate(items) if item in items[:i]]
 
 
@@ -227,7 +227,7 @@ def _overlaps(reads: Sequence[str], broken: Sequence[str]) -> bool:
     return any(r == b or r.startswith(b + ".") or b.startswith(r + ".") for r in reads for b in broken)
 
 
-def positive_number(value: Any) -> bool:
+def positive_number(value: object) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
 
 
@@ -317,13 +317,17 @@ def _may_overlap(a: list[str], b: list[str]) -> bool:
 
 def _may_equal(x: str, y: str) -> bool:
     (x_head, x_tail), (y_head, y_tail) = _ends(x), _ends(y)
-    if x_tail is None and y_tail is None:
-        return x == y
-    if x_tail is None or y_tail is None:  # a literal part against one with placeholders
-        literal, (head, tail) = (x, (y_head, y_tail)) if x_tail is None else (y, (x_head, x_tail))
-        return len(literal) >= len(head) + len(tail) and literal.startswith(head) and literal.endswith(tail)
+    if x_tail is None:
+        return x == y if y_tail is None else _fits(x, y_head, y_tail)
+    if y_tail is None:
+        return _fits(y, x_head, x_tail)
     heads_fit = x_head.startswith(y_head) or y_head.startswith(x_head)
     return heads_fit and (x_tail.endswith(y_tail) or y_tail.endswith(x_tail))
+
+
+def _fits(literal: str, head: str, tail: str) -> bool:
+    """Whether a literal part can be what a part with placeholders (``head``...``tail``) renders to."""
+    return len(literal) >= len(head) + len(tail) and literal.startswith(head) and literal.endswith(tail)
 
 
 def _ends(part: str) -> tuple[str, str | None]:

@@ -29,7 +29,7 @@ class _StrictLoader(yaml.SafeLoader):
     """``yaml.safe_load`` that refuses duplicate keys (the last one would win silently)."""
 
 
-def _no_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+def _no_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
     seen: set[Any] = set()
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
@@ -38,7 +38,8 @@ def _no_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = F
                 None, None, f"duplicate key {key!r}; each key may appear once", key_node.start_mark
             )
         seen.add(key)
-    return loader.construct_mapping(node, deep)
+    mapping: dict[Any, Any] = loader.construct_mapping(node, deep)
+    return mapping
 
 
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
@@ -104,20 +105,20 @@ def _without_broken_fields(data: Mapping[str, Any], exc: ValidationError) -> tup
     a required section, where salvage stops (None) and only the structural
     errors are reported.
     """
-    data = copy.deepcopy(dict(data))
+    tree = copy.deepcopy(dict(data))
     broken: list[str] = []
     for _ in range(_SALVAGE_ROUNDS):
         removed = False
         for err in exc.errors():
-            keys = _present(data, err["loc"][:-1] if err["type"] == "missing" else err["loc"])
+            keys = _present(tree, err["loc"][:-1] if err["type"] == "missing" else err["loc"])
             if keys and err["type"] != "extra_forbidden":
                 broken.append(".".join(map(str, keys)))
-            if keys and _remove(data, keys):
+            if keys and _remove(tree, keys):
                 removed = True
         if not removed:
             return None, broken
         try:
-            return PipelineSpec.model_validate(data), broken
+            return PipelineSpec.model_validate(tree), broken
         except ValidationError as again:
             exc = again
     return None, broken

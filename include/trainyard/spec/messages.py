@@ -39,7 +39,7 @@ def message(err: Mapping[str, Any]) -> str:
     if kind == "extra_forbidden":
         allowed = allowed_fields(err["loc"][:-1])
         return f"unknown field; allowed here: {', '.join(allowed)}"
-    msg = err["msg"]
+    msg: str = err["msg"]
     if kind == "literal_error":
         return f"{show(value)} is not allowed; expected {msg.removeprefix('Input should be ')}"
     if kind in _RANGES:
