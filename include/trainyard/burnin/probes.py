@@ -44,7 +44,7 @@ NO_THROTTLE = Throttle()
 
 
 def timed_loop(
-    op: Callable[[], None], budget_s: float, throttle: Throttle = NO_THROTTLE, windows: int = 3
+    op: Callable[[], object], budget_s: float, throttle: Throttle = NO_THROTTLE, windows: int = 3
 ) -> tuple[int, float]:
     """Run ``op`` for ``budget_s`` in ``windows`` equal windows; the best window's (iterations, seconds).
 
@@ -53,20 +53,21 @@ def timed_loop(
     them, and a throttled one loses its share in each.
     """
     op()  # warm-up: first call pays for allocation and kernel choice
-    best: tuple[int, float] | None = None
-    for _ in range(max(1, windows)):
-        iters, start = 0, time.perf_counter()
-        while True:
-            began = time.perf_counter()
-            op()
-            throttle.after(time.perf_counter() - began)
-            iters += 1
-            now = time.perf_counter()
-            if now - start >= budget_s / max(1, windows):
-                break
-        if best is None or iters / (now - start) > best[0] / best[1]:
-            best = (iters, now - start)
-    return best
+    runs = [_window(op, budget_s / max(1, windows), throttle) for _ in range(max(1, windows))]
+    return max(runs, key=lambda run: run[0] / run[1])  # the first of equals, as the windows ran
+
+
+def _window(op: Callable[[], object], seconds: float, throttle: Throttle) -> tuple[int, float]:
+    """Run ``op`` until ``seconds`` have passed: (iterations, seconds taken)."""
+    iters, start = 0, time.perf_counter()
+    while True:
+        began = time.perf_counter()
+        op()
+        throttle.after(time.perf_counter() - began)
+        iters += 1
+        now = time.perf_counter()
+        if now - start >= seconds:
+            return iters, now - start
 
 
 def matmul_gflops(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Protocol
@@ -93,7 +94,7 @@ def _dead(store: dist.Store, name: str, node_key: str, why: str) -> str:
 
 
 def run_protocol(
-    store: dist.Store, nodes: dict[str, Candidate], cfg: PressureTestSpec, startup_s: float, keys: dict[str, str]
+    store: dist.Store, nodes: Mapping[str, Candidate], cfg: PressureTestSpec, startup_s: float, keys: dict[str, str]
 ) -> BurnInRun:
     """Drive started candidates through ready, local probes in turns, and the all-reduce.
 
@@ -142,7 +143,7 @@ def run_protocol(
 
 def drills_from(cfg: PressureTestSpec, environ: dict[str, str] | None = None) -> dict[str, tuple[str, float]]:
     """Drills of the spec plus ``TRAINYARD_BURNIN_DRILLS`` (``node-1=throttle:0.3;node-2=crash``), which wins."""
-    drills = {d.node: (d.fault, d.factor) for d in cfg.drills}
+    drills: dict[str, tuple[str, float]] = {d.node: (d.fault, d.factor) for d in cfg.drills}
     text = (os.environ if environ is None else environ).get("TRAINYARD_BURNIN_DRILLS", "")
     for item in filter(None, (part.strip() for part in text.split(";"))):
         node, _, what = item.partition("=")
