@@ -158,8 +158,8 @@ def _unlink_listed(ckpt: Path, rel: str, entry: Any) -> None:
 def _unlink_at(ckpt: Path, rel: str, size: int | None) -> None:
     """Unlink one regular file of ``ckpt`` (of ``size`` bytes unless None); anything else stays."""
     path = _listed(rel)
-    fd = _open_parent(ckpt, path) if path else None
-    if fd is None:
+    fd = None if path is None else _open_parent(ckpt, path)
+    if path is None or fd is None:
         return
     try:
         st = os.stat(path.name, dir_fd=fd, follow_symlinks=False)

@@ -26,7 +26,7 @@ import warnings
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import IO, Any
 
 import torch
 
@@ -74,12 +74,17 @@ def _read(ckpt_dir: Path, info: StorageInfo) -> bytes:
     with os.fdopen(fd, "rb") as fh:
         fh.seek(info.offset)
         raw = fh.read(info.length)
-    if info.transform_descriptors:  # e.g. compression; DCP's own registry of known transforms reads it
-        from torch.distributed.checkpoint.filesystem import _StorageReaderTransforms  # seconds to import: only here
-
-        return (
-            _StorageReaderTransforms().transform_load_stream(None, info.transform_descriptors, io.BytesIO(raw)).read()
+    if info.transform_descriptors:  # e.g. compression: undone as DCP's FileSystemReader does, with its registry
+        from torch.distributed.checkpoint._extension import (  # seconds to import: only here
+            ExtensionRegistry,
+            StreamTransformExtension,
         )
+
+        stream: IO[bytes] = io.BytesIO(raw)
+        for ext in ExtensionRegistry().from_descriptor_list(info.transform_descriptors):
+            if isinstance(ext, StreamTransformExtension):
+                stream = ext.transform_from(stream)
+        return stream.read()
     return raw
 
 

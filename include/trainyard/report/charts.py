@@ -69,8 +69,8 @@ def loss_svg(
         _text(left + (width - left - right) / 2, height - 10, "step", anchor="middle", fill=GREY),
     ]
     for b in boundaries:
-        step, label = (b, f"resumed at step {b}") if isinstance(b, (int, float)) else b
-        x = px(min(max(step, x0), x1))
+        at, label = (b, f"resumed at step {b}") if isinstance(b, (int, float)) else b
+        x = px(min(max(at, x0), x1))
         parts.append(
             f'<line class="boundary" x1="{x:.1f}" x2="{x:.1f}" y1="{top}" y2="{height - bottom}" stroke="{RED}"'
             f' stroke-dasharray="4"><title>{esc(label)}</title></line>'

@@ -339,7 +339,8 @@ def index_page(runs: Sequence[Mapping[str, Any]], root_label: str = "") -> str:
             "trainyard training runs",
             f'<h1>Training runs</h1><p class="empty">No run ledger found under {esc(root_label)}.</p>',
         )
-    body, by_dag = ["<h1>Training runs</h1>"], {}
+    body = ["<h1>Training runs</h1>"]
+    by_dag: dict[str, list[Mapping[str, Any]]] = {}
     for r in runs:
         by_dag.setdefault(r["dag_id"], []).append(r)
     for dag_id, items in sorted(by_dag.items()):

@@ -84,10 +84,12 @@ def stage_table(events: list[dict[str, Any]]) -> tuple[dict[str, dict[str, Any]]
     stages: dict[str, dict[str, Any]] = {}
     started: dict[str, float] = {}
     for e in events:
-        name = e.get("stage")
+        if e["event"] not in ("stage_start", "stage_end", "stage_failed"):
+            continue
+        name: str = e["stage"]  # Ledger.append writes it on every event
         if e["event"] == "stage_start":
             started.setdefault(name, e["ts"])  # a deferred task logs a start per wake-up: keep the first
-        elif e["event"] in ("stage_end", "stage_failed"):
+        else:
             stages.pop(name, None)  # a retry's end replaces the failed try, at its own place
             stages[name] = {
                 "seconds": e["seconds"],
@@ -129,7 +131,8 @@ def attempt_table(train: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "decision": None,
             }
             continue
-        row = rows.get(e.get("attempt")) if e.get("attempt") is not None else current
+        attempt = e.get("attempt")
+        row = current if attempt is None else rows.get(attempt)
         if row is None:
             continue
         if kind == "attempt_end":

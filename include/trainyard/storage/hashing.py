@@ -6,11 +6,17 @@ import hashlib
 import os
 import shutil
 from pathlib import Path
-from typing import BinaryIO
+from typing import Protocol
 
 from trainyard.atomic import open_new, temp_name
 
 BLOCK = 1 << 20
+
+
+class Readable(Protocol):
+    """What ``write_verified`` reads from: a file, or an HTTP response body."""
+
+    def read(self, size: int, /) -> bytes: ...
 
 
 def sha256_file(path: str | Path) -> str:
@@ -25,7 +31,7 @@ def sha256_file(path: str | Path) -> str:
 
 
 def write_verified(
-    stream: BinaryIO, final: Path, expect_size: int | None = None, expect_sha256: str | None = None
+    stream: Readable, final: Path, expect_size: int | None = None, expect_sha256: str | None = None
 ) -> tuple[int, str]:
     """Copy ``stream`` to ``final`` through a temporary file, verify, then rename.
 

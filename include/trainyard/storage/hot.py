@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,7 +56,7 @@ class HotRoom:
     """The run that pins what it stages (``dag_id/run_id``)."""
 
 
-def _size(folder: Path, nested: list[Path] = ()) -> int:
+def _size(folder: Path, nested: Collection[Path] = ()) -> int:
     """Bytes under ``folder``, not counting the ``nested`` dataset folders (they count on their own)."""
     total = 0
     for dirpath, dirnames, filenames in os.walk(folder):

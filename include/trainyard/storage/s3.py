@@ -154,7 +154,9 @@ class S3Tier:
             if exc.code in ("NoSuchKey", "NoSuchObject"):
                 return None
             raise
-        meta = {k.lower(): v for k, v in st.metadata.items()}
+        if st.size is None or st.etag is None:  # minio types both as optional; a HEAD answer should have both
+            raise DataError(f"{self.uri}/{key}: the server's answer has no size or ETag (is it S3-compatible?)")
+        meta = {k.lower(): v for k, v in (st.metadata or {}).items()}
         return ObjectInfo(key, st.size, st.etag, meta.get(f"x-amz-meta-{SHA_META}"))
 
     def download(self, key: str, dest: Path, expect: ObjectInfo | None = None) -> tuple[int, str]:

@@ -43,7 +43,7 @@ class _Stretch:
     def __init__(self, step: int, metrics: Mapping[str, Any]):
         self.first = self.last = step
         self.count = 0
-        self.metrics: dict[str, Any] = {}
+        self.metrics: Mapping[str, Any] = {}
         self.low: dict[str, float] = {}
         self.high: dict[str, float] = {}
         self.sum: dict[str, float] = {}
