@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
+from typing import Any, cast
 
 from airflow.sdk import DAG, Param, task
 
@@ -64,13 +65,16 @@ def build_dag(spec_path: Path, spec: PipelineSpec) -> DAG:
     ) as dag:
         # The run's spec (file + the trigger's Params) is pinned once, here; every later task reads the snapshot.
         path = str(spec_path)
+        # A task called with an upstream's XComArg receives that task's result when it runs: the casts say
+        # which (mypy sees the XComArg).
         pinned = task(task_id="pin_spec")(tasks.pin_spec)(path)
+        run_file = cast(str, pinned)
         stage = task(task_id="stage_dataset", retries=2, retry_delay=dt.timedelta(seconds=rec.backoff_s))(
             tasks.stage_dataset
-        )(path, pinned)
-        check = task(task_id="check_dataset")(tasks.check_dataset)(path, pinned)
+        )(path, run_file)
+        check = task(task_id="check_dataset")(tasks.check_dataset)(path, run_file)
         slots = node_slots(spec)
-        burn = task(task_id="burn_in", pool=NODE_POOL, pool_slots=slots["burn_in"])(tasks.burn_in)(path, pinned)
+        burn = task(task_id="burn_in", pool=NODE_POOL, pool_slots=slots["burn_in"])(tasks.burn_in)(path, run_file)
         # The supervisor inside ``train`` retries, scales down and rolls back itself; Airflow's one
         # retry is for the task process dying, and it carries on from the ledger.
         trained = TrainOperator(
@@ -82,9 +86,11 @@ def build_dag(spec_path: Path, spec: PipelineSpec) -> DAG:
             pool=NODE_POOL,
             pool_slots=slots["train"],
         )
-        checked = task(task_id="check_checkpoint")(tasks.check_checkpoint)(path, pinned, trained.output)
+        checked = task(task_id="check_checkpoint")(tasks.check_checkpoint)(
+            path, run_file, cast(dict[str, Any], trained.output)
+        )
         published = task(task_id="publish", retries=2, outlets=[checkpoint_asset(dag_id)])(tasks.publish)(
-            path, pinned, checked
+            path, run_file, cast(dict[str, Any], checked)
         )
         # The report is written whatever happened (a failed run needs it most), and the run's state must
         # still say what happened. A teardown gives both: it runs once its setup (pin_spec) succeeded and
@@ -95,11 +101,12 @@ def build_dag(spec_path: Path, spec: PipelineSpec) -> DAG:
         reported = ReportOperator(task_id="report", spec_path=path, run_file=pinned)
         stage >> check >> burn >> trained
         published >> reported
-        reported.as_teardown(setups=pinned)
+        # What as_teardown(setups=pinned) does, whose annotation takes operators only.
+        pinned.as_setup() >> reported.as_teardown()
     return dag
 
 
-def dag_doc(spec_path: Path, spec: PipelineSpec, schemas: dict[str, dict]) -> str:
+def dag_doc(spec_path: Path, spec: PipelineSpec, schemas: dict[str, dict[str, Any]]) -> str:
     """The DAG's page text: the spec's description, where it comes from, its Params and the runs view."""
     lines = [
         spec.description or f"trainyard pipeline from `{spec_path.name}`.",

@@ -25,12 +25,15 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from trainyard.errors import SpecError
 from trainyard.report.notice import Notice, RunFacts, notice_from_ledger
 from trainyard.run import RUN_STAGE, SNAPSHOT, Run, load_run
 from trainyard.spec import NotifySpec, PipelineSpec, load_spec
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +137,7 @@ def _smtp_send(notice: Notice, notify: NotifySpec, context: Any) -> None:
     # Only a sender taken from the connection is rendered, with the DAG's template environment; under
     # ``airflow dags test`` the context's DAG is a SerializedDAG, which has none. Without a DAG the
     # notifier uses a sandboxed default environment, and the subject and body are never rendered.
-    notifier.notify({k: v for k, v in context.items() if k != "dag"})
+    notifier.notify(cast("Context", {k: v for k, v in context.items() if k != "dag"}))
 
 
 def _run_and_notify(spec_path: str, dag_id: str, run_id: str) -> tuple[Run, NotifySpec | None]:

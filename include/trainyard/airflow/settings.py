@@ -17,7 +17,15 @@ import yaml
 def load_settings(path: Path) -> dict[str, list[dict[str, Any]]]:
     data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     section = data.get("airflow") or {}
-    return {key: list(section.get(key) or []) for key in ("connections", "pools", "variables")}
+    settings = {key: list(section.get(key) or []) for key in ("connections", "pools", "variables")}
+    for i, c in enumerate(settings["connections"]):
+        # The metadata DB refuses a connection without a type, with a traceback that names neither.
+        if not (isinstance(c.get("conn_type"), str) and c["conn_type"]):
+            raise ValueError(
+                f"{path}: airflow.connections[{i}] ({c.get('conn_id')}): conn_type is missing;"
+                " set it (aws, kubernetes, smtp, ...)"
+            )
+    return settings
 
 
 def apply(settings: dict[str, list[dict[str, Any]]]) -> list[str]:
@@ -29,7 +37,7 @@ def apply(settings: dict[str, list[dict[str, Any]]]) -> list[str]:
         for c in settings["connections"]:
             conn = session.query(Connection).filter(Connection.conn_id == c["conn_id"]).one_or_none()
             conn = conn or Connection(conn_id=c["conn_id"])
-            conn.conn_type = c.get("conn_type")
+            conn.conn_type = c["conn_type"]
             conn.description = c.get("conn_description")
             conn.host, conn.schema = c.get("conn_host"), c.get("conn_schema")
             conn.login, conn.port = c.get("conn_login"), c.get("conn_port")
@@ -58,7 +66,12 @@ def apply(settings: dict[str, list[dict[str, Any]]]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     path = Path(args[0] if args else "airflow_settings.yaml")
-    for line in apply(load_settings(path)):
+    try:
+        settings = load_settings(path)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    for line in apply(settings):
         print(f"loaded {line}")
     return 0
 
