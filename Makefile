@@ -1,4 +1,4 @@
-# trainyard: `make demo` runs the demo pipeline end to end; `make test` runs every test.
+# trainyard: `make demo` runs the demo pipeline end to end; `make test` lints, type-checks, then runs every test.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -16,11 +16,12 @@ DEMO_DATE ?= 2026-11-28
 # `make airflow`'s PostgreSQL cluster (metadata DB); delete the folder to start from an empty DB.
 PGDATA_DIR := $(CURDIR)/.pgdata
 
-.PHONY: help venv airflow-db demo test test-unit airflow bench clean clean-pg browser postgres
+.PHONY: help venv airflow-db demo lint test test-unit airflow bench clean clean-pg browser postgres
 
 help:
 	@echo "make demo     - install, set up Airflow, run the demo pipeline on 2 local nodes"
-	@echo "make test     - the whole test suite (what CI runs)"
+	@echo "make test     - lint, then the whole test suite (what CI runs)"
+	@echo "make lint     - ruff (lint and format check) and mypy (config in pyproject.toml)"
 	@echo "make airflow  - Airflow UI on http://127.0.0.1:8080 with the project's DAGs"
 	@echo "make bench    - benchmarks, results in bench/results/"
 
@@ -61,7 +62,14 @@ postgres: venv
 	  || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql > $(VENV)/apt-postgresql.log 2>&1) \
 	  || (tail -5 $(VENV)/apt-postgresql.log; echo "postgresql not installed: make airflow and the service tests fall back to SQLite")
 
-test: venv browser postgres
+# Fails on any lint finding, unformatted file or type error; mypy's cache (.mypy_cache) makes a rerun take seconds.
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+# Lint first: a type error fails CI in a minute, not after the suite.
+test: venv lint browser postgres
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=15 tests
 
 test-unit: venv
