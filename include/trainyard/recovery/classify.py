@@ -318,7 +318,7 @@ def _recorded(kind: FailureKind, blame: bool) -> Callable[[Seen], Classified | N
         head = f"{first.node} rank {first.rank}: "
         tail = " (its failure record" + (f"; also on {', '.join(others)})" if others else ")")
         said = head + _clip(f"{first.type}: {first.message}", MAX_EVIDENCE - len(head) - len(tail)) + tail
-        return Classified("", said, sorted({r.node for r in found}) if blame else [])
+        return Classified(kind, said, sorted({r.node for r in found}) if blame else [])
 
     return rule
 
