@@ -26,6 +26,7 @@ from trainyard.launch.base import LaunchPlan
 from trainyard.launch.local import LocalLauncher
 from trainyard.recovery.supervisor import read_heartbeats
 from trainyard.shards import write_synthetic_corpus
+from trainyard.train.contract import TrainEnv
 
 ARGS = ["--seq-len", "32", "--d-model", "32", "--n-heads", "2"]
 
@@ -58,7 +59,7 @@ def with_launcher(root: Path, data: Path, nodes: int) -> float:
         procs_per_node=1,
         entrypoint="trainyard.train",
         args=ARGS,
-        env=contract(root, data),
+        train_env=TrainEnv.from_env(contract(root, data)),
         log_dir=root / "logs",
     )
     launcher = LocalLauncher()

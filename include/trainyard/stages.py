@@ -7,7 +7,6 @@ run ledger, so the report and SLO figures never depend on task logs.
 
 from __future__ import annotations
 
-import json
 import logging
 import socket
 import time
@@ -59,7 +58,7 @@ from trainyard.spec import PROBES, Lifecycle, dataset_name_problems
 from trainyard.storage import S3Tier, Tier
 from trainyard.storage.hot import HotRoom, unpin
 from trainyard.storage.staging import stage
-from trainyard.train.drills import ENV as DRILLS_ENV
+from trainyard.train.contract import FaultDrill, TrainEnv
 from trainyard.train.progress import loss_points
 
 log = logging.getLogger(__name__)
@@ -561,7 +560,6 @@ def _course(run: Run, nodes: list[str], resume_from: str) -> tuple[Course, int]:
 def _plan(run: Run, attempt: int, course: Course, target: int) -> LaunchPlan:
     training = run.spec.training
     attempt_dir = run.dir / f"attempt-{attempt}"
-    drills = [d.model_dump() for d in run.spec.drills if d.attempt == attempt]
     return LaunchPlan(
         run_id=run.dir.name,
         attempt=attempt,
@@ -571,23 +569,27 @@ def _plan(run: Run, attempt: int, course: Course, target: int) -> LaunchPlan:
         args=_cli_args(training.args),
         log_dir=attempt_dir,
         pass_env=tuple(training.pass_env),
-        env={
-            "TRAINYARD_DATA_DIR": str(run.hot_dataset_dir),
-            "TRAINYARD_CHECKPOINT_DIR": str(run.checkpoint_root),
-            "TRAINYARD_RESUME_FROM": course.resume_from,
-            "TRAINYARD_HEARTBEAT_DIR": str(attempt_dir / "heartbeat"),
-            "TRAINYARD_LEDGER": str(run.ledger.path),
-            "TRAINYARD_RUN_ID": run.run_id,
-            "TRAINYARD_ATTEMPT": str(attempt),
-            "TRAINYARD_MAX_STEPS": str(target),
-            "TRAINYARD_GLOBAL_BATCH": str(training.global_batch),
-            "TRAINYARD_MICRO_BATCH": str(course.micro_batch),
-            "TRAINYARD_CHECKPOINT_EVERY": str(training.checkpoint_every),
-            "TRAINYARD_CHECKPOINT_ASYNC": "1" if training.checkpoint_async else "0",
-            "TRAINYARD_SEED": str(training.seed),
-            "TRAINYARD_PROGRESS_EVERY_S": str(training.progress_every_s),
-            **({DRILLS_ENV: json.dumps(drills)} if drills else {}),
-        },
+        train_env=TrainEnv(
+            data_dir=run.hot_dataset_dir,
+            checkpoint_dir=run.checkpoint_root,
+            max_steps=target,
+            resume_from=course.resume_from,
+            heartbeat_dir=attempt_dir / "heartbeat",
+            events_dir=run.ledger.events_dir,
+            run_id=run.run_id,
+            attempt=attempt,
+            global_batch=training.global_batch,
+            micro_batch=course.micro_batch,
+            checkpoint_every=training.checkpoint_every,
+            checkpoint_async=training.checkpoint_async,
+            seed=training.seed,
+            progress_every_s=training.progress_every_s,
+            drills=tuple(
+                FaultDrill(d.fault, d.step, d.node, d.factor, d.attempt)
+                for d in run.spec.drills
+                if d.attempt == attempt
+            ),
+        ),
     )
 
 

@@ -36,6 +36,7 @@ from trainyard.burnin.kubernetes import (
 from trainyard.launch.base import LaunchPlan, NodeStatus
 from trainyard.launch.kubernetes import KubernetesHandle, KubernetesLauncher, build_objects
 from trainyard.spec import KubernetesSpec, PressureTestSpec
+from trainyard.train.contract import TrainEnv
 
 pytestmark = pytest.mark.integration
 
@@ -64,12 +65,13 @@ def make_plan(tmp_path: Path, nodes: int = 2, attempt: int = 1) -> LaunchPlan:
         procs_per_node=1,
         entrypoint="trainyard.train",
         args=["--lr", "0.01"],
-        env={
-            "TRAINYARD_DATA_DIR": f"{home}/hot/tokens",
-            "TRAINYARD_CHECKPOINT_DIR": f"{home}/checkpoints/p",
-            "TRAINYARD_LEDGER": f"{home}/runs/p/r/events.jsonl",
-            "TRAINYARD_ATTEMPT": str(attempt),
-        },
+        train_env=TrainEnv(
+            data_dir=home / "hot" / "tokens",
+            checkpoint_dir=home / "checkpoints" / "p",
+            max_steps=10,
+            events_dir=home / "runs" / "p" / "r" / "events.d",
+            attempt=attempt,
+        ),
         log_dir=home / "runs" / "p" / "r" / f"attempt-{attempt}",
     )
 
@@ -115,11 +117,11 @@ def test_launch_creates_podgroup_service_and_job_with_the_built_bodies(fake: Fak
 
 
 def test_launch_makes_what_the_pods_mount_before_the_job(fake: FakeKube, tmp_path: Path) -> None:
-    # The kubelet would make a missing subPath as root (the pods could not write it), a missing file as a folder.
+    # The kubelet would make a missing subPath as root: the pods could not write it.
     plan = make_plan(tmp_path)
     KubernetesLauncher(fake.client(), SPEC).launch(plan)
     assert Path(plan.env["TRAINYARD_CHECKPOINT_DIR"]).is_dir()
-    assert Path(plan.env["TRAINYARD_LEDGER"]).is_file()
+    assert Path(plan.env["TRAINYARD_EVENTS_DIR"]).is_dir()
 
 
 def test_a_launcher_refuses_to_give_pods_its_own_account(fake: FakeKube, tmp_path: Path) -> None:

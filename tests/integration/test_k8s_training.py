@@ -141,11 +141,12 @@ def test_an_oom_pod_is_retried_with_half_the_micro_batch_and_the_run_finishes(fa
 
 
 def processes_of(run: Run) -> list[psutil.Process]:
-    """Live processes started for this run (the launcher gives each its ledger's path)."""
+    """Live processes started for this run (the launcher gives each its events folder)."""
     found = []
     for proc in psutil.process_iter():
         try:
-            if proc.environ().get("TRAINYARD_LEDGER") == str(run.ledger.path) and proc.status() != psutil.STATUS_ZOMBIE:
+            mine = proc.environ().get("TRAINYARD_EVENTS_DIR") == str(run.ledger.events_dir)
+            if mine and proc.status() != psutil.STATUS_ZOMBIE:
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass

@@ -20,6 +20,7 @@ from trainyard.launch.local import LocalLauncher
 from trainyard.ledger import Ledger
 from trainyard.recovery.supervisor import read_heartbeats, run_attempt
 from trainyard.shards import write_synthetic_corpus
+from trainyard.train.contract import TrainEnv
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,7 +43,6 @@ def plan(
     attempt: int = 1,
     entrypoint: str = "trainyard.train",
     args: list[str] = MODEL,
-    **env: str,
 ) -> LaunchPlan:
     return LaunchPlan(
         run_id=root.name,
@@ -52,28 +52,25 @@ def plan(
         entrypoint=entrypoint,
         args=args,
         log_dir=root / f"attempt-{attempt}",
-        env={
-            "TRAINYARD_DATA_DIR": str(data),
-            "TRAINYARD_CHECKPOINT_DIR": str(root / "ckpt"),
-            "TRAINYARD_RESUME_FROM": resume,
-            "TRAINYARD_HEARTBEAT_DIR": str(root / f"hb-{attempt}"),
-            "TRAINYARD_LEDGER": str(root / "events.jsonl"),
-            "TRAINYARD_RUN_ID": root.name,
-            "TRAINYARD_ATTEMPT": str(attempt),
-            "TRAINYARD_MAX_STEPS": str(max_steps),
-            "TRAINYARD_GLOBAL_BATCH": "12",
-            "TRAINYARD_MICRO_BATCH": "2",
-            "TRAINYARD_CHECKPOINT_EVERY": "4",
-            "TRAINYARD_PROGRESS_EVERY_S": "0",
-            **env,  # losses are compared step by step
-        },
+        train_env=TrainEnv(
+            data_dir=data,
+            checkpoint_dir=root / "ckpt",
+            max_steps=max_steps,
+            resume_from=resume,
+            heartbeat_dir=root / f"hb-{attempt}",
+            events_dir=Ledger.in_dir(root).events_dir,
+            run_id=root.name,
+            attempt=attempt,
+            global_batch=12,
+            micro_batch=2,
+            checkpoint_every=4,
+            progress_every_s=0,  # losses are compared step by step
+        ),
     )
 
 
 def supervise(p: LaunchPlan) -> None:
-    run_attempt(
-        LocalLauncher(), p, Path(p.env["TRAINYARD_HEARTBEAT_DIR"]), 60.0, Ledger(p.env["TRAINYARD_LEDGER"]), 0.2
-    )
+    run_attempt(LocalLauncher(), p, Path(p.env["TRAINYARD_HEARTBEAT_DIR"]), 60.0, Ledger.in_dir(p.log_dir.parent), 0.2)
 
 
 def losses(root: Path) -> dict[int, float]:

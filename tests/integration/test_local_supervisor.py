@@ -12,6 +12,7 @@ from trainyard.launch.base import LaunchPlan
 from trainyard.launch.local import LocalHandle, LocalLauncher
 from trainyard.ledger import Ledger
 from trainyard.recovery.supervisor import run_attempt
+from trainyard.train.contract import TrainEnv
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +43,7 @@ def plan_for(tmp_path: Path, script: str) -> LaunchPlan:
         procs_per_node=1,
         entrypoint=str(entry),
         args=[],
-        env={},
+        train_env=TrainEnv(data_dir=tmp_path, checkpoint_dir=tmp_path / "ckpt", max_steps=1),
         log_dir=tmp_path / "attempt-1",
     )
 

@@ -21,6 +21,8 @@ import pytest
 
 from trainyard.checkpoint import format as fmt
 from trainyard.ledger import Ledger
+from trainyard.recovery.classify import Failure, NodeFailure, classify
+from trainyard.recovery.records import failure_records
 from trainyard.shards import write_synthetic_corpus
 
 pytestmark = pytest.mark.integration
@@ -65,7 +67,7 @@ def _env(data: Path, run: Run, node: int, **settings: object) -> dict[str, str]:
         TRAINYARD_DATA_DIR=str(data),
         TRAINYARD_CHECKPOINT_DIR=str(run.checkpoints),
         TRAINYARD_HEARTBEAT_DIR=str(run.heartbeats),
-        TRAINYARD_LEDGER=str(run.ledger),
+        TRAINYARD_EVENTS_DIR=str(Ledger(run.ledger).events_dir),
         TRAINYARD_RUN_ID=run.root.name,
         TRAINYARD_NODE=f"node-{node}",
         TRAINYARD_GLOBAL_BATCH=str(GLOBAL_BATCH),
@@ -282,3 +284,31 @@ def test_a_rank_whose_peer_dies_mid_save_fails_at_once(corpus: Path, tmp_path: P
         assert code not in (0, None), log.read_text(errors="replace")[-3000:]
     committed = fmt.list_checkpoints(run.checkpoints)
     assert committed and all(fmt.step_of(c) < 8 and fmt.verify(c) == [] for c in committed)
+
+
+def test_a_rank_that_dies_of_an_exception_leaves_a_record_that_classify_trusts(corpus: Path, tmp_path: Path) -> None:
+    run = Run.in_dir(tmp_path / "oom")
+    drill = json.dumps([{"fault": "oom", "node": "node-1", "step": 3}])
+    procs, logs = start(corpus, run, nodes=2, max_steps=20, drills=drill)
+    codes = [_wait(p, timeout=60) for p in procs]
+    tails = [log.read_text(errors="replace")[-5000:] for log in logs]
+    assert codes[1] not in (0, None), tails[1]
+
+    records = {r.node: r for r in failure_records(run.heartbeats, ["node-0", "node-1"])}
+    oom = records["node-1"]
+    assert (oom.kind, oom.type, oom.host) == ("oom", "MemoryError", socket.gethostname())  # no TRAINYARD_HOST set
+    assert oom.message == "drill: out of memory at step 3 on node-1"
+    assert oom.rank in (0, 1) and (run.heartbeats / f"failure-rank-{oom.rank}.json").is_file()
+    # node-0's rank saw its peer vanish, if it lived to say so (its agent may have ended it first): a symptom.
+    assert "node-0" not in records or records["node-0"].kind == "transient", records
+
+    nodes = [NodeFailure(f"node-{i}", "failed", code, "", tail) for i, (code, tail) in enumerate(zip(codes, tails))]
+    found = classify(Failure(1, "crash", nodes, last_step=2, records=sorted(records.values(), key=lambda r: r.time)))
+    assert (found.kind, found.culprits) == ("oom", ["node-1"])
+    assert found.evidence.endswith("MemoryError: drill: out of memory at step 3 on node-1 (its failure record)")
+
+    # Each process wrote its own event file; the reader merges them.
+    writers = sorted(p.name for p in Ledger(run.ledger).events_dir.iterdir())
+    assert f"attempt-1.node-1.rank-{oom.rank}.jsonl" in writers, writers
+    fired = list(Ledger(run.ledger).events("train", "drill_fired"))
+    assert [(e["fault"], e["node"], e["step"]) for e in fired] == [("oom", "node-1", 3)]

@@ -94,7 +94,7 @@ def write_long_run(root: Path, steps: int = STEPS, progress_every_s: float = 30.
                 data_dir=root,
                 checkpoint_dir=root,
                 max_steps=steps,
-                ledger=ledger.path,
+                events_dir=ledger.events_dir,
                 run_id=run_id,
                 node="node-0",
                 attempt=attempt,

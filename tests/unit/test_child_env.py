@@ -11,6 +11,7 @@ from trainyard.burnin.sealing import KEY_ENV
 from trainyard.launch.base import LaunchPlan
 from trainyard.launch.environ import child_env
 from trainyard.launch.local import node_env
+from trainyard.train.contract import TrainEnv
 
 WORKER = {
     # What an Airflow worker's environment holds (docker/docker-compose.yaml and a typical cloud VM).
@@ -53,7 +54,7 @@ def plan() -> LaunchPlan:
         procs_per_node=1,
         entrypoint="trainyard.train",
         args=[],
-        env={"TRAINYARD_RUN_ID": "r", "TRAINYARD_LEDGER": "/runs/r/events.jsonl"},
+        train_env=TrainEnv(Path("/data"), Path("/ckpt"), 5, run_id="r", events_dir=Path("/runs/r/events.d")),
         log_dir=Path("/runs/r"),
     )
 
@@ -63,9 +64,11 @@ def test_a_training_agent_gets_the_allow_list_and_the_plans_contract_only() -> N
     assert env == {
         **PASSED,
         "GLOO_SOCKET_IFNAME": "lo",
+        **plan().env,  # the contract: TrainEnv's variables
         "TRAINYARD_RUN_ID": "r",
-        "TRAINYARD_LEDGER": "/runs/r/events.jsonl",
+        "TRAINYARD_EVENTS_DIR": "/runs/r/events.d",
         "TRAINYARD_NODE": "node-0",
+        "TRAINYARD_HOST": "node-0",  # a local node is its own host
     }
 
 
@@ -94,7 +97,7 @@ def test_the_spec_may_pass_named_variables_to_training_but_never_airflows(tmp_pa
     assert spec_from_text(base % ("", "WANDB_API_KEY"), "p.yaml").training.pass_env == ["WANDB_API_KEY"]
     for names, says in [
         ("AIRFLOW__CORE__FERNET_KEY", "may not be passed to training code"),
-        ("TRAINYARD_LEDGER", "set by the launcher"),
+        ("TRAINYARD_EVENTS_DIR", "set by the launcher"),
         ("'A-B'", "an environment variable name"),
     ]:
         with pytest.raises(SpecError, match=says):

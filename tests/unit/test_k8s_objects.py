@@ -38,6 +38,7 @@ from trainyard.launch.kubernetes import (
     status_to_dicts,
 )
 from trainyard.spec import KubernetesSpec, PressureTestSpec
+from trainyard.train.contract import TrainEnv
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S_VERSION = "1.37"  # the newest schema kubernetes-validate 1.37.0 ships
@@ -54,7 +55,7 @@ CONTRACT = [
     "TRAINYARD_CHECKPOINT_ASYNC",
     "TRAINYARD_SEED",
     "TRAINYARD_HEARTBEAT_DIR",
-    "TRAINYARD_LEDGER",
+    "TRAINYARD_EVENTS_DIR",
     "TRAINYARD_RUN_ID",
     "TRAINYARD_ATTEMPT",
     "TRAINYARD_PROGRESS_EVERY_S",
@@ -102,7 +103,7 @@ def make_plan(
         "TRAINYARD_CHECKPOINT_DIR": f"{HOME}/checkpoints/tiny",
         "TRAINYARD_RESUME_FROM": "latest",
         "TRAINYARD_HEARTBEAT_DIR": f"{run}/attempt-{attempt}/heartbeat",
-        "TRAINYARD_LEDGER": f"{run}/events.jsonl",
+        "TRAINYARD_EVENTS_DIR": f"{run}/events.d",
         "TRAINYARD_RUN_ID": run_id,
         "TRAINYARD_ATTEMPT": str(attempt),
         "TRAINYARD_MAX_STEPS": "120",
@@ -120,7 +121,7 @@ def make_plan(
         procs_per_node=2,
         entrypoint="trainyard.train",
         args=args if args is not None else ["--lr", "0.01"],
-        env=env if env is not None else base,
+        train_env=TrainEnv.from_env({"TRAINYARD_MAX_STEPS": "120", **env} if env is not None else base),
         log_dir=Path(f"{run}/attempt-{attempt}"),
     )
 
@@ -222,7 +223,9 @@ def test_a_script_entrypoint_and_a_custom_cluster_domain() -> None:
 
 def test_dollars_in_the_plan_reach_the_process_literally() -> None:
     # Kubernetes expands $(VAR) in args and env values; "$$" is its escape for "$".
-    plan = make_plan(args=["--tag", "$(HOME)-$x"], env={"TRAINYARD_DATA_DIR": "/d/$(x)", "TRAINYARD_LEDGER": "/d/l"})
+    plan = make_plan(
+        args=["--tag", "$(HOME)-$x"], env={"TRAINYARD_DATA_DIR": "/d/$(x)", "TRAINYARD_CHECKPOINT_DIR": "/d/l"}
+    )
     trainer = container(wire(build_objects(plan, SETTINGS["default-cpu"]).job))
     assert trainer["args"][-2:] == ["--tag", "$$(HOME)-$$x"]
     assert {"name": "TRAINYARD_DATA_DIR", "value": "/d/$$(x)"} in trainer["env"]
@@ -404,10 +407,10 @@ def test_pods_mount_only_their_attempts_folders_and_the_dataset_read_only(settin
             "mountPath": env["TRAINYARD_HEARTBEAT_DIR"],
             "subPath": env["TRAINYARD_HEARTBEAT_DIR"].removeprefix(HOME + "/"),
         },
-        env["TRAINYARD_LEDGER"]: {
+        env["TRAINYARD_EVENTS_DIR"]: {
             "name": "hot",
-            "mountPath": env["TRAINYARD_LEDGER"],
-            "subPath": env["TRAINYARD_LEDGER"].removeprefix(HOME + "/"),
+            "mountPath": env["TRAINYARD_EVENTS_DIR"],
+            "subPath": env["TRAINYARD_EVENTS_DIR"].removeprefix(HOME + "/"),
         },
         env["TRAINYARD_DATA_DIR"]: {
             "name": "hot",
@@ -420,7 +423,7 @@ def test_pods_mount_only_their_attempts_folders_and_the_dataset_read_only(settin
     assert not {HOME, str(plan.log_dir.parent), str(plan.log_dir), f"{HOME}/checkpoints"} & set(hot_mounts(pod))
     # Every path the pod is told about lies in what it mounts.
     trainer_env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
-    for key in ("TRAINYARD_DATA_DIR", "TRAINYARD_CHECKPOINT_DIR", "TRAINYARD_HEARTBEAT_DIR", "TRAINYARD_LEDGER"):
+    for key in ("TRAINYARD_DATA_DIR", "TRAINYARD_CHECKPOINT_DIR", "TRAINYARD_HEARTBEAT_DIR", "TRAINYARD_EVENTS_DIR"):
         assert any(Path(trainer_env[key]).is_relative_to(m) for m in hot_mounts(pod)), key
 
 

@@ -23,6 +23,7 @@ from trainyard.ledger import Ledger, LedgerWriteError, safe_name
 from trainyard.report.summary import write_report
 from trainyard.spec import KubernetesSpec
 from trainyard.storage.hot import PINS, pin, touch
+from trainyard.train.contract import TrainEnv
 
 SECRET = "the worker's secret\n"
 
@@ -50,8 +51,9 @@ def test_a_pod_log_is_not_written_through_a_link_planted_in_the_attempt_folder(t
     launcher = KubernetesLauncher(k8s.ApiClient(), KubernetesSpec(image="trainer:1"))
     launcher.core = _PodLogs()
     plan = LaunchPlan(
-        run_id="r", attempt=1, nodes=["n0"], procs_per_node=1, entrypoint="m", args=[], env={}, log_dir=log_dir
-    )
+        run_id="r", attempt=1, nodes=["n0"], procs_per_node=1, entrypoint="m", args=[], log_dir=log_dir,
+        train_env=TrainEnv(data_dir=tmp_path, checkpoint_dir=tmp_path, max_steps=1),
+    )  # fmt: skip
     pod = SimpleNamespace(
         metadata=SimpleNamespace(name="ty-run-0", namespace="ns"), status=SimpleNamespace(message=None)
     )

@@ -8,6 +8,7 @@ from trainyard.launch.base import AttemptStatus, LaunchPlan, NodeStatus
 from trainyard.launch.local import torchrun_argv
 from trainyard.recovery.supervisor import stale_ranks
 from trainyard.stages import _cli_args
+from trainyard.train.contract import TrainEnv
 
 
 def beat(t: float, status: str = "running") -> dict:
@@ -46,7 +47,7 @@ def test_torchrun_argv_is_an_argument_list_per_node(tmp_path: Path) -> None:
         procs_per_node=1,
         entrypoint="trainyard.train",
         args=_cli_args({"lr": 0.1, "compile": True, "debug": False}),
-        env={},
+        train_env=TrainEnv(data_dir=tmp_path, checkpoint_dir=tmp_path, max_steps=1),
         log_dir=tmp_path,
     )
     host, other = torchrun_argv(plan, 29500, 0), torchrun_argv(plan, 29500, 1)

@@ -19,7 +19,7 @@ every response carries ``nosniff`` and a policy that runs no script.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from trainyard.atomic import open_regular
-from trainyard.ledger import LEDGER_FILE, Ledger
+from trainyard.ledger import Ledger
 from trainyard.report import pages
 from trainyard.report.runs import RunNotFound, check_id, find_run, overview, run_folders, runs_root, servable
 from trainyard.report.summary import run_identity, summarize
@@ -67,16 +67,15 @@ Access = Depends(access)
 app = FastAPI(title="trainyard training runs", docs_url=None, redoc_url=None, openapi_url=None)
 
 # The ledger reader parses only appended lines, but summarize() still walks every event; the index
-# would do so for every run on each visit. Keyed by the ledger's size and mtime, so an appended
-# event invalidates the row (or the run page's summary).
-_overviews: dict[Path, tuple[tuple[int, int], dict[str, Any]]] = {}
-_summaries: dict[Path, tuple[tuple[int, int], dict[str, Any]]] = {}
+# would do so for every run on each visit. Keyed by the sizes and mtimes of the ledger's files
+# (events.jsonl and every writer's), so an appended event invalidates the row (or the run page's summary).
+_overviews: dict[Path, tuple[Hashable, dict[str, Any]]] = {}
+_summaries: dict[Path, tuple[Hashable, dict[str, Any]]] = {}
 SUMMARIES_KEPT = 16  # run pages: a summary holds a chart's curve and every checkpoint, so only a few
 
 
-def _stamp(folder: Path) -> tuple[int, int]:
-    stat = (folder / LEDGER_FILE).lstat()  # a link is refused when the ledger is read
-    return stat.st_size, stat.st_mtime_ns
+def _stamp(folder: Path) -> Hashable:
+    return Ledger.in_dir(folder).stamp()  # lstat only: a link is refused when the ledger is read
 
 
 def _overview(folder: Path) -> dict[str, Any]:

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from trainyard.train.contract import TrainEnv
+
 NodeState = Literal["running", "succeeded", "failed"]
 
 
@@ -23,11 +25,16 @@ class LaunchPlan:
     entrypoint: str
     """Dotted module (run with ``-m``) or a ``.py`` script."""
     args: list[str]
-    env: dict[str, str]
-    """The training contract (TRAINYARD_* variables), the same on every node."""
+    train_env: TrainEnv
+    """The training contract, the same on every node (a launcher adds each node's ``for_node``)."""
     log_dir: Path
     pass_env: tuple[str, ...] = ()
     """Names of the worker's variables a local process may also see (``training.pass_env``)."""
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The contract as TRAINYARD_* variables (without the per-node ones)."""
+        return self.train_env.to_env()
 
     @property
     def world_size(self) -> int:

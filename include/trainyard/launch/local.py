@@ -74,10 +74,10 @@ def torchrun_argv(plan: LaunchPlan, port: int, node_index: int) -> list[str]:
 
 
 def node_env(plan: LaunchPlan, node: str, parent: Mapping[str, str] | None = None) -> dict[str, str]:
-    """A node's agent environment: the allowed part of the worker's, the plan's contract, the node's name."""
+    """A node's agent environment: the allowed part of the worker's, the plan's contract as the node sees it."""
     env = child_env(
         os.environ if parent is None else parent,
-        {"GLOO_SOCKET_IFNAME": "lo", **plan.env, "TRAINYARD_NODE": node},
+        {"GLOO_SOCKET_IFNAME": "lo", **plan.train_env.for_node(node).to_env()},
         plan.pass_env,
     )
     # Local nodes share this machine's cores: one thread per rank unless told otherwise.

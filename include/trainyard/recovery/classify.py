@@ -18,6 +18,12 @@ from a cancel) are never root causes either.
 
 Precedence is the order of ``RULES``; the first rule that fires decides:
 
+0. Failure records (``trainyard.recovery.records``): a rank of the training
+   runtime that died of an exception said why before it exited. A root cause
+   there (diverged, data_error, oom, node_lost, user_error, in that order)
+   decides, quoting the record; ``transient`` (a peer vanished) is a symptom
+   and leaves it to the rules below. Only records naming a node of the attempt
+   count. The log rules below are for scripts that do not use the runtime.
 1. Kubernetes reasons: OOMKilled -> oom; Evicted/NodeLost/preemption/node
    shutdown -> node_lost; image pull / container config errors -> user_error.
 2. Root causes in a log (any node): non-finite loss -> diverged; DataError ->
@@ -60,6 +66,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from trainyard.recovery.records import FailureRecord
 from trainyard.spec.models import FailureKind
 
 MAX_EVIDENCE = 300
@@ -91,6 +98,8 @@ class Failure:
     """Nodes whose ranks stopped heartbeating (for ``hang``)."""
     last_step: int | None = None
     """Newest step any rank reported by heartbeat."""
+    records: list[FailureRecord] = field(default_factory=list)
+    """The ranks' failure records (``records.failure_records``), earliest first."""
 
 
 @dataclass(frozen=True)
@@ -194,6 +203,8 @@ class Seen:
     """Per category (``LOG_PATTERNS`` keys and ``user``), the best line of each node that shows it."""
     killed: dict[str, str]
     """SIGKILLed nodes and how we know (``exit -9``, or the agent's line)."""
+    records: list[FailureRecord]
+    """The failure records that name a node of the attempt, earliest first."""
 
 
 def _streams(log: str) -> dict[str, list[tuple[str, str]]]:
@@ -275,7 +286,9 @@ def gather(failure: Failure) -> Seen:
             killed[n.node] = f"exit {n.exit_code}"
         elif agent_saw is not None:
             killed[n.node] = f"worker SIGKILLed ({_clip(agent_saw, 100)})"
-    return Seen(failure, hits, killed)
+    attempt_nodes = {n.node for n in failure.nodes}
+    records = sorted((r for r in failure.records if r.node in attempt_nodes), key=lambda r: (r.time, r.rank))
+    return Seen(failure, hits, killed, records)
 
 
 # ---------------------------------------------------------------- the rules
@@ -291,6 +304,23 @@ def _quote(hits: list[Hit], room: int = MAX_EVIDENCE) -> str:
     others = sorted({h.node for h in hits[1:]} - {hits[0].node})
     head, tail = f"{hits[0].node}: ", f" (also on {', '.join(others)})" if others else ""
     return head + _clip(hits[0].line, room - len(head) - len(tail)) + tail
+
+
+def _recorded(kind: FailureKind, blame: bool) -> Callable[[Seen], Classified | None]:
+    """The earliest failure record of ``kind``: ``node rank N: Type: message (failure record; also ...)``."""
+
+    def rule(seen: Seen) -> Classified | None:
+        found = [r for r in seen.records if r.kind == kind]
+        if not found:
+            return None
+        first = found[0]
+        others = sorted({r.node for r in found[1:]} - {first.node})
+        head = f"{first.node} rank {first.rank}: "
+        tail = " (its failure record" + (f"; also on {', '.join(others)})" if others else ")")
+        said = head + _clip(f"{first.type}: {first.message}", MAX_EVIDENCE - len(head) - len(tail)) + tail
+        return Classified(kind, said, sorted({r.node for r in found}) if blame else [])
+
+    return rule
 
 
 def _k8s(reasons: frozenset[str], blame: bool) -> Callable[[Seen], Classified | None]:
@@ -358,6 +388,11 @@ def _last_words(log: str) -> str:
 
 # The precedence, top to bottom; the first rule that fires decides (see the module docstring).
 RULES: tuple[tuple[FailureKind, Callable[[Seen], Classified | None]], ...] = (
+    ("diverged", _recorded("diverged", blame=False)),
+    ("data_error", _recorded("data_error", blame=False)),
+    ("oom", _recorded("oom", blame=True)),
+    ("node_lost", _recorded("node_lost", blame=True)),
+    ("user_error", _recorded("user_error", blame=False)),
     ("oom", _k8s(OOM_REASONS, blame=True)),
     ("node_lost", _k8s(NODE_LOST_REASONS, blame=True)),
     ("user_error", _k8s(CONFIG_REASONS, blame=False)),
@@ -387,7 +422,8 @@ def classify(failure: Failure) -> Classified:
 
 def _step(kind: FailureKind, seen: Seen) -> int | None:
     if kind == "diverged":
-        m = _AT_STEP.search(seen.hits["diverged"][0].line) if seen.hits["diverged"] else None
+        said = [r.message for r in seen.records if r.kind == "diverged"] + [h.line for h in seen.hits["diverged"]]
+        m = _AT_STEP.search(said[0]) if said else None
         if m:
             return int(m.group(1))
     return seen.failure.last_step

@@ -1,7 +1,8 @@
 """``python -m trainyard.train``: the reference workload's entry point (see ``trainyard.train.loop``).
 
 Owns process setup and teardown only: logging, the process group, and turning
-trainyard errors into one line and a non-zero exit instead of a traceback.
+trainyard errors into one line and a non-zero exit instead of a traceback. A
+rank that fails leaves its failure record first (``runtime.record_failure``).
 
 A failed rank exits at once (``os._exit``) rather than through interpreter
 shutdown: a background checkpoint save may be blocked in a collective with a
@@ -36,9 +37,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         loop.train(args, ctx)
     except TrainyardError as exc:
+        runtime.record_failure(exc, ctx)
         print(f"trainyard.train: rank {dist.get_rank()}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         _exit_now(1)
-    except Exception:
+    except Exception as exc:
+        runtime.record_failure(exc, ctx)
         traceback.print_exc()
         _exit_now(1)
     dist.destroy_process_group()

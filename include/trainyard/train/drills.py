@@ -1,49 +1,43 @@
 """Fault drills acted out inside the training workload, for rehearsals and tests.
 
-The supervisor passes the drills of one attempt in ``TRAINYARD_DRILLS`` (JSON);
-a drill fires on the ranks of its node (or every rank, for ``nan``) at its step,
-records ``drill_fired`` in the ledger (the fault's time, for the recovery
-figures) and then does what a real fault does: a SIGKILLed or frozen node, a
+The supervisor passes the drills of one attempt in ``TRAINYARD_DRILLS`` (JSON,
+``TrainEnv.drills``); a drill fires on the ranks of its node (or every rank, for
+``nan``) at its step, records ``drill_fired`` in the rank's own event file (the
+fault's time, for the recovery figures) and then does what a real fault does: a SIGKILLed or frozen node, a
 slow one, a corrupted checkpoint, a NaN loss, an out-of-memory error, a bug.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
 from pathlib import Path
-from typing import Any
 
 from trainyard.checkpoint.format import step_of
-from trainyard.ledger import Ledger
+from trainyard.ledger import EventWriter
+from trainyard.train.contract import FaultDrill, TrainEnv
 
-ENV = "TRAINYARD_DRILLS"
-
-
-def load(node: str, environ: dict[str, str] | None = None) -> list[dict[str, Any]]:
-    """This node's drills (a drill without a node fires on every node)."""
-    text = (os.environ if environ is None else environ).get(ENV, "")
-    return [d for d in json.loads(text or "[]") if d.get("node") in (None, node)]
+ENV = "TRAINYARD_DRILLS"  # declared by ``TrainEnv.drills``
 
 
 class Drills:
-    def __init__(self, node: str, rank: int, ledger: Path | None):
-        self.items = load(node)
-        self.node, self.rank, self.ledger = node, rank, ledger
+    def __init__(self, ctx: TrainEnv, rank: int):
+        self.items = [d for d in ctx.drills if d.node in (None, ctx.node)]  # a drill without a node: every node
+        self.node, self.rank = ctx.node, rank
+        self.events = EventWriter.in_dir(ctx.events_dir, ctx.writer_name(rank)) if ctx.events_dir else None
         self.corrupted = False
 
-    def _fired(self, drill: dict[str, Any], step: int) -> None:
-        if self.ledger is not None and (self.rank == 0 or drill.get("node")):
-            Ledger(self.ledger).append("train", "drill_fired", fault=drill["fault"], node=self.node, step=step)
+    def _fired(self, drill: FaultDrill, step: int) -> None:
+        if self.events is not None and (self.rank == 0 or drill.node):
+            self.events.append("train", "drill_fired", fault=drill.fault, node=self.node, step=step)
 
     def before_step(self, step: int, step_s: float) -> None:
         """Faults that strike a node at the start of ``step``."""
         for drill in self.items:
-            fault, at = drill["fault"], drill["step"]
+            fault, at = drill.fault, drill.step
             if fault == "slow" and step >= at:
-                time.sleep(step_s * drill.get("factor", 1.0))  # a straggler: every step takes longer
+                time.sleep(step_s * drill.factor)  # a straggler: every step takes longer
             if step != at or fault in ("slow", "nan", "corrupt_checkpoint"):
                 continue
             self._fired(drill, step)
@@ -62,7 +56,7 @@ class Drills:
     def loss(self, step: int, loss: float) -> float:
         """The loss a ``nan`` drill turns into NaN at its step (on every rank alike)."""
         for drill in self.items:
-            if drill["fault"] == "nan" and step == drill["step"]:
+            if drill.fault == "nan" and step == drill.step:
                 self._fired(drill, step)
                 return float("nan")
         return loss
@@ -71,12 +65,7 @@ class Drills:
         """Flip one byte of the first checkpoint at or after the drill's step (rank 0, after its manifest)."""
         step = step_of(path) or 0
         for drill in self.items:
-            if (
-                drill["fault"] == "corrupt_checkpoint"
-                and self.rank == 0
-                and step >= drill["step"]
-                and not self.corrupted
-            ):
+            if drill.fault == "corrupt_checkpoint" and self.rank == 0 and step >= drill.step and not self.corrupted:
                 self.corrupted = True
                 self._fired(drill, step)
                 victim = max(path.glob("*.distcp"), key=lambda p: p.stat().st_size)

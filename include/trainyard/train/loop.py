@@ -6,7 +6,7 @@ processes::
 
     export GLOO_SOCKET_IFNAME=lo OMP_NUM_THREADS=1
     export TRAINYARD_DATA_DIR=/tmp/ty/data TRAINYARD_CHECKPOINT_DIR=/tmp/ty/ckpt \\
-           TRAINYARD_HEARTBEAT_DIR=/tmp/ty/hb TRAINYARD_LEDGER=/tmp/ty/events.jsonl \\
+           TRAINYARD_HEARTBEAT_DIR=/tmp/ty/hb TRAINYARD_EVENTS_DIR=/tmp/ty/events.d \\
            TRAINYARD_MAX_STEPS=60 TRAINYARD_GLOBAL_BATCH=32 TRAINYARD_CHECKPOINT_EVERY=20 \\
            TRAINYARD_RESUME_FROM=latest
     python -c "from trainyard.shards import write_synthetic_corpus as w; w('/tmp/ty/data')"
@@ -174,7 +174,7 @@ def train(args: argparse.Namespace, ctx: runtime.RunContext) -> dict[str, float]
             model.module.num_params(), world, plan.global_batch, plan.micro_batch, plan.accumulation, world, start,
         )  # fmt: skip
     metrics: dict[str, float] = {}
-    drills = Drills(ctx.node, rank, ctx.ledger)
+    drills = Drills(ctx, rank)
     checkpoints = runtime.Checkpointer(ctx, on_commit=drills.after_checkpoint)
     seconds = 0.0
     try:

@@ -17,34 +17,46 @@ and reports through a few calls::
 
 ``runtime.save_checkpoint(step, state, metrics)`` is the blocking save on its own.
 
-Environment (set by the launcher; only the first three are required):
+Environment (set by the launcher; ``trainyard.train.contract`` declares it):
 
-    TRAINYARD_DATA_DIR          directory of *.tok shards (the hot tier)
-    TRAINYARD_CHECKPOINT_DIR    checkpoint root (step_NNNNNN/ below it); shared by all ranks
-    TRAINYARD_MAX_STEPS         last step to train (steps are numbered from 1)
-    TRAINYARD_RESUME_FROM       "" or "none": fresh; "latest": newest valid checkpoint
-                                under the checkpoint dir (fresh if none); else a checkpoint dir
-    TRAINYARD_HEARTBEAT_DIR     where rank-<RANK>.json heartbeats go (unset: none written)
-    TRAINYARD_LEDGER            the run's events.jsonl (unset: no ledger events)
+    TRAINYARD_DATA_DIR          directory of *.tok shards (the hot tier); required
+    TRAINYARD_CHECKPOINT_DIR    checkpoint root (step_NNNNNN/ below it); shared by all ranks; required
+    TRAINYARD_MAX_STEPS         last step to train (steps are numbered from 1); required
+    TRAINYARD_RESUME_FROM       "" or "none": fresh; "latest": newest valid checkpoint under the checkpoint dir
+                                (fresh if none); else a checkpoint dir (mounted read-only)
+    TRAINYARD_HEARTBEAT_DIR     where rank-<RANK>.json heartbeats and failure-rank-<RANK>.json records go
+                                (unset: none written)
+    TRAINYARD_EVENTS_DIR        the run's events.d/: each writing process appends to a file of its own there
+                                (unset: no events)
     TRAINYARD_RUN_ID            default "local"
-    TRAINYARD_NODE              node name, e.g. "node-1" (default: host name)
+    TRAINYARD_NODE              the node's name in the plan, e.g. "node-1"; set per node (default: host name)
+    TRAINYARD_HOST              the machine the node runs on (Kubernetes: the pod's spec.nodeName); set per node
+                                (default: host name)
     TRAINYARD_ATTEMPT           attempt number, default 1
     TRAINYARD_GLOBAL_BATCH      sequences per optimizer step over all ranks, default 32
     TRAINYARD_MICRO_BATCH       sequences per forward pass (unset: global / world, no accumulation)
     TRAINYARD_CHECKPOINT_EVERY  steps between checkpoints, default 50 (0: only the last step)
     TRAINYARD_CHECKPOINT_ASYNC  1: ``Checkpointer`` writes checkpoints in the background (default 0)
     TRAINYARD_SEED              default 0
-    TRAINYARD_PROGRESS_EVERY_S  seconds between ledger ``step`` events, default 30 (0: one per step);
-                                see ``trainyard.train.progress``
+    TRAINYARD_PROGRESS_EVERY_S  seconds between ledger ``step`` events, default 30 (0: one per step); see
+                                ``trainyard.train.progress``
+    TRAINYARD_DRILLS            JSON list of fault drills to act out (``trainyard.train.drills``); unset: none
 
 Heartbeats are files rather than ledger events because the watcher needs the
-latest state of *every* rank cheaply; rank 0 alone writes ledger events, and
+latest state of *every* rank cheaply; rank 0 alone writes ledger events (to a
+file of its own in TRAINYARD_EVENTS_DIR, see ``trainyard.ledger``), and
 folds its steps into one ``step`` event per ``TRAINYARD_PROGRESS_EVERY_S``
 (plus the first step, checkpoint steps, the last step and any non-finite
 loss, which stay exact), so a long run's ledger stays small. Collective calls
 (``save_checkpoint``, ``load_latest``) must be made by every rank; rank 0
 decides and writes the shared files and broadcasts its outcome, so ranks never
 disagree or deadlock on an error.
+
+A rank that dies of an exception leaves a failure record in the heartbeat
+folder (``record_failure``; ``trainyard.recovery.records``) saying what kind of
+failure it saw, which the supervisor's classifier trusts before any log line.
+``context()`` installs a ``sys.excepthook`` that writes it for an uncaught
+exception; a script that catches its exceptions itself calls ``record_failure``.
 """
 
 from __future__ import annotations
@@ -52,16 +64,17 @@ from __future__ import annotations
 import atexit
 import json
 import logging
-import math
 import os
 import pickle
 import socket
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
+from types import TracebackType
 from typing import Any, TypeVar
 
 import torch.distributed as dist
@@ -71,7 +84,9 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from trainyard.checkpoint import format as ckpt_format
 from trainyard.errors import CheckpointInvalid
-from trainyard.ledger import Ledger
+from trainyard.ledger import EventWriter
+from trainyard.recovery import records
+from trainyard.train.contract import TrainEnv
 from trainyard.train.progress import ProgressDigest
 
 log = logging.getLogger("trainyard.train")
@@ -79,103 +94,22 @@ T = TypeVar("T")
 STAGE = "train"
 
 
-@dataclass(frozen=True)
-class RunContext:
-    """The TRAINYARD_* environment of one training process, parsed and checked."""
-
-    data_dir: Path
-    checkpoint_dir: Path
-    max_steps: int
-    resume_from: str = ""
-    heartbeat_dir: Path | None = None
-    ledger: Path | None = None
-    run_id: str = "local"
-    node: str = ""
-    attempt: int = 1
-    global_batch: int = 32
-    micro_batch: int | None = None
-    checkpoint_every: int = 50
-    checkpoint_async: bool = False
-    seed: int = 0
-    progress_every_s: float = 30.0
-
-    def should_checkpoint(self, step: int) -> bool:
-        """Checkpoint every ``checkpoint_every`` steps and always at the last step."""
-        every = self.checkpoint_every
-        return step == self.max_steps or (every > 0 and step % every == 0)
+RunContext = TrainEnv
+"""The TRAINYARD_* environment of one training process, parsed and checked (``trainyard.train.contract``)."""
 
 
-def _env(name: str, env: dict[str, str]) -> str | None:
-    value = env.get(name, "").strip()
-    return value or None
+def context(env: Mapping[str, str] | None = None) -> RunContext:
+    """Parse the TRAINYARD_* environment; ``ValueError`` names the variable that is missing or malformed.
 
-
-def _required(name: str, env: dict[str, str]) -> str:
-    value = _env(name, env)
-    if value is None:
-        raise ValueError(f"{name} is not set; the trainyard launcher sets it (see trainyard.train.runtime)")
-    return value
-
-
-_MISSING: Any = object()
-
-
-def _int(name: str, env: dict[str, str], minimum: int, default: Any = _MISSING) -> Any:
-    """An integer variable >= ``minimum``; without ``default`` it is required."""
-    raw = _env(name, env)
-    if raw is None:
-        return _required(name, env) if default is _MISSING else default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not an integer") from None
-    if value < minimum:
-        raise ValueError(f"{name}={value} must be >= {minimum}")
-    return value
-
-
-def _float(name: str, env: dict[str, str], minimum: float, default: float) -> float:
-    """A finite number >= ``minimum``, or ``default`` when unset."""
-    raw = _env(name, env)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a number") from None
-    if not math.isfinite(value) or value < minimum:
-        raise ValueError(f"{name}={raw} must be a finite number >= {minimum}")
-    return value
-
-
-def _flag(name: str, env: dict[str, str]) -> bool:
-    raw = (_env(name, env) or "0").lower()
-    if raw not in ("0", "1", "true", "false"):
-        raise ValueError(f"{name}={raw!r} must be 1 or 0")
-    return raw in ("1", "true")
-
-
-def context(env: dict[str, str] | None = None) -> RunContext:
-    """Parse the TRAINYARD_* environment; ``ValueError`` names the variable that is missing or malformed."""
-    env = dict(os.environ if env is None else env)
-    optional_path = lambda name: Path(v) if (v := _env(name, env)) else None  # noqa: E731
-    return RunContext(
-        data_dir=Path(_required("TRAINYARD_DATA_DIR", env)),
-        checkpoint_dir=Path(_required("TRAINYARD_CHECKPOINT_DIR", env)),
-        max_steps=_int("TRAINYARD_MAX_STEPS", env, 1),
-        resume_from=_env("TRAINYARD_RESUME_FROM", env) or "",
-        heartbeat_dir=optional_path("TRAINYARD_HEARTBEAT_DIR"),
-        ledger=optional_path("TRAINYARD_LEDGER"),
-        run_id=_env("TRAINYARD_RUN_ID", env) or "local",
-        node=_env("TRAINYARD_NODE", env) or socket.gethostname(),
-        attempt=_int("TRAINYARD_ATTEMPT", env, 0, 1),
-        global_batch=_int("TRAINYARD_GLOBAL_BATCH", env, 1, 32),
-        micro_batch=_int("TRAINYARD_MICRO_BATCH", env, 1, None),
-        checkpoint_every=_int("TRAINYARD_CHECKPOINT_EVERY", env, 0, 50),
-        checkpoint_async=_flag("TRAINYARD_CHECKPOINT_ASYNC", env),
-        seed=_int("TRAINYARD_SEED", env, 0, 0),
-        progress_every_s=_float("TRAINYARD_PROGRESS_EVERY_S", env, 0.0, 30.0),
-    )
+    An unset node or host is this machine's name. The first context with a
+    heartbeat folder also makes an uncaught exception leave a failure record.
+    """
+    ctx = TrainEnv.from_env(os.environ if env is None else env)
+    here = socket.gethostname()
+    ctx = replace(ctx, node=ctx.node or here, host=ctx.host or here)
+    if env is None:
+        _record_uncaught(ctx)
+    return ctx
 
 
 # --- process-group helpers: the contract also works in a plain single process ---
@@ -223,10 +157,10 @@ _RESERVED = {"stage", "event", "ts", "run_id", "attempt", "node", "world_size", 
 
 
 def _ledger_event(ctx: RunContext, event: str, **fields: Any) -> None:
-    """Append a ``train`` event to the run ledger (rank 0 only; no ledger configured: no-op)."""
-    if ctx.ledger is not None and rank() == 0:
+    """Append a ``train`` event to rank 0's own file in the run's events folder (no folder configured: no-op)."""
+    if ctx.events_dir is not None and rank() == 0:
         fixed = {"run_id": ctx.run_id, "attempt": ctx.attempt, "node": ctx.node, "world_size": world_size()}
-        Ledger(ctx.ledger).append(STAGE, event, **{**fields, **fixed})
+        EventWriter.in_dir(ctx.events_dir, ctx.writer_name(0)).append(STAGE, event, **{**fields, **fixed})
 
 
 def _metric_fields(metrics: dict[str, Any]) -> dict[str, Any]:
@@ -294,7 +228,7 @@ def _digest(ctx: RunContext) -> ProgressDigest:
 def flush_progress(ctx: RunContext | None = None) -> None:
     """Write the ``step`` event of the steps not yet in the ledger (rank 0; a no-op elsewhere)."""
     ctx = ctx or context()
-    if ctx.ledger is not None and rank() == 0 and (record := _digest(ctx).flush()) is not None:
+    if ctx.events_dir is not None and rank() == 0 and (record := _digest(ctx).flush()) is not None:
         _ledger_event(ctx, "step", **record)
 
 
@@ -302,7 +236,7 @@ def heartbeat(step: int, metrics: dict[str, Any], *, status: str = "running", ct
     """Record progress: this rank's heartbeat file, plus (rank 0) the ledger's ``step`` events at a bounded rate."""
     ctx = ctx or context()
     _write_heartbeat(ctx, step, metrics, status)
-    if status == "running" and ctx.ledger is not None and rank() == 0:
+    if status == "running" and ctx.events_dir is not None and rank() == 0:
         # A checkpoint step is written at once: the metric gate needs its exact loss.
         for record in _digest(ctx).add(step, _metric_fields(metrics), force=ctx.should_checkpoint(step)):
             _ledger_event(ctx, "step", **record)
@@ -314,6 +248,49 @@ def finish(step: int, metrics: dict[str, Any], *, ctx: RunContext | None = None)
     _write_heartbeat(ctx, step, metrics, "finished")
     flush_progress(ctx)
     _ledger_event(ctx, "finished", **_metric_fields(metrics), step=step)
+
+
+# --- failure records ---
+
+
+_recorded = False
+_hooked = False
+
+
+def record_failure(exc: BaseException, ctx: RunContext | None = None) -> Path | None:
+    """Leave this rank's failure record for ``exc`` in the heartbeat folder; its path, or None if none was written.
+
+    Only the first failure of a process is recorded. Never raises: the rank
+    is dying already, and the supervisor falls back to its log.
+    """
+    global _recorded
+    try:
+        ctx = ctx or context()
+        if ctx.heartbeat_dir is None or _recorded:
+            return None
+        me = rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
+        path = records.write_record(ctx.heartbeat_dir, records.failure_record(exc, me, ctx.node, ctx.host))
+        _recorded = True
+        return path
+    except Exception as problem:  # a failure to record must not hide the failure itself
+        log.warning("could not write the failure record: %s", problem)
+        return None
+
+
+def _record_uncaught(ctx: RunContext) -> None:
+    """Make an exception that ends the process leave a failure record first (once per process)."""
+    global _hooked
+    if _hooked or ctx.heartbeat_dir is None:
+        return
+    _hooked = True
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        if not isinstance(exc, KeyboardInterrupt):
+            record_failure(exc, ctx)
+        previous(kind, exc, tb)
+
+    sys.excepthook = hook
 
 
 # --- checkpoints ---

@@ -1,0 +1,205 @@
+"""Failure records: what a dying rank says about itself, read defensively and trusted first by classify."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from trainyard.errors import CheckpointInvalid, DataError, SpecError, TrainingFailed
+from trainyard.recovery.classify import Failure, NodeFailure, classify
+from trainyard.recovery.records import MAX_BYTES, MAX_MESSAGE, FailureRecord, failure_records, reading, record_name
+from trainyard.train import runtime
+from trainyard.train.contract import TrainEnv
+
+NODES = ["node-0", "node-1"]
+
+
+def _chained(cause: BaseException, then: BaseException) -> BaseException:
+    try:
+        try:
+            raise cause
+        except BaseException:
+            raise then  # noqa: B904 - the implicit context is the point
+    except BaseException as exc:
+        return exc
+
+
+# Real messages of torch 2.x, gloo, NCCL and CUDA, and of trainyard's own workload and drills.
+READINGS = [
+    (MemoryError("drill: out of memory at step 3 on node-1"), "oom"),
+    (
+        torch.OutOfMemoryError(
+            "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+            "79.15 GiB of which 1.19 GiB is free."
+        ),
+        "oom",
+    ),
+    (RuntimeError("CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 15.78 GiB total capacity)"), "oom"),
+    (TrainingFailed("loss is nan at step 5", kind="diverged"), "diverged"),
+    (FloatingPointError("non-finite loss at step 7"), "diverged"),
+    (DataError("shards use vocab_size 512 but the model has --vocab-size 256"), "data_error"),
+    (SpecError(["global_batch 10 is not a multiple of micro_batch 4 x 2 ranks"]), "user_error"),
+    (CheckpointInvalid("TRAINYARD_RESUME_FROM=/ck/step_000010: __1_0.distcp: size mismatch"), "user_error"),
+    (
+        RuntimeError(
+            "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:33529"
+        ),
+        "transient",
+    ),
+    (
+        RuntimeError(
+            "[/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting "
+            "1800000ms for recv operation to complete"
+        ),
+        "transient",
+    ),
+    (
+        dist.DistBackendError(
+            "NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1970, remote "
+            "process exited or there was a network error"
+        ),
+        "transient",
+    ),
+    (dist.DistNetworkError("failed to recv, got 0 bytes"), "transient"),
+    (_chained(ConnectionResetError(104, "Connection reset by peer"), KeyError("optim")), "transient"),
+    (RuntimeError("CUDA error: uncorrectable ECC error encountered"), "node_lost"),
+    (RuntimeError("drill: exception in user code at step 3 on node-1"), "user_error"),
+    (ZeroDivisionError("division by zero"), "user_error"),
+]
+
+
+@pytest.mark.parametrize(("exc", "kind"), READINGS, ids=[f"{type(e).__name__}-{k}" for e, k in READINGS])
+def test_the_runtime_reads_its_own_exception(exc: BaseException, kind: str) -> None:
+    assert reading(exc) == kind
+
+
+def _write(folder: Path, file_rank: int, **fields: object) -> Path:
+    record = {"kind": "oom", "rank": file_rank, "node": "node-1", "host": "gpu-7", "type": "MemoryError",
+              "message": "out of memory", "time": 100.0 + file_rank, **fields}  # fmt: skip
+    path = folder / record_name(file_rank)
+    path.write_text(json.dumps(record))
+    return path
+
+
+def test_records_are_read_earliest_first(tmp_path: Path) -> None:
+    _write(tmp_path, 3, time=50.0, node="node-0", kind="transient")
+    _write(tmp_path, 1, message="x" * 5000)
+    (tmp_path / "rank-1.json").write_text("{}")  # a heartbeat, not a record
+    got = failure_records(tmp_path, NODES)
+    assert [(r.rank, r.kind) for r in got] == [(3, "transient"), (1, "oom")]
+    assert got[1] == FailureRecord("oom", 1, "node-1", "gpu-7", "MemoryError", "x" * MAX_MESSAGE, 101.0)
+    assert failure_records(tmp_path / "missing", NODES) == []
+
+
+@pytest.mark.parametrize(
+    ("plant", "says"),
+    [
+        (lambda p: p.write_text("{not json"), "Expecting property name"),
+        (lambda p: p.write_bytes(b" " * (MAX_BYTES + 1)), f"larger than {MAX_BYTES} bytes"),
+        (lambda p: p.write_text("[1]"), "not a JSON object"),
+        (lambda p: _write(p.parent, 2, kind="meteor"), "kind 'meteor' is not one of"),
+        (lambda p: _write(p.parent, 2, rank=0), "is not the file's rank 2"),
+        (lambda p: _write(p.parent, 2, time="now"), "time is not a number"),
+        (lambda p: _write(p.parent, 2, message=["a"]), "message is not a string"),
+        (lambda p: _write(p.parent, 2, node="node-9"), "names node 'node-9', which is not in the attempt"),
+        (lambda p: p.symlink_to(_write(p.parent, 4)), "is a symbolic link"),
+        (lambda p: os.mkfifo(p), "not a regular file"),  # and the reader does not wait on it
+    ],
+)
+def test_a_bad_record_is_skipped_with_a_warning(
+    tmp_path: Path, plant: object, says: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / record_name(2)
+    plant(path)  # type: ignore[operator]
+    got = failure_records(tmp_path, NODES)
+    assert all(r.rank != 2 for r in got)
+    assert says in caplog.text
+
+
+def _failure(records: list[FailureRecord], *nodes: NodeFailure) -> Failure:
+    return Failure(attempt=1, trigger="crash", nodes=list(nodes), last_step=12, records=records)
+
+
+PEER_GONE = (
+    "[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+    "[127.0.0.1]:33529"
+)
+
+
+def test_classify_trusts_a_root_cause_record_before_the_logs() -> None:
+    oom = FailureRecord("oom", 1, "node-1", "gpu-7", "MemoryError", "drill: out of memory at step 3 on node-1", 2.0)
+    peer = FailureRecord("transient", 0, "node-0", "gpu-3", "RuntimeError", PEER_GONE, 2.5)
+    found = classify(
+        _failure(
+            [oom, peer],
+            NodeFailure("node-0", "failed", 1, "", PEER_GONE),
+            NodeFailure("node-1", "failed", 1, "", "ChildFailedError: trainyard.train FAILED"),
+        )
+    )
+    assert (found.kind, found.culprits) == ("oom", ["node-1"])
+    assert found.evidence == "node-1 rank 1: MemoryError: drill: out of memory at step 3 on node-1 (its failure record)"
+
+
+def test_a_transient_record_is_a_symptom_and_the_lost_peer_is_still_found() -> None:
+    peer = FailureRecord("transient", 0, "node-0", "node-0", "RuntimeError", PEER_GONE, 2.5)
+    found = classify(
+        _failure([peer], NodeFailure("node-0", "failed", 1, "", PEER_GONE), NodeFailure("node-1", "failed", -9))
+    )
+    assert (found.kind, found.culprits) == ("node_lost", ["node-1"])
+
+
+def test_a_record_naming_a_node_outside_the_attempt_is_ignored() -> None:
+    forged = FailureRecord("oom", 0, "node-7", "node-7", "MemoryError", "out of memory", 1.0)
+    found = classify(_failure([forged], NodeFailure("node-0", "failed", -9)))
+    assert (found.kind, found.culprits) == ("node_lost", ["node-0"])
+
+
+def test_a_diverged_record_gives_the_step_and_blames_no_node() -> None:
+    nan = FailureRecord("diverged", 0, "node-0", "node-0", "TrainingFailed", "loss is nan at step 17", 1.0)
+    found = classify(_failure([nan], NodeFailure("node-0", "failed", 1)))
+    assert (found.kind, found.culprits, found.step) == ("diverged", [], 17)
+
+
+def test_record_failure_writes_once_and_never_raises(tmp_path: Path) -> None:
+    ctx = TrainEnv(tmp_path, tmp_path, 5, heartbeat_dir=tmp_path / "hb", node="node-1", host="gpu-7")
+    saved = runtime._recorded
+    try:
+        runtime._recorded = False
+        path = runtime.record_failure(DataError("shard 3 is empty"), ctx)
+        assert path == tmp_path / "hb" / "failure-rank-0.json"
+        assert runtime.record_failure(MemoryError("later"), ctx) is None  # the first failure is the one
+        [record] = failure_records(tmp_path / "hb", ["node-1"])
+        assert (record.kind, record.host, record.type, record.message) == ("data_error", "gpu-7", "DataError",
+                                                                           "shard 3 is empty")  # fmt: skip
+        runtime._recorded = False
+        blocked = TrainEnv(tmp_path, tmp_path, 5, heartbeat_dir=path / "not-a-folder")
+        assert runtime.record_failure(RuntimeError("x"), blocked) is None
+    finally:
+        runtime._recorded = saved
+
+
+def test_a_script_using_the_runtime_leaves_a_record_when_an_exception_escapes(tmp_path: Path) -> None:
+    script = textwrap.dedent("""
+        from trainyard.train import runtime
+        ctx = runtime.context()
+        raise ValueError("bad shape in user code")
+    """)
+    env = {**os.environ, "TRAINYARD_DATA_DIR": str(tmp_path), "TRAINYARD_CHECKPOINT_DIR": str(tmp_path),
+           "TRAINYARD_MAX_STEPS": "3", "TRAINYARD_HEARTBEAT_DIR": str(tmp_path / "hb"), "TRAINYARD_NODE": "node-0",
+           "RANK": "0"}  # fmt: skip
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and "ValueError: bad shape in user code" in result.stderr  # the traceback as ever
+    [record] = failure_records(tmp_path / "hb", ["node-0"])
+    assert asdict(record) | {"time": 0, "host": ""} == {
+        "kind": "user_error", "rank": 0, "node": "node-0", "host": "", "type": "ValueError",
+        "message": "bad shape in user code", "time": 0,
+    }  # fmt: skip
