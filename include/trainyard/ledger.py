@@ -33,6 +33,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +139,15 @@ class Ledger:
             if event is not None and record.get("event") != event:
                 continue
             yield dict(record)
+
+    def events_since(self, position: int) -> tuple[list[dict[str, Any]], int]:
+        """This file's events after the first ``position`` of them, and the position after those (copies).
+
+        A reader that keeps the position parses and copies only what was appended since its last look.
+        """
+        records = _read(self.path)
+        new = records[position:] if isinstance(records, list) else list(islice(records, position, None))
+        return [dict(r) for r in new], position + len(new)
 
 
 def _after_tear(fd: int) -> bytes:
