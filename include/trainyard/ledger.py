@@ -47,6 +47,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Hashable, Iterator, Sequence
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +142,15 @@ class Ledger:
         """Changes whenever an event may have been added to any file (a key for caches of what was read)."""
         own = (self.path.name, *_size_and_time(self.path, strict=True))  # a ledger gone: FileNotFoundError
         return (own, *((p.name, *_size_and_time(p)) for p in _writer_files(self.events_dir)))
+
+    def events_since(self, position: int) -> tuple[list[dict[str, Any]], int]:
+        """The orchestrator's own events (``events.jsonl``, not the writers' files) after the first ``position`` of them, and the position after those (copies).
+
+        A reader that keeps the position parses and copies only what was appended since its last look.
+        """
+        records, _ = _read(self.path)
+        new = records[position:] if isinstance(records, list) else list(islice(records, position, None))
+        return [dict(r) for r in new], position + len(new)
 
 
 class EventWriter:

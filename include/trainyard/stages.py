@@ -31,27 +31,17 @@ from trainyard.checkpoint.format import (
 )
 from trainyard.checkpoint.resume import check_resume
 from trainyard.checkpoint.validate import Validation, inspector, validate
-from trainyard.errors import CheckpointInvalid, LineageBusy, NodeUnhealthy, SpecError, TransientError
-from trainyard.launch.base import AttemptStatus, Launcher, LaunchPlan
-from trainyard.launch.kubernetes import status_from_dicts
+from trainyard.errors import CheckpointInvalid, LineageBusy, NodeUnhealthy, SpecError
+from trainyard.launch.base import Launcher, LaunchPlan
 from trainyard.launch.local import LocalLauncher
 from trainyard.ledger import safe_name
 from trainyard.quality.dataset import check_dataset as _check_dataset
 from trainyard.quality.metrics import check_metrics
+from trainyard.recovery.controller import AttemptResult, BackoffOver, Checkpoints, Context, Course, Reported
+from trainyard.recovery.deferred import AttemptWatch, Backoff, Deferred, Done
 from trainyard.recovery.figures import recovery_figures
-from trainyard.recovery.policy import Situation
 from trainyard.recovery.progress import ProgressLog, tokens_per_step
-from trainyard.recovery.supervisor import (
-    AttemptResult,
-    Course,
-    attempt_failed,
-    attempt_succeeded,
-    detect,
-    pause,
-    recover,
-    start_attempt,
-    supervise,
-)
+from trainyard.recovery.supervisor import Hooks, StateReader, supervise
 from trainyard.report.summary import write_report
 from trainyard.run import Run
 from trainyard.spec import PROBES, Lifecycle, dataset_name_problems
@@ -294,6 +284,29 @@ def _to_cold(run: Run) -> Callable[[Path], None] | None:
     return upload
 
 
+def _context(run: Run, nodes: list[str], spares: list[str] | None, launcher: Launcher) -> Context:
+    training, spec_nodes = run.spec.training, run.spec.nodes
+    return Context(
+        recovery=run.spec.recovery,
+        nodes=list(nodes),
+        spares=list(spares or []),
+        micro_batch=training.micro_batch,
+        global_batch=training.global_batch,
+        min_nodes=spec_nodes.min,
+        procs_per_node=spec_nodes.procs_per_node,
+        reattach=launcher.reattaches,
+    )
+
+
+def _hooks(run: Run, target: int, progress_every_s: float | None = None) -> Hooks:
+    return Hooks(
+        plan_for=lambda attempt, course: _plan(run, attempt, course, target),
+        rollback_to=lambda step: _rollback(run, step),
+        checkpoints=lambda: _checkpoints(run),
+        progress_for=lambda plan: _progress(run, plan, target, progress_every_s),
+    )
+
+
 @recorded("train")
 def train(
     run: Run,
@@ -316,22 +329,15 @@ def train(
         launcher = LocalLauncher()
     training = run.spec.training
     held = hold_lineage(run, run_state)
-    resume_from, start = resume_point(run, held)
+    _, start = resume_point(run, held)
     target = start + training.max_steps
-    course, first = _course(run, nodes, resume_from)
     with _watcher(run):
         result = supervise(
             launcher,
-            lambda attempt, c: _plan(run, attempt, c, target),
-            course,
-            _spares_left(run, spares),
-            lambda c, free: _situation(run, c, free),
-            run.spec.recovery,
             run.ledger,
+            _context(run, nodes, spares, launcher),
+            _hooks(run, target),
             training.heartbeat_timeout_s,
-            lambda step: _rollback(run, step),
-            first_attempt=first,
-            progress_for=lambda plan: _progress(run, plan, target),
             keep_alive=held.keep,
         )
     return _trained(run, nodes, start, target, result)
@@ -358,12 +364,6 @@ def _watcher(run: Run) -> registry.Watcher:
     return registry.Watcher(run.checkpoint_root, _validator(run), run.ledger, cfg.keep_hot, _to_cold(run))
 
 
-def _spares_left(run: Run, spares: list[str] | None) -> list[str]:
-    """Burn-in's spares minus those an earlier attempt of this run already took (a retried task)."""
-    used = {node for e in run.ledger.events("train", "attempt_start") for node in e["nodes"]}
-    return [node for node in spares or [] if node not in used]
-
-
 def _trained(run: Run, nodes: list[str], start: int, target: int, result: AttemptResult) -> dict[str, Any]:
     final = registry.latest(run.checkpoint_root)
     figures = recovery_figures(run.ledger)
@@ -378,183 +378,98 @@ def _trained(run: Run, nodes: list[str], start: int, target: int, result: Attemp
     }
 
 
-# The deferred train task: the same attempts, decisions and ledger as ``train``, cut at each wait so
-# that no process holds a worker slot while an attempt runs. ``start_training`` launches and returns
-# a *watch* (what a trigger needs); the task defers, and each event of the trigger comes back to
-# ``continue_training``, which returns the next watch or the result. Each half runs in a new process,
-# so everything it needs is in the ledger or the watch.
+# The deferred train task: the controller's commands cut at each wait (``recovery.deferred``), so that
+# no process holds a worker slot while an attempt runs or a backoff passes. ``start_training`` and each
+# ``continue_training`` is one wake-up in a new process; each returns what to wait for next (an
+# ``AttemptWatch`` for the attempt trigger, a ``Backoff`` for a time trigger) or the result.
+
+Deferral = AttemptWatch | Backoff
 
 
 def start_training(
-    run: Run, nodes: list[str], launcher: Any, spares: list[str] | None = None, run_state: lease.RunState | None = None
-) -> dict[str, Any]:
-    """Launch the run's next attempt, or re-attach to one an earlier task process left running; the watch."""
+    run: Run,
+    nodes: list[str],
+    launcher: Launcher,
+    spares: list[str] | None = None,
+    run_state: lease.RunState | None = None,
+) -> Deferral | dict[str, Any]:
+    """Launch the run's next attempt, or re-attach to one an earlier task process left running."""
     run.ledger.append("train", "stage_start")
-    try:
-        held = _hold_or_end(run, launcher, run_state)
-        resume_from, start = resume_point(run, held)
-        target = start + run.spec.training.max_steps
-        if _unfinished_attempt(run) is not None:
-            _, plan, _, watch = _current(run, launcher, target)
-            log.info("attempt %d is still running; watching it again", plan.attempt)
-            return watch
-        course, first = _course(run, nodes, resume_from)
-        return _launch(run, launcher, first, course, target)
-    except Exception as exc:
-        _stage_failed(run, "train", exc, _train_seconds(run))
-        raise
+    return _wake(run, nodes, launcher, spares, None, run_state)
 
 
 def continue_training(
     run: Run,
     nodes: list[str],
-    launcher: Any,
+    launcher: Launcher,
     spares: list[str] | None,
-    event: dict[str, Any],
+    news: Reported | BackoffOver,
     run_state: lease.RunState | None = None,
-) -> dict[str, Any]:
-    """Act on the trigger's ``event`` for the current attempt: ``{"watch": ...}`` to wait again, or ``{"result": ...}``.
+) -> Deferral | dict[str, Any]:
+    """Act on what the task deferred on: the attempt trigger's report, or the end of a backoff.
 
     The current attempt is the ledger's last one (not a value the deferral
     carried: the ledger is what a retried task sees too). Every wake judges
-    the checkpoints written since the last one. A failure is classified and
-    decided as in ``train``; unless the policy says fail (``TrainingFailed``),
-    the next attempt is launched and watched. Every wake renews the run's
-    lease on the lineage; if another run took it meanwhile, the attempt ends.
+    the checkpoints written since the last one and renews the run's lease on
+    the lineage; if another run took it meanwhile, the attempt ends.
     """
+    return _wake(run, nodes, launcher, spares, news, run_state)
+
+
+def _wake(
+    run: Run,
+    nodes: list[str],
+    launcher: Launcher,
+    spares: list[str] | None,
+    news: Reported | BackoffOver | None,
+    run_state: lease.RunState | None,
+) -> Deferral | dict[str, Any]:
+    reader = StateReader(run.ledger)
+    max_steps = run.spec.training.max_steps
     try:
-        held = _hold_or_end(run, launcher, run_state)
+        try:
+            held = hold_lineage(run, run_state)
+        except LineageBusy as exc:
+            target = reader.now().target_step(max_steps) or max_steps
+            _deferred(run, nodes, spares, launcher, reader, target).lost_lease(str(exc))  # ends the attempt, raises
+            raise
         _, start = resume_point(run, held)
-        target = start + run.spec.training.max_steps
-        course, plan, handle, watch = _current(run, launcher, target)
-        run.ledger.append(
-            "train", "attempt_event", attempt=plan.attempt, status=event["status"], message=event.get("message", "")
-        )
-        # Look first, then judge the checkpoints: an attempt seen finished has its last one on disk.
-        status = launcher.poll(handle) if event["status"] not in ("succeeded", "error") else None
-        _watcher(run).carry_on(start).sweep()
-        beats = Path(plan.env["TRAINYARD_HEARTBEAT_DIR"])
-        if event["status"] == "error":
-            # The cluster did not answer; the attempt may well be running. A retried task re-attaches.
-            raise TransientError(f"lost sight of attempt {plan.attempt}: {event['message']}")
-        problem = _problem(run, status, plan, watch, event) if status is not None else None
-        if problem == "running":
-            # A wake-up with nothing wrong: wait on. The task's own log gets a progress line per wake, since
-            # the triggerer starts a new log file for each trigger and the earlier lines leave the UI's view.
-            log.info("%s", _progress(run, plan, target, every_s=0).poll(time.time()))
-            return {"watch": watch}
-        launcher.cancel(handle)
-        if problem is None:
-            result = attempt_succeeded(plan, watch["started"], beats, run.ledger)
-            trained = _trained(run, nodes, start, target, result)
-            run.ledger.append("train", "stage_end", seconds=_train_seconds(run), result=trained)
-            return {"result": trained}
-        failed = attempt_failed(plan, problem[0], run.ledger, beats, *problem[1])
-        course, delay = recover(
-            launcher,
-            failed,
-            course,
-            _spares_left(run, spares),
-            lambda c, free: _situation(run, c, free),
-            run.spec.recovery,
-            run.ledger,
-            lambda step: _rollback(run, step),
-        )
-        pause(delay, held.keep)
-        return {"watch": _launch(run, launcher, plan.attempt + 1, course, target)}
+        driver = _deferred(run, nodes, spares, launcher, reader, start + max_steps, start)
+        outcome = driver.begin() if news is None else driver.resume(news)
+        if not isinstance(outcome, Done):
+            return outcome
+        trained = _trained(run, nodes, start, start + max_steps, outcome.result)
+        run.ledger.append("train", "stage_end", seconds=_train_seconds(reader), result=trained)
+        return trained
     except Exception as exc:
-        _stage_failed(run, "train", exc, _train_seconds(run))
+        _stage_failed(run, "train", exc, _train_seconds(reader))
         raise
 
 
-def _hold_or_end(run: Run, launcher: Any, run_state: lease.RunState | None) -> lease.Lease:
-    """Claim the lineage again at each deferred wake; if another run holds it now, end this run's attempt
-    (its pods run on without a task process) before failing."""
-    try:
-        return hold_lineage(run, run_state)
-    except LineageBusy:
-        first = next(run.ledger.events("train", "resume_point"), None)
-        if first and _unfinished_attempt(run) is not None:
-            launcher.cancel(_current(run, launcher, first["start_step"] + run.spec.training.max_steps)[2])
-        raise
+def _deferred(
+    run: Run,
+    nodes: list[str],
+    spares: list[str] | None,
+    launcher: Launcher,
+    reader: StateReader,
+    target: int,
+    start: int | None = None,
+) -> Deferred:
+    return Deferred(
+        launcher,
+        reader,
+        _context(run, nodes, spares, launcher),
+        _hooks(run, target, progress_every_s=0),
+        run.spec.training.heartbeat_timeout_s,
+        target,
+        on_wake=None if start is None else lambda: _watcher(run).carry_on(start).sweep(),
+    )
 
 
-def _problem(
-    run: Run, status: AttemptStatus, plan: LaunchPlan, watch: dict[str, Any], event: dict[str, Any]
-) -> tuple[AttemptStatus, tuple[str, list[str], str]] | str | None:
-    """What a non-success event means, judged on a fresh look (``status``, with the pods' logs as evidence):
-    the status and ``(trigger, suspects, reason)`` of a failure, ``None`` if it succeeded, or ``"running"``."""
-    if event["status"] == "hang":
-        return status, ("hang", list(event.get("suspects", [])), event["message"])
-    beats = Path(plan.env["TRAINYARD_HEARTBEAT_DIR"])
-    problem = detect(status, beats, plan.world_size, watch["started"], run.spec.training.heartbeat_timeout_s)
-    if problem:
-        return status, problem
-    if event["status"] == "failed":  # the pods went before this look: the trigger's record is the evidence
-        return status_from_dicts(event["nodes"]), ("crash", [], event["message"])
-    return None if status.state == "succeeded" else "running"
-
-
-def _launch(run: Run, launcher: Any, attempt: int, course: Course, target: int) -> dict[str, Any]:
-    plan = _plan(run, attempt, course, target)
-    start_attempt(launcher, plan, run.ledger)
-    return _current(run, launcher, target)[3]
-
-
-def _current(run: Run, launcher: Any, target: int) -> tuple[Course, LaunchPlan, Any, dict[str, Any]]:
-    """The ledger's last attempt: its course, plan (rebuilt exactly: plans are pure), handle and watch.
-
-    The watch is what the trigger needs, JSON-safe: it travels through the metadata DB.
-    """
-    last = list(run.ledger.events("train", "attempt_start"))[-1]
-    course = _attempt_course(last)
-    plan = _plan(run, last["attempt"], course, target)
-    handle = launcher.attach(plan)
-    watch = {
-        "attempt": plan.attempt,
-        "started": last["ts"],
-        "namespace": handle.namespace,
-        "job_name": handle.name,
-        "nodes": list(plan.nodes),
-        "world_size": plan.world_size,
-        "heartbeat_dir": plan.env["TRAINYARD_HEARTBEAT_DIR"],
-        "target_step": target,
-    }
-    return course, plan, handle, watch
-
-
-def _unfinished_attempt(run: Run) -> dict[str, Any] | None:
-    """The last attempt_start without an attempt_end: launched by a task process that then died."""
-    starts = list(run.ledger.events("train", "attempt_start"))
-    ended = {e["attempt"] for e in run.ledger.events("train", "attempt_end")}
-    return starts[-1] if starts and starts[-1]["attempt"] not in ended else None
-
-
-def _attempt_course(start: dict[str, Any]) -> Course:
-    return Course(list(start["nodes"]), int(start["micro_batch"]), start["resume_from"])
-
-
-def _train_seconds(run: Run) -> float:
+def _train_seconds(reader: StateReader) -> float:
     """Since this task's train stage started: its process changed at every wake-up."""
-    starts = [e["ts"] for e in run.ledger.events("train", "stage_start")]
-    return round(time.time() - starts[-1], 3) if starts else 0.0
-
-
-def _course(run: Run, nodes: list[str], resume_from: str) -> tuple[Course, int]:
-    """Where a (possibly retried) train task starts: the first attempt, or after the last one in the ledger."""
-    starts = list(run.ledger.events("train", "attempt_start"))
-    if not starts:
-        return Course(list(nodes), run.spec.training.micro_batch, resume_from), 1
-    last = starts[-1]
-    decision = next(
-        (e for e in reversed(list(run.ledger.events("train", "decision"))) if e["attempt"] == last["attempt"]), {}
-    )
-    course = Course(
-        decision.get("new_nodes", last["nodes"]),
-        int(decision.get("micro_batch") or last["micro_batch"] or run.spec.training.micro_batch),
-        "latest",
-    )
-    return course, last["attempt"] + 1
+    began = reader.now().stage_start
+    return round(time.time() - began, 3) if began is not None else 0.0
 
 
 def _plan(run: Run, attempt: int, course: Course, target: int) -> LaunchPlan:
@@ -593,18 +508,12 @@ def _plan(run: Run, attempt: int, course: Course, target: int) -> LaunchPlan:
     )
 
 
-def _situation(run: Run, course: Course, spares: list[str]) -> Situation:
+def _checkpoints(run: Run) -> Checkpoints:
+    """The hot checkpoints, for the recovery policy: the valid steps and the lineage's latest."""
     latest = registry.latest(run.checkpoint_root)
-    started = course.resume_from if course.resume_from not in ("latest", "none") else str(latest) if latest else None
-    return Situation(
-        nodes=list(course.nodes),
-        spares=list(spares),
-        min_nodes=run.spec.nodes.min,
-        procs_per_node=run.spec.nodes.procs_per_node,
-        global_batch=run.spec.training.global_batch,
-        micro_batch=course.micro_batch,
+    return Checkpoints(
         valid_steps=[step_of(c) or 0 for c in list_checkpoints(run.checkpoint_root) if not verify(c)],
-        resumed_from=step_of(Path(started)) if started else None,
+        latest_step=step_of(latest) if latest else None,
     )
 
 

@@ -108,3 +108,44 @@ def test_the_lease_asks_airflow_for_the_holders_run_state(
     monkeypatch.setattr(task_runner, "SUPERVISOR_COMMS", comms, raising=False)
     assert dagrun_state("nightly", "r1") == expected
     assert comms.asked == [("nightly", "r1")]
+
+
+def test_the_attempt_triggers_event_is_read_back_typed_in_one_place() -> None:
+    from trainyard.airflow.triggers import KubernetesAttemptTrigger, reported
+    from trainyard.launch.base import AttemptStatus, NodeStatus
+    from trainyard.recovery.controller import Reported
+
+    trigger = KubernetesAttemptTrigger(namespace="ml", job_name="j", nodes=["a", "b"], attempt=3)
+    status = AttemptStatus([NodeStatus("a", "running"), NodeStatus("b", "failed", 137, reason="OOMKilled")])
+    payload = json.loads(json.dumps(trigger._event("hang", status, "no progress", ["a"]).payload))
+    assert reported(payload) == Reported("hang", "no progress", 3, status.nodes, ["a"])
+    assert reported({"status": "error", "message": "503"}) == Reported("error", "503")  # a trigger not told its attempt
+    with pytest.raises(ValueError, match="status 'exploded' is not one of"):
+        reported({"status": "exploded"})
+
+
+def test_a_watch_travels_as_json() -> None:
+    from trainyard.recovery.deferred import AttemptWatch
+
+    watch = AttemptWatch(2, 1700000000.5, "ml", "job-a2", ["gpu-a", "gpu-b"], 2, "/hot/attempt-2/heartbeat", 40)
+    assert AttemptWatch.from_json(json.loads(json.dumps(watch.to_json()))) == watch
+
+
+def test_a_backoff_waits_on_a_time_trigger_at_most_until_the_next_wake() -> None:
+    """Each wake renews the run's lease on its lineage, so an hour's backoff is cut into ``wake_every_s`` waits."""
+    import datetime as dt
+    from types import SimpleNamespace
+
+    from airflow.providers.standard.triggers.temporal import DateTimeTrigger
+
+    from trainyard.airflow.operators import backoff_trigger
+    from trainyard.recovery.deferred import Backoff
+
+    nodes = NodesSpec(count=2, backend="kubernetes", kubernetes={"image": "trainer:1", "wake_every_s": 60})
+    run = SimpleNamespace(spec=SimpleNamespace(nodes=nodes))
+    far, near = (
+        backoff_trigger(run, Backoff(10_000.0), now=1_000.0),
+        backoff_trigger(run, Backoff(1_030.0), now=1_000.0),
+    )
+    assert isinstance(far, DateTimeTrigger) and far.moment == dt.datetime.fromtimestamp(1_060.0, tz=dt.timezone.utc)
+    assert near.moment == dt.datetime.fromtimestamp(1_030.0, tz=dt.timezone.utc)

@@ -12,6 +12,7 @@ local processes, so the ranks really train, checkpoint, fail and resume.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import os
 import re
@@ -22,13 +23,17 @@ from typing import Any
 
 import psutil
 import pytest
+from airflow.providers.standard.triggers.temporal import DateTimeTrigger
 from airflow_helpers import ROOT, TASKS, airflow, airflow_env, run_state, task_states, wait_until
 from fake_k8s import FakeKube, Kubelet, airflow_connection
 
 from trainyard import stages
-from trainyard.airflow.operators import defers, launcher_for, trigger_for
+from trainyard.airflow.operators import TrainOperator, backoff_trigger, defers, launcher_for, trigger_for
+from trainyard.airflow.triggers import KubernetesAttemptTrigger, reported
 from trainyard.checkpoint.format import read_manifest
 from trainyard.ledger import Ledger
+from trainyard.recovery.controller import BackoffOver, Reported
+from trainyard.recovery.deferred import AttemptWatch, Backoff
 from trainyard.run import Run, open_run
 from trainyard.shards import write_synthetic_corpus
 
@@ -54,7 +59,7 @@ training:
   heartbeat_timeout_s: 6
   progress_every_s: 1
 checkpoint: {{hot: "file://{root}/ckpt", cold: "file://{root}/coldckpt"}}
-recovery: {{max_attempts: 3, backoff_s: 0.2}}
+recovery: {{max_attempts: 3, backoff_s: {backoff}}}
 drills: {drills}
 """
 
@@ -69,10 +74,10 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     server.stop()
 
 
-def run_with(tmp_path: Path, drills: str) -> Run:
+def run_with(tmp_path: Path, drills: str, backoff_s: float = 0.2) -> Run:
     write_synthetic_corpus(tmp_path / "cold", shards=2, tokens_per_shard=16_384)
     spec = tmp_path / "k8s.yaml"
-    spec.write_text(SPEC.format(root=tmp_path, ns=NS, drills=drills))
+    spec.write_text(SPEC.format(root=tmp_path, ns=NS, drills=drills, backoff=backoff_s))
     run = open_run(spec, "k8s", f"deferred-{time.monotonic_ns()}", "2026-11-28")
     stages.stage_dataset(run)
     return run
@@ -87,18 +92,30 @@ def first_event(trigger: Any, limit_s: float = 120) -> dict[str, Any]:
     return asyncio.run(asyncio.wait_for(wait(), timeout=limit_s))
 
 
+def triggered(trigger: Any) -> dict[str, Any]:
+    """The trigger's first event, run as the triggerer runs it: rebuilt from what ``serialize`` stored."""
+    classpath, data = trigger.serialize()  # what the triggerer gets from the metadata DB
+    module, _, name = classpath.rpartition(".")
+    rebuilt = getattr(importlib.import_module(module), name)(**json.loads(json.dumps(data)))
+    return first_event(rebuilt)
+
+
 def deferred_train(run: Run) -> tuple[dict[str, Any], list[str]]:
     """What Airflow does with the deferred operator: each half in a fresh launcher, as in a fresh process."""
     assert defers(run.spec.nodes)
-    outcome = {"watch": stages.start_training(run, NODES, launcher_for(run.spec.nodes), [])}
+    outcome = stages.start_training(run, NODES, launcher_for(run.spec.nodes), [])
     seen = []
-    while "watch" in outcome:
-        trigger = trigger_for(run, outcome["watch"])
-        _kind, data = trigger.serialize()  # what the triggerer gets from the metadata DB
-        event = first_event(type(trigger)(**json.loads(json.dumps(data))))
-        seen.append(event["status"])
-        outcome = stages.continue_training(run, NODES, launcher_for(run.spec.nodes), [], event)
-    return outcome["result"], seen
+    while not isinstance(outcome, dict):
+        if isinstance(outcome, Backoff):  # the backoff is a deferral too: on a time trigger, not a sleep
+            first_event(backoff_trigger(run, outcome))  # the provider's DateTimeTrigger, run as the triggerer would
+            seen.append("backoff")
+            news: Reported | BackoffOver = BackoffOver(time.time())
+        else:
+            event = triggered(trigger_for(run, AttemptWatch.from_json(json.loads(json.dumps(outcome.to_json())))))
+            seen.append(event["status"])
+            news = reported(event)
+        outcome = stages.continue_training(run, NODES, launcher_for(run.spec.nodes), [], news)
+    return outcome, seen
 
 
 def evicted(fake: FakeKube) -> list[str]:
@@ -117,7 +134,7 @@ def test_an_oom_pod_is_retried_with_half_the_micro_batch_and_the_run_finishes(fa
     run = run_with(tmp_path, "[{fault: oom, node: gpu-b, step: 12}]")
     with Kubelet(fake, NS, NODES, tmp_path / "kubelet"):
         result, seen = deferred_train(run)
-    assert seen[-1] == "succeeded" and "failed" in seen
+    assert seen[-1] == "succeeded" and seen[seen.index("failed") + 1] == "backoff"
     [classified] = train_events(run, "failure_classified")
     assert classified["kind"] == "oom" and classified["culprits"] == ["gpu-b"]
     [decision] = train_events(run, "decision")
@@ -159,7 +176,7 @@ def test_a_hung_rank_is_seen_by_the_trigger_and_the_run_scales_down(fake: FakeKu
         result, seen = deferred_train(run)
         # The deleted pods' processes are gone, the stopped worker of the hung one too.
         wait_until(lambda: not processes_of(run), 5, "the run's processes to end", every_s=0.1)
-    assert "hang" in seen and seen[-1] == "succeeded"
+    assert "hang" in seen and seen[-1] == "succeeded" and "backoff" in seen
     [classified] = train_events(run, "failure_classified")
     assert classified["kind"] == "hang" and classified["culprits"] == ["gpu-b"]
     [decision] = train_events(run, "decision")
@@ -177,7 +194,7 @@ def test_the_train_task_defers_in_a_real_airflow_run(fake: FakeKube, tmp_path: P
     (dags / "pipelines").mkdir(parents=True)
     shutil.copy(ROOT / "dags" / "pipelines.py", dags)
     write_synthetic_corpus(tmp_path / "cold", shards=2, tokens_per_shard=16_384)
-    (dags / "pipelines" / "k8s_train.yaml").write_text(SPEC.format(root=tmp_path, ns=NS, drills="[]"))
+    (dags / "pipelines" / "k8s_train.yaml").write_text(SPEC.format(root=tmp_path, ns=NS, drills="[]", backoff=0.2))
     env = airflow_env(tmp_path / "home", dags, AIRFLOW_CONN_FAKE_CLUSTER=os.environ["AIRFLOW_CONN_FAKE_CLUSTER"])
     with Kubelet(fake, NS, NODES, tmp_path / "kubelet"):
         done = airflow(env, "dags", "test", "k8s_train", "2026-11-28")
@@ -200,3 +217,42 @@ def test_the_train_task_defers_in_a_real_airflow_run(fake: FakeKube, tmp_path: P
         int(s) for s in re.findall(r"progress: attempt 1, world size 2, step (\d+)/20 ", done.stdout + done.stderr)
     ]
     assert steps and steps == sorted(steps), out
+
+
+class TaskInstance:
+    """The slice of Airflow's task instance the train operator reads: burn-in's choice."""
+
+    def xcom_pull(self, task_ids: str) -> dict[str, Any]:
+        return {"healthy": NODES, "spare": []}
+
+
+def test_a_backoff_defers_on_a_time_trigger_instead_of_sleeping_in_the_worker(fake: FakeKube, tmp_path: Path) -> None:
+    """The operator as Airflow runs it: after the OOM, the task defers on a ``DateTimeTrigger`` for the backoff
+    (no worker slot sleeps through it), at most until its next wake (which renews the lease); a wake before
+    the backoff is over defers again, and nothing is launched until it is."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    run = run_with(tmp_path, "[{fault: oom, node: gpu-b, step: 12}]", backoff_s=30)
+    op = TrainOperator(task_id="train", spec_path=str(run.spec_path), run_file=str(run.dir / "spec.json"))
+    context = {"ti": TaskInstance()}
+    with Kubelet(fake, NS, NODES, tmp_path / "kubelet"):
+        with pytest.raises(TaskDeferred) as deferred:
+            op.execute(context)
+        while deferred.value.method_name == "attempt_event":
+            assert isinstance(deferred.value.trigger, KubernetesAttemptTrigger)
+            event = triggered(deferred.value.trigger)
+            with pytest.raises(TaskDeferred) as deferred:
+                op.attempt_event(context, event)
+    assert event["status"] == "failed"
+    [decision] = train_events(run, "decision")
+    assert decision["action"] == "retry" and decision["delay_s"] == 30
+    waited = deferred.value
+    assert waited.method_name == "backoff_over" and isinstance(waited.trigger, DateTimeTrigger)
+    until = waited.trigger.moment.timestamp()
+    assert until <= decision["ts"] + 30 and until <= time.time() + run.spec.nodes.kubernetes.wake_every_s
+    assert [s["attempt"] for s in train_events(run, "attempt_start")] == [1]  # nothing launched during the wait
+    with pytest.raises(TaskDeferred) as again:  # woken before the backoff is over: wait on, on a time trigger
+        op.backoff_over(context, None)
+    assert again.value.method_name == "backoff_over" and isinstance(again.value.trigger, DateTimeTrigger)
+    assert [s["attempt"] for s in train_events(run, "attempt_start")] == [1]
+    assert fake.items("apis/batch/v1", "jobs", NS) == []  # the failed attempt's Job is gone meanwhile

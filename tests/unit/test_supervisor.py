@@ -6,7 +6,10 @@ from pathlib import Path
 
 from trainyard.launch.base import AttemptStatus, LaunchPlan, NodeStatus
 from trainyard.launch.local import torchrun_argv
-from trainyard.recovery.supervisor import stale_ranks
+from trainyard.ledger import Ledger
+from trainyard.recovery.controller import Checkpoints, Context, Course
+from trainyard.recovery.supervisor import Hooks, stale_ranks, supervise
+from trainyard.spec import RecoverySpec
 from trainyard.stages import _cli_args
 from trainyard.train.contract import TrainEnv
 
@@ -56,3 +59,72 @@ def test_torchrun_argv_is_an_argument_list_per_node(tmp_path: Path) -> None:
     assert host[-5:] == ["-m", "trainyard.train", "--lr", "0.1", "--compile"]
     script = LaunchPlan(**{**plan.__dict__, "entrypoint": "/opt/train.py", "args": []})
     assert torchrun_argv(script, 1, 0)[-1] == "/opt/train.py"
+
+
+class ScriptedLauncher:
+    """A launcher whose attempts end as scripted (attempt number -> status); records what the driver asked."""
+
+    reattaches = True
+
+    def __init__(self, outcomes: dict[int, AttemptStatus]) -> None:
+        self.outcomes = outcomes
+        self.launched: list[int] = []
+        self.attached: list[int] = []
+        self.cancelled: list[int] = []
+        self.excluded: list[str] = []
+
+    def launch(self, plan: LaunchPlan) -> int:
+        self.launched.append(plan.attempt)
+        return plan.attempt
+
+    def attach(self, plan: LaunchPlan) -> int:
+        self.attached.append(plan.attempt)
+        return plan.attempt
+
+    def poll(self, handle: int) -> AttemptStatus:
+        return self.outcomes[handle]
+
+    def cancel(self, handle: int) -> None:
+        self.cancelled.append(handle)
+
+    def exclude(self, nodes: list[str]) -> list[str]:
+        self.excluded += nodes
+        return nodes
+
+    def cancel_all(self) -> None:
+        pass
+
+
+def drive(tmp_path: Path, launcher: ScriptedLauncher, ledger: Ledger):
+    def plan_for(attempt: int, course: Course) -> LaunchPlan:
+        return LaunchPlan("r", attempt, list(course.nodes), 1, "train.py", [], {
+            "TRAINYARD_HEARTBEAT_DIR": str(tmp_path / f"attempt-{attempt}" / "hb"),
+            "TRAINYARD_MICRO_BATCH": str(course.micro_batch), "TRAINYARD_RESUME_FROM": course.resume_from,
+        }, tmp_path / f"attempt-{attempt}")  # fmt: skip
+
+    ctx = Context(RecoverySpec(backoff_s=0), ["n0", "n1", "n2"], [], 2, 12, 2, 1, reattach=launcher.reattaches)
+    hooks = Hooks(plan_for, rollback_to=lambda step: "none", checkpoints=Checkpoints)
+    return supervise(launcher, ledger, ctx, hooks, heartbeat_timeout_s=600, poll_s=0.01)
+
+
+def test_the_blocking_driver_carries_out_a_scale_down_and_finishes(tmp_path: Path) -> None:
+    lost = AttemptStatus([NodeStatus("n0", "running"), NodeStatus("n1", "failed", -9), NodeStatus("n2", "running")])
+    done = AttemptStatus([NodeStatus("n0", "succeeded", 0), NodeStatus("n2", "succeeded", 0)])
+    launcher, ledger = ScriptedLauncher({1: lost, 2: done}), Ledger.in_dir(tmp_path)
+    ledger.append("train", "resume_point", resume_from="none", start_step=0)
+    result = drive(tmp_path, launcher, ledger)
+    assert result.attempt == 2 and launcher.launched == [1, 2] and launcher.cancelled == [1, 2]
+    assert launcher.excluded == ["n1"]
+    assert [e["nodes"] for e in ledger.events("train", "attempt_start")] == [["n0", "n1", "n2"], ["n0", "n2"]]
+    assert [e["nodes"] for e in ledger.events("train", "nodes_marked")] == [["n1"]]
+    assert [e["state"] for e in ledger.events("train", "attempt_end")] == ["failed", "succeeded"]
+
+
+def test_a_retried_blocking_task_watches_the_attempt_its_predecessor_left_running(tmp_path: Path) -> None:
+    """Pods outlive the task process: a retry re-attaches instead of launching a second Job beside them."""
+    done = AttemptStatus([NodeStatus(n, "succeeded", 0) for n in ("n0", "n1", "n2")])
+    launcher, ledger = ScriptedLauncher({1: done}), Ledger.in_dir(tmp_path)
+    ledger.append("train", "resume_point", resume_from="none", start_step=0)
+    ledger.append("train", "attempt_start", attempt=1, nodes=["n0", "n1", "n2"], micro_batch="2", resume_from="none")
+    result = drive(tmp_path, launcher, ledger)
+    assert result.attempt == 1 and launcher.launched == [] and launcher.attached == [1]

@@ -9,11 +9,15 @@ On the Kubernetes backend the task defers while an attempt runs (the pods
 need no babysitter in the worker): ``stages.start_training`` launches, the
 ``KubernetesAttemptTrigger`` watches from the triggerer, and each of its
 events resumes the task in ``attempt_event``, which decides and launches
-again or returns the result.
+again or returns the result. A retry's backoff is a deferral too, on the
+provider's ``DateTimeTrigger`` (resumed in ``backoff_over``): no worker slot
+sleeps through it.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import time
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator, BaseOperatorLink, conf
@@ -24,9 +28,13 @@ from trainyard.report.pages import run_url
 from trainyard.spec import NodesSpec
 
 if TYPE_CHECKING:  # the Kubernetes clients take a second to import: at run time, not at DAG parse time
+    from airflow.providers.standard.triggers.temporal import DateTimeTrigger
+
     from trainyard.airflow.triggers import KubernetesAttemptTrigger
     from trainyard.launch.kubernetes import KubernetesLauncher
     from trainyard.launch.local import LocalLauncher
+    from trainyard.recovery.controller import BackoffOver, Reported
+    from trainyard.recovery.deferred import AttemptWatch, Backoff
     from trainyard.run import Run
 
 
@@ -45,8 +53,8 @@ def defers(nodes: NodesSpec) -> bool:
     return nodes.backend == "kubernetes" and nodes.kubernetes is not None and nodes.kubernetes.deferrable
 
 
-def trigger_for(run: Run, watch: dict[str, Any]) -> KubernetesAttemptTrigger:
-    """The trigger watching the attempt ``stages.start_training`` / ``continue_training`` launched."""
+def trigger_for(run: Run, watch: AttemptWatch) -> KubernetesAttemptTrigger:
+    """The trigger watching the attempt ``stages.start_training`` / ``continue_training`` launched or re-attached."""
     from trainyard.airflow.triggers import KubernetesAttemptTrigger
     from trainyard.recovery.progress import tokens_per_step
 
@@ -54,23 +62,34 @@ def trigger_for(run: Run, watch: dict[str, Any]) -> KubernetesAttemptTrigger:
     assert k8s is not None
     training = run.spec.training
     return KubernetesAttemptTrigger(
-        namespace=watch["namespace"],
-        job_name=watch["job_name"],
-        nodes=watch["nodes"],
+        namespace=watch.namespace,
+        job_name=watch.job_name,
+        nodes=list(watch.nodes),
         poll_interval=k8s.poll_s,
         kubernetes_conn_id=k8s.connection,
         timeout_s=k8s.wake_every_s,
-        heartbeat_dir=watch["heartbeat_dir"],
+        heartbeat_dir=watch.heartbeat_dir,
         heartbeat_timeout_s=run.spec.training.heartbeat_timeout_s,
-        world_size=watch["world_size"],
-        started=watch["started"],
+        world_size=watch.world_size,
+        started=watch.started,
         podgroup=k8s.scheduler == "volcano",
-        attempt=watch["attempt"],
-        target_step=watch["target_step"],
+        attempt=watch.attempt,
+        target_step=watch.target_step,
         tokens_per_step=tokens_per_step(training.global_batch, training.args),
         progress_every_s=training.progress_every_s,
         checkpoint_dir=str(run.checkpoint_root),
     )
+
+
+def backoff_trigger(run: Run, backoff: Backoff, now: float | None = None) -> DateTimeTrigger:
+    """The time trigger a backoff defers on: until its end, or the next wake (``wake_every_s``) if sooner,
+    since every wake renews the run's lease on its lineage (a backoff can last an hour)."""
+    from airflow.providers.standard.triggers.temporal import DateTimeTrigger
+
+    k8s = run.spec.nodes.kubernetes
+    wake = (time.time() if now is None else now) + (k8s.wake_every_s if k8s is not None else 0.0)
+    until = min(backoff.until, wake) if k8s is not None else backoff.until
+    return DateTimeTrigger(moment=dt.datetime.fromtimestamp(until, tz=dt.timezone.utc))
 
 
 class RunPageLink(BaseOperatorLink):
@@ -121,26 +140,47 @@ class TrainOperator(BaseOperator):
                     spares=chosen.get("spare", []),
                     run_state=dagrun_state,
                 )
-            watch = load_stages().start_training(
+            outcome = load_stages().start_training(
                 run, chosen["healthy"], self._launcher, chosen.get("spare", []), run_state=dagrun_state
             )
-        self.defer(trigger=trigger_for(run, watch), method_name="attempt_event")
+        return self._wait_for(run, outcome)
 
     def attempt_event(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
-        """Resumed by the trigger: act on the event, then wait on (the same or the next attempt) or finish.
+        """Resumed by the attempt trigger: act on its event, then wait on (this attempt, a backoff, the next one)
+        or finish.
 
         Which attempt the event is about comes from the run's ledger, not from
         deferral kwargs (``airflow dags test`` does not pass those back).
         """
+        from trainyard.airflow.triggers import reported
+
+        return self._resumed(context, reported(event))
+
+    def backoff_over(self, context: Any, event: Any = None) -> dict[str, Any]:
+        """Resumed by the backoff's time trigger: launch the next attempt (or wait on, if the backoff is not over)."""
+        from trainyard.recovery.controller import BackoffOver
+
+        return self._resumed(context, BackoffOver(time.time()))
+
+    def _resumed(self, context: Any, news: Reported | BackoffOver) -> dict[str, Any]:
         chosen = context["ti"].xcom_pull(task_ids=self.burn_in_task_id)
         with stage_run(self.spec_path, self.run_file, "train") as run:
             self._launcher = launcher_for(run.spec.nodes)
             outcome = load_stages().continue_training(
-                run, chosen["healthy"], self._launcher, chosen.get("spare", []), event, run_state=dagrun_state
+                run, chosen["healthy"], self._launcher, chosen.get("spare", []), news, run_state=dagrun_state
             )
-        if "result" in outcome:
-            return outcome["result"]
-        self.defer(trigger=trigger_for(run, outcome["watch"]), method_name="attempt_event")
+        return self._wait_for(run, outcome)
+
+    def _wait_for(self, run: Run, outcome: AttemptWatch | Backoff | dict[str, Any]) -> dict[str, Any]:
+        """Defer on what the deferred driver waits for (the attempt's trigger, or a time), or return the result."""
+        from trainyard.recovery.deferred import AttemptWatch, Backoff
+
+        if isinstance(outcome, AttemptWatch):
+            self.defer(trigger=trigger_for(run, outcome), method_name="attempt_event")
+        if isinstance(outcome, Backoff):
+            self.defer(trigger=backoff_trigger(run, outcome), method_name="backoff_over")
+        assert isinstance(outcome, dict), outcome
+        return outcome
 
     def on_kill(self) -> None:
         if self._launcher is not None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +35,10 @@ from trainyard.launch.kubernetes import (
     attempt_status,
     job_failure_reason,
     selector,
+    status_from_dicts,
     status_to_dicts,
 )
+from trainyard.recovery.controller import Reported
 from trainyard.recovery.progress import ProgressLog
 from trainyard.recovery.supervisor import STARTUP_GRACE_S, detect
 
@@ -69,8 +71,8 @@ _ARGUMENTS = (
 class KubernetesAttemptTrigger(BaseTrigger):
     """Fire when the attempt's Job ends: every pod succeeded, or any failed, or a rank hung (or the waiting timed out).
 
-    The event payload: ``status`` (``succeeded``, ``failed``, ``hang``,
-    ``timeout`` or ``error``), ``namespace``, ``job_name``, ``nodes``
+    The event payload (read back by ``reported``, the one place that knows it): ``status``
+    (``succeeded``, ``failed``, ``hang``, ``timeout`` or ``error``), ``attempt``, ``namespace``, ``job_name``, ``nodes``
     (``NodeStatus`` records as dicts, in node order; empty with ``error``),
     ``suspects`` (with ``hang``: the nodes whose ranks stopped pulsing) and ``message``.
 
@@ -242,10 +244,13 @@ class KubernetesAttemptTrigger(BaseTrigger):
         if line := await asyncio.to_thread(pace.poll, time.time()):  # file reads off the loop
             self.log.info("%s", line)
 
-    def _event(self, status: str, nodes: AttemptStatus | None, message: str, suspects: list[str] = ()) -> TriggerEvent:
+    def _event(
+        self, status: str, nodes: AttemptStatus | None, message: str, suspects: Sequence[str] = ()
+    ) -> TriggerEvent:
         return TriggerEvent(
             {
                 "status": status,
+                "attempt": self.attempt,
                 "namespace": self.namespace,
                 "job_name": self.job_name,
                 "nodes": status_to_dicts(nodes) if nodes is not None else [],
@@ -291,3 +296,21 @@ class KubernetesAttemptTrigger(BaseTrigger):
                 yield self._event("timeout", last, f"still running after {self.timeout_s:.0f} s")
                 return
             await asyncio.sleep(self.poll_interval)
+
+
+_STATUSES = ("succeeded", "failed", "hang", "timeout", "error")
+
+
+def reported(payload: Mapping[str, Any]) -> Reported:
+    """The ``KubernetesAttemptTrigger`` event's payload, typed for the deferred driver."""
+    status = payload.get("status")
+    if status not in _STATUSES:
+        raise ValueError(f"attempt trigger event: status {status!r} is not one of {', '.join(_STATUSES)}")
+    attempt = payload.get("attempt")
+    return Reported(
+        status=status,
+        message=str(payload.get("message", "")),
+        attempt=int(attempt) if attempt else None,  # 0: a trigger not told its attempt
+        nodes=status_from_dicts(payload.get("nodes") or []).nodes,
+        suspects=[str(n) for n in payload.get("suspects") or []],
+    )

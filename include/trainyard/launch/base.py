@@ -1,4 +1,4 @@
-"""The launcher protocol every backend implements: ``launch``, ``poll``, ``cancel``.
+"""The launcher protocol every backend implements: ``launch``, ``poll``, ``cancel``, ``attach``, ``exclude``.
 
 A plan says everything an attempt needs; statuses use one vocabulary whatever
 the backend, so the supervisor and the recovery policy never ask which
@@ -73,6 +73,14 @@ class AttemptStatus:
 
 
 class Launcher(Protocol):
+    """What the drivers (``recovery.supervisor``, ``recovery.deferred``) call; handles are the backend's own."""
+
+    @property
+    def reattaches(self) -> bool:
+        """Whether ``attach`` finds an attempt another process launched (pods do; local processes die with
+        the process that started them)."""
+        ...
+
     def launch(self, plan: LaunchPlan) -> Any:
         """Start every node of the attempt; returns a handle for ``poll`` and ``cancel``."""
         ...
@@ -85,4 +93,12 @@ class Launcher(Protocol):
 
     def exclude(self, nodes: list[str]) -> list[str]:
         """Keep later attempts off ``nodes`` (recovery left them out); returns the nodes it could mark."""
+        ...
+
+    def attach(self, plan: LaunchPlan) -> Any:
+        """The handle of ``plan``'s attempt, launched earlier by another process (a resumed or retried task)."""
+        ...
+
+    def cancel_all(self) -> None:
+        """End every attempt this launcher launched or attached and has not cancelled (the task is killed)."""
         ...

@@ -710,6 +710,9 @@ def prepare_paths(plan: LaunchPlan) -> None:
 class KubernetesLauncher:
     """``launch`` / ``poll`` / ``cancel`` over the Kubernetes API, with a ``kubernetes.client.ApiClient``."""
 
+    reattaches = True
+    """An attempt's Job outlives the task process that created it; its name comes from the plan."""
+
     def __init__(self, api_client: k8s.ApiClient, spec: KubernetesSpec, log_lines: int = 200) -> None:
         self.account = token_account(api_client)
         """The launcher's own service account, if it calls the API as one: no pod may run as it."""

@@ -86,6 +86,9 @@ def node_env(plan: LaunchPlan, node: str, parent: Mapping[str, str] | None = Non
 
 
 class LocalLauncher:
+    reattaches = False
+    """Each node is a child of the task process and dies with it (``_die_with_parent``)."""
+
     def __init__(self) -> None:
         self.active: list[LocalHandle] = []
         """Attempts launched and not yet cancelled, so ``cancel_all`` can end them on a kill."""
@@ -135,6 +138,13 @@ class LocalLauncher:
                 proc.wait(timeout=5)
         if handle in self.active:
             self.active.remove(handle)
+
+    def attach(self, plan: LaunchPlan) -> LocalHandle:
+        """Local attempts cannot be watched from another process: they die with the task that launched them."""
+        raise NotImplementedError(
+            f"attempt {plan.attempt} of run {plan.run_id}: a local attempt cannot be re-attached (its processes"
+            " ended with the task process that launched them); the next attempt is launched instead"
+        )
 
     def exclude(self, nodes: list[str]) -> list[str]:
         """Nothing to mark: a local node is a name, and the next plan simply leaves it out."""

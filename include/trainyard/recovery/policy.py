@@ -119,7 +119,7 @@ class Situation:
 def backoff(history: list[AttemptRecord], kind: FailureKind, policy: RecoverySpec) -> float:
     """``backoff_s * 2**(n-1)``; n = earlier failures of ``kind`` + this one."""
     n = sum(1 for h in history if h.kind == kind) + 1
-    return min(policy.backoff_s * 2 ** (n - 1), max(MAX_DELAY_S, policy.backoff_s))
+    return float(min(policy.backoff_s * 2 ** (n - 1), max(MAX_DELAY_S, policy.backoff_s)))
 
 
 def fitting_micro_batch(global_batch: int, ranks: int, at_most: int) -> int | None:
@@ -183,8 +183,8 @@ def _scale_down(history: list[AttemptRecord], failure: Classified, s: Situation,
     for world in range(len(pool), s.min_nodes - 1, -1):
         micro = fitting_micro_batch(s.global_batch, world * s.procs_per_node, s.micro_batch)
         if micro is not None:
-            joined = f" (spare {', '.join(spares)} joins)" if spares else ""
-            return ScaleDown(pool[:world], delay, f"{what}: scale down {len(s.nodes)} -> {world} nodes{joined},"
+            joining = f" (spare {', '.join(spares)} joins)" if spares else ""
+            return ScaleDown(pool[:world], delay, f"{what}: scale down {len(s.nodes)} -> {world} nodes{joining},"
                                                   f" {_batch(s, world, micro)}", micro)  # fmt: skip
     return Fail(f"{what}: cannot scale down: no world size from {len(pool)} down to nodes.min {s.min_nodes}"
                 f" x {s.procs_per_node} procs divides the global batch {s.global_batch}")  # fmt: skip
@@ -192,9 +192,10 @@ def _scale_down(history: list[AttemptRecord], failure: Classified, s: Situation,
 
 def _rollback(history: list[AttemptRecord], failure: Classified, s: Situation, delay: float) -> Decision:
     ceiling = failure.step
-    recurring = s.resumed_from is not None and any(h.kind == failure.kind for h in history)
-    if recurring:  # the failed attempt resumed after the same failure, from a checkpoint that is now suspect
-        ceiling = s.resumed_from if ceiling is None else min(ceiling, s.resumed_from)
+    resumed = s.resumed_from
+    if resumed is not None and any(h.kind == failure.kind for h in history):
+        # the failed attempt resumed after the same failure, from a checkpoint that is now suspect
+        ceiling = resumed if ceiling is None else min(ceiling, resumed)
     below = [v for v in s.valid_steps if v > 0 and (ceiling is None or v < ceiling)]
     seen_at = f" below step {ceiling}" if ceiling is not None else ""
     if below:

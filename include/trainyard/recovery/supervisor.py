@@ -1,13 +1,19 @@
-"""The supervisor: run training attempts until one succeeds or the policy says stop.
+"""The blocking driver: run training attempts until one succeeds or the policy says stop.
 
+The controller (``recovery.controller``, pure) decides; this module watches
+and carries its commands out, blocking: the local backend and the tests.
 One attempt: launch, then watch exits and heartbeats. A node whose agent
 exits non-zero has crashed; a rank whose heartbeat is older than the timeout
-(or that never beat within it) is hung. On any failure every node of the
-attempt is ended at once -- survivors of a dead collective would otherwise
-wait out gloo's timeout -- and the failure is classified, a decision taken
-(``recovery.policy``, pure) and carried out: retry, scale down, roll back or
-fail. Every step is a ledger event, so a retried Airflow task carries on
-from the ledger instead of starting over.
+(or that never beat within it) is hung. Either becomes an observation with
+its evidence (node statuses, log tails, the hot checkpoints) for ``step``,
+which ends every node of the attempt at once -- survivors of a dead
+collective would otherwise wait out gloo's timeout --, classifies, decides
+and records. Every decision is a ledger event, so a retried Airflow task
+carries on from the ledger instead of starting over.
+
+``Driver`` carries out the commands both drivers share (record, cancel, roll
+back, exclude, launch); the deferred driver (``recovery.deferred``) waits its
+own way.
 """
 
 from __future__ import annotations
@@ -16,34 +22,55 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from trainyard.atomic import open_regular
-from trainyard.errors import TrainingFailed
+from trainyard.errors import LineageBusy, TrainingFailed, TransientError
 from trainyard.launch.base import AttemptStatus, Launcher, LaunchPlan
 from trainyard.ledger import Ledger
-from trainyard.recovery.classify import Classified, Failure, NodeFailure, classify
-from trainyard.recovery.policy import AttemptRecord, Fail, Rollback, ScaleDown, Situation, decide
-from trainyard.spec import RecoverySpec
+from trainyard.recovery.classify import Failure
+from trainyard.recovery.controller import (
+    STAGE,
+    AttemptResult,
+    AttemptSucceeded,
+    BackoffOver,
+    Cancel,
+    Checkpoints,
+    Command,
+    Context,
+    Course,
+    ExcludeNodes,
+    Fail,
+    Finish,
+    LeaseLost,
+    Observation,
+    Record,
+    RollBack,
+    TaskStarted,
+    TrainState,
+    WaitUntil,
+    Watch,
+    ended,
+    node_failures,
+    step,
+    succeeded,
+)
+from trainyard.recovery.controller import AttemptFailed as Failed
+from trainyard.recovery.controller import Launch as LaunchCommand
 
 if TYPE_CHECKING:  # progress reads heartbeats with this module's reader
     from trainyard.recovery.progress import ProgressLog
 
+__all__ = ["AttemptResult", "Course", "supervise"]  # AttemptResult and Course moved to the controller
 log = logging.getLogger(__name__)
 TAIL_LINES = 50
-
-
-@dataclass(frozen=True)
-class AttemptResult:
-    attempt: int
-    seconds: float
-    last_step: int | None
+T = TypeVar("T")
 
 
 class AttemptFailed(TrainingFailed):
-    """An attempt ended badly; what the supervisor saw, for ``classify``."""
+    """An attempt ended badly (``run_attempt``); what the supervisor saw, for ``classify``."""
 
     def __init__(self, message: str, failure: Failure, detected_at: float):
         self.failure, self.detected_at = failure, detected_at
@@ -144,47 +171,73 @@ def detect(
     )
 
 
-def attempt_failed(
+def last_step(heartbeat_dir: Path) -> int | None:
+    """The heartbeats' newest step (the rate-bounded step events may not have reached it)."""
+    return max((b.get("step", 0) for b in read_heartbeats(heartbeat_dir).values()), default=None)
+
+
+def failed(
     plan: LaunchPlan,
     status: AttemptStatus,
-    ledger: Ledger,
     heartbeat_dir: Path,
     trigger: str,
     suspects: list[str],
     reason: str,
-) -> AttemptFailed:
-    """Record the end of a failed attempt; the returned error carries what ``classify`` needs."""
-    detected_at = time.time()
-    steps = [b.get("step", 0) for b in read_heartbeats(heartbeat_dir).values()]
+    checkpoints: Checkpoints | None = None,
+) -> Failed:
+    """The observation of a failed attempt, with its evidence: node statuses, their log tails, the last step."""
+    tails = {n.node: tail(n.log) for n in status.nodes}
     failure = Failure(
         attempt=plan.attempt,
         trigger=trigger,
-        stale_nodes=suspects,
-        last_step=max(steps, default=None),
-        nodes=[NodeFailure(n.node, n.state, n.exit_code, n.reason, tail(n.log)) for n in status.nodes],
+        stale_nodes=list(suspects),
+        last_step=last_step(heartbeat_dir),
+        nodes=node_failures(status.nodes, tails),
     )
-    # last_step: the heartbeats' latest step, which the rate-bounded step events may not have reached.
-    ledger.append(
-        "train",
-        "attempt_end",
-        attempt=plan.attempt,
-        state="failed",
-        trigger=trigger,
-        reason=reason,
-        last_step=failure.last_step,
-    )
-    log.error("attempt %d failed (%s): %s", plan.attempt, trigger, reason)
-    return AttemptFailed(f"attempt {plan.attempt} failed ({trigger}): {reason}", failure, detected_at)
+    return Failed(plan.attempt, time.time(), failure, reason, checkpoints or Checkpoints())
 
 
-def attempt_succeeded(plan: LaunchPlan, started: float, heartbeat_dir: Path, ledger: Ledger) -> AttemptResult:
-    beats = read_heartbeats(heartbeat_dir)
-    last = max((b.get("step", 0) for b in beats.values()), default=None)
-    result = AttemptResult(plan.attempt, round(time.time() - started, 3), last)
-    ledger.append(
-        "train", "attempt_end", attempt=plan.attempt, state="succeeded", seconds=result.seconds, last_step=last
-    )
-    return result
+def watch_attempt(
+    launcher: Launcher,
+    handle: Any,
+    plan: LaunchPlan,
+    started: float,
+    heartbeat_dir: Path,
+    heartbeat_timeout_s: float,
+    poll_s: float = 0.5,
+    startup_grace_s: float = STARTUP_GRACE_S,
+    progress: ProgressLog | None = None,
+    keep_alive: Callable[[], None] | None = None,
+    checkpoints: Callable[[], Checkpoints] | None = None,
+) -> AttemptSucceeded | Failed | LeaseLost:
+    """Poll the attempt until it succeeds, fails or the run loses its lineage: what was seen.
+
+    ``progress`` paces the progress lines this loop logs (the train task's log is all a person watching sees).
+    ``keep_alive`` is called at every poll (the run's lease on its lineage); ``checkpoints`` describes the
+    hot checkpoints for the policy when a failure is seen.
+    """
+    while True:
+        status = launcher.poll(handle)
+        if status.state == "succeeded":
+            return AttemptSucceeded(plan.attempt, time.time(), last_step(heartbeat_dir))
+        problem = detect(status, heartbeat_dir, plan.world_size, started, heartbeat_timeout_s, startup_grace_s)
+        if problem:
+            return failed(plan, status, heartbeat_dir, *problem, checkpoints() if checkpoints else None)
+        if progress is not None and (line := progress.poll(time.time())):
+            log.info("%s", line)
+        if (lost := _kept(keep_alive)) is not None:
+            return lost
+        time.sleep(poll_s)
+
+
+def _kept(keep_alive: Callable[[], None] | None) -> LeaseLost | None:
+    if keep_alive is None:
+        return None
+    try:
+        keep_alive()
+    except LineageBusy as exc:
+        return LeaseLost(time.time(), str(exc))
+    return None
 
 
 def run_attempt(
@@ -198,172 +251,202 @@ def run_attempt(
     progress: ProgressLog | None = None,
     keep_alive: Callable[[], None] | None = None,
 ) -> AttemptResult:
-    """Launch ``plan`` and block until it succeeds; raise ``AttemptFailed`` when it does not.
-
-    ``progress`` paces the progress lines this loop logs (the train task's log is all a person watching sees).
-    ``keep_alive`` is called at every poll (the run's lease on its lineage); whatever it raises ends the attempt.
-    """
+    """One attempt, no recovery: launch ``plan`` and block until it succeeds; ``AttemptFailed`` when it does not,
+    ``LineageBusy`` when ``keep_alive`` says the run lost its lineage. Every process ends either way."""
     started = time.time()
     handle = start_attempt(launcher, plan, ledger)
     try:
-        while True:
-            status = launcher.poll(handle)
-            if status.state == "succeeded":
-                break
-            problem = detect(status, heartbeat_dir, plan.world_size, started, heartbeat_timeout_s, startup_grace_s)
-            if problem:
-                raise attempt_failed(plan, status, ledger, heartbeat_dir, *problem)
-            if progress is not None and (line := progress.poll(time.time())):
-                log.info("%s", line)
-            if keep_alive is not None:
-                keep_alive()
-            time.sleep(poll_s)
+        seen = watch_attempt(
+            launcher,
+            handle,
+            plan,
+            started,
+            heartbeat_dir,
+            heartbeat_timeout_s,
+            poll_s,
+            startup_grace_s,
+            progress,
+            keep_alive,
+        )
     finally:
         launcher.cancel(handle)  # a no-op after success; ends every survivor after a failure
-    return attempt_succeeded(plan, started, heartbeat_dir, ledger)
+    if isinstance(seen, LeaseLost):
+        raise LineageBusy(seen.message)
+    if isinstance(seen, Failed):
+        record = ended(seen)
+        _append(ledger, record)
+        raise AttemptFailed(record.log, seen.failure, seen.at)
+    result, record = succeeded(plan.attempt, started, seen)
+    _append(ledger, record)
+    return result
+
+
+def _append(ledger: Ledger, record: Record) -> None:
+    ledger.append(STAGE, record.event, **record.fields)
+    if record.log:
+        log.warning("%s", record.log)
 
 
 def _crash_reason(status: AttemptStatus) -> str:
     return "; ".join(f"{n.node} exited {n.exit_code}" + (f" ({n.reason})" if n.reason else "") for n in status.failed())
 
 
-@dataclass
-class Course:
-    """What the next attempt runs with; decisions change it."""
-
-    nodes: list[str]
-    micro_batch: int
-    resume_from: str
-    """``latest`` or a checkpoint path (a rollback target, or the run's starting point)."""
+# ---------------------------------------------------------------- drivers
 
 
-def history(ledger: Ledger) -> list[AttemptRecord]:
-    """The decisions taken so far, from the ledger: a resumed or retried task sees them all."""
-    return [AttemptRecord(e["attempt"], e["kind"], e["action"], e["nodes"]) for e in ledger.events("train", "decision")]
+@dataclass(frozen=True)
+class Hooks:
+    """What a driver needs from the run around it (``stages`` builds them from the spec)."""
+
+    plan_for: Callable[[int, Course], LaunchPlan]
+    """The attempt's plan (pure: the same inputs give the same plan, so a new process rebuilds it)."""
+    rollback_to: Callable[[int], str]
+    """Set later checkpoints aside and restart the lineage at a step; returns the path (or ``none``)."""
+    checkpoints: Callable[[], Checkpoints]
+    """The hot checkpoints, for the policy."""
+    progress_for: Callable[[LaunchPlan], ProgressLog] | None = None
+    """Paces an attempt's progress lines in the task log (None: none logged)."""
 
 
-def recover(
-    launcher: Launcher,
-    failed: AttemptFailed,
-    course: Course,
-    spares: list[str],
-    situation: Callable[[Course, list[str]], Situation],
-    recovery: RecoverySpec,
-    ledger: Ledger,
-    rollback_to: Callable[[int], str],
-) -> tuple[Course, float]:
-    """Classify the failure, decide, record both, and carry the decision out.
+class StateReader:
+    """The ledger's ``TrainState``, folding only the events appended since the last look."""
 
-    Returns the next attempt's course and how long to wait before it; raises
-    ``TrainingFailed`` (with the kind and the evidence) when the policy says fail.
-    ``spares`` loses the spares a scale-down takes; the nodes it leaves out are
-    marked through the launcher, so no later attempt lands on them.
-    """
-    attempt = failed.failure.attempt
-    found = classify(failed.failure)
-    ledger.append(
-        "train",
-        "failure_classified",
-        attempt=attempt,
-        kind=found.kind,
-        evidence=found.evidence,
-        culprits=list(found.culprits),
-        detected_at=failed.detected_at,
-    )
-    decision = decide(history(ledger), found, situation(course, spares), recovery)
-    ledger.append(
-        "train",
-        "decision",
-        attempt=attempt,
-        kind=found.kind,
-        action=decision.action,
-        nodes=course.nodes,
-        reason=getattr(decision, "reason", ""),
-        **_changes(decision),
-    )
-    log.warning("attempt %d: %s -> %s: %s", attempt, found.kind, decision.action, getattr(decision, "reason", ""))
-    if isinstance(decision, Fail):
-        evidence = _evidence(found, failed)
-        log.error("training failed: %s\n%s", decision.reason, evidence)  # the traceback, in the task log
-        raise TrainingFailed(decision.reason, kind=found.kind, evidence=evidence) from None
-    after = _apply(decision, course, spares, rollback_to)
-    dropped = [node for node in course.nodes if node not in after.nodes]
-    if dropped and (marked := launcher.exclude(dropped)):
-        ledger.append("train", "nodes_marked", attempt=attempt, nodes=marked, reason=found.kind)
-    return after, getattr(decision, "delay_s", 0.0)
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger, self.position, self.state = ledger, 0, TrainState()
+
+    def now(self) -> TrainState:
+        events, self.position = self.ledger.events_since(self.position)
+        self.state = self.state.fold(events)
+        return self.state
+
+
+class Driver:
+    """Carries out the commands both drivers share; ``_terminal`` (each driver's own) waits, finishes or fails."""
+
+    def __init__(self, launcher: Launcher, reader: StateReader, ctx: Context, hooks: Hooks) -> None:
+        self.launcher, self.reader, self.ctx, self.hooks = launcher, reader, ctx, hooks
+        self.ledger = reader.ledger
+        self.handles: dict[int, Any] = {}
+        """Attempts this process launched or attached, by number."""
+
+    def handle(self, attempt: int, course: Course) -> Any | None:
+        """The attempt's handle; one an earlier process launched is attached where the launcher can."""
+        if attempt not in self.handles and self.launcher.reattaches:
+            self.handles[attempt] = self.launcher.attach(self.hooks.plan_for(attempt, course))
+        return self.handles.get(attempt)
+
+    def execute(self, command: Command) -> None:
+        match command:
+            case Record():
+                _append(self.ledger, command)
+            case Cancel(attempt=attempt, course=course):
+                if (handle := self.handle(attempt, course)) is not None:  # a local attempt of a dead task died with it
+                    self.launcher.cancel(handle)
+                    self.handles.pop(attempt, None)
+            case RollBack(to_step=to_step):
+                self.hooks.rollback_to(to_step)
+            case ExcludeNodes(attempt=attempt, nodes=nodes, reason=reason):
+                if marked := self.launcher.exclude(nodes):
+                    self.ledger.append(STAGE, "nodes_marked", attempt=attempt, nodes=marked, reason=reason)
+            case LaunchCommand(attempt=attempt, course=course):
+                plan = self.hooks.plan_for(attempt, course)
+                self.handles[attempt] = start_attempt(self.launcher, plan, self.ledger)
+            case _:
+                raise AssertionError(f"{command!r} ends a command list; it is the driver's own")
+
+    def commands(self, observation: Observation) -> list[Command]:
+        """Step, and carry out every command but the last (the terminal one, returned alone)."""
+        *steps, last = step(self.reader.now(), observation, self.ctx)
+        for command in steps:
+            self.execute(command)
+        return [last]
+
+
+def failure_error(fail: Fail) -> Exception:
+    """The error a ``Fail`` ends the train task with: named by what to do about it (DESIGN rule 9)."""
+    if fail.kind == "lease_lost":
+        return LineageBusy(fail.reason)
+    if fail.kind == "lost_sight":
+        return TransientError(fail.reason)  # a task retry re-attaches to the attempt
+    log.error("training failed: %s\n%s", fail.reason, fail.evidence)  # the traceback, in the task log
+    return TrainingFailed(fail.reason, kind=fail.kind, evidence=fail.evidence)
+
+
+class Supervisor(Driver):
+    """The blocking driver: polls the attempt, sleeps out backoffs (renewing the lease), returns the result."""
+
+    def __init__(
+        self,
+        launcher: Launcher,
+        reader: StateReader,
+        ctx: Context,
+        hooks: Hooks,
+        heartbeat_timeout_s: float,
+        poll_s: float = 0.5,
+        keep_alive: Callable[[], None] | None = None,
+    ) -> None:
+        super().__init__(launcher, reader, ctx, hooks)
+        self.heartbeat_timeout_s, self.poll_s, self.keep_alive = heartbeat_timeout_s, poll_s, keep_alive
+
+    def run(self) -> AttemptResult:
+        observation: Observation = TaskStarted(time.time())
+        try:
+            while True:
+                [last] = self.commands(observation)
+                match last:
+                    case Watch(attempt=attempt, course=course):
+                        observation = self.watch(attempt, course)
+                    case WaitUntil(at=at):
+                        observation = self.wait(at)
+                    case Finish(result=result):
+                        return result
+                    case Fail():
+                        raise failure_error(last)
+        finally:
+            for handle in self.handles.values():  # whatever ended the task (a kill, an error) ends its attempt
+                self.launcher.cancel(handle)
+
+    def watch(self, attempt: int, course: Course) -> Observation:
+        plan = self.hooks.plan_for(attempt, course)
+        handle = self.handle(attempt, course)
+        last = self.reader.now().last
+        assert handle is not None and last is not None and last.number == attempt, (attempt, last)
+        progress = self.hooks.progress_for(plan) if self.hooks.progress_for else None
+        return watch_attempt(
+            self.launcher,
+            handle,
+            plan,
+            last.started,
+            Path(plan.env["TRAINYARD_HEARTBEAT_DIR"]),
+            self.heartbeat_timeout_s,
+            self.poll_s,
+            progress=progress,
+            keep_alive=self.keep_alive,
+            checkpoints=self.hooks.checkpoints,
+        )
+
+    def wait(self, at: float, slice_s: float = 5.0) -> Observation:
+        """Sleep until ``at`` (a retry's backoff, up to an hour), renewing the lease every ``slice_s``."""
+        while (left := at - time.time()) > 0:
+            if (lost := _kept(self.keep_alive)) is not None:
+                return lost
+            time.sleep(min(left, slice_s))
+        return BackoffOver(time.time())
 
 
 def supervise(
     launcher: Launcher,
-    plan_for: Callable[[int, Course], LaunchPlan],
-    course: Course,
-    spares: list[str],
-    situation: Callable[[Course, list[str]], Situation],
-    recovery: RecoverySpec,
     ledger: Ledger,
+    ctx: Context,
+    hooks: Hooks,
     heartbeat_timeout_s: float,
-    rollback_to: Callable[[int], str],
-    first_attempt: int = 1,
     poll_s: float = 0.5,
-    progress_for: Callable[[LaunchPlan], ProgressLog] | None = None,
     keep_alive: Callable[[], None] | None = None,
 ) -> AttemptResult:
     """Attempts until success; ``TrainingFailed`` (with the kind) once the policy says fail.
 
-    ``plan_for(attempt, course)`` builds each attempt's plan; ``situation``
-    describes the world for the policy; ``rollback_to(step)`` prepares a
-    rollback and returns the checkpoint path to resume from; ``progress_for(plan)``
-    paces each attempt's progress lines (None: none logged); ``keep_alive`` is
-    called at every poll and pause (see ``run_attempt``).
+    Carries on from the ledger (a retried task): see ``controller.carry_on``.
+    ``keep_alive`` is called at every poll and backoff slice; ``LineageBusy``
+    from it ends the attempt and the task.
     """
-    attempt = first_attempt
-    while True:
-        plan = plan_for(attempt, course)
-        try:
-            return run_attempt(
-                launcher,
-                plan,
-                Path(plan.env["TRAINYARD_HEARTBEAT_DIR"]),
-                heartbeat_timeout_s,
-                ledger,
-                poll_s,
-                progress=progress_for(plan) if progress_for else None,
-                keep_alive=keep_alive,
-            )
-        except AttemptFailed as failed:
-            course, delay = recover(launcher, failed, course, spares, situation, recovery, ledger, rollback_to)
-            pause(delay, keep_alive)
-            attempt += 1
-
-
-def pause(seconds: float, keep_alive: Callable[[], None] | None = None, slice_s: float = 5.0) -> None:
-    """Sleep ``seconds`` (a retry's backoff, up to an hour), calling ``keep_alive`` every ``slice_s``."""
-    end = time.monotonic() + seconds
-    while (left := end - time.monotonic()) > 0:
-        if keep_alive is not None:
-            keep_alive()
-        time.sleep(min(left, slice_s))
-
-
-def _changes(decision: Any) -> dict[str, Any]:
-    fields = ("delay_s", "micro_batch", "to_step")
-    out = {f: getattr(decision, f) for f in fields if getattr(decision, f, None) is not None}
-    if isinstance(decision, ScaleDown):
-        out["new_nodes"] = list(decision.nodes)
-    return out
-
-
-def _apply(decision: Any, course: Course, spares: list[str], rollback_to: Callable[[int], str]) -> Course:
-    if isinstance(decision, ScaleDown):
-        for node in decision.nodes:
-            if node in spares:
-                spares.remove(node)  # a spare that joins is no longer spare
-        return replace(course, nodes=list(decision.nodes), micro_batch=decision.micro_batch, resume_from="latest")
-    if isinstance(decision, Rollback):
-        return replace(course, resume_from=rollback_to(decision.to_step))
-    return replace(course, micro_batch=decision.micro_batch or course.micro_batch, resume_from="latest")
-
-
-def _evidence(found: Classified, failed: AttemptFailed) -> str:
-    tails = "\n".join(f"--- {n.node}\n{n.log_tail}" for n in failed.failure.nodes if n.log_tail)
-    return f"{found.evidence}\n{tails}"
+    return Supervisor(launcher, StateReader(ledger), ctx, hooks, heartbeat_timeout_s, poll_s, keep_alive).run()

@@ -1,0 +1,185 @@
+"""The deferred driver: the controller's commands cut at every wait, so no process holds a worker slot.
+
+The train task (``airflow.operators.TrainOperator``) runs one wake-up at a
+time in a new process: ``begin`` when the task starts, ``resume`` with each
+thing it deferred on -- the attempt trigger's report, or the end of a backoff.
+Each returns what to wait for next: an ``AttemptWatch`` (what the attempt
+trigger needs), a ``Backoff`` (a time to wait until, on a time trigger), or
+``Done`` with the result. Everything else a wake-up needs is in the ledger,
+which the controller folds; a retried task carries on the same way.
+
+Before the controller hears of a trigger's report, the driver looks again
+itself: a fresh poll saves the finished pods' logs (the evidence ``classify``
+reads), and heartbeats show a hang the triggerer could not see.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from trainyard.launch.base import AttemptStatus, Launcher
+from trainyard.recovery.controller import (
+    STAGE,
+    AttemptResult,
+    AttemptSucceeded,
+    BackoffOver,
+    Context,
+    Course,
+    Fail,
+    Finish,
+    LeaseLost,
+    LostSight,
+    Observation,
+    Reported,
+    TaskStarted,
+    Timeout,
+    WaitUntil,
+    Watch,
+)
+from trainyard.recovery.supervisor import (
+    STARTUP_GRACE_S,
+    Driver,
+    Hooks,
+    StateReader,
+    detect,
+    failed,
+    failure_error,
+    last_step,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AttemptWatch:
+    """What the attempt trigger needs to watch one attempt; JSON-safe (it travels through the metadata DB)."""
+
+    attempt: int
+    started: float
+    namespace: str
+    job_name: str
+    nodes: list[str]
+    world_size: int
+    heartbeat_dir: str
+    target_step: int
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> AttemptWatch:
+        return cls(**{**data, "nodes": list(data["nodes"])})
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Wait until ``until`` (epoch seconds), then ``resume(BackoffOver(...))``."""
+
+    until: float
+
+
+@dataclass(frozen=True)
+class Done:
+    result: AttemptResult
+
+
+Outcome = AttemptWatch | Backoff | Done
+
+
+class Deferred(Driver):
+    """One wake-up of the deferred train task."""
+
+    def __init__(
+        self,
+        launcher: Launcher,
+        reader: StateReader,
+        ctx: Context,
+        hooks: Hooks,
+        heartbeat_timeout_s: float,
+        target_step: int,
+        on_wake: Callable[[], None] | None = None,
+    ) -> None:
+        super().__init__(launcher, reader, ctx, hooks)
+        self.heartbeat_timeout_s, self.target_step, self.on_wake = heartbeat_timeout_s, target_step, on_wake
+
+    def begin(self) -> Outcome:
+        return self.run(TaskStarted(time.time()))
+
+    def resume(self, news: Reported | BackoffOver) -> Outcome:
+        return self.run(news if isinstance(news, BackoffOver) else self.look(news))
+
+    def lost_lease(self, message: str) -> Outcome:
+        """Another run holds the lineage now: end this run's attempt (its pods would run on) and fail."""
+        return self.run(LeaseLost(time.time(), message))
+
+    def run(self, observation: Observation) -> Outcome:
+        while True:
+            [last] = self.commands(observation)
+            match last:
+                case Watch(attempt=attempt, course=course):
+                    return self.watch(attempt, course)
+                case WaitUntil(at=at):
+                    if at > time.time():
+                        return Backoff(at)
+                    observation = BackoffOver(time.time())  # already due: a deferral would only add latency
+                case Finish(result=result):
+                    return Done(result)
+                case Fail():
+                    raise failure_error(last)
+
+    def watch(self, attempt: int, course: Course) -> AttemptWatch:
+        plan = self.hooks.plan_for(attempt, course)
+        handle = self.handle(attempt, course)
+        last = self.reader.now().last
+        assert handle is not None and last is not None and last.number == attempt, (attempt, last)
+        return AttemptWatch(
+            attempt=attempt,
+            started=last.started,
+            namespace=handle.namespace,
+            job_name=handle.name,
+            nodes=list(plan.nodes),
+            world_size=plan.world_size,
+            heartbeat_dir=plan.env["TRAINYARD_HEARTBEAT_DIR"],
+            target_step=self.target_step,
+        )
+
+    def look(self, news: Reported) -> Observation:
+        """The trigger's report, checked with a fresh look of our own, as an observation for the controller."""
+        now = time.time()
+        state = self.reader.now()
+        current = state.last if state.unfinished else None
+        if current is None or news.attempt not in (None, current.number):
+            return TaskStarted(now)  # news of an attempt that is over: the ledger says what comes next
+        attempt = current.number
+        self.ledger.append(STAGE, "attempt_event", attempt=attempt, status=news.status, message=news.message)
+        plan = self.hooks.plan_for(attempt, current.course)
+        beats = Path(plan.env["TRAINYARD_HEARTBEAT_DIR"])
+        handle = self.handle(attempt, current.course)
+        # Look first, then judge the checkpoints: an attempt seen finished has its last one on disk.
+        status = self.launcher.poll(handle) if news.status not in ("succeeded", "error") else None
+        if self.on_wake is not None:
+            self.on_wake()
+        if news.status == "error":  # the cluster did not answer; the attempt may well be running
+            return LostSight(attempt, now, news.message)
+        if status is None:  # the trigger saw every pod succeed
+            return AttemptSucceeded(attempt, time.time(), last_step(beats))
+        if news.status == "hang":
+            return failed(plan, status, beats, "hang", news.suspects, news.message, self.hooks.checkpoints())
+        problem = detect(status, beats, plan.world_size, current.started, self.heartbeat_timeout_s, STARTUP_GRACE_S)
+        if problem:
+            return failed(plan, status, beats, *problem, self.hooks.checkpoints())
+        if news.status == "failed":  # the pods went before this look: the trigger's record is the evidence
+            evidence = AttemptStatus(list(news.nodes))
+            return failed(plan, evidence, beats, "crash", [], news.message, self.hooks.checkpoints())
+        if status.state == "succeeded":
+            return AttemptSucceeded(attempt, time.time(), last_step(beats))
+        # A wake-up with nothing wrong. The task's own log gets a progress line per wake, since the
+        # triggerer starts a new log file for each trigger and the earlier lines leave the UI's view.
+        if self.hooks.progress_for is not None and (line := self.hooks.progress_for(plan).poll(time.time())):
+            log.info("%s", line)
+        return Timeout(attempt, now)
