@@ -187,8 +187,9 @@ def train(
     start = runtime.load_latest(state, ctx=ctx)
     if rank == 0:
         log.info(
-            "model %d params, world %d, global batch %d = %d micro x %d accum x %d ranks, from step %d",
+            "model %d params, world %d, global batch %d = %d micro x %d accum x %d ranks, from step %d, on %s (%s%s)",
             model.module.num_params(), world, plan.global_batch, plan.micro_batch, plan.accumulation, world, start,
+            placement.device, placement.backend, ", bf16 autocast" if placement.autocast_dtype else "",
         )  # fmt: skip
     metrics: dict[str, float] = {}
     drills = Drills(ctx.node, rank, ctx.ledger)
