@@ -231,9 +231,9 @@ def init_process_group() -> device.Placement:
     """
     placement = device.current()
     device.prepare(placement)
-    bound = {"device_id": torch.device(placement.device)} if placement.cuda else {}
+    bound = torch.device(placement.device) if placement.cuda else None  # NCCL connects at once, on this GPU
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        dist.init_process_group(placement.backend, **bound)
+        dist.init_process_group(placement.backend, device_id=bound)
     else:
-        dist.init_process_group(placement.backend, store=dist.HashStore(), rank=0, world_size=1, **bound)
+        dist.init_process_group(placement.backend, store=dist.HashStore(), rank=0, world_size=1, device_id=bound)
     return placement
