@@ -326,7 +326,7 @@ def train(
     """
     if launcher is None:
         _require_local(run)
-        launcher = LocalLauncher()
+        launcher = LocalLauncher(run.spec.nodes.gpus_per_node)
     training = run.spec.training
     held = hold_lineage(run, run_state)
     _, start = resume_point(run, held)

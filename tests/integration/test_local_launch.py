@@ -201,3 +201,40 @@ def test_training_processes_never_see_the_workers_secrets(
         assert not [k for k, v in env.items() if v in secrets.values() or k.startswith(("AIRFLOW", "AWS_"))]
         assert env["TRAINYARD_RUN_ID"] == tmp_path.name and env["TRAINYARD_NODE"] in ("node-0", "node-1")
         assert env["OMP_NUM_THREADS"] == "2" and env["PATH"] == os.environ["PATH"]
+
+
+def test_each_node_gets_its_own_gpus_through_torchrun(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,7")  # the worker's GPUs: ids a child must repeat
+    script = tmp_path / "dump_gpus.py"
+    script.write_text(
+        textwrap.dedent("""
+        import json, os, pathlib
+        out = pathlib.Path(os.environ["TRAINYARD_CHECKPOINT_DIR"]) / f"gpus-{os.environ['TRAINYARD_NODE']}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps([os.environ["CUDA_VISIBLE_DEVICES"], os.environ["LOCAL_RANK"]]))
+    """)
+    )
+    launcher = LocalLauncher(gpus_per_node=1)
+    handle = launcher.launch(plan(tmp_path, data, nodes=2, max_steps=1, entrypoint=str(script), args=[]))
+    deadline = time.monotonic() + 120
+    while launcher.poll(handle).state == "running" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    launcher.cancel(handle)
+    seen = {p.stem: json.loads(p.read_text()) for p in (tmp_path / "ckpt").glob("gpus-*.json")}
+    assert seen == {"gpus-node-0": ["3", "0"], "gpus-node-1": ["7", "0"]}, [
+        p.read_text()[-500:] for p in handle.logs.values()
+    ]
+
+
+def test_a_spec_asking_for_more_gpus_than_the_host_has_starts_nothing(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trainyard.errors import SpecError
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    launcher = LocalLauncher(gpus_per_node=1)
+    with pytest.raises(SpecError, match=r"nodes.gpus_per_node: 2 node\(s\) x 1 GPU\(s\) = 2, but this host has 1"):
+        launcher.launch(plan(tmp_path, data, nodes=2, max_steps=1))
+    assert not launcher.active and not (tmp_path / "attempt-1").exists()

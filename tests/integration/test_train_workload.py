@@ -170,6 +170,30 @@ def test_two_nodes_train_checkpoint_and_heartbeat(reference: Run) -> None:
     assert all(b["status"] == "finished" and b["step"] == 40 for b in beats.values())
 
 
+# What a checkpoint of the reference model (MODEL_ARGS: 2 blocks, d_model 32) holds, as the gloo/CPU
+# workload wrote it before GPUs were supported: the CUDA path (bf16 autocast) must not change it.
+_LAYERS = [f"blocks.{b}.{m}.{w}" for b in (0, 1) for m in ("ln1", "ln2", "mlp.0", "mlp.2", "proj", "qkv")
+           for w in ("bias", "weight")] + ["ln_f.bias", "ln_f.weight", "pos_emb.weight", "tok_emb.weight"]  # fmt: skip
+_GROUP_FIELDS = ("amsgrad", "betas", "capturable", "decoupled_weight_decay", "differentiable", "eps", "foreach",
+                 "fused", "lr", "maximize", "params", "weight_decay")  # fmt: skip
+CHECKPOINT_TENSORS = {
+    *(f"train.model.{name}" for name in [*_LAYERS, "head.weight"]),  # the tied head is saved, its state is not
+    *(f"train.optim.state.{name}.{s}" for name in _LAYERS for s in ("exp_avg", "exp_avg_sq", "step")),
+}
+CHECKPOINT_VALUES = {f"train.optim.param_groups.{g}.{f}" for g in (0, 1) for f in _GROUP_FIELDS}
+
+
+def test_a_checkpoint_holds_the_same_keys_and_dtypes_as_before(reference: Run) -> None:
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    entries = dcp.FileSystemReader(str(fmt.step_dir(reference.checkpoints, 40))).read_metadata().state_dict_metadata
+    tensors = {k for k, v in entries.items() if isinstance(v, TensorStorageMetadata)}
+    assert (tensors, set(entries) - tensors) == (CHECKPOINT_TENSORS, CHECKPOINT_VALUES)
+    assert {entries[k].properties.dtype for k in tensors} == {torch.float32}  # type: ignore[union-attr]
+
+
 def test_resume_reproduces_the_uninterrupted_run(corpus: Path, reference: Run, tmp_path: Path) -> None:
     run = Run.in_dir(tmp_path / "interrupted")
     train(corpus, run, nodes=2, max_steps=20, checkpoint_every=100)  # stops at 20; saves the last step

@@ -10,7 +10,7 @@ from trainyard.burnin.local import candidate_env
 from trainyard.burnin.sealing import KEY_ENV
 from trainyard.launch.base import LaunchPlan
 from trainyard.launch.environ import child_env
-from trainyard.launch.local import node_env
+from trainyard.launch.local import LocalLauncher, node_env, split_visible_devices, visible_devices
 from trainyard.train.contract import TrainEnv
 
 WORKER = {
@@ -69,7 +69,41 @@ def test_a_training_agent_gets_the_allow_list_and_the_plans_contract_only() -> N
         "TRAINYARD_EVENTS_DIR": "/runs/r/events.d",
         "TRAINYARD_NODE": "node-0",
         "TRAINYARD_HOST": "node-0",  # a local node is its own host
+        "CUDA_VISIBLE_DEVICES": "",  # the spec gave the node no GPU: the worker's are hidden, not shared
     }
+
+
+def test_a_node_sees_only_its_share_of_the_gpus() -> None:
+    env = node_env(plan(), "node-1", WORKER, gpus="4,5,6,7")
+    assert env["CUDA_VISIBLE_DEVICES"] == "4,5,6,7" and env["NCCL_DEBUG"] == "INFO"  # NCCL tuning crosses
+
+
+@pytest.mark.parametrize(
+    "worker,nodes,per_node,expected",
+    [
+        ({}, 2, 0, ["", ""]),
+        ({}, 2, 4, ["0,1,2,3", "4,5,6,7"]),
+        ({}, 3, 2, ["0,1", "2,3", "4,5"]),  # 2 of the 8 left idle
+        # the worker's own list names physical ids (or UUIDs): a child's list must repeat them
+        ({"CUDA_VISIBLE_DEVICES": "2,3,5,7"}, 2, 2, ["2,3", "5,7"]),
+        ({"CUDA_VISIBLE_DEVICES": "GPU-a1, GPU-b2"}, 2, 1, ["GPU-a1", "GPU-b2"]),
+    ],
+)
+def test_the_hosts_gpus_are_split_between_nodes_in_order(
+    worker: dict[str, str], nodes: int, per_node: int, expected: list[str]
+) -> None:
+    assert split_visible_devices(visible_devices(worker, 8), nodes, per_node) == expected
+
+
+@pytest.mark.parametrize("visible,host", [("0,1,2", 3), ("", 0), ("6", 1)])
+def test_more_gpus_than_the_host_has_are_refused_naming_the_field_and_the_fix(visible: str, host: int) -> None:
+    from trainyard.errors import SpecError
+
+    with pytest.raises(SpecError) as refused:
+        LocalLauncher(gpus_per_node=2).gpu_split(2, {**WORKER, "CUDA_VISIBLE_DEVICES": visible})
+    [line] = refused.value.problems
+    assert line.startswith(f"nodes.gpus_per_node: 2 node(s) x 2 GPU(s) = 4, but this host has {host} GPU(s) visible")
+    assert "lower nodes.gpus_per_node" in line and "nodes.gpus_per_node: 0 to train on CPUs" in line
 
 
 def test_a_burn_in_candidate_gets_the_allow_list_its_name_and_its_key_only() -> None:

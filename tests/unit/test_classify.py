@@ -192,6 +192,120 @@ NCCL_WATCHDOG = f"""\
 [rank3]:[E1129 22:41:07.112000 ProcessGroupNCCL.cpp:632] [Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5021, OpType=ALLREDUCE, NumelIn=2097152, NumelOut=2097152, Timeout(ms)=600000) ran for 600012 milliseconds before timing out.
 [rank3]:[E1129 22:41:07.113000 ProcessGroupNCCL.cpp:1664] [PG 0 Rank 3] Exception (either an error or timeout) detected by watchdog at work: 5021, last enqueued NCCL work: 5021, last completed NCCL work: 5020.
 {agent_summary(3, -6)}"""
+# NCCL and CUDA lines as torch 2.x, NCCL 2.2x and the NVIDIA driver print them (the wording of the
+# issues users filed about them: pytorch/pytorch, NVIDIA/nccl, vllm, sglang; numbers changed).
+NCCL_WATCHDOG_ABORT = f"""\
+[rank5]:[E1129 22:41:07.408271257 ProcessGroupNCCL.cpp:607] [Rank 5] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9141, OpType=_ALLGATHER_BASE, NumelIn=19008, NumelOut=152064, Timeout(ms)=600000) ran for 600020 milliseconds before timing out.
+[rank5]:[E1129 22:41:07.465150152 ProcessGroupNCCL.cpp:1664] [PG 0 Rank 5] Exception (either an error or timeout) detected by watchdog at work: 9141, last enqueued NCCL work: 9143, last completed NCCL work: 9140.
+terminate called after throwing an instance of 'c10::DistBackendError'
+  what():  [PG 0 Rank 5] Process group watchdog thread terminated with exception: [Rank 5] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9141, OpType=_ALLGATHER_BASE, NumelIn=19008, NumelOut=152064, Timeout(ms)=600000) ran for 600020 milliseconds before timing out.
+Exception raised from checkTimeout at ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:609 (most recent call first):
+frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x96 (0x7f3b6d41df86 in {VENV}/torch/lib/libc10.so)
+{agent_summary(5, -6)}"""
+NCCL_SYSTEM_ERROR = "\n".join(
+    [
+        worker_raised(
+            1,
+            "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:2501,"
+            " unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.25.1",
+            "ncclSystemError: System call (e.g. socket, malloc) or external library call failed or device error. ",
+            "Last error:",
+        ),
+        agent_summary(1, 1),
+    ]
+)
+NCCL_REMOTE_ERROR = "\n".join(
+    [
+        STEPS,
+        worker_raised(
+            0,
+            "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:317, remote"
+            " process exited or there was a network error, NCCL version 2.21.5",
+            "ncclRemoteError: A call failed possibly due to a network error or a remote process exiting prematurely.",
+            "Last error:",
+            "socketProgressOpt: Call to recv from 10.0.3.7<33759> failed : Connection reset by peer",
+        ),
+        agent_summary(0, 1),
+    ]
+)
+NCCL_CUDA_OOM = "\n".join(
+    [
+        "gpu-07:28218:28390 [3] include/alloc.h:178 NCCL WARN Cuda failure 'out of memory'",
+        "gpu-07:28218:28390 [3] include/alloc.h:185 NCCL WARN Failed to CUDA calloc 6291456 bytes",
+        worker_raised(
+            3,
+            "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:275,"
+            " unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.20.5",
+            "ncclUnhandledCudaError: Call to CUDA function failed.",
+            "Last error:",
+            "Cuda failure 'out of memory'",
+        ),
+        agent_summary(3, 1),
+    ]
+)
+NCCL_CUDA_UNKNOWN = "\n".join(
+    [
+        worker_raised(
+            0,
+            "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:275,"
+            " unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5",
+            "ncclUnhandledCudaError: Call to CUDA function failed.",
+            "Last error:",
+            "Cuda failure 999 'unknown error'",
+        ),
+        agent_summary(0, 1),
+    ]
+)
+CUDA_OOM_OLD = "\n".join(
+    [
+        worker_raised(
+            0,
+            "RuntimeError: CUDA out of memory. Tried to allocate 2.87 GiB (GPU 0; 14.76 GiB total capacity; 8.77 GiB"
+            " already allocated; 19.75 MiB free; 13.71 GiB reserved in total by PyTorch)",
+        ),
+        agent_summary(0, 1),
+    ]
+)
+ILLEGAL_ACCESS = "\n".join(
+    [
+        STEPS,
+        worker_raised(
+            2,
+            "RuntimeError: CUDA error: an illegal memory access was encountered",
+            "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be"
+            " incorrect.",
+            "For debugging consider passing CUDA_LAUNCH_BLOCKING=1",
+            "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.",
+        ),
+        agent_summary(2, 1),
+    ]
+)
+
+
+def xid(code: int, what: str) -> str:
+    """A kernel log line of the NVIDIA driver, as a node's log carries it when it collects dmesg."""
+    return f"[Tue Dec  1 01:02:03 2026] NVRM: Xid (PCI:0000:3b:00): {code}, pid=28218, name=python, {what}"
+
+
+XID_79 = "\n".join([STEPS, xid(79, "GPU has fallen off the bus."), agent_summary(0, -6)])
+XID_48 = "\n".join(
+    [
+        STEPS,
+        xid(48, "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 6."),
+        worker_raised(0, "RuntimeError: CUDA error: an illegal memory access was encountered"),
+        agent_summary(0, 1),
+    ]
+)
+XID_74 = "\n".join(
+    [xid(74, "NVLink: fatal error detected on link 3(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)"), agent_summary(0, -6)]
+)
+# Xid 13 is a kernel's own bad access (the program's), whatever else the log says.
+XID_13 = "\n".join(
+    [
+        xid(13, "Graphics SM Warp Exception on (GPC 7, TPC 7, SM 0): Illegal Instruction Parameter"),
+        ILLEGAL_ACCESS,
+    ]
+)
 WORKER_SIGKILLED = "\n".join([STEPS, agent_summary(1, -9)])
 ECC = "\n".join(
     [
@@ -436,12 +550,105 @@ CASES = [
         [],
         "Timed out waiting 1800000ms",
     ),
+    # ---- NCCL and the GPUs
+    # a collective NCCL's watchdog gave up on: a hang, but which rank never joined is not in the logs
     (
         "nccl-watchdog",
         Failure(1, "crash", [node("node-3", exit_code=1, log=NCCL_WATCHDOG)]),
-        "transient",
+        "hang",
         [],
         "Watchdog caught collective operation timeout",
+    ),
+    (
+        "nccl-watchdog-abort",
+        Failure(1, "crash", [node("node-0", exit_code=1, log=NCCL_WATCHDOG_ABORT), node("node-1", log=NCCL_WATCHDOG)]),
+        "hang",
+        [],
+        "node-0: [rank5]:[E1129",
+    ),
+    (
+        "nccl-watchdog-after-a-sigkill",
+        Failure(1, "crash", [node("node-0", log=NCCL_WATCHDOG_ABORT), node("node-1", exit_code=-9, log=STEPS)]),
+        "node_lost",
+        ["node-1"],
+        "node-1 exit -9; peers lost it",
+    ),
+    (
+        "nccl-system-error",
+        Failure(1, "crash", [node("node-1", log=NCCL_SYSTEM_ERROR)]),
+        "transient",
+        [],
+        "unhandled system error",
+    ),
+    (
+        "nccl-remote-error",
+        Failure(1, "crash", [node("node-0", log=NCCL_REMOTE_ERROR), running("node-1")]),
+        "transient",
+        [],
+        "remote process exited or there was a network error",
+    ),
+    (
+        "nccl-remote-error-sigkilled-peer",
+        Failure(1, "crash", [node("node-0", log=NCCL_REMOTE_ERROR), node("node-1", exit_code=137)]),
+        "node_lost",
+        ["node-1"],
+        "node-1 exit 137",
+    ),
+    (
+        "nccl-cuda-oom",
+        Failure(2, "crash", [node("node-0", log=NCCL_REMOTE_ERROR), node("node-1", log=NCCL_CUDA_OOM)]),
+        "oom",
+        ["node-1"],
+        "node-1: ",
+    ),
+    (
+        "nccl-cuda-unknown",
+        Failure(1, "crash", [node("node-0", log=NCCL_CUDA_UNKNOWN)]),
+        "transient",
+        [],
+        "unhandled cuda error",
+    ),
+    (
+        "cuda-oom-torch-1",
+        Failure(1, "crash", [node("node-0", log=CUDA_OOM_OLD)]),
+        "oom",
+        ["node-0"],
+        "Tried to allocate",
+    ),
+    (
+        "xid-79",
+        Failure(1, "crash", [node("node-0", exit_code=-6, log=XID_79), node("node-1", log=NCCL_WATCHDOG)]),
+        "node_lost",
+        ["node-0"],
+        "node-0: [Tue Dec 1 01:02:03 2026] NVRM: Xid (PCI:0000:3b:00): 79",
+    ),
+    (
+        "xid-48-beats-the-illegal-access-it-caused",
+        Failure(1, "crash", [node("node-0", log=XID_48), node("node-1", log=peer_closed(1))]),
+        "node_lost",
+        ["node-0"],
+        "48, pid=28218, name=python, An uncorrectable double bit error",
+    ),
+    (
+        "xid-74-nvlink",
+        Failure(1, "crash", [node("node-2", exit_code=-6, log=XID_74)]),
+        "node_lost",
+        ["node-2"],
+        "NVLink",
+    ),
+    (
+        "illegal-memory-access-is-the-programs",
+        Failure(1, "crash", [node("node-1", log=ILLEGAL_ACCESS)]),
+        "user_error",
+        [],
+        "[rank2]: RuntimeError: CUDA error: an illegal memory access was encountered",
+    ),
+    (
+        "xid-13-is-the-programs",
+        Failure(1, "crash", [node("node-1", log=XID_13)]),
+        "user_error",
+        [],
+        "an illegal memory access",
     ),
     # SIGTERM is how attempts are torn down, so it blames nobody
     (

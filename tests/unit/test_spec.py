@@ -140,6 +140,21 @@ BAD = [
     ),
     ("unknown-param", spec_text(params="[nodes, gpus]"), "params[1]: 'gpus' is not allowed"),
     (
+        "gpus-without-a-rank-each",
+        spec_text(nodes="{count: 2, gpus_per_node: 2}"),
+        "nodes.procs_per_node: 1 must equal nodes.gpus_per_node (2): trainyard.train runs one rank per GPU",
+    ),
+    (
+        "pod-gpus-without-a-rank-each",
+        spec_text(nodes="{count: 2, backend: kubernetes, kubernetes: {image: t, gpus: 4}}"),
+        "nodes.procs_per_node: 1 must equal nodes.kubernetes.gpus (4)",
+    ),
+    (
+        "gpus-per-node-on-kubernetes",
+        spec_text(nodes="{count: 2, gpus_per_node: 1, backend: kubernetes, kubernetes: {image: t}}"),
+        "nodes.gpus_per_node: local backend only; on Kubernetes set nodes.kubernetes.gpus",
+    ),
+    (
         "lr-param-without-lr",
         spec_text(params="[nodes, lr]"),
         "params[1]: 'lr' overrides training.args.lr, which is not set",
@@ -214,6 +229,32 @@ def test_missing_file(tmp_path: Path) -> None:
 def test_examples_are_valid(path: Path) -> None:
     spec = load_spec(path)
     assert spec.dag_id(path) == path.stem
+
+
+def test_the_kubernetes_gpu_example_is_a_complete_gpu_pipeline(capsys: pytest.CaptureFixture[str]) -> None:
+    path = ROOT / "examples" / "specs" / "kubernetes_gpu.yaml"
+    assert cli(["check", str(path)]) == 0, capsys.readouterr().out
+    spec = load_spec(path)
+    nodes, pods = spec.nodes, spec.nodes.kubernetes
+    assert nodes.backend == "kubernetes" and pods is not None
+    assert pods.gpus > 0 and nodes.procs_per_node == pods.gpus and pods.scheduler == "volcano" and pods.hot_pvc
+    assert spec.dataset.source.startswith("s3://") and spec.dataset.connection
+    assert spec.checkpoint.cold.startswith("s3://") and spec.checkpoint.connection
+    assert spec.dataset.hot.startswith("file://") and spec.pressure_test.enabled
+
+
+def test_a_spec_may_give_local_nodes_gpus_one_rank_each(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(spec_text(nodes="{count: 2, procs_per_node: 2, gpus_per_node: 2}"))
+    assert (load_spec(path).nodes.gpus_per_node, load_spec(path).nodes.procs_per_node) == (2, 2)
+    # a script of one's own places its ranks itself: one process may drive several GPUs
+    path.write_text(
+        spec_text(
+            nodes="{count: 2, gpus_per_node: 4}",
+            training="{entrypoint: my.train, max_steps: 10, global_batch: 8, micro_batch: 2, checkpoint_every: 5}",
+        )
+    )
+    assert load_spec(path).nodes.gpus_per_node == 4
 
 
 def test_notify_defaults_and_a_full_section(tmp_path: Path) -> None:

@@ -44,7 +44,7 @@ def launcher_for(nodes: NodesSpec) -> LocalLauncher | KubernetesLauncher:
     from trainyard.launch.local import LocalLauncher
 
     if nodes.backend == "local" or nodes.kubernetes is None:
-        return LocalLauncher()
+        return LocalLauncher(nodes.gpus_per_node)
     return KubernetesLauncher(kube_client(nodes.kubernetes), nodes.kubernetes)
 
 

@@ -2,9 +2,16 @@
 
 Each node is its own process session with its own identity (TRAINYARD_NODE)
 and log file; the agents meet through c10d rendezvous on a free 127.0.0.1
-port and train over gloo. Node 0's agent hosts the rendezvous store. The
-agents get an allow-listed environment (``trainyard.launch.environ``), never
-the Airflow worker's secrets.
+port and train over gloo, or NCCL where they have GPUs. Node 0's agent hosts
+the rendezvous store. The agents get an allow-listed environment
+(``trainyard.launch.environ``), never the Airflow worker's secrets.
+
+GPUs: the host's GPUs are split between the simulated nodes through
+``CUDA_VISIBLE_DEVICES`` (node ``i`` gets ``[i * g, (i + 1) * g)`` for ``g`` =
+``nodes.gpus_per_node``), so a node's ``cuda:LOCAL_RANK`` is a GPU of its own;
+a spec that asks for more GPUs than the host has is refused before any
+process starts. With ``g`` = 0 every GPU is hidden: two nodes must not meet
+on one GPU because the spec did not mention them.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from pathlib import Path
 import psutil
 
 from trainyard.atomic import open_append
+from trainyard.errors import SpecError
 from trainyard.launch.base import AttemptStatus, LaunchPlan, NodeStatus
 from trainyard.launch.environ import child_env
 
@@ -45,6 +53,43 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def visible_devices(env: Mapping[str, str], count: int) -> list[str]:
+    """The host's GPUs as a child must name them: the worker's own ``CUDA_VISIBLE_DEVICES`` if it has one
+    (its entries are physical ids or UUIDs, which a child's list must repeat), else ``0 .. count-1``."""
+    if "CUDA_VISIBLE_DEVICES" in env:
+        return [d.strip() for d in env["CUDA_VISIBLE_DEVICES"].split(",") if d.strip()]
+    return [str(i) for i in range(count)]
+
+
+def split_visible_devices(devices: list[str], nodes: int, per_node: int) -> list[str]:
+    """``CUDA_VISIBLE_DEVICES`` of each of ``nodes`` simulated nodes on one host whose GPUs are ``devices``.
+
+    Node ``i`` gets ``devices[i * per_node : (i + 1) * per_node]``; ``per_node`` 0 hides
+    every GPU (the spec asked for none, so ranks must not share one by accident).
+    ``ValueError`` names the fields to change when the host has too few.
+    """
+    if per_node < 0 or nodes < 0:
+        raise ValueError(f"gpus per node ({per_node}) and nodes ({nodes}) must be >= 0")
+    if per_node == 0:
+        return [""] * nodes
+    if nodes * per_node > len(devices):
+        raise ValueError(
+            f"nodes.gpus_per_node: {nodes} node(s) x {per_node} GPU(s) = {nodes * per_node}, but this host has"
+            f" {len(devices)} GPU(s) visible; lower nodes.gpus_per_node (and nodes.procs_per_node with it) or the"
+            f" node count to fit, or set nodes.gpus_per_node: 0 to train on CPUs"
+        )
+    return [",".join(devices[i * per_node : (i + 1) * per_node]) for i in range(nodes)]
+
+
+def host_gpus(parent: Mapping[str, str]) -> list[str]:
+    """This host's GPUs as the worker sees them (torch is imported only when a spec asks for GPUs)."""
+    if "CUDA_VISIBLE_DEVICES" in parent:
+        return visible_devices(parent, 0)
+    import torch
+
+    return visible_devices(parent, torch.cuda.device_count())
 
 
 @dataclass
@@ -73,11 +118,12 @@ def torchrun_argv(plan: LaunchPlan, port: int, node_index: int) -> list[str]:
     ]
 
 
-def node_env(plan: LaunchPlan, node: str, parent: Mapping[str, str] | None = None) -> dict[str, str]:
-    """A node's agent environment: the allowed part of the worker's, the plan's contract as the node sees it."""
+def node_env(plan: LaunchPlan, node: str, parent: Mapping[str, str] | None = None, gpus: str = "") -> dict[str, str]:
+    """A node's agent environment: the allowed part of the worker's, the plan's contract as the node sees it,
+    and its GPUs (``CUDA_VISIBLE_DEVICES``; "" hides them all)."""
     env = child_env(
         os.environ if parent is None else parent,
-        {"GLOO_SOCKET_IFNAME": "lo", **plan.train_env.for_node(node).to_env()},
+        {"GLOO_SOCKET_IFNAME": "lo", **plan.train_env.for_node(node).to_env(), "CUDA_VISIBLE_DEVICES": gpus},
         plan.pass_env,
     )
     # Local nodes share this machine's cores: one thread per rank unless told otherwise.
@@ -89,11 +135,22 @@ class LocalLauncher:
     reattaches = False
     """Each node is a child of the task process and dies with it (``_die_with_parent``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, gpus_per_node: int = 0) -> None:
+        self.gpus_per_node = gpus_per_node
+        """``nodes.gpus_per_node``: each node's share of this host's GPUs."""
         self.active: list[LocalHandle] = []
         """Attempts launched and not yet cancelled, so ``cancel_all`` can end them on a kill."""
 
+    def gpu_split(self, nodes: int, parent: Mapping[str, str] | None = None) -> list[str]:
+        """Each node's ``CUDA_VISIBLE_DEVICES``; ``SpecError`` when the host has too few GPUs."""
+        parent = os.environ if parent is None else parent
+        try:
+            return split_visible_devices(host_gpus(parent) if self.gpus_per_node else [], nodes, self.gpus_per_node)
+        except ValueError as exc:
+            raise SpecError([str(exc)]) from None
+
     def launch(self, plan: LaunchPlan) -> LocalHandle:
+        gpus = self.gpu_split(len(plan.nodes))  # before anything starts: a refused spec leaves nothing behind
         plan.log_dir.mkdir(parents=True, exist_ok=True)
         handle = LocalHandle(plan=plan, port=free_port())
         self.active.append(handle)
@@ -105,7 +162,7 @@ class LocalLauncher:
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
-                    env=node_env(plan, node),
+                    env=node_env(plan, node, gpus=gpus[index]),
                     start_new_session=True,
                     preexec_fn=_die_with_parent,
                 )

@@ -27,15 +27,21 @@ Precedence is the order of ``RULES``; the first rule that fires decides:
 1. Kubernetes reasons: OOMKilled -> oom; Evicted/NodeLost/preemption/node
    shutdown -> node_lost; image pull / container config errors -> user_error.
 2. Root causes in a log (any node): non-finite loss -> diverged; DataError ->
-   data_error; SpecError -> user_error; out of memory -> oom; broken GPU (ECC,
-   fallen off the bus) -> node_lost; any other exception a worker raised that
-   was not caused by a peer disconnect -> user_error.
+   data_error; SpecError -> user_error; out of memory (CUDA's, NCCL's, the
+   host's) -> oom; broken GPU (ECC, fallen off the bus, the driver's hardware
+   Xid codes) -> node_lost; any other exception a worker raised that was not
+   caused by a peer disconnect -> user_error (a CUDA illegal memory access
+   too: a kernel's bad address is the program's, unless an Xid says otherwise).
 3. ``trigger == "hang"`` -> hang, blaming the nodes whose ranks went silent.
    It comes before the symptoms below because the supervisor ends a hung
    attempt itself, and what the logs show afterwards is that ending.
 4. Connection / collective / rendezvous errors -> transient, unless some node
    was SIGKILLed (exit -9 or 137, or its agent reports a worker killed by
-   SIGKILL): then that node is lost and its peers only saw it vanish.
+   SIGKILL): then that node is lost and its peers only saw it vanish. Among
+   them, NCCL's watchdog timing out a collective -> hang, blaming no node:
+   every rank that waited reports it, the one that never joined may not, and
+   with no culprit the policy retries on the same nodes. NCCL's system, remote
+   and internal errors (a peer or the network went away) stay transient.
 5. Exit codes with no log evidence: SIGKILL -> node_lost.
 6. Anything else -> transient, "unclassified: ..." (retrying once is the safe default).
 
@@ -128,6 +134,12 @@ CONFIG_REASONS = frozenset({
     "CreateContainerConfigError", "CreateContainerError", "RunContainerError",
 })  # fmt: skip
 
+# Xid codes of the NVIDIA driver that mean the GPU (not the program) failed and the node needs a
+# reset or repair: 48 double-bit ECC, 61/62 internal micro-controller halt, 64 ECC row remapping
+# failed, 74 NVLink, 79 fallen off the bus, 94/95 contained/uncontained ECC, 119/120 GSP. Others
+# (13 and 31: a kernel's own bad access, 43: the program stopped) are the program's.
+XIDS = ("48", "61", "62", "64", "74", "79", "94", "95", "119", "120")
+
 # Log patterns, one table per category; matched case-insensitively, line by line.
 LOG_PATTERNS: dict[str, tuple[str, ...]] = {
     "diverged": (r"loss (?:is|became|was) [-+]?(?:nan|inf)", r"non-?finite loss", r"kind=['\"]?diverged"),
@@ -142,8 +154,11 @@ LOG_PATTERNS: dict[str, tuple[str, ...]] = {
         r"oom-kill",
         r"Out of memory: Killed process",
         r"std::bad_alloc",
+        r"Cuda failure (?:\d+ )?'out of memory'",  # NCCL's own allocation (ncclUnhandledCudaError)
     ),
-    "hardware": (r"\bECC error", r"fallen off the bus", r"GPU is lost"),
+    "hardware": (r"\bECC error", r"fallen off the bus", r"GPU is lost", rf"NVRM: Xid \([^)]*\): (?:{'|'.join(XIDS)}),"),
+    # NCCL's watchdog gave up on a collective: some rank never joined it (hung, or stuck on its GPU).
+    "nccl_timeout": (r"Watchdog caught collective operation timeout", r"WorkNCCL\(.*\) ran for \d+ milliseconds"),
     "comm": (
         r"Connection reset by peer",
         r"Connection closed by peer",
@@ -159,7 +174,7 @@ LOG_PATTERNS: dict[str, tuple[str, ...]] = {
         r"collective operation timeout",
         r"Dist(?:Network|Backend|Store)Error",
         r"NCCL (?:error|timeout|communicator)",
-        r"nccl(?:Remote|System|Internal)Error",
+        r"nccl(?:Remote|System|Internal|UnhandledCuda)Error",
         r"communicator was aborted",
         r"remote process exited",
     ),
@@ -404,6 +419,7 @@ RULES: tuple[tuple[FailureKind, Callable[[Seen], Classified | None]], ...] = (
     ("user_error", _log("user", blame=False)),
     ("hang", _hang),
     ("node_lost", _peer_killed),
+    ("hang", _log("nccl_timeout", blame=False)),
     ("transient", _log("comm", blame=False)),
     ("node_lost", _killed),
     ("transient", _unclassified),

@@ -43,6 +43,29 @@ def _nodes(spec: PipelineSpec) -> list[str]:
     return problems
 
 
+REFERENCE_WORKLOAD = "trainyard.train"
+
+
+def _gpus(spec: PipelineSpec) -> list[str]:
+    nodes = spec.nodes
+    if nodes.backend == "kubernetes" and nodes.gpus_per_node:
+        return [
+            "nodes.gpus_per_node: local backend only; on Kubernetes set nodes.kubernetes.gpus (nvidia.com/gpu per pod)"
+        ]
+    field, gpus = (
+        ("nodes.kubernetes.gpus", nodes.kubernetes.gpus) if nodes.kubernetes is not None
+        else ("nodes.gpus_per_node", nodes.gpus_per_node)
+    )  # fmt: skip
+    # The reference workload puts rank LOCAL_RANK on cuda:LOCAL_RANK: more ranks than GPUs have none,
+    # fewer leave GPUs idle. A script of one's own may place itself otherwise.
+    if spec.training.entrypoint == REFERENCE_WORKLOAD and gpus and nodes.procs_per_node != gpus:
+        return [
+            f"nodes.procs_per_node: {nodes.procs_per_node} must equal {field} ({gpus}): {REFERENCE_WORKLOAD}"
+            f" runs one rank per GPU"
+        ]
+    return []
+
+
 def _expectations(spec: PipelineSpec) -> list[str]:
     expect, problems = spec.dataset.expectations, []
     if expect.max_shards is not None and expect.max_shards < expect.min_shards:
@@ -201,6 +224,7 @@ def _repeated(field: str, items: Sequence[str]) -> list[str]:
 # a field whose value was broken is skipped: its answer would be about a stand-in default.
 CHECKS: tuple[tuple[tuple[str, ...], Check], ...] = (
     (("nodes",), _nodes),
+    (("nodes", "training.entrypoint"), _gpus),
     (("dataset.expectations",), _expectations),
     (("training.global_batch", "training.micro_batch", "nodes.count", "nodes.procs_per_node"), _batch),
     (("training.entrypoint",), _entrypoint),

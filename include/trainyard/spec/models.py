@@ -344,6 +344,10 @@ class NodesSpec(_Model):
     """Extra candidates pressure-tested beside ``count``, so weak ones can be left out."""
     procs_per_node: int = Field(1, ge=1, le=16)
     """Training processes (ranks) per node."""
+    gpus_per_node: int = Field(0, ge=0, le=64)
+    """``local`` backend: GPUs of this host each node gets (``CUDA_VISIBLE_DEVICES``; node i has GPUs
+    i*g to i*g+g-1), refused if the host has fewer than count x this; 0: none, training runs on CPUs.
+    On Kubernetes, ``kubernetes.gpus`` says it."""
     backend: Literal["local", "kubernetes"] = "local"
     """``local``: one torchrun agent process per node on this machine; ``kubernetes``: pods."""
     kubernetes: KubernetesSpec | None = None

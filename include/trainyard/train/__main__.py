@@ -30,12 +30,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank {rank} %(name)s %(levelname)s %(message)s")
     try:
         ctx = runtime.context()
+        placement = loop.init_process_group()  # a rank without a GPU of its own is refused here, in one line
     except ValueError as exc:
         print(f"trainyard.train: {exc}", file=sys.stderr)
         return 2
-    loop.init_process_group()
     try:
-        loop.train(args, ctx)
+        loop.train(args, ctx, placement)
     except TrainyardError as exc:
         runtime.record_failure(exc, ctx)
         print(f"trainyard.train: rank {dist.get_rank()}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)

@@ -111,10 +111,13 @@ def global_starts(step: int, seed: int, total_tokens: int, window: int, global_b
 
 
 def micro_batches(
-    stream: TokenStream, plan: BatchPlan, step: int, seed: int, seq_len: int
+    stream: TokenStream, plan: BatchPlan, step: int, seed: int, seq_len: int, device: str | torch.device = "cpu"
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """This rank's (inputs, targets) micro-batches for ``step``, each (micro_batch, seq_len) int64."""
+    """This rank's (inputs, targets) micro-batches for ``step``, each (micro_batch, seq_len) int64 on ``device``."""
     starts = global_starts(step, seed, len(stream), seq_len + 1, plan.global_batch)
     mine = starts[plan.rank * plan.per_rank : (plan.rank + 1) * plan.per_rank]
     windows = torch.from_numpy(np.stack([stream.window(int(s), seq_len + 1) for s in mine]))
+    if torch.device(device).type == "cuda":
+        # One copy per step from pinned memory; the micro-batches are views of it on the device.
+        windows = windows.pin_memory().to(device, non_blocking=True)
     return [(chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()) for chunk in windows.split(plan.micro_batch)]

@@ -1,4 +1,4 @@
-"""The reference training loop: DDP on gloo over the staged token shards.
+"""The reference training loop: DDP over the staged token shards, on GPUs (NCCL, bf16) or CPUs (gloo).
 
 Run it with torchrun; every setting except the model shape comes from the
 TRAINYARD_* environment (see ``trainyard.train.runtime``). One node, two
@@ -24,6 +24,10 @@ start both, in any order, with the same endpoint and id::
 
 ``python -m trainyard.train`` without torchrun trains in one process.
 
+Where CUDA is present, rank ``LOCAL_RANK`` trains on ``cuda:LOCAL_RANK`` over
+NCCL with bf16 autocast; otherwise on the CPU over gloo (``trainyard.train.device``).
+Either way the weights and optimizer state are fp32 and checkpoints are the same.
+
 The loop is deterministic: the model is seeded, batches are a pure function of
 (seed, step) (``trainyard.train.data``) and the learning rate is a function of
 the step alone, so a resumed run reproduces the uninterrupted one and a run can
@@ -47,7 +51,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainyard.errors import DataError, SpecError, TrainingFailed
-from trainyard.train import data, runtime
+from trainyard.train import data, device, runtime
 from trainyard.train.drills import Drills
 from trainyard.train.model import GPT, GPTConfig
 
@@ -112,17 +116,19 @@ def train_step(
     batches: list[tuple[torch.Tensor, torch.Tensor]],
     lr: float,
     clip: float,
+    placement: device.Placement = device.CPU,
 ) -> float:
     """One optimizer step over this rank's micro-batches; returns the loss averaged over the global batch."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     optimizer.zero_grad(set_to_none=True)
-    total = torch.zeros(())
+    total = torch.zeros((), device=placement.device)  # NCCL reduces device tensors only
     for i, (inputs, targets) in enumerate(batches):
         # Only the last micro-batch all-reduces gradients; the others accumulate locally.
         sync = nullcontext() if i == len(batches) - 1 else model.no_sync()
         with sync:
-            _, loss = model(inputs, targets)
+            with placement.autocast():  # the forward pass only: backward runs in the dtypes it chose
+                _, loss = model(inputs, targets)
             # Equal-sized micro-batches: scaling by 1/accumulation and DDP's 1/world
             # makes the gradient that of the mean over the whole global batch.
             (loss / len(batches)).backward()
@@ -156,22 +162,34 @@ def _configure(args: argparse.Namespace, ctx: runtime.RunContext) -> tuple[GPTCo
     return cfg, plan
 
 
-def train(args: argparse.Namespace, ctx: runtime.RunContext) -> dict[str, float]:
+def wrap(model: torch.nn.Module, placement: device.Placement) -> DDP:
+    """The model on its device, in DDP (one GPU per process: ``device_ids`` is this rank's)."""
+    if placement.cuda:
+        return DDP(model.to(placement.device), device_ids=[placement.index], output_device=placement.index)
+    return DDP(model)
+
+
+def train(
+    args: argparse.Namespace, ctx: runtime.RunContext, placement: device.Placement | None = None
+) -> dict[str, float]:
     """Train from the resume point to ``ctx.max_steps``; return the last step's metrics."""
+    placement = placement or device.current()
     cfg, plan = _configure(args, ctx)
-    torch.manual_seed(ctx.seed)
-    torch.use_deterministic_algorithms(True)
+    torch.manual_seed(ctx.seed)  # seeds CUDA too; the weights are drawn on the CPU, so both paths start equal
+    # Some CUDA kernels (NLLLoss's) have no deterministic variant: warn there rather than fail the run.
+    torch.use_deterministic_algorithms(True, warn_only=placement.cuda)
     stream = data.TokenStream.open(ctx.data_dir)
     _check_vocab(stream, cfg)
     rank, world = plan.rank, plan.world_size
-    model = DDP(GPT(cfg))
+    model = wrap(GPT(cfg), placement)
     optimizer = build_optimizer(model, args)
     state = {"train": TrainState(model, optimizer)}
     start = runtime.load_latest(state, ctx=ctx)
     if rank == 0:
         log.info(
-            "model %d params, world %d, global batch %d = %d micro x %d accum x %d ranks, from step %d",
+            "model %d params, world %d, global batch %d = %d micro x %d accum x %d ranks, from step %d, on %s (%s%s)",
             model.module.num_params(), world, plan.global_batch, plan.micro_batch, plan.accumulation, world, start,
+            placement.device, placement.backend, ", bf16 autocast" if placement.autocast_dtype else "",
         )  # fmt: skip
     metrics: dict[str, float] = {}
     drills = Drills(ctx, rank)
@@ -181,8 +199,10 @@ def train(args: argparse.Namespace, ctx: runtime.RunContext) -> dict[str, float]
         for step in range(start + 1, ctx.max_steps + 1):
             drills.before_step(step, seconds)
             began = time.perf_counter()
-            batches = data.micro_batches(stream, plan, step, ctx.seed, cfg.seq_len)
-            loss = drills.loss(step, train_step(model, optimizer, batches, lr_at(step, args), args.grad_clip))
+            batches = data.micro_batches(stream, plan, step, ctx.seed, cfg.seq_len, placement.device)
+            loss = drills.loss(
+                step, train_step(model, optimizer, batches, lr_at(step, args), args.grad_clip, placement)
+            )
             seconds = time.perf_counter() - began
             metrics = {
                 "loss": loss, "lr": lr_at(step, args), "step_ms": seconds * 1e3,
@@ -204,9 +224,16 @@ def train(args: argparse.Namespace, ctx: runtime.RunContext) -> dict[str, float]
     return metrics
 
 
-def init_process_group() -> None:
-    """Join torchrun's process group (env://), or form a one-process group when run directly."""
+def init_process_group() -> device.Placement:
+    """Join torchrun's process group (env://), or form a one-process group when run directly.
+
+    Binds the process to its GPU first, where it has one, and returns where it computes.
+    """
+    placement = device.current()
+    device.prepare(placement)
+    bound = torch.device(placement.device) if placement.cuda else None  # NCCL connects at once, on this GPU
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        dist.init_process_group("gloo")
+        dist.init_process_group(placement.backend, device_id=bound)
     else:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        dist.init_process_group(placement.backend, store=dist.HashStore(), rank=0, world_size=1, device_id=bound)
+    return placement

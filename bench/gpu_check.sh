@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# trainyard on this machine's GPUs, in one go (issue 14, "Real GPUs"):
+#
+#   1. the demo pipeline on GPU: dags/pipelines/nightly_pretrain.yaml with its nodes given GPUs
+#      (nodes.gpus_per_node, one rank per GPU: NCCL, bf16), run stage by stage without Airflow
+#      (stage, check, burn-in, train, checkpoint gate, publish, report);
+#   2. the burn-in's bf16 matmul probe (burnin/probes.py gpu_checks) as a fraction of the
+#      device's dense bf16 peak (the table below, by device name);
+#   3. one recovery drill: a training node SIGKILLed mid-run, which recovery must replace or
+#      scale down, after which the run must succeed.
+#
+#     bench/gpu_check.sh            # PYTHON=/path/to/python to choose the interpreter
+#
+# Prints one JSON line last. Without a usable CUDA device it prints {"skipped": true, "reason":
+# ...} and exits 0, so it can run anywhere; on a GPU machine it exits 1 if a check failed.
+# Everything it writes is under a fresh temporary TRAINYARD_HOME, removed at the end.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD/include${PYTHONPATH:+:$PYTHONPATH}"
+export TRAINYARD_HOME
+TRAINYARD_HOME=$(mktemp -d "${TMPDIR:-/tmp}/trainyard-gpu-check.XXXXXX")
+trap 'rm -rf "$TRAINYARD_HOME"' EXIT
+
+exec 3>&1 # the JSON line goes to the real stdout; the stages' chatter to stderr
+"${PYTHON:-python}" - "$PWD" <<'PY' >&2
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+ROOT = Path(sys.argv[1])
+out = os.fdopen(3, "w")
+
+
+def done(result: dict, code: int = 0) -> None:
+    print(json.dumps({"bench": "gpu_check", **result}), file=out, flush=True)
+    sys.exit(code)
+
+
+if not torch.cuda.is_available():
+    build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+    done({"skipped": True, "reason": f"no CUDA device visible (torch {torch.__version__}, {build})"})
+
+from trainyard import stages  # noqa: E402
+from trainyard.burnin.probes import gpu_checks  # noqa: E402
+from trainyard.cli import main as trainyard  # noqa: E402
+from trainyard.drill import run_drill  # noqa: E402
+from trainyard.run import open_run  # noqa: E402
+from trainyard.spec import Drill  # noqa: E402
+
+# Dense bf16 tensor-core peaks (TFLOP/s, no sparsity) from NVIDIA's data sheets; first match wins.
+PEAKS = [("H200", 989.0), ("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0), ("GH200", 989.0),
+         ("A100", 312.0), ("L40S", 362.0), ("L4", 121.0), ("A10", 125.0)]  # fmt: skip
+DATE = "2026-11-28"
+
+gpus = torch.cuda.device_count()
+name = torch.cuda.get_device_name(0)
+result: dict = {"device": name, "gpus": gpus, "torch": torch.__version__, "cuda": torch.version.cuda}
+problems: list[str] = []
+
+# ---- the spec variant: 2 nodes splitting the GPUs (1 node and a spare on a 1-GPU machine)
+count = 2 if gpus >= 2 else 1
+per_node = gpus // count
+spec = yaml.safe_load((ROOT / "dags" / "pipelines" / "nightly_pretrain.yaml").read_text())
+spec.update(schedule=None)
+spec["nodes"] = {"count": count, "min": 1, "spare": 2 - count, "procs_per_node": per_node, "gpus_per_node": per_node}
+ranks = count * per_node
+spec["training"].update(global_batch=8 * ranks, micro_batch=4, max_steps=60, checkpoint_every=20)
+spec_path = Path(os.environ["TRAINYARD_HOME"]) / "specs" / "gpu_pretrain.yaml"
+spec_path.parent.mkdir(parents=True)
+spec_path.write_text(yaml.safe_dump(spec, sort_keys=False))
+result["spec"] = {"nodes": count, "gpus_per_node": per_node, "global_batch": 8 * ranks}
+if trainyard(["demo-data", "--date", DATE]) != 0:
+    done({**result, "ok": False, "problems": ["trainyard demo-data failed"]}, 1)
+
+# ---- 1. the demo pipeline
+began = time.monotonic()
+try:
+    run = open_run(spec_path, "gpu_pretrain", f"gpu_check__{time.time_ns()}", DATE)
+    stages.stage_dataset(run)
+    stages.check_dataset(run)
+    chosen = stages.burn_in(run)
+    trained = stages.train(run, chosen["healthy"], spares=chosen.get("spare", []))
+    checked = stages.check_checkpoint(run, trained["checkpoint"], trained["target_step"])
+    stages.publish(run, checked["checkpoint"])
+    stages.report(run)
+    last = ([{}] + list(run.ledger.events("train", "step")))[-1]
+    result["pipeline"] = {
+        "ok": True, "seconds": round(time.monotonic() - began, 1), "last_step": trained["last_step"],
+        "loss": last.get("loss"), "tokens_per_s": last.get("tokens_per_s"),
+    }  # fmt: skip
+    logs = "".join(p.read_text(errors="replace") for p in run.dir.glob("attempt-*/*.log"))
+    if "(nccl, bf16 autocast)" not in logs:  # the workload's first line says where it trains
+        problems.append("pipeline: the workload did not train on CUDA with NCCL and bf16")
+except Exception as exc:  # one line in the JSON, the traceback on stderr
+    import traceback
+
+    traceback.print_exc()
+    result["pipeline"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
+    problems.append("pipeline failed")
+
+# ---- 2. the burn-in's bf16 probe against the device's peak
+probe = gpu_checks(budget_s=6.0)
+peak = next((tflops for key, tflops in PEAKS if key in name), None)
+result["bf16_matmul"] = {
+    "tflops": round(probe["bf16_tflops"], 1), "peak_tflops": peak,
+    "fraction_of_peak": round(probe["bf16_tflops"] / peak, 3) if peak else None,
+    **({} if peak else {"note": f"no peak known for {name!r}: add it to PEAKS"}),
+    **{k: probe[k] for k in ("temperature_c", "ecc_uncorrected", "nvml") if k in probe},
+}  # fmt: skip
+
+# ---- 3. one recovery drill: a training node killed mid-run
+began = time.monotonic()
+try:
+    # With 2 nodes node-1 trains for sure; with 1 node and a spare, either may: strike every node.
+    report = run_drill(spec_path, Drill(fault="kill", step=30, node="node-1" if count == 2 else None), DATE)
+    result["drill"] = {
+        "ok": report.ok, "actions": report.actions, "end": report.end, "seconds": round(time.monotonic() - began, 1),
+        **{k: report.figures.get(k) for k in ("detection_s", "resume_delay_s", "lost_steps")},
+    }  # fmt: skip
+    if not report.ok:
+        problems.append(f"drill: expected {report.expected}, got actions {report.actions}, run {report.end}")
+except Exception as exc:
+    import traceback
+
+    traceback.print_exc()
+    result["drill"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
+    problems.append("drill failed")
+
+done({**result, "ok": not problems, "problems": problems}, 0 if not problems else 1)
+PY
