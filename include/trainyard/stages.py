@@ -353,7 +353,7 @@ def _progress(run: Run, plan: LaunchPlan, target: int, every_s: float | None = N
         world_size=plan.world_size,
         target=target,
         tokens_per_step=tokens_per_step(training.global_batch, training.args),
-        heartbeat_dir=Path(plan.env["TRAINYARD_HEARTBEAT_DIR"]),
+        heartbeat_dir=plan.heartbeat_dir,
         checkpoint_root=run.checkpoint_root,
     )
 

@@ -97,10 +97,13 @@ class ScriptedLauncher:
 
 def drive(tmp_path: Path, launcher: ScriptedLauncher, ledger: Ledger):
     def plan_for(attempt: int, course: Course) -> LaunchPlan:
-        return LaunchPlan("r", attempt, list(course.nodes), 1, "train.py", [], {
-            "TRAINYARD_HEARTBEAT_DIR": str(tmp_path / f"attempt-{attempt}" / "hb"),
-            "TRAINYARD_MICRO_BATCH": str(course.micro_batch), "TRAINYARD_RESUME_FROM": course.resume_from,
-        }, tmp_path / f"attempt-{attempt}")  # fmt: skip
+        train_env = TrainEnv(
+            tmp_path / "data", tmp_path / "ckpt", 12, resume_from=course.resume_from,
+            heartbeat_dir=tmp_path / f"attempt-{attempt}" / "hb", micro_batch=course.micro_batch,
+        )  # fmt: skip
+        return LaunchPlan(
+            "r", attempt, list(course.nodes), 1, "train.py", [], train_env, tmp_path / f"attempt-{attempt}"
+        )
 
     ctx = Context(RecoverySpec(backoff_s=0), ["n0", "n1", "n2"], [], 2, 12, 2, 1, reattach=launcher.reattaches)
     hooks = Hooks(plan_for, rollback_to=lambda step: "none", checkpoints=Checkpoints)

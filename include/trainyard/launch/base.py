@@ -37,6 +37,13 @@ class LaunchPlan:
         return self.train_env.to_env()
 
     @property
+    def heartbeat_dir(self) -> Path:
+        """Where the attempt's ranks beat; the drivers watch no attempt without one."""
+        if self.train_env.heartbeat_dir is None:
+            raise ValueError(f"attempt {self.attempt} of run {self.run_id}: the plan has no heartbeat folder")
+        return self.train_env.heartbeat_dir
+
+    @property
     def world_size(self) -> int:
         return len(self.nodes) * self.procs_per_node
 

@@ -19,7 +19,6 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 from trainyard.launch.base import AttemptStatus, Launcher
@@ -144,7 +143,7 @@ class Deferred(Driver):
             job_name=handle.name,
             nodes=list(plan.nodes),
             world_size=plan.world_size,
-            heartbeat_dir=plan.env["TRAINYARD_HEARTBEAT_DIR"],
+            heartbeat_dir=str(plan.heartbeat_dir),
             target_step=self.target_step,
         )
 
@@ -158,7 +157,7 @@ class Deferred(Driver):
         attempt = current.number
         self.ledger.append(STAGE, "attempt_event", attempt=attempt, status=news.status, message=news.message)
         plan = self.hooks.plan_for(attempt, current.course)
-        beats = Path(plan.env["TRAINYARD_HEARTBEAT_DIR"])
+        beats = plan.heartbeat_dir
         handle = self.handle(attempt, current.course)
         # Look first, then judge the checkpoints: an attempt seen finished has its last one on disk.
         status = self.launcher.poll(handle) if news.status not in ("succeeded", "error") else None

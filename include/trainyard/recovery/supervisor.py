@@ -59,6 +59,7 @@ from trainyard.recovery.controller import (
 )
 from trainyard.recovery.controller import AttemptFailed as Failed
 from trainyard.recovery.controller import Launch as LaunchCommand
+from trainyard.recovery.records import failure_records
 
 if TYPE_CHECKING:  # progress reads heartbeats with this module's reader
     from trainyard.recovery.progress import ProgressLog
@@ -127,16 +128,16 @@ def tail(path: str, lines: int = TAIL_LINES) -> str:
 
 def start_attempt(launcher: Launcher, plan: LaunchPlan, ledger: Ledger) -> Any:
     """Record the attempt and launch it; the heartbeat folder exists before any rank (or watcher) looks."""
-    if "TRAINYARD_HEARTBEAT_DIR" in plan.env:
-        Path(plan.env["TRAINYARD_HEARTBEAT_DIR"]).mkdir(parents=True, exist_ok=True)
+    if plan.train_env.heartbeat_dir is not None:
+        plan.train_env.heartbeat_dir.mkdir(parents=True, exist_ok=True)
     ledger.append(
         "train",
         "attempt_start",
         attempt=plan.attempt,
         nodes=plan.nodes,
         world_size=plan.world_size,
-        micro_batch=plan.env.get("TRAINYARD_MICRO_BATCH"),
-        resume_from=plan.env.get("TRAINYARD_RESUME_FROM"),
+        micro_batch=plan.train_env.micro_batch,
+        resume_from=plan.train_env.resume_from,
     )
     return launcher.launch(plan)
 
@@ -193,6 +194,7 @@ def failed(
         stale_nodes=list(suspects),
         last_step=last_step(heartbeat_dir),
         nodes=node_failures(status.nodes, tails),
+        records=failure_records(heartbeat_dir, [n.node for n in status.nodes]),
     )
     return Failed(plan.attempt, time.time(), failure, reason, checkpoints or Checkpoints())
 
@@ -417,7 +419,7 @@ class Supervisor(Driver):
             handle,
             plan,
             last.started,
-            Path(plan.env["TRAINYARD_HEARTBEAT_DIR"]),
+            plan.heartbeat_dir,
             self.heartbeat_timeout_s,
             self.poll_s,
             progress=progress,
