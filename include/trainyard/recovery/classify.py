@@ -120,6 +120,14 @@ class Classified:
     """Step the failure was seen at: a diverged loss's own step, else the last heartbeat step."""
 
 
+@dataclass(frozen=True)
+class Finding:
+    """What one rule found: its evidence and the nodes to blame (``RULES`` says which kind it is)."""
+
+    evidence: str
+    culprits: list[str] = field(default_factory=list)
+
+
 # ---------------------------------------------------------------- what the words mean
 
 # Kubernetes' verdicts on a pod (launch/kubernetes.py reports them as NodeStatus.reason).
@@ -321,10 +329,10 @@ def _quote(hits: list[Hit], room: int = MAX_EVIDENCE) -> str:
     return head + _clip(hits[0].line, room - len(head) - len(tail)) + tail
 
 
-def _recorded(kind: FailureKind, blame: bool) -> Callable[[Seen], Classified | None]:
+def _recorded(kind: FailureKind, blame: bool) -> Callable[[Seen], Finding | None]:
     """The earliest failure record of ``kind``: ``node rank N: Type: message (failure record; also ...)``."""
 
-    def rule(seen: Seen) -> Classified | None:
+    def rule(seen: Seen) -> Finding | None:
         found = [r for r in seen.records if r.kind == kind]
         if not found:
             return None
@@ -333,66 +341,66 @@ def _recorded(kind: FailureKind, blame: bool) -> Callable[[Seen], Classified | N
         head = f"{first.node} rank {first.rank}: "
         tail = " (its failure record" + (f"; also on {', '.join(others)})" if others else ")")
         said = head + _clip(f"{first.type}: {first.message}", MAX_EVIDENCE - len(head) - len(tail)) + tail
-        return Classified(kind, said, sorted({r.node for r in found}) if blame else [])
+        return Finding(said, sorted({r.node for r in found}) if blame else [])
 
     return rule
 
 
-def _k8s(reasons: frozenset[str], blame: bool) -> Callable[[Seen], Classified | None]:
-    def rule(seen: Seen) -> Classified | None:
+def _k8s(reasons: frozenset[str], blame: bool) -> Callable[[Seen], Finding | None]:
+    def rule(seen: Seen) -> Finding | None:
         found = [n for n in seen.failure.nodes if n.reason in reasons]
         if not found:
             return None
         said = "; ".join(f"{n.node}: pod {n.reason}" + (f" (exit {n.exit_code})" if n.exit_code is not None else "")
                          for n in found)  # fmt: skip
-        return Classified("", said, [n.node for n in found] if blame else [])
+        return Finding(said, [n.node for n in found] if blame else [])
 
     return rule
 
 
-def _log(category: str, blame: bool) -> Callable[[Seen], Classified | None]:
-    def rule(seen: Seen) -> Classified | None:
+def _log(category: str, blame: bool) -> Callable[[Seen], Finding | None]:
+    def rule(seen: Seen) -> Finding | None:
         hits = seen.hits[category]
         if not hits:
             return None
-        return Classified("", _quote(hits), sorted({h.node for h in hits}) if blame else [])
+        return Finding(_quote(hits), sorted({h.node for h in hits}) if blame else [])
 
     return rule
 
 
-def _hang(seen: Seen) -> Classified | None:
+def _hang(seen: Seen) -> Finding | None:
     failure = seen.failure
     if failure.trigger != "hang":
         return None
     after = f" after step {failure.last_step}" if failure.last_step is not None else ""
     if not failure.stale_nodes:
-        return Classified("", f"heartbeats went stale{after}, but no silent node was identified", [])
-    return Classified("", f"no heartbeat from {', '.join(failure.stale_nodes)}{after}", list(failure.stale_nodes))
+        return Finding(f"heartbeats went stale{after}, but no silent node was identified", [])
+    return Finding(f"no heartbeat from {', '.join(failure.stale_nodes)}{after}", list(failure.stale_nodes))
 
 
-def _peer_killed(seen: Seen) -> Classified | None:
+def _peer_killed(seen: Seen) -> Finding | None:
     if not (seen.hits["comm"] and seen.killed):
         return None
     lost = "; ".join(f"{node} {how}" for node, how in seen.killed.items())
     said = f"{lost}; peers lost it: "
-    return Classified("", said + _quote(seen.hits["comm"], MAX_EVIDENCE - len(said)), list(seen.killed))
+    return Finding(said + _quote(seen.hits["comm"], MAX_EVIDENCE - len(said)), list(seen.killed))
 
 
-def _killed(seen: Seen) -> Classified | None:
+def _killed(seen: Seen) -> Finding | None:
     if not seen.killed:
         return None
     lost = "; ".join(f"{node} {how}" for node, how in seen.killed.items())
-    return Classified("", f"{lost} (killed by SIGKILL, no error in its log)", list(seen.killed))
+    return Finding(f"{lost} (killed by SIGKILL, no error in its log)", list(seen.killed))
 
 
-def _unclassified(seen: Seen) -> Classified:
+def _unclassified(seen: Seen) -> Finding:
     failed = [n for n in seen.failure.nodes if n.state == "failed"] or list(seen.failure.nodes)
     parts = []
     for n in failed:
         last = _last_words(n.log_tail)
         parts.append(f"{n.node} exited {n.exit_code}" + (f" ({n.reason})" if n.reason else "")
                      + (f", last line: {_clip(last)}" if last else ""))  # fmt: skip
-    return Classified("", "unclassified: " + ("; ".join(parts) or f"{seen.failure.trigger} with no node status"), [])
+    return Finding("unclassified: " + ("; ".join(parts) or f"{seen.failure.trigger} with no node status"), [])
 
 
 def _last_words(log: str) -> str:
@@ -402,7 +410,7 @@ def _last_words(log: str) -> str:
 
 
 # The precedence, top to bottom; the first rule that fires decides (see the module docstring).
-RULES: tuple[tuple[FailureKind, Callable[[Seen], Classified | None]], ...] = (
+RULES: tuple[tuple[FailureKind, Callable[[Seen], Finding | None]], ...] = (
     ("diverged", _recorded("diverged", blame=False)),
     ("data_error", _recorded("data_error", blame=False)),
     ("oom", _recorded("oom", blame=True)),

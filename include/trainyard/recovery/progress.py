@@ -120,8 +120,9 @@ def furthest(beats: dict[str, dict[str, Any]], now: float) -> Look | None:
         return None
     ahead = max(steps, key=lambda b: b["step"])
     at = ahead.get("time")
-    usable = isinstance(at, (int, float)) and not isinstance(at, bool) and math.isfinite(at)
-    return Look(float(at) if usable else now, ahead["step"])
+    if isinstance(at, (int, float)) and not isinstance(at, bool) and math.isfinite(at):
+        return Look(float(at), ahead["step"])
+    return Look(now, ahead["step"])
 
 
 def tokens_per_step(global_batch: int, args: dict[str, Any]) -> int | None:

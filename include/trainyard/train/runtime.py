@@ -214,11 +214,16 @@ _progress: tuple[RunContext, ProgressDigest] | None = None
 _clock: Callable[[], float] = time.monotonic  # a test's fake clock replaces it
 
 
+def _flush_at_exit() -> None:
+    if _progress is not None:
+        flush_progress(_progress[0])
+
+
 def _digest(ctx: RunContext) -> ProgressDigest:
     global _progress
     if _progress is None or (_progress[0] is not ctx and _progress[0] != ctx):
         if _progress is None:
-            atexit.register(lambda: _progress and flush_progress(_progress[0]))
+            atexit.register(_flush_at_exit)
         else:
             flush_progress(_progress[0])
         _progress = (ctx, ProgressDigest(ctx.progress_every_s, _clock))
