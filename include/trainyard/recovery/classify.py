@@ -18,8 +18,9 @@ from a cancel) are never root causes either.
 
 Precedence is the order of ``RULES``; the first rule that fires decides:
 
-1. Kubernetes reasons: OOMKilled -> oom; Evicted/NodeLost/preemption/node
-   shutdown -> node_lost; image pull / container config errors -> user_error.
+1. Kubernetes reasons (``trainyard.kube.reasons``, the one list): OOMKilled ->
+   oom; Evicted/NodeLost/preemption/node shutdown -> node_lost; image pull /
+   container config errors, a pod no node fits (Unschedulable) -> user_error.
 2. Root causes in a log (any node): non-finite loss -> diverged; DataError ->
    data_error; SpecError -> user_error; out of memory -> oom; broken GPU (ECC,
    fallen off the bus) -> node_lost; any other exception a worker raised that
@@ -60,6 +61,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from trainyard.kube.reasons import CONFIG_REASONS, NODE_LOST_REASONS, OOM_REASONS
 from trainyard.spec.models import FailureKind
 
 MAX_EVIDENCE = 300
@@ -106,18 +108,6 @@ class Classified:
 
 
 # ---------------------------------------------------------------- what the words mean
-
-# Kubernetes' verdicts on a pod (launch/kubernetes.py reports them as NodeStatus.reason).
-OOM_REASONS = frozenset({"OOMKilled"})
-NODE_LOST_REASONS = frozenset({
-    "Evicted", "NodeLost", "Preempted", "Preempting", "PreemptionByScheduler", "PreemptionByKubeScheduler",
-    "Shutdown", "NodeShutdown", "Terminated", "TerminationByKubelet", "DeletionByTaintManager",
-    "EvictionByEvictionAPI", "DeletionByPodGC", "UnexpectedAdmissionError",
-})  # fmt: skip
-CONFIG_REASONS = frozenset({
-    "ImagePullBackOff", "ErrImagePull", "ErrImageNeverPull", "InvalidImageName",
-    "CreateContainerConfigError", "CreateContainerError", "RunContainerError",
-})  # fmt: skip
 
 # Log patterns, one table per category; matched case-insensitively, line by line.
 LOG_PATTERNS: dict[str, tuple[str, ...]] = {

@@ -161,7 +161,7 @@ def attempt_failed(
         trigger=trigger,
         stale_nodes=suspects,
         last_step=max(steps, default=None),
-        nodes=[NodeFailure(n.node, n.state, n.exit_code, n.reason, tail(n.log)) for n in status.nodes],
+        nodes=[NodeFailure(n.where, n.state, n.exit_code, n.reason, tail(n.log)) for n in status.nodes],  # hosts
     )
     # last_step: the heartbeats' latest step, which the rate-bounded step events may not have reached.
     ledger.append(
@@ -224,7 +224,9 @@ def run_attempt(
 
 
 def _crash_reason(status: AttemptStatus) -> str:
-    return "; ".join(f"{n.node} exited {n.exit_code}" + (f" ({n.reason})" if n.reason else "") for n in status.failed())
+    return "; ".join(
+        f"{n.where} exited {n.exit_code}" + (f" ({n.reason})" if n.reason else "") for n in status.failed()
+    )
 
 
 @dataclass
