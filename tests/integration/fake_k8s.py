@@ -487,7 +487,7 @@ def _anti_affinity(
         domain = node["metadata"].get("labels", {}).get(key)
         for other in others:
             there = nodes.get(other["spec"].get("nodeName") or "")
-            if there is None or other["status"].get("phase") in ("Succeeded", "Failed"):
+            if there is None or other.get("status", {}).get("phase") in ("Succeeded", "Failed"):
                 continue
             labels = other["metadata"].get("labels", {})
             same = domain is not None and there["metadata"].get("labels", {}).get(key) == domain
@@ -548,7 +548,8 @@ class Scheduler:
         others = [p for p in self.fake.items("api/v1", "pods", self.ns) if p is not pod]
         verdicts = {name: why_not(pod, node, others, nodes) for name, node in sorted(nodes.items())}
         fits = [name for name, why in verdicts.items() if why is None]
-        status = pod.setdefault("status", {"phase": "Pending"})
+        status = pod.setdefault("status", {})
+        status.setdefault("phase", "Pending")  # what the API server defaults a new pod to
         if not fits:
             message = unschedulable_message([w for w in verdicts.values() if w])
             status["conditions"] = [
@@ -636,7 +637,8 @@ class Kubelet:
             lost = [
                 p["metadata"]["name"]
                 for p in self.fake.items("api/v1", "pods", self.ns)
-                if p["spec"].get("nodeName") == node and p["status"].get("phase") in ("Pending", "Running")
+                if p["spec"].get("nodeName") == node
+                and p.get("status", {}).get("phase", "Pending") in ("Pending", "Running")
             ]
             for name in lost:
                 if name in self.procs:
@@ -661,11 +663,11 @@ class Kubelet:
             bound = [n for n, p in pods.items() if n not in self.procs and p["spec"].get("nodeName")]
             self.rng.shuffle(bound)
             for name in bound:
-                if self.rng.random() < 0.6 and pods[name]["status"].get("phase") == "Pending":
+                if self.rng.random() < 0.6 and pods[name].get("status", {}).get("phase", "Pending") == "Pending":
                     self._start(name, pods[name])
             for name, pod in pods.items():
                 proc = self.procs.get(name)
-                if proc is not None and proc.poll() is not None and pod["status"]["phase"] == "Running":
+                if proc is not None and proc.poll() is not None and pod.get("status", {}).get("phase") == "Running":
                     code = proc.returncode
                     self.fake.set_pod(
                         self.ns,
