@@ -14,7 +14,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainyard.burnin.kubernetes import candidate_nodes, label_evicted, run_burn_in_k8s
 from trainyard.burnin.local import run_burn_in
 from trainyard.burnin.protocol import drills_from
 from trainyard.burnin.verdict import Rule, decide, format_table
@@ -123,9 +122,12 @@ def burn_in(run: Run, cluster: Any | None = None) -> dict[str, Any]:
     candidates are then cluster nodes, and the evicted ones are marked there.
     """
     cfg, nodes = run.spec.pressure_test, run.spec.nodes
-    if not cfg.enabled:
-        return {"healthy": candidates(run)[: nodes.count], "skipped": True}
+    if not cfg.enabled:  # untested nodes; on Kubernetes still real ones, the hosts the pods are pinned to
+        names = _cluster_candidates(run, cluster)[1] if nodes.backend == "kubernetes" else candidates(run)
+        return {"healthy": names[: nodes.count], "skipped": True}
     if nodes.backend == "kubernetes":
+        from trainyard.burnin.kubernetes import run_burn_in_k8s  # the kubernetes SDK: only for this backend
+
         core, names = _cluster_candidates(run, cluster)
         probed = run_burn_in_k8s(
             core,
@@ -159,6 +161,8 @@ def burn_in(run: Run, cluster: Any | None = None) -> dict[str, Any]:
         "burn_in", "thresholds", medians=verdict.medians, thresholds=verdict.thresholds, seconds=probed.seconds
     )
     if nodes.backend == "kubernetes" and verdict.evicted:
+        from trainyard.kube.marks import label_evicted
+
         marked = label_evicted(core, list(verdict.evicted), nodes.kubernetes.evicted_label, nodes.kubernetes.evict_with)
         run.ledger.append("burn_in", "nodes_marked", nodes=marked, label=nodes.kubernetes.evicted_label)
     if len(verdict.healthy) < nodes.min:
@@ -168,6 +172,8 @@ def burn_in(run: Run, cluster: Any | None = None) -> dict[str, Any]:
 
 def _cluster_candidates(run: Run, cluster: Any | None) -> tuple[Any, list[str]]:
     from kubernetes import client as k8s
+
+    from trainyard.kube.marks import candidate_nodes
 
     if cluster is None:
         _require_local(run)

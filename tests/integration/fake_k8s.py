@@ -11,12 +11,22 @@ JSON Patch content type with a non-list body 400. Every request is recorded
 The test plays the Job controller and the kubelet: ``spawn_job_pods`` creates
 the pods of an Indexed Job, ``set_pod`` moves one through its states; or
 ``Kubelet`` does both, running each pod's container as a local process.
+
+``Scheduler`` places pods as kube-scheduler does, with no promise about which
+feasible node a pod gets: a random one (seeded) among the nodes its
+``nodeSelector``, required node affinity (``matchExpressions`` and
+``matchFields``, terms ORed), taints/tolerations and required pod
+anti-affinity allow, in a random order, some pods only on a later pass. A pod
+that fits no node stays Pending with the condition ``PodScheduled=False``,
+reason ``Unschedulable`` and the scheduler's "0/N nodes are available: ..."
+message, and is tried again on each pass.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -25,6 +35,7 @@ import sys
 import tempfile
 import threading
 import uuid
+from collections import Counter
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -38,6 +49,8 @@ _PATH = re.compile(
     r"(?:/(?P<name>[^/]+)(?:/(?P<sub>[^/]+))?)?$"
 )
 INDEX = "batch.kubernetes.io/job-completion-index"
+HOSTNAME = "kubernetes.io/hostname"
+NOW = "2026-01-01T00:00:00Z"
 
 
 @dataclass(frozen=True)
@@ -182,8 +195,10 @@ class FakeKube:
             {
                 "apiVersion": "v1",
                 "kind": "Node",
-                "metadata": {"name": name, "labels": dict(labels or {})},
+                # Every real node carries its hostname label (the topology key of one-pod-per-host).
+                "metadata": {"name": name, "labels": {HOSTNAME: name, **(labels or {})}},
                 "spec": {"taints": list(taints or [])},
+                "status": {"conditions": [{"type": "Ready", "status": "True"}]},
             },
         )
 
@@ -397,20 +412,182 @@ def container_env(pod: dict[str, Any]) -> dict[str, str]:
     return env
 
 
-class Kubelet:
-    """Plays the Job controller, the scheduler, the cluster DNS and the kubelets of ``namespace``.
+# ---------------------------------------------------------------- the scheduler
 
-    A new Job gets one pod per completion index; a pod lands on its own
-    ``nodeName`` (burn-in pods are pinned) or on ``nodes[index]``; its
-    container runs as a local process with the pod's environment and
-    arguments (``python`` is this interpreter; a rendezvous endpoint under a
-    headless Service resolves to 127.0.0.1 on a port of its own), and its
-    exit becomes the pod's phase, exit code and log. A deleted pod's process
-    is killed.
+
+def _requirement(req: dict[str, Any], value: str | None) -> bool:
+    op, values = req["operator"], req.get("values") or []
+    if op == "In":
+        return value is not None and value in values
+    if op == "NotIn":
+        return value is None or value not in values
+    if op == "Exists":
+        return value is not None
+    if op == "DoesNotExist":
+        return value is None
+    if op in ("Gt", "Lt") and value is not None and value.lstrip("-").isdigit():
+        return int(value) > int(values[0]) if op == "Gt" else int(value) < int(values[0])
+    return False
+
+
+def _term(term: dict[str, Any], node: dict[str, Any]) -> bool:
+    """One node selector term: every requirement holds (an empty term matches nothing, as in Kubernetes)."""
+    labels = node["metadata"].get("labels", {})
+    fields = {"metadata.name": node["metadata"]["name"]}
+    exprs, flds = term.get("matchExpressions") or [], term.get("matchFields") or []
+    if not exprs and not flds:
+        return False
+    return all(_requirement(r, labels.get(r["key"])) for r in exprs) and all(
+        _requirement(r, fields.get(r["key"])) for r in flds
+    )
+
+
+def _node_affinity(pod: dict[str, Any], node: dict[str, Any]) -> bool:
+    labels = node["metadata"].get("labels", {})
+    if any(labels.get(k) != v for k, v in (pod["spec"].get("nodeSelector") or {}).items()):
+        return False
+    required = ((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    )
+    return required is None or any(_term(t, node) for t in required.get("nodeSelectorTerms") or [])
+
+
+def _tolerates(tolerations: list[dict[str, Any]], taint: dict[str, Any]) -> bool:
+    for t in tolerations:
+        if t.get("effect") and t["effect"] != taint.get("effect"):
+            continue
+        if not t.get("key"):
+            if t.get("operator") == "Exists":
+                return True
+            continue
+        if t["key"] != taint.get("key"):
+            continue
+        if t.get("operator") == "Exists" or t.get("value", "") == taint.get("value", ""):
+            return True
+    return False
+
+
+def _untolerated(pod: dict[str, Any], node: dict[str, Any]) -> dict[str, Any] | None:
+    tolerations = pod["spec"].get("tolerations") or []
+    for taint in (node.get("spec") or {}).get("taints") or []:
+        if taint.get("effect") in ("NoSchedule", "NoExecute") and not _tolerates(tolerations, taint):
+            return taint
+    return None
+
+
+def _anti_affinity(
+    pod: dict[str, Any], node: dict[str, Any], others: list[dict[str, Any]], nodes: dict[str, Any]
+) -> bool:
+    """True if a required anti-affinity term forbids ``node``: a matching pod already in its topology domain."""
+    terms = ((pod["spec"].get("affinity") or {}).get("podAntiAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or []
+    for term in terms:
+        key, wanted = term["topologyKey"], (term.get("labelSelector") or {}).get("matchLabels") or {}
+        domain = node["metadata"].get("labels", {}).get(key)
+        for other in others:
+            there = nodes.get(other["spec"].get("nodeName") or "")
+            if there is None or other.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+                continue
+            labels = other["metadata"].get("labels", {})
+            same = domain is not None and there["metadata"].get("labels", {}).get(key) == domain
+            if same and all(labels.get(k) == v for k, v in wanted.items()):
+                return True
+    return False
+
+
+def why_not(
+    pod: dict[str, Any], node: dict[str, Any], others: list[dict[str, Any]], nodes: dict[str, Any]
+) -> str | None:
+    """Why ``pod`` cannot go to ``node``, in kube-scheduler's words; None if it fits."""
+    if (node.get("spec") or {}).get("unschedulable"):
+        return "node(s) were unschedulable"
+    if not _node_affinity(pod, node):
+        return "node(s) didn't match Pod's node affinity/selector"
+    taint = _untolerated(pod, node)
+    if taint is not None:
+        value = f": {taint['value']}" if taint.get("value") else ""
+        return f"node(s) had untolerated taint {{{taint['key']}{value}}}"
+    if _anti_affinity(pod, node, others, nodes):
+        return "node(s) didn't match pod anti-affinity rules"
+    return None
+
+
+def unschedulable_message(reasons: list[str]) -> str:
+    n = len(reasons)
+    counts = ", ".join(f"{c} {r}" for r, c in sorted(Counter(reasons).items()))
+    return (
+        f"0/{n} nodes are available: {counts}. preemption: 0/{n} nodes are available: "
+        f"{n} Preemption is not helpful for scheduling."
+    )
+
+
+class Scheduler:
+    """Binds the namespace's pending pods as kube-scheduler would, with a seeded random choice.
+
+    ``eagerness``: the chance a pending pod is looked at on a pass, so pods are
+    placed in any order and some only later. ``placed`` records every binding.
     """
 
-    def __init__(self, fake: FakeKube, namespace: str, nodes: list[str] | None = None, log_dir: Any = None):
-        self.fake, self.ns, self.nodes = fake, namespace, list(nodes or [])
+    def __init__(self, fake: FakeKube, namespace: str, seed: int = 0, eagerness: float = 0.6):
+        self.fake, self.ns, self.rng, self.eagerness = fake, namespace, random.Random(seed), eagerness
+        self.placed: dict[str, str] = {}
+
+    def run_once(self, everyone: bool = False) -> None:
+        """One pass over the unbound pods (``everyone``: all of them, none deferred)."""
+        with self.fake.lock:
+            pods = [p for p in self.fake.items("api/v1", "pods", self.ns) if not p["spec"].get("nodeName")]
+            pods = [p for p in pods if p.get("status", {}).get("phase", "Pending") == "Pending"]
+            self.rng.shuffle(pods)
+            for pod in pods:
+                if everyone or self.rng.random() < self.eagerness:
+                    self._schedule(pod)
+
+    def _schedule(self, pod: dict[str, Any]) -> None:
+        nodes = {n["metadata"]["name"]: n for n in self.fake.items("api/v1", "nodes")}
+        others = [p for p in self.fake.items("api/v1", "pods", self.ns) if p is not pod]
+        verdicts = {name: why_not(pod, node, others, nodes) for name, node in sorted(nodes.items())}
+        fits = [name for name, why in verdicts.items() if why is None]
+        status = pod.setdefault("status", {})
+        status.setdefault("phase", "Pending")  # what the API server defaults a new pod to
+        if not fits:
+            message = unschedulable_message([w for w in verdicts.values() if w])
+            status["conditions"] = [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": message,
+                    "lastTransitionTime": NOW,
+                }
+            ]
+        else:
+            node = self.rng.choice(fits)
+            pod["spec"]["nodeName"] = node
+            status["conditions"] = [{"type": "PodScheduled", "status": "True", "lastTransitionTime": NOW}]
+            self.placed[pod["metadata"]["name"]] = node
+        pod["metadata"]["resourceVersion"] = self.fake._next_version()
+
+
+# ---------------------------------------------------------------- the kubelets
+
+
+class Kubelet:
+    """Plays the Job controller, the scheduler (``Scheduler``), the cluster DNS and the kubelets of ``namespace``.
+
+    A new Job gets one pod per completion index; the scheduler binds each pod
+    to a node it fits; a bound pod's container starts on a later pass (in any
+    order) as a local process with the pod's environment and arguments
+    (``python`` is this interpreter; a rendezvous endpoint under a headless
+    Service resolves to 127.0.0.1 on a port of its own), and its exit becomes
+    the pod's phase, exit code and log. A deleted pod's process is killed;
+    ``lose_node`` takes a node away with its pods.
+    """
+
+    def __init__(self, fake: FakeKube, namespace: str, log_dir: Any = None, seed: int = 0):
+        self.fake, self.ns = fake, namespace
+        self.scheduler = Scheduler(fake, namespace, seed)
+        self.rng = random.Random(seed + 1)
         self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="kubelet-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.procs: dict[str, Any] = {}
@@ -418,6 +595,11 @@ class Kubelet:
         self.ports: dict[str, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    @property
+    def placed(self) -> dict[str, str]:
+        """Pod name -> the node the scheduler bound it to, for every pod so far."""
+        return self.scheduler.placed
 
     def __enter__(self) -> Kubelet:
         self._thread.start()
@@ -439,6 +621,36 @@ class Kubelet:
             signal_all(process_tree(proc.pid), signal.SIGKILL)
         proc.wait()
 
+    def lose_node(self, node: str) -> list[str]:
+        """The node stops answering: NotReady with the unreachable taints, its pods' processes gone and the
+        pods failed with reason NodeLost (what a pod on a lost node reports); returns those pods."""
+        with self.fake.lock:
+            obj = self.fake.get("api/v1", "nodes", "", node)
+            assert obj is not None, f"no node {node}"
+            obj["status"] = {"conditions": [{"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown"}]}
+            obj["spec"]["taints"] = [
+                *obj["spec"].get("taints", []),
+                {"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"},
+                {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"},
+            ]
+            obj["metadata"]["resourceVersion"] = self.fake._next_version()
+            lost = [
+                p["metadata"]["name"]
+                for p in self.fake.items("api/v1", "pods", self.ns)
+                if p["spec"].get("nodeName") == node
+                and p.get("status", {}).get("phase", "Pending") in ("Pending", "Running")
+            ]
+            for name in lost:
+                if name in self.procs:
+                    self._kill(self.procs[name])
+                else:
+                    self.procs[name] = None  # never to start now
+                self.fake.set_pod(
+                    self.ns, name, "Failed", reason="NodeLost",
+                    message=f"Node {node} which was running pod {name} is unresponsive",
+                )  # fmt: skip
+        return lost
+
     def _loop(self) -> None:
         while not self._stop.wait(0.1):
             for job in self.fake.items("apis/batch/v1", "jobs", self.ns):
@@ -446,12 +658,17 @@ class Kubelet:
                 if name not in self.jobs:
                     self.jobs.add(name)
                     self.fake.spawn_job_pods(self.ns, name)
+            self.scheduler.run_once()
             pods = {p["metadata"]["name"]: p for p in self.fake.items("api/v1", "pods", self.ns)}
+            bound = [n for n, p in pods.items() if n not in self.procs and p["spec"].get("nodeName")]
+            self.rng.shuffle(bound)
+            for name in bound:
+                if self.rng.random() < 0.6 and pods[name].get("status", {}).get("phase", "Pending") == "Pending":
+                    self._start(name, pods[name])
             for name, pod in pods.items():
-                if name not in self.procs:
-                    self._start(name, pod)
-                elif self.procs[name].poll() is not None and pod["status"]["phase"] == "Running":
-                    code = self.procs[name].returncode
+                proc = self.procs.get(name)
+                if proc is not None and proc.poll() is not None and pod.get("status", {}).get("phase") == "Running":
+                    code = proc.returncode
                     self.fake.set_pod(
                         self.ns,
                         name,
@@ -460,13 +677,11 @@ class Kubelet:
                         state={"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}},
                     )
             for name, proc in self.procs.items():
-                if name not in pods:
+                if name not in pods and proc is not None:
                     self._kill(proc)  # the pod was deleted
 
     def _start(self, name: str, pod: dict[str, Any]) -> None:
-        index = int(pod["metadata"].get("annotations", {}).get(INDEX, 0))
-        node = pod["spec"].get("nodeName") or (self.nodes[index] if index < len(self.nodes) else f"k8s-{index}")
-        pod["spec"]["nodeName"] = node
+        node = pod["spec"]["nodeName"]
         env = container_env(pod)
         container = pod["spec"]["containers"][0]
         argv = [expand(a, env) for a in [*container["command"], *container.get("args", [])]]
@@ -475,7 +690,7 @@ class Kubelet:
             self.procs[name] = subprocess.Popen(
                 argv, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
-        self.fake.set_pod(self.ns, name, "Running", node=node, state={"running": {"startedAt": "2026-01-01T00:00:00Z"}})
+        self.fake.set_pod(self.ns, name, "Running", node=node, state={"running": {"startedAt": NOW}})
 
     def _resolve(self, arg: str) -> str:
         """A rendezvous endpoint ``<job>-0.<job>.<ns>.svc.<domain>:<port>``: the DNS answer is 127.0.0.1."""

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import yaml
-from fake_k8s import Call, FakeKube
+from fake_k8s import HOSTNAME, Call, FakeKube, Scheduler
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -61,7 +61,7 @@ def make_plan(tmp_path: Path, nodes: int = 2, attempt: int = 1) -> LaunchPlan:
     return LaunchPlan(
         run_id="manual__2026-03-01T02:00:00+00:00",
         attempt=attempt,
-        nodes=[f"node-{i}" for i in range(nodes)],
+        nodes=[f"k8s-{i}" for i in range(nodes)],  # hosts: the pods are pinned to them
         procs_per_node=1,
         entrypoint="trainyard.train",
         args=["--lr", "0.01"],
@@ -76,9 +76,14 @@ def make_plan(tmp_path: Path, nodes: int = 2, attempt: int = 1) -> LaunchPlan:
     )
 
 
+def host(pods: list[str], i: int) -> str:
+    """Where the scheduler put pod ``i``: any host of the pinned set, here the reverse of the index order."""
+    return f"k8s-{len(pods) - 1 - i}"
+
+
 def running(fake: FakeKube, pods: list[str]) -> None:
     for i, name in enumerate(pods):
-        fake.set_pod(NS, name, "Running", node=f"k8s-{i}", state={"running": {"startedAt": "2026-03-01T02:00:05Z"}})
+        fake.set_pod(NS, name, "Running", node=host(pods, i), state={"running": {"startedAt": "2026-03-01T02:00:05Z"}})
 
 
 def succeed(fake: FakeKube, pods: list[str]) -> None:
@@ -87,7 +92,7 @@ def succeed(fake: FakeKube, pods: list[str]) -> None:
             NS,
             name,
             "Succeeded",
-            node=f"k8s-{i}",
+            node=host(pods, i),
             log=f"rank {i} done\n",
             state={"terminated": {"exitCode": 0, "reason": "Completed"}},
         )
@@ -141,15 +146,19 @@ def test_poll_reports_running_then_succeeded_and_keeps_each_pods_log(fake: FakeK
     launcher = KubernetesLauncher(fake.client(), DEFAULT)
     handle = launcher.launch(plan)
     # No pods yet (the scheduler is placing them): pending counts as running, under the plan's names.
-    assert launcher.poll(handle).nodes == [NodeStatus("node-0", "running"), NodeStatus("node-1", "running")]
+    assert launcher.poll(handle).nodes == [NodeStatus("k8s-0", "running"), NodeStatus("k8s-1", "running")]
     pods = fake.spawn_job_pods(NS, handle.name)
     running(fake, pods)
     status = launcher.poll(handle)
-    assert status.state == "running" and [n.node for n in status.nodes] == ["k8s-0", "k8s-1"]
+    # Slots in index order, hosts where the pods landed.
+    assert status.state == "running" and [(n.slot, n.host) for n in status.nodes] == [
+        ("k8s-0", "k8s-1"),
+        ("k8s-1", "k8s-0"),
+    ]
     succeed(fake, pods)
     status = launcher.poll(handle)
     assert status.state == "succeeded"
-    assert [(n.node, n.exit_code) for n in status.nodes] == [("k8s-0", 0), ("k8s-1", 0)]
+    assert [(n.host, n.exit_code) for n in status.nodes] == [("k8s-1", 0), ("k8s-0", 0)]
     for i, node in enumerate(status.nodes):
         text = Path(node.log).read_text()
         assert Path(node.log).parent == plan.log_dir and text.endswith(f"rank {i} done\n")
@@ -163,7 +172,7 @@ def test_evicted_and_oom_killed_pods_fail_with_reason_and_exit_code(fake: FakeKu
     handle = launcher.launch(make_plan(tmp_path, nodes=3))
     pods = fake.spawn_job_pods(NS, handle.name)
     running(fake, pods)
-    fake.set_pod(NS, pods[0], "Failed", node="k8s-0", reason="Evicted", message="The node was low on resource: memory.")
+    fake.set_pod(NS, pods[0], "Failed", node="k8s-2", reason="Evicted", message="The node was low on resource: memory.")
     fake.set_pod(
         NS,
         pods[1],
@@ -175,9 +184,9 @@ def test_evicted_and_oom_killed_pods_fail_with_reason_and_exit_code(fake: FakeKu
     status = launcher.poll(handle)
     assert status.state == "failed"
     evicted, oom, alive = status.nodes
-    assert (evicted.node, evicted.state, evicted.exit_code, evicted.reason) == ("k8s-0", "failed", None, "Evicted")
-    assert (oom.node, oom.state, oom.exit_code, oom.reason) == ("k8s-1", "failed", 137, "OOMKilled")
-    assert alive == NodeStatus("k8s-2", "running")
+    assert (evicted.host, evicted.state, evicted.exit_code, evicted.reason) == ("k8s-2", "failed", None, "Evicted")
+    assert (oom.host, oom.state, oom.exit_code, oom.reason) == ("k8s-1", "failed", 137, "OOMKilled")
+    assert alive == NodeStatus("k8s-2", "running", host="k8s-0")
     # The evidence the supervisor tails: the pod's verdict, and the log where there is one.
     evidence = Path(evicted.log).read_text()
     assert (
@@ -190,9 +199,9 @@ def test_image_pull_backoff_fails_now_and_a_deleted_job_fails_the_rest(fake: Fak
     launcher = KubernetesLauncher(fake.client(), DEFAULT)
     handle = launcher.launch(make_plan(tmp_path))
     pods = fake.spawn_job_pods(NS, handle.name)
-    fake.set_pod(NS, pods[0], "Pending", node="k8s-0", state={"waiting": {"reason": "ImagePullBackOff"}})
+    fake.set_pod(NS, pods[0], "Pending", node="k8s-1", state={"waiting": {"reason": "ImagePullBackOff"}})
     assert launcher.poll(handle).failed() == [
-        NodeStatus("k8s-0", "failed", None, launcher.poll(handle).nodes[0].log, "ImagePullBackOff")
+        NodeStatus("k8s-0", "failed", None, launcher.poll(handle).nodes[0].log, "ImagePullBackOff", host="k8s-1")
     ]
     other = launcher.launch(make_plan(tmp_path, attempt=2))
     fake.objects.pop((BATCH, "jobs", NS, other.name))  # someone ran kubectl delete job --cascade=orphan
@@ -236,6 +245,49 @@ def test_a_failed_launch_leaves_nothing_behind_and_a_repeated_one_adopts(fake: F
     first = launcher.launch(plan)
     again = launcher.launch(plan)  # 409 on all three: the same plan's objects, adopted
     assert again.name == first.name and len(fake.items(BATCH, "jobs", NS)) == 1
+
+
+# ---------------------------------------------------------------- placement
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_pods_land_only_on_the_plans_hosts_of_a_bigger_cluster(fake: FakeKube, tmp_path: Path, seed: int) -> None:
+    """The scheduler may put a pod on any node its affinity allows: with more nodes than the plan, only the
+    pinning keeps the pods on the hosts the pressure test passed."""
+    for i in range(6):
+        fake.add_node(f"k8s-{i}")
+    plan = LaunchPlan(**{**make_plan(tmp_path, nodes=2).__dict__, "nodes": ["k8s-4", "k8s-1"]})
+    handle = KubernetesLauncher(fake.client(), DEFAULT).launch(plan)
+    pods = fake.spawn_job_pods(NS, handle.name)
+    scheduler = Scheduler(fake, NS, seed)
+    scheduler.run_once(everyone=True)
+    assert set(scheduler.placed) == set(pods)
+    assert sorted(scheduler.placed.values()) == ["k8s-1", "k8s-4"]  # both hosts, one pod each
+
+
+def test_a_pod_no_host_takes_fails_the_attempt_with_the_schedulers_words(fake: FakeKube, tmp_path: Path) -> None:
+    fake.add_node("k8s-0")
+    fake.add_node("k8s-1", labels={DEFAULT.evicted_label: "true"})  # marked since the plan was made
+    fake.add_node("k8s-2")
+    launcher = KubernetesLauncher(fake.client(), DEFAULT)
+    plan = make_plan(tmp_path, nodes=2)
+    handle = launcher.launch(plan)
+    pods = fake.spawn_job_pods(NS, handle.name)
+    Scheduler(fake, NS, 0).run_once(everyone=True)
+    status = launcher.poll(handle)
+    assert status.state == "failed"  # not pending for ever
+    (stuck,) = status.failed()
+    assert (stuck.reason, stuck.host) == ("Unschedulable", "")
+    evidence = Path(stuck.log).read_text()
+    assert "not placed" in evidence and "0/3 nodes are available" in evidence, evidence
+    assert "didn't match Pod's node affinity/selector" in evidence
+    event = first_event(
+        KubernetesAttemptTrigger(
+            NS, handle.name, plan.nodes, poll_interval=0.05, config_file=kubeconfig(tmp_path, fake.url)
+        )
+    )
+    assert event["status"] == "failed" and "Unschedulable" in event["message"]
+    assert len(pods) == 2
 
 
 # ---------------------------------------------------------------- trigger
@@ -302,17 +354,18 @@ def test_trigger_reports_a_failed_node_and_times_out_and_gives_up_on_an_unreacha
     config = kubeconfig(tmp_path, fake.url)
     waiting = first_event(
         KubernetesAttemptTrigger(
-            NS, handle.name, ["node-0", "node-1"], poll_interval=0.05, config_file=config, timeout_s=0.2
+            NS, handle.name, ["k8s-0", "k8s-1"], poll_interval=0.05, config_file=config, timeout_s=0.2
         )
     )
     assert waiting["status"] == "timeout" and {n["state"] for n in waiting["nodes"]} == {"running"}
-    fake.set_pod(NS, pods[1], "Failed", node="k8s-1", state={"terminated": {"exitCode": 137, "reason": "OOMKilled"}})
+    fake.set_pod(NS, pods[1], "Failed", node="k8s-0", state={"terminated": {"exitCode": 137, "reason": "OOMKilled"}})
     failed = first_event(
-        KubernetesAttemptTrigger(NS, handle.name, ["node-0", "node-1"], poll_interval=0.05, config_file=config)
+        KubernetesAttemptTrigger(NS, handle.name, ["k8s-0", "k8s-1"], poll_interval=0.05, config_file=config)
     )
-    assert failed["status"] == "failed" and failed["message"] == "k8s-1: OOMKilled"
+    assert failed["status"] == "failed" and failed["message"] == "k8s-0: OOMKilled"  # the host, not the slot
     assert failed["nodes"][1] == {
-        "node": "k8s-1",
+        "slot": "k8s-1",
+        "host": "k8s-0",
         "state": "failed",
         "exit_code": 137,
         "log": "",
@@ -320,7 +373,7 @@ def test_trigger_reports_a_failed_node_and_times_out_and_gives_up_on_an_unreacha
     }
     gone = kubeconfig(tmp_path, "http://127.0.0.1:9")  # nothing listens on the discard port
     error = first_event(
-        KubernetesAttemptTrigger(NS, handle.name, ["node-0"], poll_interval=0.01, config_file=gone, max_api_errors=2)
+        KubernetesAttemptTrigger(NS, handle.name, ["k8s-0"], poll_interval=0.01, config_file=gone, max_api_errors=2)
     )
     assert error["status"] == "error" and error["nodes"] == [] and "unreachable" in error["message"]
 
@@ -332,7 +385,7 @@ def test_a_user_kill_of_the_deferred_task_deletes_the_attempt_from_the_triggerer
     handle = launcher.launch(make_plan(tmp_path))
     running(fake, fake.spawn_job_pods(NS, handle.name))
     trigger = KubernetesAttemptTrigger(
-        NS, handle.name, ["node-0", "node-1"], config_file=kubeconfig(tmp_path, fake.url), podgroup=True
+        NS, handle.name, ["k8s-0", "k8s-1"], config_file=kubeconfig(tmp_path, fake.url), podgroup=True
     )
     asyncio.run(trigger.on_kill())
     assert fake.items(BATCH, "jobs", NS) == [] and fake.items(CORE, "services", NS) == []
@@ -379,16 +432,16 @@ def test_evicted_nodes_are_labelled_or_tainted_and_cleared(fake: FakeKube) -> No
     fake.add_node("k8s-1", labels={"zone": "a"}, taints=[other_taint])
     label = "trainyard.io/evicted"
     assert label_evicted(core, ["k8s-0", "gone"], label) == ["k8s-0"]  # a vanished node is skipped
-    assert fake.get(CORE, "nodes", "", "k8s-0")["metadata"]["labels"] == {label: "true"}
+    assert fake.get(CORE, "nodes", "", "k8s-0")["metadata"]["labels"] == {HOSTNAME: "k8s-0", label: "true"}
     assert label_evicted(core, ["k8s-1"], label, mode="taint") == ["k8s-1"]
     label_evicted(core, ["k8s-1"], label, mode="taint")  # twice: still one taint
     node = fake.get(CORE, "nodes", "", "k8s-1")
-    assert node["metadata"]["labels"] == {"zone": "a", label: "true"}
+    assert node["metadata"]["labels"] == {HOSTNAME: "k8s-1", "zone": "a", label: "true"}
     assert node["spec"]["taints"] == [other_taint, {"key": label, "value": "true", "effect": "NoSchedule"}]
     assert evicted_nodes(core, label) == ["k8s-0", "k8s-1"]
     assert unlabel(core, ["k8s-0", "k8s-1"], label) == ["k8s-0", "k8s-1"]
     node = fake.get(CORE, "nodes", "", "k8s-1")
-    assert node["metadata"]["labels"] == {"zone": "a"} and node["spec"]["taints"] == [other_taint]
+    assert node["metadata"]["labels"] == {HOSTNAME: "k8s-1", "zone": "a"} and node["spec"]["taints"] == [other_taint]
     assert evicted_nodes(core, label) == []
 
 

@@ -15,8 +15,10 @@ import asyncio
 import importlib
 import json
 import os
+import random
 import re
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,7 @@ from trainyard.checkpoint.format import read_manifest
 from trainyard.ledger import Ledger
 from trainyard.recovery.controller import BackoffOver, Reported
 from trainyard.recovery.deferred import AttemptWatch, Backoff
+from trainyard.recovery.supervisor import read_heartbeats
 from trainyard.run import Run, open_run
 from trainyard.shards import write_synthetic_corpus
 
@@ -41,6 +44,8 @@ pytestmark = pytest.mark.integration
 
 NS = "ml"
 NODES = ["gpu-a", "gpu-b"]
+SPARE = "gpu-c"
+SEED = int(os.environ.get("TRAINYARD_FAKE_K8S_SEED", "0"))  # the fake scheduler's placements
 SPEC = """\
 dataset: {{source: "file://{root}/cold", name: tokens, hot: "file://{root}/hot"}}
 runs_root: file://{root}/runs
@@ -67,7 +72,7 @@ drills: {drills}
 @pytest.fixture
 def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     server = FakeKube().start()
-    for name in NODES:
+    for name in [*NODES, SPARE]:  # more nodes than the plan: unpinned pods could land on the spare
         server.add_node(name)
     monkeypatch.setenv("AIRFLOW_CONN_FAKE_CLUSTER", airflow_connection(server, tmp_path, NS))
     yield server
@@ -100,10 +105,11 @@ def triggered(trigger: Any) -> dict[str, Any]:
     return first_event(rebuilt)
 
 
-def deferred_train(run: Run) -> tuple[dict[str, Any], list[str]]:
+def deferred_train(run: Run, spares: list[str] | None = None) -> tuple[dict[str, Any], list[str]]:
     """What Airflow does with the deferred operator: each half in a fresh launcher, as in a fresh process."""
     assert defers(run.spec.nodes)
-    outcome = stages.start_training(run, NODES, launcher_for(run.spec.nodes), [])
+    spares = list(spares or [])
+    outcome = stages.start_training(run, NODES, launcher_for(run.spec.nodes), spares)
     seen = []
     while not isinstance(outcome, dict):
         if isinstance(outcome, Backoff):  # the backoff is a deferral too: on a time trigger, not a sleep
@@ -114,7 +120,7 @@ def deferred_train(run: Run) -> tuple[dict[str, Any], list[str]]:
             event = triggered(trigger_for(run, AttemptWatch.from_json(json.loads(json.dumps(outcome.to_json())))))
             seen.append(event["status"])
             news = reported(event)
-        outcome = stages.continue_training(run, NODES, launcher_for(run.spec.nodes), [], news)
+        outcome = stages.continue_training(run, NODES, launcher_for(run.spec.nodes), spares, news)
     return outcome, seen
 
 
@@ -132,7 +138,7 @@ def train_events(run: Run, name: str) -> list[dict[str, Any]]:
 
 def test_an_oom_pod_is_retried_with_half_the_micro_batch_and_the_run_finishes(fake: FakeKube, tmp_path: Path) -> None:
     run = run_with(tmp_path, "[{fault: oom, node: gpu-b, step: 12}]")
-    with Kubelet(fake, NS, NODES, tmp_path / "kubelet"):
+    with Kubelet(fake, NS, tmp_path / "kubelet", seed=SEED):
         result, seen = deferred_train(run)
     assert seen[-1] == "succeeded" and seen[seen.index("failed") + 1] == "backoff"
     [classified] = train_events(run, "failure_classified")
@@ -140,7 +146,7 @@ def test_an_oom_pod_is_retried_with_half_the_micro_batch_and_the_run_finishes(fa
     [decision] = train_events(run, "decision")
     assert decision["micro_batch"] == 1
     starts = train_events(run, "attempt_start")
-    assert [(s["attempt"], s["nodes"], s["micro_batch"]) for s in starts] == [(1, NODES, "2"), (2, NODES, "1")]
+    assert [(s["attempt"], s["nodes"], s["micro_batch"]) for s in starts] == [(1, NODES, 2), (2, NODES, 1)]
     # The failed pod's log was kept as the evidence classify read.
     assert any("MemoryError" in p.read_text() for p in (run.dir / "attempt-1").glob("*.log"))
     manifest = read_manifest(Path(result["checkpoint"]))
@@ -172,7 +178,7 @@ def processes_of(run: Run) -> list[psutil.Process]:
 
 def test_a_hung_rank_is_seen_by_the_trigger_and_the_run_scales_down(fake: FakeKube, tmp_path: Path) -> None:
     run = run_with(tmp_path, "[{fault: hang, node: gpu-b, step: 12}]")
-    with Kubelet(fake, NS, NODES, tmp_path / "kubelet"):
+    with Kubelet(fake, NS, tmp_path / "kubelet", seed=SEED):
         result, seen = deferred_train(run)
         # The deleted pods' processes are gone, the stopped worker of the hung one too.
         wait_until(lambda: not processes_of(run), 5, "the run's processes to end", every_s=0.1)
@@ -196,7 +202,7 @@ def test_the_train_task_defers_in_a_real_airflow_run(fake: FakeKube, tmp_path: P
     write_synthetic_corpus(tmp_path / "cold", shards=2, tokens_per_shard=16_384)
     (dags / "pipelines" / "k8s_train.yaml").write_text(SPEC.format(root=tmp_path, ns=NS, drills="[]", backoff=0.2))
     env = airflow_env(tmp_path / "home", dags, AIRFLOW_CONN_FAKE_CLUSTER=os.environ["AIRFLOW_CONN_FAKE_CLUSTER"])
-    with Kubelet(fake, NS, NODES, tmp_path / "kubelet"):
+    with Kubelet(fake, NS, tmp_path / "kubelet", seed=SEED):
         done = airflow(env, "dags", "test", "k8s_train", "2026-11-28")
     Path("/tmp/k8s_dags_test.log").write_text(done.stdout + done.stderr)
     out = done.stdout[-4000:] + done.stderr[-4000:]
@@ -235,7 +241,7 @@ def test_a_backoff_defers_on_a_time_trigger_instead_of_sleeping_in_the_worker(fa
     run = run_with(tmp_path, "[{fault: oom, node: gpu-b, step: 12}]", backoff_s=30)
     op = TrainOperator(task_id="train", spec_path=str(run.spec_path), run_file=str(run.dir / "spec.json"))
     context = {"ti": TaskInstance()}
-    with Kubelet(fake, NS, NODES, tmp_path / "kubelet"):
+    with Kubelet(fake, NS, tmp_path / "kubelet", seed=SEED):
         with pytest.raises(TaskDeferred) as deferred:
             op.execute(context)
         while deferred.value.method_name == "attempt_event":
@@ -256,3 +262,38 @@ def test_a_backoff_defers_on_a_time_trigger_instead_of_sleeping_in_the_worker(fa
     assert again.value.method_name == "backoff_over" and isinstance(again.value.trigger, DateTimeTrigger)
     assert [s["attempt"] for s in train_events(run, "attempt_start")] == [1]
     assert fake.items("apis/batch/v1", "jobs", NS) == []  # the failed attempt's Job is gone meanwhile
+
+
+def test_a_lost_host_is_marked_and_replaced_by_the_spare_under_random_placement(fake: FakeKube, tmp_path: Path) -> None:
+    """A host goes away mid-run with its pod (NodeLost), wherever the scheduler had put which rank: that host,
+    not a slot's name, is blamed, marked on the cluster and replaced by the spare, and the run finishes."""
+    run = run_with(tmp_path, "[]")
+    lost: dict[str, Any] = {}
+
+    def lose_a_host(kubelet: Kubelet) -> None:
+        beats = run.dir / "attempt-1" / "heartbeat"
+        wait_until(lambda: max((b.get("step", 0) for b in read_heartbeats(beats).values()), default=0) >= 3, 120,
+                   "attempt 1 to train a few steps", every_s=0.1)  # fmt: skip
+        hosts = sorted({kubelet.placed[name] for name in kubelet.placed})
+        lost["host"] = random.Random(SEED).choice(hosts)
+        lost["pods"] = kubelet.lose_node(lost["host"])
+        lost["first"] = set(kubelet.placed)
+
+    with Kubelet(fake, NS, tmp_path / "kubelet", seed=SEED) as kubelet:
+        loser = threading.Thread(target=lose_a_host, args=(kubelet,))
+        loser.start()
+        result, seen = deferred_train(run, [SPARE])
+        loser.join()
+        later = {kubelet.placed[name] for name in set(kubelet.placed) - lost["first"]}
+    host = lost["host"]
+    (survivor,) = [n for n in NODES if n != host]
+    assert lost["pods"] and "failed" in seen and seen[-1] == "succeeded"
+    [classified] = train_events(run, "failure_classified")
+    assert classified["kind"] == "node_lost" and classified["culprits"] == [host]
+    [decision] = train_events(run, "decision")
+    assert decision["action"] == "scale_down" and decision["new_nodes"] == [survivor, SPARE]
+    assert evicted(fake) == [host]  # the real host is marked: no later pod of any run lands there
+    assert [e["nodes"] for e in train_events(run, "nodes_marked")] == [[host]]
+    assert later == {survivor, SPARE}  # attempt 2's pods ran on the hosts it was pinned to
+    manifest = read_manifest(Path(result["checkpoint"]))
+    assert manifest["step"] == 20 and manifest["world_size"] == 2 and result["attempts"] == 2

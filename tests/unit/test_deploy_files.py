@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import importlib.resources
 import json
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -25,7 +27,15 @@ import pytest
 import yaml
 from kubernetes.client import ApiClient
 
-from trainyard.launch.kubernetes import LAUNCHER_ACCOUNT, RUN_AS_USER, container_security_context, pod_security_context
+from trainyard.kube.pods import AIRFLOW_GID, AIRFLOW_UID
+from trainyard.launch.base import LaunchPlan
+from trainyard.launch.kubernetes import (
+    LAUNCHER_ACCOUNT,
+    RUN_AS_USER,
+    container_security_context,
+    pod_security_context,
+    prepare_paths,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
@@ -347,6 +357,58 @@ def test_trainer_user_is_the_one_the_pods_run_as() -> None:
     (user,) = [a for k, a in dockerfile("Dockerfile.trainer") if k == "USER"]
     assert user == f"{RUN_AS_USER}:{RUN_AS_USER}"
     assert f"--uid {RUN_AS_USER}" in " ".join(a for k, a in dockerfile("Dockerfile.trainer") if k == "RUN")
+
+
+def groups_of(uid: int, gid: int, context: Any) -> set[int]:
+    """The groups a pod's process is in: its own, the supplemental ones and fsGroup (the kubelet adds it)."""
+    return {gid, *(context.supplemental_groups or []), *([context.fs_group] if context.fs_group is not None else [])}
+
+
+def can_write(st: os.stat_result, uid: int, groups: set[int]) -> bool:
+    """POSIX permission check of a folder for write and search (owner bits first, then group, then other)."""
+    bits = stat.S_IMODE(st.st_mode)
+    if st.st_uid == uid:
+        return bits & 0o300 == 0o300
+    if st.st_gid in groups:
+        return bits & 0o030 == 0o030
+    return bits & 0o003 == 0o003
+
+
+def test_airflow_and_the_pods_share_a_group_that_writes_what_prepare_paths_makes(tmp_path: Path) -> None:
+    """The orchestrator (the Airflow image's user) and the trainer pods both write the hot tier's folders."""
+    # The Airflow image's user, from its Dockerfile: uid 50000, group 0 (every COPY gives it to 50000:0).
+    (user,) = [a for k, a in dockerfile("Dockerfile.airflow") if k == "USER"]
+    chowns = {a.split()[0] for k, a in dockerfile("Dockerfile.airflow") if k == "COPY" and a.startswith("--chown")}
+    assert (int(user), chowns) == (AIRFLOW_UID, {f"--chown={AIRFLOW_UID}:{AIRFLOW_GID}"})
+    context = pod_security_context()
+    pods = groups_of(context.run_as_user, context.run_as_group, context)
+    assert context.run_as_user != AIRFLOW_UID and AIRFLOW_GID in pods  # different users, one shared group
+    # The folders the pods mount, made as the orchestrator makes them (a umask that would mask group write).
+    run = tmp_path / "runs" / "p" / "r"
+    plan = LaunchPlan(
+        run_id="r", attempt=1, nodes=["n"], procs_per_node=1, entrypoint="trainyard.train", args=[],
+        env={
+            "TRAINYARD_CHECKPOINT_DIR": str(tmp_path / "checkpoints" / "p"),
+            "TRAINYARD_HEARTBEAT_DIR": str(run / "attempt-1" / "heartbeat"),
+            "TRAINYARD_EVENTS_DIR": str(run / "events.d"),
+        },
+        log_dir=run / "attempt-1",
+    )  # fmt: skip
+    old = os.umask(0o077)
+    try:
+        prepare_paths(plan)
+    finally:
+        os.umask(old)
+    for key, path in plan.env.items():
+        st = os.stat(path)
+        # Here the orchestrator's own group stands for AIRFLOW_GID (a test cannot chown to group 0).
+        mine = {st.st_gid: AIRFLOW_GID}
+        shared = {mine.get(g, g) for g in pods}
+        as_pod = os.stat_result((*st[:4], -1, AIRFLOW_GID if st.st_gid in mine else st.st_gid, *st[6:]))
+        assert can_write(as_pod, context.run_as_user, shared), f"{key}: {stat.filemode(st.st_mode)}"
+        assert can_write(st, os.geteuid(), set()), key  # the orchestrator, as owner
+        # setgid: what a pod creates inside stays in the shared group, so the orchestrator can read it.
+        assert st.st_mode & stat.S_ISGID, f"{key}: {stat.filemode(st.st_mode)}"
 
 
 @pytest.mark.parametrize("name", ["Dockerfile.airflow", "Dockerfile.trainer"])

@@ -10,8 +10,11 @@ directly. The pod-to-status mapping is a table of pods as the API returns them.
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -258,7 +261,9 @@ def test_pods_run_as_non_root_with_no_privileges(setting: str) -> None:
         "runAsNonRoot": True,
         "runAsUser": 1000,
         "runAsGroup": 1000,
-        "fsGroup": 1000,
+        "fsGroup": 0,  # the Airflow image's group: both sides write the hot tier (test_deploy_files)
+        "fsGroupChangePolicy": "OnRootMismatch",
+        "supplementalGroups": [0],
         "seccompProfile": {"type": "RuntimeDefault"},
     }
     assert pod["containers"][0]["securityContext"] == {
@@ -277,11 +282,18 @@ def test_pods_run_as_non_root_with_no_privileges(setting: str) -> None:
 
 
 @pytest.mark.parametrize("setting", SETTINGS)
-def test_pods_avoid_evicted_nodes_and_each_other(setting: str) -> None:
-    objects = build_objects(make_plan(), SETTINGS[setting])
+def test_pods_are_pinned_to_the_plans_hosts_avoid_evicted_nodes_and_each_other(setting: str) -> None:
+    plan = make_plan()
+    objects = build_objects(plan, SETTINGS[setting])
     affinity = wire(objects.job)["spec"]["template"]["spec"]["affinity"]
     terms = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    assert terms == [{"matchExpressions": [{"key": "trainyard.io/evicted", "operator": "DoesNotExist"}]}]
+    # ONE term: its requirements are ANDed (separate terms would be ORed, and "not evicted" alone would do).
+    assert terms == [
+        {
+            "matchExpressions": [{"key": "trainyard.io/evicted", "operator": "DoesNotExist"}],
+            "matchFields": [{"key": "metadata.name", "operator": "In", "values": plan.nodes}],
+        }
+    ]
     assert affinity["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == [
         {"labelSelector": {"matchLabels": {LABEL_JOB: objects.name}}, "topologyKey": "kubernetes.io/hostname"}
     ]
@@ -392,7 +404,8 @@ def hot_mounts(pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 @pytest.mark.parametrize("setting", ["default-gpu", "volcano"])
 def test_pods_mount_only_their_attempts_folders_and_the_dataset_read_only(setting: str) -> None:
-    plan = make_plan()
+    run_dir = str(make_plan().log_dir.parent)
+    plan = make_plan(env={**make_plan().env, "TRAINYARD_EVENTS_DIR": f"{run_dir}/events.d"})
     pod = wire(build_objects(plan, SETTINGS[setting]).job)["spec"]["template"]["spec"]
     env = plan.env
     # Each its own subPath of the claim (whose root the orchestrator sees at HOME), at the orchestrator's path.
@@ -407,6 +420,7 @@ def test_pods_mount_only_their_attempts_folders_and_the_dataset_read_only(settin
             "mountPath": env["TRAINYARD_HEARTBEAT_DIR"],
             "subPath": env["TRAINYARD_HEARTBEAT_DIR"].removeprefix(HOME + "/"),
         },
+        # The run's events folder, where each pod appends a file of its own; never the orchestrator's events.jsonl.
         env["TRAINYARD_EVENTS_DIR"]: {
             "name": "hot",
             "mountPath": env["TRAINYARD_EVENTS_DIR"],
@@ -420,7 +434,9 @@ def test_pods_mount_only_their_attempts_folders_and_the_dataset_read_only(settin
         },
     }
     # Not the tier's root, not the run folder (pinned spec, report), not other pipelines' checkpoints.
-    assert not {HOME, str(plan.log_dir.parent), str(plan.log_dir), f"{HOME}/checkpoints"} & set(hot_mounts(pod))
+    assert not {HOME, run_dir, str(plan.log_dir), f"{HOME}/checkpoints", f"{run_dir}/events.jsonl"} & set(
+        hot_mounts(pod)
+    )
     # Every path the pod is told about lies in what it mounts.
     trainer_env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
     for key in ("TRAINYARD_DATA_DIR", "TRAINYARD_CHECKPOINT_DIR", "TRAINYARD_HEARTBEAT_DIR", "TRAINYARD_EVENTS_DIR"):
@@ -553,73 +569,127 @@ def terminated(code: int, reason: str) -> dict[str, Any]:
     return {"terminated": {"exitCode": code, "reason": reason}}
 
 
+NOW = datetime(2026, 3, 1, 3, 0, tzinfo=timezone.utc).timestamp()
+
+
+def unschedulable(message: str, since: str = "2026-03-01T02:59:00Z") -> list[dict[str, Any]]:
+    return [
+        {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "Unschedulable",
+            "message": message,
+            "lastTransitionTime": since,
+        }
+    ]
+
+
 DISRUPTED = [{"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager"}]
 PREEMPTED = [{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]
 
 STATUS_CASES = [
     ("pending-unscheduled", pod("Pending", node=None), NodeStatus("node-0", "running")),
     (
+        "unschedulable-on-its-hosts",  # pinned to named hosts none of which takes it: waiting will not help
+        pod(
+            "Pending",
+            node=None,
+            conditions=unschedulable("0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector."),
+        ),
+        NodeStatus("node-0", "failed", None, reason="Unschedulable"),
+    ),
+    (
+        "unschedulable-for-gpus-a-while",  # the last attempt's pods still hold them: wait
+        pod(
+            "Pending",
+            node=None,
+            conditions=unschedulable("0/2 nodes are available: 2 Insufficient nvidia.com/gpu.", "2026-03-01T02:55:00Z"),
+        ),
+        NodeStatus("node-0", "running"),
+    ),
+    (
+        "unschedulable-for-gpus-too-long",
+        pod(
+            "Pending",
+            node=None,
+            conditions=unschedulable("0/2 nodes are available: 2 Insufficient nvidia.com/gpu.", "2026-03-01T02:40:00Z"),
+        ),
+        NodeStatus("node-0", "failed", None, reason="Unschedulable"),
+    ),
+    (
         "pending-pulling",
         pod("Pending", state={"waiting": {"reason": "ContainerCreating"}}),
-        NodeStatus("k8s-a", "running"),
+        NodeStatus("node-0", "running", host="k8s-a"),
     ),
-    ("running", pod("Running", state={"running": {}}), NodeStatus("k8s-a", "running")),
-    ("succeeded", pod("Succeeded", state=terminated(0, "Completed")), NodeStatus("k8s-a", "succeeded", 0)),
-    ("user-error", pod("Failed", state=terminated(1, "Error")), NodeStatus("k8s-a", "failed", 1, reason="Error")),
-    ("oom", pod("Failed", state=terminated(137, "OOMKilled")), NodeStatus("k8s-a", "failed", 137, reason="OOMKilled")),
-    ("evicted", pod("Failed", reason="Evicted"), NodeStatus("k8s-a", "failed", None, reason="Evicted")),
+    ("running", pod("Running", state={"running": {}}), NodeStatus("node-0", "running", host="k8s-a")),
+    (
+        "succeeded",
+        pod("Succeeded", state=terminated(0, "Completed")),
+        NodeStatus("node-0", "succeeded", 0, host="k8s-a"),
+    ),
+    (
+        "user-error",
+        pod("Failed", state=terminated(1, "Error")),
+        NodeStatus("node-0", "failed", 1, reason="Error", host="k8s-a"),
+    ),
+    (
+        "oom",
+        pod("Failed", state=terminated(137, "OOMKilled")),
+        NodeStatus("node-0", "failed", 137, reason="OOMKilled", host="k8s-a"),
+    ),
+    ("evicted", pod("Failed", reason="Evicted"), NodeStatus("node-0", "failed", None, reason="Evicted", host="k8s-a")),
     (
         "evicted-after-start",
         pod("Failed", reason="Evicted", state=terminated(137, "Error")),
-        NodeStatus("k8s-a", "failed", 137, reason="Evicted"),
+        NodeStatus("node-0", "failed", 137, reason="Evicted", host="k8s-a"),
     ),
     (
         "deadline",
         pod("Failed", reason="DeadlineExceeded"),
-        NodeStatus("k8s-a", "failed", None, reason="DeadlineExceeded"),
+        NodeStatus("node-0", "failed", None, reason="DeadlineExceeded", host="k8s-a"),
     ),
     (
         "node-lost-running",
         pod("Running", reason="NodeLost", state={"running": {}}),
-        NodeStatus("k8s-a", "failed", None, reason="NodeLost"),
+        NodeStatus("node-0", "failed", None, reason="NodeLost", host="k8s-a"),
     ),
-    ("node-unknown", pod("Unknown"), NodeStatus("k8s-a", "failed", None, reason="NodeLost")),
+    ("node-unknown", pod("Unknown"), NodeStatus("node-0", "failed", None, reason="NodeLost", host="k8s-a")),
     (
         "taint-eviction",
         pod("Running", state={"running": {}}, conditions=DISRUPTED, deleting=True),
-        NodeStatus("k8s-a", "failed", None, reason="DeletionByTaintManager"),
+        NodeStatus("node-0", "failed", None, reason="DeletionByTaintManager", host="k8s-a"),
     ),
     (
         "preempted",
         pod("Failed", state=terminated(143, "Error"), conditions=PREEMPTED),
-        NodeStatus("k8s-a", "failed", 143, reason="PreemptionByScheduler"),
+        NodeStatus("node-0", "failed", 143, reason="PreemptionByScheduler", host="k8s-a"),
     ),
     (
         "image-pull",
         pod("Pending", state={"waiting": {"reason": "ImagePullBackOff"}}),
-        NodeStatus("k8s-a", "failed", None, reason="ImagePullBackOff"),
+        NodeStatus("node-0", "failed", None, reason="ImagePullBackOff", host="k8s-a"),
     ),
     (
         "crash-loop",
         pod("Running", state={"waiting": {"reason": "CrashLoopBackOff"}}, last=terminated(2, "Error")),
-        NodeStatus("k8s-a", "failed", 2, reason="CrashLoopBackOff"),
+        NodeStatus("node-0", "failed", 2, reason="CrashLoopBackOff", host="k8s-a"),
     ),
     (
         "exited-phase-lagging",
         pod("Running", state=terminated(3, "Error")),
-        NodeStatus("k8s-a", "failed", 3, reason="Error"),
+        NodeStatus("node-0", "failed", 3, reason="Error", host="k8s-a"),
     ),
     (
         "deleting-without-disruption",
         pod("Running", state={"running": {}}, deleting=True),
-        NodeStatus("k8s-a", "running"),
+        NodeStatus("node-0", "running", host="k8s-a"),
     ),
 ]
 
 
 @pytest.mark.parametrize(("case", "given", "expected"), STATUS_CASES, ids=[c[0] for c in STATUS_CASES])
 def test_pod_to_node_status(case: str, given: Any, expected: NodeStatus) -> None:
-    assert pod_node_status(given, "node-0") == expected
+    assert pod_node_status(given, "node-0", NOW) == expected
 
 
 def test_attempt_status_orders_by_index_and_keeps_the_telling_pod() -> None:
@@ -631,8 +701,11 @@ def test_attempt_status_orders_by_index_and_keeps_the_telling_pod() -> None:
         pod("Failed", index=1, node="b", state=terminated(137, "OOMKilled")),
     ]
     status = attempt_status(pods, nodes)
-    assert [n.node for n in status.nodes] == ["a", "b", "c"]
-    assert status.state == "failed" and status.failed() == [NodeStatus("b", "failed", 137, reason="OOMKilled")]
+    # Slots follow the completion index; hosts are wherever the scheduler put each pod.
+    assert [(n.slot, n.host) for n in status.nodes] == [("node-0", "a"), ("node-1", "b"), ("node-2", "c")]
+    assert [n.node for n in status.nodes] == nodes  # the old name of the slot
+    assert status.state == "failed"
+    assert status.failed() == [NodeStatus("node-1", "failed", 137, reason="OOMKilled", host="b")]
     assert attempt_status([], nodes).nodes == [NodeStatus(n, "running") for n in nodes]
     stray = pod("Failed", index=7, state=terminated(1, "Error"))  # an index outside the plan is not this attempt's
     assert attempt_status([stray], nodes).state == "running"
@@ -642,13 +715,13 @@ def test_a_failed_job_fails_unfinished_nodes_only_when_no_pod_says_why() -> None
     nodes = ["node-0", "node-1"]
     done, running = pod("Succeeded", index=0, node="a"), pod("Running", index=1, node="b", state={"running": {}})
     assert attempt_status([done, running], nodes, "DeadlineExceeded").nodes == [
-        NodeStatus("a", "succeeded", 0),
-        NodeStatus("b", "failed", None, reason="DeadlineExceeded"),
+        NodeStatus("node-0", "succeeded", 0, host="a"),
+        NodeStatus("node-1", "failed", None, reason="DeadlineExceeded", host="b"),
     ]
     oom = pod("Failed", index=0, node="a", state=terminated(137, "OOMKilled"))
     assert attempt_status([oom, running], nodes, "BackoffLimitExceeded").nodes == [
-        NodeStatus("a", "failed", 137, reason="OOMKilled"),
-        NodeStatus("b", "running"),
+        NodeStatus("node-0", "failed", 137, reason="OOMKilled", host="a"),
+        NodeStatus("node-1", "running", host="b"),
     ]
     assert attempt_status([], nodes, "JobDeleted").failed() == [
         NodeStatus("node-0", "failed", reason="JobDeleted"),
@@ -657,8 +730,13 @@ def test_a_failed_job_fails_unfinished_nodes_only_when_no_pod_says_why() -> None
 
 
 def test_statuses_survive_a_json_round_trip() -> None:
-    status = AttemptStatus([NodeStatus("a", "failed", 137, "/logs/a.log", "OOMKilled"), NodeStatus("b", "running")])
+    status = AttemptStatus(
+        [NodeStatus("node-0", "failed", 137, "/logs/a.log", "OOMKilled", host="b"), NodeStatus("node-1", "running")]
+    )
     assert status_from_dicts(json.loads(json.dumps(status_to_dicts(status)))) == status
+    # An event written before slot and host were told apart (a trigger of the old code) still reads.
+    old = [{"node": "k8s-1", "state": "failed", "exit_code": 137, "log": "", "reason": "OOMKilled"}]
+    assert status_from_dicts(old).nodes == [NodeStatus("k8s-1", "failed", 137, reason="OOMKilled", host="k8s-1")]
 
 
 # ---------------------------------------------------------------- burn-in pods
@@ -864,3 +942,15 @@ def test_trigger_serialize_round_trips() -> None:
     import inspect
 
     assert set(kwargs) == set(inspect.signature(KubernetesAttemptTrigger).parameters)  # no argument forgotten
+
+
+def test_the_local_pressure_test_and_classify_need_no_kubernetes_sdk() -> None:
+    """With the SDK unimportable, the stages (local burn-in), classify and kube's SDK-free modules still load."""
+    code = (
+        "import sys; sys.modules['kubernetes'] = None\n"  # None in sys.modules: any import of it fails
+        "import trainyard.stages, trainyard.burnin.local, trainyard.recovery.classify\n"
+        "import trainyard.kube.reasons, trainyard.kube.status, trainyard.kube.names\n"
+        "assert not any(m.startswith('kubernetes.') for m in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ.copy())
+    assert done.returncode == 0, done.stderr[-2000:]

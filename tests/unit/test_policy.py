@@ -308,6 +308,7 @@ CASES = [
         "no node to leave out; retry on the same 4 nodes",
     ),
     (
+        # A host outside the attempt's is named as such (its pods were not pinned to the plan's hosts).
         "unknown-culprit-keeps-the-nodes",
         [],
         failed("node_lost", "node-9"),
@@ -315,7 +316,18 @@ CASES = [
         policy(),
         Retry,
         {"micro_batch": None},
-        "no node to leave out",
+        "node-9 is not among the attempt's hosts node-0, node-1, node-2, node-3",
+    ),
+    (
+        # Hosts are compared with hosts: a spare that is itself blamed never replaces a culprit.
+        "a-blamed-spare-is-not-taken",
+        [],
+        failed("node_lost", "node-1", "node-4"),
+        world(4, spares=2),
+        policy(),
+        ScaleDown,
+        {"nodes": ["node-0", "node-2", "node-3", "node-5"]},
+        "replace with spare node-5",
     ),
     (
         "scale-down-backoff",

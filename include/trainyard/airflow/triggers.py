@@ -278,7 +278,7 @@ class KubernetesAttemptTrigger(BaseTrigger):
                 message = f"Kubernetes API unreachable: {exc!r}"
             else:
                 if last.state != "running":
-                    failed = ", ".join(f"{n.node}: {n.reason or f'exit {n.exit_code}'}" for n in last.failed())
+                    failed = ", ".join(f"{n.where}: {n.reason or f'exit {n.exit_code}'}" for n in last.failed())
                     yield self._event(last.state, last, failed or "every node succeeded")
                     return
                 if hung := await self.hang(last):

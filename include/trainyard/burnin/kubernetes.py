@@ -10,9 +10,11 @@ resources, non-root read-only security context and hot-tier claim, so a node
 is measured the way it will be used; of the hot tier they see only the
 scratch folder of the disk probe.
 
-A node the verdict evicts is marked with ``evicted_label`` (and, with
-``evict_with: taint``, a NoSchedule taint of the same key); the training
-Job's required node affinity keeps its pods off labelled nodes.
+A node the verdict evicts is marked with ``trainyard.kube.marks`` (the
+``evicted_label``, and with ``evict_with: taint`` a NoSchedule taint of the
+same key); the training Job's required node affinity keeps its pods off
+labelled nodes. Its pod pieces are ``trainyard.kube.pods``, the same the
+training pods have.
 """
 
 from __future__ import annotations
@@ -20,20 +22,22 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from trainyard.burnin.args import NO_DRILL, Drill, node_args
 from trainyard.burnin.sealing import KEY_ENV, node_key, run_secret
-from trainyard.launch.kubernetes import (
+from trainyard.kube.marks import candidate_nodes, evicted_nodes, label_evicted, unlabel
+from trainyard.kube.names import dns_label, label_value
+from trainyard.kube.pods import (
     CONTAINER,
     PathMount,
     container_security_context,
-    dns_label,
-    label_value,
+    node_affinity,
+    on_hosts,
     pod_account,
     pod_security_context,
     resources,
@@ -47,62 +51,28 @@ from trainyard.spec import KubernetesSpec, PressureTestSpec
 if TYPE_CHECKING:  # burnin.protocol imports torch; the orchestrator has it, this module's callers may not
     from trainyard.burnin.protocol import Schedule
 
+__all__ = [  # the marks moved to trainyard.kube.marks; named here for callers from before
+    "Drill",
+    "PodCandidate",
+    "build_burnin_pod",
+    "burnin_pod_name",
+    "candidate_nodes",
+    "create_burnin_pods",
+    "delete_burnin_pods",
+    "evicted_nodes",
+    "label_evicted",
+    "node_args",
+    "run_burn_in_k8s",
+    "unlabel",
+]
+
 log = logging.getLogger(__name__)
 
 LABEL_BURNIN = "trainyard.io/burnin"
 LABEL_CANDIDATE = "trainyard.io/candidate"
-EVICTED_VALUE = "true"
-MERGE_PATCH = "application/merge-patch+json"
 # The pod deletes itself (activeDeadlineSeconds) this long after its own protocol timeout,
 # so a pod the orchestrator forgot (its process died) never holds a node for long.
 DEADLINE_SLACK_S = 60
-_PATCH_TRIES = 5
-
-EvictWith = Literal["label", "taint"]
-
-
-@dataclass(frozen=True)
-class Drill:
-    fault: str = "none"
-    factor: float = 0.0
-
-
-def node_args(
-    node: str,
-    store: str,
-    schedule: Schedule,
-    cfg: PressureTestSpec,
-    scratch: str,
-    timeout_s: float,
-    drill: Drill = Drill(),
-) -> list[str]:
-    """Arguments of ``python -m trainyard.burnin.node``: the same ones ``burnin.local`` passes."""
-    return [
-        "--node",
-        node,
-        "--store",
-        store,
-        "--slot",
-        str(schedule.slot_s),
-        "--collective-s",
-        str(schedule.collective_s),
-        "--size",
-        str(cfg.matmul_size),
-        "--membw-mb",
-        str(cfg.membw_mb),
-        "--disk-mb",
-        str(cfg.disk_mb),
-        "--sizes-kb",
-        ",".join(map(str, cfg.collective_sizes_kb)),
-        "--scratch",
-        scratch,
-        "--timeout",
-        str(timeout_s),
-        "--fault",
-        drill.fault,
-        "--factor",
-        str(drill.factor),
-    ]
 
 
 def burnin_pod_name(run_id: str, node: str, store: str) -> str:
@@ -139,7 +109,7 @@ def build_burnin_pod(
     scratch: str,
     timeout_s: float,
     key: str,
-    drill: Drill = Drill(),
+    drill: Drill = NO_DRILL,
     launcher: tuple[str, str] | None = None,
 ) -> k8s.V1Pod:
     """The burn-in pod of candidate ``node`` (a Kubernetes node name); ``store`` is the orchestrator's host:port.
@@ -151,9 +121,6 @@ def build_burnin_pod(
     """
     account = pod_account(spec, launcher)
     vols, mounts = volumes(spec, scratch_root(spec, scratch) if spec.hot_pvc else None, [PathMount(scratch, False)])
-    pin = k8s.V1NodeSelectorTerm(
-        match_fields=[k8s.V1NodeSelectorRequirement(key="metadata.name", operator="In", values=[node])]
-    )
     labels = {
         "app.kubernetes.io/name": "trainyard",
         "app.kubernetes.io/component": "burnin",
@@ -196,11 +163,7 @@ def build_burnin_pod(
             enable_service_links=False,
             node_selector=dict(spec.node_selector) or None,
             tolerations=tolerations(spec, [eviction_toleration(spec)]),
-            affinity=k8s.V1Affinity(
-                node_affinity=k8s.V1NodeAffinity(
-                    required_during_scheduling_ignored_during_execution=k8s.V1NodeSelector(node_selector_terms=[pin])
-                )
-            ),
+            affinity=k8s.V1Affinity(node_affinity=node_affinity(match_fields=[on_hosts([node])])),
             security_context=pod_security_context(),
             volumes=vols,
         ),
@@ -229,82 +192,6 @@ def delete_burnin_pods(core_api: k8s.CoreV1Api, namespace: str, names: Iterable[
         except ApiException as exc:
             if exc.status != 404:
                 raise
-
-
-# ---------------------------------------------------------------- eviction marks
-
-
-def label_evicted(core_api: k8s.CoreV1Api, nodes: Iterable[str], label: str, mode: EvictWith = "label") -> list[str]:
-    """Mark ``nodes`` evicted (label; with ``taint`` also a NoSchedule taint); returns the nodes marked.
-
-    Idempotent: marking a marked node changes nothing. A node that no longer
-    exists is skipped (there is nothing left to keep pods off).
-    """
-    return [n for n in nodes if _mark(core_api, n, label, mode, on=True)]
-
-
-def unlabel(core_api: k8s.CoreV1Api, nodes: Iterable[str], label: str) -> list[str]:
-    """Take the eviction marks off ``nodes`` (a node that passed a new pressure test); returns the nodes cleared.
-
-    Clears the taint too whatever ``evict_with`` says now: the node may have
-    been marked while the spec said ``taint``.
-    """
-    return [n for n in nodes if _mark(core_api, n, label, "taint", on=False)]
-
-
-def evicted_nodes(core_api: k8s.CoreV1Api, label: str) -> list[str]:
-    """Nodes carrying the eviction label now."""
-    return sorted(n.metadata.name for n in core_api.list_node(label_selector=label).items)
-
-
-def _mark(core_api: k8s.CoreV1Api, node: str, label: str, mode: EvictWith, on: bool) -> bool:
-    try:
-        _patch(core_api, node, {"metadata": {"labels": {label: EVICTED_VALUE if on else None}}})
-        if mode == "taint":
-            _set_taint(core_api, node, label, on)
-    except ApiException as exc:
-        if exc.status == 404:
-            log.warning("node %s is gone; nothing to %s", node, "mark" if on else "clear")
-            return False
-        raise
-    return True
-
-
-def _patch(core_api: k8s.CoreV1Api, node: str, body: dict[str, Any]) -> None:
-    # A JSON merge patch (RFC 7386) means exactly what these bodies say: maps merge, a list
-    # (taints) is replaced whole, null deletes a key; no per-field strategic-merge rules apply.
-    core_api.patch_node(node, body, _content_type=MERGE_PATCH)
-
-
-def _set_taint(core_api: k8s.CoreV1Api, node: str, key: str, on: bool) -> None:
-    """Add or remove the NoSchedule taint ``key``, keeping every other taint.
-
-    Taints are a list a patch replaces whole, so read, change and write with the
-    read resourceVersion: a concurrent change (another controller's taint) makes
-    the write fail with 409 instead of being lost, and we try again.
-    """
-    for _ in range(_PATCH_TRIES):
-        current = core_api.read_node(node)
-        if _has_taint(current, key) == on:
-            return  # already as wanted
-        taints = [t for t in (current.spec.taints or []) if not (t.key == key and t.effect == "NoSchedule")]
-        if on:
-            taints.append(k8s.V1Taint(key=key, value=EVICTED_VALUE, effect="NoSchedule"))
-        body = {
-            "metadata": {"resourceVersion": current.metadata.resource_version},
-            "spec": {"taints": core_api.api_client.sanitize_for_serialization(taints)},
-        }
-        try:
-            _patch(core_api, node, body)
-            return
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-    raise RuntimeError(f"node {node}: taints kept changing under us ({_PATCH_TRIES} tries)")
-
-
-def _has_taint(node: Any, key: str) -> bool:
-    return any(t.key == key and t.effect == "NoSchedule" for t in (node.spec.taints or []))
 
 
 class PodCandidate:
@@ -343,21 +230,6 @@ class PodCandidate:
         if status and status.phase == "Failed":
             return f"pod failed: {status.reason or 'no reason given'}"
         return default
-
-
-def candidate_nodes(core_api: k8s.CoreV1Api, spec: KubernetesSpec, count: int) -> list[str]:
-    """The first ``count`` schedulable nodes matching ``node_selector`` that are not marked evicted.
-
-    A node stays out of the pool until someone clears the label after repairing it.
-    """
-    selector = ",".join(f"{k}={v}" for k, v in sorted(spec.node_selector.items())) or None
-    nodes = core_api.list_node(label_selector=selector).items
-    usable = sorted(
-        n.metadata.name
-        for n in nodes
-        if not (n.spec and n.spec.unschedulable) and spec.evicted_label not in (n.metadata.labels or {})
-    )
-    return usable[:count]
 
 
 def run_burn_in_k8s(

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from trainyard.atomic import open_append
-from trainyard.burnin.kubernetes import Drill, node_args
+from trainyard.burnin.args import Drill, node_args
 from trainyard.burnin.protocol import STARTUP_S, BurnInRun, Schedule, host_store, run_protocol
 from trainyard.burnin.sealing import KEY_ENV, node_key, run_secret
 from trainyard.launch.environ import child_env

@@ -54,14 +54,34 @@ class LaunchPlan:
 
 @dataclass(frozen=True)
 class NodeStatus:
-    node: str
+    """One node of an attempt: its ``slot`` in the plan and the ``host`` it really ran on.
+
+    Recovery blames, marks and replaces *hosts*: on Kubernetes the pods are
+    pinned to the plan's set of hosts, and the scheduler puts pod *i* on any of
+    them, so the slot (``plan.nodes[i]``) says nothing about where it ran.
+    """
+
+    slot: str
+    """The plan's node name at this node's index (the Indexed Job's completion index)."""
     state: NodeState
     exit_code: int | None = None
     log: str = ""
     """Path of the node's log file, for evidence."""
     reason: str = ""
     """Why a node failed, when the backend knows more than an exit code
-    (Kubernetes: ``OOMKilled``, ``Evicted``, ``NodeLost``, ``ImagePullBackOff``, ...)."""
+    (Kubernetes: ``OOMKilled``, ``Evicted``, ``NodeLost``, ``ImagePullBackOff``, ``Unschedulable``, ...)."""
+    host: str = ""
+    """Where it ran (a pod's ``spec.nodeName``); "" while not placed. Local processes: the slot."""
+
+    @property
+    def node(self) -> str:
+        """The slot, for callers from before slot and host were told apart."""
+        return self.slot
+
+    @property
+    def where(self) -> str:
+        """The host, or the slot while it has none: the name to show and to blame."""
+        return self.host or self.slot
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,21 @@ This module owns two things:
   client models, so they can be checked against the official schema with no
   cluster;
 * the **launcher** (``KubernetesLauncher``) that creates, watches and deletes
-  them, and the pure mapping from pods to ``NodeStatus`` records
-  (``attempt_status``) that the deferrable trigger shares, so the supervisor
-  reads the same records whichever backend or waiter produced them.
+  them, reading the pods as ``NodeStatus`` records with ``trainyard.kube.status``
+  (which the deferrable trigger shares), so the supervisor reads the same
+  records whichever backend or waiter produced them.
 
-Pod *i* of the Job is node *i* of the attempt: it runs one torchrun agent
+The pieces every pod has (security context, volumes, affinity), the names and
+the node marks are ``trainyard.kube``'s, shared with the pressure test.
+
+Where pods run: the plan's ``nodes`` are hosts (Kubernetes node names, those
+the pressure test passed), and every pod of the attempt is pinned to that set
+(required node affinity on ``metadata.name``) with one pod per host. The
+scheduler puts pod *i* on *any* host of the set, so a status names both its
+slot (``plan.nodes[i]``) and its host (``spec.nodeName``); recovery blames,
+marks and replaces hosts.
+
+Pod *i* of the Job is rank group *i* of the attempt: it runs one torchrun agent
 (``python -m torch.distributed.run``) with ``--node-rank=$(JOB_COMPLETION_INDEX)``
 and meets the others through c10d rendezvous on pod 0, reached by its stable
 DNS name ``<job>-0.<service>.<namespace>.svc.<domain>`` (an Indexed Job gives
@@ -32,14 +42,12 @@ the provider's ``KubernetesJobTrigger``.
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import json
 import logging
 import os
-import re
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, field, replace
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -48,127 +56,90 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.utils import parse_quantity
 
 from trainyard.atomic import write_text_atomic
+from trainyard.kube.marks import label_evicted
+from trainyard.kube.names import (
+    GROUP_NAME_ANNOTATION,
+    INDEX_ANNOTATION,
+    LABEL_JOB,
+    MAX_JOB_NAME,
+    RDZV_PORT,
+    RUN_ID_ANNOTATION,
+    attempt_labels,
+    dns_label,
+    label_value,
+    object_name,
+    rendezvous_endpoint,
+    selector,
+)
+from trainyard.kube.pods import (
+    CONTAINER,
+    GPU_RESOURCE,
+    LAUNCHER_ACCOUNT,
+    RUN_AS_USER,
+    PathMount,
+    container_security_context,
+    pod_account,
+    pod_security_context,
+    resources,
+    scratch_env,
+    token_account,
+    tolerations,
+    training_affinity,
+    volumes,
+)
+from trainyard.kube.status import (
+    attempt_status,
+    job_failure_reason,
+    pod_message,
+    pod_node_status,
+    pods_by_index,
+    status_from_dicts,
+    status_to_dicts,
+)
 from trainyard.launch.base import AttemptStatus, LaunchPlan, NodeStatus
-from trainyard.spec import LAUNCHER_SERVICE_ACCOUNT, KubernetesSpec
+from trainyard.spec import KubernetesSpec
+from trainyard.train.contract import NODE_VARIABLES
+
+__all__ = [  # what callers imported from here before trainyard.kube held it
+    "CONTAINER",
+    "GPU_RESOURCE",
+    "GROUP_NAME_ANNOTATION",
+    "INDEX_ANNOTATION",
+    "LABEL_JOB",
+    "LAUNCHER_ACCOUNT",
+    "MAX_JOB_NAME",
+    "RUN_AS_USER",
+    "AttemptObjects",
+    "KubernetesHandle",
+    "KubernetesLauncher",
+    "PathMount",
+    "attempt_paths",
+    "attempt_status",
+    "build_objects",
+    "container_security_context",
+    "dns_label",
+    "hot_mount_path",
+    "job_failure_reason",
+    "label_value",
+    "object_name",
+    "pod_node_status",
+    "pod_security_context",
+    "prepare_paths",
+    "rendezvous_endpoint",
+    "selector",
+    "status_from_dicts",
+    "status_to_dicts",
+    "token_account",
+]
 
 log = logging.getLogger(__name__)
 
-RDZV_PORT = 29400
-CONTAINER = "trainer"
-GPU_RESOURCE = "nvidia.com/gpu"
-INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
-GROUP_NAME_ANNOTATION = "scheduling.k8s.io/group-name"
-RUN_ID_ANNOTATION = "trainyard.io/run-id"
-LABEL_APP = "app.kubernetes.io/name"
-LABEL_COMPONENT = "app.kubernetes.io/component"
-LABEL_JOB = "trainyard.io/job"
-LABEL_RUN = "trainyard.io/run"
-LABEL_ATTEMPT = "trainyard.io/attempt"
 PODGROUP_GROUP, PODGROUP_VERSION, PODGROUP_PLURAL = "scheduling.volcano.sh", "v1beta1", "podgroups"
-HOT_VOLUME, SHM_VOLUME, TMP_VOLUME = "hot", "dshm", "tmp"
-RUN_AS_USER = 1000  # the trainer image's user (docker/Dockerfile.trainer)
-# The launcher's own service account (docker/k8s/launcher-rbac.yaml): it may create pods and
-# mark nodes, so no pod it creates may run as it.
-LAUNCHER_ACCOUNT = LAUNCHER_SERVICE_ACCOUNT  # the one name, in the spec models: the spec refuses it too
-# What each path of the training contract is to a pod: only these are mounted, each at the
-# orchestrator's own path (so a path in the ledger means the same file everywhere).
-WRITABLE_DIRS = ("TRAINYARD_CHECKPOINT_DIR", "TRAINYARD_HEARTBEAT_DIR")  # checkpoints (LATEST too), heartbeats
-WRITABLE_FILES = ("TRAINYARD_LEDGER",)  # rank 0 appends train events; the run folder itself is not mounted
-READ_ONLY_DIRS = ("TRAINYARD_DATA_DIR",)  # the staged dataset
-# Pod hostnames are "<job>-<index>" and must fit a 63-character DNS label; an index
-# has at most 3 digits (nodes.count <= 512), and pod names add a 6-character suffix.
-MAX_JOB_NAME = 52
+# Folders the orchestrator makes for the pods: group-writable, setgid (new files keep SHARED_GID).
+SHARED_DIR_MODE = 0o2775
 # A finished Job the supervisor did not delete (its process died) cleans itself up
 # after a day; long enough for a deferred waiter to read the pods' final states.
 TTL_AFTER_FINISHED_S = 24 * 3600
-
-# Reasons a pod carries in status.reason when Kubernetes itself ended it.
-POD_FAILURE_REASONS = frozenset(
-    {
-        "Evicted",
-        "NodeLost",
-        "DeadlineExceeded",
-        "UnexpectedAdmissionError",
-        "Shutdown",
-        "NodeShutdown",
-        "Terminated",
-        "Preempting",
-    }
-)
-# Container waiting reasons that will not resolve by waiting: with backoffLimit 0 and
-# restartPolicy Never the attempt is lost, so it is reported now instead of after a timeout.
-FAILED_WAITING_REASONS = frozenset(
-    {
-        "ImagePullBackOff",
-        "ErrImageNeverPull",
-        "InvalidImageName",
-        "CrashLoopBackOff",
-        "CreateContainerConfigError",
-        "CreateContainerError",
-        "RunContainerError",
-    }
-)
-_STATE_RANK = {"running": 0, "succeeded": 1, "failed": 2}
-_TOLERATION_KEYS = {
-    "key": "key",
-    "operator": "operator",
-    "value": "value",
-    "effect": "effect",
-    "tolerationSeconds": "toleration_seconds",
-}
-
-
-# ---------------------------------------------------------------- names
-
-
-def _digest(text: str, length: int = 8) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:length]
-
-
-def dns_label(readable: str, unique: str, max_len: int = 63) -> str:
-    """A DNS-1035 label (lowercase, starts with a letter, <= ``max_len``) for ``readable``.
-
-    A hash of ``unique`` always ends the name: sanitizing is lossy (two run ids
-    can map to the same text) and truncation more so, and a name must never
-    point at another run's objects.
-    """
-    base = re.sub(r"-{2,}", "-", re.sub(r"[^a-z0-9-]+", "-", readable.lower())).strip("-")
-    suffix = _digest(unique)
-    room = max_len - len("ty--") - len(suffix)
-    return "-".join(filter(None, ("ty", base[:room].rstrip("-"), suffix)))
-
-
-def label_value(text: str) -> str:
-    """``text`` as a label value (<= 63 of ``[A-Za-z0-9._-]``, alphanumeric at both ends)."""
-    value = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-._")
-    if value == text and len(value) <= 63:
-        return value
-    return f"{value[:54].rstrip('-._')}-{_digest(text)}".lstrip("-")
-
-
-def object_name(plan: LaunchPlan) -> str:
-    """Name of the attempt's Job, Service and PodGroup: run id and attempt, unique per run folder."""
-    return dns_label(f"{plan.run_id}-a{plan.attempt}", f"{plan.log_dir}|{plan.run_id}|{plan.attempt}", MAX_JOB_NAME)
-
-
-def rendezvous_endpoint(name: str, namespace: str, cluster_domain: str = "cluster.local") -> str:
-    """``host:port`` of pod 0, which hosts the c10d store: its per-pod DNS name under the headless Service."""
-    return f"{name}-0.{name}.{namespace}.svc.{cluster_domain}:{RDZV_PORT}"
-
-
-def attempt_labels(plan: LaunchPlan, name: str) -> dict[str, str]:
-    return {
-        LABEL_APP: "trainyard",
-        LABEL_COMPONENT: "training",
-        LABEL_JOB: name,
-        LABEL_RUN: label_value(plan.run_id),
-        LABEL_ATTEMPT: str(plan.attempt),
-    }
-
-
-def selector(name: str) -> str:
-    """Label selector of the attempt's pods."""
-    return f"{LABEL_JOB}={name}"
 
 
 # ---------------------------------------------------------------- pod pieces
@@ -205,37 +176,34 @@ def training_env(plan: LaunchPlan) -> list[k8s.V1EnvVar]:
                 field_ref=k8s.V1ObjectFieldSelector(field_path=f"metadata.annotations['{INDEX_ANNOTATION}']")
             ),
         ),
-        # The node is only known once scheduled: the downward API gives the Kubernetes node name.
-        k8s.V1EnvVar(
-            name="TRAINYARD_NODE",
-            value_from=k8s.V1EnvVarSource(field_ref=k8s.V1ObjectFieldSelector(field_path="spec.nodeName")),
+        # The node is only known once scheduled: the downward API gives the Kubernetes node name, which is both
+        # the pod's name for its node and its host (every pod of a Job shares one template, so no slot name).
+        *(
+            k8s.V1EnvVar(
+                name=name,
+                value_from=k8s.V1EnvVarSource(field_ref=k8s.V1ObjectFieldSelector(field_path="spec.nodeName")),
+            )
+            for name in NODE_VARIABLES
         ),
         k8s.V1EnvVar(name="PYTHONUNBUFFERED", value="1"),  # pod logs are the node's evidence
-        *(k8s.V1EnvVar(name=key, value=_literal(value)) for key, value in plan.env.items() if key != "TRAINYARD_NODE"),
+        *(
+            k8s.V1EnvVar(name=key, value=_literal(value))
+            for key, value in plan.env.items()
+            if key not in NODE_VARIABLES
+        ),
     ]
-
-
-@dataclass(frozen=True)
-class PathMount:
-    """One path of the plan a pod sees: a folder (or the ledger file) of the hot tier."""
-
-    path: str
-    read_only: bool
 
 
 def attempt_paths(plan: LaunchPlan) -> list[PathMount]:
     """What an attempt's pods may see of the hot tier, and which of it they may write.
 
-    Its heartbeat folder, its lineage's checkpoint folder and the run's ledger
-    file read-write; its dataset (and a ``resume_from`` path outside the
-    checkpoint folder) read-only. Nothing else: not the run folder (its pinned
-    spec and report), not other pipelines' checkpoints or locks.
+    What the contract declares (``TrainEnv.paths``): its heartbeat folder, its
+    lineage's checkpoint folder and the run's events folder (``events.d``)
+    read-write; its dataset (and a ``resume_from`` path outside the checkpoint
+    folder) read-only. Nothing else: not the run folder (its pinned spec, report
+    and the orchestrator's ``events.jsonl``), not other pipelines' checkpoints or locks.
     """
-    env = plan.env
-    mounts = [PathMount(env[k], False) for k in (*WRITABLE_DIRS, *WRITABLE_FILES) if k in env]
-    mounts += [PathMount(env[k], True) for k in READ_ONLY_DIRS if k in env]
-    if env.get("TRAINYARD_RESUME_FROM", "").startswith("/"):
-        mounts.append(PathMount(env["TRAINYARD_RESUME_FROM"], True))
+    mounts = [PathMount(str(p.path), not p.writable) for p in plan.train_env.paths()]
     for m in mounts:
         if not m.path.startswith("/") or ".." in PurePosixPath(m.path).parts:
             raise ValueError(f"launch plan: {m.path!r} must be an absolute path without '..' to be mounted in a pod")
@@ -256,10 +224,7 @@ def hot_mount_path(plan: LaunchPlan, spec: KubernetesSpec) -> str:
     plan's paths share. Pods mount folders of the claim (``subPath``) at the same paths, so they mean the
     same thing there.
     """
-    folders = [
-        PurePosixPath(m.path) if m.path != plan.env.get("TRAINYARD_LEDGER") else PurePosixPath(m.path).parent
-        for m in attempt_paths(plan)
-    ]
+    folders = [PurePosixPath(m.path) for m in attempt_paths(plan)]  # every path of the contract is a folder
     if spec.hot_mount:
         outside = [str(f) for f in folders if not f.is_relative_to(spec.hot_mount)]
         if outside:
@@ -284,132 +249,6 @@ def _common_parts(parts: list[tuple[str, ...]]) -> tuple[str, ...]:
             n += 1
         common = common[:n]
     return common
-
-
-def resources(spec: KubernetesSpec) -> k8s.V1ResourceRequirements:
-    """Requests equal limits (Guaranteed QoS): a training node is the last thing the kubelet should evict."""
-    amounts = {"cpu": spec.cpu, "memory": spec.memory}
-    if spec.gpus:
-        amounts[GPU_RESOURCE] = str(spec.gpus)
-    return k8s.V1ResourceRequirements(requests=dict(amounts), limits=dict(amounts))
-
-
-def tolerations(spec: KubernetesSpec, extra: Iterable[k8s.V1Toleration] = ()) -> list[k8s.V1Toleration] | None:
-    out = []
-    for i, item in enumerate(spec.tolerations):
-        unknown = sorted(set(item) - set(_TOLERATION_KEYS))
-        if unknown:
-            raise ValueError(
-                f"nodes.kubernetes.tolerations[{i}]: unknown key(s) {', '.join(unknown)}; "
-                f"allowed: {', '.join(_TOLERATION_KEYS)}"
-            )
-        kwargs: dict[str, Any] = {_TOLERATION_KEYS[k]: v for k, v in item.items()}
-        if "toleration_seconds" in kwargs:
-            kwargs["toleration_seconds"] = int(kwargs["toleration_seconds"])
-        out.append(k8s.V1Toleration(**kwargs))
-    out.extend(extra)
-    return out or None
-
-
-def pod_security_context() -> k8s.V1PodSecurityContext:
-    # fsGroup makes the hot-tier volume writable by the non-root user.
-    return k8s.V1PodSecurityContext(
-        run_as_non_root=True,
-        run_as_user=RUN_AS_USER,
-        run_as_group=RUN_AS_USER,
-        fs_group=RUN_AS_USER,
-        seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault"),
-    )
-
-
-def container_security_context() -> k8s.V1SecurityContext:
-    """What the "restricted" Pod Security Standard asks of every container, and a read-only image:
-    code that runs there can change nothing but its mounts (/tmp, /dev/shm, its hot-tier folders)."""
-    return k8s.V1SecurityContext(
-        run_as_non_root=True,
-        run_as_user=RUN_AS_USER,
-        allow_privilege_escalation=False,
-        capabilities=k8s.V1Capabilities(drop=["ALL"]),
-        read_only_root_filesystem=True,
-        seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault"),
-    )
-
-
-def scratch_env() -> list[k8s.V1EnvVar]:
-    """The root file system is read-only: temporary files and caches (~/.cache) go to the /tmp emptyDir."""
-    return [k8s.V1EnvVar(name="TMPDIR", value="/tmp"), k8s.V1EnvVar(name="HOME", value="/tmp")]
-
-
-def pod_account(spec: KubernetesSpec, launcher: tuple[str, str] | None = None) -> str | None:
-    """The spec's ``service_account``, refused when it is the launcher's own (defence in depth: the spec
-    check refuses it too). ``launcher``: (namespace, name) of the account the launcher calls the API as."""
-    account = spec.service_account
-    own = {LAUNCHER_ACCOUNT} | ({launcher[1]} if launcher and launcher[0] == spec.namespace else set())
-    if account in own:
-        raise ValueError(
-            f"nodes.kubernetes.service_account: {account!r} is the launcher's own account, which may "
-            "create pods and mark nodes; give the pods an account of their own, or none"
-        )
-    return account
-
-
-def volumes(
-    spec: KubernetesSpec, root: str | None, paths: list[PathMount]
-) -> tuple[list[k8s.V1Volume], list[k8s.V1VolumeMount]]:
-    """Memory-backed /dev/shm, an emptyDir /tmp, and (when ``hot_pvc`` is set) ``paths`` of the hot tier.
-
-    Each path is its own ``subPath`` mount of the claim, whose root the
-    orchestrator sees at ``root``: a pod never sees the rest of the tier.
-    A container's default /dev/shm is 64 MiB; NCCL and data-loader workers
-    pass tensors through it and fail with a bus error when it is full.
-    """
-    vols = [
-        k8s.V1Volume(name=SHM_VOLUME, empty_dir=k8s.V1EmptyDirVolumeSource(medium="Memory")),
-        k8s.V1Volume(name=TMP_VOLUME, empty_dir=k8s.V1EmptyDirVolumeSource()),
-    ]
-    mounts = [
-        k8s.V1VolumeMount(name=SHM_VOLUME, mount_path="/dev/shm"),
-        k8s.V1VolumeMount(name=TMP_VOLUME, mount_path="/tmp"),
-    ]
-    if spec.hot_pvc and root:
-        vols.append(
-            k8s.V1Volume(
-                name=HOT_VOLUME,
-                persistent_volume_claim=k8s.V1PersistentVolumeClaimVolumeSource(claim_name=spec.hot_pvc),
-            )
-        )
-        for m in paths:
-            sub = str(PurePosixPath(m.path).relative_to(root))
-            mounts.append(
-                k8s.V1VolumeMount(
-                    name=HOT_VOLUME,
-                    mount_path=m.path,
-                    sub_path=None if sub == "." else sub,
-                    read_only=True if m.read_only else None,
-                )
-            )
-    return vols, mounts
-
-
-def not_evicted(spec: KubernetesSpec) -> k8s.V1NodeAffinity:
-    """Required node affinity: never schedule on a node carrying the evicted label."""
-    term = k8s.V1NodeSelectorTerm(
-        match_expressions=[k8s.V1NodeSelectorRequirement(key=spec.evicted_label, operator="DoesNotExist")]
-    )
-    return k8s.V1NodeAffinity(
-        required_during_scheduling_ignored_during_execution=k8s.V1NodeSelector(node_selector_terms=[term])
-    )
-
-
-def training_affinity(spec: KubernetesSpec, name: str) -> k8s.V1Affinity:
-    """Off evicted nodes, and one training pod per node (a node lost must cost one rank group, not two)."""
-    spread = k8s.V1PodAffinityTerm(
-        label_selector=k8s.V1LabelSelector(match_labels={LABEL_JOB: name}), topology_key="kubernetes.io/hostname"
-    )
-    return k8s.V1Affinity(
-        node_affinity=not_evicted(spec),
-        pod_anti_affinity=k8s.V1PodAntiAffinity(required_during_scheduling_ignored_during_execution=[spread]),
-    )
 
 
 def training_pod_template(
@@ -444,7 +283,7 @@ def training_pod_template(
             enable_service_links=False,
             node_selector=dict(spec.node_selector) or None,
             tolerations=tolerations(spec),
-            affinity=training_affinity(spec, name),
+            affinity=training_affinity(spec, name, plan.nodes),
             security_context=pod_security_context(),
             volumes=vols,
         ),
@@ -535,121 +374,6 @@ def build_objects(plan: LaunchPlan, spec: KubernetesSpec, launcher: tuple[str, s
     )
 
 
-# ---------------------------------------------------------------- statuses
-
-
-def pod_index(pod: Any) -> int | None:
-    meta = pod.metadata
-    raw = (meta.annotations or {}).get(INDEX_ANNOTATION) or (meta.labels or {}).get(INDEX_ANNOTATION)
-    return int(raw) if raw is not None and str(raw).isdigit() else None
-
-
-def _main_container(status: Any) -> Any:
-    containers = (status.container_statuses or []) if status else []
-    return next((c for c in containers if c.name == CONTAINER), containers[0] if containers else None)
-
-
-def _terminated(container: Any) -> Any:
-    if container is None:
-        return None
-    for state in (container.state, container.last_state):
-        if state is not None and state.terminated is not None:
-            return state.terminated
-    return None
-
-
-def _disruption(status: Any) -> str | None:
-    """The reason of a DisruptionTarget condition (preemption, taint eviction, pod GC), if any."""
-    for cond in (status.conditions or []) if status else []:
-        if cond.type == "DisruptionTarget" and cond.status == "True":
-            return cond.reason or "DisruptionTarget"
-    return None
-
-
-def _failure_reason(pod: Any, container: Any, terminated: Any) -> str | None:
-    """Why the pod failed, or None while it still counts as running."""
-    status = pod.status
-    phase, pod_reason = status.phase, status.reason
-    if phase == "Failed":
-        # Kubernetes' own verdict on the pod (Evicted, NodeLost, DeadlineExceeded) says more than an
-        # exit code; OOMKilled says more than a disruption; "Error" says least.
-        oom = terminated.reason if terminated is not None and terminated.reason == "OOMKilled" else None
-        return pod_reason or oom or _disruption(status) or (terminated.reason if terminated else None) or "Failed"
-    if phase == "Unknown":
-        return pod_reason or "NodeLost"  # the kubelet stopped reporting
-    if pod_reason in POD_FAILURE_REASONS:
-        return pod_reason
-    waiting = container.state.waiting.reason if container and container.state and container.state.waiting else None
-    if waiting in FAILED_WAITING_REASONS:
-        return waiting
-    if terminated is not None and terminated.exit_code != 0:
-        return terminated.reason or "Error"  # exited; the phase has not caught up yet
-    if pod.metadata.deletion_timestamp is not None and _disruption(status):
-        return _disruption(status)  # e.g. DeletionByTaintManager: its node went NotReady
-    return None
-
-
-def pod_node_status(pod: Any, fallback_node: str) -> NodeStatus:
-    """One pod as a ``NodeStatus``; ``node`` is the Kubernetes node it runs on (``TRAINYARD_NODE`` inside it).
-
-    Works on models of ``kubernetes`` and ``kubernetes_asyncio`` alike (same attribute names).
-    """
-    node = (pod.spec.node_name if pod.spec is not None else None) or fallback_node
-    container = _main_container(pod.status)
-    terminated = _terminated(container)
-    code = terminated.exit_code if terminated is not None else None
-    if pod.status is not None and pod.status.phase == "Succeeded":
-        return NodeStatus(node, "succeeded", 0 if code is None else code)
-    reason = _failure_reason(pod, container, terminated) if pod.status is not None else None
-    if reason is None:
-        return NodeStatus(node, "running")
-    return NodeStatus(node, "failed", code, reason=reason)
-
-
-def pods_by_index(pods: Iterable[Any], nodes: list[str]) -> dict[int, tuple[Any, NodeStatus]]:
-    """The telling pod of each completion index: a failed one over a succeeded one over a running one."""
-    best: dict[int, tuple[Any, NodeStatus]] = {}
-    for pod in pods:
-        index = pod_index(pod)
-        if index is None or not 0 <= index < len(nodes):
-            continue
-        status = pod_node_status(pod, nodes[index])
-        if index not in best or _STATE_RANK[status.state] > _STATE_RANK[best[index][1].state]:
-            best[index] = (pod, status)
-    return best
-
-
-def job_failure_reason(job: Any) -> str | None:
-    """The reason of the Job's Failed condition (BackoffLimitExceeded, DeadlineExceeded, ...), if it failed."""
-    for cond in (job.status.conditions or []) if job is not None and job.status is not None else []:
-        if cond.type == "Failed" and cond.status == "True":
-            return cond.reason or "JobFailed"
-    return None
-
-
-def attempt_status(pods: Iterable[Any], nodes: list[str], job_reason: str | None = None) -> AttemptStatus:
-    """Statuses in node order (completion index); a node without a pod yet is running (pending).
-
-    ``job_reason`` (the Job failed, or is gone) fails every unfinished node, but
-    only when no pod says why: the pod that failed first is the evidence, and
-    the survivors the Job controller then kills are not to blame.
-    """
-    best = pods_by_index(pods, nodes)
-    statuses = [best[i][1] if i in best else NodeStatus(node, "running") for i, node in enumerate(nodes)]
-    if job_reason and not any(s.state == "failed" for s in statuses):
-        statuses = [s if s.state == "succeeded" else replace(s, state="failed", reason=job_reason) for s in statuses]
-    return AttemptStatus(statuses)
-
-
-def status_to_dicts(status: AttemptStatus) -> list[dict[str, Any]]:
-    """JSON-safe records (a trigger event's payload)."""
-    return [asdict(n) for n in status.nodes]
-
-
-def status_from_dicts(items: Iterable[Mapping[str, Any]]) -> AttemptStatus:
-    return AttemptStatus([NodeStatus(**dict(item)) for item in items])
-
-
 # ---------------------------------------------------------------- launcher
 
 
@@ -674,37 +398,37 @@ def _ignore(status: int, call: Callable[[], Any]) -> bool:
         return True
 
 
-def token_account(api_client: Any) -> tuple[str, str] | None:
-    """(namespace, name) of the service account whose token ``api_client`` sends, if it sends one.
-
-    Read from the token's ``sub`` claim (``system:serviceaccount:<ns>:<name>``) without checking its
-    signature: it is our own credential, read only to know which account no pod may be given.
-    """
-    try:
-        auth = api_client.configuration.api_key.get("authorization", "") or ""
-        token = auth.split()[-1] if auth else ""
-        payload = token.split(".")[1]
-        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
-        kind, _, rest = str(claims.get("sub", "")).partition(":serviceaccount:")
-        namespace, _, name = rest.partition(":")
-    except (AttributeError, IndexError, ValueError, TypeError):
-        return None
-    return (namespace, name) if kind == "system" and namespace and name else None
-
-
 def prepare_paths(plan: LaunchPlan) -> None:
-    """Create the folders and the ledger file the pods mount, as the orchestrator's user, before the Job.
+    """Create the folders the pods mount read-write, as the orchestrator's user, before the Job.
 
     The kubelet would create a missing ``subPath`` itself, owned by root (not
-    writable by the pods' user), and a missing file ``subPath`` as a folder.
+    writable by the pods' user).
+    Each folder made here is ``SHARED_DIR_MODE`` (group-writable, setgid), so
+    the pods (in ``SHARED_GID``) write there and what they create stays in
+    the group the orchestrator reads and tidies as.
     """
-    for key in WRITABLE_DIRS:
-        if key in plan.env:
-            Path(plan.env[key]).mkdir(parents=True, exist_ok=True)
-    for key in WRITABLE_FILES:
-        if key in plan.env:
-            Path(plan.env[key]).parent.mkdir(parents=True, exist_ok=True)
-            os.close(os.open(plan.env[key], os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644))
+    for p in plan.train_env.paths():
+        if p.writable and p.is_dir:
+            shared_dirs(p.path)
+
+
+def shared_dirs(path: Path) -> None:
+    """``mkdir -p`` with ``SHARED_DIR_MODE`` on every folder it makes (not masked by the umask)."""
+    missing = []
+    for folder in (path, *path.parents):
+        if folder.is_dir():
+            break
+        missing.append(folder)
+    for folder in reversed(missing):
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            if not folder.is_dir():
+                raise
+            continue  # made meanwhile by someone else: theirs to set
+        os.chmod(folder, SHARED_DIR_MODE)
+    if path.is_dir() and path.stat().st_uid == os.geteuid():
+        os.chmod(path, stat.S_IMODE(path.stat().st_mode) | SHARED_DIR_MODE)  # an older folder of ours, too
 
 
 class KubernetesLauncher:
@@ -778,8 +502,9 @@ class KubernetesLauncher:
 
     def poll(self, handle: KubernetesHandle) -> AttemptStatus:
         pods = self.core.list_namespaced_pod(handle.namespace, label_selector=selector(handle.name)).items
-        best = pods_by_index(pods, handle.plan.nodes)
-        status = attempt_status([pod for pod, _ in best.values()], handle.plan.nodes, self._job_reason(handle))
+        now = time.time()  # one clock for every pod of this look
+        best = pods_by_index(pods, handle.plan.nodes, now)
+        status = attempt_status([pod for pod, _ in best.values()], handle.plan.nodes, self._job_reason(handle), now)
         nodes = [self._with_evidence(handle, i, best.get(i, (None, None))[0], s) for i, s in enumerate(status.nodes)]
         return AttemptStatus(nodes)
 
@@ -806,8 +531,8 @@ class KubernetesLauncher:
 
     def _evidence(self, pod: Any, status: NodeStatus) -> str:
         head = (
-            f"# pod {pod.metadata.name} on node {status.node}: {status.state}"
-            f" exit={status.exit_code} reason={status.reason or '-'} {pod.status.message or ''}".rstrip()
+            f"# pod {pod.metadata.name} on node {status.host or '(not placed)'}: {status.state}"
+            f" exit={status.exit_code} reason={status.reason or '-'} {pod_message(pod)}".rstrip()
         )
         try:
             # Raw bytes: the client's "str" deserializer would hand back "b'...'" (or parse a log
@@ -844,12 +569,9 @@ class KubernetesLauncher:
             self.active.remove(handle)
 
     def exclude(self, nodes: list[str]) -> list[str]:
-        """Mark ``nodes`` evicted, as the pressure test marks a weak node: the next attempt's pods
-        land where the scheduler puts them, and only the mark (``not_evicted`` affinity) keeps
-        them off a node that just failed. Clear it once the node is fixed
-        (``kubectl label node NODE trainyard.io/evicted-``)."""
-        from trainyard.burnin.kubernetes import label_evicted  # that module builds on this one
-
+        """Mark the hosts ``nodes`` evicted, as the pressure test marks a weak node: later attempts are pinned
+        to other hosts anyway, and the mark (``not_evicted`` affinity) keeps every other run of trainyard
+        off them too. Clear it once the node is fixed (``kubectl label node NODE trainyard.io/evicted-``)."""
         return label_evicted(self.core, nodes, self.spec.evicted_label, self.spec.evict_with)
 
     def cancel_all(self) -> None:

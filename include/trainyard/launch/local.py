@@ -175,7 +175,7 @@ class LocalLauncher:
         for node, proc in handle.procs.items():
             code = proc.poll()
             state = "running" if code is None else "succeeded" if code == 0 else "failed"
-            statuses.append(NodeStatus(node, state, code, str(handle.logs[node])))
+            statuses.append(NodeStatus(node, state, code, str(handle.logs[node]), host=node))
         return AttemptStatus(statuses)
 
     def cancel(self, handle: LocalHandle, grace_s: float = 5.0) -> None:

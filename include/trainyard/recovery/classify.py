@@ -24,8 +24,9 @@ Precedence is the order of ``RULES``; the first rule that fires decides:
    decides, quoting the record; ``transient`` (a peer vanished) is a symptom
    and leaves it to the rules below. Only records naming a node of the attempt
    count. The log rules below are for scripts that do not use the runtime.
-1. Kubernetes reasons: OOMKilled -> oom; Evicted/NodeLost/preemption/node
-   shutdown -> node_lost; image pull / container config errors -> user_error.
+1. Kubernetes reasons (``trainyard.kube.reasons``, the one list): OOMKilled ->
+   oom; Evicted/NodeLost/preemption/node shutdown -> node_lost; image pull /
+   container config errors, a pod no node fits (Unschedulable) -> user_error.
 2. Root causes in a log (any node): non-finite loss -> diverged; DataError ->
    data_error; SpecError -> user_error; out of memory (CUDA's, NCCL's, the
    host's) -> oom; broken GPU (ECC, fallen off the bus, the driver's hardware
@@ -72,6 +73,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from trainyard.kube.reasons import CONFIG_REASONS, NODE_LOST_REASONS, OOM_REASONS
 from trainyard.recovery.records import FailureRecord
 from trainyard.spec.models import FailureKind
 
@@ -129,18 +131,6 @@ class Finding:
 
 
 # ---------------------------------------------------------------- what the words mean
-
-# Kubernetes' verdicts on a pod (launch/kubernetes.py reports them as NodeStatus.reason).
-OOM_REASONS = frozenset({"OOMKilled"})
-NODE_LOST_REASONS = frozenset({
-    "Evicted", "NodeLost", "Preempted", "Preempting", "PreemptionByScheduler", "PreemptionByKubeScheduler",
-    "Shutdown", "NodeShutdown", "Terminated", "TerminationByKubelet", "DeletionByTaintManager",
-    "EvictionByEvictionAPI", "DeletionByPodGC", "UnexpectedAdmissionError",
-})  # fmt: skip
-CONFIG_REASONS = frozenset({
-    "ImagePullBackOff", "ErrImagePull", "ErrImageNeverPull", "InvalidImageName",
-    "CreateContainerConfigError", "CreateContainerError", "RunContainerError",
-})  # fmt: skip
 
 # Xid codes of the NVIDIA driver that mean the GPU (not the program) failed and the node needs a
 # reset or repair: 48 double-bit ECC, 61/62 internal micro-controller halt, 64 ECC row remapping

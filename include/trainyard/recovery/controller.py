@@ -584,4 +584,4 @@ def evidence(found: Classified, failure: Failure) -> str:
 def node_failures(nodes: Iterable[NodeStatus], tails: Mapping[str, str] | None = None) -> list[NodeFailure]:
     """classify's view of node statuses; ``tails``: each node's log tail, read by the driver."""
     tails = tails or {}
-    return [NodeFailure(n.node, n.state, n.exit_code, n.reason, tails.get(n.node, "")) for n in nodes]
+    return [NodeFailure(n.where, n.state, n.exit_code, n.reason, tails.get(n.where, "")) for n in nodes]  # hosts

@@ -98,10 +98,13 @@ class AttemptRecord:
 
 @dataclass(frozen=True)
 class Situation:
+    """Every node name here is a host (where a rank group runs: a Kubernetes node name, or the local
+    backend's simulated node), as ``Classified.culprits`` are: hosts are compared with hosts."""
+
     nodes: list[str]
-    """The failed attempt's nodes."""
+    """The failed attempt's hosts (its plan's nodes, which its pods were pinned to)."""
     spares: list[str]
-    """Healthy nodes not in use (from the pressure test), to replace culprits."""
+    """Healthy hosts not in use (from the pressure test), to replace culprits."""
     min_nodes: int
     procs_per_node: int
     global_batch: int
@@ -169,10 +172,12 @@ def _smaller_micro_batch(failure: Classified, s: Situation, delay: float) -> Dec
 def _scale_down(history: list[AttemptRecord], failure: Classified, s: Situation, delay: float) -> Decision:
     culprits = [n for n in s.nodes if n in failure.culprits]
     if not culprits:
-        return Retry(delay, f"{_what(failure)}: no node to leave out; retry on the same {len(s.nodes)} nodes"
-                            f" in {delay:g} s")  # fmt: skip
+        outside = [n for n in failure.culprits if n not in s.nodes]
+        why = (f"{', '.join(outside)} is not among the attempt's hosts {', '.join(s.nodes)} (were its pods pinned?)"
+               if outside else "no node to leave out")  # fmt: skip
+        return Retry(delay, f"{_what(failure)}: {why}; retry on the same {len(s.nodes)} nodes in {delay:g} s")
     keep = [n for n in s.nodes if n not in culprits]
-    spares = [n for n in s.spares if n not in s.nodes]
+    spares = [n for n in s.spares if n not in s.nodes and n not in failure.culprits]
     what = _what(failure, culprits)
     if len(spares) >= len(culprits):
         joined = spares[: len(culprits)]

@@ -22,7 +22,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -59,7 +59,7 @@ from trainyard.recovery.controller import (
 )
 from trainyard.recovery.controller import AttemptFailed as Failed
 from trainyard.recovery.controller import Launch as LaunchCommand
-from trainyard.recovery.records import failure_records
+from trainyard.recovery.records import FailureRecord, failure_records
 
 if TYPE_CHECKING:  # progress reads heartbeats with this module's reader
     from trainyard.recovery.progress import ProgressLog
@@ -164,12 +164,24 @@ def detect(
     if not stale:
         return None
     silent = silent_ranks(heartbeat_dir, stale, now)
-    nodes = sorted({beats[r]["node"] for r in silent if r in beats and beats[r].get("node")})
+    # Hosts, as everywhere recovery names nodes (a beat without one: a runtime older than the host field).
+    nodes = sorted(
+        {str(beats[r].get("host") or beats[r]["node"]) for r in silent if r in beats and beats[r].get("node")}
+    )
     return (
         "hang",
         nodes,
         (f"no progress for {timeout_s:.0f} s from {', '.join(stale)}; no pulse from {', '.join(silent) or 'none'}"),
     )
+
+
+def host_records(heartbeat_dir: Path, status: AttemptStatus) -> list[FailureRecord]:
+    """The ranks' failure records, each renamed to the host its slot ran on (what recovery blames).
+
+    A record names its node as the process saw it (``TRAINYARD_NODE``: the slot of a local node, the host
+    of a pod); where a slot really ran is the launcher's word, not the record's (training code is untrusted)."""
+    hosts = {n.slot: n.where for n in status.nodes} | {n.where: n.where for n in status.nodes}
+    return [replace(r, node=hosts[r.node]) for r in failure_records(heartbeat_dir, list(hosts))]
 
 
 def last_step(heartbeat_dir: Path) -> int | None:
@@ -187,14 +199,14 @@ def failed(
     checkpoints: Checkpoints | None = None,
 ) -> Failed:
     """The observation of a failed attempt, with its evidence: node statuses, their log tails, the last step."""
-    tails = {n.node: tail(n.log) for n in status.nodes}
+    tails = {n.where: tail(n.log) for n in status.nodes}
     failure = Failure(
         attempt=plan.attempt,
         trigger=trigger,
         stale_nodes=list(suspects),
         last_step=last_step(heartbeat_dir),
         nodes=node_failures(status.nodes, tails),
-        records=failure_records(heartbeat_dir, [n.node for n in status.nodes]),
+        records=host_records(heartbeat_dir, status),
     )
     return Failed(plan.attempt, time.time(), failure, reason, checkpoints or Checkpoints())
 
@@ -290,7 +302,9 @@ def _append(ledger: Ledger, record: Record) -> None:
 
 
 def _crash_reason(status: AttemptStatus) -> str:
-    return "; ".join(f"{n.node} exited {n.exit_code}" + (f" ({n.reason})" if n.reason else "") for n in status.failed())
+    return "; ".join(
+        f"{n.where} exited {n.exit_code}" + (f" ({n.reason})" if n.reason else "") for n in status.failed()
+    )
 
 
 # ---------------------------------------------------------------- drivers

@@ -196,7 +196,7 @@ def _write_heartbeat(ctx: RunContext, step: int, metrics: dict[str, Any], status
         _pulse = threading.Thread(target=_keep_alive, args=(ctx.heartbeat_dir / f"rank-{me}.alive",), daemon=True)
         _pulse.start()
     record = {
-        "rank": me, "node": ctx.node, "pid": os.getpid(), "step": step, "time": time.time(),
+        "rank": me, "node": ctx.node, "host": ctx.host, "pid": os.getpid(), "step": step, "time": time.time(),
         "status": status, "metrics": metrics, "attempt": ctx.attempt, "run_id": ctx.run_id,
     }  # fmt: skip
     final = ctx.heartbeat_dir / f"rank-{me}.json"
