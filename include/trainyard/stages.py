@@ -43,7 +43,7 @@ from trainyard.recovery.progress import ProgressLog, tokens_per_step
 from trainyard.recovery.supervisor import Hooks, StateReader, supervise
 from trainyard.report.summary import write_report
 from trainyard.run import Run
-from trainyard.spec import PROBES, Lifecycle, dataset_name_problems
+from trainyard.spec import PROBES, KubernetesSpec, Lifecycle, dataset_name_problems
 from trainyard.storage import S3Tier, Tier
 from trainyard.storage.hot import HotRoom, unpin
 from trainyard.storage.staging import stage
@@ -124,20 +124,21 @@ def burn_in(run: Run, cluster: Any | None = None) -> dict[str, Any]:
     cfg, nodes = run.spec.pressure_test, run.spec.nodes
     if not cfg.enabled:  # untested nodes; on Kubernetes still real ones, the hosts the pods are pinned to
         names = _cluster_candidates(run, cluster)[1] if nodes.backend == "kubernetes" else candidates(run)
-        return {"healthy": names[: nodes.count], "skipped": True}
+        return {"healthy": names[: nodes.count], "spare": names[nodes.count :], "skipped": True}
     if nodes.backend == "kubernetes":
         from trainyard.burnin.kubernetes import run_burn_in_k8s  # the kubernetes SDK: only for this backend
 
         core, names = _cluster_candidates(run, cluster)
+        kube = _kube(run)
         probed = run_burn_in_k8s(
             core,
             names,
             cfg,
-            nodes.kubernetes,
+            kube,
             run.dir.name,
             str(run.hot_root / ".burnin"),
             drills_from(cfg),
-            nodes.kubernetes.store_host or socket.gethostbyname(socket.gethostname()),
+            kube.store_host or socket.gethostbyname(socket.gethostname()),
         )
     else:
         names = candidates(run)
@@ -163,11 +164,20 @@ def burn_in(run: Run, cluster: Any | None = None) -> dict[str, Any]:
     if nodes.backend == "kubernetes" and verdict.evicted:
         from trainyard.kube.marks import label_evicted
 
-        marked = label_evicted(core, list(verdict.evicted), nodes.kubernetes.evicted_label, nodes.kubernetes.evict_with)
-        run.ledger.append("burn_in", "nodes_marked", nodes=marked, label=nodes.kubernetes.evicted_label)
+        kube = _kube(run)
+        marked = label_evicted(core, list(verdict.evicted), kube.evicted_label, kube.evict_with)
+        run.ledger.append("burn_in", "nodes_marked", nodes=marked, label=kube.evicted_label)
     if len(verdict.healthy) < nodes.min:
         raise NodeUnhealthy(f"only {len(verdict.healthy)} healthy node(s), nodes.min is {nodes.min}:\n{table}")
     return {"healthy": verdict.healthy, "evicted": verdict.evicted, "spare": verdict.spare, "medians": verdict.medians}
+
+
+def _kube(run: Run) -> KubernetesSpec:
+    """``nodes.kubernetes`` of a Kubernetes run (the spec's models fill it in whenever the backend is kubernetes)."""
+    kube = run.spec.nodes.kubernetes
+    if kube is None:
+        raise SpecError([f"{run.spec_path}: nodes.kubernetes: missing; the kubernetes backend needs it"])
+    return kube
 
 
 def _cluster_candidates(run: Run, cluster: Any | None) -> tuple[Any, list[str]]:
@@ -179,7 +189,7 @@ def _cluster_candidates(run: Run, cluster: Any | None) -> tuple[Any, list[str]]:
         _require_local(run)
     core = k8s.CoreV1Api(cluster)
     want = run.spec.nodes.count + run.spec.nodes.spare
-    names = candidate_nodes(core, run.spec.nodes.kubernetes, want)
+    names = candidate_nodes(core, _kube(run), want)
     if len(names) < run.spec.nodes.min:
         raise NodeUnhealthy(
             f"the cluster has {len(names)} usable node(s) (node_selector, not evicted); nodes.min is"
@@ -242,9 +252,11 @@ def resume_point(run: Run, held: lease.Lease | None = None) -> tuple[str, int]:
     held = held or hold_lineage(run)
     check_resume(run)  # open_run checked it too; the pinned spec lives in a folder pods can write
     choice = run.spec.training.resume_from
-    path = latest_valid(run.checkpoint_root) if choice == "latest" else None if choice == "none" else Path(choice)
-    if choice not in ("latest", "none") and (problems := verify(path)):  # latest_valid verified its own choice
-        raise CheckpointInvalid(f"cannot resume from {path}: " + "; ".join(problems))
+    path = latest_valid(run.checkpoint_root) if choice == "latest" else None  # latest_valid verified its choice
+    if choice not in ("latest", "none"):
+        path = Path(choice)
+        if problems := verify(path):
+            raise CheckpointInvalid(f"cannot resume from {path}: " + "; ".join(problems))
     start = read_manifest(path)["step"] if path else 0
     resume_from = str(path) if path else "none"
     held.renew()  # verifying can take long: still ours before the pointer moves

@@ -83,3 +83,19 @@ def test_a_crashing_pod_is_dead_and_too_few_healthy_fails(fake: FakeKube, tmp_pa
     with Kubelet(fake, NS), pytest.raises(NodeUnhealthy, match=r"only 1 healthy node\(s\), nodes.min is 2") as err:
         burn_in(run, fake.client())
     assert "gpu-a" in str(err.value) and "evicted: dead: pod exited 1" in str(err.value)
+
+
+def test_without_a_pressure_test_the_candidates_are_real_cluster_nodes_with_the_spares(
+    fake: FakeKube, tmp_path: Path
+) -> None:
+    """Untested, the pods are still pinned to real hosts (never ``node-0``...), and the spare is there to
+    replace a lost one: the cluster's usable nodes (selector matched, not evicted), none of them probed."""
+    spec = tmp_path / "p.yaml"
+    text = SPEC.format(root=tmp_path, ns=NS, drills="[]", min=1)
+    spec.write_text(
+        text[: text.index("pressure_test:")] + "pressure_test: {enabled: false}\n" + text[text.index("training:") :]
+    )
+    result = burn_in(open_run(spec, "p", "run-untested", "2026-11-28"), fake.client())
+    assert result["skipped"] and len(result["healthy"]) == 2 and len(result["spare"]) == 1
+    assert sorted(result["healthy"] + result["spare"]) == ["gpu-a", "gpu-b", "gpu-c"]
+    assert fake.items("api/v1", "pods", NS) == []  # nothing was probed

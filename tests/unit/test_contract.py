@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import fields
 from pathlib import Path
 from typing import get_args
@@ -111,3 +113,21 @@ def test_the_runtime_docstring_lists_the_contract_as_declared() -> None:
 
 def test_failure_record_kinds_are_the_specs_failure_kinds() -> None:
     assert records.KINDS == get_args(FailureKind)
+
+
+def test_a_training_process_lets_its_group_write_what_it_creates(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Pods (uid 1000) and the orchestrator (uid 50000) share the hot tier through their group: a rank's
+    checkpoint folders must be group-writable, whatever umask the image gave it, for the orchestrator to tidy."""
+    for name, value in TrainEnv(tmp_path / "data", tmp_path / "ckpt", 3).to_env().items():
+        monkeypatch.setenv(name, value)
+    old = os.umask(0o022)  # a typical image: group and others may not write
+    try:
+        runtime.context()
+        (tmp_path / "step_000001").mkdir()
+        (tmp_path / "step_000001" / "model.distcp").write_bytes(b"x")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "step_000001").stat().st_mode) == 0o775  # others still may not write
+    assert stat.S_IMODE((tmp_path / "step_000001" / "model.distcp").stat().st_mode) == 0o664

@@ -36,6 +36,7 @@ from trainyard.launch.kubernetes import (
     pod_security_context,
     prepare_paths,
 )
+from trainyard.train.contract import TrainEnv
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
@@ -387,11 +388,10 @@ def test_airflow_and_the_pods_share_a_group_that_writes_what_prepare_paths_makes
     run = tmp_path / "runs" / "p" / "r"
     plan = LaunchPlan(
         run_id="r", attempt=1, nodes=["n"], procs_per_node=1, entrypoint="trainyard.train", args=[],
-        env={
-            "TRAINYARD_CHECKPOINT_DIR": str(tmp_path / "checkpoints" / "p"),
-            "TRAINYARD_HEARTBEAT_DIR": str(run / "attempt-1" / "heartbeat"),
-            "TRAINYARD_EVENTS_DIR": str(run / "events.d"),
-        },
+        train_env=TrainEnv(
+            tmp_path / "hot" / "data", tmp_path / "checkpoints" / "p", 10,
+            heartbeat_dir=run / "attempt-1" / "heartbeat", events_dir=run / "events.d",
+        ),
         log_dir=run / "attempt-1",
     )  # fmt: skip
     old = os.umask(0o077)
@@ -399,7 +399,9 @@ def test_airflow_and_the_pods_share_a_group_that_writes_what_prepare_paths_makes
         prepare_paths(plan)
     finally:
         os.umask(old)
-    for key, path in plan.env.items():
+    written = [(p.name, p.path) for p in plan.train_env.paths() if p.writable]
+    assert len(written) == 3
+    for key, path in written:
         st = os.stat(path)
         # Here the orchestrator's own group stands for AIRFLOW_GID (a test cannot chown to group 0).
         mine = {st.st_gid: AIRFLOW_GID}

@@ -55,11 +55,11 @@ def test_a_pod_log_is_not_written_through_a_link_planted_in_the_attempt_folder(t
         train_env=TrainEnv(data_dir=tmp_path, checkpoint_dir=tmp_path, max_steps=1),
     )  # fmt: skip
     pod = SimpleNamespace(
-        metadata=SimpleNamespace(name="ty-run-0", namespace="ns"), status=SimpleNamespace(message=None)
+        metadata=SimpleNamespace(name="ty-run-0", namespace="ns"), status=SimpleNamespace(message=None, conditions=None)
     )
     handle = KubernetesHandle(plan=plan, namespace="ns", name="ty-run", podgroup=False)
 
-    status = launcher._with_evidence(handle, 0, pod, NodeStatus(node="n0", state="failed", exit_code=137))
+    status = launcher._with_evidence(handle, 0, pod, NodeStatus(slot="n0", state="failed", exit_code=137, host="n0"))
 
     assert secret.read_text() == SECRET
     log = log_dir / "ty-run-0.log"

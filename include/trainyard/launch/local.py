@@ -31,7 +31,7 @@ import psutil
 
 from trainyard.atomic import open_append
 from trainyard.errors import SpecError
-from trainyard.launch.base import AttemptStatus, LaunchPlan, NodeStatus
+from trainyard.launch.base import AttemptStatus, LaunchPlan, NodeState, NodeStatus
 from trainyard.launch.environ import child_env
 
 log = logging.getLogger(__name__)
@@ -174,7 +174,7 @@ class LocalLauncher:
         statuses = []
         for node, proc in handle.procs.items():
             code = proc.poll()
-            state = "running" if code is None else "succeeded" if code == 0 else "failed"
+            state: NodeState = "running" if code is None else "succeeded" if code == 0 else "failed"
             statuses.append(NodeStatus(node, state, code, str(handle.logs[node]), host=node))
         return AttemptStatus(statuses)
 

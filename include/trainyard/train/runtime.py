@@ -102,14 +102,26 @@ def context(env: Mapping[str, str] | None = None) -> RunContext:
     """Parse the TRAINYARD_* environment; ``ValueError`` names the variable that is missing or malformed.
 
     An unset node or host is this machine's name. The first context with a
-    heartbeat folder also makes an uncaught exception leave a failure record.
+    heartbeat folder also makes an uncaught exception leave a failure record,
+    and what the process creates from then on is writable by its group.
     """
     ctx = TrainEnv.from_env(os.environ if env is None else env)
     here = socket.gethostname()
     ctx = replace(ctx, node=ctx.node or here, host=ctx.host or here)
     if env is None:
         _record_uncaught(ctx)
+        share_with_group()
     return ctx
+
+
+def share_with_group() -> None:
+    """Let the group write what this process creates (the umask keeps its bits for others).
+
+    On Kubernetes the trainer (uid 1000) and the orchestrator (uid 50000) share the hot tier
+    through group 0 (``fsGroup``, setgid folders): the orchestrator sets checkpoints aside and
+    tidies them, which needs write on the folders a rank made.
+    """
+    os.umask(os.umask(0) & ~0o070)
 
 
 # --- process-group helpers: the contract also works in a plain single process ---
