@@ -168,13 +168,13 @@ class Deferred(Driver):
         if status is None:  # the trigger saw every pod succeed
             return AttemptSucceeded(attempt, time.time(), last_step(beats))
         if news.status == "hang":
-            return failed(plan, status, beats, "hang", news.suspects, news.message, self.hooks.checkpoints())
+            return failed(plan, status, beats, "hang", news.suspects, news.message, self.hooks.checkpoints(), at=now)
         problem = detect(status, beats, plan.world_size, current.started, self.heartbeat_timeout_s, STARTUP_GRACE_S)
         if problem:
-            return failed(plan, status, beats, *problem, self.hooks.checkpoints())
+            return failed(plan, status, beats, *problem, self.hooks.checkpoints(), at=now)
         if news.status == "failed":  # the pods went before this look: the trigger's record is the evidence
             evidence = AttemptStatus(list(news.nodes))
-            return failed(plan, evidence, beats, "crash", [], news.message, self.hooks.checkpoints())
+            return failed(plan, evidence, beats, "crash", [], news.message, self.hooks.checkpoints(), at=now)
         if status.state == "succeeded":
             return AttemptSucceeded(attempt, time.time(), last_step(beats))
         # A wake-up with nothing wrong. The task's own log gets a progress line per wake, since the

@@ -197,8 +197,12 @@ def failed(
     suspects: list[str],
     reason: str,
     checkpoints: Checkpoints | None = None,
+    at: float | None = None,
 ) -> Failed:
-    """The observation of a failed attempt, with its evidence: node statuses, their log tails, the last step."""
+    """The observation of a failed attempt, with its evidence: node statuses, their log tails, the last step.
+
+    ``at``: when the failure was seen (default: now), before any evidence was gathered."""
+    seen_at = time.time() if at is None else at
     tails = {n.where: tail(n.log) for n in status.nodes}
     failure = Failure(
         attempt=plan.attempt,
@@ -208,7 +212,7 @@ def failed(
         nodes=node_failures(status.nodes, tails),
         records=host_records(heartbeat_dir, status),
     )
-    return Failed(plan.attempt, time.time(), failure, reason, checkpoints or Checkpoints())
+    return Failed(plan.attempt, seen_at, failure, reason, checkpoints or Checkpoints())
 
 
 def watch_attempt(
@@ -236,7 +240,8 @@ def watch_attempt(
             return AttemptSucceeded(plan.attempt, time.time(), last_step(heartbeat_dir))
         problem = detect(status, heartbeat_dir, plan.world_size, started, heartbeat_timeout_s, startup_grace_s)
         if problem:
-            return failed(plan, status, heartbeat_dir, *problem, checkpoints() if checkpoints else None)
+            at = time.time()
+            return failed(plan, status, heartbeat_dir, *problem, checkpoints() if checkpoints else None, at=at)
         if progress is not None and (line := progress.poll(time.time())):
             log.info("%s", line)
         if (lost := _kept(keep_alive)) is not None:
@@ -344,6 +349,8 @@ class Driver:
         self.ledger = reader.ledger
         self.handles: dict[int, Any] = {}
         """Attempts this process launched or attached, by number."""
+        self.ended: set[int] = set()
+        """Attempts this process already cancelled (a second cancel would only repeat the calls)."""
 
     def handle(self, attempt: int, course: Course) -> Any | None:
         """The attempt's handle; one an earlier process launched is attached where the launcher can."""
@@ -356,7 +363,11 @@ class Driver:
             case Record():
                 _append(self.ledger, command)
             case Cancel(attempt=attempt, course=course):
-                if (handle := self.handle(attempt, course)) is not None:  # a local attempt of a dead task died with it
+                if attempt in self.ended:
+                    self.handles.pop(attempt, None)
+                elif (
+                    handle := self.handle(attempt, course)
+                ) is not None:  # a local attempt of a dead task died with it
                     self.launcher.cancel(handle)
                     self.handles.pop(attempt, None)
             case RollBack(to_step=to_step):
@@ -438,8 +449,15 @@ class Supervisor(Driver):
             self.poll_s,
             progress=progress,
             keep_alive=self.keep_alive,
-            checkpoints=self.hooks.checkpoints,
+            checkpoints=lambda: self.end_then_scan(attempt, handle),
         )
+
+    def end_then_scan(self, attempt: int, handle: Any) -> Checkpoints:
+        """A failure was seen: end the survivors first (they would wait out the dead collective's timeout,
+        spinning on the cores the scan needs), then describe the checkpoints for the policy."""
+        self.launcher.cancel(handle)
+        self.ended.add(attempt)
+        return self.hooks.checkpoints()
 
     def wait(self, at: float, slice_s: float = 5.0) -> Observation:
         """Sleep until ``at`` (a retry's backoff, up to an hour), renewing the lease every ``slice_s``."""
