@@ -197,12 +197,12 @@ def failed(
     suspects: list[str],
     reason: str,
     checkpoints: Checkpoints | None = None,
-    at: float | None = None,
+    *,
+    at: float,
 ) -> Failed:
     """The observation of a failed attempt, with its evidence: node statuses, their log tails, the last step.
 
-    ``at``: when the failure was seen (default: now), before any evidence was gathered."""
-    seen_at = time.time() if at is None else at
+    ``at``: when the failure was seen, before any evidence was gathered."""
     tails = {n.where: tail(n.log) for n in status.nodes}
     failure = Failure(
         attempt=plan.attempt,
@@ -212,7 +212,7 @@ def failed(
         nodes=node_failures(status.nodes, tails),
         records=host_records(heartbeat_dir, status),
     )
-    return Failed(plan.attempt, seen_at, failure, reason, checkpoints or Checkpoints())
+    return Failed(plan.attempt, at, failure, reason, checkpoints or Checkpoints())
 
 
 def watch_attempt(
