@@ -11,12 +11,15 @@ import logging
 import socket
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from trainyard.burnin.fleet import FLEET_DIR, Fleet
+from trainyard.burnin.judge import Judge
 from trainyard.burnin.local import run_burn_in
-from trainyard.burnin.protocol import drills_from
-from trainyard.burnin.verdict import Rule, decide, format_table
+from trainyard.burnin.protocol import BurnInRun, drills_from
+from trainyard.burnin.verdict import Verdict, format_table, rules_of
 from trainyard.checkpoint import cold as cold_copies
 from trainyard.checkpoint import lease, registry
 from trainyard.checkpoint.format import (
@@ -43,7 +46,7 @@ from trainyard.recovery.progress import ProgressLog, tokens_per_step
 from trainyard.recovery.supervisor import Hooks, StateReader, supervise
 from trainyard.report.summary import write_report
 from trainyard.run import Run
-from trainyard.spec import PROBES, KubernetesSpec, Lifecycle, dataset_name_problems
+from trainyard.spec import KubernetesSpec, Lifecycle, dataset_name_problems
 from trainyard.storage import S3Tier, Tier
 from trainyard.storage.hot import HotRoom, unpin
 from trainyard.storage.staging import stage
@@ -120,16 +123,26 @@ def burn_in(run: Run, cluster: Any | None = None) -> dict[str, Any]:
 
     ``cluster`` is a ``kubernetes`` API client, needed with the kubernetes backend:
     candidates are then cluster nodes, and the evicted ones are marked there.
+    A node evicted earlier sits out ``cooldown_h``, then is re-tested here and
+    re-admitted when it passes. Every outcome goes into the fleet history.
     """
     cfg, nodes = run.spec.pressure_test, run.spec.nodes
     if not cfg.enabled:  # untested nodes; on Kubernetes still real ones, the hosts the pods are pinned to
         names = _cluster_candidates(run, cluster)[1] if nodes.backend == "kubernetes" else candidates(run)
         return {"healthy": names[: nodes.count], "spare": names[nodes.count :], "skipped": True}
+    fleet, now, cooldown_s = Fleet(run.hot_root / FLEET_DIR), time.time(), cfg.cooldown_h * 3600
+    drills = drills_from(cfg)
     if nodes.backend == "kubernetes":
         from trainyard.burnin.kubernetes import run_burn_in_k8s  # the kubernetes SDK: only for this backend
+        from trainyard.kube.marks import due_for_retest, node_kinds
 
         core, names = _cluster_candidates(run, cluster)
         kube = _kube(run)
+        retest = due_for_retest(core, kube, cooldown_s, datetime.fromtimestamp(now, UTC))
+        names = [*names, *(n for n in retest if n not in names)]
+        judge = Judge(
+            rules_of(cfg), nodes.count, (kinds := node_kinds(core, names)), fleet.references(kinds.values()), False
+        )
         probed = run_burn_in_k8s(
             core,
             names,
@@ -137,39 +150,109 @@ def burn_in(run: Run, cluster: Any | None = None) -> dict[str, Any]:
             kube,
             run.dir.name,
             str(run.hot_root / ".burnin"),
-            drills_from(cfg),
+            drills,
             kube.store_host or socket.gethostbyname(socket.gethostname()),
+            judge.recheck,
         )
     else:
-        names = candidates(run)
-        probed = run_burn_in(names, cfg, run.hot_root, run.dir / "burn-in", drills_from(cfg))
-    rules = [Rule(p, cfg.floor(p), cfg.ratio(p)) for p in PROBES]
-    figures = {n: probed.local.get(n) for n in names}
-    verdict = decide(figures, nodes.count, rules, probed.dead)
-    table = format_table(verdict, rules)
+        everyone = candidates(run)
+        sitting_out = fleet.cooling(everyone, now, cooldown_s)
+        for node, until in sitting_out.items():
+            log.info("%s sits out its cool-down until %s (fleet history %s)", node, _iso(until), fleet.path(node))
+        names = [n for n in everyone if n not in sitting_out]
+        retest = fleet.due(names, now, cooldown_s)
+        kinds = dict.fromkeys(names, local_kind())
+        judge = Judge(rules_of(cfg), nodes.count, kinds, fleet.references(kinds.values()), True)
+        if sitting_out:
+            run.ledger.append("burn_in", "sitting_out", nodes={n: _iso(u) for n, u in sitting_out.items()})
+        probed = run_burn_in(names, cfg, run.hot_root, run.dir / "burn-in", drills, judge.recheck)
+    verdict = judge.verdict(names, probed)
+    table = format_table(verdict, judge.rules)
     log.info("pressure test verdict (%.1f s):\n%s", probed.seconds, table)
-    for node, f in figures.items():
+    _record_verdict(run, fleet, judge, verdict, probed, now, drills)
+    readmitted = [n for n in retest if n not in verdict.evicted]
+    if nodes.backend == "kubernetes":
+        from trainyard.kube.marks import label_evicted, unlabel
+
+        if verdict.evicted:
+            marked = label_evicted(
+                core, list(verdict.evicted), kube.evicted_label, kube.evict_with, reasons=verdict.evicted
+            )
+            run.ledger.append("burn_in", "nodes_marked", nodes=marked, label=kube.evicted_label)
+        if readmitted:
+            unlabel(core, readmitted, kube.evicted_label)
+    if retest:
+        run.ledger.append(
+            "burn_in", "nodes_retested", readmitted=readmitted, evicted=[n for n in retest if n in verdict.evicted]
+        )
+    if len(verdict.healthy) < nodes.min:
+        raise NodeUnhealthy(f"only {len(verdict.healthy)} healthy node(s), nodes.min is {nodes.min}:\n{table}")
+    return {
+        "healthy": verdict.healthy,
+        "evicted": verdict.evicted,
+        "spare": verdict.spare,
+        "suspects": verdict.suspects,
+        "cleared": verdict.cleared,
+        "readmitted": readmitted,
+        "references": {k: {p: r.value for p, r in refs.items()} for k, refs in verdict.references.items()},
+    }
+
+
+def _record_verdict(
+    run: Run,
+    fleet: Fleet,
+    judge: Judge,
+    verdict: Verdict,
+    probed: BurnInRun,
+    now: float,
+    drills: dict[str, tuple[str, float]],
+) -> None:
+    """Each node's figures of both rounds and its fate, in the ledger and in the fleet history."""
+    for node, f in verdict.figures.items():
+        state = "train" if node in verdict.healthy else "spare" if node in verdict.spare else "evicted"
+        reason = verdict.evicted.get(node, "")
         run.ledger.append(
             "burn_in",
             "node_verdict",
             node=node,
+            kind=judge.kinds.get(node, ""),
             figures=f,
+            again=verdict.again.get(node),
+            suspect=verdict.suspects.get(node, ""),
             collective=probed.collective.get(node),
-            verdict="train" if node in verdict.healthy else "spare" if node in verdict.spare else "evicted",
-            reason=verdict.evicted.get(node, ""),
+            links=probed.links.get(node),
+            verdict=state,
+            reason=reason,
         )
+        drill = ":".join(map(str, drills[node])) if node in drills else ""
+        if f is not None or not drill:  # a drill's crash says nothing of the node
+            fleet.record(
+                node,
+                judge.kinds.get(node, ""),
+                at=now,
+                run_id=run.dir.name,
+                figures=f,
+                verdict=state,
+                reason=reason,
+                drill=drill,
+            )
     run.ledger.append(
-        "burn_in", "thresholds", medians=verdict.medians, thresholds=verdict.thresholds, seconds=probed.seconds
+        "burn_in",
+        "thresholds",
+        references=verdict.as_dict()["references"],
+        suspects=verdict.suspects,
+        cleared=verdict.cleared,
+        seconds=probed.seconds,
     )
-    if nodes.backend == "kubernetes" and verdict.evicted:
-        from trainyard.kube.marks import label_evicted
 
-        kube = _kube(run)
-        marked = label_evicted(core, list(verdict.evicted), kube.evicted_label, kube.evict_with)
-        run.ledger.append("burn_in", "nodes_marked", nodes=marked, label=kube.evicted_label)
-    if len(verdict.healthy) < nodes.min:
-        raise NodeUnhealthy(f"only {len(verdict.healthy)} healthy node(s), nodes.min is {nodes.min}:\n{table}")
-    return {"healthy": verdict.healthy, "evicted": verdict.evicted, "spare": verdict.spare, "medians": verdict.medians}
+
+def local_kind() -> str:
+    """Local candidates are slices of this host: their history is this host's."""
+    return f"local:{socket.gethostname()}"
+
+
+def _iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds")
 
 
 def _kube(run: Run) -> KubernetesSpec:

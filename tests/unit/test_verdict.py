@@ -52,12 +52,12 @@ def test_floors_reasons_and_table() -> None:
         rules,
         {"node-2": "no report within 3.0 s"},
     )
-    assert verdict.medians["compute"] == 9.0 and verdict.thresholds["compute"] == pytest.approx(8.1)
-    assert verdict.evicted["node-1"] == "straggler: compute 8.00 < 0.90 x median 9.00"
+    assert verdict.references[""]["compute"].value == 9.0 and rules[0].threshold(9.0) == pytest.approx(8.1)
+    assert verdict.evicted["node-1"] == "straggler: compute 8.00 < 0.90 x 9.00 (median of 4)"
     assert verdict.evicted["node-3"] == "compute 0.50 is below the floor of 1.00"
     assert verdict.evicted["node-2"] == "dead: no report within 3.0 s"
     table = format_table(verdict, rules)
-    assert "node-2" in table and "evicted: dead" in table and "threshold" in table
+    assert "node-2" in table and "evicted: dead" in table and "reference" in table
 
 
 def test_drills_from_spec_and_environment() -> None:
@@ -65,11 +65,12 @@ def test_drills_from_spec_and_environment() -> None:
     assert drills_from(cfg, {}) == {"node-1": ("throttle", 0.2)}
     env = {"TRAINYARD_BURNIN_DRILLS": "node-1=crash; node-2=throttle:0.3;node-0=hang"}
     assert drills_from(cfg, env) == {"node-1": ("crash", 0.3), "node-2": ("throttle", 0.3), "node-0": ("hang", 0.3)}
-    with pytest.raises(ValueError, match="fault must be throttle, crash or hang"):
+    assert drills_from(cfg, {"TRAINYARD_BURNIN_DRILLS": "node-0=slow_link:0.5"})["node-0"] == ("slow_link", 0.5)
+    with pytest.raises(ValueError, match="fault must be throttle, slow_link, crash or hang"):
         drills_from(cfg, {"TRAINYARD_BURNIN_DRILLS": "node-1=explode"})
 
 
 def test_schedule_fits_the_budget() -> None:
     plan = Schedule.of(PressureTestSpec(duration_s=20, timeout_s=60), candidates=4)
-    assert plan.slot_s * 4 + plan.collective_s == pytest.approx(18.0)
+    assert plan.slot_s * 4 + plan.collective_s + plan.pairs_s == pytest.approx(18.0)
     assert plan.grace_s == 5.0

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
@@ -49,7 +49,8 @@ from trainyard.kube.pods import (
 from trainyard.spec import KubernetesSpec, PressureTestSpec
 
 if TYPE_CHECKING:  # burnin.protocol imports torch; the orchestrator has it, this module's callers may not
-    from trainyard.burnin.protocol import Schedule
+    from trainyard.burnin.protocol import BurnInRun, Schedule
+    from trainyard.burnin.verdict import Recheck
 
 __all__ = [  # the marks moved to trainyard.kube.marks; named here for callers from before
     "Drill",
@@ -241,7 +242,8 @@ def run_burn_in_k8s(
     scratch: str,
     drills: dict[str, tuple[str, float]],
     store_host: str,
-) -> Any:
+    recheck: Callable[[BurnInRun], Recheck] | None = None,
+) -> BurnInRun:
     """One pinned pod per candidate node, driven through the same protocol as local candidates."""
     from trainyard.burnin.protocol import STARTUP_S, Schedule, host_store, run_protocol
 
@@ -272,4 +274,4 @@ def run_burn_in_k8s(
     names = create_burnin_pods(core_api, pods)
     candidates = {node: PodCandidate(core_api, spec.namespace, name) for node, name in zip(nodes, names)}
     # Pods may pull an image and wait for the scheduler: give them the spec's timeout to start, at least.
-    return run_protocol(store, candidates, cfg, max(STARTUP_S, cfg.timeout_s), keys)
+    return run_protocol(store, candidates, cfg, max(STARTUP_S, cfg.timeout_s), keys, recheck)

@@ -10,12 +10,14 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from trainyard.atomic import open_append
 from trainyard.burnin.args import Drill, node_args
 from trainyard.burnin.protocol import STARTUP_S, BurnInRun, Schedule, host_store, run_protocol
 from trainyard.burnin.sealing import KEY_ENV, node_key, run_secret
+from trainyard.burnin.verdict import Recheck
 from trainyard.launch.environ import child_env
 from trainyard.spec import PressureTestSpec
 
@@ -55,7 +57,12 @@ class LocalCandidate:
 
 
 def run_burn_in(
-    candidates: list[str], cfg: PressureTestSpec, scratch: Path, log_dir: Path, drills: dict[str, tuple[str, float]]
+    candidates: list[str],
+    cfg: PressureTestSpec,
+    scratch: Path,
+    log_dir: Path,
+    drills: dict[str, tuple[str, float]],
+    recheck: Callable[[BurnInRun], Recheck] | None = None,
 ) -> BurnInRun:
     """Probe every candidate; ``drills`` maps a node to (fault, factor) for rehearsals."""
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -75,4 +82,4 @@ def run_burn_in(
         )
         for node in candidates
     }
-    return run_protocol(store, nodes, cfg, STARTUP_S, keys)
+    return run_protocol(store, nodes, cfg, STARTUP_S, keys, recheck)

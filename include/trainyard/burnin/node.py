@@ -1,23 +1,30 @@
 """One candidate node's side of the pressure test: ``python -m trainyard.burnin.node``.
 
 The protocol runs over a key-value store the orchestrator hosts, so it is the
-same for a local process and a pod:
+same for a local process and a pod. The node says ``ready/<node>``, then
+carries out numbered instructions ``do/<node>/<i>`` and answers each under
+``done/<node>/<i>``:
 
-1. ``ready/<node>`` once started;
-2. wait for ``go/<node>``, run the local probes, write ``local/<node>``;
-3. wait for ``members/<node>`` (the nodes that reported), join them in a gloo
-   group, measure all-reduce bandwidth, write ``collective/<node>``.
+- ``probe``: run the local probes (the first round, and again if the
+  orchestrator wants to confirm a suspicion);
+- ``join``: join the nodes that reported in a gloo group;
+- ``allreduce``: the group's all-reduce bus bandwidth;
+- ``pairs``: point-to-point bandwidth with each partner of a schedule of
+  rounds of disjoint pairs, which says *whose* link is slow where an
+  all-reduce only says the ring is;
+- ``exit``.
 
 Every value is signed with the node's per-run key, read from
 ``TRAINYARD_BURNIN_KEY`` (``trainyard.burnin.sealing``): an instruction the
 orchestrator did not sign is refused (the node says so under
-``tampered/<node>`` and exits 3). A node left out of the members exits.
-Drills act here, so a rehearsal fails in the same place a real node would.
+``tampered/<node>`` and exits 3). Drills act here, so a rehearsal fails in the
+same place a real node would.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -29,7 +36,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainyard.burnin.probes import Throttle, busbw_gbps, disk_mbps, gpu_checks, matmul_gflops, memory_gbps
+from trainyard.burnin.probes import Throttle, busbw_gbps, disk_mbps, gpu_checks, matmul_gflops, memory_gbps, pair_gbps
 from trainyard.burnin.sealing import KEY_ENV, StoreTampered, seal, unseal
 
 TAMPERED_EXIT = 3
@@ -47,20 +54,34 @@ def local_figures(args: argparse.Namespace, throttle: Throttle) -> dict[str, Any
     }
 
 
-def collective(
-    store: dist.Store, node: str, members: list[str], sizes_kb: list[int], budget_s: float
-) -> dict[str, Any]:
+def join(store: dist.Store, node: str, members: list[str], timeout_s: float) -> None:
     dist.init_process_group(
         "gloo",
         store=dist.PrefixStore("pg", store),
         rank=members.index(node),
         world_size=len(members),
-        timeout=timedelta(seconds=budget_s + 10),
+        timeout=timedelta(seconds=timeout_s),
     )
-    try:
-        return {f"{kb}KB": round(busbw_gbps(kb << 10, budget_s / len(sizes_kb)), 4) for kb in sizes_kb}
-    finally:
-        dist.destroy_process_group()
+
+
+def allreduce(sizes_kb: list[int], budget_s: float, throttle: Throttle) -> dict[str, float]:
+    return {f"{kb}KB": round(busbw_gbps(kb << 10, budget_s / len(sizes_kb), throttle), 4) for kb in sizes_kb}
+
+
+def pairs(
+    node: str, members: list[str], rounds: list[list[list[str]]], nbytes: int, budget_s: float, throttle: Throttle
+) -> dict[str, float]:
+    """Bandwidth with each partner this node meets in ``rounds``; every member keeps the rounds in step."""
+    out: dict[str, float] = {}
+    for pairs_of_round in rounds:
+        for a, b in pairs_of_round:
+            if node in (a, b):
+                peer = b if node == a else a
+                out[peer] = round(
+                    pair_gbps(members.index(peer), node == a, nbytes, budget_s / len(rounds), throttle), 4
+                )
+        dist.barrier()  # the next round starts together: a pair never shares its links with the last round's
+    return out
 
 
 def act_out(fault: str) -> None:
@@ -69,6 +90,14 @@ def act_out(fault: str) -> None:
         raise SystemExit(f"drill: node crashed on purpose ({os.environ.get('TRAINYARD_NODE')})")
     if fault == "hang":
         os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def throttles(args: argparse.Namespace) -> tuple[Throttle, Throttle]:
+    """(local probes, collective traffic): a ``throttle`` drill slows the first, ``slow_link`` the second."""
+    return (
+        Throttle(args.factor if args.fault == "throttle" else 0.0),
+        Throttle(args.factor if args.fault == "slow_link" else 0.0),
+    )
 
 
 class SignedStore:
@@ -86,17 +115,32 @@ class SignedStore:
 
 def protocol(signed: SignedStore, args: argparse.Namespace) -> None:
     signed.set(f"ready/{args.node}", "1")
-    signed.get(f"go/{args.node}")
-    act_out(args.fault)
-    throttle = Throttle(args.factor if args.fault == "throttle" else 0.0)
-    signed.set(f"local/{args.node}", json.dumps(local_figures(args, throttle)))
-    members = json.loads(signed.get(f"members/{args.node}"))
-    if args.node in members and len(members) > 1:
-        sizes = [int(s) for s in args.sizes_kb.split(",")]
-        signed.set(
-            f"collective/{args.node}",
-            json.dumps(collective(signed.store, args.node, members, sizes, args.collective_s)),
-        )
+    local, link = throttles(args)
+    members: list[str] = []
+    try:
+        for i in itertools.count():
+            order = json.loads(signed.get(f"do/{args.node}/{i}"))
+            what = order["do"]
+            if what == "exit":
+                return
+            if what == "probe":
+                if i == 0:
+                    act_out(args.fault)
+                answer: Any = local_figures(args, local)
+            elif what == "join":
+                members = order["members"]
+                join(signed.store, args.node, members, args.timeout)
+                answer = "joined"
+            elif what == "allreduce":
+                answer = allreduce([int(s) for s in args.sizes_kb.split(",")], args.collective_s, link)
+            elif what == "pairs":
+                answer = pairs(args.node, members, order["rounds"], order["bytes"], order["seconds"], link)
+            else:
+                raise SystemExit(f"unknown instruction {what!r} from the orchestrator")
+            signed.set(f"done/{args.node}/{i}", json.dumps(answer))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -111,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sizes-kb", default="64,1024,8192")
     p.add_argument("--scratch", required=True, help="a folder on the hot tier")
     p.add_argument("--timeout", type=float, default=60)
-    p.add_argument("--fault", choices=["none", "throttle", "crash", "hang"], default="none")
+    p.add_argument("--fault", choices=["none", "throttle", "slow_link", "crash", "hang"], default="none")
     p.add_argument("--factor", type=float, default=0.0)
     args = p.parse_args(argv)
     torch.set_num_threads(1)  # local nodes share this machine's cores, as ranks will

@@ -167,7 +167,7 @@ def _number(text: str) -> float:
         return 0.0  # "[N/A]" on devices without ECC
 
 
-def busbw_gbps(nbytes: int, budget_s: float) -> float:
+def busbw_gbps(nbytes: int, budget_s: float, throttle: Throttle = NO_THROTTLE) -> float:
     """All-reduce bus bandwidth over the current process group (the nccl-tests convention).
 
     Every rank must run the same number of collectives, so rank 0 turns the
@@ -184,7 +184,44 @@ def busbw_gbps(nbytes: int, budget_s: float) -> float:
     dist.broadcast(count, src=0)
     began = time.perf_counter()
     for _ in range(int(count)):
+        op_began = time.perf_counter()
         dist.all_reduce(tensor)
+        throttle.after(time.perf_counter() - op_began)
     elapsed = torch.tensor([(time.perf_counter() - began) / int(count)])
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # one figure for the group: the slowest rank's
     return 2 * (world - 1) / world * tensor.numel() * 4 / float(elapsed) / 1e9 if world > 1 else 0.0
+
+
+def pair_gbps(peer: int, leads: bool, nbytes: int, budget_s: float, throttle: Throttle = NO_THROTTLE) -> float:
+    """Bandwidth between this rank and ``peer`` alone: ``nbytes`` each way per round trip, in GB/s.
+
+    A ping-pong over the default group's point-to-point channel: the leading
+    side sends first and decides how many round trips fit the budget, so both
+    sides run the same count. A slow link (or NIC) on either side slows it.
+    """
+    import torch.distributed as dist
+
+    tensor = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
+
+    def round_trip() -> None:
+        began = time.perf_counter()
+        if leads:
+            dist.send(tensor, peer)
+            dist.recv(tensor, peer)
+        else:
+            dist.recv(tensor, peer)
+            dist.send(tensor, peer)
+        throttle.after(time.perf_counter() - began)
+
+    round_trip()  # warm-up: the pair's connection and buffers
+    began = time.perf_counter()
+    round_trip()
+    count = torch.tensor([max(1, int(budget_s / max(time.perf_counter() - began, 1e-6)))])
+    if leads:
+        dist.send(count, peer)
+    else:
+        dist.recv(count, peer)
+    began = time.perf_counter()
+    for _ in range(int(count)):
+        round_trip()
+    return 2 * tensor.numel() * 4 * int(count) / (time.perf_counter() - began) / 1e9

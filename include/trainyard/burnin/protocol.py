@@ -1,13 +1,16 @@
 """The orchestrator's side of the pressure test, whatever runs the candidates.
 
 Candidates meet at a store this process hosts (see ``trainyard.burnin.node``
-for their side). Their local probes take turns (``go/<node>`` one at a time):
+for their side and its numbered instructions). Their local probes take turns:
 local nodes share cores and would otherwise measure the scheduler, and on a
-cluster it costs little. Then every node that reported joins the all-reduce.
-A node that does not start, report or join within its deadline is dead and
-is stopped; nothing outlives the stage. Every value is signed with the
-candidate's per-run key (``trainyard.burnin.sealing``): a value someone else
-wrote fails the stage, it never decides a node's fate.
+cluster it costs little. Then every node that reported joins one group for
+the all-reduce and the pairwise link test. A node below a threshold is only a
+suspect: ``recheck`` (the verdict's) names whom to probe again, one at a
+time, with the reference node, and which links to test again, and the
+verdict is made on both rounds. A node that does not start or answer within
+its deadline is dead and is stopped; nothing outlives the stage. Every value
+is signed with the candidate's per-run key (``trainyard.burnin.sealing``): a
+value someone else wrote fails the stage, it never decides a node's fate.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Protocol
@@ -23,6 +26,7 @@ from typing import Any, Protocol
 import torch.distributed as dist
 
 from trainyard.burnin.sealing import StoreTampered, seal, unseal
+from trainyard.burnin.verdict import Recheck
 from trainyard.spec import PressureTestSpec
 
 STARTUP_S = 10.0  # importing torch in several fresh processes on a small machine
@@ -46,7 +50,12 @@ class BurnInRun:
 
     local: dict[str, dict[str, Any]] = field(default_factory=dict)
     collective: dict[str, dict[str, float]] = field(default_factory=dict)
+    links: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Node -> partner -> GB/s of the pairwise link test."""
     dead: dict[str, str] = field(default_factory=dict)
+    again: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The confirmation round's local figures (suspects and the reference node)."""
+    links_again: dict[str, dict[str, float]] = field(default_factory=dict)
     seconds: float = 0.0
 
 
@@ -54,16 +63,38 @@ class BurnInRun:
 class Schedule:
     slot_s: float
     collective_s: float
+    """The all-reduce's budget."""
+    pairs_s: float
+    """The pairwise link test's budget, shared by its rounds."""
     grace_s: float
 
     @classmethod
     def of(cls, cfg: PressureTestSpec, candidates: int) -> Schedule:
-        """Split ``duration_s``: 60% for the local probes (in turns), 30% for the collective."""
-        return cls(0.6 * cfg.duration_s / max(candidates, 1), 0.3 * cfg.duration_s, min(cfg.timeout_s, 5.0))
+        """Split ``duration_s``: 60% for the local probes (in turns), 15% each for the all-reduce and the pairs."""
+        d = cfg.duration_s
+        return cls(0.6 * d / max(candidates, 1), 0.15 * d, 0.15 * d, min(cfg.timeout_s, 5.0))
 
     def budget(self, cfg: PressureTestSpec) -> float:
-        """How long a candidate may wait on the store before it gives up on the orchestrator."""
-        return STARTUP_S + cfg.duration_s + 4 * self.grace_s
+        """How long a candidate may wait on the store before it gives up on the orchestrator.
+
+        Twice the duration: a confirmation round can follow the first.
+        """
+        return STARTUP_S + 2 * cfg.duration_s + 6 * self.grace_s
+
+
+MAX_PAIR_ROUNDS = 8
+"""Each node meets at most this many partners: enough to tell its link from theirs."""
+
+
+def pair_rounds(members: list[str], most: int = MAX_PAIR_ROUNDS) -> list[list[list[str]]]:
+    """Rounds of disjoint pairs (the circle method): in ``r`` rounds every node meets ``r`` partners."""
+    ring: list[str | None] = [*members, None] if len(members) % 2 else list(members)
+    n = len(ring)
+    rounds = []
+    for _ in range(min(n - 1, most)):
+        rounds.append([[a, b] for a, b in zip(ring[: n // 2], reversed(ring[n // 2 :])) if a and b])
+        ring = [ring[0], ring[-1], *ring[1:-1]]
+    return rounds
 
 
 def host_store(host: str = "127.0.0.1") -> dist.TCPStore:
@@ -93,17 +124,64 @@ def _dead(store: dist.Store, name: str, node_key: str, why: str) -> str:
     return why
 
 
+class Conductor:
+    """Numbered, signed instructions to candidates and their answers; a node that misses a deadline is dead."""
+
+    def __init__(self, store: dist.Store, nodes: Mapping[str, Candidate], keys: dict[str, str], result: BurnInRun):
+        self.store, self.nodes, self.keys, self.result = store, nodes, keys, result
+        self.sent = dict.fromkeys(nodes, 0)
+
+    def alive(self, among: list[str] | None = None) -> list[str]:
+        return [n for n in (self.nodes if among is None else among) if n not in self.result.dead]
+
+    def order(self, name: str, instruction: dict[str, Any]) -> int:
+        i = self.sent[name]
+        self.sent[name] += 1
+        key = f"do/{name}/{i}"
+        self.store.set(key, seal(self.keys[name], key, json.dumps(instruction)))
+        return i
+
+    def answer(self, name: str, i: int, deadline: float, late: str) -> Any:
+        """The answer to instruction ``i``, or ``None`` and the node dead (stopped) if it missed ``deadline``."""
+        key = f"done/{name}/{i}"
+        if _wait(self.store, key, self.nodes[name], deadline):
+            return json.loads(_read(self.store, key, self.keys[name]))
+        self.result.dead[name] = _dead(self.store, name, self.keys[name], self.nodes[name].why(late))
+        self.nodes[name].kill()
+        return None
+
+    def probe(self, name: str, plan: Schedule) -> dict[str, Any] | None:
+        """One node's local probes, alone on the machine."""
+        i = self.order(name, {"do": "probe"})
+        wait = plan.slot_s + plan.grace_s
+        return self.answer(name, i, time.monotonic() + wait, f"no report within {wait:.1f} s")
+
+    def together(self, members: list[str], instruction: dict[str, Any], budget_s: float, late: str) -> dict[str, Any]:
+        """Give every member the same group instruction; their answers."""
+        sent = {name: self.order(name, instruction) for name in members}
+        by = time.monotonic() + budget_s
+        answers = {name: self.answer(name, i, by, late) for name, i in sent.items()}
+        return {name: a for name, a in answers.items() if a is not None}
+
+
 def run_protocol(
-    store: dist.Store, nodes: Mapping[str, Candidate], cfg: PressureTestSpec, startup_s: float, keys: dict[str, str]
+    store: dist.Store,
+    nodes: Mapping[str, Candidate],
+    cfg: PressureTestSpec,
+    startup_s: float,
+    keys: dict[str, str],
+    recheck: Callable[[BurnInRun], Recheck] | None = None,
 ) -> BurnInRun:
-    """Drive started candidates through ready, local probes in turns, and the all-reduce.
+    """Drive started candidates through ready, local probes in turns, the group tests and a confirmation round.
 
     ``keys`` holds each candidate's per-run key: what it signs with, and what
-    the orchestrator signs its instructions to it with.
+    the orchestrator signs its instructions to it with. ``recheck`` decides,
+    from the first round, whom the confirmation round probes again.
     """
     started = time.monotonic()
     plan = Schedule.of(cfg, len(nodes))
     result = BurnInRun()
+    conductor = Conductor(store, nodes, keys, result)
     try:
         ready_by = time.monotonic() + min(cfg.timeout_s, startup_s)
         for name, node in nodes.items():
@@ -112,33 +190,52 @@ def run_protocol(
             else:
                 late = f"did not start within {min(cfg.timeout_s, startup_s):.0f} s"
                 result.dead[name] = _dead(store, name, keys[name], late)
-        for name, node in nodes.items():
-            if name in result.dead:
-                continue
-            store.set(f"go/{name}", seal(keys[name], f"go/{name}", "1"))
-            if _wait(store, f"local/{name}", node, time.monotonic() + plan.slot_s + plan.grace_s):
-                result.local[name] = json.loads(_read(store, f"local/{name}", keys[name]))
-            else:
-                result.dead[name] = _dead(
-                    store, name, keys[name], node.why(f"no report within {plan.slot_s + plan.grace_s:.1f} s")
-                )
-                node.kill()
-        members = [n for n in nodes if n in result.local]
-        for name in nodes:  # each its own copy, signed with its own key
-            store.set(f"members/{name}", seal(keys[name], f"members/{name}", json.dumps(members)))
+        for name in conductor.alive():
+            if (figures := conductor.probe(name, plan)) is not None:
+                result.local[name] = figures
+        members = conductor.alive([n for n in nodes if n in result.local])
         if len(members) > 1:
-            by = time.monotonic() + plan.collective_s + 2 * plan.grace_s + 5
-            for name in members:
-                if _wait(store, f"collective/{name}", nodes[name], by):
-                    result.collective[name] = json.loads(_read(store, f"collective/{name}", keys[name]))
-                else:
-                    why = nodes[name].why("did not complete the all-reduce")
-                    result.dead[name] = _dead(store, name, keys[name], why)
+            group_tests(conductor, members, cfg, plan)
+        again = recheck(result) if recheck else Recheck()
+        for name in conductor.alive(again.local):
+            if (figures := conductor.probe(name, plan)) is not None:
+                result.again[name] = figures
+        if len(again.links) > 2 and len(conductor.alive(members)) == len(members):
+            rounds = pair_rounds(again.links)
+            result.links_again = conductor.together(
+                members, _pairs(rounds, cfg, plan), plan.pairs_s + 2 * plan.grace_s + 5, "did not finish the link test"
+            )
     finally:
+        for name in conductor.alive():
+            conductor.order(name, {"do": "exit"})
         for node in nodes.values():
             node.kill()
     result.seconds = round(time.monotonic() - started, 3)
     return result
+
+
+def group_tests(conductor: Conductor, members: list[str], cfg: PressureTestSpec, plan: Schedule) -> None:
+    """Join one group, then the all-reduce and the pairwise link test (whose link is slow)."""
+    joined = conductor.together(
+        members, {"do": "join", "members": members}, 30 + plan.grace_s, "did not join the group"
+    )
+    if len(joined) < len(members):
+        return  # a group short of a member cannot run a collective
+    late = "did not complete the all-reduce"
+    conductor.result.collective = conductor.together(
+        members, {"do": "allreduce"}, plan.collective_s + 2 * plan.grace_s + 5, late
+    )
+    if len(conductor.result.collective) == len(members):
+        conductor.result.links = conductor.together(
+            members,
+            _pairs(pair_rounds(members), cfg, plan),
+            plan.pairs_s + 2 * plan.grace_s + 5,
+            "did not finish the link test",
+        )
+
+
+def _pairs(rounds: list[list[list[str]]], cfg: PressureTestSpec, plan: Schedule) -> dict[str, Any]:
+    return {"do": "pairs", "rounds": rounds, "bytes": max(cfg.collective_sizes_kb) << 10, "seconds": plan.pairs_s}
 
 
 def drills_from(cfg: PressureTestSpec, environ: dict[str, str] | None = None) -> dict[str, tuple[str, float]]:
@@ -148,7 +245,7 @@ def drills_from(cfg: PressureTestSpec, environ: dict[str, str] | None = None) ->
     for item in filter(None, (part.strip() for part in text.split(";"))):
         node, _, what = item.partition("=")
         fault, _, factor = what.partition(":")
-        if fault not in ("throttle", "crash", "hang"):
-            raise ValueError(f"TRAINYARD_BURNIN_DRILLS: {item!r}: fault must be throttle, crash or hang")
+        if fault not in ("throttle", "slow_link", "crash", "hang"):
+            raise ValueError(f"TRAINYARD_BURNIN_DRILLS: {item!r}: fault must be throttle, slow_link, crash or hang")
         drills[node.strip()] = (fault, float(factor) if factor else 0.3)
     return drills

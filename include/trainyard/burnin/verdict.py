@@ -1,96 +1,352 @@
 """The verdict: which candidates may train. Pure: figures in, decision out.
 
-Each probe is judged on its own: below its absolute floor, or below its
-straggler ratio of the batch median, fails the node. The best passing nodes
-(by the geometric mean of their probes relative to the medians) train; the
-rest are spares.
+Two rounds. In the first, each rule judges a node's figure: below a floor,
+above a limit (ECC errors, temperature, throttling), or below ``ratio`` x the
+reference of its kind. A node that fails a rule is only a *suspect*: the
+confirmation round probes it again, one node at a time, together with the
+reference node (the best-measured healthy one), and the node is evicted only
+when the deficit holds. The reference node's second figure over its first
+says how the machine drifted between the rounds, so the second threshold
+moves with it.
+
+The reference a node is compared with is, per probe and node kind:
+
+- the median of the batch, with three or more nodes of the kind;
+- the fleet history of the kind (earlier burn-ins, ``trainyard.burnin.fleet``)
+  when the batch is smaller, or when the batch median is itself below the
+  history (a whole bad batch);
+- otherwise the best node of the batch.
+
+On a *shared* host (local candidates are slices of one machine) a whole batch
+below its history is a busy machine, not bad nodes: the history reference is
+then capped by the batch's best node.
+
+The best passing nodes (by the geometric mean of their relative figures)
+train; the rest are spares.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainyard.spec import PressureTestSpec
 
 Figures = Mapping[str, float]
+
+LINK = "link_gbps"
+"""The per-node figure of the pairwise link test: the best bandwidth the node reached with any partner.
+
+A node with a slow link is slow with every partner; a healthy node is fast
+with at least one, so the best pair localizes a slow link where one
+all-reduce only says the ring is slow.
+"""
+
+GPU_FIGURES = {  # node report's "gpu" key -> flat figure
+    "bf16_tflops": "bf16_tflops",
+    "bf16_fraction_of_peak": "bf16_fraction_of_peak",
+    "temperature_c": "gpu_temp_c",
+    "ecc_uncorrected": "gpu_ecc_uncorrected",
+    "throttle_mask": "gpu_throttle_mask",
+}
 
 
 @dataclass(frozen=True)
 class Rule:
+    """One judged figure: ``floor`` and ``ratio`` x reference (higher is better), or at most ``limit``."""
+
     probe: str
-    floor: float
-    ratio: float
+    floor: float = 0.0
+    ratio: float | None = None
+    limit: float | None = None
+
+    def threshold(self, reference: float | None) -> float:
+        """The least passing value (for a limit: the most)."""
+        if self.limit is not None:
+            return self.limit
+        return max(self.floor, (self.ratio or 0.0) * (reference or 0.0))
+
+    def fails(self, value: float, reference: Reference | None, scale: float = 1.0) -> str | None:
+        """Why ``value`` fails this rule (``scale``: the machine's drift since the reference), else ``None``."""
+        if self.limit is not None:
+            return (
+                f"{self.probe} {_show(self.probe, value)} is above the limit of {self.limit:g}"
+                if value > self.limit
+                else None
+            )
+        if value < self.floor:
+            return f"{self.probe} {value:.2f} is below the floor of {self.floor:.2f}"
+        if self.ratio is not None and reference is not None and value < self.ratio * reference.value * scale:
+            return (
+                f"straggler: {self.probe} {value:.2f} < {self.ratio:.2f} x {reference.value * scale:.2f}"
+                f" ({reference.source}{'' if scale == 1.0 else f', x {scale:.2f} drift'})"
+            )
+        return None
+
+
+def _show(probe: str, value: float) -> str:
+    if probe == "gpu_throttle_mask":
+        from trainyard.burnin.gpu import throttle_names
+
+        return f"{int(value):#x} ({', '.join(throttle_names(int(value))) or 'none'})"
+    return f"{value:g}"
+
+
+@dataclass(frozen=True)
+class Reference:
+    value: float
+    source: str
+    """Where it came from, for the table and the reasons: ``median of 4``, ``fleet history (37 figures)``, ..."""
+
+
+@dataclass(frozen=True)
+class Recheck:
+    """Whom the confirmation round probes again (in turns) and whose links it tests again."""
+
+    local: list[str] = field(default_factory=list)
+    links: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.local or self.links)
+
+
+def rules_of(cfg: PressureTestSpec) -> list[Rule]:
+    """The spec's rules: the relative probes (host, GPU, link) with their floors, and the GPU's limits."""
+    from trainyard.spec import PROBES  # the spec imports nothing of the burn-in; this module stays pure
+
+    return [
+        *(Rule(p, cfg.floor(p), cfg.ratio(p)) for p in PROBES),
+        Rule("bf16_fraction_of_peak", cfg.min_bf16_fraction_of_peak),
+        Rule("gpu_ecc_uncorrected", limit=0),
+        Rule("gpu_temp_c", limit=cfg.max_gpu_temp_c),
+        Rule("gpu_throttle_mask", limit=0),
+    ]
+
+
+def flatten(local: Mapping[str, Any] | None, links: Mapping[str, float] | None = None) -> dict[str, float]:
+    """A node's report as flat figures: the host probes, the GPU's where it has one, and its best link."""
+    local = local or {}
+    flat = {k: float(v) for k, v in local.items() if k != "gpu" and _number(v)}
+    gpu = local.get("gpu") or {}
+    flat.update({name: float(gpu[key]) for key, name in GPU_FIGURES.items() if _number(gpu.get(key))})
+    if links and len(links) >= 2:  # with one partner, a slow pair cannot say whose link it is
+        flat[LINK] = max(links.values())
+    return flat
+
+
+def round_figures(
+    local: Mapping[str, Mapping[str, Any]], links: Mapping[str, Mapping[str, float]]
+) -> dict[str, dict[str, float]]:
+    """Every node's flat figures of one round, from its local report and its link test."""
+    return {n: flatten(local.get(n), links.get(n)) for n in sorted({*local, *links})}
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def references(
+    figures: Mapping[str, Figures],
+    rules: list[Rule],
+    kinds: Mapping[str, str],
+    fleet: Mapping[str, Mapping[str, float]],
+    shared: bool,
+) -> dict[str, dict[str, Reference]]:
+    """Kind -> probe -> the reference of every relative rule (see the module docstring)."""
+    out: dict[str, dict[str, Reference]] = {}
+    for kind in sorted(set(kinds.values())):
+        history = fleet.get(kind, {})
+        refs = out.setdefault(kind, {})
+        for rule in rules:
+            values = [f[rule.probe] for n, f in figures.items() if kinds.get(n) == kind and rule.probe in f]
+            if rule.ratio is None or not values:
+                continue
+            median, best, past = statistics.median(values), max(values), history.get(rule.probe)
+            if len(values) >= 3 and (past is None or median >= rule.ratio * past):
+                refs[rule.probe] = Reference(median, f"median of {len(values)}")
+            elif past is not None and shared and best < past:
+                refs[rule.probe] = Reference(best, "best of the batch, below the fleet history: a busy host")
+            elif past is not None:
+                refs[rule.probe] = Reference(past, "fleet history")
+            else:
+                refs[rule.probe] = Reference(best, "best of the batch")
+    return out
+
+
+@dataclass(frozen=True)
+class Suspicion:
+    """The first round judged: who is suspect of what, and the nodes the second round measures against."""
+
+    references: dict[str, dict[str, Reference]]
+    failed: dict[str, dict[str, str]]
+    """Suspect -> probe -> why."""
+    reference_node: dict[str, str]
+    """Kind -> its best-measured node that failed nothing (or, if all did, the best)."""
+    score: dict[str, float]
+
+    def recheck(self, kinds: Mapping[str, str]) -> Recheck:
+        """Probe suspects again with their kind's reference node; test suspect links with the best link and another."""
+        local = sorted(n for n, why in self.failed.items() if set(why) - {LINK})
+        links = sorted(n for n, why in self.failed.items() if LINK in why)
+        with_refs = sorted({self.reference_node[kinds[n]] for n in local} - set(local)) + local
+        if not links:
+            return Recheck(with_refs, [])
+        healthy = sorted((n for n in self.score if n not in self.failed), key=lambda n: (-self.score[n], n))
+        return Recheck(with_refs, sorted(set(links) | set(healthy[:2])) if healthy else [])
+
+
+def suspect(
+    figures: Mapping[str, Figures],
+    rules: list[Rule],
+    kinds: Mapping[str, str],
+    fleet: Mapping[str, Mapping[str, float]] | None = None,
+    shared: bool = False,
+) -> Suspicion:
+    """Judge the first round of the nodes that reported."""
+    refs = references(figures, rules, kinds, fleet or {}, shared)
+    failed: dict[str, dict[str, str]] = {}
+    score: dict[str, float] = {}
+    for node, f in figures.items():
+        ref = refs.get(kinds[node], {})
+        why = {r.probe: w for r in rules if r.probe in f and (w := r.fails(f[r.probe], ref.get(r.probe)))}
+        if why:
+            failed[node] = why
+        relative = [f[p] / r.value for p, r in ref.items() if p in f and r.value > 0]
+        score[node] = statistics.geometric_mean(relative) if relative else 1.0
+    best: dict[str, str] = {}
+    for node in sorted(figures, key=lambda n: (n in failed, -score[n], n)):
+        best.setdefault(kinds[node], node)
+    return Suspicion(refs, failed, best, score)
 
 
 @dataclass(frozen=True)
 class Verdict:
     figures: dict[str, dict[str, float] | None]
-    medians: dict[str, float]
-    thresholds: dict[str, float]
+    references: dict[str, dict[str, Reference]]
     healthy: list[str]
     """Chosen for training, best first; at most the number needed."""
     evicted: dict[str, str] = field(default_factory=dict)
-    """Node -> reason, for every candidate that failed a rule or is dead."""
+    """Node -> reason, for every candidate whose deficit held in the confirmation round, or that is dead."""
     spare: list[str] = field(default_factory=list)
     """Passed, but not needed this time."""
+    suspects: dict[str, str] = field(default_factory=dict)
+    """Node -> why the first round suspected it (evicted or cleared)."""
+    again: dict[str, dict[str, float]] = field(default_factory=dict)
+    """The confirmation round's figures."""
+
+    @property
+    def cleared(self) -> list[str]:
+        """Suspects whose deficit did not hold."""
+        return sorted(n for n in self.suspects if n not in self.evicted)
 
     def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        out = dict(self.__dict__)
+        out["references"] = {k: {p: r.__dict__ for p, r in refs.items()} for k, refs in self.references.items()}
+        out["cleared"] = self.cleared
+        return out
 
 
 def decide(
-    figures: Mapping[str, Figures | None], need: int, rules: list[Rule], dead: Mapping[str, str] | None = None
+    figures: Mapping[str, Figures | None],
+    need: int,
+    rules: list[Rule],
+    dead: Mapping[str, str] | None = None,
+    *,
+    again: Mapping[str, Figures] | None = None,
+    kinds: Mapping[str, str] | None = None,
+    fleet: Mapping[str, Mapping[str, float]] | None = None,
+    shared: bool = False,
 ) -> Verdict:
-    """Judge each candidate (``None`` figures: it reported nothing; ``dead`` says why)."""
+    """Judge each candidate (``None`` figures: it reported nothing; ``dead`` says why).
+
+    ``again`` holds the confirmation round's figures (the suspects' and the
+    reference nodes'); without them a suspect stays evicted, as a deficit no
+    one re-measured.
+    """
     dead = dict(dead or {})
     alive = {n: f for n, f in figures.items() if f is not None and n not in dead}
-    medians = {r.probe: statistics.median([f[r.probe] for f in alive.values()]) if alive else 0.0 for r in rules}
-    thresholds = {r.probe: max(r.floor, r.ratio * medians[r.probe]) for r in rules}
-    evicted: dict[str, str] = {}
-    score: dict[str, float] = {}
-    for node, f in figures.items():
-        if node in dead or f is None:
-            evicted[node] = f"dead: {dead.get(node, 'no report within the timeout')}"
-            continue
-        failed = [_failure(r, f[r.probe], medians[r.probe]) for r in rules if f[r.probe] < thresholds[r.probe]]
-        if failed:
-            evicted[node] = "; ".join(failed)
-        else:
-            score[node] = statistics.geometric_mean(
-                [f[r.probe] / medians[r.probe] if medians[r.probe] > 0 else 1.0 for r in rules] or [1.0]
-            )
-    passing = sorted(score, key=lambda n: (-score[n], n))
+    kinds = {n: (kinds or {}).get(n, "") for n in figures}
+    first = suspect(alive, rules, kinds, fleet, shared)
+    evicted = {n: f"dead: {dead.get(n, 'no report within the timeout')}" for n in figures if n not in alive}
+    for node, why in first.failed.items():
+        held = _held(node, why, first, rules, kinds, alive, again)
+        if held:
+            evicted[node] = "; ".join(held)
+    passing = sorted((n for n in alive if n not in evicted), key=lambda n: (-first.score[n], n))
     return Verdict(
         {n: (dict(f) if f is not None else None) for n, f in figures.items()},
-        medians,
-        thresholds,
+        first.references,
         healthy=passing[:need],
         evicted=evicted,
         spare=passing[need:],
+        suspects={n: "; ".join(why.values()) for n, why in first.failed.items()},
+        again={n: dict(f) for n, f in (again or {}).items()},
     )
 
 
-def _failure(rule: Rule, value: float, median: float) -> str:
-    if value < rule.floor:
-        return f"{rule.probe} {value:.2f} is below the floor of {rule.floor:.2f}"
-    return f"straggler: {rule.probe} {value:.2f} < {rule.ratio:.2f} x median {median:.2f}"
+def _held(
+    node: str,
+    why: Mapping[str, str],
+    first: Suspicion,
+    rules: list[Rule],
+    kinds: Mapping[str, str],
+    figures: Mapping[str, Figures],
+    again: Mapping[str, Figures] | None,
+) -> list[str]:
+    """Which of the first round's failures the confirmation round confirmed (all of them without one)."""
+    if again is None:
+        return list(why.values())
+    second = again.get(node)
+    if second is None:
+        return [f"{w} (not measured again)" for w in why.values()]
+    refs = first.references.get(kinds[node], {})
+    ref_node = first.reference_node.get(kinds[node])
+    held = []
+    for rule in (r for r in rules if r.probe in why):
+        if rule.probe not in second:
+            held.append(f"{why[rule.probe]} (not measured again)")
+            continue
+        scale = _drift(rule.probe, ref_node, figures, again) if rule.ratio is not None else 1.0
+        if (reason := rule.fails(second[rule.probe], refs.get(rule.probe), scale)) is not None:
+            held.append(f"{reason}, confirmed")
+    return held
+
+
+def _drift(probe: str, ref_node: str | None, figures: Mapping[str, Figures], again: Mapping[str, Figures]) -> float:
+    """How the reference node's figure moved between the rounds (1.0 where it was not measured twice)."""
+    before = figures.get(ref_node, {}).get(probe) if ref_node else None
+    after = again.get(ref_node, {}).get(probe) if ref_node else None
+    return after / before if before and after else 1.0
 
 
 def format_table(verdict: Verdict, rules: list[Rule]) -> str:
-    """The per-node table for the task log and the NodeUnhealthy message."""
-    probes = [r.probe for r in rules]
-    rows = [f"{'node':<10} " + " ".join(f"{p:>16}" for p in probes) + "  verdict"]
+    """The per-node table for the task log and the NodeUnhealthy message: both rounds, and the references."""
+    probes = [r.probe for r in rules if any(f and r.probe in f for f in verdict.figures.values())]
+    width = max([10, *(len(n) + 2 for n in verdict.figures)])
+    rows = [f"{'node':<{width}} " + " ".join(f"{p:>16}" for p in probes) + "  verdict"]
     for node, f in verdict.figures.items():
-        values = " ".join(f"{'-' if f is None else f'{f[p]:.2f}':>16}" for p in probes)
-        state = (
-            "train"
-            if node in verdict.healthy
-            else "spare"
-            if node in verdict.spare
-            else "evicted: " + verdict.evicted[node]
+        rows.append(f"{node:<{width}} {_cells(f, probes)}  {_state(verdict, node)}")
+        if node in verdict.again:
+            rows.append(f"{'  again':<{width}} {_cells(verdict.again[node], probes)}")
+    for kind, refs in verdict.references.items():
+        label = "reference" + (f" ({kind})" if kind else "")
+        rows.append(
+            f"{label:<{width}} "
+            + " ".join(f"{refs[p].value if p in refs else '-':>16.2f}" if p in refs else f"{'-':>16}" for p in probes)
         )
-        rows.append(f"{node:<10} {values}  {state}")
-    rows.append(f"{'median':<10} " + " ".join(f"{verdict.medians[p]:>16.2f}" for p in probes))
-    rows.append(f"{'threshold':<10} " + " ".join(f"{verdict.thresholds[p]:>16.2f}" for p in probes))
     return "\n".join(rows)
+
+
+def _cells(f: Mapping[str, float] | None, probes: list[str]) -> str:
+    return " ".join(f"{'-' if f is None or p not in f else f'{f[p]:.2f}':>16}" for p in probes)
+
+
+def _state(verdict: Verdict, node: str) -> str:
+    if node in verdict.evicted:
+        return "evicted: " + verdict.evicted[node]
+    state = "train" if node in verdict.healthy else "spare"
+    return f"{state} (cleared: {verdict.suspects[node]})" if node in verdict.suspects else state

@@ -21,7 +21,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidato
 
 FailureKind = Literal["node_lost", "hang", "transient", "oom", "diverged", "user_error", "data_error"]
 Action = Literal["retry", "scale_down", "rollback", "fail"]
-Probe = Literal["matmul_gflops", "membw_gbps", "disk_write_mbps", "disk_read_mbps"]
+Probe = Literal["matmul_gflops", "membw_gbps", "disk_write_mbps", "disk_read_mbps", "bf16_tflops", "link_gbps"]
 NotifyOn = Literal["failure", "recovery"]
 ParamName = Literal["nodes", "min_nodes", "max_steps", "micro_batch", "lr", "resume_from"]
 
@@ -361,8 +361,9 @@ class NodesSpec(_Model):
 class BurnInDrill(_Model):
     node: str
     """Candidate to act out the fault (``node-0``, ``node-1``, ...)."""
-    fault: Literal["throttle", "crash", "hang"]
-    """``throttle``: slow by ``factor``; ``crash``: exit; ``hang``: stop responding."""
+    fault: Literal["throttle", "slow_link", "crash", "hang"]
+    """``throttle``: slow by ``factor``; ``slow_link``: its collective traffic slow by ``factor``; ``crash``: exit;
+    ``hang``: stop responding."""
     factor: float = Field(0.3, gt=0, lt=1)
     """Share of throughput a throttled node loses."""
 
@@ -390,10 +391,18 @@ class PressureTestSpec(_Model):
     """Absolute floor of memory bandwidth (GB/s)."""
     min_disk_mbps: float = Field(0.0, ge=0, le=1e7)
     """Absolute floor of hot-tier write and read throughput (MB/s)."""
+    min_link_gbps: float = Field(0.0, ge=0, le=1e5)
+    """Absolute floor of a node's link bandwidth (GB/s), its best pair in the pairwise link test."""
+    min_bf16_fraction_of_peak: float = Field(0.5, ge=0, le=1)
+    """A GPU below this fraction of its model's dense bf16 peak is evicted (a healthy H100 reaches about 0.7)."""
+    max_gpu_temp_c: float = Field(85.0, gt=0, le=150)
+    """A GPU hotter than this under the probe's load is evicted (datacenter GPUs slow down near 87-90 C)."""
     straggler_ratio: Ratio = 0.9
-    """A node below this fraction of the batch median on any probe is a straggler."""
-    ratio_overrides: dict[Probe, Ratio] = {"disk_write_mbps": 0.5, "disk_read_mbps": 0.5}
-    """Per-probe straggler ratios (shared disks are noisier than cores)."""
+    """A node below this fraction of its reference (the batch median, or the fleet history) on a probe is a suspect."""
+    ratio_overrides: dict[Probe, Ratio] = {"disk_write_mbps": 0.5, "disk_read_mbps": 0.5, "link_gbps": 0.7}
+    """Per-probe straggler ratios (shared disks are noisier than cores, and links than both)."""
+    cooldown_h: float = Field(24.0, ge=0, le=24 * 365)
+    """An evicted node sits out this long, then a later pressure test re-tests it and re-admits it if it passes."""
     drills: list[BurnInDrill] = Field([], max_length=MAX_NODES)
     """Faults to act out during the test, for rehearsals (also ``TRAINYARD_BURNIN_DRILLS``)."""
 
@@ -406,6 +415,8 @@ class PressureTestSpec(_Model):
             "membw_gbps": self.min_membw_gbps,
             "disk_write_mbps": self.min_disk_mbps,
             "disk_read_mbps": self.min_disk_mbps,
+            "bf16_tflops": 0.0,  # a device's own floor is its fraction of peak
+            "link_gbps": self.min_link_gbps,
         }
         return floors[probe] if probe in floors else _unknown_probe(probe)
 

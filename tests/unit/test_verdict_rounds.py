@@ -1,0 +1,217 @@
+"""The two-round verdict with realistic figures: suspects, confirmation, references, GPU and link rules."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from trainyard.burnin.protocol import pair_rounds
+from trainyard.burnin.verdict import LINK, Recheck, decide, flatten, rules_of, suspect
+from trainyard.spec import PressureTestSpec
+
+RULES = rules_of(PressureTestSpec())
+CPU = {"matmul_gflops": 120.0, "membw_gbps": 15.0, "disk_write_mbps": 400.0, "disk_read_mbps": 1500.0}
+H100 = {
+    **CPU,
+    "bf16_tflops": 700.0,
+    "bf16_fraction_of_peak": 0.71,
+    "gpu_temp_c": 64.0,
+    "gpu_ecc_uncorrected": 0.0,
+    "gpu_throttle_mask": 0.0,
+    LINK: 24.0,
+}
+
+
+def node(base: dict[str, float] = CPU, **change: float) -> dict[str, float]:
+    """``base`` with some figures scaled (``matmul_gflops=0.8``) or, for GPU counters, set."""
+    out = dict(base)
+    for probe, value in change.items():
+        out[probe] = value if probe.startswith("gpu_") or probe == "bf16_fraction_of_peak" else base[probe] * value
+    return out
+
+
+def batch(count: int, base: dict[str, float] = CPU, **odd: dict[str, float]) -> dict[str, dict[str, float]]:
+    return {f"node-{i}": odd.get(f"node_{i}", dict(base)) for i in range(count)}
+
+
+CASES: list[tuple[str, dict[str, Any], dict[str, Any], list[str], list[str]]] = [
+    # (case, first round, second round, evicted, cleared)
+    ("a healthy batch has no suspect and no second round", batch(4), {}, [], []),
+    (
+        "a node 20% slow in both rounds is evicted",
+        batch(4, node_2=node(matmul_gflops=0.8)),
+        {"node-0": CPU, "node-2": node(matmul_gflops=0.79)},
+        ["node-2"],
+        [],
+    ),
+    (
+        "a node slow once (a burst of someone else's work) is cleared",
+        batch(4, node_1=node(matmul_gflops=0.85)),
+        {"node-0": CPU, "node-1": node(matmul_gflops=0.98)},
+        [],
+        ["node-1"],
+    ),
+    (
+        "two nodes 10% apart without history: the slower is cleared when the gap closes",
+        batch(2, node_1=node(matmul_gflops=0.88)),
+        {"node-0": CPU, "node-1": node(matmul_gflops=0.97)},
+        [],
+        ["node-1"],
+    ),
+    (
+        "two nodes, one throttled 20%: evicted against the best",
+        batch(2, node_1=node(matmul_gflops=0.8, membw_gbps=0.8)),
+        {"node-0": CPU, "node-1": node(matmul_gflops=0.81, membw_gbps=0.8)},
+        ["node-1"],
+        [],
+    ),
+    (
+        "the machine slows 30% between rounds: the reference node's drift keeps the suspect",
+        batch(4, node_3=node(matmul_gflops=0.85)),
+        {"node-0": node(matmul_gflops=0.7), "node-3": node(matmul_gflops=0.66)},
+        [],
+        ["node-3"],
+    ),
+    (
+        "below the absolute floor in both rounds",
+        batch(3, node_0=node(disk_write_mbps=0.05)),
+        {"node-1": CPU, "node-0": node(disk_write_mbps=0.06)},
+        ["node-0"],
+        [],
+    ),
+    (
+        "an H100 with uncorrected ECC errors is evicted",
+        batch(4, H100, node_1=node(H100, gpu_ecc_uncorrected=2)),
+        {"node-0": H100, "node-1": node(H100, gpu_ecc_uncorrected=2)},
+        ["node-1"],
+        [],
+    ),
+    (
+        "an H100 at 91 C is evicted if still hot; HW thermal slowdown (0x40) too",
+        batch(4, H100, node_1=node(H100, gpu_temp_c=91), node_2=node(H100, gpu_throttle_mask=0x40)),
+        {"node-0": H100, "node-1": node(H100, gpu_temp_c=90), "node-2": node(H100, gpu_throttle_mask=0x40)},
+        ["node-1", "node-2"],
+        [],
+    ),
+    (
+        "a GPU that cooled down between the rounds is cleared",
+        batch(4, H100, node_1=node(H100, gpu_temp_c=87)),
+        {"node-0": H100, "node-1": node(H100, gpu_temp_c=78)},
+        [],
+        ["node-1"],
+    ),
+    (
+        "an H100 at 41% of its bf16 peak, and one 20% below the batch",
+        batch(8, H100, node_5=node(H100, bf16_fraction_of_peak=0.41), node_6=node(H100, bf16_tflops=0.8)),
+        {"node-0": H100, "node-5": node(H100, bf16_fraction_of_peak=0.42), "node-6": node(H100, bf16_tflops=0.8)},
+        ["node-5", "node-6"],
+        [],
+    ),
+    (
+        "a slow link (half the bandwidth with every partner), confirmed in a second link test",
+        batch(4, H100, node_2=node(H100, link_gbps=0.5)),
+        {"node-0": {LINK: 24.0}, "node-1": {LINK: 23.5}, "node-2": {LINK: 12.2}},
+        ["node-2"],
+        [],
+    ),
+]
+
+
+@pytest.mark.parametrize("case,first,second,evicted,cleared", CASES, ids=[c[0] for c in CASES])
+def test_two_rounds(case: str, first: dict, second: dict, evicted: list[str], cleared: list[str]) -> None:
+    verdict = decide(first, len(first), RULES, again=second)
+    assert sorted(verdict.evicted) == evicted, verdict.evicted
+    assert verdict.cleared == cleared, verdict.suspects
+    assert all(reason.endswith("confirmed") for reason in verdict.evicted.values())
+    assert sorted(verdict.healthy + verdict.spare) == sorted(n for n in first if n not in evicted)
+
+
+def test_the_second_round_probes_the_suspects_with_the_reference_node() -> None:
+    first = batch(4, H100, node_1=node(H100, matmul_gflops=0.7), node_3=node(H100, link_gbps=0.4))
+    first["node-2"] = node(H100, matmul_gflops=1.05, membw_gbps=1.05)  # the best-measured healthy node
+    kinds = dict.fromkeys(first, "p5.48xlarge/NVIDIA-H100-80GB-HBM3")
+    suspicion = suspect(first, RULES, kinds)
+    assert set(suspicion.failed) == {"node-1", "node-3"}
+    assert suspicion.reference_node == {kinds["node-0"]: "node-2"}
+    # local suspects with their reference, and the link suspect with the best two healthy links
+    assert suspicion.recheck(kinds) == Recheck(["node-2", "node-1"], ["node-0", "node-2", "node-3"])
+
+
+def test_a_whole_bad_batch_is_judged_against_the_fleet_history() -> None:
+    fleet = {"": {"matmul_gflops": 120.0, "membw_gbps": 15.0}}
+    slow = node(matmul_gflops=0.7)
+    # a cluster (dedicated hosts): four nodes all 30% below their kind's history are all bad
+    verdict = decide(batch(4, slow), 4, RULES, fleet=fleet, again=batch(4, slow))
+    assert sorted(verdict.evicted) == ["node-0", "node-1", "node-2", "node-3"]
+    assert "fleet history" in verdict.evicted["node-0"]
+    # local slices of one busy host: the history is capped by the best of the batch, nothing is evicted
+    assert decide(batch(4, slow), 4, RULES, fleet=fleet, shared=True, again=batch(4, slow)).evicted == {}
+
+
+def test_two_nodes_use_the_fleet_history() -> None:
+    fleet = {"": {"matmul_gflops": 120.0}}
+    # a 10% gap between two healthy nodes near their history: nobody is even suspected
+    assert (
+        suspect(batch(2, node_1=node(matmul_gflops=0.92)), RULES, dict.fromkeys(["node-0", "node-1"], ""), fleet).failed
+        == {}
+    )
+    # without the history the best of the two is the reference, and 0.88 of it is suspect
+    assert set(
+        suspect(batch(2, node_1=node(matmul_gflops=0.88)), RULES, dict.fromkeys(["node-0", "node-1"], "")).failed
+    ) == {"node-1"}
+    # both slow against the history on dedicated hosts: both suspect
+    both = batch(2, node(matmul_gflops=0.75))
+    assert set(suspect(both, RULES, dict.fromkeys(both, ""), fleet).failed) == {"node-0", "node-1"}
+
+
+def test_each_kind_is_judged_against_its_own() -> None:
+    a100 = node(H100, bf16_tflops=250 / 700, bf16_fraction_of_peak=0.8)
+    first = {**{f"h{i}": dict(H100) for i in range(3)}, **{f"a{i}": dict(a100) for i in range(3)}}
+    kinds = {n: ("h100" if n.startswith("h") else "a100") for n in first}
+    verdict = decide(first, 6, RULES, kinds=kinds, again={})
+    assert verdict.evicted == {} and verdict.references["a100"]["bf16_tflops"].value == pytest.approx(250)
+
+
+def test_without_a_second_round_a_suspect_stays_evicted_and_a_dead_node_is_dead() -> None:
+    verdict = decide(
+        {**batch(3, node_2=node(matmul_gflops=0.5)), "node-3": None}, 4, RULES, {"node-3": "exited 1"}, again={}
+    )
+    assert verdict.evicted["node-2"].endswith("(not measured again)")
+    assert verdict.evicted["node-3"] == "dead: exited 1"
+
+
+def test_flatten_reads_the_gpu_report_and_the_best_link() -> None:
+    report = {
+        **CPU,
+        "gpu": {
+            "devices": 8,
+            "name": "NVIDIA H100 80GB HBM3",
+            "bf16_tflops": 690.5,
+            "bf16_fraction_of_peak": 0.698,
+            "temperature_c": 71,
+            "ecc_uncorrected": 0,
+            "throttle_mask": 0,
+        },
+    }
+    flat = flatten(report, {"node-1": 23.1, "node-2": 11.0, "node-3": 22.8})
+    assert flat["bf16_tflops"] == 690.5 and flat["gpu_temp_c"] == 71 and flat[LINK] == 23.1
+    assert "devices" not in flat and "name" not in flat
+    assert LINK not in flatten(CPU, {"node-1": 5.0})  # one partner cannot say whose link is slow
+    assert flatten({**CPU, "gpu": {"skipped": "no CUDA device visible"}}) == CPU
+
+
+@pytest.mark.parametrize("count", [2, 3, 4, 5, 8])
+def test_pair_rounds_meet_every_partner_once_in_disjoint_pairs(count: int) -> None:
+    members = [f"n{i}" for i in range(count)]
+    rounds = pair_rounds(members)
+    met = [tuple(sorted(p)) for r in rounds for p in r]
+    assert len(met) == len(set(met)) == count * (count - 1) // 2
+    for r in rounds:
+        busy = [n for p in r for n in p]
+        assert len(busy) == len(set(busy))
+
+
+def test_pair_rounds_are_capped_on_a_large_batch() -> None:
+    rounds = pair_rounds([f"n{i}" for i in range(64)], most=8)
+    assert len(rounds) == 8 and all(len(r) == 32 for r in rounds)
