@@ -1,15 +1,27 @@
-"""Pressure-test benchmark: harness overhead and straggler detection.
+"""Pressure-test benchmark: harness overhead, and whether the verdict is right.
 
-    python bench/burnin.py [--trials 20] [--duration 4]
+    python bench/burnin.py [--trials 20] [--pair-trials 20] [--link-trials 10] [--duration 4]
 
 (a) ``probe_ratio``: the compute probe's GFLOP/s over a bare ``torch.mm`` loop
     on the same matrices in the same process (goal >= 0.95: the harness adds
     nothing). On a GPU, also bf16 TFLOP/s as a fraction of the 989 TFLOP/s
     H100/H200 dense peak.
-(b) ``trials`` randomized burn-ins of 3 to 4 local candidates, one random node
-    throttled by 20%: ``detected_fraction`` (goal 1.0) and ``false_evictions``
-    (goal 0).
-Prints one JSON line last.
+(b) ``trials`` burn-ins of 3 to 4 local candidates, one random node throttled
+    by 20%: ``detected_fraction`` (goal 1.0) and ``false_evictions`` (goal 0).
+(c) two candidates, judged with the fleet history the trials before built up:
+    ``pair_trials`` healthy pairs (``two_node_false_evictions``, goal 0) and as
+    many pairs with one node throttled by 20% (``two_node_detected_fraction``,
+    goal 1.0).
+(d) ``link_trials`` burn-ins of 3 to 4 candidates where one node's collective
+    traffic is slowed by half (a drill that sleeps inside the collective):
+    ``slow_link_localized_fraction``, the trials where exactly that node was
+    evicted (goal 1.0).
+(e) ``burnin_s_per_node``: the stage's median seconds per node over the
+    healthy pairs, and ``healthy_second_rounds``: how many of those needed a
+    confirmation round (a healthy batch should need none).
+
+Every burn-in runs as the stage runs it: the same judge, the same fleet history
+(under one temporary hot tier for the whole bench). Prints one JSON line last.
 """
 
 from __future__ import annotations
@@ -17,18 +29,23 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from trainyard.burnin.fleet import Fleet, record_verdict
+from trainyard.burnin.judge import Judge
 from trainyard.burnin.local import run_burn_in
 from trainyard.burnin.probes import matmul_gflops
-from trainyard.burnin.verdict import Rule, decide
-from trainyard.spec import PROBES, PressureTestSpec
+from trainyard.burnin.verdict import Verdict, rules_of
+from trainyard.spec import PressureTestSpec
 
 H100_BF16_DENSE_TFLOPS = 989.0
+KIND = "bench"
 
 
 def bare_mm_gflops(size: int, seconds: float) -> float:
@@ -57,45 +74,95 @@ def gpu_fraction() -> float | None:
     return tflops / H100_BF16_DENSE_TFLOPS
 
 
-def trials(count: int, duration: float, seed: int) -> tuple[int, int, list[dict]]:
-    rng = random.Random(seed)
-    cfg = PressureTestSpec(duration_s=duration, matmul_size=128, membw_mb=16, disk_mb=32, collective_sizes_kb=[64])
-    rules = [Rule(p, cfg.floor(p), cfg.ratio(p)) for p in PROBES]
-    detected = false = 0
-    log = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for i in range(count):
-            nodes = [f"node-{j}" for j in range(rng.choice([3, 4]))]
-            slow = rng.choice(nodes)
-            probed = run_burn_in(nodes, cfg, Path(tmp) / "hot", Path(tmp) / f"logs-{i}", {slow: ("throttle", 0.2)})
-            verdict = decide({n: probed.local.get(n) for n in nodes}, len(nodes), rules, probed.dead)
-            hit = slow in verdict.evicted
-            wrong = [n for n in verdict.evicted if n != slow]
-            detected += hit
-            false += len(wrong)
-            log.append({"nodes": len(nodes), "slow": slow, "detected": hit, "false": wrong})
-            print(
-                f"trial {i + 1:2d}: {len(nodes)} nodes, {slow} throttled 20%: "
-                f"{'detected' if hit else 'MISSED'}{', false: ' + ', '.join(wrong) if wrong else ''}"
-            )
-    return detected, false, log
+class Bench:
+    """Burn-ins the way the stage runs them, sharing one hot tier and its fleet history."""
+
+    def __init__(self, root: Path, duration: float):
+        self.root, self.count = root, 0
+        self.fleet = Fleet(root / "hot" / ".fleet")
+        # the demo's probe sizes; a second all-reduce size of 1 MiB makes the link test measure bandwidth
+        self.cfg = PressureTestSpec(
+            duration_s=duration, matmul_size=128, membw_mb=16, disk_mb=32, collective_sizes_kb=[64, 1024]
+        )
+
+    def burn(self, nodes: list[str], drills: dict[str, tuple[str, float]]) -> tuple[Verdict, float, bool]:
+        """One pressure test: (verdict, seconds, whether it needed a confirmation round)."""
+        self.count += 1
+        kinds = dict.fromkeys(nodes, KIND)
+        judge = Judge(rules_of(self.cfg), len(nodes), kinds, self.fleet.references([KIND]), shared=True)
+        probed = run_burn_in(nodes, self.cfg, self.root / "hot", self.root / f"logs-{self.count}", drills, judge.recheck)
+        verdict = judge.verdict(nodes, probed)
+        record_verdict(self.fleet, verdict, kinds, at=time.time(), run_id=f"bench-{self.count}", drills=drills)
+        return verdict, probed.seconds, bool(probed.again or probed.links_again)
+
+
+def drill_trials(bench: Bench, count: int, fault: str, factor: float, sizes: list[int], rng: random.Random) -> dict[str, Any]:
+    """Trials with one drilled node among ``sizes`` candidates: how often exactly it was evicted."""
+    detected = exact = false = 0
+    for i in range(count):
+        nodes = [f"node-{j}" for j in range(rng.choice(sizes))]
+        slow = rng.choice(nodes)
+        verdict, seconds, _ = bench.burn(nodes, {slow: (fault, factor)})
+        hit, wrong = slow in verdict.evicted, [n for n in verdict.evicted if n != slow]
+        detected += hit
+        exact += hit and not wrong
+        false += len(wrong)
+        print(
+            f"{fault} trial {i + 1:2d}: {len(nodes)} nodes, {slow} {fault} {factor:.0%}: "
+            f"{'detected' if hit else 'MISSED'}{', false: ' + ', '.join(wrong) if wrong else ''}"
+            f"{' (suspects cleared: ' + ', '.join(verdict.cleared) + ')' if verdict.cleared else ''} [{seconds:.1f} s]"
+        )
+    return {"detected": detected, "exact": exact, "false": false}
+
+
+def healthy_pairs(bench: Bench, count: int) -> tuple[int, list[float], int]:
+    """(false evictions, seconds per node, trials that needed a second round) over healthy pairs."""
+    false, per_node, second = 0, [], 0
+    for i in range(count):
+        nodes = ["node-0", "node-1"]
+        verdict, seconds, again = bench.burn(nodes, {})
+        false += len(verdict.evicted)
+        per_node.append(seconds / len(nodes))
+        second += again
+        print(
+            f"healthy pair {i + 1:2d}: {'evicted ' + ', '.join(verdict.evicted) if verdict.evicted else 'nothing evicted'}"
+            f"{' (suspects cleared: ' + ', '.join(verdict.cleared) + ')' if verdict.cleared else ''} [{seconds:.1f} s]"
+        )
+    return false, per_node, second
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--pair-trials", type=int, default=20)
+    parser.add_argument("--link-trials", type=int, default=10)
     parser.add_argument("--duration", type=float, default=4.0)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    rng = random.Random(args.seed)
+    began = time.monotonic()
     ratio = harness_ratio()
     gpu = gpu_fraction()
-    detected, false, _ = trials(args.trials, args.duration, args.seed)
-    result = {
+    with tempfile.TemporaryDirectory() as tmp:
+        bench = Bench(Path(tmp), args.duration)
+        many = drill_trials(bench, args.trials, "throttle", 0.2, [3, 4], rng)
+        false_pairs, per_node, second = healthy_pairs(bench, args.pair_trials)
+        pairs = drill_trials(bench, args.pair_trials, "throttle", 0.2, [2], rng)
+        links = drill_trials(bench, args.link_trials, "slow_link", 0.5, [3, 4], rng)
+    result: dict[str, Any] = {
         "bench": "burnin",
         "probe_ratio": round(ratio, 3),
-        "detected_fraction": detected / args.trials,
-        "false_evictions": false,
+        "detected_fraction": many["detected"] / max(args.trials, 1),
+        "false_evictions": many["false"],
         "trials": args.trials,
+        "two_node_false_evictions": false_pairs + pairs["false"],
+        "two_node_detected_fraction": pairs["detected"] / max(args.pair_trials, 1),
+        "pair_trials": args.pair_trials,
+        "slow_link_localized_fraction": links["exact"] / max(args.link_trials, 1),
+        "link_trials": args.link_trials,
+        "burnin_s_per_node": round(statistics.median(per_node), 2) if per_node else None,
+        "healthy_second_rounds": second,
+        "seconds": round(time.monotonic() - began),
     }
     if gpu is not None:
         result["bf16_fraction_of_peak"] = round(gpu, 3)

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from trainyard.burnin.fleet import FLEET_DIR, Fleet
+from trainyard.burnin.fleet import FLEET_DIR, Fleet, record_verdict
 from trainyard.burnin.judge import Judge
 from trainyard.burnin.local import run_burn_in
 from trainyard.burnin.protocol import BurnInRun, drills_from
@@ -209,7 +209,7 @@ def _record_verdict(
 ) -> None:
     """Each node's figures of both rounds and its fate, in the ledger and in the fleet history."""
     for node, f in verdict.figures.items():
-        state = "train" if node in verdict.healthy else "spare" if node in verdict.spare else "evicted"
+        state = verdict.state(node)
         reason = verdict.evicted.get(node, "")
         run.ledger.append(
             "burn_in",
@@ -224,18 +224,7 @@ def _record_verdict(
             verdict=state,
             reason=reason,
         )
-        drill = ":".join(map(str, drills[node])) if node in drills else ""
-        if f is not None or not drill:  # a drill's crash says nothing of the node
-            fleet.record(
-                node,
-                judge.kinds.get(node, ""),
-                at=now,
-                run_id=run.dir.name,
-                figures=f,
-                verdict=state,
-                reason=reason,
-                drill=drill,
-            )
+    record_verdict(fleet, verdict, judge.kinds, at=now, run_id=run.dir.name, drills=drills)
     run.ledger.append(
         "burn_in",
         "thresholds",

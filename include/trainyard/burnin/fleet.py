@@ -22,10 +22,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainyard.atomic import read_json, write_json_atomic
 from trainyard.ledger import safe_name
+
+if TYPE_CHECKING:
+    from trainyard.burnin.verdict import Verdict
 
 log = logging.getLogger(__name__)
 
@@ -182,3 +185,30 @@ def _parse(data: Any, node: str) -> NodeHistory:
     return NodeHistory(
         node, str(data.get("kind", "")), runs[-KEEP:], _epoch(data.get("evicted_at")), str(data.get("reason", ""))
     )
+
+
+def record_verdict(
+    fleet: Fleet,
+    verdict: Verdict,
+    kinds: Mapping[str, str],
+    *,
+    at: float,
+    run_id: str,
+    drills: Mapping[str, tuple[str, float]],
+) -> None:
+    """Every candidate's outcome of one pressure test; a drilled node's figures are kept apart from the reference."""
+    for node, figures in verdict.figures.items():
+        state = verdict.state(node)
+        drill = ":".join(map(str, drills[node])) if node in drills else ""
+        if figures is None and drill:
+            continue  # a drill's crash or hang says nothing of the node
+        fleet.record(
+            node,
+            kinds.get(node, ""),
+            at=at,
+            run_id=run_id,
+            figures=figures,
+            verdict=state,
+            reason=verdict.evicted.get(node, ""),
+            drill=drill,
+        )

@@ -238,6 +238,10 @@ class Verdict:
     again: dict[str, dict[str, float]] = field(default_factory=dict)
     """The confirmation round's figures."""
 
+    def state(self, node: str) -> str:
+        """``train``, ``spare`` or ``evicted``."""
+        return "train" if node in self.healthy else "spare" if node in self.spare else "evicted"
+
     @property
     def cleared(self) -> list[str]:
         """Suspects whose deficit did not hold."""
@@ -348,5 +352,5 @@ def _cells(f: Mapping[str, float] | None, probes: list[str]) -> str:
 def _state(verdict: Verdict, node: str) -> str:
     if node in verdict.evicted:
         return "evicted: " + verdict.evicted[node]
-    state = "train" if node in verdict.healthy else "spare"
+    state = verdict.state(node)
     return f"{state} (cleared: {verdict.suspects[node]})" if node in verdict.suspects else state
