@@ -8,6 +8,7 @@ node's instance type and GPU product from the labels the cluster sets.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
@@ -17,6 +18,7 @@ from fake_k8s import HOSTNAME, Call, FakeKube
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from trainyard.kube.cooldown import due_for_retest
 from trainyard.kube.marks import EVICTED_AT, EVICTED_REASON, label_evicted, unlabel
 from trainyard.spec import KubernetesSpec
 
@@ -100,6 +102,57 @@ def test_unmarking_takes_off_label_taint_and_both_annotations(fake: FakeKube) ->
     assert cleared["spec"]["taints"] == [other_taint]
     assert cleared["metadata"]["annotations"] == {"team.example/owner": "infra"}
     assert client.CoreV1Api(fake.client()).read_node("k8s-1").metadata.annotations is None  # none left at all
+
+
+def test_due_for_retest_offers_only_trainyards_marks_past_the_cool_down(
+    fake: FakeKube, caplog: pytest.LogCaptureFixture
+) -> None:
+    core = client.CoreV1Api(fake.client())
+    gpu = {"pool": "gpu"}
+    for name in ("a-25h", "b-1h", "c-by-hand", "d-cordoned", "e-bad-stamp", "f-exactly-24h", "g-healthy", "h-tainted"):
+        fake.add_node(name, labels=gpu)
+    fake.add_node("z-other-pool", labels={"pool": "cpu"})
+    label_evicted(core, ["a-25h", "d-cordoned", "z-other-pool"], LABEL, at=NOW - timedelta(hours=25))
+    label_evicted(core, ["h-tainted"], LABEL, mode="taint", at=NOW - timedelta(hours=25))
+    label_evicted(core, ["b-1h"], LABEL, at=NOW - timedelta(hours=1))
+    label_evicted(core, ["f-exactly-24h"], LABEL, at=NOW - timedelta(hours=24))
+    core.patch_node("c-by-hand", {"metadata": {"labels": {LABEL: "true"}}})  # kubectl label node c-by-hand ...
+    core.patch_node("d-cordoned", {"spec": {"unschedulable": True}})  # kubectl cordon d-cordoned
+    core.patch_node("e-bad-stamp", {"metadata": {"labels": {LABEL: "true"}, "annotations": {EVICTED_AT: "yesterday"}}})
+    lists_before = fake.calls.count(Call("list", "", "nodes", False))
+
+    with caplog.at_level(logging.INFO, logger="trainyard.kube.cooldown"):
+        due = due_for_retest(core, SPEC, DAY_S, NOW)
+
+    assert due == ["a-25h", "f-exactly-24h", "h-tainted"]
+    assert fake.calls.count(Call("list", "", "nodes", False)) == lists_before + 1
+    by_hand = [r for r in caplog.records if "c-by-hand" in r.getMessage()]
+    assert [r.levelno for r in by_hand] == [logging.INFO] and "person" in by_hand[0].getMessage()
+    bad = [r for r in caplog.records if "e-bad-stamp" in r.getMessage()]
+    assert [r.levelno for r in bad] == [logging.WARNING] and "'yesterday'" in bad[0].getMessage()
+    # Nothing else was worth a word: the nodes not yet due, cordoned or elsewhere are simply not offered.
+    assert {r.levelno for r in caplog.records} <= {logging.INFO, logging.WARNING} and len(caplog.records) == 2
+
+    # A longer cool-down, a later now: the answer moves with them.
+    assert due_for_retest(core, SPEC, 25 * 3600.0, NOW) == ["a-25h", "h-tainted"]
+    assert due_for_retest(core, SPEC, DAY_S, NOW + timedelta(hours=23)) == [
+        "a-25h",
+        "b-1h",
+        "f-exactly-24h",
+        "h-tainted",
+    ]
+    # Re-admitted (unlabelled): no longer evicted, so no longer due.
+    unlabel(core, ["a-25h"], LABEL)
+    assert due_for_retest(core, SPEC, DAY_S, NOW) == ["f-exactly-24h", "h-tainted"]
+
+
+def test_due_for_retest_without_a_node_selector_looks_at_the_whole_cluster(fake: FakeKube) -> None:
+    core = client.CoreV1Api(fake.client())
+    fake.add_node("k8s-0", labels={"pool": "cpu"})
+    fake.add_node("k8s-1")
+    label_evicted(core, ["k8s-0", "k8s-1"], LABEL, at=NOW - timedelta(days=2))
+    anywhere = KubernetesSpec(image="registry.local/trainer:1", namespace="trainyard")
+    assert due_for_retest(core, anywhere, DAY_S, NOW) == ["k8s-0", "k8s-1"]
 
 
 def test_the_api_server_refuses_a_label_or_annotation_that_is_not_a_string(fake: FakeKube) -> None:
