@@ -19,6 +19,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from trainyard.kube.cooldown import due_for_retest
+from trainyard.kube.kinds import node_kinds
 from trainyard.kube.marks import EVICTED_AT, EVICTED_REASON, label_evicted, unlabel
 from trainyard.spec import KubernetesSpec
 
@@ -153,6 +154,37 @@ def test_due_for_retest_without_a_node_selector_looks_at_the_whole_cluster(fake:
     label_evicted(core, ["k8s-0", "k8s-1"], LABEL, at=NOW - timedelta(days=2))
     anywhere = KubernetesSpec(image="registry.local/trainer:1", namespace="trainyard")
     assert due_for_retest(core, anywhere, DAY_S, NOW) == ["k8s-0", "k8s-1"]
+
+
+def test_node_kinds_come_from_instance_type_and_gpu_product_labels(fake: FakeKube) -> None:
+    core = client.CoreV1Api(fake.client())
+    h100 = {
+        "node.kubernetes.io/instance-type": "p5.48xlarge",
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+        "nvidia.com/gpu.count": "8",
+        "topology.kubernetes.io/zone": "us-east-1a",
+    }
+    fake.add_node("ip-10-0-1-17.ec2.internal", labels=h100)
+    fake.add_node("ip-10-0-1-18.ec2.internal", labels=h100)
+    fake.add_node("ip-10-0-7-3.ec2.internal", labels={"node.kubernetes.io/instance-type": "m7i.4xlarge"})
+    old = {"beta.kubernetes.io/instance-type": "p4d.24xlarge", "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"}
+    fake.add_node("old-a100", labels=old)
+    fake.add_node("kind-worker")
+    lists_before = fake.calls.count(Call("list", "", "nodes", False))
+
+    names = ["ip-10-0-1-17.ec2.internal", "ip-10-0-1-18.ec2.internal", "ip-10-0-7-3.ec2.internal"]
+    kinds = node_kinds(core, [*names, "old-a100", "kind-worker", "ip-10-0-9-9.ec2.internal"])
+
+    assert kinds == {
+        "ip-10-0-1-17.ec2.internal": "p5.48xlarge/NVIDIA-H100-80GB-HBM3",
+        "ip-10-0-1-18.ec2.internal": "p5.48xlarge/NVIDIA-H100-80GB-HBM3",
+        "ip-10-0-7-3.ec2.internal": "m7i.4xlarge/unknown",  # no GPU feature discovery labels
+        "old-a100": "p4d.24xlarge/NVIDIA-A100-SXM4-40GB",  # only the deprecated beta label
+        "kind-worker": "unknown/unknown",
+        "ip-10-0-9-9.ec2.internal": "unknown",  # gone: scaled away since its last burn-in
+    }
+    assert fake.calls.count(Call("list", "", "nodes", False)) == lists_before + 1
+    assert Call("get", "", "nodes", False) not in fake.calls  # no read per node
 
 
 def test_the_api_server_refuses_a_label_or_annotation_that_is_not_a_string(fake: FakeKube) -> None:
