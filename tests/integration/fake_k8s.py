@@ -4,8 +4,10 @@ It speaks just enough of the API for the calls trainyard makes -- create, get,
 list (with equality and existence label selectors), delete and merge-patch of
 any resource, pod logs -- and keeps objects in memory. It is strict where the
 real server is: creating an existing name is 409, deleting or reading a
-missing one 404, a merge patch with a stale ``resourceVersion`` 409, and a
-JSON Patch content type with a non-list body 400. Every request is recorded
+missing one 404, a merge patch with a stale ``resourceVersion`` 409, a
+JSON Patch content type with a non-list body 400, and a label or annotation
+value that is not a string 400; a label or annotation map a patch empties is
+left out of the object, as the server's ``omitempty`` does. Every request is recorded
 (verb, API group, resource, namespaced) so tests can check it against RBAC.
 
 The test plays the Job controller and the kubelet: ``spawn_job_pods`` creates
@@ -76,6 +78,24 @@ def _merge(target: Any, patch: Any) -> Any:
         else:
             out[key] = _merge(out.get(key), value)
     return out
+
+
+def _metadata_error(obj: dict[str, Any]) -> str | None:
+    """The API server's decoding error for a label or annotation value that is not a string (Go map[string]string)."""
+    for field in ("labels", "annotations"):
+        for value in (obj.get("metadata", {}).get(field) or {}).values():
+            if not isinstance(value, str):
+                kind = {bool: "bool", int: "number", float: "number", dict: "object", list: "array"}[type(value)]
+                return f"json: cannot unmarshal {kind} into Go struct field ObjectMeta.metadata.{field} of type string"
+    return None
+
+
+def _drop_empty_maps(obj: dict[str, Any]) -> None:
+    """What ``omitempty`` does to ObjectMeta: a label or annotation map left empty is not in the object."""
+    meta = obj.get("metadata", {})
+    for field in ("labels", "annotations"):
+        if field in meta and not meta[field]:
+            del meta[field]
 
 
 def _matches(labels: dict[str, str], selector: str) -> bool:
@@ -325,6 +345,9 @@ class FakeKube:
             return 422, _status(422, "Invalid", "metadata.name: Required value")
         if (prefix, resource, ns, name) in self.objects:
             return 409, _status(409, "AlreadyExists", f'{resource} "{name}" already exists')
+        error = _metadata_error(data)
+        if error:
+            return 400, _status(400, "BadRequest", error)
         return 201, self.put(prefix, resource, ns, data)
 
     def _delete(self, key: tuple[str, str, str, str], options: dict[str, Any]) -> tuple[int, Any]:
@@ -351,6 +374,10 @@ class FakeKube:
                 409, "Conflict", "the object has been modified; please apply your changes to the latest version"
             )
         merged = _merge(obj, data)
+        error = _metadata_error(merged)
+        if error:
+            return 400, _status(400, "BadRequest", error)
+        _drop_empty_maps(merged)
         merged["metadata"]["resourceVersion"] = self._next_version()
         self.objects[key] = merged
         return 200, merged

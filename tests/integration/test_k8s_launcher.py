@@ -14,6 +14,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -33,6 +34,8 @@ from trainyard.burnin.kubernetes import (
     label_evicted,
     unlabel,
 )
+from trainyard.kube.cooldown import due_for_retest
+from trainyard.kube.kinds import node_kinds
 from trainyard.launch.base import LaunchPlan, NodeStatus
 from trainyard.launch.kubernetes import KubernetesHandle, KubernetesLauncher, build_objects
 from trainyard.spec import KubernetesSpec, PressureTestSpec
@@ -514,8 +517,10 @@ def test_rbac_grants_exactly_the_calls_trainyard_makes(fake: FakeKube, tmp_path:
     )
     delete_burnin_pods(core, NS, create_burnin_pods(core, [burnin]))
     fake.add_node("k8s-0")
-    label_evicted(core, ["k8s-0"], SPEC.evicted_label, mode="taint")
+    label_evicted(core, ["k8s-0"], SPEC.evicted_label, mode="taint", reasons={"k8s-0": "dead"})
     evicted_nodes(core, SPEC.evicted_label)
+    due_for_retest(core, SPEC, 0.0, datetime.now(UTC))
+    node_kinds(core, ["k8s-0"])
     unlabel(core, ["k8s-0"], SPEC.evicted_label)
 
     grants = granted("launcher-rbac.yaml") | granted("node-eviction-rbac.yaml")

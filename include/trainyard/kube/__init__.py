@@ -3,7 +3,8 @@
 ``names`` (DNS labels, object names, label selectors), ``reasons`` (the one
 list of Kubernetes failure reasons), ``status`` (a pod as a ``NodeStatus``)
 need no ``kubernetes`` SDK; ``pods`` (pod pieces: security context, volumes,
-affinity) and ``marks`` (evicting nodes with a label or taint, listing
-candidates) build and send its models. ``trainyard.launch.kubernetes`` and
+affinity), ``marks`` (evicting nodes with a label or taint, listing
+candidates), ``cooldown`` (marked nodes due for a re-test) and ``kinds`` (a
+node's instance type and GPU product) build, send or read its models. ``trainyard.launch.kubernetes`` and
 ``trainyard.burnin.kubernetes`` both build on these, never on each other.
 """

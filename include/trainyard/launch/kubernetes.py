@@ -571,7 +571,8 @@ class KubernetesLauncher:
     def exclude(self, nodes: list[str]) -> list[str]:
         """Mark the hosts ``nodes`` evicted, as the pressure test marks a weak node: later attempts are pinned
         to other hosts anyway, and the mark (``not_evicted`` affinity) keeps every other run of trainyard
-        off them too. Clear it once the node is fixed (``kubectl label node NODE trainyard.io/evicted-``)."""
+        off them too. A later burn-in re-tests it after the cool-down (``trainyard.kube.cooldown``) and clears
+        the mark when it passes; a person may clear it sooner (``kubectl label node NODE trainyard.io/evicted-``)."""
         return label_evicted(self.core, nodes, self.spec.evicted_label, self.spec.evict_with)
 
     def cancel_all(self) -> None:
