@@ -134,7 +134,8 @@ def burn_in(run: Run, cluster: Any | None = None) -> dict[str, Any]:
     drills = drills_from(cfg)
     if nodes.backend == "kubernetes":
         from trainyard.burnin.kubernetes import run_burn_in_k8s  # the kubernetes SDK: only for this backend
-        from trainyard.kube.marks import due_for_retest, node_kinds
+        from trainyard.kube.cooldown import due_for_retest
+        from trainyard.kube.kinds import node_kinds
 
         core, names = _cluster_candidates(run, cluster)
         kube = _kube(run)

@@ -62,19 +62,18 @@ def test_a_throttled_node_is_evicted_and_the_others_train(tmp_path: Path) -> Non
     verdicts = {e["node"]: e for e in run.ledger.events("burn_in", "node_verdict")}
     assert verdicts["node-1"]["verdict"] == "evicted" and verdicts["node-0"]["verdict"] == "train"
     assert set(verdicts["node-0"]["collective"]) == {"64KB", "1024KB"}
-    assert elapsed < 6 + 10  # duration_s plus at most 10 s of overhead
+    assert elapsed < 2 * 6 + 10  # duration_s, a confirmation round for the suspect, at most 10 s of overhead
     assert no_probe_left()
 
 
 @pytest.mark.parametrize("fault", ["crash", "hang"])
 def test_a_crashed_or_hung_node_is_dead_within_the_timeout(tmp_path: Path, fault: str) -> None:
-    # 5 s: each of the two survivors' probes gets long enough to measure steadily.
-    # About dead nodes, not stragglers: with two survivors the median is their mean, and a clean CI run
-    # saw one 15% behind the other on two shared cores (matmul 54 vs 64), evicted at the default 0.9.
-    run = run_for(tmp_path, count=2, spare=1, drills=f"[{{node: node-0, fault: {fault}}}]", duration=5, ratio=0.5)
+    # Two survivors at the default ratio: one 15% behind the other once (two shared cores) is only a
+    # suspect, and the confirmation round clears it.
+    run = run_for(tmp_path, count=2, spare=1, drills=f"[{{node: node-0, fault: {fault}}}]", duration=5)
     started = time.monotonic()
     result = burn_in(run)
-    assert time.monotonic() - started < 5 + 10
+    assert time.monotonic() - started < 2 * 5 + 10
     assert sorted(result["healthy"]) == ["node-1", "node-2"], result["evicted"]
     reason = result["evicted"]["node-0"]
     assert (
@@ -85,11 +84,54 @@ def test_a_crashed_or_hung_node_is_dead_within_the_timeout(tmp_path: Path, fault
     assert no_probe_left()
 
 
+def test_a_node_slow_only_once_is_a_suspect_the_confirmation_round_clears(tmp_path: Path) -> None:
+    run = run_for(tmp_path, count=3, spare=0, drills="[{node: node-1, fault: blip, factor: 0.5}]")
+    result = burn_in(run)
+    assert result["evicted"] == {} and result["cleared"] == ["node-1"], result
+    assert sorted(result["healthy"]) == ["node-0", "node-1", "node-2"]
+    verdicts = {e["node"]: e for e in run.ledger.events("burn_in", "node_verdict")}
+    assert verdicts["node-1"]["suspect"].startswith("straggler: ") and verdicts["node-1"]["again"]
+    assert verdicts["node-1"]["verdict"] == "train"
+    assert no_probe_left()
+
+
+def test_a_slow_link_is_found_by_position(tmp_path: Path) -> None:
+    run = run_for(tmp_path, count=2, spare=2, drills="[{node: node-2, fault: slow_link, factor: 0.5}]")
+    result = burn_in(run)
+    assert list(result["evicted"]) == ["node-2"], result
+    assert "link_gbps" in result["evicted"]["node-2"] and result["evicted"]["node-2"].endswith("confirmed")
+    links = {e["node"]: e["links"] for e in run.ledger.events("burn_in", "node_verdict")}
+    assert set(links["node-0"]) == {"node-1", "node-2", "node-3"}  # every partner, once
+
+
+def test_an_evicted_node_sits_out_its_cool_down_then_is_retested_and_readmitted(tmp_path: Path) -> None:
+    from trainyard.burnin.fleet import Fleet
+    from trainyard.stages import local_kind
+
+    first = run_for(tmp_path, count=2, spare=0, drills="[]", duration=3)
+    fleet = Fleet(first.hot_root / ".fleet")
+    hour = 3600.0
+    fleet.record("node-1", local_kind(), at=time.time() - hour, run_id="old", figures={}, verdict="evicted", reason="x")
+    result = burn_in(first)
+    assert result["healthy"] == ["node-0"] and result["readmitted"] == []
+    [sitting] = first.ledger.events("burn_in", "sitting_out")
+    assert list(sitting["nodes"]) == ["node-1"]
+    # a day later (the default cool-down is 24 h) it is tested again, passes and is back
+    fleet.record(
+        "node-1", local_kind(), at=time.time() - 25 * hour, run_id="old", figures={}, verdict="evicted", reason="x"
+    )
+    later = run_for(tmp_path, count=2, spare=0, drills="[]", duration=3)
+    result = burn_in(later)
+    assert result["readmitted"] == ["node-1"] and sorted(result["healthy"]) == ["node-0", "node-1"]
+    assert fleet.read("node-1").evicted_at is None  # type: ignore[union-attr]
+    assert fleet.read("node-0").runs[-1]["verdict"] == "train"  # type: ignore[union-attr]
+
+
 def test_too_few_healthy_nodes_fails_fast_with_the_table(tmp_path: Path) -> None:
     run = run_for(tmp_path, count=2, spare=0, minimum=2, duration=3, drills="[{node: node-1, fault: crash}]")
     with pytest.raises(NodeUnhealthy, match=r"only 1 healthy node\(s\), nodes.min is 2:\n") as err:
         burn_in(run)
-    assert "node-1" in str(err.value) and "evicted: dead" in str(err.value) and "median" in str(err.value)
+    assert "node-1" in str(err.value) and "evicted: dead" in str(err.value) and "reference" in str(err.value)
     [failed] = run.ledger.events("burn_in", "stage_failed")
     assert failed["error"] == "NodeUnhealthy"
 
@@ -134,7 +176,7 @@ def test_a_candidate_refuses_an_instruction_it_cannot_verify(tmp_path: Path, mon
     from trainyard.burnin.sealing import KEY_ENV, unseal
 
     store = host_store()
-    stranger(store.port).set("go/node-0", "1")  # not the orchestrator's: unsigned
+    stranger(store.port).set("do/node-0/0", '{"do": "probe"}')  # not the orchestrator's: unsigned
     monkeypatch.setenv(KEY_ENV, "cd" * 32)
     with pytest.raises(SystemExit) as exited:
         node.main(
@@ -154,8 +196,8 @@ def test_a_candidate_refuses_an_instruction_it_cannot_verify(tmp_path: Path, mon
             ]
         )
     assert exited.value.code == node.TAMPERED_EXIT
-    assert "'go/node-0' is not signed" in unseal("cd" * 32, "tampered/node-0", store.get("tampered/node-0"))
-    assert not store.check(["local/node-0"])  # it ran no probe on a forged go
+    assert "'do/node-0/0' is not signed" in unseal("cd" * 32, "tampered/node-0", store.get("tampered/node-0"))
+    assert not store.check(["done/node-0/0"])  # it ran no probe on a forged instruction
 
 
 def test_a_candidate_without_its_key_does_not_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -99,3 +99,31 @@ def test_without_a_pressure_test_the_candidates_are_real_cluster_nodes_with_the_
     assert result["skipped"] and len(result["healthy"]) == 2 and len(result["spare"]) == 1
     assert sorted(result["healthy"] + result["spare"]) == ["gpu-a", "gpu-b", "gpu-c"]
     assert fake.items("api/v1", "pods", NS) == []  # nothing was probed
+
+
+def test_an_evicted_cluster_node_is_retested_after_its_cool_down_and_its_marks_removed(
+    fake: FakeKube, tmp_path: Path
+) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from trainyard.kube.marks import label_evicted
+
+    core = __import__("kubernetes").client.CoreV1Api(fake.client())
+    label_evicted(
+        core,
+        ["gpu-d"],
+        "trainyard.io/evicted",
+        reasons={"gpu-d": "straggler"},
+        at=datetime.now(UTC) - timedelta(hours=25),
+    )
+    run = run_for(tmp_path, "[]")
+    with Kubelet(fake, NS):
+        result = burn_in(run, fake.client())
+    assert result["readmitted"] == ["gpu-d"] and result["evicted"] == {}, result
+    meta = {n["metadata"]["name"]: n["metadata"] for n in fake.items("api/v1", "nodes")}
+    assert "trainyard.io/evicted" not in meta["gpu-d"].get("labels", {})
+    assert "trainyard.io/evicted-at" not in meta["gpu-d"].get("annotations", {})
+    [retested] = run.ledger.events("burn_in", "nodes_retested")
+    assert retested["readmitted"] == ["gpu-d"]
+    kinds = {e["node"]: e["kind"] for e in run.ledger.events("burn_in", "node_verdict")}
+    assert set(kinds) == {"gpu-a", "gpu-b", "gpu-c", "gpu-d"}

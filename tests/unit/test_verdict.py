@@ -66,7 +66,7 @@ def test_drills_from_spec_and_environment() -> None:
     env = {"TRAINYARD_BURNIN_DRILLS": "node-1=crash; node-2=throttle:0.3;node-0=hang"}
     assert drills_from(cfg, env) == {"node-1": ("crash", 0.3), "node-2": ("throttle", 0.3), "node-0": ("hang", 0.3)}
     assert drills_from(cfg, {"TRAINYARD_BURNIN_DRILLS": "node-0=slow_link:0.5"})["node-0"] == ("slow_link", 0.5)
-    with pytest.raises(ValueError, match="fault must be throttle, slow_link, crash or hang"):
+    with pytest.raises(ValueError, match="fault must be one of throttle, blip, slow_link, crash, hang"):
         drills_from(cfg, {"TRAINYARD_BURNIN_DRILLS": "node-1=explode"})
 
 

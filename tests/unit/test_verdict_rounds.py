@@ -174,11 +174,12 @@ def test_each_kind_is_judged_against_its_own() -> None:
 
 
 def test_without_a_second_round_a_suspect_stays_evicted_and_a_dead_node_is_dead() -> None:
-    verdict = decide(
-        {**batch(3, node_2=node(matmul_gflops=0.5)), "node-3": None}, 4, RULES, {"node-3": "exited 1"}, again={}
-    )
-    assert verdict.evicted["node-2"].endswith("(not measured again)")
+    first = {**batch(3, node_2=node(matmul_gflops=0.5)), "node-3": None}
+    verdict = decide(first, 4, RULES, {"node-3": "exited 1"})
+    assert verdict.evicted["node-2"].startswith("straggler: matmul_gflops")
     assert verdict.evicted["node-3"] == "dead: exited 1"
+    # a suspicion the second round could not measure again (a link test short of partners) is not confirmed
+    assert "node-2" not in decide(first, 4, RULES, {"node-3": "exited 1"}, again={}).evicted
 
 
 def test_flatten_reads_the_gpu_report_and_the_best_link() -> None:

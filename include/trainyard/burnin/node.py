@@ -93,9 +93,13 @@ def act_out(fault: str) -> None:
 
 
 def throttles(args: argparse.Namespace) -> tuple[Throttle, Throttle]:
-    """(local probes, collective traffic): a ``throttle`` drill slows the first, ``slow_link`` the second."""
+    """(local probes, collective traffic): a ``throttle`` drill slows the first, ``slow_link`` the second.
+
+    A ``blip`` slows only the first round of local probes: a burst of someone
+    else's work, which the confirmation round must clear.
+    """
     return (
-        Throttle(args.factor if args.fault == "throttle" else 0.0),
+        Throttle(args.factor if args.fault in ("throttle", "blip") else 0.0),
         Throttle(args.factor if args.fault == "slow_link" else 0.0),
     )
 
@@ -126,7 +130,7 @@ def protocol(signed: SignedStore, args: argparse.Namespace) -> None:
             if what == "probe":
                 if i == 0:
                     act_out(args.fault)
-                answer: Any = local_figures(args, local)
+                answer: Any = local_figures(args, local if i == 0 or args.fault != "blip" else Throttle())
             elif what == "join":
                 members = order["members"]
                 join(signed.store, args.node, members, args.timeout)
@@ -155,7 +159,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sizes-kb", default="64,1024,8192")
     p.add_argument("--scratch", required=True, help="a folder on the hot tier")
     p.add_argument("--timeout", type=float, default=60)
-    p.add_argument("--fault", choices=["none", "throttle", "slow_link", "crash", "hang"], default="none")
+    p.add_argument("--fault", choices=["none", "throttle", "blip", "slow_link", "crash", "hang"], default="none")
     p.add_argument("--factor", type=float, default=0.0)
     args = p.parse_args(argv)
     torch.set_num_threads(1)  # local nodes share this machine's cores, as ranks will

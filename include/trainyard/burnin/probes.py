@@ -192,12 +192,16 @@ def busbw_gbps(nbytes: int, budget_s: float, throttle: Throttle = NO_THROTTLE) -
     return 2 * (world - 1) / world * tensor.numel() * 4 / float(elapsed) / 1e9 if world > 1 else 0.0
 
 
-def pair_gbps(peer: int, leads: bool, nbytes: int, budget_s: float, throttle: Throttle = NO_THROTTLE) -> float:
+def pair_gbps(
+    peer: int, leads: bool, nbytes: int, budget_s: float, throttle: Throttle = NO_THROTTLE, windows: int = 3
+) -> float:
     """Bandwidth between this rank and ``peer`` alone: ``nbytes`` each way per round trip, in GB/s.
 
     A ping-pong over the default group's point-to-point channel: the leading
-    side sends first and decides how many round trips fit the budget, so both
+    side sends first and decides how many round trips fit a window, so both
     sides run the same count. A slow link (or NIC) on either side slows it.
+    The best of ``windows`` windows, as ``timed_loop``: a burst of someone
+    else's traffic slows one window, a slow link all of them.
     """
     import torch.distributed as dist
 
@@ -216,12 +220,15 @@ def pair_gbps(peer: int, leads: bool, nbytes: int, budget_s: float, throttle: Th
     round_trip()  # warm-up: the pair's connection and buffers
     began = time.perf_counter()
     round_trip()
-    count = torch.tensor([max(1, int(budget_s / max(time.perf_counter() - began, 1e-6)))])
+    count = torch.tensor([max(1, int(budget_s / windows / max(time.perf_counter() - began, 1e-6)))])
     if leads:
         dist.send(count, peer)
     else:
         dist.recv(count, peer)
-    began = time.perf_counter()
-    for _ in range(int(count)):
-        round_trip()
-    return 2 * tensor.numel() * 4 * int(count) / (time.perf_counter() - began) / 1e9
+    best = 0.0
+    for _ in range(windows):
+        began = time.perf_counter()
+        for _ in range(int(count)):
+            round_trip()
+        best = max(best, 2 * tensor.numel() * 4 * int(count) / (time.perf_counter() - began) / 1e9)
+    return best

@@ -21,14 +21,15 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any, Protocol, get_args
 
 import torch.distributed as dist
 
 from trainyard.burnin.sealing import StoreTampered, seal, unseal
 from trainyard.burnin.verdict import Recheck
-from trainyard.spec import PressureTestSpec
+from trainyard.spec import DrillFault, PressureTestSpec
 
+FAULTS = get_args(DrillFault)
 STARTUP_S = 10.0  # importing torch in several fresh processes on a small machine
 
 
@@ -245,7 +246,7 @@ def drills_from(cfg: PressureTestSpec, environ: dict[str, str] | None = None) ->
     for item in filter(None, (part.strip() for part in text.split(";"))):
         node, _, what = item.partition("=")
         fault, _, factor = what.partition(":")
-        if fault not in ("throttle", "slow_link", "crash", "hang"):
-            raise ValueError(f"TRAINYARD_BURNIN_DRILLS: {item!r}: fault must be throttle, slow_link, crash or hang")
+        if fault not in FAULTS:
+            raise ValueError(f"TRAINYARD_BURNIN_DRILLS: {item!r}: fault must be one of {', '.join(FAULTS)}")
         drills[node.strip()] = (fault, float(factor) if factor else 0.3)
     return drills

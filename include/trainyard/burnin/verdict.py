@@ -195,8 +195,9 @@ class Suspicion:
         with_refs = sorted({self.reference_node[kinds[n]] for n in local} - set(local)) + local
         if not links:
             return Recheck(with_refs, [])
-        healthy = sorted((n for n in self.score if n not in self.failed), key=lambda n: (-self.score[n], n))
-        return Recheck(with_refs, sorted(set(links) | set(healthy[:2])) if healthy else [])
+        # the best two others (healthy first) meet the suspects again: a slow link is slow with both
+        others = sorted((n for n in self.score if n not in links), key=lambda n: (n in self.failed, -self.score[n], n))
+        return Recheck(with_refs, sorted({*links, *others[:2]}))
 
 
 def suspect(
@@ -304,16 +305,13 @@ def _held(
     """Which of the first round's failures the confirmation round confirmed (all of them without one)."""
     if again is None:
         return list(why.values())
-    second = again.get(node)
-    if second is None:
-        return [f"{w} (not measured again)" for w in why.values()]
+    second = again.get(node, {})
     refs = first.references.get(kinds[node], {})
     ref_node = first.reference_node.get(kinds[node])
     held = []
     for rule in (r for r in rules if r.probe in why):
         if rule.probe not in second:
-            held.append(f"{why[rule.probe]} (not measured again)")
-            continue
+            continue  # not measured again (too few nodes for a second link test): an unconfirmed suspicion
         scale = _drift(rule.probe, ref_node, figures, again) if rule.ratio is not None else 1.0
         if (reason := rule.fails(second[rule.probe], refs.get(rule.probe), scale)) is not None:
             held.append(f"{reason}, confirmed")

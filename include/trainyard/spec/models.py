@@ -26,6 +26,9 @@ NotifyOn = Literal["failure", "recovery"]
 ParamName = Literal["nodes", "min_nodes", "max_steps", "micro_batch", "lr", "resume_from"]
 
 PROBES: tuple[Probe, ...] = get_args(Probe)
+DrillFault = Literal["throttle", "blip", "slow_link", "crash", "hang"]
+DEFAULT_RATIOS: dict[str, float] = {"disk_write_mbps": 0.5, "disk_read_mbps": 0.5, "link_gbps": 0.7}
+"""Straggler ratios of the probes noisier than compute (``ratio_overrides`` wins)."""
 """The pressure test's per-node probes, in the order of its verdict table."""
 
 # DESIGN.md's table of failure kinds and their default actions; ``recovery.actions`` overrides.
@@ -361,9 +364,9 @@ class NodesSpec(_Model):
 class BurnInDrill(_Model):
     node: str
     """Candidate to act out the fault (``node-0``, ``node-1``, ...)."""
-    fault: Literal["throttle", "slow_link", "crash", "hang"]
-    """``throttle``: slow by ``factor``; ``slow_link``: its collective traffic slow by ``factor``; ``crash``: exit;
-    ``hang``: stop responding."""
+    fault: DrillFault
+    """``throttle``: slow by ``factor``; ``blip``: slow in the first round only (the confirmation round clears it);
+    ``slow_link``: its collective traffic slow by ``factor``; ``crash``: exit; ``hang``: stop responding."""
     factor: float = Field(0.3, gt=0, lt=1)
     """Share of throughput a throttled node loses."""
 
@@ -399,15 +402,17 @@ class PressureTestSpec(_Model):
     """A GPU hotter than this under the probe's load is evicted (datacenter GPUs slow down near 87-90 C)."""
     straggler_ratio: Ratio = 0.9
     """A node below this fraction of its reference (the batch median, or the fleet history) on a probe is a suspect."""
-    ratio_overrides: dict[Probe, Ratio] = {"disk_write_mbps": 0.5, "disk_read_mbps": 0.5, "link_gbps": 0.7}
-    """Per-probe straggler ratios (shared disks are noisier than cores, and links than both)."""
+    ratio_overrides: dict[Probe, Ratio] = {}
+    """Per-probe straggler ratios, over the defaults (disks 0.5: shared disks are noisier than cores; links 0.7)."""
     cooldown_h: float = Field(24.0, ge=0, le=24 * 365)
     """An evicted node sits out this long, then a later pressure test re-tests it and re-admits it if it passes."""
     drills: list[BurnInDrill] = Field([], max_length=MAX_NODES)
     """Faults to act out during the test, for rehearsals (also ``TRAINYARD_BURNIN_DRILLS``)."""
 
     def ratio(self, probe: Probe) -> float:
-        return self.ratio_overrides.get(probe, self.straggler_ratio) if probe in PROBES else _unknown_probe(probe)
+        if probe not in PROBES:
+            return _unknown_probe(probe)
+        return self.ratio_overrides.get(probe, DEFAULT_RATIOS.get(probe, self.straggler_ratio))
 
     def floor(self, probe: Probe) -> float:
         floors = {
