@@ -213,6 +213,11 @@ def test_pair_rounds_meet_every_partner_once_in_disjoint_pairs(count: int) -> No
         assert len(busy) == len(set(busy))
 
 
+def test_pairs_of_one_shared_host_take_turns() -> None:
+    rounds = pair_rounds(["a", "b", "c", "d"], shared=True)
+    assert len(rounds) == 6 and all(len(r) == 1 for r in rounds)
+
+
 def test_pair_rounds_are_capped_on_a_large_batch() -> None:
     rounds = pair_rounds([f"n{i}" for i in range(64)], most=8)
     assert len(rounds) == 8 and all(len(r) == 32 for r in rounds)

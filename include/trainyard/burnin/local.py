@@ -82,4 +82,4 @@ def run_burn_in(
         )
         for node in candidates
     }
-    return run_protocol(store, nodes, cfg, STARTUP_S, keys, recheck)
+    return run_protocol(store, nodes, cfg, STARTUP_S, keys, recheck, shared=True)  # one host's cores

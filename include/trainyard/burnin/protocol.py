@@ -87,15 +87,20 @@ MAX_PAIR_ROUNDS = 8
 """Each node meets at most this many partners: enough to tell its link from theirs."""
 
 
-def pair_rounds(members: list[str], most: int = MAX_PAIR_ROUNDS) -> list[list[list[str]]]:
-    """Rounds of disjoint pairs (the circle method): in ``r`` rounds every node meets ``r`` partners."""
+def pair_rounds(members: list[str], most: int = MAX_PAIR_ROUNDS, shared: bool = False) -> list[list[list[str]]]:
+    """Rounds of disjoint pairs (the circle method): in ``r`` rounds every node meets ``r`` partners.
+
+    ``shared``: the nodes share one host's cores, so each pair gets a round of
+    its own (a pair slowed by a bad link would hand its cores to the pair next
+    to it, which would then look fast).
+    """
     ring: list[str | None] = [*members, None] if len(members) % 2 else list(members)
     n = len(ring)
     rounds = []
     for _ in range(min(n - 1, most)):
         rounds.append([[a, b] for a, b in zip(ring[: n // 2], reversed(ring[n // 2 :])) if a and b])
         ring = [ring[0], ring[-1], *ring[1:-1]]
-    return rounds
+    return [[pair] for r in rounds for pair in r] if shared else rounds
 
 
 def host_store(host: str = "127.0.0.1") -> dist.TCPStore:
@@ -172,12 +177,14 @@ def run_protocol(
     startup_s: float,
     keys: dict[str, str],
     recheck: Callable[[BurnInRun], Recheck] | None = None,
+    shared: bool = False,
 ) -> BurnInRun:
     """Drive started candidates through ready, local probes in turns, the group tests and a confirmation round.
 
     ``keys`` holds each candidate's per-run key: what it signs with, and what
     the orchestrator signs its instructions to it with. ``recheck`` decides,
-    from the first round, whom the confirmation round probes again.
+    from the first round, whom the confirmation round probes again. ``shared``:
+    the candidates share this host's cores (local), so pairs take turns too.
     """
     started = time.monotonic()
     plan = Schedule.of(cfg, len(nodes))
@@ -196,13 +203,13 @@ def run_protocol(
                 result.local[name] = figures
         members = conductor.alive([n for n in nodes if n in result.local])
         if len(members) > 1:
-            group_tests(conductor, members, cfg, plan)
+            group_tests(conductor, members, cfg, plan, shared)
         again = recheck(result) if recheck else Recheck()
         for name in conductor.alive(again.local):
             if (figures := conductor.probe(name, plan)) is not None:
                 result.again[name] = figures
         if len(again.links) > 2 and len(conductor.alive(members)) == len(members):
-            rounds = pair_rounds(again.links)
+            rounds = pair_rounds(again.links, shared=shared)
             result.links_again = conductor.together(
                 members, _pairs(rounds, cfg, plan), plan.pairs_s + 2 * plan.grace_s + 5, "did not finish the link test"
             )
@@ -215,8 +222,11 @@ def run_protocol(
     return result
 
 
-def group_tests(conductor: Conductor, members: list[str], cfg: PressureTestSpec, plan: Schedule) -> None:
-    """Join one group, then the all-reduce and the pairwise link test (whose link is slow)."""
+def group_tests(conductor: Conductor, members: list[str], cfg: PressureTestSpec, plan: Schedule, shared: bool) -> None:
+    """Join one group, then the all-reduce and, with three or more, the pairwise link test (whose link is slow).
+
+    Two nodes share their only pair: the test could not say whose link it is.
+    """
     joined = conductor.together(
         members, {"do": "join", "members": members}, 30 + plan.grace_s, "did not join the group"
     )
@@ -226,10 +236,10 @@ def group_tests(conductor: Conductor, members: list[str], cfg: PressureTestSpec,
     conductor.result.collective = conductor.together(
         members, {"do": "allreduce"}, plan.collective_s + 2 * plan.grace_s + 5, late
     )
-    if len(conductor.result.collective) == len(members):
+    if len(conductor.result.collective) == len(members) and len(members) > 2:
         conductor.result.links = conductor.together(
             members,
-            _pairs(pair_rounds(members), cfg, plan),
+            _pairs(pair_rounds(members, shared=shared), cfg, plan),
             plan.pairs_s + 2 * plan.grace_s + 5,
             "did not finish the link test",
         )

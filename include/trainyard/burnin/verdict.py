@@ -319,10 +319,15 @@ def _held(
 
 
 def _drift(probe: str, ref_node: str | None, figures: Mapping[str, Figures], again: Mapping[str, Figures]) -> float:
-    """How the reference node's figure moved between the rounds (1.0 where it was not measured twice)."""
+    """How far the reference node's figure fell between the rounds (1.0 where it did not, or was measured once).
+
+    Only a fall moves the threshold: it protects a suspect from a machine that
+    got busier. A reference that measured faster the second time is noise the
+    suspect is not held to.
+    """
     before = figures.get(ref_node, {}).get(probe) if ref_node else None
     after = again.get(ref_node, {}).get(probe) if ref_node else None
-    return after / before if before and after else 1.0
+    return min(1.0, after / before) if before and after else 1.0
 
 
 def format_table(verdict: Verdict, rules: list[Rule]) -> str:
