@@ -157,9 +157,9 @@ def parse_smi(text: str) -> list[DeviceHealth]:
 Runner = Callable[..., "subprocess.CompletedProcess[str]"]
 
 
-def read_smi(smi: str | None = None, run: Runner = subprocess.run) -> list[DeviceHealth]:
+def read_smi(smi: str | None = None, run: Runner | None = None) -> list[DeviceHealth]:
     """Every GPU's counters through the CLI, with the older drivers' field name as the fallback."""
-    smi = smi or shutil.which("nvidia-smi")
+    smi, run = smi or shutil.which("nvidia-smi"), run or subprocess.run
     if smi is None:
         raise HealthUnavailable("nvidia-smi not found")
     why = ""
