@@ -4,8 +4,8 @@
 #   1. the demo pipeline on GPU: dags/pipelines/nightly_pretrain.yaml with its nodes given GPUs
 #      (nodes.gpus_per_node, one rank per GPU: NCCL, bf16), run stage by stage without Airflow
 #      (stage, check, burn-in, train, checkpoint gate, publish, report);
-#   2. the burn-in's bf16 matmul probe (burnin/probes.py gpu_checks) as a fraction of the
-#      device's dense bf16 peak (the table below, by device name);
+#   2. the burn-in's bf16 matmul probe (burnin/gpu.py gpu_checks) as a fraction of the
+#      device's dense bf16 peak (gpu.py PEAK_BF16_TFLOPS, by device name);
 #   3. one recovery drill: a training node SIGKILLed mid-run, which recovery must replace or
 #      scale down, after which the run must succeed.
 #
@@ -46,15 +46,12 @@ if not torch.cuda.is_available():
     done({"skipped": True, "reason": f"no CUDA device visible (torch {torch.__version__}, {build})"})
 
 from trainyard import stages  # noqa: E402
-from trainyard.burnin.probes import gpu_checks  # noqa: E402
+from trainyard.burnin.gpu import gpu_checks, peak_bf16_tflops  # noqa: E402
 from trainyard.cli import main as trainyard  # noqa: E402
 from trainyard.drill import run_drill  # noqa: E402
 from trainyard.run import open_run  # noqa: E402
 from trainyard.spec import Drill  # noqa: E402
 
-# Dense bf16 tensor-core peaks (TFLOP/s, no sparsity) from NVIDIA's data sheets; first match wins.
-PEAKS = [("H200", 989.0), ("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0), ("GH200", 989.0),
-         ("A100", 312.0), ("L40S", 362.0), ("L4", 121.0), ("A10", 125.0)]  # fmt: skip
 DATE = "2026-11-28"
 
 gpus = torch.cuda.device_count()
@@ -105,12 +102,12 @@ except Exception as exc:  # one line in the JSON, the traceback on stderr
 
 # ---- 2. the burn-in's bf16 probe against the device's peak
 probe = gpu_checks(budget_s=6.0)
-peak = next((tflops for key, tflops in PEAKS if key in name), None)
+peak = peak_bf16_tflops(name)
 result["bf16_matmul"] = {
     "tflops": round(probe["bf16_tflops"], 1), "peak_tflops": peak,
     "fraction_of_peak": round(probe["bf16_tflops"] / peak, 3) if peak else None,
-    **({} if peak else {"note": f"no peak known for {name!r}: add it to PEAKS"}),
-    **{k: probe[k] for k in ("temperature_c", "ecc_uncorrected", "nvml") if k in probe},
+    **({} if peak else {"note": f"no peak known for {name!r}: add it to trainyard.burnin.gpu.PEAK_BF16_TFLOPS"}),
+    **{k: probe[k] for k in ("temperature_c", "ecc_uncorrected", "throttle", "health_source") if k in probe},
 }  # fmt: skip
 
 # ---- 3. one recovery drill: a training node killed mid-run

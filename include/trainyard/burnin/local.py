@@ -19,18 +19,33 @@ from trainyard.burnin.protocol import STARTUP_S, BurnInRun, Schedule, host_store
 from trainyard.burnin.sealing import KEY_ENV, node_key, run_secret
 from trainyard.burnin.verdict import Recheck
 from trainyard.launch.environ import child_env
+from trainyard.launch.local import LocalLauncher, host_gpus
 from trainyard.spec import PressureTestSpec
 
 
-def candidate_env(node: str, key: str, parent: dict[str, str] | None = None) -> dict[str, str]:
-    """What a local candidate's process sees: the allowed part of the worker's environment, its name, its key."""
+def candidate_env(node: str, key: str, parent: dict[str, str] | None = None, gpus: str | None = None) -> dict[str, str]:
+    """What a local candidate's process sees: the allowed part of the worker's environment, its name, its key,
+    and its GPUs where the spec splits them (``gpus``, its ``CUDA_VISIBLE_DEVICES``; None leaves the worker's)."""
+    own = {"TRAINYARD_NODE": node, "OMP_NUM_THREADS": "1", KEY_ENV: key}
     return child_env(
-        os.environ if parent is None else parent, {"TRAINYARD_NODE": node, "OMP_NUM_THREADS": "1", KEY_ENV: key}
+        os.environ if parent is None else parent, own if gpus is None else {**own, "CUDA_VISIBLE_DEVICES": gpus}
     )
 
 
+def candidate_gpus(candidates: list[str], gpus_per_node: int, parent: dict[str, str] | None = None) -> dict[str, str]:
+    """Each candidate's ``CUDA_VISIBLE_DEVICES``: the host's GPUs split as training splits them
+    (``nodes.gpus_per_node``), so a candidate measures a node's share, not the whole host; {} with 0 (every
+    candidate sees the worker's GPUs, as before). Spares beyond the host's shares reuse them in turn: local
+    candidates probe one at a time, so two never measure one GPU at once. ``SpecError`` if not one share fits."""
+    if not gpus_per_node:
+        return {}
+    shares = len(host_gpus(os.environ if parent is None else parent)) // gpus_per_node
+    split = LocalLauncher(gpus_per_node).gpu_split(max(1, min(len(candidates), shares)), parent)
+    return {node: split[i % len(split)] for i, node in enumerate(candidates)}
+
+
 class LocalCandidate:
-    def __init__(self, node: str, args: list[str], log: Path, key: str):
+    def __init__(self, node: str, args: list[str], log: Path, key: str, gpus: str | None = None):
         self.node, self.log = node, log
         with open_append(log) as out:  # never through a link planted in the run folder
             self.proc = subprocess.Popen(
@@ -38,7 +53,7 @@ class LocalCandidate:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                env=candidate_env(node, key),
+                env=candidate_env(node, key, gpus=gpus),
             )
 
     def alive(self) -> bool:
@@ -63,8 +78,12 @@ def run_burn_in(
     log_dir: Path,
     drills: dict[str, tuple[str, float]],
     recheck: Callable[[BurnInRun], Recheck] | None = None,
+    *,
+    gpus_per_node: int = 0,
 ) -> BurnInRun:
-    """Probe every candidate; ``drills`` maps a node to (fault, factor) for rehearsals."""
+    """Probe every candidate; ``drills`` maps a node to (fault, factor) for rehearsals; ``gpus_per_node``
+    (``nodes.gpus_per_node``) gives each candidate its own GPUs, as training will."""
+    gpus = candidate_gpus(candidates, gpus_per_node)  # SpecError before any process starts
     log_dir.mkdir(parents=True, exist_ok=True)
     plan = Schedule.of(cfg, len(candidates))
     store = host_store()
@@ -79,6 +98,7 @@ def run_burn_in(
             ),
             log_dir / f"{node}.log",
             keys[node],
+            gpus.get(node),
         )
         for node in candidates
     }

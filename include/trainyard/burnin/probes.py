@@ -8,8 +8,6 @@ rehearsals exercise the same code path as a real straggler.
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import time
 import uuid
 from collections.abc import Callable
@@ -136,35 +134,14 @@ def disk_mbps(
     return written / write_s / 1e6, read / max(read_s, 1e-9) / 1e6
 
 
-def gpu_checks(budget_s: float, throttle: Throttle = NO_THROTTLE) -> dict[str, Any]:
-    """Device count, bf16 matmul TFLOP/s and NVML counters where a GPU exists; else the reason it was skipped."""
-    if not torch.cuda.is_available():
-        return {"skipped": "no CUDA device visible"}
-    out: dict[str, Any] = {"devices": torch.cuda.device_count()}
-    out["bf16_tflops"] = matmul_gflops(8192, budget_s, throttle, device="cuda", dtype=torch.bfloat16) / 1e3
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        out["nvml"] = "skipped: nvidia-smi not found"
-        return out
-    query = "index,temperature.gpu,ecc.errors.uncorrected.volatile.total"
-    done = subprocess.run(
-        [smi, f"--query-gpu={query}", "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10
-    )
-    if done.returncode != 0:
-        out["nvml"] = f"skipped: nvidia-smi exited {done.returncode}"
-        return out
-    rows = [line.split(", ") for line in done.stdout.strip().splitlines()]
-    out["temperature_c"] = max(_number(r[1]) for r in rows)
-    out["ecc_uncorrected"] = sum(_number(r[2]) for r in rows)
-    out["xid"] = "skipped: Xid errors are in the kernel log, not readable from a pod"
-    return out
+def __getattr__(name: str) -> Any:
+    """``gpu_checks`` moved to ``trainyard.burnin.gpu``; old imports from here still find it. Looked up on first
+    use, not imported at the top: that module imports this one's matmul probe."""
+    if name == "gpu_checks":
+        from trainyard.burnin.gpu import gpu_checks
 
-
-def _number(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        return 0.0  # "[N/A]" on devices without ECC
+        return gpu_checks
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def busbw_gbps(nbytes: int, budget_s: float, throttle: Throttle = NO_THROTTLE) -> float:
