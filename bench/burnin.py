@@ -90,13 +90,17 @@ class Bench:
         self.count += 1
         kinds = dict.fromkeys(nodes, KIND)
         judge = Judge(rules_of(self.cfg), len(nodes), kinds, self.fleet.references([KIND]), shared=True)
-        probed = run_burn_in(nodes, self.cfg, self.root / "hot", self.root / f"logs-{self.count}", drills, judge.recheck)
+        probed = run_burn_in(
+            nodes, self.cfg, self.root / "hot", self.root / f"logs-{self.count}", drills, judge.recheck
+        )
         verdict = judge.verdict(nodes, probed)
         record_verdict(self.fleet, verdict, kinds, at=time.time(), run_id=f"bench-{self.count}", drills=drills)
         return verdict, probed.seconds, bool(probed.again or probed.links_again)
 
 
-def drill_trials(bench: Bench, count: int, fault: str, factor: float, sizes: list[int], rng: random.Random) -> dict[str, Any]:
+def drill_trials(
+    bench: Bench, count: int, fault: str, factor: float, sizes: list[int], rng: random.Random
+) -> dict[str, Any]:
     """Trials with one drilled node among ``sizes`` candidates: how often exactly it was evicted."""
     detected = exact = false = 0
     for i in range(count):

@@ -166,7 +166,9 @@ def burn_in(run: Run, cluster: Any | None = None) -> dict[str, Any]:
         judge = Judge(rules_of(cfg), nodes.count, kinds, fleet.references(kinds.values()), True)
         if sitting_out:
             run.ledger.append("burn_in", "sitting_out", nodes={n: _iso(u) for n, u in sitting_out.items()})
-        probed = run_burn_in(names, cfg, run.hot_root, run.dir / "burn-in", drills, judge.recheck)
+        probed = run_burn_in(
+            names, cfg, run.hot_root, run.dir / "burn-in", drills, judge.recheck, gpus_per_node=nodes.gpus_per_node
+        )
     verdict = judge.verdict(names, probed)
     table = format_table(verdict, judge.rules)
     log.info("pressure test verdict (%.1f s):\n%s", probed.seconds, table)

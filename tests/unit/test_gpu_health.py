@@ -387,12 +387,6 @@ def test_an_unknown_device_has_no_fraction_of_peak(monkeypatch: pytest.MonkeyPat
     assert figures["health_source"].startswith("skipped: ")
 
 
-def test_old_imports_of_gpu_checks_from_probes_still_work() -> None:
-    from trainyard.burnin import probes
-
-    assert probes.gpu_checks is gpu.gpu_checks
-
-
 # ---- local candidates on a multi-GPU host
 
 

@@ -275,6 +275,7 @@ def test_every_probe_has_its_own_floor_and_an_unknown_one_is_refused() -> None:
         min_gflops=1.0,
         min_membw_gbps=2.0,
         min_disk_mbps=3.0,
+        min_link_gbps=4.0,
         straggler_ratio=0.8,
         ratio_overrides={"disk_read_mbps": 0.4},
     )
@@ -283,8 +284,12 @@ def test_every_probe_has_its_own_floor_and_an_unknown_one_is_refused() -> None:
         "membw_gbps": 2.0,
         "disk_write_mbps": 3.0,
         "disk_read_mbps": 3.0,
+        "bf16_tflops": 0.0,
+        "link_gbps": 4.0,
     }
     assert cfg.ratio("matmul_gflops") == 0.8 and cfg.ratio("disk_read_mbps") == 0.4
+    # an override of one probe keeps the other defaults (disks 0.5, links 0.7)
+    assert cfg.ratio("disk_write_mbps") == 0.5 and cfg.ratio("link_gbps") == 0.7
     with pytest.raises(ValueError, match="unknown pressure-test probe 'gpu_tflops'"):
         cfg.floor("gpu_tflops")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="unknown pressure-test probe"):

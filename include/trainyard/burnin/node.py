@@ -36,7 +36,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainyard.burnin.probes import Throttle, busbw_gbps, disk_mbps, gpu_checks, matmul_gflops, memory_gbps, pair_gbps
+from trainyard.burnin.gpu import gpu_checks
+from trainyard.burnin.probes import Throttle, busbw_gbps, disk_mbps, matmul_gflops, memory_gbps, pair_gbps
 from trainyard.burnin.sealing import KEY_ENV, StoreTampered, seal, unseal
 
 TAMPERED_EXIT = 3

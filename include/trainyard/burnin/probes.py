@@ -12,7 +12,6 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -132,16 +131,6 @@ def disk_mbps(
     finally:
         path.unlink(missing_ok=True)
     return written / write_s / 1e6, read / max(read_s, 1e-9) / 1e6
-
-
-def __getattr__(name: str) -> Any:
-    """``gpu_checks`` moved to ``trainyard.burnin.gpu``; old imports from here still find it. Looked up on first
-    use, not imported at the top: that module imports this one's matmul probe."""
-    if name == "gpu_checks":
-        from trainyard.burnin.gpu import gpu_checks
-
-        return gpu_checks
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def busbw_gbps(nbytes: int, budget_s: float, throttle: Throttle = NO_THROTTLE) -> float:
