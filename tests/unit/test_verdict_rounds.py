@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from trainyard.burnin.protocol import pair_rounds
-from trainyard.burnin.verdict import LINK, Recheck, decide, flatten, rules_of, suspect
+from trainyard.burnin.verdict import LINK, Recheck, combine, decide, flatten, rules_of, suspect
 from trainyard.spec import PressureTestSpec
 
 RULES = rules_of(PressureTestSpec())
@@ -67,7 +67,7 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any], list[str], list[str]]] = 
         [],
     ),
     (
-        "the machine slows 30% between rounds: the reference node's drift keeps the suspect",
+        "the machine slows 30% between rounds: the reference node measured beside the suspect clears it",
         batch(4, node_3=node(matmul_gflops=0.85)),
         {"node-0": node(matmul_gflops=0.7), "node-3": node(matmul_gflops=0.66)},
         [],
@@ -221,3 +221,22 @@ def test_pairs_of_one_shared_host_take_turns() -> None:
 def test_pair_rounds_are_capped_on_a_large_batch() -> None:
     rounds = pair_rounds([f"n{i}" for i in range(64)], most=8)
     assert len(rounds) == 8 and all(len(r) == 32 for r in rounds)
+
+
+def test_turns_combine_to_the_median_rate_and_the_worst_gpu_counter() -> None:
+    def turn(matmul: float, temp: float, ecc: int, mask: int, tflops: float) -> dict:
+        gpu = {"devices": 8, "name": "NVIDIA H100 80GB HBM3", "bf16_tflops": tflops, "temperature_c": temp}
+        return {"matmul_gflops": matmul, "gpu": {**gpu, "ecc_uncorrected": ecc, "throttle_mask": mask}}
+
+    # a burst of speed in one turn and a stall in another are both one turn's luck
+    reports = [
+        turn(120, 70, 0, 0, 690),
+        turn(160, 74, 0, 0x40, 700),
+        turn(60, 72, 2, 0, 695),
+        turn(118, 71, 0, 0x8, 692),
+    ]
+    combined = combine(reports)
+    assert combined["matmul_gflops"] == 119.0
+    assert combined["gpu"]["temperature_c"] == 74 and combined["gpu"]["ecc_uncorrected"] == 2
+    assert combined["gpu"]["throttle_mask"] == 0x48 and combined["gpu"]["bf16_tflops"] == 693.5
+    assert combined["gpu"]["name"] == "NVIDIA H100 80GB HBM3"

@@ -38,8 +38,6 @@ def node_args(
         node,
         "--store",
         store,
-        "--slot",
-        str(schedule.slot_s),
         "--collective-s",
         str(schedule.collective_s),
         "--size",

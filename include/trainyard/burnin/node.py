@@ -5,8 +5,9 @@ same for a local process and a pod. The node says ``ready/<node>``, then
 carries out numbered instructions ``do/<node>/<i>`` and answers each under
 ``done/<node>/<i>``:
 
-- ``probe``: run the local probes (the first round, and again if the
-  orchestrator wants to confirm a suspicion);
+- ``probe``: one turn of the local probes (the candidates take turns, a
+  few each, so a machine whose speed drifts drifts for all of them; and
+  again in a confirmation round);
 - ``join``: join the nodes that reported in a gloo group;
 - ``allreduce``: the group's all-reduce bus bandwidth;
 - ``pairs``: point-to-point bandwidth with each partner of a schedule of
@@ -43,12 +44,14 @@ from trainyard.burnin.sealing import KEY_ENV, StoreTampered, seal, unseal
 TAMPERED_EXIT = 3
 
 
-def local_figures(args: argparse.Namespace, throttle: Throttle) -> dict[str, Any]:
-    share = args.slot / 3
+def local_figures(args: argparse.Namespace, throttle: Throttle, seconds: float) -> dict[str, Any]:
+    """One turn of the local probes, ``seconds`` in all."""
+    share = seconds / 3
     write, read = disk_mbps(Path(args.scratch), args.disk_mb, share, throttle)
     return {
-        "matmul_gflops": round(matmul_gflops(args.size, share, throttle), 3),
-        "membw_gbps": round(memory_gbps(args.membw_mb, share, throttle), 3),
+        # one window per turn: the orchestrator takes the median over the turns
+        "matmul_gflops": round(matmul_gflops(args.size, share, throttle, windows=1), 3),
+        "membw_gbps": round(memory_gbps(args.membw_mb, share, throttle, windows=1), 3),
         "disk_write_mbps": round(write, 1),
         "disk_read_mbps": round(read, 1),
         "gpu": gpu_checks(share, throttle),
@@ -131,7 +134,8 @@ def protocol(signed: SignedStore, args: argparse.Namespace) -> None:
             if what == "probe":
                 if i == 0:
                     act_out(args.fault)
-                answer: Any = local_figures(args, local if i == 0 or args.fault != "blip" else Throttle())
+                blip_over = args.fault == "blip" and order["round"] > 1
+                answer: Any = local_figures(args, Throttle() if blip_over else local, order["seconds"])
             elif what == "join":
                 members = order["members"]
                 join(signed.store, args.node, members, args.timeout)
@@ -152,7 +156,6 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--node", required=True)
     p.add_argument("--store", required=True, help="host:port of the orchestrator's store")
-    p.add_argument("--slot", type=float, required=True, help="seconds for the local probes")
     p.add_argument("--collective-s", type=float, required=True)
     p.add_argument("--size", type=int, default=256)
     p.add_argument("--membw-mb", type=int, default=64)

@@ -41,17 +41,20 @@ NO_THROTTLE = Throttle()
 
 
 def timed_loop(
-    op: Callable[[], object], budget_s: float, throttle: Throttle = NO_THROTTLE, windows: int = 3
+    op: Callable[[], object], budget_s: float, throttle: Throttle = NO_THROTTLE, windows: int = 5
 ) -> tuple[int, float]:
-    """Run ``op`` for ``budget_s`` in ``windows`` equal windows; the best window's (iterations, seconds).
+    """Run ``op`` for ``budget_s`` in ``windows`` equal windows; the median window's (iterations, seconds).
 
-    The best window, not the mean: on a shared machine a burst of someone else's
-    work (or a core waking up) slows one window; a slow node is slow in all of
-    them, and a throttled one loses its share in each.
+    The median window, neither the mean nor the best: on a shared machine a
+    burst of someone else's work slows a window, and on a virtual machine a
+    burst of borrowed speed (a sibling idle, a clock boost) speeds one up by a
+    third; both are one window's luck. A slow node is slow in all of them, and
+    a throttled one loses its share in each.
     """
     op()  # warm-up: first call pays for allocation and kernel choice
     runs = [_window(op, budget_s / max(1, windows), throttle) for _ in range(max(1, windows))]
-    return max(runs, key=lambda run: run[0] / run[1])  # the first of equals, as the windows ran
+    ranked = sorted(runs, key=lambda run: run[0] / run[1])  # stable: of equal rates, the earlier window
+    return ranked[(len(ranked) - 1) // 2]
 
 
 def _window(op: Callable[[], object], seconds: float, throttle: Throttle) -> tuple[int, float]:
@@ -73,6 +76,7 @@ def matmul_gflops(
     throttle: Throttle = NO_THROTTLE,
     device: str = "cpu",
     dtype: torch.dtype = torch.float32,
+    windows: int = 5,
 ) -> float:
     """Sustained matmul throughput (fp32 on CPU; bf16 on GPU)."""
     a = torch.randn(size, size, device=device, dtype=dtype)
@@ -83,15 +87,15 @@ def matmul_gflops(
         torch.mm(a, b)
         sync()
 
-    iters, seconds = timed_loop(op, budget_s, throttle)
+    iters, seconds = timed_loop(op, budget_s, throttle, windows)
     return 2.0 * size**3 * iters / seconds / 1e9
 
 
-def memory_gbps(megabytes: int, budget_s: float, throttle: Throttle = NO_THROTTLE) -> float:
+def memory_gbps(megabytes: int, budget_s: float, throttle: Throttle = NO_THROTTLE, windows: int = 5) -> float:
     """Copy bandwidth of host memory: each copy reads and writes the buffer once."""
     src = torch.empty(megabytes << 18, dtype=torch.float32).fill_(1.0)  # megabytes << 18 floats = megabytes MiB
     dst = torch.empty_like(src)
-    iters, seconds = timed_loop(lambda: dst.copy_(src), budget_s, throttle)
+    iters, seconds = timed_loop(lambda: dst.copy_(src), budget_s, throttle, windows)
     return 2 * src.numel() * 4 * iters / seconds / 1e9
 
 

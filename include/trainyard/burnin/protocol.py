@@ -26,10 +26,12 @@ from typing import Any, Protocol, get_args
 import torch.distributed as dist
 
 from trainyard.burnin.sealing import StoreTampered, seal, unseal
-from trainyard.burnin.verdict import Recheck
+from trainyard.burnin.verdict import Recheck, combine
 from trainyard.spec import DrillFault, PressureTestSpec
 
 FAULTS = get_args(DrillFault)
+TURNS = 5
+"""Turns of the local probes per round (see ``Conductor.probe_in_turns``)."""
 STARTUP_S = 10.0  # importing torch in several fresh processes on a small machine
 
 
@@ -114,7 +116,7 @@ def _wait(store: dist.Store, key: str, node: Candidate, deadline: float) -> bool
             return True
         if not node.alive():
             return store.check([key])
-        time.sleep(0.05)
+        time.sleep(0.005)  # turns are short: a slow poll would be most of one
     return False
 
 
@@ -156,11 +158,26 @@ class Conductor:
         self.nodes[name].kill()
         return None
 
-    def probe(self, name: str, plan: Schedule) -> dict[str, Any] | None:
-        """One node's local probes, alone on the machine."""
-        i = self.order(name, {"do": "probe"})
-        wait = plan.slot_s + plan.grace_s
+    def probe(self, name: str, seconds: float, round_: int, grace_s: float) -> dict[str, Any] | None:
+        """One turn of one node's local probes, alone on the machine."""
+        i = self.order(name, {"do": "probe", "seconds": seconds, "round": round_})
+        wait = seconds + grace_s
         return self.answer(name, i, time.monotonic() + wait, f"no report within {wait:.1f} s")
+
+    def probe_in_turns(self, names: list[str], plan: Schedule, round_: int) -> dict[str, dict[str, Any]]:
+        """Each node's local probes in ``TURNS`` short turns, the nodes one after another in every turn.
+
+        A machine whose speed drifts (a neighbour's load, a clock that boosts
+        for a few seconds) then drifts for every node alike, where one long
+        slot each would pin the drift on whoever had the slow seconds. A
+        node's figure is the median of its turns.
+        """
+        reports: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+        for _ in range(TURNS):
+            for name in self.alive(names):
+                if (report := self.probe(name, plan.slot_s / TURNS, round_, plan.grace_s)) is not None:
+                    reports[name].append(report)
+        return {n: combine(r) for n, r in reports.items() if r and n not in self.result.dead}
 
     def together(self, members: list[str], instruction: dict[str, Any], budget_s: float, late: str) -> dict[str, Any]:
         """Give every member the same group instruction; their answers."""
@@ -198,16 +215,13 @@ def run_protocol(
             else:
                 late = f"did not start within {min(cfg.timeout_s, startup_s):.0f} s"
                 result.dead[name] = _dead(store, name, keys[name], late)
-        for name in conductor.alive():
-            if (figures := conductor.probe(name, plan)) is not None:
-                result.local[name] = figures
+        result.local = conductor.probe_in_turns(conductor.alive(), plan, 1)
         members = conductor.alive([n for n in nodes if n in result.local])
         if len(members) > 1:
             group_tests(conductor, members, cfg, plan, shared)
         again = recheck(result) if recheck else Recheck()
-        for name in conductor.alive(again.local):
-            if (figures := conductor.probe(name, plan)) is not None:
-                result.again[name] = figures
+        if again.local:
+            result.again = conductor.probe_in_turns(conductor.alive(again.local), plan, 2)
         if len(again.links) > 2 and len(conductor.alive(members)) == len(members):
             rounds = pair_rounds(again.links, shared=shared)
             result.links_again = conductor.together(

@@ -4,10 +4,10 @@ Two rounds. In the first, each rule judges a node's figure: below a floor,
 above a limit (ECC errors, temperature, throttling), or below ``ratio`` x the
 reference of its kind. A node that fails a rule is only a *suspect*: the
 confirmation round probes it again, one node at a time, together with the
-reference node (the best-measured healthy one), and the node is evicted only
-when the deficit holds. The reference node's second figure over its first
-says how the machine drifted between the rounds, so the second threshold
-moves with it.
+reference node (the best-measured healthy one), in turns beside it, and the
+node is evicted only when the deficit holds. Where the reference node itself
+measures lower the second time, the machine got busier, and that lower
+figure is the second round's reference.
 
 The reference a node is compared with is, per probe and node kind:
 
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -70,8 +70,8 @@ class Rule:
             return self.limit
         return max(self.floor, (self.ratio or 0.0) * (reference or 0.0))
 
-    def fails(self, value: float, reference: Reference | None, scale: float = 1.0) -> str | None:
-        """Why ``value`` fails this rule (``scale``: the machine's drift since the reference), else ``None``."""
+    def fails(self, value: float, reference: Reference | None) -> str | None:
+        """Why ``value`` fails this rule, else ``None``."""
         if self.limit is not None:
             return (
                 f"{self.probe} {_show(self.probe, value)} is above the limit of {self.limit:g}"
@@ -80,10 +80,9 @@ class Rule:
             )
         if value < self.floor:
             return f"{self.probe} {value:.2f} is below the floor of {self.floor:.2f}"
-        if self.ratio is not None and reference is not None and value < self.ratio * reference.value * scale:
+        if self.ratio is not None and reference is not None and value < self.ratio * reference.value:
             return (
-                f"straggler: {self.probe} {value:.2f} < {self.ratio:.2f} x {reference.value * scale:.2f}"
-                f" ({reference.source}{'' if scale == 1.0 else f', x {scale:.2f} drift'})"
+                f"straggler: {self.probe} {value:.2f} < {self.ratio:.2f} x {reference.value:.2f} ({reference.source})"
             )
         return None
 
@@ -136,6 +135,36 @@ def flatten(local: Mapping[str, Any] | None, links: Mapping[str, float] | None =
     if links and len(links) >= 2:  # with one partner, a slow pair cannot say whose link it is
         flat[LINK] = max(links.values())
     return flat
+
+
+def combine(reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One report from a node's turns: the median of each rate; for the GPU's counters the worst turn."""
+    out: dict[str, Any] = dict(reports[-1])
+    for key, value in reports[-1].items():
+        if _number(value):
+            out[key] = statistics.median(r[key] for r in reports if _number(r.get(key)))
+    gpus = [r["gpu"] for r in reports if isinstance(r.get("gpu"), Mapping)]
+    if gpus:
+        gpu = dict(gpus[-1])
+        for key, worst in GPU_WORST.items():
+            values = [g[key] for g in gpus if _number(g.get(key))]
+            if values:
+                gpu[key] = worst(values)
+        for key in ("bf16_tflops", "bf16_fraction_of_peak"):
+            if values := [g[key] for g in gpus if _number(g.get(key))]:
+                gpu[key] = statistics.median(values)
+        out["gpu"] = gpu
+    return out
+
+
+def _or(values: list[Any]) -> int:
+    mask = 0
+    for v in values:
+        mask |= int(v)
+    return mask
+
+
+GPU_WORST: dict[str, Callable[[list[Any]], Any]] = {"temperature_c": max, "ecc_uncorrected": max, "throttle_mask": _or}
 
 
 def round_figures(
@@ -278,7 +307,7 @@ def decide(
     first = suspect(alive, rules, kinds, fleet, shared)
     evicted = {n: f"dead: {dead.get(n, 'no report within the timeout')}" for n in figures if n not in alive}
     for node, why in first.failed.items():
-        held = _held(node, why, first, rules, kinds, alive, again)
+        held = _held(node, why, first, rules, kinds, again)
         if held:
             evicted[node] = "; ".join(held)
     passing = sorted((n for n in alive if n not in evicted), key=lambda n: (-first.score[n], n))
@@ -299,7 +328,6 @@ def _held(
     first: Suspicion,
     rules: list[Rule],
     kinds: Mapping[str, str],
-    figures: Mapping[str, Figures],
     again: Mapping[str, Figures] | None,
 ) -> list[str]:
     """Which of the first round's failures the confirmation round confirmed (all of them without one)."""
@@ -312,22 +340,26 @@ def _held(
     for rule in (r for r in rules if r.probe in why):
         if rule.probe not in second:
             continue  # not measured again (too few nodes for a second link test): an unconfirmed suspicion
-        scale = _drift(rule.probe, ref_node, figures, again) if rule.ratio is not None else 1.0
-        if (reason := rule.fails(second[rule.probe], refs.get(rule.probe), scale)) is not None:
+        ref = refs.get(rule.probe)
+        if ref is not None and rule.ratio is not None and rule.probe not in first.failed.get(ref_node or "", {}):
+            ref = _remeasured(ref, rule.probe, ref_node, again)
+        if (reason := rule.fails(second[rule.probe], ref)) is not None:
             held.append(f"{reason}, confirmed")
     return held
 
 
-def _drift(probe: str, ref_node: str | None, figures: Mapping[str, Figures], again: Mapping[str, Figures]) -> float:
-    """How far the reference node's figure fell between the rounds (1.0 where it did not, or was measured once).
+def _remeasured(ref: Reference, probe: str, ref_node: str | None, again: Mapping[str, Figures]) -> Reference:
+    """The second round's reference: the reference node's new figure where it is lower than the first reference.
 
-    Only a fall moves the threshold: it protects a suspect from a machine that
-    got busier. A reference that measured faster the second time is noise the
-    suspect is not held to.
+    The reference node takes its turns beside the suspects, so a machine
+    that got busier shows in its figure too. A reference node that measured
+    faster the second time is luck the suspect is not held to. (Only a
+    reference node that passed the probe: in a whole bad batch it is as bad.)
     """
-    before = figures.get(ref_node, {}).get(probe) if ref_node else None
     after = again.get(ref_node, {}).get(probe) if ref_node else None
-    return min(1.0, after / before) if before and after else 1.0
+    if after is None or after >= ref.value:
+        return ref
+    return Reference(after, f"{ref_node}, measured again in the same turns")
 
 
 def format_table(verdict: Verdict, rules: list[Rule]) -> str:
