@@ -228,10 +228,15 @@ def _record_verdict(
             reason=reason,
         )
     record_verdict(fleet, verdict, judge.kinds, at=now, run_id=run.dir.name, drills=drills)
+    # One row of references and thresholds for the report: the batch's most common kind's.
+    kinds = list(judge.kinds.values())
+    refs = verdict.references.get(max(set(kinds), key=kinds.count), {}) if kinds else {}
     run.ledger.append(
         "burn_in",
         "thresholds",
         references=verdict.as_dict()["references"],
+        reference_values={p: r.value for p, r in refs.items()},
+        thresholds={r.probe: r.threshold(refs[r.probe].value) for r in judge.rules if r.probe in refs},
         suspects=verdict.suspects,
         cleared=verdict.cleared,
         seconds=probed.seconds,

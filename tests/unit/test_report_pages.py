@@ -288,3 +288,31 @@ def test_run_page_links_stay_relative_and_json_has_no_nan(tmp_path: Path) -> Non
     assert run_url("http://af:8080/", "nightly", RUN_ID) == f"http://af:8080/trainyard/{run_href('nightly', RUN_ID)}"
     assert json.loads(to_json({"loss": [(1, math.nan)]})) == {"loss": [[1, None]]}
     assert report_html(summary)  # renders without an identity too
+
+
+def test_the_burn_in_section_shows_both_rounds_and_a_cleared_suspect() -> None:
+    from trainyard.report.pages import burn_in_section
+
+    figures = {"matmul_gflops": 120.0, "membw_gbps": 15.0}
+    summary = {
+        "node_verdicts": {
+            "node-0": {"figures": figures, "again": {"matmul_gflops": 118.0}, "verdict": "train", "reason": ""},
+            "node-1": {
+                "figures": {"matmul_gflops": 95.0, "membw_gbps": 15.0},
+                "again": {"matmul_gflops": 117.0},
+                "suspect": "straggler: matmul_gflops 95.00 < 0.90 x 120.00 (median of 3)",
+                "verdict": "train",
+                "reason": "",
+            },
+            "node-2": {"figures": figures, "verdict": "train", "reason": ""},
+        },
+        "thresholds": {
+            "thresholds": {"matmul_gflops": 108.0, "membw_gbps": 13.5},
+            "references": {"matmul_gflops": 120.0, "membw_gbps": 15.0},
+            "seconds": 6.1,
+        },
+    }
+    page = burn_in_section(summary)
+    assert page.count("<i>again</i>") == 2 and "<i>reference</i>" in page
+    assert "suspect, cleared by the second round: straggler: matmul_gflops 95.00" in page
+    assert "117.00" in page or "117.0" in page

@@ -103,6 +103,13 @@ def _probes(summary: Mapping[str, Any]) -> list[str]:
     return list(found)
 
 
+def _why(verdict: Mapping[str, Any]) -> str:
+    """The reason of an eviction, or what a cleared suspect was suspected of."""
+    if verdict.get("reason"):
+        return str(verdict["reason"])
+    return f"suspect, cleared by the second round: {verdict['suspect']}" if verdict.get("suspect") else ""
+
+
 def burn_in_section(summary: Mapping[str, Any]) -> str:
     verdicts = summary["node_verdicts"]
     if not verdicts:
@@ -110,17 +117,20 @@ def burn_in_section(summary: Mapping[str, Any]) -> str:
             '<h2>Burn-in</h2><p class="empty">No burn-in verdicts recorded (pressure test skipped or not run yet).</p>'
         )
     limits = summary.get("thresholds") or {}
-    thresholds, medians = limits.get("thresholds") or {}, limits.get("medians") or {}
+    thresholds, medians = limits.get("thresholds") or {}, limits.get("references") or {}
     probes = _probes(summary)
-    rows = [
-        [esc(node)]
-        + [_num((v.get("figures") or {}).get(p)) for p in probes]
-        + [_badge(v.get("verdict")), _long(v.get("reason"))]
-        for node, v in verdicts.items()
-    ]
+    rows = []
+    for node, v in verdicts.items():
+        rows.append(
+            [esc(node)]
+            + [_num((v.get("figures") or {}).get(p)) for p in probes]
+            + [_badge(v.get("verdict")), _long(_why(v))]
+        )
+        if v.get("again"):  # a suspect, measured again beside the reference node
+            rows.append(["<i>again</i>"] + [_num(v["again"].get(p)) for p in probes] + ["", ""])
     if thresholds:
         rows.append(["<b>threshold</b>"] + [_num(thresholds.get(p)) for p in probes] + ["", ""])
-        rows.append(["<i>median</i>"] + [_num(medians.get(p)) for p in probes] + ["", ""])
+        rows.append(["<i>reference</i>"] + [_num(medians.get(p)) for p in probes] + ["", ""])
     table = _table(["node", *probes, "verdict", "reason"], rows, "verdicts")
     states = {n: str(v.get("verdict")) for n, v in verdicts.items()}
     charts = "".join(
@@ -135,7 +145,10 @@ def burn_in_section(summary: Mapping[str, Any]) -> str:
     )
     note = (
         f"<p>Each node against the threshold it had to reach: the larger of the probe's floor and the straggler"
-        f" ratio times the batch median (pressure test: {_num(limits.get('seconds'), 1)} s).</p>"
+        f" ratio times its reference (the batch median; with fewer than three nodes, or a batch below its"
+        f" history, the fleet history). A node below it was only a suspect: measured again beside the best"
+        f" healthy node, it was evicted only when the deficit held"
+        f" (pressure test: {_num(limits.get('seconds'), 1)} s).</p>"
         if thresholds
         else ""
     )

@@ -42,9 +42,17 @@ def summarize(ledger: Ledger) -> dict[str, Any]:
         "nodes_used": ends.get("train", {}).get("nodes", []),
         # .get: the view also shows ledgers written by older versions of the stages.
         "node_verdicts": {
-            n: {k: v.get(k) for k in ("figures", "verdict", "reason", "collective")} for n, v in verdicts.items()
+            n: {k: v.get(k) for k in ("figures", "again", "suspect", "verdict", "reason", "collective")}
+            for n, v in verdicts.items()
         },
-        "thresholds": {k: thresholds.get(k) for k in ("thresholds", "medians", "seconds")} if thresholds else None,
+        "thresholds": {
+            "thresholds": thresholds.get("thresholds"),
+            # ledgers from before the confirmation round name the reference "medians"
+            "references": thresholds.get("reference_values") or thresholds.get("medians"),
+            "seconds": thresholds.get("seconds"),
+        }
+        if thresholds
+        else None,
         "steps_trained": progress.steps_trained(step_events),
         "first_step": steps[0][0] if steps else None,
         "last_step": steps[-1][0] if steps else None,
