@@ -108,6 +108,8 @@ def drill_trials(
         slow = rng.choice(nodes)
         verdict, seconds, _ = bench.burn(nodes, {slow: (fault, factor)})
         hit, wrong = slow in verdict.evicted, [n for n in verdict.evicted if n != slow]
+        for node in [*wrong, *([] if hit else [slow])]:  # what a wrong verdict saw, for whoever reruns this
+            print(f"  {node}: {verdict.suspects.get(node) or 'not suspected'}; again {verdict.again.get(node)}")
         detected += hit
         exact += hit and not wrong
         false += len(wrong)

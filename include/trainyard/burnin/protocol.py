@@ -31,7 +31,10 @@ from trainyard.spec import DrillFault, PressureTestSpec
 
 FAULTS = get_args(DrillFault)
 TURNS = 5
-"""Turns of the local probes per round (see ``Conductor.probe_in_turns``)."""
+"""Turns of the local probes in the first round (see ``Conductor.probe_in_turns``)."""
+TURNS_AGAIN = 10
+"""Turns of the confirmation round: it decides an eviction, so it measures twice as long. It probes only the
+suspects and the reference node, so it costs a healthy batch nothing and a batch with one suspect little."""
 STARTUP_S = 10.0  # importing torch in several fresh processes on a small machine
 
 
@@ -80,9 +83,9 @@ class Schedule:
     def budget(self, cfg: PressureTestSpec) -> float:
         """How long a candidate may wait on the store before it gives up on the orchestrator.
 
-        Twice the duration: a confirmation round can follow the first.
+        Three times the duration: a confirmation round can follow the first, twice as long per node.
         """
-        return STARTUP_S + 2 * cfg.duration_s + 6 * self.grace_s
+        return STARTUP_S + 3 * cfg.duration_s + 6 * self.grace_s
 
 
 MAX_PAIR_ROUNDS = 8
@@ -164,8 +167,8 @@ class Conductor:
         wait = seconds + grace_s
         return self.answer(name, i, time.monotonic() + wait, f"no report within {wait:.1f} s")
 
-    def probe_in_turns(self, names: list[str], plan: Schedule, round_: int) -> dict[str, dict[str, Any]]:
-        """Each node's local probes in ``TURNS`` short turns, the nodes one after another in every turn.
+    def probe_in_turns(self, names: list[str], plan: Schedule, round_: int, turns: int) -> dict[str, dict[str, Any]]:
+        """Each node's local probes in ``turns`` short turns of a slot's share, the nodes one after another in each.
 
         A machine whose speed drifts (a neighbour's load, a clock that boosts
         for a few seconds) then drifts for every node alike, where one long
@@ -173,7 +176,7 @@ class Conductor:
         node's figure is the median of its turns.
         """
         reports: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
-        for _ in range(TURNS):
+        for _ in range(turns):
             for name in self.alive(names):
                 if (report := self.probe(name, plan.slot_s / TURNS, round_, plan.grace_s)) is not None:
                     reports[name].append(report)
@@ -215,13 +218,13 @@ def run_protocol(
             else:
                 late = f"did not start within {min(cfg.timeout_s, startup_s):.0f} s"
                 result.dead[name] = _dead(store, name, keys[name], late)
-        result.local = conductor.probe_in_turns(conductor.alive(), plan, 1)
+        result.local = conductor.probe_in_turns(conductor.alive(), plan, 1, TURNS)
         members = conductor.alive([n for n in nodes if n in result.local])
         if len(members) > 1:
             group_tests(conductor, members, cfg, plan, shared)
         again = recheck(result) if recheck else Recheck()
         if again.local:
-            result.again = conductor.probe_in_turns(conductor.alive(again.local), plan, 2)
+            result.again = conductor.probe_in_turns(conductor.alive(again.local), plan, 2, TURNS_AGAIN)
         if len(again.links) > 2 and len(conductor.alive(members)) == len(members):
             rounds = pair_rounds(again.links, shared=shared)
             result.links_again = conductor.together(
