@@ -62,7 +62,8 @@ def test_a_throttled_node_is_evicted_and_the_others_train(tmp_path: Path) -> Non
     verdicts = {e["node"]: e for e in run.ledger.events("burn_in", "node_verdict")}
     assert verdicts["node-1"]["verdict"] == "evicted" and verdicts["node-0"]["verdict"] == "train"
     assert set(verdicts["node-0"]["collective"]) == {"64KB", "1024KB"}
-    assert elapsed < 2 * 6 + 10  # duration_s, a confirmation round for the suspect, at most 10 s of overhead
+    # duration_s, a confirmation round (twice the turns of the suspect and the reference node), ~10 s of overhead
+    assert elapsed < 3 * 6 + 10
     assert no_probe_left()
 
 
@@ -73,7 +74,8 @@ def test_a_crashed_or_hung_node_is_dead_within_the_timeout(tmp_path: Path, fault
     run = run_for(tmp_path, count=2, spare=1, drills=f"[{{node: node-0, fault: {fault}}}]", duration=5)
     started = time.monotonic()
     result = burn_in(run)
-    assert time.monotonic() - started < 2 * 5 + 10
+    # A dead node costs its grace (5 s), never the candidates' whole timeout (about a minute).
+    assert time.monotonic() - started < 3 * 5 + 15
     assert sorted(result["healthy"]) == ["node-1", "node-2"], result["evicted"]
     reason = result["evicted"]["node-0"]
     assert (
