@@ -3,8 +3,8 @@
     python bench/burnin.py [--trials 20] [--pair-trials 20] [--link-trials 10] [--duration 4]
 
 (a) ``probe_ratio``: the compute probe's GFLOP/s over a bare ``torch.mm`` loop
-    on the same matrices in the same process (goal >= 0.95: the harness adds
-    nothing). On a GPU, also bf16 TFLOP/s as a fraction of the 989 TFLOP/s
+    on the same matrices in the same process, one window each in alternating
+    rounds (goal >= 0.95: the harness adds nothing). On a GPU, also bf16 TFLOP/s as a fraction of the 989 TFLOP/s
     H100/H200 dense peak.
 (b) ``trials`` burn-ins of 3 to 4 local candidates, one random node throttled
     by 20%: ``detected_fraction`` (goal 1.0) and ``false_evictions`` (goal 0).
@@ -58,12 +58,21 @@ def bare_mm_gflops(size: int, seconds: float) -> float:
     return 2.0 * size**3 * iters / (time.perf_counter() - start) / 1e9
 
 
-def harness_ratio(size: int = 256, seconds: float = 2.0, rounds: int = 3) -> float:
+def harness_ratio(size: int = 256, seconds: float = 2.0, rounds: int = 5) -> float:
+    """The probe's timing loop over a bare loop, like for like: one window each, in alternating rounds.
+
+    Alternating and the median of the per-round ratios: this machine's speed
+    drifts by a third over seconds, which a best-of comparison would credit to
+    whichever loop ran in the fast seconds.
+    """
     torch.set_num_threads(1)
-    bare = max(bare_mm_gflops(size, seconds) for _ in range(rounds))
-    probe = max(matmul_gflops(size, seconds) for _ in range(rounds))
-    print(f"matmul {size}: bare torch.mm {bare:.1f} GFLOP/s, probe {probe:.1f} GFLOP/s")
-    return probe / bare
+    ratios = []
+    for _ in range(rounds):
+        bare = bare_mm_gflops(size, seconds)
+        probe = matmul_gflops(size, seconds, windows=1)
+        ratios.append(probe / bare)
+        print(f"matmul {size}: bare torch.mm {bare:.1f} GFLOP/s, probe {probe:.1f} GFLOP/s")
+    return statistics.median(ratios)
 
 
 def gpu_fraction() -> float | None:
