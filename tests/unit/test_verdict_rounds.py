@@ -149,20 +149,21 @@ def test_a_whole_bad_batch_is_judged_against_the_fleet_history() -> None:
     assert decide(batch(4, slow), 4, RULES, fleet=fleet, shared=True, again=batch(4, slow)).evicted == {}
 
 
-def test_two_nodes_use_the_fleet_history() -> None:
+def test_two_nodes_are_judged_against_the_better_and_the_fleet_history() -> None:
     fleet = {"": {"matmul_gflops": 120.0}}
-    # a 10% gap between two healthy nodes near their history: nobody is even suspected
-    assert (
-        suspect(batch(2, node_1=node(matmul_gflops=0.92)), RULES, dict.fromkeys(["node-0", "node-1"], ""), fleet).failed
-        == {}
-    )
+    two = dict.fromkeys(["node-0", "node-1"], "")
     # without the history the best of the two is the reference, and 0.88 of it is suspect
-    assert set(
-        suspect(batch(2, node_1=node(matmul_gflops=0.88)), RULES, dict.fromkeys(["node-0", "node-1"], "")).failed
-    ) == {"node-1"}
-    # both slow against the history on dedicated hosts: both suspect
+    assert set(suspect(batch(2, node_1=node(matmul_gflops=0.88)), RULES, two).failed) == {"node-1"}
+    # a fast day (both above their history): the history must not hide a throttled node beside a healthy one
+    fast = {"node-0": node(matmul_gflops=1.25), "node-1": node(matmul_gflops=1.25 * 0.8)}
+    assert set(suspect(fast, RULES, two, fleet).failed) == {"node-1"}
+    assert set(suspect(fast, RULES, two, fleet, shared=True).failed) == {"node-1"}
+    # both slow against the history on dedicated hosts: both suspect; on one shared host, a busy host
     both = batch(2, node(matmul_gflops=0.75))
-    assert set(suspect(both, RULES, dict.fromkeys(both, ""), fleet).failed) == {"node-0", "node-1"}
+    assert set(suspect(both, RULES, two, fleet).failed) == {"node-0", "node-1"}
+    assert suspect(both, RULES, two, fleet, shared=True).failed == {}
+    # a lone node below its history on a dedicated host
+    assert set(suspect({"node-0": node(matmul_gflops=0.7)}, RULES, {"node-0": ""}, fleet).failed) == {"node-0"}
 
 
 def test_each_kind_is_judged_against_its_own() -> None:

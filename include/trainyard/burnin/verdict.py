@@ -9,17 +9,19 @@ node is evicted only when the deficit holds. Where the reference node itself
 measures lower the second time, the machine got busier, and that lower
 figure is the second round's reference.
 
-The reference a node is compared with is, per probe and node kind:
-
-- the median of the batch, with three or more nodes of the kind;
-- the fleet history of the kind (earlier burn-ins, ``trainyard.burnin.fleet``)
-  when the batch is smaller, or when the batch median is itself below the
-  history (a whole bad batch);
-- otherwise the best node of the batch.
+The reference a node is compared with is, per probe and node kind, the
+batch's: its median with three or more nodes of the kind, else its best node
+(a median of two is their mean, which evicted the slower of any two 10%
+apart; against the best, such a node is only a suspect, and the
+confirmation round clears noise). Where that falls below ``ratio`` x the
+fleet history of the kind (earlier burn-ins, ``trainyard.burnin.fleet``), the
+history is the reference: a whole bad batch, or one or two nodes that are
+all bad. The history is never the reference when the batch is above it: a
+throttled node beside a healthy one on a fast day would pass.
 
 On a *shared* host (local candidates are slices of one machine) a whole batch
-below its history is a busy machine, not bad nodes: the history reference is
-then capped by the batch's best node.
+below its history is a busy machine, not bad nodes: there the history is not
+a reference at all.
 
 The best passing nodes (by the geometric mean of their relative figures)
 train; the rest are spares.
@@ -194,15 +196,15 @@ def references(
             values = [f[rule.probe] for n, f in figures.items() if kinds.get(n) == kind and rule.probe in f]
             if rule.ratio is None or not values:
                 continue
-            median, best, past = statistics.median(values), max(values), history.get(rule.probe)
-            if len(values) >= 3 and (past is None or median >= rule.ratio * past):
-                refs[rule.probe] = Reference(median, f"median of {len(values)}")
-            elif past is not None and shared and best < past:
-                refs[rule.probe] = Reference(best, "best of the batch, below the fleet history: a busy host")
-            elif past is not None:
-                refs[rule.probe] = Reference(past, "fleet history")
-            else:
-                refs[rule.probe] = Reference(best, "best of the batch")
+            batch = (
+                Reference(statistics.median(values), f"median of {len(values)}")
+                if len(values) >= 3
+                else Reference(max(values), "best of the batch")
+            )
+            past = history.get(rule.probe)
+            if past is not None and not shared and batch.value < rule.ratio * past:
+                batch = Reference(past, f"fleet history of {kind or 'its kind'}: the batch is below it")
+            refs[rule.probe] = batch
     return out
 
 
