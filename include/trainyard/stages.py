@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from trainyard.burnin.fleet import FLEET_DIR, Fleet, record_verdict
+from trainyard.burnin.fleet import FLEET_DIR, Fleet, iso, record_verdict
 from trainyard.burnin.judge import Judge
 from trainyard.burnin.local import run_burn_in
 from trainyard.burnin.protocol import BurnInRun, drills_from
@@ -159,13 +159,13 @@ def burn_in(run: Run, cluster: Any | None = None) -> dict[str, Any]:
         everyone = candidates(run)
         sitting_out = fleet.cooling(everyone, now, cooldown_s)
         for node, until in sitting_out.items():
-            log.info("%s sits out its cool-down until %s (fleet history %s)", node, _iso(until), fleet.path(node))
+            log.info("%s sits out its cool-down until %s (fleet history %s)", node, iso(until), fleet.path(node))
         names = [n for n in everyone if n not in sitting_out]
         retest = fleet.due(names, now, cooldown_s)
         kinds = dict.fromkeys(names, local_kind())
         judge = Judge(rules_of(cfg), nodes.count, kinds, fleet.references(kinds.values()), True)
         if sitting_out:
-            run.ledger.append("burn_in", "sitting_out", nodes={n: _iso(u) for n, u in sitting_out.items()})
+            run.ledger.append("burn_in", "sitting_out", nodes={n: iso(u) for n, u in sitting_out.items()})
         probed = run_burn_in(
             names, cfg, run.hot_root, run.dir / "burn-in", drills, judge.recheck, gpus_per_node=nodes.gpus_per_node
         )
@@ -246,10 +246,6 @@ def _record_verdict(
 def local_kind() -> str:
     """Local candidates are slices of this host: their history is this host's."""
     return f"local:{socket.gethostname()}"
-
-
-def _iso(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds")
 
 
 def _kube(run: Run) -> KubernetesSpec:

@@ -137,7 +137,7 @@ class Fleet:
         history.runs = [
             *history.runs,
             {
-                "at": _iso(at),
+                "at": iso(at),
                 "run": run_id,
                 "figures": {k: v for k, v in (figures or {}).items() if math.isfinite(v)},
                 "verdict": verdict,
@@ -154,7 +154,8 @@ class Fleet:
         return history
 
 
-def _iso(epoch: float) -> str:
+def iso(epoch: float) -> str:
+    """Epoch seconds as the history writes them (UTC, seconds)."""
     return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds")
 
 
@@ -167,7 +168,7 @@ def _dump(history: NodeHistory) -> dict[str, Any]:
         "node": history.node,
         "kind": history.kind,
         "runs": history.runs,
-        "evicted_at": None if history.evicted_at is None else _iso(history.evicted_at),
+        "evicted_at": None if history.evicted_at is None else iso(history.evicted_at),
         "reason": history.reason,
     }
 
