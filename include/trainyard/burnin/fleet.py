@@ -78,24 +78,18 @@ class Fleet:
 
     def read(self, node: str) -> NodeHistory | None:
         path = self.path(node)
-        if not path.exists():
-            return None
-        try:
-            return _parse(read_json(path), node)
-        except (OSError, ValueError, TypeError, KeyError) as exc:
-            log.warning("fleet history %s is unreadable (%s); judging %s without it", path, exc, node)
-            return None
+        return self._load(path, node) if path.exists() else None
 
     def all(self) -> list[NodeHistory]:
         if not self.root.is_dir():
             return []
-        names = sorted(p.stem for p in self.root.glob("*.json"))
-        return [h for h in (self.read_file(self.root / f"{n}.json") for n in names) if h is not None]
+        return [h for h in (self._load(path) for path in sorted(self.root.glob("*.json"))) if h is not None]
 
-    def read_file(self, path: Path) -> NodeHistory | None:
+    def _load(self, path: Path, node: str | None = None) -> NodeHistory | None:
+        """The history in ``path`` (``node``'s, where named); unreadable or another node's: logged, ``None``."""
         try:
             data = read_json(path)
-            return _parse(data, str(data["node"]))
+            return _parse(data, str(data["node"]) if node is None else node)
         except (OSError, ValueError, TypeError, KeyError) as exc:
             log.warning("fleet history %s is unreadable (%s); left out", path, exc)
             return None

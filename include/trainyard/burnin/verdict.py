@@ -111,9 +111,6 @@ class Recheck:
     local: list[str] = field(default_factory=list)
     links: list[str] = field(default_factory=list)
 
-    def __bool__(self) -> bool:
-        return bool(self.local or self.links)
-
 
 def rules_of(cfg: PressureTestSpec) -> list[Rule]:
     """The spec's rules: the relative probes (host, GPU, link) with their floors, and the GPU's limits."""
