@@ -176,16 +176,23 @@ def pair_gbps(
     import torch.distributed as dist
 
     tensor = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
+    # A drill's sleep must hold the peer up, as a slow link does: it falls
+    # between this side's receive and its next send, while the peer waits to
+    # receive. Slept after a send, it overlapped the leader's next send (which
+    # gloo buffers), and a follower drilled to half speed measured 0.7.
+    sent = [time.perf_counter()]
 
     def round_trip() -> None:
-        began = time.perf_counter()
         if leads:
+            began = time.perf_counter()
             dist.send(tensor, peer)
             dist.recv(tensor, peer)
+            throttle.after(time.perf_counter() - began)
         else:
             dist.recv(tensor, peer)
+            throttle.after(time.perf_counter() - sent[0])
+            sent[0] = time.perf_counter()
             dist.send(tensor, peer)
-        throttle.after(time.perf_counter() - began)
 
     round_trip()  # warm-up: the pair's connection and buffers
     began = time.perf_counter()
