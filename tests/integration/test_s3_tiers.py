@@ -76,7 +76,7 @@ def test_large_objects_move_in_parallel_ranges_and_parts(s3_server, bucket: str,
 def test_a_corrupt_object_fails_verification_and_leaves_nothing(s3_server, bucket: str, tmp_path: Path) -> None:
     client = s3_server.client()
     client.put_object(bucket, "ds/bad.tok", io.BytesIO(b"real bytes"), 10, metadata={"sha256": "0" * 64})
-    with pytest.raises(TransientError, match="failed verification"):
+    with pytest.raises(DataError, match=r"/bad\.tok: failed verification: x-amz-meta-sha256 says sha256:0000"):
         stage(tier(s3_server, bucket), tmp_path / "hot")
     assert not (tmp_path / "hot" / "bad.tok").exists() and not (tmp_path / "hot" / STAGED_MANIFEST).exists()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -11,7 +12,8 @@ from trainyard.errors import DataError
 from trainyard.ledger import Ledger
 from trainyard.storage import LocalTier
 from trainyard.storage.keys import check_key, key_path
-from trainyard.storage.staging import STAGED_MANIFEST, stage
+from trainyard.storage.staging import STAGED_MANIFEST, read_staged, recorded_digest, stage
+from trainyard.storage.tier import ObjectInfo
 
 
 def make_source(root: Path, files: dict[str, bytes]) -> LocalTier:
@@ -30,6 +32,8 @@ def test_stage_copies_and_verifies(tmp_path: Path) -> None:
     manifest = json.loads((tmp_path / "hot" / STAGED_MANIFEST).read_text())
     assert set(manifest["files"]) == {"a.tok", "sub/b.tok"}
     assert len(manifest["files"]["a.tok"]["sha256"]) == 64
+    assert manifest["files"]["a.tok"]["digest"] == "sha256:" + manifest["files"]["a.tok"]["sha256"]
+    assert manifest["files"]["a.tok"]["check"] == "local-copy"
     assert [e["event"] for e in ledger.events("stage_dataset")] == ["plan", "progress", "staged"]
 
 
@@ -76,13 +80,61 @@ def test_no_partial_file_under_its_final_name(tmp_path: Path) -> None:
                 return write_verified(stream, dest, expect_size=expect.size + 1)
 
     source = make_source(tmp_path / "cold", {"a.tok": b"a" * 100})
-    with pytest.raises(OSError, match="failed verification"):
+    with pytest.raises(DataError, match=r"a\.tok: failed verification: 100 bytes arrived, 101 expected"):
         stage(Broken(source.root), tmp_path / "hot")
     hot = tmp_path / "hot"
     assert not (hot / "a.tok").exists() and not (hot / STAGED_MANIFEST).exists()
     # the temporary file is gone too; only bookkeeping remains, and the journal records nothing
     assert sorted(p.name for p in hot.iterdir()) == [".last_used", ".staging-journal.jsonl"]
     assert (hot / ".staging-journal.jsonl").read_text() == ""
+
+
+class Untrusted(LocalTier):
+    """A tier whose objects carry nothing to check: each lands as a first fetch, or against its record."""
+
+    def __init__(self, root: Path):
+        super().__init__(root)
+        self.expects: list[ObjectInfo | None] = []
+
+    def download(self, key, dest, expect=None):
+        from trainyard.storage.checksums import FIRST_FETCH, Check
+        from trainyard.storage.hashing import write_verified
+
+        self.expects.append(expect)
+        check = Check("recorded", "sha256", expect.digest, "the record") if expect and expect.digest else FIRST_FETCH
+        with (self.root / key).open("rb") as stream:
+            return write_verified(stream, dest, check, expect_size=expect.size if expect else None)
+
+
+def test_first_fetches_are_said_in_the_ledger_and_refetches_checked_against_the_record(tmp_path: Path) -> None:
+    source = Untrusted(make_source(tmp_path / "cold", {"a.tok": b"a" * 10, "b.tok": b"b" * 10}).root)
+    ledger = Ledger.in_dir(tmp_path / "run")
+    stage(source, tmp_path / "hot", ledger=ledger)
+    entry = read_staged(tmp_path / "hot")["a.tok"]
+    assert (entry["check"], entry["digest"]) == ("first-fetch", "sha256:" + hashlib.sha256(b"a" * 10).hexdigest())
+    [said] = [e for e in ledger.events("stage_dataset") if e["event"] == "trust_on_first_fetch"]
+    assert (said["objects"], said["keys"]) == (2, ["a.tok", "b.tok"])
+    assert [e.digest for e in source.expects if e] == [None, None]
+
+    (tmp_path / "hot" / "a.tok").unlink()
+    stage(source, tmp_path / "hot", ledger=ledger)
+    assert source.expects[-1] is not None and source.expects[-1].digest == entry["digest"]
+    assert read_staged(tmp_path / "hot")["a.tok"]["check"] == "recorded"
+
+    manifest = json.loads((tmp_path / "hot" / STAGED_MANIFEST).read_text())
+    manifest["files"]["a.tok"]["digest"] = "sha256:" + "0" * 64
+    (tmp_path / "hot" / STAGED_MANIFEST).write_text(json.dumps(manifest))
+    (tmp_path / "hot" / "a.tok").unlink()
+    with pytest.raises(DataError, match=r"a\.tok: failed verification: the record says sha256:0{64}, the bytes give"):
+        stage(source, tmp_path / "hot")
+    assert not (tmp_path / "hot" / "a.tok").exists()
+
+
+def test_a_manifest_from_before_digests_still_gives_the_record(tmp_path: Path) -> None:
+    obj = ObjectInfo("a.tok", 10, "v1")
+    assert recorded_digest({"size": 10, "version": "v1", "sha256": "ab"}, obj) == "sha256:ab"
+    assert recorded_digest({"size": 10, "version": "v0", "digest": "sha256:ab"}, obj) is None  # another version
+    assert recorded_digest(None, obj) is None
 
 
 @pytest.mark.parametrize("key", ["../x", "a/../../x", "/etc/passwd", "a\\b", "a\x00b", "", "./a", "a//b"])

@@ -1,4 +1,4 @@
-"""Streaming sha256 and the copy that verifies what it wrote."""
+"""Streaming hashes, and the copies that verify what they wrote."""
 
 from __future__ import annotations
 
@@ -9,6 +9,9 @@ from pathlib import Path
 from typing import Protocol
 
 from trainyard.atomic import open_new, temp_name
+from trainyard.errors import DataError
+from trainyard.storage.checksums import FIRST_FETCH, Check, Digester
+from trainyard.storage.tier import Landed
 
 BLOCK = 1 << 20
 
@@ -31,31 +34,68 @@ def sha256_file(path: str | Path) -> str:
 
 
 def write_verified(
-    stream: Readable, final: Path, expect_size: int | None = None, expect_sha256: str | None = None
-) -> tuple[int, str]:
+    stream: Readable,
+    final: Path,
+    check: Check = FIRST_FETCH,
+    expect_size: int | None = None,
+    where: str | None = None,
+) -> Landed:
     """Copy ``stream`` to ``final`` through a temporary file, verify, then rename.
 
-    The bytes are hashed as they are written, once; the size on disk and that
-    hash must match what the source promised. Returns ``(size, sha256)``.
+    The bytes are hashed as they are written, once, with the digest ``check``
+    names; the size and that digest must be what the source promised, else a
+    ``DataError`` naming ``where`` (default: ``final``) and both digests, and
+    nothing is left under ``final``.
     """
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_name(final)
-    digest, size = hashlib.sha256(), 0
+    digester, size = Digester(check), 0
     try:
         with open_new(tmp) as out:
             while block := stream.read(BLOCK):
-                digest.update(block)
+                digester.update(block)
                 out.write(block)
                 size += len(block)
             out.flush()
             os.fsync(out.fileno())
-        actual = digest.hexdigest()
-        commit_verified(
-            tmp, final, size if expect_size is None else expect_size, expect_sha256 or actual, actual_sha256=actual
-        )
-        return size, actual
+        landed = settle(check, digester, size, expect_size, where or str(final))
+        os.replace(tmp, final)
+        return landed
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def digest_file(path: Path, check: Check) -> Digester:
+    """``check``'s digest of a file already written (the ranged download's one hash pass)."""
+    digester = Digester(check)
+    buffer = bytearray(BLOCK)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as fh:
+        while n := fh.readinto(buffer):
+            digester.update(view[:n])
+    return digester
+
+
+def settle(check: Check, digester: Digester, size: int, expect_size: int | None, where: str) -> Landed:
+    """What landed, if its size and digest are what ``check`` expects; otherwise a ``DataError``."""
+    if expect_size is not None and size != expect_size:
+        raise DataError(
+            f"{where}: failed verification: {size} bytes arrived, {expect_size} expected; nothing was kept"
+            " (stage again: the object may have changed since it was listed)"
+        )
+    found = digester.digests()
+    if check.expected is not None and check.expected not in found:
+        hint = (
+            "; the part sizes were guessed (the store did not say them): if the object is intact, re-upload it"
+            " with a checksum or with `trainyard upload`"
+            if "guessed" in check.source
+            else "; re-upload the object, or restore it from a good copy"
+        )
+        raise DataError(
+            f"{where}: failed verification: {check.source} says {check.expected}, the bytes give"
+            f" {' or '.join(found)}; nothing was kept{hint}"
+        )
+    return Landed(size, digester.result(), check.how)
 
 
 def copy_file_verified(

@@ -8,7 +8,7 @@ from pathlib import Path
 from trainyard.atomic import fsync_dir, is_temp_name, temp_name
 from trainyard.storage.hashing import copy_file_verified, sha256_file
 from trainyard.storage.keys import check_key, key_path
-from trainyard.storage.tier import ObjectInfo
+from trainyard.storage.tier import Landed, ObjectInfo
 
 
 class LocalTier:
@@ -31,10 +31,11 @@ class LocalTier:
                 found.append(ObjectInfo(key=key, size=st.st_size, version=f"{st.st_size}-{st.st_mtime_ns}"))
         return sorted(found, key=lambda o: o.key)
 
-    def download(self, key: str, dest: Path, expect: ObjectInfo | None = None) -> tuple[int, str]:
-        return copy_file_verified(
+    def download(self, key: str, dest: Path, expect: ObjectInfo | None = None) -> Landed:
+        size, sha = copy_file_verified(
             key_path(self.root, key), dest, expect.size if expect else None, expect.sha256 if expect else None
         )
+        return Landed(size, f"sha256:{sha}", "local-copy")
 
     def upload(self, src: Path, key: str) -> tuple[int, str]:
         # The source's hash is known before the copy, so the copy is checked against it.

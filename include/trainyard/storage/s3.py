@@ -1,19 +1,23 @@
 """``s3://`` tier through the ``minio`` SDK (MinIO, AWS S3, any S3-compatible store).
 
-A multipart ETag is not a content hash, so every upload stores the object's
-sha256 as user metadata (``x-amz-meta-sha256``) and every download checks the
-bytes on disk against it. Large objects move in parallel byte ranges (down)
-or parts (up). Credentials come from an Airflow connection or the
-environment, never from a spec, and never appear in logs or reprs.
+Every download is verified by the best check the object offers (its S3
+checksum, trainyard's sha256 metadata, an MD5 ETag, or a digest recorded at
+its first fetch: ``checksums.choose_check``), hashed once while it is written.
+Uploads store the sha256 as user metadata (``x-amz-meta-sha256``) and, on a
+single PUT, as an S3 checksum too. Large objects move in parallel byte ranges
+(down) or parts (up). Every request is retried with jittered backoff within a
+time budget, for the errors S3 documents as transient only. Credentials come
+from an Airflow connection or the environment, never from a spec, and never
+appear in logs or reprs.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
 import logging
 import os
-import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -24,20 +28,28 @@ from urllib.parse import urlparse
 import urllib3
 from minio import Minio
 from minio.commonconfig import ENABLED, Filter
-from minio.error import S3Error
+from minio.error import InvalidResponseError, S3Error, ServerError
 from minio.lifecycleconfig import Expiration, LifecycleConfig, Rule, Transition
+from tenacity import (
+    RetryCallState,
+    RetryError,
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_random_exponential,
+)
 
 from trainyard.atomic import open_new, temp_name
 from trainyard.errors import DataError, SpecError, TransientError
-from trainyard.storage.hashing import commit_verified, sha256_file, write_verified
+from trainyard.storage.checksums import Check, available_algorithms, choose_check, parts_to_infer
+from trainyard.storage.hashing import BLOCK, digest_file, settle, sha256_file, write_verified
 from trainyard.storage.keys import check_key
-from trainyard.storage.tier import ObjectInfo
+from trainyard.storage.tier import Landed, ObjectInfo
 
 log = logging.getLogger(__name__)
 SHA_META = "sha256"
 _T = TypeVar("_T")
-# Server-side answers that mean "try again later"; anything else is the caller's problem.
-_RETRY_CODES = {"InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout"}
 
 
 @dataclass(frozen=True)
@@ -73,33 +85,88 @@ class S3Settings:
         )
 
 
+# What S3 documents as worth retrying (error best practices, the SDKs' retry rules): internal errors,
+# throttling, and a socket the server timed out. RequestTimeTooSkewed is left out: the clock stays skewed.
+RETRY_CODES = frozenset({"InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout"})
+RETRY_STATUS = frozenset({500, 502, 503, 504})
+CHECKSUM_MODE = {"x-amz-checksum-mode": "ENABLED"}
+
+
+def retryable(exc: BaseException | None) -> bool:
+    """Whether a failed request may succeed as is a little later (a pure function of the error)."""
+    if isinstance(exc, S3Error):
+        return exc.code in RETRY_CODES or getattr(exc.response, "status", None) in RETRY_STATUS
+    if isinstance(exc, ServerError):  # an error answer without a body (a HEAD), or a proxy's
+        return exc.status_code in RETRY_STATUS
+    if isinstance(exc, InvalidResponseError):  # a non-XML answer, e.g. a load balancer's 503 page
+        return getattr(exc, "_code", None) in RETRY_STATUS
+    if isinstance(exc, urllib3.exceptions.MaxRetryError):  # urllib3's own retry ran out: judge the cause
+        return isinstance(exc.reason, urllib3.exceptions.ResponseError) or retryable(exc.reason)
+    # Connection refused or reset, a body cut short, connect or read timeouts.
+    return isinstance(
+        exc,
+        (
+            urllib3.exceptions.ProtocolError,
+            urllib3.exceptions.TimeoutError,
+            urllib3.exceptions.IncompleteRead,
+            ConnectionError,
+            TimeoutError,
+        ),
+    )
+
+
 @dataclass(frozen=True)
 class Retry:
-    """Bounded retries with exponential backoff around each object transfer."""
+    """How one request is retried: full-jitter exponential backoff, at most ``attempts`` tries within
+    ``budget_s`` seconds, and only for errors ``retryable`` accepts."""
 
-    attempts: int = 4
+    attempts: int = 5
     backoff_s: float = 1.0
+    """The first wait is random up to this; each later one up to twice the one before."""
+    max_backoff_s: float = 20.0
+    budget_s: float = 300.0
+    """All tries of one request together: once this much time has passed, a failure is not retried."""
 
     def call(self, what: str, fn: Callable[[], _T]) -> _T:
-        for attempt in range(1, self.attempts + 1):
-            try:
-                return fn()
-            except (urllib3.exceptions.HTTPError, OSError, S3Error) as exc:
-                if isinstance(exc, S3Error) and exc.code not in _RETRY_CODES:
-                    raise  # a missing object or a refused key will not heal with time
-                if attempt == self.attempts:
-                    raise TransientError(f"{what}: gave up after {attempt} tries: {_short(exc)}") from exc
-                delay = self.backoff_s * 2 ** (attempt - 1)
-                log.warning(
-                    "%s: try %d of %d failed (%s); again in %.1f s", what, attempt, self.attempts, _short(exc), delay
-                )
-                time.sleep(delay)
-        raise AssertionError("unreachable")
+        def warn(state: RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            delay = state.next_action.sleep if state.next_action else 0.0
+            log.warning(
+                "%s: try %d of %d failed (%s); again in %.1f s",
+                what,
+                state.attempt_number,
+                self.attempts,
+                _short(exc),
+                delay,
+            )
+
+        retrying = Retrying(
+            retry=retry_if_exception(retryable),
+            stop=stop_after_attempt(self.attempts) | stop_after_delay(self.budget_s),
+            wait=wait_random_exponential(multiplier=self.backoff_s, max=self.max_backoff_s),
+            before_sleep=warn,
+        )
+        try:
+            return retrying(fn)
+        except RetryError as exc:
+            last = exc.last_attempt.exception()
+            tries = exc.last_attempt.attempt_number
+            raise TransientError(f"{what}: gave up after {tries} tries: {_short(last)}") from last
 
 
-def _short(exc: BaseException) -> str:
+def _short(exc: BaseException | None) -> str:
+    if exc is None:
+        return "no error"
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return text[:200]
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> int:
+    view = memoryview(data)
+    while len(view):
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
+    return offset
 
 
 class S3Tier:
@@ -159,73 +226,132 @@ class S3Tier:
         meta = {k.lower(): v for k, v in (st.metadata or {}).items()}
         return ObjectInfo(key, st.size, st.etag, meta.get(f"x-amz-meta-{SHA_META}"))
 
-    def download(self, key: str, dest: Path, expect: ObjectInfo | None = None) -> tuple[int, str]:
+    def download(self, key: str, dest: Path, expect: ObjectInfo | None = None) -> Landed:
+        """One object to ``dest``, verified by the best check its store offers (``checksums.choose_check``)."""
         check_key(key)
-        size = expect.size if expect else None
-        if size is not None and size > self.part_size:
-            return self.retry.call(f"download {self._name(key)}", lambda: self._ranged(key, dest, size))
+        if expect is not None and expect.size > self.part_size:
+            return self._ranged(key, dest, expect)
         return self.retry.call(f"download {self._name(key)}", lambda: self._whole(key, dest, expect))
 
-    def _whole(self, key: str, dest: Path, expect: ObjectInfo | None) -> tuple[int, str]:
-        response = self.client.get_object(self.bucket, self._name(key))
+    def _check(self, name: str, headers: Mapping[str, str], etag: str | None, size: int, recorded: str | None) -> Check:
+        algorithms = available_algorithms()
+        parts = parts_to_infer(headers, etag, algorithms)
+        part_size = self._part_size(name, size, parts) if parts and parts > 1 else None
+        return choose_check(headers, etag, size, recorded, part_size, algorithms)
+
+    def _part_size(self, name: str, size: int, parts: int) -> int | None:
+        """The part size as the store says it (HEAD ``?partNumber=``), 0 if the parts differ in size,
+        None if the store cannot say (then standard part sizes are tried)."""
+
+        def part(number: int) -> int | None:
+            try:
+                st = self.client.stat_object(self.bucket, name, extra_query_params={"partNumber": str(number)})
+            except S3Error:
+                return None  # a store without per-part answers
+            count = (st.metadata or {}).get("x-amz-mp-parts-count")
+            if st.size is None or st.size >= size or (count is not None and count != str(parts)):
+                return None  # the whole object came back: the store ignored partNumber
+            return st.size
+
+        first = part(1)
+        if first is None:
+            return None
+        # Equal parts but the last: checked at both ends, since some tools grow their parts as they stream.
+        return first if part(parts) == size - (parts - 1) * first else 0
+
+    def _whole(self, key: str, dest: Path, expect: ObjectInfo | None) -> Landed:
+        name = self._name(key)
+        response = self.client.get_object(self.bucket, name, request_headers=dict(CHECKSUM_MODE))
         try:
-            sha = response.headers.get(f"x-amz-meta-{SHA_META}") or (expect.sha256 if expect else None)
-            return write_verified(response, dest, expect_size=expect.size if expect else None, expect_sha256=sha)
+            headers = response.headers
+            size = expect.size if expect else int(headers.get("content-length") or 0)
+            check = self._check(name, headers, headers.get("etag"), size, expect.digest if expect else None)
+            return write_verified(
+                response, dest, check, expect_size=expect.size if expect else None, where=f"{self.uri}/{key}"
+            )
         finally:
             response.close()
             response.release_conn()
 
-    def _ranged(self, key: str, dest: Path, size: int) -> tuple[int, str]:
-        """Fetch byte ranges in parallel into one preallocated temporary file, then verify."""
+    def _ranged(self, key: str, dest: Path, expect: ObjectInfo) -> Landed:
+        """Fetch byte ranges in parallel (each retried on its own) into one temporary file, then verify.
+
+        A range answer carries no checksum, so the check is chosen from a HEAD with checksum mode, the
+        ranges are pinned to that ETag (``If-Match``), and the assembled file is hashed once.
+        """
+        name, where = self._name(key), f"{self.uri}/{key}"
+        st = self.retry.call(
+            f"stat {name}", lambda: self.client.stat_object(self.bucket, name, extra_headers=dict(CHECKSUM_MODE))
+        )
+        size, etag = st.size, st.etag
+        if size != expect.size or not etag:
+            raise DataError(f"{where}: {size} bytes now, {expect.size} when listed: it changed; stage again")
+        headers = st.metadata or {}
+        check = self.retry.call(f"stat {name}", lambda: self._check(name, headers, etag, size, expect.digest))
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = temp_name(dest)
-        shas: set[str | None] = set()
         try:
             with open_new(tmp) as out:
                 out.truncate(size)
                 fd = out.fileno()
 
-                def fetch(offset: int) -> None:
-                    length = min(self.part_size, size - offset)
-                    response = self.client.get_object(self.bucket, self._name(key), offset=offset, length=length)
+                def once(offset: int, length: int) -> None:
+                    response = self.client.get_object(
+                        self.bucket, name, offset=offset, length=length, request_headers={"If-Match": f'"{etag}"'}
+                    )
                     try:
-                        shas.add(response.headers.get(f"x-amz-meta-{SHA_META}"))
                         written = offset
-                        for chunk in response.stream(1 << 20):
-                            written += os.pwrite(fd, chunk, written)
-                        if written != offset + length:
-                            raise OSError(f"range {offset}+{length} of {key} ended after {written - offset} bytes")
+                        for chunk in response.stream(BLOCK):
+                            written = _pwrite_all(fd, chunk, written)
+                        if written != offset + length:  # retried: the next try rewrites the whole range
+                            raise urllib3.exceptions.ProtocolError(
+                                f"range {offset}+{length} of {key} ended after {written - offset} bytes"
+                            )
                     finally:
                         response.close()
                         response.release_conn()
 
+                def fetch(offset: int) -> None:
+                    length = min(self.part_size, size - offset)
+                    self.retry.call(f"download {name} bytes {offset}+{length}", lambda: once(offset, length))
+
                 with ThreadPoolExecutor(self.parallel_parts) as pool:
                     list(pool.map(fetch, range(0, size, self.part_size)))
                 os.fsync(fd)
-            [sha] = shas if len(shas) == 1 else [None]
-            if sha is None:
-                raise DataError(f"{self.uri}/{key}: no sha256 metadata (upload it with trainyard, or re-upload)")
-            commit_verified(tmp, dest, size, sha)
-            return size, sha
+            landed = settle(check, digest_file(tmp, check), size, size, where)
+            os.replace(tmp, dest)
+            return landed
+        except S3Error as exc:
+            if exc.code == "PreconditionFailed":
+                raise DataError(
+                    f"{where}: changed while it was downloaded (ETag no longer {etag}); stage again"
+                ) from None
+            raise
         finally:
             tmp.unlink(missing_ok=True)
 
     def upload(self, src: Path, key: str) -> tuple[int, str]:
+        """Upload ``src`` with its sha256 as metadata and, where one PUT carries it, as an S3 checksum.
+
+        A multipart upload carries the metadata only: minio 7.2 sends no per-part checksums and its
+        CompleteMultipartUpload lists no part checksums, which S3 requires once an algorithm is
+        declared. AWS S3 adds its own FULL_OBJECT CRC64NVME to such objects, which downloads check.
+        """
         check_key(key)
         sha, size = sha256_file(src), src.stat().st_size
+        part_size = max(self.part_size, 5 << 20)
+        headers = _put_headers(sha) if size <= part_size else {SHA_META: sha}
 
         def put() -> tuple[int, str]:
             self.client.fput_object(
                 self.bucket,
                 self._name(key),
                 str(src),
-                metadata={SHA_META: sha},
-                part_size=max(self.part_size, 5 << 20),
+                metadata=headers,
+                part_size=part_size,
                 num_parallel_uploads=self.parallel_parts,
             )
-            stored = self.stat(key)
-            if stored is None or stored.size != size or stored.sha256 != sha:
-                raise OSError(f"upload of {src} to {self.uri}/{key} failed verification: stored {stored}")
+            self._verify_stored(key, size, sha)
             return size, sha
 
         return self.retry.call(f"upload {self._name(key)}", put)
@@ -236,30 +362,27 @@ class S3Tier:
         sha = hashlib.sha256(data).hexdigest()
 
         def put() -> None:
-            self.client.put_object(self.bucket, self._name(key), io.BytesIO(data), len(data), metadata={SHA_META: sha})
-            stored = self.stat(key)
-            if stored is None or stored.size != len(data) or stored.sha256 != sha:
-                raise OSError(f"write of {self.uri}/{key} failed verification: stored {stored}")
+            self.client.put_object(
+                self.bucket, self._name(key), io.BytesIO(data), len(data), metadata=_put_headers(sha)
+            )
+            self._verify_stored(key, len(data), sha)
 
         self.retry.call(f"write {self._name(key)}", put)
 
-    def read_bytes(self, key: str, limit: int = 1 << 20) -> bytes | None:
-        check_key(key)
-
-        def get() -> bytes:
-            response = self.client.get_object(self.bucket, self._name(key))
-            try:
-                return response.read(limit)
-            finally:
-                response.close()
-                response.release_conn()
-
-        try:
-            return self.retry.call(f"read {self._name(key)}", get)
-        except S3Error as exc:
-            if exc.code in ("NoSuchKey", "NoSuchObject"):
-                return None
-            raise
+    def _verify_stored(self, key: str, size: int, sha: str) -> None:
+        """The stored object has the size, sha256 metadata and (if the store keeps one) sha256 checksum written."""
+        st = self.client.stat_object(self.bucket, self._name(key), extra_headers=dict(CHECKSUM_MODE))
+        meta = {k.lower(): v for k, v in (st.metadata or {}).items()}
+        stored_sum = meta.get("x-amz-checksum-sha256")
+        problems = []
+        if st.size != size:
+            problems.append(f"size {st.size}, wrote {size}")
+        if meta.get(f"x-amz-meta-{SHA_META}") != sha:
+            problems.append(f"sha256 metadata {meta.get(f'x-amz-meta-{SHA_META}')}, wrote {sha}")
+        if stored_sum and "-" not in stored_sum and stored_sum != _b64(sha):
+            problems.append(f"x-amz-checksum-sha256 {stored_sum}, wrote {_b64(sha)}")
+        if problems:
+            raise DataError(f"{self.uri}/{key}: the stored object differs from what was written: {'; '.join(problems)}")
 
     def set_lifecycle(
         self, rule_id: str, expire_days: int | None, transition_days: int | None, storage_class: str | None
@@ -290,6 +413,18 @@ class S3Tier:
             transition_days,
             storage_class,
         )
+
+
+def _b64(sha_hex: str) -> str:
+    return base64.b64encode(bytes.fromhex(sha_hex)).decode()
+
+
+def _put_headers(sha: str) -> dict[str, str]:
+    """sha256 user metadata, and the same sha256 as an S3 checksum the server checks on receipt and keeps.
+
+    ``x-amz-sdk-checksum-algorithm`` is what the AWS SDKs send beside it; moto stores a checksum only then.
+    """
+    return {SHA_META: sha, "x-amz-checksum-sha256": _b64(sha), "x-amz-sdk-checksum-algorithm": "SHA256"}
 
 
 def settings_for(connection: Any) -> S3Settings:

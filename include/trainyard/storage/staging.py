@@ -9,6 +9,7 @@ manifest lists a file holds that file, whole.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -23,7 +24,7 @@ from trainyard.errors import DataError
 from trainyard.ledger import Ledger
 from trainyard.storage.hot import JOURNAL, STAGED_MANIFEST, HotRoom, make_room, pin, touch
 from trainyard.storage.keys import key_path
-from trainyard.storage.tier import ObjectInfo, Tier
+from trainyard.storage.tier import Landed, ObjectInfo, Tier
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,24 @@ def read_staged(hot_dir: Path) -> dict[str, dict[str, Any]]:
     except (ValueError, KeyError, OSError):
         log.warning("%s is unreadable; staging everything again", path)
         return {}
+
+
+def manifest_entry(landed: Landed, version: str) -> dict[str, Any]:
+    """A staged manifest entry: size, version, digest and how it was checked (plus ``sha256`` where it is one)."""
+    entry: dict[str, Any] = {"size": landed.size, "version": version, "digest": landed.digest, "check": landed.check}
+    algo, _, value = landed.digest.partition(":")
+    if algo == "sha256":
+        entry["sha256"] = value  # quality/dataset.py shows it and compares shards by it
+    return entry
+
+
+def recorded_digest(entry: dict[str, Any] | None, obj: ObjectInfo) -> str | None:
+    """The digest an earlier stage recorded for this very version of ``obj``, to check a re-fetch against."""
+    if entry is None or entry.get("version") != obj.version or entry.get("size") != obj.size:
+        return None
+    if digest := entry.get("digest"):
+        return str(digest)
+    return f"sha256:{entry['sha256']}" if entry.get("sha256") else None  # a manifest from before digests
 
 
 def _journal(hot_dir: Path) -> dict[str, dict[str, Any]]:
@@ -138,7 +157,7 @@ def stage(
         raise DataError(f"{source.uri} holds no objects to stage; check dataset.source and the partition date")
     staged = read_staged(hot_dir)
     known = {**staged, **_journal(hot_dir)}
-    todo = plan(objects, known, hot_dir)
+    todo = [dataclasses.replace(o, digest=recorded_digest(known.get(o.key), o)) for o in plan(objects, known, hot_dir)]
     need = sum(o.size for o in todo)
     if ledger:
         ledger.append(
@@ -162,6 +181,7 @@ def stage(
     progress = Progress(need, len(todo), ledger)
     if todo or set(staged) != set(entries):
         _transfer(source, hot_dir, todo, entries, progress, concurrency)
+        _say_trusted(source, [o.key for o in todo if entries[o.key].get("check") == "first-fetch"], ledger)
         write_json_atomic(hot_dir / STAGED_MANIFEST, {"source": source.uri, "staged_at": time.time(), "files": entries})
         os.unlink(hot_dir / JOURNAL)
         for stale in set(staged) - set(entries):
@@ -193,15 +213,32 @@ def _transfer(
         try:
             for future in as_completed(futures):
                 obj = futures[future]
-                size, sha = future.result()
-                entries[obj.key] = {"size": size, "sha256": sha, "version": obj.version}
+                landed = future.result()
+                entries[obj.key] = manifest_entry(landed, obj.version)
                 journal.write(json.dumps({"key": obj.key, **entries[obj.key]}) + "\n")
                 journal.flush()
-                progress.add(size)
+                progress.add(landed.size)
         except BaseException:
             for future in futures:
                 future.cancel()  # one failure ends the stage; queued transfers would only fail slowly
             raise
+
+
+def _say_trusted(source: Tier, keys: list[str], ledger: Ledger | None, shown: int = 20) -> None:
+    """Objects with nothing to check them against were trusted as they came: say so, once per stage."""
+    if not keys:
+        return
+    log.warning(
+        "%s: %d objects have no checksum, sha256 metadata or MD5 ETag to check; trusted on this first fetch,"
+        " their sha256 recorded in the staged manifest and checked on every later fetch: %s",
+        source.uri,
+        len(keys),
+        ", ".join(keys[:shown]) + (" ..." if len(keys) > shown else ""),
+    )
+    if ledger:
+        ledger.append(
+            "stage_dataset", "trust_on_first_fetch", source=source.uri, objects=len(keys), keys=sorted(keys)[:shown]
+        )
 
 
 def upload_tree(src: Path, tier: Tier, prefix: str, last: str | None = None, concurrency: int = 4) -> int:

@@ -20,6 +20,21 @@ class ObjectInfo:
     """Changes whenever the content may have changed (mtime for files, ETag for S3)."""
     sha256: str | None = None
     """Content hash when the tier stores one beside the object."""
+    digest: str | None = None
+    """A digest recorded at an earlier fetch of this version (``Landed.digest``): a re-fetch is checked against it."""
+
+
+@dataclass(frozen=True)
+class Landed:
+    """What ``Tier.download`` put on disk and how it knows the bytes are right."""
+
+    size: int
+    digest: str
+    """``<algo>:<value>``: ``sha256:<hex>``, ``crc32c:<b64>``, ``md5-multipart:<hex>-<N>`` ..."""
+    check: str
+    """How the bytes were verified: ``s3-checksum``, ``sha256-metadata``, ``etag-md5``, ``etag-multipart``,
+    ``first-fetch`` (nothing to check against: trusted, digest recorded), ``recorded`` (checked against the
+    digest recorded at the first fetch), ``local-copy``."""
 
 
 class Tier(Protocol):
@@ -29,8 +44,8 @@ class Tier(Protocol):
         """Every object under ``prefix``, sorted by key."""
         ...
 
-    def download(self, key: str, dest: Path, expect: ObjectInfo | None = None) -> tuple[int, str]:
-        """Copy one object to ``dest`` (temporary name, verified, renamed); returns (size, sha256)."""
+    def download(self, key: str, dest: Path, expect: ObjectInfo | None = None) -> Landed:
+        """Copy one object to ``dest`` (temporary name, verified, renamed)."""
         ...
 
     def upload(self, src: Path, key: str) -> tuple[int, str]:
