@@ -139,7 +139,8 @@ def test_trainyard_writes_sha256_metadata_and_an_s3_checksum(s3_server, bucket: 
     "claim",
     [
         {"Metadata": {"sha256": sha256(b"the old content")}},
-        {"ChecksumSHA256": b64_sha256(b"the old content")},  # moto keeps a checksum S3 would check on PUT
+        # moto keeps a checksum that S3 would check on PUT (and refuse)
+        {"ChecksumAlgorithm": "SHA256", "ChecksumSHA256": b64_sha256(b"the old content")},
     ],
 )
 def test_an_object_whose_claim_does_not_match_its_bytes_is_refused(

@@ -100,7 +100,15 @@ ALL = frozenset({"sha256", "sha1", "md5", "crc32", "crc32c", "crc64nvme"})
             "sha256-metadata",
             f"sha256:{SHA}",
         ),
-        ({"x-amz-checksum-sha256": SHA_B64}, MULTI_ETAG, None, 5 * MiB, ALL, "etag-multipart", MULTI_ETAG.strip('"')),
+        (
+            {"x-amz-checksum-sha256": SHA_B64},
+            MULTI_ETAG,
+            None,
+            5 * MiB,
+            ALL,
+            "etag-multipart",
+            f"md5-multipart:{MULTI_ETAG.strip(chr(34))}",
+        ),
         # a malformed checksum is never half-trusted
         ({"x-amz-checksum-sha256": "not base64!"}, f'"{MD5}"', None, None, ALL, "etag-md5", f"md5:{MD5}"),
         ({"x-amz-checksum-crc32": "AAAAAAAA"}, f'"{MD5}"', None, None, ALL, "etag-md5", f"md5:{MD5}"),  # 6 bytes

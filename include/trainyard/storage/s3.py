@@ -283,9 +283,9 @@ class S3Tier:
         st = self.retry.call(
             f"stat {name}", lambda: self.client.stat_object(self.bucket, name, extra_headers=dict(CHECKSUM_MODE))
         )
-        size, etag = st.size, st.etag
-        if size != expect.size or not etag:
-            raise DataError(f"{where}: {size} bytes now, {expect.size} when listed: it changed; stage again")
+        if st.size != expect.size or not st.etag:
+            raise DataError(f"{where}: {st.size} bytes now, {expect.size} when listed: it changed; stage again")
+        size, etag = expect.size, st.etag
         headers = st.metadata or {}
         check = self.retry.call(f"stat {name}", lambda: self._check(name, headers, etag, size, expect.digest))
         dest.parent.mkdir(parents=True, exist_ok=True)
