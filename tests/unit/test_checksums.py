@@ -58,6 +58,16 @@ ALL = frozenset({"sha256", "sha1", "md5", "crc32", "crc32c", "crc64nvme"})
         ),
         # header names in any case; a single-part object's checksum without a type is a full one
         ({"X-Amz-Checksum-CRC32C": "AAAAAA=="}, f'"{MD5}"', None, None, ALL, "s3-checksum", "crc32c:AAAAAA=="),
+        # AWS's default on new objects, multipart ones too: a FULL_OBJECT CRC64NVME
+        (
+            {"x-amz-checksum-crc64nvme": "AAAAAAAAAAA=", "x-amz-checksum-type": "FULL_OBJECT"},
+            MULTI_ETAG,
+            None,
+            None,
+            ALL,
+            "s3-checksum",
+            "crc64nvme:AAAAAAAAAAA=",
+        ),
         # the CRC cannot be computed here (no awscrt): the next best check
         ({"x-amz-checksum-crc32c": "AAAAAA=="}, f'"{MD5}"', None, None, HEX_ALGORITHMS, "etag-md5", f"md5:{MD5}"),
         # a COMPOSITE checksum with the part size the store said
