@@ -187,6 +187,10 @@ def test_a_digester_computes_every_candidate_in_one_pass_and_records_the_match()
     other = Digester(wrong)
     other.update(DATA)
     assert wrong.expected not in other.digests() and other.result() == f"md5-multipart:{MULTI_ETAG.strip(chr(34))}"
+    composite = choose_check({"x-amz-checksum-sha256": COMPOSITE}, MULTI_ETAG, SIZE)
+    parts = Digester(composite)
+    parts.update(DATA)
+    assert parts.digests() == [composite.expected]  # base64 with its -N, as S3 writes it
     first = Digester(FIRST_FETCH)
     first.update(DATA)
     assert first.result() == f"sha256:{SHA}"

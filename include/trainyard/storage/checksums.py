@@ -180,8 +180,10 @@ class Digester:
         out = []
         for p in self._parts:
             raw, n = p.finish()
-            name = "md5-multipart" if self.check.style == "multipart" else f"{self.check.algo}-composite"
-            out.append(f"{name}:{encode(self.check.algo, raw)}-{n}")
+            if self.check.style == "multipart":  # as the ETag shows it: hex
+                out.append(f"md5-multipart:{raw.hex()}-{n}")
+            else:  # as S3 shows a COMPOSITE checksum: base64
+                out.append(f"{self.check.algo}-composite:{base64.b64encode(raw).decode()}-{n}")
         return out
 
     def result(self) -> str:

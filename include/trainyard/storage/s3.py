@@ -384,6 +384,24 @@ class S3Tier:
         if problems:
             raise DataError(f"{self.uri}/{key}: the stored object differs from what was written: {'; '.join(problems)}")
 
+    def read_bytes(self, key: str, limit: int = 1 << 20) -> bytes | None:
+        check_key(key)
+
+        def get() -> bytes:
+            response = self.client.get_object(self.bucket, self._name(key))
+            try:
+                return response.read(limit)
+            finally:
+                response.close()
+                response.release_conn()
+
+        try:
+            return self.retry.call(f"read {self._name(key)}", get)
+        except S3Error as exc:
+            if exc.code in ("NoSuchKey", "NoSuchObject"):
+                return None
+            raise
+
     def set_lifecycle(
         self, rule_id: str, expire_days: int | None, transition_days: int | None, storage_class: str | None
     ) -> None:
