@@ -76,14 +76,14 @@ class Schedule:
 
     @classmethod
     def of(cls, cfg: PressureTestSpec, candidates: int) -> Schedule:
-        """Split ``duration_s``: 55% for the local probes (in turns), 10% for the all-reduce, 30% for the pairs.
+        """Split ``duration_s``: 60% for the local probes (in turns), 10% for the all-reduce, 30% for the pairs.
 
         The pairs get the larger share because they are what localizes a slow
         link: measured in turns of a few round trips, a pair's figure swings by
         a third on a shared host, as much as the half-speed link it must find.
         """
         d = cfg.duration_s
-        return cls(0.55 * d / max(candidates, 1), 0.1 * d, 0.3 * d, min(cfg.timeout_s, 5.0))
+        return cls(0.6 * d / max(candidates, 1), 0.1 * d, 0.3 * d, min(cfg.timeout_s, 5.0))
 
     def budget(self, cfg: PressureTestSpec) -> float:
         """How long a candidate may wait on the store before it gives up on the orchestrator.
