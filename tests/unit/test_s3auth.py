@@ -193,6 +193,7 @@ def test_no_credentials_anywhere_is_one_error_that_lists_each_link_and_the_fix(t
     assert isinstance(caught.value, SpecError) and "\n" not in message
     assert message.startswith("no S3 credentials found (connection 'cold' has no login; tried the environment")
     assert "profile 'ml' of ~/.aws/credentials" in message
+    assert "EC2 instance metadata: skipped (AWS_EC2_METADATA_DISABLED=true)" in message
     for fix in ("AWS_ACCESS_KEY_ID", "AWS_PROFILE", "profile_name", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN"):
         assert fix in message
 
@@ -216,6 +217,18 @@ def test_an_unreachable_sts_is_reported_without_the_web_identity_token(
     assert f"web identity (AWS_WEB_IDENTITY_TOKEN_FILE {tmp_path / 'token'}" in message
     assert f"STS http://127.0.0.1:{port}" in message
     assert token not in message and "c2VjcmV0" not in message
+
+
+def test_unreachable_instance_metadata_is_one_more_link_in_the_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.delenv("AWS_EC2_METADATA_DISABLED")
+    monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", f"http://127.0.0.1:{port}")
+    with pytest.raises(CredentialsNotFound, match=rf"EC2 instance metadata \(http://127\.0\.0\.1:{port}\): \w+"):
+        credential_chain(os.environ).retrieve()
 
 
 def test_redact_drops_every_query_string() -> None:

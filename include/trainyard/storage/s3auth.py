@@ -168,6 +168,7 @@ def credential_chain(
 
     The providers read ``os.environ`` themselves (they always do), so pass ``os.environ``.
     """
+    skipped: list[str] = []
     links: list[tuple[str, Provider]] = [
         ("the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)", EnvAWSProvider())
     ]
@@ -191,7 +192,9 @@ def credential_chain(
         links.append((what, IamAwsProvider(custom_endpoint=sts, http_client=remote, region=region)))
     elif env.get("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI") or env.get("AWS_CONTAINER_CREDENTIALS_FULL_URI"):
         links.append(("ECS container credentials", IamAwsProvider(http_client=local, region=region)))
-    elif env.get("AWS_EC2_METADATA_DISABLED", "").lower() != "true":
+    elif env.get("AWS_EC2_METADATA_DISABLED", "").lower() == "true":
+        skipped.append("EC2 instance metadata: skipped (AWS_EC2_METADATA_DISABLED=true)")
+    else:
         imds = env.get("AWS_EC2_METADATA_SERVICE_ENDPOINT")
         links.append(
             (
@@ -199,7 +202,7 @@ def credential_chain(
                 IamAwsProvider(custom_endpoint=imds, http_client=local, region=region),
             )
         )
-    return CredentialChain(links, context)
+    return CredentialChain(links, context, skipped)
 
 
 class CredentialChain(ChainedProvider):
@@ -210,10 +213,11 @@ class CredentialChain(ChainedProvider):
     nothing of the other links. Thread-safe: a tier's transfers share one chain.
     """
 
-    def __init__(self, links: list[tuple[str, Provider]], context: str = ""):
+    def __init__(self, links: list[tuple[str, Provider]], context: str = "", skipped: list[str] | None = None):
         super().__init__([p for _, p in links])
         self._links = links
         self._context = context
+        self._skipped = skipped or []
         self._lock = threading.Lock()
         self.found: str | None = None
         """The link that answered last (its description), for logs."""
@@ -227,7 +231,7 @@ class CredentialChain(ChainedProvider):
                 return self._credentials
             # The link that answered before goes first: its keys expired, it refreshes them.
             order = sorted(self._links, key=lambda link: link[0] != self.found)
-            tried = []
+            tried: list[str] = []
             for name, provider in order:
                 try:
                     credentials = provider.retrieve()
@@ -239,9 +243,8 @@ class CredentialChain(ChainedProvider):
                 self._credentials, self.found = credentials, name
                 return credentials
             context = f"{self._context}; " if self._context else ""
-            raise CredentialsNotFound(
-                [f"no S3 credentials found ({context}tried {'; '.join(tried) or 'nothing'}). To fix: {FIX}"]
-            )
+            said = "; ".join(tried + self._skipped)
+            raise CredentialsNotFound([f"no S3 credentials found ({context}tried {said}). To fix: {FIX}"])
 
 
 def redact(exc: BaseException) -> str:

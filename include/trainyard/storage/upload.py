@@ -187,9 +187,16 @@ def upload(src: Path, tier: S3Tier, jobs: int = 8, progress: Progress | None = N
             counts["bytes_skipped" if skipped else "bytes_uploaded"] += f.size
         progress.advance(f.size, skipped)
 
-    with _finished(progress), ThreadPoolExecutor(min(jobs, len(files))) as pool:
-        for _ in pool.map(one, files):  # re-raises the first failure, after the others end
-            pass
+    with _finished(progress):
+        pool = ThreadPoolExecutor(min(jobs, len(files)))
+        try:
+            for _ in pool.map(one, files):
+                pass
+        except BaseException:
+            # The first failure ends the run: objects not started yet are not tried (a rerun resumes).
+            pool.shutdown(cancel_futures=True)
+            raise
+        pool.shutdown()
     return UploadResult(seconds=time.monotonic() - started, **counts)
 
 
