@@ -279,7 +279,7 @@ def test_cold_data_loads_the_partition_the_mounted_s3_pipeline_stages() -> None:
     assert job["image"] == data["x-airflow-common"]["image"] and job["build"] == data["x-airflow-common"]["build"]
     assert job["restart"] == "no" and job["entrypoint"] == ["/bin/bash", "-ec"]
     uid = str(job["user"]).split(":")[0]
-    assert uid.isdigit() and int(uid) != 0, "the job runs as the image's non-root user"
+    assert uid.isdigit() and int(uid) != 0 and int(uid) == AIRFLOW_UID, "the job runs as the image's non-root user"
     env = job["environment"]
     # Credentials through the standard chain's variables, from docker/.env only; the endpoint is the stack's MinIO.
     assert REQUIRED.match(env["AWS_ACCESS_KEY_ID"]) and env["AWS_ACCESS_KEY_ID"].startswith(
