@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from minio.credentials import StaticProvider
@@ -41,3 +42,17 @@ def test_a_missing_connection_fails_fast_saying_how_to_add_it() -> None:
     ) as caught:
         _s3_settings("nowhere_cold")
     assert isinstance(caught.value, FAIL_FAST)  # a retry would not make it appear
+
+
+def test_the_s3_example_mounted_beside_the_stack_pipelines_is_one_more_dag(tmp_path: Path) -> None:
+    # What the compose stack's dag-processor sees: the image's dags/pipelines plus the mounted example.
+    import shutil
+
+    from trainyard.airflow.dag_builder import build_dags
+
+    root = Path(__file__).resolve().parents[2]
+    shutil.copytree(root / "dags" / "pipelines", tmp_path / "pipelines")
+    shutil.copy(root / "examples" / "specs" / "s3_pretrain.yaml", tmp_path / "pipelines")
+    dags = build_dags(tmp_path / "pipelines")
+    assert set(dags) == {"nightly_pretrain", "finetune_manual", "s3_pretrain"}
+    assert "stage_dataset" in dags["s3_pretrain"].task_ids and dags["s3_pretrain"].schedule is None
