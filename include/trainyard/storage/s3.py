@@ -3,8 +3,8 @@
 A multipart ETag is not a content hash, so every upload stores the object's
 sha256 as user metadata (``x-amz-meta-sha256``) and every download checks the
 bytes on disk against it. Large objects move in parallel byte ranges (down)
-or parts (up). Credentials come from an Airflow connection or the
-environment, never from a spec, and never appear in logs or reprs.
+or parts (up). Where the store is and as whom to reach it: ``s3auth``
+(``S3Settings`` and ``settings_for`` are re-exported here for old imports).
 """
 
 from __future__ import annotations
@@ -14,12 +14,11 @@ import io
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
-from urllib.parse import urlparse
+from typing import TypeVar
 
 import urllib3
 from minio import Minio
@@ -28,9 +27,11 @@ from minio.error import S3Error
 from minio.lifecycleconfig import Expiration, LifecycleConfig, Rule, Transition
 
 from trainyard.atomic import open_new, temp_name
-from trainyard.errors import DataError, SpecError, TransientError
+from trainyard.errors import DataError, TransientError
 from trainyard.storage.hashing import commit_verified, sha256_file, write_verified
 from trainyard.storage.keys import check_key
+from trainyard.storage.s3auth import S3Settings as S3Settings
+from trainyard.storage.s3auth import settings_for as settings_for
 from trainyard.storage.tier import ObjectInfo
 
 log = logging.getLogger(__name__)
@@ -38,39 +39,6 @@ SHA_META = "sha256"
 _T = TypeVar("_T")
 # Server-side answers that mean "try again later"; anything else is the caller's problem.
 _RETRY_CODES = {"InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout"}
-
-
-@dataclass(frozen=True)
-class S3Settings:
-    """Where and as whom to reach the object store. Secrets stay out of ``repr``."""
-
-    endpoint: str
-    """``host:port`` of the S3 API."""
-    access_key: str = field(repr=False)
-    secret_key: str = field(repr=False)
-    secure: bool = True
-    region: str | None = None
-
-    @classmethod
-    def from_endpoint_url(cls, url: str, access_key: str, secret_key: str, region: str | None = None) -> S3Settings:
-        parsed = urlparse(url if "://" in url else f"https://{url}")
-        if not parsed.hostname:
-            raise SpecError([f"endpoint_url {url!r} has no host (expected e.g. http://127.0.0.1:9000)"])
-        port = f":{parsed.port}" if parsed.port else ""
-        return cls(f"{parsed.hostname}{port}", access_key, secret_key, parsed.scheme == "https", region)
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> S3Settings:
-        """Outside Airflow: ``TRAINYARD_S3_ENDPOINT``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``."""
-        env = os.environ if env is None else env
-        missing = [n for n in ("TRAINYARD_S3_ENDPOINT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY") if not env.get(n)]
-        if missing:
-            raise SpecError(
-                [f"s3 access needs an Airflow connection or the environment variables {', '.join(missing)}"]
-            )
-        return cls.from_endpoint_url(
-            env["TRAINYARD_S3_ENDPOINT"], env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"], env.get("AWS_REGION")
-        )
 
 
 @dataclass(frozen=True)
@@ -122,8 +90,7 @@ class S3Tier:
         )
         self.client = Minio(
             settings.endpoint,
-            settings.access_key,
-            settings.secret_key,
+            credentials=settings.credentials,
             secure=settings.secure,
             region=settings.region,
             http_client=http,
@@ -290,16 +257,3 @@ class S3Tier:
             transition_days,
             storage_class,
         )
-
-
-def settings_for(connection: Any) -> S3Settings:
-    """``S3Settings`` from an Airflow connection object (type aws, ``endpoint_url`` in extra)."""
-    extra = connection.extra_dejson or {}
-    url = extra.get("endpoint_url") or (f"http://{connection.host}:{connection.port}" if connection.host else None)
-    if not url:
-        raise SpecError(
-            [f"connection {connection.conn_id!r}: set endpoint_url in its extra (e.g. http://127.0.0.1:9000)"]
-        )
-    if not connection.login or not connection.password:
-        raise SpecError([f"connection {connection.conn_id!r}: needs a login (access key) and password (secret key)"])
-    return S3Settings.from_endpoint_url(url, connection.login, connection.password, extra.get("region_name"))
