@@ -1,17 +1,22 @@
-"""The ``trainyard`` command: check specs, write demo data, summarize runs, free a lineage."""
+"""The ``trainyard`` command: check specs, write demo data, upload to and list S3, summarize runs, free a lineage."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 import zlib
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainyard.errors import TrainyardError
 from trainyard.ledger import Ledger, safe_name
 from trainyard.report.summary import format_summary, summarize
 from trainyard.spec import check_files, spec_files
 from trainyard.templating import render
+
+if TYPE_CHECKING:
+    from trainyard.storage.s3 import S3Tier
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -33,6 +38,72 @@ def cmd_demo_data(args: argparse.Namespace) -> int:
     for folder, seed in ((cold / "tokens" / args.date, nightly_seed), (cold / "finetune", 1)):
         paths = write_synthetic_corpus(folder, shards=args.shards, seed=seed)
         print(f"wrote {len(paths)} shards to {folder}")
+    return 0
+
+
+# What ``upload`` and ``ls`` turn into one line and exit code 2 (a bad argument, no bucket, no credentials, no
+# network): the user fixes something and runs again; a traceback would only hide the one line that says what.
+USAGE_ERROR = 2
+
+
+def _s3_tier(uri: str, endpoint_url: str | None) -> S3Tier:
+    from trainyard.storage.s3 import S3Tier
+    from trainyard.storage.s3auth import S3Settings
+    from trainyard.storage.upload import split_s3_uri
+
+    split_s3_uri(uri)
+    settings = S3Settings.from_env(endpoint_url)
+    settings.credentials.retrieve()  # now, so that missing credentials are one line before any transfer
+    tier = S3Tier(uri, settings)
+    if not tier.client.bucket_exists(tier.bucket):
+        raise TrainyardError(f"{uri}: bucket {tier.bucket!r} does not exist at {settings.endpoint}; create it first")
+    return tier
+
+
+def _s3_errors(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Errors of an S3 command as one line on stderr and exit code 2; never a traceback, never a secret."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapped(args: argparse.Namespace) -> int:
+        import urllib3
+        from minio.error import MinioException
+
+        from trainyard.storage.s3auth import redact
+
+        try:
+            return fn(args)
+        except TrainyardError as exc:
+            message = str(exc)
+        except (MinioException, urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
+            message = f"{args.dest}: {type(exc).__name__}: {redact(exc)}"
+        print(f"trainyard {args.command}: {message}", file=sys.stderr)
+        return USAGE_ERROR
+
+    return wrapped
+
+
+@_s3_errors
+def cmd_upload(args: argparse.Namespace) -> int:
+    """Upload a file or folder to s3://bucket/prefix: parallel, verified, resumable."""
+    from trainyard.storage.upload import progress_for, upload
+
+    if not args.src.exists():
+        raise TrainyardError(f"{args.src}: no such file or folder")
+    tier = _s3_tier(args.dest, args.endpoint_url)
+    result = upload(args.src, tier, jobs=args.jobs, progress=progress_for(sys.stdout))
+    print(result.summary(args.dest))
+    return 0
+
+
+@_s3_errors
+def cmd_ls(args: argparse.Namespace) -> int:
+    """One line per object under s3://bucket/prefix: size, whether it carries a sha256, key."""
+    from trainyard.storage.upload import listing
+
+    tier = _s3_tier(args.dest, args.endpoint_url)
+    for o in listing(tier, jobs=args.jobs):
+        print(f"{o.size:>14}  {'sha256' if o.sha256 else '-':<6}  {o.name}")
     return 0
 
 
@@ -169,6 +240,20 @@ def parser() -> argparse.ArgumentParser:
     drill.add_argument("--factor", type=float, default=1.0, help="slow: extra time per step, x the step time")
     drill.add_argument("--date", help="the logical date ({{ ds }}) of the drilled run (default: today)")
     drill.set_defaults(func=cmd_drill)
+    up = sub.add_parser(
+        "upload", help="upload a file or folder to s3://bucket/prefix (parallel, sha256-verified, resumable)"
+    )
+    up.add_argument("src", type=Path, help="a file (uploaded under its name) or a folder (its files, recursively)")
+    up.add_argument("dest", help="s3://bucket/prefix")
+    ls = sub.add_parser("ls", help="list the objects under s3://bucket/prefix (size, sha256 or -, key)")
+    ls.add_argument("dest", help="s3://bucket or s3://bucket/prefix")
+    for s3_command, run in ((up, cmd_upload), (ls, cmd_ls)):
+        s3_command.add_argument("--jobs", type=int, default=8, help="objects at once (default 8)")
+        s3_command.add_argument(
+            "--endpoint-url",
+            help="the S3 API, e.g. http://127.0.0.1:9000 (default: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, else AWS)",
+        )
+        s3_command.set_defaults(func=run)
     summary = sub.add_parser("summary", help="print the summary of a run")
     summary.add_argument("run_dir", nargs="?", help="a run folder (default: the latest run of --dag-id)")
     summary.add_argument("--dag-id")

@@ -18,7 +18,7 @@ from minio import Minio
 from moto.server import ThreadedMotoServer
 
 from trainyard import localpg
-from trainyard.storage.s3 import S3Settings
+from trainyard.storage.s3auth import S3Settings
 
 logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one access-log line per request otherwise
 
@@ -27,16 +27,20 @@ logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one access-log line per
 class S3Server:
     server: ThreadedMotoServer
     port: int
+    access_key: str = "testing-key"
+    secret_key: str = "testing-secret"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
     @property
     def settings(self) -> S3Settings:
-        return S3Settings.from_endpoint_url(
-            f"http://127.0.0.1:{self.port}", "testing-key", "testing-secret", "us-east-1"
-        )
+        return S3Settings.from_endpoint_url(self.url, self.access_key, self.secret_key, "us-east-1")
 
     def client(self) -> Minio:
         s = self.settings
-        return Minio(s.endpoint, s.access_key, s.secret_key, secure=False, region=s.region)
+        return Minio(s.endpoint, self.access_key, self.secret_key, secure=False, region=s.region)
 
     def stop(self) -> None:
         self.server.stop()

@@ -34,9 +34,9 @@ def boto(s3_server, **config: Any):
 
     return boto3.client(
         "s3",
-        endpoint_url=f"http://127.0.0.1:{s3_server.port}",
-        aws_access_key_id="testing-key",
-        aws_secret_access_key="testing-secret",
+        endpoint_url=s3_server.url,
+        aws_access_key_id=s3_server.access_key,
+        aws_secret_access_key=s3_server.secret_key,
         region_name="us-east-1",
         config=Config(s3={"addressing_style": "path"}, **config),
     )

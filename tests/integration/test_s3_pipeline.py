@@ -51,10 +51,10 @@ def test_s3_pipeline_with_airflow_connection(s3_server, tmp_path: Path) -> None:
     shutil.copy(ROOT / "dags" / "pipelines.py", dags)
     (dags / "pipelines" / "s3_pretrain.yaml").write_text(SPEC)
     s = s3_server.settings
-    secret = s.secret_key
+    secret = s3_server.secret_key
     conn = {
         "conn_type": "aws",
-        "login": s.access_key,
+        "login": s3_server.access_key,
         "password": secret,
         "extra": {"endpoint_url": f"http://{s.endpoint}", "region_name": s.region},
     }

@@ -89,8 +89,8 @@ def test_escaping_keys_are_refused_and_nothing_lands_outside(s3_server, bucket: 
     boto3.client(
         "s3",
         endpoint_url=f"http://{s.endpoint}",
-        aws_access_key_id=s.access_key,
-        aws_secret_access_key=s.secret_key,
+        aws_access_key_id=s3_server.access_key,
+        aws_secret_access_key=s3_server.secret_key,
         region_name=s.region,
     ).put_object(Bucket=bucket, Key="ds/../../escape.tok", Body=b"evil")
     with pytest.raises(DataError, match="would escape the tier root"):

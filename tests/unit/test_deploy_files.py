@@ -156,7 +156,7 @@ def test_compose_file_is_valid_under_the_compose_specification() -> None:
 
 def test_stack_has_the_databases_and_every_airflow_3_component() -> None:
     services = compose()["services"]
-    assert set(services) == {"postgres", "minio", "minio-init", *AIRFLOW_SERVICES}
+    assert set(services) == {"postgres", "minio", "minio-init", "cold-data", *AIRFLOW_SERVICES}
     assert services["postgres"]["image"].startswith("postgres:")
     assert services["minio"]["image"].startswith("minio/minio:RELEASE.")
     assert services["minio"]["command"][:2] == ["server", "/data"]
@@ -207,7 +207,10 @@ def test_hot_tier_volume_is_trainyard_home_in_every_airflow_service() -> None:
     home = data["x-airflow-common"]["environment"]["TRAINYARD_HOME"]
     for name in AIRFLOW_SERVICES:
         assert f"trainyard-home:{home}" in data["services"][name]["volumes"], name
-    used = {v.split(":", 1)[0] for s in data["services"].values() for v in s.get("volumes", [])}
+    mounts = [
+        v.split(":", 1)[0] for s in [data["x-airflow-common"], *data["services"].values()] for v in s.get("volumes", [])
+    ]
+    used = {m for m in mounts if not m.startswith((".", "/"))}  # named volumes; the rest are bind mounts
     assert used == set(data["volumes"]), "every named volume is declared, every declared one is used"
     assert f"ENV TRAINYARD_HOME={home}" in " ".join(f"{k} {a}" for k, a in dockerfile("Dockerfile.airflow"))
 
@@ -225,6 +228,7 @@ def test_start_up_order_waits_for_health_and_one_shot_jobs() -> None:
         assert services[name]["healthcheck"]["test"], name
     needs = {name: {t: h["condition"] for t, h in s.get("depends_on", {}).items()} for name, s in services.items()}
     assert needs["minio-init"] == {"minio": "service_healthy"}
+    assert needs["cold-data"] == {"minio-init": "service_completed_successfully"}  # the bucket and its key first
     assert needs["airflow-init"] == {"postgres": "service_healthy"}
     for name in AIRFLOW_SERVICES[1:]:
         assert needs[name]["postgres"] == "service_healthy"
@@ -262,6 +266,56 @@ def test_minio_init_creates_the_cold_bucket_and_the_key_airflow_uses() -> None:
     assert init["environment"]["ACCESS_KEY"].startswith("${TRAINYARD_S3_ACCESS_KEY:?")
     assert init["environment"]["SECRET_KEY"].startswith("${TRAINYARD_S3_SECRET_KEY:?")
     assert "mc admin policy attach cold trainyard-cold" in script
+
+
+def test_cold_data_loads_the_partition_the_mounted_s3_pipeline_stages() -> None:
+    import shlex
+
+    from trainyard.cli import parser
+    from trainyard.spec import load_spec
+
+    data = compose()
+    job = data["services"]["cold-data"]
+    assert job["image"] == data["x-airflow-common"]["image"] and job["build"] == data["x-airflow-common"]["build"]
+    assert job["restart"] == "no" and job["entrypoint"] == ["/bin/bash", "-ec"]
+    uid = str(job["user"]).split(":")[0]
+    assert uid.isdigit() and int(uid) != 0 and int(uid) == AIRFLOW_UID, "the job runs as the image's non-root user"
+    env = job["environment"]
+    # Credentials through the standard chain's variables, from docker/.env only; the endpoint is the stack's MinIO.
+    assert REQUIRED.match(env["AWS_ACCESS_KEY_ID"]) and env["AWS_ACCESS_KEY_ID"].startswith(
+        "${TRAINYARD_S3_ACCESS_KEY:?"
+    )
+    assert REQUIRED.match(env["AWS_SECRET_ACCESS_KEY"]) and "TRAINYARD_S3_SECRET_KEY" in env["AWS_SECRET_ACCESS_KEY"]
+    endpoint = urlsplit(env["AWS_ENDPOINT_URL_S3"])
+    assert (endpoint.scheme, endpoint.hostname, endpoint.port) == ("http", "minio", 9000)
+    assert env["BUCKET"] == data["services"]["minio-init"]["environment"]["BUCKET"]
+    # Each trainyard line is one the CLI accepts (variables filled as the container's shell would).
+    shell = {k: interpolate(str(v), filled_env()) for k, v in env.items()}
+    lines = [line.strip() for line in job["command"][0].splitlines() if line.strip()]
+    runs = []
+    for line in lines:
+        argv = shlex.split(re.sub(r"\$\{(\w+)\}", lambda m: shell[m.group(1)], line.replace("$$", "$")))
+        assert argv[0] == "trainyard", line
+        assert "SECRET" not in line and filled_env()["TRAINYARD_S3_SECRET_KEY"] not in " ".join(argv)
+        runs.append(parser().parse_args(argv[1:]))
+    demo, upload, listed = runs
+    assert (demo.command, upload.command, listed.command) == ("demo-data", "upload", "ls")
+    assert Path(upload.src) == Path(demo.cold) / "tokens" / demo.date
+    # The pipeline mounted into every Airflow component stages exactly that partition.
+    spec_file = ROOT / "examples" / "specs" / "s3_pretrain.yaml"
+    mount = f"../examples/specs/{spec_file.name}:/opt/airflow/dags/pipelines/{spec_file.name}:ro"
+    assert mount in data["x-airflow-common"]["volumes"]
+    assert (COMPOSE.parent / mount.split(":")[0]).resolve() == spec_file
+    copies = [a.split() for k, a in dockerfile("Dockerfile.airflow") if k == "COPY"]
+    assert ["--chown=50000:0", "dags", "/opt/airflow/dags"] in copies  # the folder dags/pipelines.py reads
+    spec = load_spec(spec_file)
+    assert (
+        spec.dataset.source.replace("{{ ds }}", demo.date)
+        == f"s3://{filled_env()['TRAINYARD_COLD_BUCKET']}/tokens/{demo.date}"
+    )
+    assert upload.dest == spec.dataset.source.replace("{{ ds }}", demo.date)
+    assert spec.dataset.connection == spec.checkpoint.connection == "trainyard_cold"
+    assert "AIRFLOW_CONN_TRAINYARD_COLD" in data["x-airflow-common"]["environment"]
 
 
 # ---------------------------------------------------------------- compose: credentials

@@ -16,7 +16,8 @@ import urllib3
 from minio.error import S3Error, ServerError
 
 from trainyard.errors import DataError, TransientError
-from trainyard.storage.s3 import Retry, S3Settings, S3Tier, retryable
+from trainyard.storage.s3 import Retry, S3Tier, retryable
+from trainyard.storage.s3auth import S3Settings
 
 SECRET = "secret-never-logged"
 FAST = Retry(attempts=4, backoff_s=0.01, max_backoff_s=0.02)
@@ -55,7 +56,7 @@ class ScriptedS3:
 
     def tier(self, retry: Retry = FAST) -> S3Tier:
         port = self.server.server_address[1]
-        settings = S3Settings(f"127.0.0.1:{port}", "key", SECRET, secure=False, region="us-east-1")
+        settings = S3Settings.from_endpoint_url(f"http://127.0.0.1:{port}", "key", SECRET, "us-east-1")
         return S3Tier("s3://bucket/data", settings, retry=retry)
 
 

@@ -13,7 +13,9 @@ from trainyard.storage.tier import ObjectInfo
 
 def tier_answering(**answer: object) -> S3Tier:
     # Minio connects on the first request only; the client is replaced before any.
-    tier = S3Tier("s3://bucket/data", S3Settings("127.0.0.1:9", "k", "s", secure=False), retry=Retry(attempts=1))
+    tier = S3Tier(
+        "s3://bucket/data", S3Settings.from_endpoint_url("http://127.0.0.1:9", "k", "s"), retry=Retry(attempts=1)
+    )
     tier.client = SimpleNamespace(stat_object=lambda bucket, name: SimpleNamespace(**answer))
     return tier
 

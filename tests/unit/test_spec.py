@@ -243,6 +243,20 @@ def test_the_kubernetes_gpu_example_is_a_complete_gpu_pipeline(capsys: pytest.Ca
     assert spec.dataset.hot.startswith("file://") and spec.pressure_test.enabled
 
 
+def test_the_s3_example_stages_from_the_cold_bucket_beside_the_stack_pipelines(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    path = ROOT / "examples" / "specs" / "s3_pretrain.yaml"
+    # The compose stack mounts it beside dags/pipelines: checked together, no dataset nests in another's.
+    assert cli(["check", str(ROOT / "dags" / "pipelines"), str(path)]) == 0, capsys.readouterr().out
+    spec = load_spec(path)
+    assert spec.dag_id(path) == "s3_pretrain"
+    assert spec.dataset.source.startswith("s3://trainyard-cold/") and spec.dataset.connection == "trainyard_cold"
+    assert spec.checkpoint.cold.startswith("s3://trainyard-cold/") and spec.checkpoint.connection == "trainyard_cold"
+    assert spec.dataset.hot.startswith("file://") and spec.checkpoint.hot.startswith("file://")
+    assert spec.nodes.backend == "local"  # the compose stack's scheduler runs it (LocalExecutor)
+
+
 def test_a_spec_may_give_local_nodes_gpus_one_rank_each(tmp_path: Path) -> None:
     path = tmp_path / "p.yaml"
     path.write_text(spec_text(nodes="{count: 2, procs_per_node: 2, gpus_per_node: 2}"))

@@ -72,5 +72,5 @@ def test_drills_from_spec_and_environment() -> None:
 
 def test_schedule_fits_the_budget() -> None:
     plan = Schedule.of(PressureTestSpec(duration_s=20, timeout_s=60), candidates=4)
-    assert plan.slot_s * 4 + plan.collective_s + plan.pairs_s == pytest.approx(18.0)
+    assert plan.slot_s * 4 + plan.collective_s + plan.pairs_s == pytest.approx(20.0)
     assert plan.grace_s == 5.0

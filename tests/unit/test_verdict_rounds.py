@@ -219,6 +219,13 @@ def test_pairs_of_one_shared_host_take_turns() -> None:
     assert len(rounds) == 6 and all(len(r) == 1 for r in rounds)
 
 
+def test_confirmation_passes_interleave_the_pairs_so_drift_falls_on_each_alike() -> None:
+    once = pair_rounds(["s", "a", "b"], shared=True)
+    thrice = pair_rounds(["s", "a", "b"], shared=True, passes=3)
+    assert thrice == once * 3  # s-a, s-b, a-b, s-a, ...: never one pair's turns back to back
+    assert all(thrice[i] != thrice[i + 1] for i in range(len(thrice) - 1))
+
+
 def test_pair_rounds_are_capped_on_a_large_batch() -> None:
     rounds = pair_rounds([f"n{i}" for i in range(64)], most=8)
     assert len(rounds) == 8 and all(len(r) == 32 for r in rounds)

@@ -25,11 +25,11 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from trainyard.airflow.assets import checkpoint_asset
 from trainyard.airflow.metrics import emitted
-from trainyard.errors import FAIL_FAST
+from trainyard.errors import FAIL_FAST, SpecError
 from trainyard.report.summary import format_summary, summarize
 from trainyard.run import SNAPSHOT, Run, load_run, open_run
 from trainyard.spec import KubernetesSpec
-from trainyard.storage.s3 import S3Settings, settings_for
+from trainyard.storage.s3auth import S3Settings, settings_for
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +68,20 @@ def dagrun_state(dag_id: str, run_id: str) -> str | None:
 
 
 def _s3_settings(conn_id: str) -> S3Settings:
-    """S3 endpoint and keys from an Airflow connection (type aws, ``endpoint_url`` in extra)."""
-    return settings_for(Connection.get(conn_id))
+    """S3 endpoint and credentials from an Airflow connection (type aws): its login, else the AWS chain."""
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    try:
+        connection = Connection.get(conn_id)
+    except AirflowNotFoundException:
+        # A missing connection will not appear by retrying the task: fail fast, saying how to add it.
+        raise SpecError(
+            [
+                f"connection {conn_id!r} is not defined: add it (type aws) in the Airflow UI, airflow_settings.yaml"
+                f" or AIRFLOW_CONN_{conn_id.upper()}; with no login it uses the AWS credential chain"
+            ]
+        ) from None
+    return settings_for(connection)
 
 
 def run_date(ctx: Any) -> str:

@@ -30,6 +30,7 @@ import json
 import os
 import re
 import signal
+import statistics
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -75,17 +76,20 @@ def allreduce(sizes_kb: list[int], budget_s: float, throttle: Throttle) -> dict[
 def pairs(
     node: str, members: list[str], rounds: list[list[list[str]]], nbytes: int, budget_s: float, throttle: Throttle
 ) -> dict[str, float]:
-    """Bandwidth with each partner this node meets in ``rounds``; every member keeps the rounds in step."""
-    out: dict[str, float] = {}
+    """Bandwidth with each partner this node meets in ``rounds``; every member keeps the rounds in step.
+
+    A partner met in several rounds (turns) counts with the median of them:
+    each turn is one window, as a local probe's turn is.
+    """
+    seen: dict[str, list[float]] = {}
     for pairs_of_round in rounds:
         for a, b in pairs_of_round:
             if node in (a, b):
                 peer = b if node == a else a
-                out[peer] = round(
-                    pair_gbps(members.index(peer), node == a, nbytes, budget_s / len(rounds), throttle), 4
-                )
+                gbps = pair_gbps(members.index(peer), node == a, nbytes, budget_s / len(rounds), throttle, windows=1)
+                seen.setdefault(peer, []).append(gbps)
         dist.barrier()  # the next round starts together: a pair never shares its links with the last round's
-    return out
+    return {peer: round(statistics.median(values), 4) for peer, values in seen.items()}
 
 
 def act_out(fault: str) -> None:

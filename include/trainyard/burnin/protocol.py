@@ -76,9 +76,14 @@ class Schedule:
 
     @classmethod
     def of(cls, cfg: PressureTestSpec, candidates: int) -> Schedule:
-        """Split ``duration_s``: 60% for the local probes (in turns), 15% each for the all-reduce and the pairs."""
+        """Split ``duration_s``: 60% for the local probes (in turns), 10% for the all-reduce, 30% for the pairs.
+
+        The pairs get the larger share because they are what localizes a slow
+        link: measured in turns of a few round trips, a pair's figure swings by
+        a third on a shared host, as much as the half-speed link it must find.
+        """
         d = cfg.duration_s
-        return cls(0.6 * d / max(candidates, 1), 0.15 * d, 0.15 * d, min(cfg.timeout_s, 5.0))
+        return cls(0.6 * d / max(candidates, 1), 0.1 * d, 0.3 * d, min(cfg.timeout_s, 5.0))
 
     def budget(self, cfg: PressureTestSpec) -> float:
         """How long a candidate may wait on the store before it gives up on the orchestrator.
@@ -90,14 +95,24 @@ class Schedule:
 
 MAX_PAIR_ROUNDS = 8
 """Each node meets at most this many partners: enough to tell its link from theirs."""
+PAIR_TURNS = 3
+"""The link test measures each pair in this many interleaved turns (as the local probes' ``TURNS``)."""
+PAIR_TURNS_AGAIN = 5
+"""The confirmation round's turns for each suspect pair, in twice the time."""
 
 
-def pair_rounds(members: list[str], most: int = MAX_PAIR_ROUNDS, shared: bool = False) -> list[list[list[str]]]:
+def pair_rounds(
+    members: list[str], most: int = MAX_PAIR_ROUNDS, shared: bool = False, passes: int = 1
+) -> list[list[list[str]]]:
     """Rounds of disjoint pairs (the circle method): in ``r`` rounds every node meets ``r`` partners.
 
     ``shared``: the nodes share one host's cores, so each pair gets a round of
     its own (a pair slowed by a bad link would hand its cores to the pair next
-    to it, which would then look fast).
+    to it, which would then look fast). ``passes``: the whole schedule again,
+    interleaved, so each pair is measured in several short turns (a node's
+    figure with a partner is the median of them): a machine whose speed
+    drifts then drifts for every pair alike, not for whichever pair had the
+    slow seconds.
     """
     ring: list[str | None] = [*members, None] if len(members) % 2 else list(members)
     n = len(ring)
@@ -105,7 +120,8 @@ def pair_rounds(members: list[str], most: int = MAX_PAIR_ROUNDS, shared: bool = 
     for _ in range(min(n - 1, most)):
         rounds.append([[a, b] for a, b in zip(ring[: n // 2], reversed(ring[n // 2 :])) if a and b])
         ring = [ring[0], ring[-1], *ring[1:-1]]
-    return [[pair] for r in rounds for pair in r] if shared else rounds
+    once = [[pair] for r in rounds for pair in r] if shared else rounds
+    return once * max(1, passes)
 
 
 def host_store(host: str = "127.0.0.1") -> dist.TCPStore:
@@ -226,9 +242,11 @@ def run_protocol(
         if again.local:
             result.again = conductor.probe_in_turns(conductor.alive(again.local), plan, 2, TURNS_AGAIN)
         if len(again.links) > 2 and len(conductor.alive(members)) == len(members):
-            rounds = pair_rounds(again.links, shared=shared)
+            # as the local probes' confirmation: twice the time, in interleaved turns
+            rounds = pair_rounds(again.links, shared=shared, passes=PAIR_TURNS_AGAIN)
+            seconds = 2 * plan.pairs_s
             result.links_again = conductor.together(
-                members, _pairs(rounds, cfg, plan), plan.pairs_s + 2 * plan.grace_s + 5, "did not finish the link test"
+                members, _pairs(rounds, cfg, seconds), seconds + 2 * plan.grace_s + 5, "did not finish the link test"
             )
     finally:
         for name in conductor.alive():
@@ -256,14 +274,14 @@ def group_tests(conductor: Conductor, members: list[str], cfg: PressureTestSpec,
     if len(conductor.result.collective) == len(members) and len(members) > 2:
         conductor.result.links = conductor.together(
             members,
-            _pairs(pair_rounds(members, shared=shared), cfg, plan),
+            _pairs(pair_rounds(members, shared=shared, passes=PAIR_TURNS), cfg, plan.pairs_s),
             plan.pairs_s + 2 * plan.grace_s + 5,
             "did not finish the link test",
         )
 
 
-def _pairs(rounds: list[list[list[str]]], cfg: PressureTestSpec, plan: Schedule) -> dict[str, Any]:
-    return {"do": "pairs", "rounds": rounds, "bytes": max(cfg.collective_sizes_kb) << 10, "seconds": plan.pairs_s}
+def _pairs(rounds: list[list[list[str]]], cfg: PressureTestSpec, seconds: float) -> dict[str, Any]:
+    return {"do": "pairs", "rounds": rounds, "bytes": max(cfg.collective_sizes_kb) << 10, "seconds": seconds}
 
 
 def drills_from(cfg: PressureTestSpec, environ: dict[str, str] | None = None) -> dict[str, tuple[str, float]]:

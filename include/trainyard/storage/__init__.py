@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from trainyard.errors import SpecError
 from trainyard.storage.local import LocalTier
-from trainyard.storage.s3 import S3Settings, S3Tier
+from trainyard.storage.s3 import S3Tier
+from trainyard.storage.s3auth import S3Settings
 from trainyard.storage.tier import ObjectInfo, Tier
 
 
 def open_tier(uri: str, s3: S3Settings | None = None) -> Tier:
     """The tier for a rendered URI (placeholders already filled).
 
-    ``s3`` says how to reach an ``s3://`` tier; without it the environment is used.
+    ``s3`` says how to reach an ``s3://`` tier; without it, the environment's endpoint
+    (``AWS_ENDPOINT_URL_S3`` ...) and the AWS credential chain (``storage.s3auth``).
     """
     scheme, _, rest = uri.partition("://")
     if scheme == "file":

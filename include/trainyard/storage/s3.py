@@ -6,9 +6,9 @@ its first fetch: ``checksums.choose_check``), hashed once while it is written.
 Uploads store the sha256 as user metadata (``x-amz-meta-sha256``) and, on a
 single PUT, as an S3 checksum too. Large objects move in parallel byte ranges
 (down) or parts (up). Every request is retried with jittered backoff within a
-time budget, for the errors S3 documents as transient only. Credentials come
-from an Airflow connection or the environment, never from a spec, and never
-appear in logs or reprs.
+time budget, for the errors S3 documents as transient only. Where the store is
+and as whom to reach it: ``s3auth`` (``S3Settings`` and ``settings_for`` are
+re-exported here for old imports).
 """
 
 from __future__ import annotations
@@ -20,10 +20,9 @@ import logging
 import os
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
-from urllib.parse import urlparse
+from typing import TypeVar
 
 import urllib3
 from minio import Minio
@@ -41,48 +40,17 @@ from tenacity import (
 )
 
 from trainyard.atomic import open_new, temp_name
-from trainyard.errors import DataError, SpecError, TransientError
+from trainyard.errors import DataError, TransientError
 from trainyard.storage.checksums import Check, available_algorithms, choose_check, parts_to_infer
 from trainyard.storage.hashing import BLOCK, digest_file, settle, sha256_file, write_verified
 from trainyard.storage.keys import check_key
+from trainyard.storage.s3auth import S3Settings as S3Settings
+from trainyard.storage.s3auth import settings_for as settings_for
 from trainyard.storage.tier import Landed, ObjectInfo
 
 log = logging.getLogger(__name__)
 SHA_META = "sha256"
 _T = TypeVar("_T")
-
-
-@dataclass(frozen=True)
-class S3Settings:
-    """Where and as whom to reach the object store. Secrets stay out of ``repr``."""
-
-    endpoint: str
-    """``host:port`` of the S3 API."""
-    access_key: str = field(repr=False)
-    secret_key: str = field(repr=False)
-    secure: bool = True
-    region: str | None = None
-
-    @classmethod
-    def from_endpoint_url(cls, url: str, access_key: str, secret_key: str, region: str | None = None) -> S3Settings:
-        parsed = urlparse(url if "://" in url else f"https://{url}")
-        if not parsed.hostname:
-            raise SpecError([f"endpoint_url {url!r} has no host (expected e.g. http://127.0.0.1:9000)"])
-        port = f":{parsed.port}" if parsed.port else ""
-        return cls(f"{parsed.hostname}{port}", access_key, secret_key, parsed.scheme == "https", region)
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> S3Settings:
-        """Outside Airflow: ``TRAINYARD_S3_ENDPOINT``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``."""
-        env = os.environ if env is None else env
-        missing = [n for n in ("TRAINYARD_S3_ENDPOINT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY") if not env.get(n)]
-        if missing:
-            raise SpecError(
-                [f"s3 access needs an Airflow connection or the environment variables {', '.join(missing)}"]
-            )
-        return cls.from_endpoint_url(
-            env["TRAINYARD_S3_ENDPOINT"], env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"], env.get("AWS_REGION")
-        )
 
 
 # What S3 documents as worth retrying (error best practices, the SDKs' retry rules): internal errors,
@@ -189,8 +157,7 @@ class S3Tier:
         )
         self.client = Minio(
             settings.endpoint,
-            settings.access_key,
-            settings.secret_key,
+            credentials=settings.credentials,
             secure=settings.secure,
             region=settings.region,
             http_client=http,
@@ -443,16 +410,3 @@ def _put_headers(sha: str) -> dict[str, str]:
     ``x-amz-sdk-checksum-algorithm`` is what the AWS SDKs send beside it; moto stores a checksum only then.
     """
     return {SHA_META: sha, "x-amz-checksum-sha256": _b64(sha), "x-amz-sdk-checksum-algorithm": "SHA256"}
-
-
-def settings_for(connection: Any) -> S3Settings:
-    """``S3Settings`` from an Airflow connection object (type aws, ``endpoint_url`` in extra)."""
-    extra = connection.extra_dejson or {}
-    url = extra.get("endpoint_url") or (f"http://{connection.host}:{connection.port}" if connection.host else None)
-    if not url:
-        raise SpecError(
-            [f"connection {connection.conn_id!r}: set endpoint_url in its extra (e.g. http://127.0.0.1:9000)"]
-        )
-    if not connection.login or not connection.password:
-        raise SpecError([f"connection {connection.conn_id!r}: needs a login (access key) and password (secret key)"])
-    return S3Settings.from_endpoint_url(url, connection.login, connection.password, extra.get("region_name"))
