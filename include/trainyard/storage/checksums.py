@@ -300,13 +300,14 @@ def choose_check(
         return Check("sha256-metadata", "sha256", f"sha256:{sha}", "x-amz-meta-sha256")
     md5 = _multipart_etag(etag)
     if md5 and _etag_is_md5(h):
-        hexd, parts = md5
-        if parts is None:
+        hexd, etag_parts = md5
+        if etag_parts is None:
             return Check("etag-md5", "md5", f"md5:{hexd}", "ETag (single-part MD5)")
-        sizes, guessed = _part_sizes(size, parts, part_size)
+        sizes, guessed = _part_sizes(size, etag_parts, part_size)
         if sizes:
             note = f"parts of {', '.join(_mib(p) for p in sizes)}" + (" (guessed)" if guessed else "")
-            return Check("etag-multipart", "md5", f"md5-multipart:{hexd}-{parts}", f"ETag ({note})", sizes, "multipart")
+            expected = f"md5-multipart:{hexd}-{etag_parts}"
+            return Check("etag-multipart", "md5", expected, f"ETag ({note})", sizes, "multipart")
     if recorded and (algo := recorded.partition(":")[0]) in algorithms:
         return Check("recorded", algo, recorded, "the digest recorded at the first fetch")
     return FIRST_FETCH

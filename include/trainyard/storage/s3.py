@@ -58,6 +58,8 @@ _T = TypeVar("_T")
 RETRY_CODES = frozenset({"InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout"})
 RETRY_STATUS = frozenset({500, 502, 503, 504})
 CHECKSUM_MODE = {"x-amz-checksum-mode": "ENABLED"}
+Metadata = dict[str, str | list[str] | tuple[str]]
+"""What minio's ``metadata=`` takes: user metadata, and x-amz-* headers sent as they are."""
 
 
 def retryable(exc: BaseException | None) -> bool:
@@ -307,7 +309,7 @@ class S3Tier:
         check_key(key)
         sha, size = sha256_file(src), src.stat().st_size
         part_size = max(self.part_size, 5 << 20)
-        headers = _put_headers(sha) if size <= part_size else {SHA_META: sha}
+        headers: Metadata = _put_headers(sha) if size <= part_size else {SHA_META: sha}
 
         def put() -> tuple[int, str]:
             self.client.fput_object(
@@ -404,7 +406,7 @@ def _b64(sha_hex: str) -> str:
     return base64.b64encode(bytes.fromhex(sha_hex)).decode()
 
 
-def _put_headers(sha: str) -> dict[str, str]:
+def _put_headers(sha: str) -> Metadata:
     """sha256 user metadata, and the same sha256 as an S3 checksum the server checks on receipt and keeps.
 
     ``x-amz-sdk-checksum-algorithm`` is what the AWS SDKs send beside it; moto stores a checksum only then.
