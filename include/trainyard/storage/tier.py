@@ -20,6 +20,19 @@ class ObjectInfo:
     """Changes whenever the content may have changed (mtime for files, ETag for S3)."""
     sha256: str | None = None
     """Content hash when the tier stores one beside the object."""
+    digest: str | None = None
+    """A digest recorded earlier (``"<algo>:<value>"``), passed back as ``expect`` so a re-fetch is checked against it."""
+
+
+@dataclass(frozen=True)
+class Landed:
+    size: int
+    digest: str  # "<algo>:<value>": "sha256:<hex>", "crc32c:<b64>", "crc64nvme:<b64>",
+    # "md5:<hex>", "md5-multipart:<hex>-<N>", "xxh3-128:<hex>" ...
+    check: str  # how the bytes were verified: "s3-checksum", "sha256-metadata",
+    # "etag-md5", "etag-multipart", "first-fetch" (nothing to check
+    # against: trusted, hash recorded), "recorded" (checked against the
+    # digest recorded at the first fetch), "local-copy"
 
 
 class Tier(Protocol):
@@ -29,8 +42,8 @@ class Tier(Protocol):
         """Every object under ``prefix``, sorted by key."""
         ...
 
-    def download(self, key: str, dest: Path, expect: ObjectInfo | None = None) -> tuple[int, str]:
-        """Copy one object to ``dest`` (temporary name, verified, renamed); returns (size, sha256)."""
+    def download(self, key: str, dest: Path, expect: ObjectInfo | None = None) -> Landed:
+        """Copy one object to ``dest`` (temporary name, verified, renamed); says what landed and how it was checked."""
         ...
 
     def upload(self, src: Path, key: str) -> tuple[int, str]:
