@@ -227,10 +227,11 @@ def test_a_hot_file_replaced_by_a_link_is_staged_again(tmp_path: Path) -> None:
 def test_small_objects_get_more_threads_than_large_ones() -> None:
     small = [ObjectInfo(f"s{i}", 4096, "v") for i in range(100)]
     large = [ObjectInfo(f"l{i}", 64 << 20, "v") for i in range(10)]
-    assert concurrency_for(small, 4) == (0, staging_mod.SMALL_CONCURRENCY)
-    assert concurrency_for(large + small, 4) == (4, staging_mod.SMALL_CONCURRENCY)
+    assert concurrency_for(small, 4) == (0, 16)
+    assert concurrency_for(large + small, 4) == (4, 16)
     assert concurrency_for(large + small[:3], 32) == (10, 3)  # never more threads than objects
-    assert concurrency_for(small, 40) == (0, 40)  # never fewer than the spec's concurrency
+    assert concurrency_for(small, 40) == (0, 64)  # nor more than 64 connections' worth
+    assert concurrency_for(large + small, 1) == (1, 1)  # one at a time stays one at a time
 
 
 def test_many_small_objects_are_in_flight_at_once(tmp_path: Path) -> None:

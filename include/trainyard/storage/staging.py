@@ -14,7 +14,7 @@ import logging
 import os
 import stat
 import time
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -27,10 +27,12 @@ from trainyard.storage.keys import check_key, key_path
 from trainyard.storage.tier import Landed, ObjectInfo, Tier
 
 log = logging.getLogger(__name__)
-# Objects below this size are latency-bound (one request each, a few KB): they run on more threads.
+# Objects below this size are latency-bound (one request each, a few KB): they run on more threads,
+# SMALL_PER_STREAM per unit of ``concurrency`` (a large S3 object holds that many connections: its ranges).
 SMALL_OBJECT = 1 << 20
-SMALL_CONCURRENCY = 16
-# The journal is appended in batches, each after one fsync per folder its objects landed in.
+SMALL_PER_STREAM = 4
+# The journal is appended in batches (whatever landed while the last one was written), each after one
+# fsync per folder its objects landed in, and at least this often while objects keep landing.
 JOURNAL_EVERY_S = 0.5
 
 
@@ -233,13 +235,16 @@ def manifest_entry(landed: Landed, version: str) -> dict[str, Any]:
 def concurrency_for(todo: list[ObjectInfo], concurrency: int) -> tuple[int, int]:
     """Threads for large and for small objects: ``concurrency`` streams, and more for requests of a few KB.
 
-    A small object's time is round trips, not bandwidth, so ``SMALL_CONCURRENCY``
-    of them in flight keep the link (and the server) busy where ``concurrency``
-    would leave it idle between requests; never fewer than ``concurrency``.
+    A small object's time is round trips, not bandwidth, so ``SMALL_PER_STREAM``
+    of them per stream keep the link (and the server) busy where ``concurrency``
+    would leave it idle between requests: the connections ``concurrency`` large
+    objects would hold with their ranges. ``concurrency: 1`` stays one object at
+    a time (a server that must not see parallel requests).
     """
     large = sum(1 for o in todo if o.size >= SMALL_OBJECT)
     small = len(todo) - large
-    return (min(concurrency, large), min(max(concurrency, SMALL_CONCURRENCY), small))
+    per_stream = SMALL_PER_STREAM if concurrency > 1 else 1
+    return (min(concurrency, large), min(concurrency * per_stream, 64, small))
 
 
 class _Journal:
@@ -264,6 +269,8 @@ class _Journal:
             self.flush()
 
     def flush(self) -> None:
+        if not self.lines:
+            return
         for folder in sorted(self.folders):
             fsync_dir(folder)
         self.file.write("".join(self.lines))
@@ -304,8 +311,14 @@ def _transfer(
     try:
         for obj in sorted(todo, key=lambda o: -o.size):  # largest first: the longest transfers start first
             futures[pools[obj.size < SMALL_OBJECT].submit(source.download, obj.key, dests[obj.key], obj)] = obj
-        for future in as_completed(list(futures)):
-            record(future)
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, timeout=0)  # whatever has landed: one batch
+            if not done:
+                journal.flush()  # nothing more has landed: make the batch durable before waiting
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                record(future)
     except BaseException:
         for future in futures:
             future.cancel()  # one failure ends the stage; queued transfers would only fail slowly
