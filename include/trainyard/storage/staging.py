@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import stat
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -311,14 +312,16 @@ def _transfer(
     try:
         for obj in sorted(todo, key=lambda o: -o.size):  # largest first: the longest transfers start first
             futures[pools[obj.size < SMALL_OBJECT].submit(source.download, obj.key, dests[obj.key], obj)] = obj
-        pending = set(futures)
-        while pending:
-            done, pending = wait(pending, timeout=0)  # whatever has landed: one batch
-            if not done:
+        arrivals: queue.SimpleQueue[Future[Landed]] = queue.SimpleQueue()  # O(1) per object, unlike wait()
+        for future in futures:
+            future.add_done_callback(arrivals.put)
+        for _ in range(len(futures)):
+            try:
+                future = arrivals.get_nowait()
+            except queue.Empty:
                 journal.flush()  # nothing more has landed: make the batch durable before waiting
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for future in done:
-                record(future)
+                future = arrivals.get()
+            record(future)
     except BaseException:
         for future in futures:
             future.cancel()  # one failure ends the stage; queued transfers would only fail slowly
