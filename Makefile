@@ -16,7 +16,7 @@ DEMO_DATE ?= 2026-11-28
 # `make airflow`'s PostgreSQL cluster (metadata DB); delete the folder to start from an empty DB.
 PGDATA_DIR := $(CURDIR)/.pgdata
 
-.PHONY: help venv airflow-db demo lint test test-unit airflow bench clean clean-pg browser postgres
+.PHONY: help venv airflow-db demo lint test test-unit airflow bench clean clean-pg browser postgres rclone
 
 help:
 	@echo "make demo     - install, set up Airflow, run the demo pipeline on 2 local nodes"
@@ -62,6 +62,12 @@ postgres: venv
 	  || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql > $(VENV)/apt-postgresql.log 2>&1) \
 	  || (tail -5 $(VENV)/apt-postgresql.log; echo "postgresql not installed: make airflow and the service tests fall back to SQLite")
 
+# rclone (Debian's package): the peer bench/staging.py measures staging against. Needs root, as in CI.
+# Where it cannot be installed, the staging bench still runs its other sides and says why rclone's are missing.
+rclone: venv
+	command -v rclone >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rclone > $(VENV)/apt-rclone.log 2>&1) \
+	  || (tail -5 $(VENV)/apt-rclone.log; echo "rclone not installed: bench/staging.py reports no rclone ratios")
+
 # Fails on any lint finding, unformatted file or type error; mypy's cache (.mypy_cache) makes a rerun take seconds.
 lint: venv
 	$(BIN)/ruff check .
@@ -96,7 +102,7 @@ airflow: venv postgres
 	kill -KILL -- -$$af 2>/dev/null; true
 
 # Each bench prints one JSON line last; it becomes bench/results/<name>.json only if the bench succeeded.
-bench: venv
+bench: venv rclone
 	mkdir -p bench/results
 	set -e; for b in bench/*.py; do name=$$(basename $$b .py); \
 	  $(BIN)/python $$b 2>bench/results/$$name.err | tee bench/results/$$name.log; \

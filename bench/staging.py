@@ -1,33 +1,61 @@
-"""Staging throughput, side by side with its baselines on the same data in one run.
+"""Staging throughput beside its peer, rclone, on the same data in the same run.
 
-    python bench/staging.py [--mb 256]
+    python bench/staging.py [--mb 256] [--repeats 3] [--small 2000]
 
-Data: half as 64 small shards, half as 4 large objects (256 MB by default).
-- local -> local: ``stage`` (verified: hashed on read and after write) vs ``cp -r``;
-  ``ratio_vs_cp`` = cp's time / ours (goal >= 0.8).
-- S3 -> local: ``stage`` vs a sequential ``fget_object`` loop with the same client,
-  against an S3 server in its own process (moto's; MinIO has no installable binary
-  here); ``speedup_vs_sequential_fget`` (goal >= 1.5).
-- re-staging the unchanged dataset: ``restage_fraction`` of the full S3 stage (goal <= 0.03).
-Each timing is the best of ``--repeats``. Prints one JSON line last.
+rclone (Debian package ``rclone``; ``make bench`` installs it) is what a user would pick to
+copy a dataset; it runs with its own verification on (size and modification time, and the
+hash where both sides have one: MD5 for local files and single-part S3 objects). Data:
+``--mb`` (256 MB) as 64 shards of ~2 MB and 4 large objects, plus ``--small`` (2,000)
+objects of 4 KB. The S3 server is moto's, in a process of its own, on 127.0.0.1.
+
+- local -> local: ``stage`` (one pass, hashed with xxh3-128 while copying, fsynced, renamed)
+  vs ``cp -r`` (no verification, no fsync) and vs ``rclone copy --transfers 4 --checkers 8``
+  (stage's 4 streams): ``ratio_vs_cp`` (goal >= 0.5), ``ratio_vs_rclone_local`` (>= 2.0).
+- S3 -> local: ``stage`` (4 objects at once, objects over 16 MB in 4 parallel ranges) vs
+  ``rclone copy --transfers 4 --multi-thread-streams 4 --multi-thread-cutoff 16M``: the same
+  parallelism (rclone's own cutoff, 250 MB, would leave our 32 MB objects single-stream):
+  ``ratio_vs_rclone_s3`` (>= 1.0; moto saturates one core, which bounds both sides).
+- 2,000 objects of 4 KB, S3 -> local: ``stage`` (16 small objects at once) vs
+  ``rclone copy --transfers 16 --checkers 16``: ``ratio_vs_rclone_small`` (>= 1.0);
+  ``plan_s_small``: a stage of the unchanged set, which is all planning (LIST, compare with
+  the manifest, one stat per file) (< 2 s).
+- ``restage_fraction``: staging the unchanged 256 MB set again, over its full S3 stage (<= 0.03).
+- ``foreign_objects_verified``: objects written by boto3 (single-part ``put_object`` and
+  multipart ``upload_file`` with a 5 MiB part size, each with and without ``ChecksumAlgorithm``)
+  all stage, and every one that carries a checksum or a plain-MD5 ETag is recorded in the
+  staged manifest with a check other than ``first-fetch``.
+
+Ratios are the peer's time over ours (above 1: we are faster). Each timing is the median
+of ``--repeats`` runs inside this run, the sides interleaved in each round; the per-run
+times are printed. Everything reads from the page cache (the data was just written), the
+same for every side. Prints one JSON line last.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from trainyard.storage import LocalTier, S3Settings, S3Tier
-from trainyard.storage.staging import stage
+from trainyard.storage.staging import read_staged, stage
+
+KEY, SECRET, REGION = "bench", "bench-secret", "us-east-1"
+RCLONE_LOCAL = ["--transfers", "4", "--checkers", "8"]
+RCLONE_S3 = ["--transfers", "4", "--multi-thread-streams", "4", "--multi-thread-cutoff", "16M"]
+RCLONE_SMALL = ["--transfers", "16", "--checkers", "16"]
 
 
 def make_data(root: Path, total_mb: int) -> None:
@@ -40,17 +68,29 @@ def make_data(root: Path, total_mb: int) -> None:
         (root / f"large_{i}.bin").write_bytes(os.urandom(half // 4))
 
 
-def best(repeats: int, run: Callable[[], None], reset: Callable[[], None]) -> float:
-    times = []
+def rounds(repeats: int, sides: dict[str, tuple[Callable[[], Any], Callable[[], Any]]]) -> dict[str, list[float]]:
+    """Each side's times over ``repeats`` rounds; a round runs every side once (reset, then timed run)."""
+    times: dict[str, list[float]] = {name: [] for name in sides}
     for _ in range(repeats):
-        reset()
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return min(times)
+        for name, (reset, run) in sides.items():
+            reset()
+            start = time.perf_counter()
+            run()
+            times[name].append(round(time.perf_counter() - start, 4))
+    for name, ts in times.items():
+        print(f"  {name:28s} median {statistics.median(ts):.3f} s  runs {ts}", flush=True)
+    return times
 
 
-def s3_server() -> tuple[subprocess.Popen, int]:
+def med(ts: list[float]) -> float:
+    return statistics.median(ts)
+
+
+def clear(*paths: Path) -> Callable[[], None]:
+    return lambda: [shutil.rmtree(p, ignore_errors=True) for p in paths]  # type: ignore[func-returns-value]
+
+
+def s3_server() -> tuple[subprocess.Popen[bytes], int]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -68,58 +108,246 @@ def s3_server() -> tuple[subprocess.Popen, int]:
     raise RuntimeError("moto server did not start")
 
 
+def rclone_env(port: int, tmp: Path) -> dict[str, str]:
+    """An rclone remote ``moto:`` from the environment only (no config file is read or written)."""
+    env = {k: v for k, v in os.environ.items() if k != "AWS_CA_BUNDLE"}  # plain HTTP: a CA bundle breaks it
+    env.update(
+        RCLONE_CONFIG=str(tmp / "rclone.conf"),
+        RCLONE_CONFIG_MOTO_TYPE="s3",
+        RCLONE_CONFIG_MOTO_PROVIDER="Other",
+        RCLONE_CONFIG_MOTO_ENDPOINT=f"http://127.0.0.1:{port}",
+        RCLONE_CONFIG_MOTO_ACCESS_KEY_ID=KEY,
+        RCLONE_CONFIG_MOTO_SECRET_ACCESS_KEY=SECRET,
+        RCLONE_CONFIG_MOTO_REGION=REGION,
+        RCLONE_CONFIG_MOTO_FORCE_PATH_STYLE="true",
+    )
+    return env
+
+
+def rclone(env: dict[str, str], src: str, dst: Path, flags: list[str]) -> Callable[[], None]:
+    def run() -> None:
+        done = subprocess.run(
+            ["rclone", "copy", src, str(dst), *flags], env=env, capture_output=True, text=True, check=False
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"rclone copy {src} failed ({done.returncode}): {done.stderr[-2000:]}")
+
+    return run
+
+
+def put_small(tier: S3Tier, prefix: str, count: int, size: int) -> None:
+    """``count`` objects of ``size`` bytes with sha256 metadata, as ``trainyard upload`` writes them."""
+    import hashlib
+
+    def put(i: int) -> None:
+        data = i.to_bytes(4, "big") + os.urandom(size - 4)
+        tier.client.put_object(
+            tier.bucket,
+            f"{prefix}/obj_{i:05d}.bin",
+            io.BytesIO(data),
+            size,
+            metadata={"sha256": hashlib.sha256(data).hexdigest()},
+        )
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(put, range(count)))
+
+
+def foreign_objects(port: int, tmp: Path) -> dict[str, bool]:
+    """Objects written by boto3, not by trainyard; key -> whether it must be verified (not first-fetch)."""
+    import boto3
+    from boto3.s3.transfer import TransferConfig
+    from botocore.config import Config
+
+    def client(checksums: str) -> Any:
+        # "when_required": boto3 adds no checksum of its own, as the tools before 2025 wrote objects.
+        return boto3.client(
+            "s3",
+            endpoint_url=f"http://127.0.0.1:{port}",
+            aws_access_key_id=KEY,
+            aws_secret_access_key=SECRET,
+            region_name=REGION,
+            config=Config(request_checksum_calculation=checksums, s3={"addressing_style": "path"}),
+        )
+
+    plain, auto = client("when_required"), client("when_supported")
+    plain.create_bucket(Bucket="foreign")
+    multipart = TransferConfig(multipart_threshold=5 << 20, multipart_chunksize=5 << 20)
+    big = tmp / "foreign-12mb.bin"
+    big.write_bytes(os.urandom(12 << 20))
+    small = os.urandom(300_000)
+    plain.put_object(Bucket="foreign", Key="set/put-plain.bin", Body=small)
+    auto.put_object(Bucket="foreign", Key="set/put-sha256.bin", Body=small, ChecksumAlgorithm="SHA256")
+    auto.put_object(Bucket="foreign", Key="set/put-crc32c.bin", Body=small[:1000], ChecksumAlgorithm="CRC32C")
+    plain.upload_file(str(big), "foreign", "set/multipart-plain.bin", Config=multipart)
+    auto.upload_file(
+        str(big), "foreign", "set/multipart-sha256.bin", Config=multipart, ExtraArgs={"ChecksumAlgorithm": "SHA256"}
+    )
+    auto.upload_file(
+        str(big), "foreign", "set/multipart-crc32c.bin", Config=multipart, ExtraArgs={"ChecksumAlgorithm": "CRC32C"}
+    )
+    # Every one carries a checksum or a plain-MD5 ETag except the multipart one without a checksum.
+    return {
+        "put-plain.bin": True,
+        "put-sha256.bin": True,
+        "put-crc32c.bin": True,
+        "multipart-plain.bin": False,
+        "multipart-sha256.bin": True,
+        "multipart-crc32c.bin": True,
+    }
+
+
+def check_foreign(port: int, settings: S3Settings, tmp: Path) -> bool:
+    try:
+        must_verify = foreign_objects(port, tmp)
+    except Exception as exc:  # a botocore without CRC32C support (no awscrt) cannot write the set
+        print(f"foreign objects: could not be written ({type(exc).__name__}: {exc})")
+        return False
+    hot = tmp / "hot-foreign"
+    try:
+        stage(S3Tier("s3://foreign/set", settings), hot)
+    except Exception as exc:
+        print(f"foreign objects: stage failed: {type(exc).__name__}: {exc}")
+        return False
+    files = read_staged(hot)
+    ok = set(files) == set(must_verify)
+    for key, verify in sorted(must_verify.items()):
+        entry = files.get(key, {})
+        check = entry.get("check", "(no check recorded)")
+        good = bool(entry) and (not verify or check not in ("first-fetch", "(no check recorded)"))
+        ok &= good
+        print(f"  {key:24s} {str(entry.get('digest'))[:40]:40s} check {check:18s} {'ok' if good else 'NOT VERIFIED'}")
+    return ok
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--mb", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--small", type=int, default=2000, help="objects of 4 KB in the small-object set")
     args = parser.parse_args()
+    have_rclone = shutil.which("rclone") is not None
+    if have_rclone:
+        version = subprocess.run(["rclone", "version"], capture_output=True, text=True, check=True).stdout.split("\n")[
+            0
+        ]
+    else:
+        version = "not installed (`apt-get install rclone`; make bench installs it where it can): no rclone ratios"
+        print(f"rclone {version}")
+
+    def peer(side: dict[str, Any], reset: Callable[[], Any], run: Callable[[], Any]) -> dict[str, Any]:
+        return {**side, "rclone copy": (reset, run)} if have_rclone else side
+
     tmp = Path(tempfile.mkdtemp(prefix="bench-staging-"))
     proc, port = s3_server()
     try:
-        cold, hot, copy = tmp / "cold", tmp / "hot", tmp / "copy"
+        cold = tmp / "cold"
         make_data(cold, args.mb)
         size = sum(p.stat().st_size for p in cold.iterdir())
+        mb = size / 1e6
+        print(f"{mb:.0f} MB in {len(list(cold.iterdir()))} objects; {version}; median of {args.repeats} runs")
 
-        def clear(*paths: Path) -> Callable[[], None]:
-            return lambda: [shutil.rmtree(p, ignore_errors=True) for p in paths]
+        print("local -> local")
+        copy, hot, rc = tmp / "copy", tmp / "hot-local", tmp / "rclone-local"
+        local = rounds(
+            args.repeats,
+            peer(
+                {
+                    "cp -r": (clear(copy), lambda: subprocess.run(["cp", "-r", str(cold), str(copy)], check=True)),
+                    "stage": (clear(hot), lambda: stage(LocalTier(cold), hot)),
+                },
+                clear(rc),
+                rclone(os.environ.copy(), str(cold), rc, RCLONE_LOCAL),
+            ),
+        )
+        clear(copy, hot, rc)()
 
-        t_cp = best(args.repeats, lambda: subprocess.run(["cp", "-r", str(cold), str(copy)], check=True), clear(copy))
-        t_local = best(args.repeats, lambda: stage(LocalTier(cold), hot), clear(hot))
-
-        settings = S3Settings.from_endpoint_url(f"http://127.0.0.1:{port}", "bench", "bench-secret", "us-east-1")
+        settings = S3Settings.from_endpoint_url(f"http://127.0.0.1:{port}", KEY, SECRET, REGION)
         tier = S3Tier("s3://bench/data", settings)
         tier.client.make_bucket("bench")
         for path in sorted(cold.iterdir()):
             tier.upload(path, path.name)  # sha256 travels as metadata
-        names = [o.key for o in tier.list()]
-        fetch = tmp / "fetch"
-
-        def sequential() -> None:
-            for name in names:
-                tier.client.fget_object("bench", f"data/{name}", str(fetch / name))
-
-        t_seq = best(args.repeats, sequential, clear(fetch))
-        t_s3 = best(args.repeats, lambda: stage(tier, hot), clear(hot))
+        env = rclone_env(port, tmp)
+        print("S3 -> local")
+        hot, rc = tmp / "hot-s3", tmp / "rclone-s3"
+        s3 = rounds(
+            args.repeats,
+            peer(
+                {"stage": (clear(hot), lambda: stage(tier, hot))},
+                clear(rc),
+                rclone(env, "moto:bench/data", rc, RCLONE_S3),
+            ),
+        )
+        clear(rc)()
         stage(tier, hot)
-        t_restage = best(args.repeats, lambda: stage(tier, hot), lambda: None)
+        restage = rounds(args.repeats, {"re-stage unchanged": (lambda: None, lambda: stage(tier, hot))})
+
+        print(f"{args.small} objects of 4 KB, S3 -> local")
+        small_tier = S3Tier("s3://bench/small", settings)
+        started = time.perf_counter()
+        put_small(small_tier, "small", args.small, 4096)
+        print(f"  (written in {time.perf_counter() - started:.1f} s)")
+        hot_small, rc_small = tmp / "hot-small", tmp / "rclone-small"
+        small = rounds(
+            args.repeats,
+            peer(
+                {"stage": (clear(hot_small), lambda: stage(small_tier, hot_small))},
+                clear(rc_small),
+                rclone(env, "moto:bench/small", rc_small, RCLONE_SMALL),
+            ),
+        )
+        stage(small_tier, hot_small)
+        plan_small = rounds(
+            args.repeats, {"re-stage unchanged (plan)": (lambda: None, lambda: stage(small_tier, hot_small))}
+        )
+        staged = read_staged(hot_small)
+        if have_rclone:
+            same = len(staged) == len(list(rc_small.iterdir())) == args.small and all(
+                (rc_small / key).read_bytes() == (hot_small / key).read_bytes() for key in staged
+            )
+            assert same, "stage's and rclone's copies of the small set differ"
+
+        print("objects written by boto3")
+        foreign = check_foreign(port, settings, tmp)
     finally:
         proc.terminate()
         proc.wait()
         shutil.rmtree(tmp, ignore_errors=True)
 
-    mb = size / 1e6
-    print(f"{mb:.0f} MB in {len(names)} objects")
-    print(f"local->local: cp -r {t_cp:.2f} s, stage {t_local:.2f} s ({mb / t_local:.0f} MB/s, verified)")
-    print(f"S3->local:    sequential fget {t_seq:.2f} s, stage {t_s3:.2f} s ({mb / t_s3:.0f} MB/s)")
-    print(f"re-stage unchanged: {t_restage * 1000:.0f} ms")
+    t_stage_local, t_cp, t_stage_s3, t_stage_small = (
+        med(local["stage"]),
+        med(local["cp -r"]),
+        med(s3["stage"]),
+        med(small["stage"]),
+    )
+
+    def vs_rclone(side: dict[str, list[float]], ours: float) -> float | None:
+        return round(med(side["rclone copy"]) / ours, 3) if "rclone copy" in side else None
+
+    print(f"local -> local: stage {mb / t_stage_local:.0f} MB/s; S3 -> local: stage {mb / t_stage_s3:.0f} MB/s")
     print(
         json.dumps(
             {
                 "bench": "staging",
-                "ratio_vs_cp": round(t_cp / t_local, 3),
-                "speedup_vs_sequential_fget": round(t_seq / t_s3, 3),
-                "restage_fraction": round(t_restage / t_s3, 4),
-                "mb_per_s": round(mb / t_s3, 1),
+                "ratio_vs_rclone_local": vs_rclone(local, t_stage_local),
+                "ratio_vs_cp": round(t_cp / t_stage_local, 3),
+                "ratio_vs_rclone_s3": vs_rclone(s3, t_stage_s3),
+                "ratio_vs_rclone_small": vs_rclone(small, t_stage_small),
+                "restage_fraction": round(med(restage["re-stage unchanged"]) / t_stage_s3, 4),
+                "plan_s_small": round(med(plan_small["re-stage unchanged (plan)"]), 3),
+                "foreign_objects_verified": foreign,
+                "mb": round(mb, 1),
+                "small_objects": args.small,
+                "repeats": args.repeats,
+                "times_s": {
+                    "local": local,
+                    "s3": s3,
+                    "restage": restage["re-stage unchanged"],
+                    "small": small,
+                    "plan_small": plan_small["re-stage unchanged (plan)"],
+                },
+                "rclone": version,
+                "note": f"medians of {args.repeats} runs; ratios are rclone's (or cp's) time over stage's",
             }
         )
     )

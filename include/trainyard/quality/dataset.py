@@ -1,7 +1,7 @@
 """The dataset gate: the staged shards meet the spec's data expectations, checked by great-expectations.
 
 This module owns turning a staged dataset into a table (one row per staged
-``*.tok`` shard: manifest size and sha256, header tokens, vocab_size and
+``*.tok`` shard: manifest size and digest, header tokens, vocab_size and
 dtype), turning ``DataExpectations`` into a great-expectations suite over that
 table, and turning GX's validation result into a ``DataError`` that names each
 failed expectation and its shards in plain words.
@@ -36,7 +36,7 @@ RESULT_FILE = "data_quality.json"
 # How many offending shards an error names per expectation; the JSON result counts them all.
 SHOWN = 10
 # One column per fact the suite checks; ``header_error`` is None for a readable header.
-COLUMNS = ("key", "size", "sha256", "tokens", "vocab_size", "dtype", "header_error")
+COLUMNS = ("key", "size", "digest", "tokens", "vocab_size", "dtype", "header_error")
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,9 @@ def shard_table(hot_dir: Path) -> pd.DataFrame:
 
 
 def _shard_row(hot_dir: Path, key: str, entry: dict[str, Any]) -> dict[str, Any]:
-    row: dict[str, Any] = {"key": key, "size": entry.get("size"), "sha256": entry.get("sha256")}
+    # "digest" ("xxh3-128:...", "sha256:...", ...); manifests staged before it had only "sha256".
+    digest = entry.get("digest") or (f"sha256:{entry['sha256']}" if entry.get("sha256") else None)
+    row: dict[str, Any] = {"key": key, "size": entry.get("size"), "digest": digest}
     try:
         path = key_path(hot_dir, key)
         header = read_header(path)
@@ -158,10 +160,10 @@ def _suite(expect: DataExpectations) -> Suite:
         )
     if expect.unique_shards:
         add(
-            "shard contents unique by sha256 (expectations.unique_shards)",
+            "shard contents unique by digest (expectations.unique_shards)",
             "ExpectColumnValuesToBeUnique",
-            lambda row: f"{row['key']} (sha256 {str(row['sha256'])[:12]})",
-            column="sha256",
+            lambda row: f"{row['key']} ({str(row['digest'])[:21]})",
+            column="digest",
         )
     return suite
 

@@ -6,9 +6,11 @@ import os
 from pathlib import Path
 
 from trainyard.atomic import fsync_dir, is_temp_name, temp_name
-from trainyard.storage.hashing import copy_file_verified, sha256_file
+from trainyard.storage.hashing import copy_file_verified
 from trainyard.storage.keys import check_key, key_path
 from trainyard.storage.tier import Landed, ObjectInfo
+
+LOCAL_COPY = "local-copy"
 
 
 class LocalTier:
@@ -32,15 +34,16 @@ class LocalTier:
         return sorted(found, key=lambda o: o.key)
 
     def download(self, key: str, dest: Path, expect: ObjectInfo | None = None) -> Landed:
-        size, sha = copy_file_verified(
-            key_path(self.root, key), dest, expect.size if expect else None, expect.sha256 if expect else None
-        )
-        return Landed(size, f"sha256:{sha}", "local-copy")
+        # xxh3-128 unless a digest recorded earlier (or a sha256) says which hash the copy must match.
+        wanted = (expect.digest or (f"sha256:{expect.sha256}" if expect.sha256 else None)) if expect else None
+        size, digest = copy_file_verified(key_path(self.root, key), dest, expect.size if expect else None, wanted)
+        return Landed(size, digest, LOCAL_COPY)
 
     def upload(self, src: Path, key: str) -> tuple[int, str]:
-        # The source's hash is known before the copy, so the copy is checked against it.
+        # sha256: checkpoints record sha256 in their own manifest, and a cold copy is checked against it.
         check_key(key)
-        return copy_file_verified(src, key_path(self.root, key), expect_sha256=sha256_file(src))
+        size, digest = copy_file_verified(src, key_path(self.root, key), algo="sha256")
+        return size, digest.removeprefix("sha256:")
 
     def write_bytes(self, key: str, data: bytes) -> None:
         # A temporary sibling renamed over the key: the rename is the atomic switch a pointer needs.

@@ -152,8 +152,10 @@ class S3Tier:
         self.uri, self.bucket, self.prefix = uri, bucket, prefix.strip("/")
         self.part_size, self.parallel_parts, self.retry = part_size, parallel_parts, retry
         # The SDK's own retries stay short; ``Retry`` owns the bounded, logged backoff.
+        # Room for every connection a stage opens at once (large objects' ranges plus the small-object pool),
+        # so none is discarded and reopened per request.
         http = urllib3.PoolManager(
-            maxsize=16,
+            maxsize=64,
             timeout=urllib3.Timeout(connect=5, read=60),
             retries=urllib3.Retry(total=1, backoff_factor=0.1, status_forcelist=[500, 502, 503, 504]),
         )

@@ -13,20 +13,29 @@ import dataclasses
 import json
 import logging
 import os
+import queue
+import stat
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
-from trainyard.atomic import open_append, read_json, write_json_atomic
+from trainyard.atomic import fsync_dir, open_append, read_json, write_json_atomic
 from trainyard.errors import DataError
 from trainyard.ledger import Ledger
 from trainyard.storage.hot import JOURNAL, STAGED_MANIFEST, HotRoom, make_room, pin, touch
-from trainyard.storage.keys import key_path
+from trainyard.storage.keys import check_key, key_path
 from trainyard.storage.tier import Landed, ObjectInfo, Tier
 
 log = logging.getLogger(__name__)
+# Objects below this size are latency-bound (one request each, a few KB): they run on more threads,
+# SMALL_PER_STREAM per unit of ``concurrency`` (a large S3 object holds that many connections: its ranges).
+SMALL_OBJECT = 1 << 20
+SMALL_PER_STREAM = 4
+# The journal is appended in batches (whatever landed while the last one was written), each after one
+# fsync per folder its objects landed in, and at least this often while objects keep landing.
+JOURNAL_EVERY_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -87,21 +96,48 @@ def _journal(hot_dir: Path) -> dict[str, dict[str, Any]]:
 
 
 def plan(objects: list[ObjectInfo], staged: dict[str, dict[str, Any]], hot_dir: Path) -> list[ObjectInfo]:
-    """The objects to transfer: new, changed at the source, or missing or resized in the hot tier."""
+    """The objects to transfer: new, changed at the source, or missing or resized in the hot tier.
+
+    One pass over the listing against the manifest, one ``lstat`` per object
+    the manifest says is there, and one per folder above those: a staged file
+    that is gone, resized or a link (or under a folder that became a link) is
+    copied again, through ``key_path``'s check that it stays inside ``hot_dir``.
+    """
     todo = []
+    folders: dict[str, bool] = {}  # folder key -> a real folder (not a link), looked at once
     for obj in objects:
         entry = staged.get(obj.key)
-        path = key_path(hot_dir, obj.key)
-        unchanged = (
-            entry is not None
-            and entry["version"] == obj.version
-            and entry["size"] == obj.size
-            and path.is_file()
-            and path.stat().st_size == obj.size
-        )
-        if not unchanged:
+        if entry is None or entry["version"] != obj.version or entry["size"] != obj.size:
+            todo.append(obj)
+            continue
+        if _staged_size(hot_dir, obj.key, folders) != obj.size:
             todo.append(obj)
     return todo
+
+
+def _staged_size(hot_dir: Path, key: str, folders: dict[str, bool]) -> int | None:
+    """The size of ``key``'s regular file, reached through real folders only; None otherwise.
+
+    No link below ``hot_dir`` means the path cannot leave it, so the full
+    ``resolve`` of ``key_path`` (a few ``lstat`` calls per path part) is needed
+    only where a link is found.
+    """
+    parts = PurePosixPath(check_key(key)).parts
+    for depth in range(1, len(parts)):
+        folder = "/".join(parts[:depth])
+        if folder not in folders:
+            try:
+                folders[folder] = stat.S_ISDIR(os.lstat(hot_dir.joinpath(*parts[:depth])).st_mode)
+            except OSError:
+                folders[folder] = False
+        if not folders[folder]:
+            key_path(hot_dir, key)  # a link that leaves the hot folder is refused now, not later
+            return None
+    try:
+        st = os.lstat(hot_dir.joinpath(*parts))
+    except OSError:
+        return None
+    return st.st_size if stat.S_ISREG(st.st_mode) else None
 
 
 class Progress:
@@ -158,6 +194,7 @@ def stage(
     staged = read_staged(hot_dir)
     known = {**staged, **_journal(hot_dir)}
     todo = [dataclasses.replace(o, digest=recorded_digest(known.get(o.key), o)) for o in plan(objects, known, hot_dir)]
+    dests = {o.key: key_path(hot_dir, o.key) for o in todo}  # a key escaping the hot folder fails here
     need = sum(o.size for o in todo)
     if ledger:
         ledger.append(
@@ -180,7 +217,7 @@ def stage(
     entries = {o.key: known[o.key] for o in objects if o.key not in todo_keys}
     progress = Progress(need, len(todo), ledger)
     if todo or set(staged) != set(entries):
-        _transfer(source, hot_dir, todo, entries, progress, concurrency)
+        _transfer(source, hot_dir, todo, dests, entries, progress, concurrency)
         _say_trusted(source, [o.key for o in todo if entries[o.key].get("check") == "first-fetch"], ledger)
         write_json_atomic(hot_dir / STAGED_MANIFEST, {"source": source.uri, "staged_at": time.time(), "files": entries})
         os.unlink(hot_dir / JOURNAL)
@@ -199,29 +236,108 @@ def stage(
     return result
 
 
+def concurrency_for(todo: list[ObjectInfo], concurrency: int) -> tuple[int, int]:
+    """Threads for large and for small objects: ``concurrency`` streams, and more for requests of a few KB.
+
+    A small object's time is round trips, not bandwidth, so ``SMALL_PER_STREAM``
+    of them per stream keep the link (and the server) busy where ``concurrency``
+    would leave it idle between requests: the connections ``concurrency`` large
+    objects would hold with their ranges. ``concurrency: 1`` stays one object at
+    a time (a server that must not see parallel requests).
+    """
+    large = sum(1 for o in todo if o.size >= SMALL_OBJECT)
+    small = len(todo) - large
+    per_stream = SMALL_PER_STREAM if concurrency > 1 else 1
+    return (min(concurrency, large), min(concurrency * per_stream, 64, small))
+
+
+class _Journal:
+    """Finished objects, appended in batches to the stage's journal, each batch durable before it is written.
+
+    A journal line says "this file is whole": its data was fsynced by the tier's
+    copy, and its rename is made durable here (one fsync per folder per batch)
+    before the line is written, so a crash can lose lines (those objects are
+    copied again), never keep a line whose file is not there.
+    """
+
+    def __init__(self, hot_dir: Path):
+        self.file = open_append(hot_dir / JOURNAL, "a")
+        self.lines: list[str] = []
+        self.folders: set[Path] = set()
+        self.flushed = time.monotonic()
+
+    def add(self, key: str, path: Path, entry: dict[str, Any]) -> None:
+        self.lines.append(json.dumps({"key": key, **entry}) + "\n")
+        self.folders.add(path.parent)
+        if time.monotonic() - self.flushed >= JOURNAL_EVERY_S:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.lines:
+            return
+        for folder in sorted(self.folders):
+            fsync_dir(folder)
+        self.file.write("".join(self.lines))
+        self.file.flush()
+        self.lines, self.folders, self.flushed = [], set(), time.monotonic()
+
+    def close(self) -> None:
+        self.file.close()
+
+
 def _transfer(
     source: Tier,
     hot_dir: Path,
     todo: list[ObjectInfo],
+    dests: dict[str, Path],
     entries: dict[str, dict[str, Any]],
     progress: Progress,
     concurrency: int,
 ) -> None:
-    """Copy ``todo`` in parallel, journaling each object as it lands (``entries`` is filled in)."""
-    with open_append(hot_dir / JOURNAL, "a") as journal, ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-        futures = {pool.submit(source.download, o.key, key_path(hot_dir, o.key), o): o for o in todo}
-        try:
-            for future in as_completed(futures):
-                obj = futures[future]
-                landed = future.result()
-                entries[obj.key] = manifest_entry(landed, obj.version)
-                journal.write(json.dumps({"key": obj.key, **entries[obj.key]}) + "\n")
-                journal.flush()
-                progress.add(landed.size)
-        except BaseException:
-            for future in futures:
-                future.cancel()  # one failure ends the stage; queued transfers would only fail slowly
-            raise
+    """Copy ``todo`` in parallel, journaling objects in batches as they land (``entries`` is filled in).
+
+    Large objects run ``concurrency`` at a time, small ones on a pool of their own
+    (``concurrency_for``), so a few large objects never queue thousands of small ones.
+    On return every object copied is durable under its final name.
+    """
+    large_threads, small_threads = concurrency_for(todo, concurrency)
+    journal = _Journal(hot_dir)
+    pools = [ThreadPoolExecutor(max_workers=max(1, n)) for n in (large_threads, small_threads)]
+    futures: dict[Future[Landed], ObjectInfo] = {}
+
+    def record(future: Future[Landed]) -> None:
+        obj = futures.pop(future)
+        landed = future.result()
+        entries[obj.key] = manifest_entry(landed, obj.version)
+        journal.add(obj.key, dests[obj.key], entries[obj.key])
+        progress.add(landed.size)
+
+    try:
+        for obj in sorted(todo, key=lambda o: -o.size):  # largest first: the longest transfers start first
+            futures[pools[obj.size < SMALL_OBJECT].submit(source.download, obj.key, dests[obj.key], obj)] = obj
+        arrivals: queue.SimpleQueue[Future[Landed]] = queue.SimpleQueue()  # O(1) per object, unlike wait()
+        for future in futures:
+            future.add_done_callback(arrivals.put)
+        for _ in range(len(futures)):
+            try:
+                future = arrivals.get_nowait()
+            except queue.Empty:
+                journal.flush()  # nothing more has landed: make the batch durable before waiting
+                future = arrivals.get()
+            record(future)
+    except BaseException:
+        for future in futures:
+            future.cancel()  # one failure ends the stage; queued transfers would only fail slowly
+        for pool in pools:
+            pool.shutdown(wait=True)  # those already running finish, and what they landed is kept for a rerun
+        for future in [f for f in futures if not f.cancelled() and f.exception() is None]:
+            record(future)
+        raise
+    finally:
+        for pool in pools:
+            pool.shutdown(wait=True)
+        journal.flush()
+        journal.close()
 
 
 def _say_trusted(source: Tier, keys: list[str], ledger: Ledger | None, shown: int = 20) -> None:
