@@ -85,6 +85,7 @@ WRITERS: dict[str, tuple[str, str]] = {
     "multipart-default": ("s3-checksum", "crc32-composite:"),
     "multipart-when-required": ("etag-multipart", "md5-multipart:"),
     "multipart-sha256": ("s3-checksum", "sha256-composite:"),
+    "multipart-crc32c": ("s3-checksum", "crc32c-composite:"),  # moto needs the crc32c package for it
     "multipart-crc64nvme": ("s3-checksum", "crc64nvme:"),  # FULL_OBJECT, as AWS adds to every new object
     "trainyard-put": ("s3-checksum", "sha256:"),
     "trainyard-multipart": ("sha256-metadata", "sha256:"),
@@ -109,6 +110,8 @@ def write(s3_server, bucket: str, writer: str, key: str, data: bytes, tmp_path: 
         multipart_upload(required, bucket, key, path)
     elif writer == "multipart-sha256":
         multipart_upload(default, bucket, key, path, ChecksumAlgorithm="SHA256")
+    elif writer == "multipart-crc32c":
+        multipart_upload(default, bucket, key, path, ChecksumAlgorithm="CRC32C")
     elif writer == "multipart-crc64nvme":
         multipart_upload(default, bucket, key, path, ChecksumAlgorithm="CRC64NVME")
     else:
