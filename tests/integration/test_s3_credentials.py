@@ -20,34 +20,13 @@ from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoReque
 from werkzeug.serving import make_server
 
 from trainyard.storage.s3 import S3Tier
-from trainyard.storage.s3auth import S3Settings, settings_for
+from trainyard.storage.s3auth import CHAIN_VARS, S3Settings, settings_for
 from trainyard.storage.staging import stage
 
 pytestmark = pytest.mark.integration
 ROLE = "arn:aws:iam::123456789012:role/trainyard-staging"
 # Shaped as the projected service-account token of IRSA (header.payload.signature); STS here checks nothing.
 JWT = "eyJhbGciOiJSUzI1NiIsImtpZCI6InRlc3QifQ.eyJzdWIiOiJzeXN0ZW06c2VydmljZWFjY291bnQ6dHJhaW55YXJkIn0.c2lnbmF0dXJl"
-AWS_VARS = [
-    "AWS_ACCESS_KEY_ID",
-    "AWS_ACCESS_KEY",
-    "AWS_SECRET_ACCESS_KEY",
-    "AWS_SECRET_KEY",
-    "AWS_SESSION_TOKEN",
-    "AWS_PROFILE",
-    "AWS_SHARED_CREDENTIALS_FILE",
-    "AWS_WEB_IDENTITY_TOKEN_FILE",
-    "AWS_ROLE_ARN",
-    "AWS_ROLE_SESSION_NAME",
-    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-    "AWS_EC2_METADATA_SERVICE_ENDPOINT",
-    "AWS_ENDPOINT_URL",
-    "AWS_ENDPOINT_URL_S3",
-    "AWS_ENDPOINT_URL_STS",
-    "AWS_REGION",
-    "AWS_DEFAULT_REGION",
-    "TRAINYARD_S3_ENDPOINT",
-]
 
 
 @dataclass
@@ -111,7 +90,7 @@ def sts() -> Iterator[Recorded]:
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for name in AWS_VARS:
+    for name in CHAIN_VARS:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")

@@ -15,6 +15,7 @@ from trainyard.errors import SpecError
 from trainyard.storage import open_tier
 from trainyard.storage.s3 import S3Tier
 from trainyard.storage.s3auth import (
+    CHAIN_VARS,
     CredentialChain,
     CredentialsNotFound,
     S3Settings,
@@ -25,35 +26,12 @@ from trainyard.storage.s3auth import (
 )
 
 SECRET = "wJalrXUtnFEMI-never-to-be-seen"
-AWS_VARS = [
-    "AWS_ACCESS_KEY_ID",
-    "AWS_ACCESS_KEY",
-    "AWS_SECRET_ACCESS_KEY",
-    "AWS_SECRET_KEY",
-    "AWS_SESSION_TOKEN",
-    "AWS_PROFILE",
-    "AWS_SHARED_CREDENTIALS_FILE",
-    "AWS_WEB_IDENTITY_TOKEN_FILE",
-    "AWS_ROLE_ARN",
-    "AWS_ROLE_SESSION_NAME",
-    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-    "AWS_CONTAINER_AUTHORIZATION_TOKEN",
-    "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
-    "AWS_EC2_METADATA_SERVICE_ENDPOINT",
-    "AWS_ENDPOINT_URL",
-    "AWS_ENDPOINT_URL_S3",
-    "AWS_ENDPOINT_URL_STS",
-    "AWS_REGION",
-    "AWS_DEFAULT_REGION",
-    "TRAINYARD_S3_ENDPOINT",
-]
 
 
 @pytest.fixture(autouse=True)
 def no_aws(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """No credentials or endpoint from the machine running the tests; no instance metadata either."""
-    for name in AWS_VARS:
+    for name in CHAIN_VARS:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.aws/credentials
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")

@@ -40,6 +40,20 @@ log = logging.getLogger(__name__)
 ENDPOINT_VARS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "TRAINYARD_S3_ENDPOINT")
 """Looked at in this order when no connection names an endpoint (the last one: an alias)."""
 REGION_VARS = ("AWS_REGION", "AWS_DEFAULT_REGION")
+CHAIN_VARS = (
+    *("AWS_ACCESS_KEY_ID", "AWS_ACCESS_KEY", "AWS_SECRET_ACCESS_KEY", "AWS_SECRET_KEY", "AWS_SESSION_TOKEN"),
+    *("AWS_PROFILE", "AWS_SHARED_CREDENTIALS_FILE"),
+    *("AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN", "AWS_ROLE_SESSION_NAME", "AWS_ENDPOINT_URL_STS"),
+    *("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI"),
+    *(
+        "AWS_CONTAINER_AUTHORIZATION_TOKEN",
+        "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
+        "AWS_EC2_METADATA_SERVICE_ENDPOINT",
+    ),
+    *ENDPOINT_VARS,
+    *REGION_VARS,
+)
+"""Every environment variable that decides the endpoint or the credentials (minio's providers read them too)."""
 FIX = (
     "give the connection a login (access key) and password (secret key), or set AWS_ACCESS_KEY_ID and"
     " AWS_SECRET_ACCESS_KEY, or name a profile of the shared credentials file (AWS_PROFILE, or the"
