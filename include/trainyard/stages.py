@@ -48,6 +48,7 @@ from trainyard.report.summary import write_report
 from trainyard.run import Run
 from trainyard.spec import KubernetesSpec, Lifecycle, dataset_name_problems
 from trainyard.storage import S3Tier, Tier
+from trainyard.storage.boot import ensure_this_boot
 from trainyard.storage.hot import HotRoom, unpin
 from trainyard.storage.staging import stage
 from trainyard.train.contract import FaultDrill, TrainEnv
@@ -108,6 +109,7 @@ def _set_lifecycle(tier: Tier, rule: Lifecycle, rule_id: str) -> None:
 @recorded("check_dataset")
 def check_dataset(run: Run) -> dict[str, Any]:
     """Fail fast (``DataError``) unless the staged shards meet the spec's expectations."""
+    ensure_this_boot(run.hot_dataset_dir, run.ledger, "check_dataset")  # staged unsynced in an earlier boot?
     report = _check_dataset(run.hot_dataset_dir, run.spec.dataset.expectations, result_dir=run.dir).as_dict()
     run.ledger.append("check_dataset", "dataset_checked", **report)
     return report
@@ -421,6 +423,7 @@ def train(
     if launcher is None:
         _require_local(run)
         launcher = LocalLauncher(run.spec.nodes.gpus_per_node)
+    ensure_this_boot(run.hot_dataset_dir, run.ledger, "train")  # a reboot since check_dataset: re-verify first
     training = run.spec.training
     held = hold_lineage(run, run_state)
     _, start = resume_point(run, held)
@@ -521,6 +524,8 @@ def _wake(
     reader = StateReader(run.ledger)
     max_steps = run.spec.training.max_steps
     try:
+        if news is None:  # before the launch (and the lease): a reboot since check_dataset?
+            ensure_this_boot(run.hot_dataset_dir, run.ledger, "train")
         try:
             held = hold_lineage(run, run_state)
         except LineageBusy as exc:

@@ -133,11 +133,11 @@ def test_server_outage_gives_bounded_retries_then_rerun_completes(s3_server, buc
     done: list[str] = []
     original = source.download
 
-    def download_then_outage(key, dest, expect=None):
+    def download_then_outage(key, dest, expect=None, durable=True):
         if len(done) == 2:
             s3_server.stop()  # the server goes away mid-stage
         done.append(key)
-        return original(key, dest, expect)
+        return original(key, dest, expect, durable)
 
     source.download = download_then_outage  # type: ignore[method-assign]
     try:
@@ -161,11 +161,11 @@ def test_a_killed_stage_resumes_without_repeating_finished_shards(s3_server, buc
         s = S3Settings.from_endpoint_url("http://127.0.0.1:{s3_server.port}", "k", "s", "us-east-1")
         tier = S3Tier("s3://{bucket}/ds", s)
         real, count = tier.download, [0]
-        def download(key, dest, expect=None):
+        def download(key, dest, expect=None, durable=True):
             if count[0] == 3:
                 os.kill(os.getpid(), signal.SIGKILL)  # killed mid-stage, like an evicted worker
             count[0] += 1
-            return real(key, dest, expect)
+            return real(key, dest, expect, durable)
         tier.download = download
         stage(tier, Path({str(hot)!r}), concurrency=1)
     """)

@@ -15,7 +15,7 @@ import xxhash
 
 from trainyard.atomic import is_temp_name
 from trainyard.errors import DataError
-from trainyard.storage import LocalTier, hashing
+from trainyard.storage import LocalTier, boot, hashing
 from trainyard.storage import staging as staging_mod
 from trainyard.storage.hashing import copy_file_verified
 from trainyard.storage.staging import JOURNAL, STAGED_MANIFEST, concurrency_for, stage
@@ -184,6 +184,7 @@ def test_the_manifest_records_the_digest_and_how_it_was_checked(tmp_path: Path) 
 def test_every_folder_is_fsynced_before_the_manifest_names_its_files(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(boot, "BOOT_ID_FILE", tmp_path / "no-boot-id")  # no boot to record: staging fsyncs
     hot = tmp_path / "hot"
     synced: list[tuple[Path, bool]] = []
     real = staging_mod.fsync_dir
@@ -199,10 +200,10 @@ def test_objects_finished_before_a_failure_are_journaled_and_skipped_on_rerun(tm
     source = make_source(tmp_path / "cold", {f"{k}.tok": k.encode() * 100 for k in "abcde"})
 
     class FailsOnC(LocalTier):
-        def download(self, key: str, dest: Path, expect: ObjectInfo | None = None) -> Landed:
+        def download(self, key: str, dest: Path, expect: ObjectInfo | None = None, durable: bool = True) -> Landed:
             if key == "c.tok":
                 raise OSError("disk hiccup on c.tok")
-            return super().download(key, dest, expect)
+            return super().download(key, dest, expect, durable)
 
     with pytest.raises(OSError, match="disk hiccup"):
         stage(FailsOnC(source.root), tmp_path / "hot", concurrency=8)
@@ -241,9 +242,9 @@ def test_many_small_objects_are_in_flight_at_once(tmp_path: Path) -> None:
     source = make_source(tmp_path / "cold", {f"o{i:03d}.tok": b"x" * 4096 for i in range(48)})
 
     class Meeting(LocalTier):
-        def download(self, key: str, dest: Path, expect: ObjectInfo | None = None) -> Landed:
+        def download(self, key: str, dest: Path, expect: ObjectInfo | None = None, durable: bool = True) -> Landed:
             barrier.wait()
-            return super().download(key, dest, expect)
+            return super().download(key, dest, expect, durable)
 
     result = stage(Meeting(source.root), tmp_path / "hot", concurrency=4)
     assert result.transferred == 48

@@ -72,11 +72,11 @@ def test_empty_source_is_a_data_error(tmp_path: Path) -> None:
 
 def test_no_partial_file_under_its_final_name(tmp_path: Path) -> None:
     class Broken(LocalTier):
-        def download(self, key, dest, expect=None):  # the copy fails verification half-way
+        def download(self, key, dest, expect=None, durable=True):  # the copy fails verification half-way
             from trainyard.storage.hashing import write_verified
 
             with (self.root / key).open("rb") as stream:
-                return write_verified(stream, dest, expect_size=expect.size + 1)
+                return write_verified(stream, dest, expect_size=expect.size + 1, durable=durable)
 
     source = make_source(tmp_path / "cold", {"a.tok": b"a" * 100})
     with pytest.raises(DataError, match=r"a\.tok: failed verification: 100 bytes arrived, 101 expected"):
@@ -95,14 +95,14 @@ class Untrusted(LocalTier):
         super().__init__(root)
         self.expects: list[ObjectInfo | None] = []
 
-    def download(self, key, dest, expect=None):
+    def download(self, key, dest, expect=None, durable=True):
         from trainyard.storage.checksums import FIRST_FETCH, Check
         from trainyard.storage.hashing import write_verified
 
         self.expects.append(expect)
         check = Check("recorded", "sha256", expect.digest, "the record") if expect and expect.digest else FIRST_FETCH
         with (self.root / key).open("rb") as stream:
-            return write_verified(stream, dest, check, expect_size=expect.size if expect else None)
+            return write_verified(stream, dest, check, expect_size=expect.size if expect else None, durable=durable)
 
 
 def test_first_fetches_are_said_in_the_ledger_and_refetches_checked_against_the_record(tmp_path: Path) -> None:

@@ -39,13 +39,15 @@ def write_verified(
     check: Check = FIRST_FETCH,
     expect_size: int | None = None,
     where: str | None = None,
+    durable: bool = True,
 ) -> Landed:
     """Copy ``stream`` to ``final`` through a temporary file, verify, then rename.
 
     The bytes are hashed as they are written, once, with the digest ``check``
     names; the size and that digest must be what the source promised, else a
     ``DataError`` naming ``where`` (default: ``final``) and both digests, and
-    nothing is left under ``final``.
+    nothing is left under ``final``. ``durable``: fsynced before the rename
+    (staging passes False when it records the boot instead: ``storage.boot``).
     """
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_name(final)
@@ -57,7 +59,8 @@ def write_verified(
                 out.write(block)
                 size += len(block)
             out.flush()
-            os.fsync(out.fileno())
+            if durable:
+                os.fsync(out.fileno())
         landed = settle(check, digester, size, expect_size, where or str(final))
         os.replace(tmp, final)
         return landed
@@ -129,13 +132,16 @@ def copy_file_verified(
     expect_size: int | None = None,
     expect_digest: str | None = None,
     algo: str = LOCAL_ALGO,
+    durable: bool = True,
 ) -> tuple[int, str]:
     """Copy a local file to ``final`` in one pass, hashing each block as it is written; verify; rename.
 
     Returns ``(size, "<algo>:<hex>")``. One read of the source into a reused
     buffer, one hash of that buffer, one write of it: the bytes written are
-    the bytes hashed. The copy lands under a temporary name and is fsynced
-    before the rename, so ``final`` only ever names a whole, durable copy.
+    the bytes hashed. The copy lands under a temporary name and (``durable``)
+    is fsynced before the rename, so ``final`` only ever names a whole, durable
+    copy; without ``durable`` it is whole for every reader until a crash
+    (staging records the boot instead: ``storage.boot``).
     Refused (``OSError``, nothing left behind) if the source changes during
     the copy, or if the copy does not match ``expect_size``/``expect_digest``;
     ``expect_digest``'s algorithm, where given, is the one computed.
@@ -156,7 +162,8 @@ def copy_file_verified(
                     f"copy of {src} to {final} refused: {src} changed during the copy (size {before.st_size} -> "
                     f"{after.st_size}, {size} bytes read); stage again once nothing writes to it"
                 )
-            os.fsync(fout.fileno())
+            if durable:
+                os.fsync(fout.fileno())
         digest = f"{algo}:{hasher.hexdigest()}"
         problems = []
         if expect_size is not None and size != expect_size:

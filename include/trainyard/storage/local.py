@@ -33,10 +33,12 @@ class LocalTier:
                 found.append(ObjectInfo(key=key, size=st.st_size, version=f"{st.st_size}-{st.st_mtime_ns}"))
         return sorted(found, key=lambda o: o.key)
 
-    def download(self, key: str, dest: Path, expect: ObjectInfo | None = None) -> Landed:
+    def download(self, key: str, dest: Path, expect: ObjectInfo | None = None, durable: bool = True) -> Landed:
         # xxh3-128 unless a digest recorded earlier (or a sha256) says which hash the copy must match.
         wanted = (expect.digest or (f"sha256:{expect.sha256}" if expect.sha256 else None)) if expect else None
-        size, digest = copy_file_verified(key_path(self.root, key), dest, expect.size if expect else None, wanted)
+        size, digest = copy_file_verified(
+            key_path(self.root, key), dest, expect.size if expect else None, wanted, durable=durable
+        )
         return Landed(size, digest, LOCAL_COPY)
 
     def upload(self, src: Path, key: str) -> tuple[int, str]:

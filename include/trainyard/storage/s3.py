@@ -197,12 +197,14 @@ class S3Tier:
         meta = {k.lower(): v for k, v in (st.metadata or {}).items()}
         return ObjectInfo(key, st.size, st.etag, meta.get(f"x-amz-meta-{SHA_META}"))
 
-    def download(self, key: str, dest: Path, expect: ObjectInfo | None = None) -> Landed:
-        """One object to ``dest``, verified by the best check its store offers (``checksums.choose_check``)."""
+    def download(self, key: str, dest: Path, expect: ObjectInfo | None = None, durable: bool = True) -> Landed:
+        """One object to ``dest``, verified by the best check its store offers (``checksums.choose_check``).
+
+        ``durable``: fsynced before the rename (``Tier.download``)."""
         check_key(key)
         if expect is not None and expect.size > self.part_size:
-            return self._ranged(key, dest, expect)
-        return self.retry.call(f"download {self._name(key)}", lambda: self._whole(key, dest, expect))
+            return self._ranged(key, dest, expect, durable)
+        return self.retry.call(f"download {self._name(key)}", lambda: self._whole(key, dest, expect, durable))
 
     def _check(self, name: str, headers: Mapping[str, str], etag: str | None, size: int, recorded: str | None) -> Check:
         algorithms = available_algorithms()
@@ -230,7 +232,7 @@ class S3Tier:
         # Equal parts but the last: checked at both ends, since some tools grow their parts as they stream.
         return first if part(parts) == size - (parts - 1) * first else 0
 
-    def _whole(self, key: str, dest: Path, expect: ObjectInfo | None) -> Landed:
+    def _whole(self, key: str, dest: Path, expect: ObjectInfo | None, durable: bool = True) -> Landed:
         name = self._name(key)
         response = self.client.get_object(self.bucket, name, request_headers=dict(CHECKSUM_MODE))
         try:
@@ -238,13 +240,18 @@ class S3Tier:
             size = expect.size if expect else int(headers.get("content-length") or 0)
             check = self._check(name, headers, headers.get("etag"), size, expect.digest if expect else None)
             return write_verified(
-                response, dest, check, expect_size=expect.size if expect else None, where=f"{self.uri}/{key}"
+                response,
+                dest,
+                check,
+                expect_size=expect.size if expect else None,
+                where=f"{self.uri}/{key}",
+                durable=durable,
             )
         finally:
             response.close()
             response.release_conn()
 
-    def _ranged(self, key: str, dest: Path, expect: ObjectInfo) -> Landed:
+    def _ranged(self, key: str, dest: Path, expect: ObjectInfo, durable: bool = True) -> Landed:
         """Fetch byte ranges in parallel (each retried on its own) into one temporary file, then verify.
 
         A range answer carries no checksum, so the check is chosen from a HEAD with checksum mode, the
@@ -288,7 +295,8 @@ class S3Tier:
 
                 with ThreadPoolExecutor(self.parallel_parts) as pool:
                     list(pool.map(fetch, range(0, size, self.part_size)))
-                os.fsync(fd)
+                if durable:
+                    os.fsync(fd)
             landed = settle(check, digest_file(tmp, check), size, size, where)
             os.replace(tmp, dest)
             return landed

@@ -5,6 +5,12 @@ are copied; each lands under a temporary name, is verified and renamed, and
 is then recorded in a journal, so a stage killed midway and run again skips
 what it finished. The staged manifest is written last: a folder whose
 manifest lists a file holds that file, whole.
+
+Where the boot id is known (Linux), copies are not fsynced: the manifest and
+each journal line record the boot instead, and one from another boot (a crash
+or reboot since, which can take back unsynced copies) is not trusted: its
+objects are copied again (``storage.boot``). Elsewhere each copy, and each
+folder before its journal lines, is fsynced.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import Any
 from trainyard.atomic import fsync_dir, open_append, read_json, write_json_atomic
 from trainyard.errors import DataError
 from trainyard.ledger import Ledger
+from trainyard.storage.boot import BOOT_ID, current_boot_id, trusted
 from trainyard.storage.hot import JOURNAL, STAGED_MANIFEST, HotRoom, make_room, pin, touch
 from trainyard.storage.keys import check_key, key_path
 from trainyard.storage.tier import Landed, ObjectInfo, Tier
@@ -53,12 +60,21 @@ class StageResult:
 
 def read_staged(hot_dir: Path) -> dict[str, dict[str, Any]]:
     """The committed manifest's entries by key (empty if nothing was staged)."""
+    files: dict[str, dict[str, Any]] = _read_manifest(hot_dir).get("files", {})
+    return files
+
+
+def _read_manifest(hot_dir: Path) -> dict[str, Any]:
+    """The committed manifest (``files``, and ``boot_id`` where it was written without fsyncs); {} if none."""
     path = hot_dir / STAGED_MANIFEST
     if not path.exists():
         return {}
     try:
-        return read_json(path)["files"]
-    except (ValueError, KeyError, OSError):
+        manifest = read_json(path)
+        if not isinstance(manifest.get("files"), dict):
+            raise KeyError("files")
+        return dict(manifest)
+    except (ValueError, KeyError, OSError, AttributeError):
         log.warning("%s is unreadable; staging everything again", path)
         return {}
 
@@ -81,18 +97,30 @@ def recorded_digest(entry: dict[str, Any] | None, obj: ObjectInfo) -> str | None
     return f"sha256:{entry['sha256']}" if entry.get("sha256") else None  # a manifest from before digests
 
 
-def _journal(hot_dir: Path) -> dict[str, dict[str, Any]]:
-    """Objects a killed stage finished before it could commit the manifest."""
+def _journal(hot_dir: Path, boot_id: str | None) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """Objects a killed stage finished before it could commit the manifest: (trusted, from another boot).
+
+    A line from another boot (``storage.boot.trusted``) may name a copy a crash took back: its object
+    is copied again; its digest still says what the source held.
+    """
     entries: dict[str, dict[str, Any]] = {}
+    earlier: dict[str, dict[str, Any]] = {}
     path = hot_dir / JOURNAL
     if path.exists():
         for line in path.read_text().splitlines():
             try:
                 record = json.loads(line)
-                entries[record.pop("key")] = record
-            except (ValueError, KeyError):
+                key = record.pop("key")
+            except (ValueError, KeyError, AttributeError):
                 continue  # a torn last line: that object is simply copied again
-    return entries
+            written_in = record.pop(BOOT_ID, None)
+            if trusted(written_in, boot_id):
+                entries[key] = record
+                earlier.pop(key, None)
+            else:
+                earlier[key] = record
+                entries.pop(key, None)
+    return entries, earlier
 
 
 def plan(objects: list[ObjectInfo], staged: dict[str, dict[str, Any]], hot_dir: Path) -> list[ObjectInfo]:
@@ -191,9 +219,20 @@ def stage(
     objects = [o for o in source.list() if o.key != STAGED_MANIFEST]
     if not objects:
         raise DataError(f"{source.uri} holds no objects to stage; check dataset.source and the partition date")
-    staged = read_staged(hot_dir)
-    known = {**staged, **_journal(hot_dir)}
-    todo = [dataclasses.replace(o, digest=recorded_digest(known.get(o.key), o)) for o in plan(objects, known, hot_dir)]
+    boot_id = current_boot_id()
+    durable = boot_id is None  # no boot to record: each copy is fsynced instead
+    manifest = _read_manifest(hot_dir)
+    staged: dict[str, dict[str, Any]] = manifest.get("files", {})
+    journaled, journal_earlier = _journal(hot_dir, boot_id)
+    manifest_trusted = trusted(manifest.get(BOOT_ID), boot_id)
+    known = {**(staged if manifest_trusted else {}), **journaled}
+    earlier = {k: e for k, e in {**({} if manifest_trusted else staged), **journal_earlier}.items() if k not in known}
+    if earlier:
+        _say_earlier_boot(hot_dir, manifest.get(BOOT_ID), len(staged) if not manifest_trusted else 0, earlier, ledger)
+    recorded = {**earlier, **known}  # a digest says what the source held, whichever boot recorded it
+    todo = [
+        dataclasses.replace(o, digest=recorded_digest(recorded.get(o.key), o)) for o in plan(objects, known, hot_dir)
+    ]
     dests = {o.key: key_path(hot_dir, o.key) for o in todo}  # a key escaping the hot folder fails here
     need = sum(o.size for o in todo)
     if ledger:
@@ -210,16 +249,21 @@ def stage(
     )
     if room:
         pin(hot_dir, room.holder)  # before making room, so a parallel stage cannot evict us
-        make_room(room, hot_dir, need - sum(known[o.key]["size"] for o in todo if o.key in known), ledger)
+        make_room(room, hot_dir, need - sum(recorded[o.key]["size"] for o in todo if o.key in recorded), ledger)
     touch(hot_dir)
 
     todo_keys = {o.key for o in todo}
     entries = {o.key: known[o.key] for o in objects if o.key not in todo_keys}
     progress = Progress(need, len(todo), ledger)
     if todo or set(staged) != set(entries):
-        _transfer(source, hot_dir, todo, dests, entries, progress, concurrency)
+        if not durable and manifest and manifest.get(BOOT_ID) is None and todo_keys & set(staged):
+            # A manifest from fsyncing staging is trusted in any boot: before unsynced copies replace files
+            # it lists, it says this boot, so a crash midway makes the next stage copy them all again.
+            write_json_atomic(hot_dir / STAGED_MANIFEST, {**manifest, BOOT_ID: boot_id})
+        _transfer(source, hot_dir, todo, dests, entries, progress, concurrency, boot_id)
         _say_trusted(source, [o.key for o in todo if entries[o.key].get("check") == "first-fetch"], ledger)
-        write_json_atomic(hot_dir / STAGED_MANIFEST, {"source": source.uri, "staged_at": time.time(), "files": entries})
+        written = {"source": source.uri, "staged_at": time.time(), "files": entries}
+        write_json_atomic(hot_dir / STAGED_MANIFEST, written if durable else {**written, BOOT_ID: boot_id})
         os.unlink(hot_dir / JOURNAL)
         for stale in set(staged) - set(entries):
             key_path(hot_dir, stale).unlink(missing_ok=True)  # gone at the source: not part of this dataset
@@ -252,23 +296,28 @@ def concurrency_for(todo: list[ObjectInfo], concurrency: int) -> tuple[int, int]
 
 
 class _Journal:
-    """Finished objects, appended in batches to the stage's journal, each batch durable before it is written.
+    """Finished objects, appended in batches to the stage's journal.
 
-    A journal line says "this file is whole": its data was fsynced by the tier's
-    copy, and its rename is made durable here (one fsync per folder per batch)
-    before the line is written, so a crash can lose lines (those objects are
-    copied again), never keep a line whose file is not there.
+    A journal line says "this file is whole". With ``boot_id`` None, its data
+    was fsynced by the tier's copy and its rename is made durable here (one
+    fsync per folder per batch) before the line is written, so a crash can lose
+    lines (those objects are copied again), never keep a line whose file is not
+    there. With a ``boot_id``, nothing is fsynced: each line names the boot, and
+    a line from another boot is not trusted (``_journal``).
     """
 
-    def __init__(self, hot_dir: Path):
+    def __init__(self, hot_dir: Path, boot_id: str | None = None):
         self.file = open_append(hot_dir / JOURNAL, "a")
+        self.boot_id = boot_id
         self.lines: list[str] = []
         self.folders: set[Path] = set()
         self.flushed = time.monotonic()
 
     def add(self, key: str, path: Path, entry: dict[str, Any]) -> None:
-        self.lines.append(json.dumps({"key": key, **entry}) + "\n")
-        self.folders.add(path.parent)
+        line = {"key": key, **entry} if self.boot_id is None else {"key": key, **entry, BOOT_ID: self.boot_id}
+        self.lines.append(json.dumps(line) + "\n")
+        if self.boot_id is None:
+            self.folders.add(path.parent)
         if time.monotonic() - self.flushed >= JOURNAL_EVERY_S:
             self.flush()
 
@@ -293,15 +342,18 @@ def _transfer(
     entries: dict[str, dict[str, Any]],
     progress: Progress,
     concurrency: int,
+    boot_id: str | None = None,
 ) -> None:
     """Copy ``todo`` in parallel, journaling objects in batches as they land (``entries`` is filled in).
 
     Large objects run ``concurrency`` at a time, small ones on a pool of their own
     (``concurrency_for``), so a few large objects never queue thousands of small ones.
-    On return every object copied is durable under its final name.
+    On return every object copied is whole under its final name: durable, or (with a
+    ``boot_id``) in this boot's page cache, unsynced.
     """
     large_threads, small_threads = concurrency_for(todo, concurrency)
-    journal = _Journal(hot_dir)
+    durable = boot_id is None
+    journal = _Journal(hot_dir, boot_id)
     pools = [ThreadPoolExecutor(max_workers=max(1, n)) for n in (large_threads, small_threads)]
     futures: dict[Future[Landed], ObjectInfo] = {}
 
@@ -314,7 +366,8 @@ def _transfer(
 
     try:
         for obj in sorted(todo, key=lambda o: -o.size):  # largest first: the longest transfers start first
-            futures[pools[obj.size < SMALL_OBJECT].submit(source.download, obj.key, dests[obj.key], obj)] = obj
+            pool = pools[obj.size < SMALL_OBJECT]
+            futures[pool.submit(source.download, obj.key, dests[obj.key], obj, durable=durable)] = obj
         arrivals: queue.SimpleQueue[Future[Landed]] = queue.SimpleQueue()  # O(1) per object, unlike wait()
         for future in futures:
             future.add_done_callback(arrivals.put)
@@ -338,6 +391,35 @@ def _transfer(
             pool.shutdown(wait=True)
         journal.flush()
         journal.close()
+
+
+def _say_earlier_boot(
+    hot_dir: Path,
+    manifest_boot: object,
+    manifest_objects: int,
+    earlier: dict[str, dict[str, Any]],
+    ledger: Ledger | None,
+    shown: int = 20,
+) -> None:
+    """What an earlier boot staged without fsyncs is copied again: say so, once per stage."""
+    log.warning(
+        "%s: %d objects were staged in an earlier boot (manifest boot %s; %d from the manifest, the rest from"
+        " the journal) without fsyncs: a crash or reboot since may have taken them back; copying them again: %s",
+        hot_dir,
+        len(earlier),
+        manifest_boot,
+        manifest_objects,
+        ", ".join(sorted(earlier)[:shown]) + (" ..." if len(earlier) > shown else ""),
+    )
+    if ledger:
+        ledger.append(
+            "stage_dataset",
+            "earlier_boot",
+            hot_dir=str(hot_dir),
+            objects=len(earlier),
+            manifest_objects=manifest_objects,
+            keys=sorted(earlier)[:shown],
+        )
 
 
 def _say_trusted(source: Tier, keys: list[str], ledger: Ledger | None, shown: int = 20) -> None:

@@ -44,8 +44,12 @@ class Tier(Protocol):
         """Every object under ``prefix``, sorted by key."""
         ...
 
-    def download(self, key: str, dest: Path, expect: ObjectInfo | None = None) -> Landed:
-        """Copy one object to ``dest`` (temporary name, verified, renamed)."""
+    def download(self, key: str, dest: Path, expect: ObjectInfo | None = None, durable: bool = True) -> Landed:
+        """Copy one object to ``dest`` (temporary name, verified, renamed).
+
+        ``durable``: fsynced before the rename. Staging passes False where it records the boot
+        instead (``storage.boot``); everything else keeps the default.
+        """
         ...
 
     def upload(self, src: Path, key: str) -> tuple[int, str]:
