@@ -135,6 +135,24 @@ def test_a_manifest_without_a_boot_id_stays_trusted(tmp_path: Path, booted) -> N
     assert stage(source, tmp_path / "hot").transferred == 0
 
 
+def test_a_boot_less_manifest_says_this_boot_before_unsynced_copies_replace_its_files(tmp_path: Path, booted) -> None:
+    source = make_source(tmp_path / "cold", {"a.tok": b"a" * 10, "b.tok": b"b" * 10})
+    hot = tmp_path / "hot"
+    booted(None)
+    stage(source, hot)  # fsynced: trusted in any boot
+    (tmp_path / "cold" / "a.tok").write_bytes(b"A" * 11)
+    seen: list[object] = []
+
+    class Watching(LocalTier):
+        def download(self, key: str, dest: Path, expect: ObjectInfo | None = None, durable: bool = True) -> Landed:
+            seen.append(manifest(hot).get("boot_id"))  # what a crash right now would leave
+            return super().download(key, dest, expect, durable=durable)
+
+    booted("boot-A")
+    assert stage(Watching(source.root), hot).transferred == 1
+    assert seen == ["boot-A"]
+
+
 def test_a_journal_line_from_another_boot_is_not_trusted(tmp_path: Path, booted) -> None:
     source = make_source(tmp_path / "cold", {f"{k}.tok": k.encode() * 100 for k in "abcde"})
 
