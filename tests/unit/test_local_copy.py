@@ -85,8 +85,8 @@ class Spy:
         self.calls += 1
         self.inner.update(data)
 
-    def hexdigest(self) -> str:
-        return self.inner.hexdigest()
+    def digest(self) -> bytes:
+        return self.inner.digest()
 
 
 def test_the_copy_is_never_visible_under_its_final_name_until_whole(

@@ -22,6 +22,7 @@ from trainyard.atomic import read_json, write_json_atomic
 from trainyard.errors import DataError
 from trainyard.ledger import Ledger
 from trainyard.storage import checksums
+from trainyard.storage.hashing import file_digest
 from trainyard.storage.hot import STAGED_MANIFEST
 from trainyard.storage.keys import key_path
 
@@ -29,8 +30,6 @@ log = logging.getLogger(__name__)
 BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
 BOOT_ID = "boot_id"
 """The manifest's (and each journal line's) field naming the boot it was written in."""
-XXH3 = "xxh3-128"
-_BLOCK = 1 << 20
 
 
 def current_boot_id() -> str | None:
@@ -57,33 +56,12 @@ def recomputable(digest: str, algorithms: frozenset[str] | None = None) -> bool:
     A checksum of parts (``md5-multipart``, ``*-composite``) needs the part size,
     which the manifest does not keep; a CRC needs ``awscrt``.
     """
-    algo = digest.partition(":")[0]
     have = checksums.available_algorithms() if algorithms is None else algorithms
-    return algo == XXH3 or algo in have
+    return digest.partition(":")[0] in have
 
 
-def file_digest(path: Path, algo: str) -> str:
-    """``<algo>:<value>`` of a file, written as staging records it (hex, base64 for the CRCs)."""
-    if algo == XXH3:
-        import xxhash  # only local copies need it
-
-        fast = xxhash.xxh3_128()
-        _feed(path, fast.update)
-        return f"{algo}:{fast.hexdigest()}"
-    hasher = checksums.new_hasher(algo)
-    _feed(path, hasher.update)
-    return f"{algo}:{checksums.encode(algo, hasher.digest())}"
-
-
-def _feed(path: Path, update: Any) -> None:
-    buffer = bytearray(_BLOCK)
-    view = memoryview(buffer)
-    with open(path, "rb", buffering=0) as fh:
-        while n := fh.readinto(buffer):
-            update(view[:n])
-
-
-def _entry_digest(entry: dict[str, Any]) -> str | None:
+def entry_digest(entry: dict[str, Any]) -> str | None:
+    """The digest a manifest entry records (entries from before digests carry only ``sha256``)."""
     if digest := entry.get("digest"):
         return str(digest)
     return f"sha256:{entry['sha256']}" if entry.get("sha256") else None
@@ -93,7 +71,7 @@ def problems(hot_dir: Path, files: dict[str, dict[str, Any]]) -> list[str]:
     """Each listed file that is not what the manifest says (missing, resized, other digest, or uncheckable)."""
     found = []
     for key in sorted(files):
-        entry, digest = files[key], _entry_digest(files[key])
+        entry, digest = files[key], entry_digest(files[key])
         try:
             path = key_path(hot_dir, key)
             size = path.stat().st_size

@@ -30,9 +30,10 @@ from typing import Protocol
 MiB = 1 << 20
 # Preferred first when a server sends several (it rarely does): the strongest one.
 S3_ALGORITHMS = ("sha256", "crc64nvme", "crc32c", "sha1", "crc32")
-HEX_ALGORITHMS = ("sha256", "sha1", "md5")
+HEX_ALGORITHMS = ("sha256", "sha1", "md5", "xxh3-128")
+"""Written in hex (xxh3-128: local copies' hash, never an S3 checksum; sha256 etc. as ``sha256sum`` prints them)."""
 CRC_ALGORITHMS = ("crc32", "crc32c", "crc64nvme")
-WIDTH = {"sha256": 32, "sha1": 20, "md5": 16, "crc32": 4, "crc32c": 4, "crc64nvme": 8}
+WIDTH = {"sha256": 32, "sha1": 20, "md5": 16, "xxh3-128": 16, "crc32": 4, "crc32c": 4, "crc64nvme": 8}
 # Part sizes tools use by default (boto3 / aws cli 8 MiB, rclone 5 MiB, mc 16 MiB ...) and powers of two.
 STANDARD_PART_SIZES = tuple(
     sorted({5 * MiB, 8 * MiB, 16 * MiB, 64 * MiB, 100 * MiB} | {MiB << k for k in range(3, 13)})
@@ -72,6 +73,10 @@ class _Crc:
 
 
 def new_hasher(algo: str) -> Hasher:
+    if algo == "xxh3-128":
+        import xxhash  # only local copies and their re-verification need it
+
+        return xxhash.xxh3_128()
     if algo in HEX_ALGORITHMS:
         return hashlib.new(algo)
     if algo in CRC_ALGORITHMS:

@@ -30,7 +30,7 @@ from typing import Any
 from trainyard.atomic import fsync_dir, open_append, read_json, write_json_atomic
 from trainyard.errors import DataError
 from trainyard.ledger import Ledger
-from trainyard.storage.boot import BOOT_ID, current_boot_id, trusted
+from trainyard.storage.boot import BOOT_ID, current_boot_id, entry_digest, trusted
 from trainyard.storage.hot import JOURNAL, STAGED_MANIFEST, HotRoom, make_room, pin, touch
 from trainyard.storage.keys import check_key, key_path
 from trainyard.storage.tier import Landed, ObjectInfo, Tier
@@ -92,9 +92,7 @@ def recorded_digest(entry: dict[str, Any] | None, obj: ObjectInfo) -> str | None
     """The digest an earlier stage recorded for this very version of ``obj``, to check a re-fetch against."""
     if entry is None or entry.get("version") != obj.version or entry.get("size") != obj.size:
         return None
-    if digest := entry.get("digest"):
-        return str(digest)
-    return f"sha256:{entry['sha256']}" if entry.get("sha256") else None  # a manifest from before digests
+    return entry_digest(entry)
 
 
 def _journal(hot_dir: Path, boot_id: str | None) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
