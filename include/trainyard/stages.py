@@ -223,6 +223,7 @@ def _record_verdict(
             kind=judge.kinds.get(node, ""),
             figures=f,
             again=verdict.again.get(node),
+            beside_reference=verdict.beside.get(node) or None,
             suspect=verdict.suspects.get(node, ""),
             collective=probed.collective.get(node),
             links=probed.links.get(node),

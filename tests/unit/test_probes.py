@@ -48,3 +48,18 @@ def test_an_op_that_returns_a_value_is_timed_the_same(monkeypatch: pytest.Monkey
 
     monkeypatch.setattr(probes, "time", SimpleNamespace(perf_counter=clock.perf_counter, sleep=time.sleep))
     assert probes.timed_loop(op, budget_s=1.0, windows=2) == (1, 0.5)
+
+
+def test_a_throttled_window_pays_its_own_debt_and_no_credit_carries_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock([0.01] * 1000)  # each op takes 10 ms
+
+    def sleep(seconds: float) -> None:
+        clock.now += seconds + 0.002  # a busy host's sleep overruns by 2 ms
+
+    monkeypatch.setattr(probes, "time", SimpleNamespace(perf_counter=clock.perf_counter, sleep=sleep))
+    throttle = probes.Throttle(0.2)
+    throttle.debt = -0.2  # an overrun earlier left credit: 0.2 s of unthrottled work, a whole window's
+    iters, seconds = probes._window(clock.op, 0.3, throttle)
+    # 20% of the window's time lost: 0.8 of the ops an unthrottled window runs, not 1.0
+    assert iters / seconds * 0.01 == pytest.approx(0.8, abs=0.03)
+    assert throttle.debt == 0.0  # settled before the clock stopped: nothing owed, nothing lent, to the next probe

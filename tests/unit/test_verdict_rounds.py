@@ -138,6 +138,68 @@ def test_the_second_round_probes_the_suspects_with_the_reference_node() -> None:
     assert suspicion.recheck(kinds) == Recheck(["node-2", "node-1"], ["node-0", "node-2", "node-3"])
 
 
+def turns(*scales: float, probe: str = "matmul_gflops") -> list[dict[str, float]]:
+    """A node's confirmation round turn by turn: ``CPU`` with ``probe`` scaled in each turn."""
+    return [node(**{probe: scale}) for scale in scales]
+
+
+# The machine's speed in ten turns of a confirmation round on a busy shared host (drifting by a third).
+DRIFT = [1.0, 0.7, 0.95, 0.68, 1.02, 0.72, 0.98, 0.66, 1.0, 1.0]
+
+
+def test_the_confirmation_pairs_each_turn_of_a_suspect_with_its_reference_nodes() -> None:
+    first = batch(3, node_1=node(matmul_gflops=0.8))
+    ref = turns(*DRIFT)
+    # healthy, but a slow spell fell in one of its turns and not in the reference node's: the medians of the
+    # round say 0.85 of the reference node, turn by turn it is 0.98
+    healthy = turns(*(d * 0.98 for d in DRIFT[:8]), 0.69, 0.98)
+    assert combine(healthy)["matmul_gflops"] < 0.9 * combine(ref)["matmul_gflops"]
+    again = {"node-0": combine(ref), "node-1": combine(healthy)}
+    verdict = decide(first, 3, RULES, again=again, turns={"node-0": ref, "node-1": healthy})
+    assert verdict.cleared == ["node-1"] and verdict.beside["node-1"]["matmul_gflops"] == pytest.approx(0.98, abs=0.1)
+    # throttled by 20%: 0.8 of the reference node in every turn, whatever the machine's speed
+    throttled = turns(*(d * 0.8 for d in DRIFT))
+    again = {"node-0": combine(ref), "node-1": combine(throttled)}
+    verdict = decide(first, 3, RULES, again=again, turns={"node-0": ref, "node-1": throttled})
+    assert (
+        "matmul_gflops 0.80 x node-0 < 0.90 (median of 10 turns side by side), confirmed" in verdict.evicted["node-1"]
+    )
+
+
+def test_a_confirmation_close_to_the_threshold_is_measured_once_more() -> None:
+    first = batch(3, node_1=node(matmul_gflops=0.8))
+    kinds = dict.fromkeys(first, "")
+    suspicion = suspect(first, RULES, kinds)
+    ref = turns(*DRIFT)
+    close = {"node-0": ref, "node-1": turns(*(d * 0.88 for d in DRIFT))}
+    assert suspicion.unsure(RULES, kinds, close) == Recheck(["node-0", "node-1"])
+    # clear cases cost nothing more: 0.8 (held) or 0.99 (cleared) of the reference node in the same turns
+    for scale in (0.8, 0.99):
+        assert (
+            suspicion.unsure(RULES, kinds, {"node-0": ref, "node-1": turns(*(d * scale for d in DRIFT))}) == Recheck()
+        )
+    # measured again, the verdict takes all the turns: ten more at 0.97 clear a node that was 0.88 in ten
+    pooled = {"node-0": ref + ref, "node-1": close["node-1"] + turns(*(d * 0.97 for d in DRIFT))}
+    again = {n: combine(t) for n, t in pooled.items()}
+    assert decide(first, 3, RULES, again=again, turns=pooled).cleared == ["node-1"]
+
+
+def test_the_judge_asks_for_the_third_round_only_after_the_second() -> None:
+    from trainyard.burnin.judge import Judge
+    from trainyard.burnin.protocol import BurnInRun
+
+    first = batch(3, node_1=node(matmul_gflops=0.8))
+    judge = Judge(RULES, 3, dict.fromkeys(first, ""), {}, True)
+    probed = BurnInRun(local={n: dict(f) for n, f in first.items()})
+    assert judge.recheck(probed) == Recheck(["node-0", "node-1"], [])
+    probed.again_turns = {"node-0": turns(*DRIFT), "node-1": turns(*(d * 0.91 for d in DRIFT))}
+    assert judge.recheck(probed) == Recheck(["node-0", "node-1"])
+    probed.again_turns["node-1"] = turns(*(d * 0.75 for d in DRIFT))
+    assert judge.recheck(probed) == Recheck()
+    probed.again = {n: combine(t) for n, t in probed.again_turns.items()}
+    assert judge.verdict(list(first), probed).evicted["node-1"].endswith("side by side), confirmed")
+
+
 def test_a_whole_bad_batch_is_judged_against_the_fleet_history() -> None:
     fleet = {"": {"matmul_gflops": 120.0, "membw_gbps": 15.0}}
     slow = node(matmul_gflops=0.7)

@@ -7,7 +7,8 @@ cluster it costs little. Then every node that reported joins one group for
 the all-reduce and the pairwise link test. A node below a threshold is only a
 suspect: ``recheck`` (the verdict's) names whom to probe again, one at a
 time, with the reference node, and which links to test again, and the
-verdict is made on both rounds. A node that does not start or answer within
+verdict is made on both rounds (a suspect the second round left unsure is
+probed a third time). A node that does not start or answer within
 its deadline is dead and is stopped; nothing outlives the stage. Every value
 is signed with the candidate's per-run key (``trainyard.burnin.sealing``): a
 value someone else wrote fails the stage, it never decides a node's fate.
@@ -60,7 +61,9 @@ class BurnInRun:
     """Node -> partner -> GB/s of the pairwise link test."""
     dead: dict[str, str] = field(default_factory=dict)
     again: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """The confirmation round's local figures (suspects and the reference node)."""
+    """The confirmation round's local figures (suspects and the reference node): the median of ``again_turns``."""
+    again_turns: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """The same, turn by turn (the verdict pairs a suspect's turns with its reference node's)."""
     links_again: dict[str, dict[str, float]] = field(default_factory=dict)
     seconds: float = 0.0
 
@@ -88,9 +91,10 @@ class Schedule:
     def budget(self, cfg: PressureTestSpec) -> float:
         """How long a candidate may wait on the store before it gives up on the orchestrator.
 
-        Three times the duration: a confirmation round can follow the first, twice as long per node.
+        Four times the duration: a confirmation round, twice as long per node,
+        can follow the first, and a third as long for the suspects it left unsure.
         """
-        return STARTUP_S + 3 * cfg.duration_s + 6 * self.grace_s
+        return STARTUP_S + 4 * cfg.duration_s + 6 * self.grace_s
 
 
 MAX_PAIR_ROUNDS = 8
@@ -183,20 +187,22 @@ class Conductor:
         wait = seconds + grace_s
         return self.answer(name, i, time.monotonic() + wait, f"no report within {wait:.1f} s")
 
-    def probe_in_turns(self, names: list[str], plan: Schedule, round_: int, turns: int) -> dict[str, dict[str, Any]]:
+    def probe_in_turns(
+        self, names: list[str], plan: Schedule, round_: int, turns: int
+    ) -> dict[str, list[dict[str, Any]]]:
         """Each node's local probes in ``turns`` short turns of a slot's share, the nodes one after another in each.
 
         A machine whose speed drifts (a neighbour's load, a clock that boosts
         for a few seconds) then drifts for every node alike, where one long
         slot each would pin the drift on whoever had the slow seconds. A
-        node's figure is the median of its turns.
+        node's figure is the median of its turns (``combine``).
         """
         reports: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
         for _ in range(turns):
             for name in self.alive(names):
                 if (report := self.probe(name, plan.slot_s / TURNS, round_, plan.grace_s)) is not None:
                     reports[name].append(report)
-        return {n: combine(r) for n, r in reports.items() if r and n not in self.result.dead}
+        return {n: r for n, r in reports.items() if r and n not in self.result.dead}
 
     def together(self, members: list[str], instruction: dict[str, Any], budget_s: float, late: str) -> dict[str, Any]:
         """Give every member the same group instruction; their answers."""
@@ -219,7 +225,9 @@ def run_protocol(
 
     ``keys`` holds each candidate's per-run key: what it signs with, and what
     the orchestrator signs its instructions to it with. ``recheck`` decides,
-    from the first round, whom the confirmation round probes again. ``shared``:
+    from the first round, whom the confirmation round probes again and, asked
+    again after it, whom it left unsure: those get a third round as long as the
+    second, and are judged on both. ``shared``:
     the candidates share this host's cores (local), so pairs take turns too.
     """
     started = time.monotonic()
@@ -234,13 +242,18 @@ def run_protocol(
             else:
                 late = f"did not start within {min(cfg.timeout_s, startup_s):.0f} s"
                 result.dead[name] = _dead(store, name, keys[name], late)
-        result.local = conductor.probe_in_turns(conductor.alive(), plan, 1, TURNS)
+        result.local = _medians(conductor.probe_in_turns(conductor.alive(), plan, 1, TURNS))
         members = conductor.alive([n for n in nodes if n in result.local])
         if len(members) > 1:
             group_tests(conductor, members, cfg, plan, shared)
         again = recheck(result) if recheck else Recheck()
         if again.local:
-            result.again = conductor.probe_in_turns(conductor.alive(again.local), plan, 2, TURNS_AGAIN)
+            result.again_turns = conductor.probe_in_turns(conductor.alive(again.local), plan, 2, TURNS_AGAIN)
+            unsure = recheck(result).local if recheck and result.again_turns else []
+            for name, turns in conductor.probe_in_turns(conductor.alive(unsure), plan, 3, TURNS_AGAIN).items():
+                result.again_turns.setdefault(name, []).extend(turns)
+            result.again_turns = {n: t for n, t in result.again_turns.items() if n not in result.dead}
+            result.again = _medians(result.again_turns)
         if len(again.links) > 2 and len(conductor.alive(members)) == len(members):
             # as the local probes' confirmation: twice the time, in interleaved turns
             rounds = pair_rounds(again.links, shared=shared, passes=PAIR_TURNS_AGAIN)
@@ -255,6 +268,10 @@ def run_protocol(
             node.kill()
     result.seconds = round(time.monotonic() - started, 3)
     return result
+
+
+def _medians(turns: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    return {n: combine(r) for n, r in turns.items()}
 
 
 def group_tests(conductor: Conductor, members: list[str], cfg: PressureTestSpec, plan: Schedule, shared: bool) -> None:

@@ -5,9 +5,12 @@ above a limit (ECC errors, temperature, throttling), or below ``ratio`` x the
 reference of its kind. A node that fails a rule is only a *suspect*: the
 confirmation round probes it again, one node at a time, together with the
 reference node (the best-measured healthy one), in turns beside it, and the
-node is evicted only when the deficit holds. Where the reference node itself
-measures lower the second time, the machine got busier, and that lower
-figure is the second round's reference.
+node is evicted only when the deficit holds. The second round compares the
+suspect with the reference node turn by turn (the median of its figure over
+the reference node's in the same turn), so a machine whose speed drifts
+drifts for both. A suspect whose ratio lands within ``UNSURE`` of the rule's
+ratio is measured once more, and the verdict is made on all its turns: on a
+shared 2-core host one turn's ratio swings by a tenth, as much as the margin.
 
 The reference a node is compared with is, per probe and node kind, the
 batch's: its median with three or more nodes of the kind, else its best node
@@ -39,6 +42,9 @@ if TYPE_CHECKING:
     from trainyard.spec import PressureTestSpec
 
 Figures = Mapping[str, float]
+
+UNSURE = 0.05
+"""A confirmation whose turn-by-turn ratio lies within this of the rule's ratio is measured once more."""
 
 LINK = "link_gbps"
 """The per-node figure of the pairwise link test: the best bandwidth the node reached with any partner.
@@ -227,6 +233,41 @@ class Suspicion:
         others = sorted((n for n in self.score if n not in links), key=lambda n: (n in self.failed, -self.score[n], n))
         return Recheck(with_refs, sorted({*links, *others[:2]}))
 
+    def side_by_side(
+        self, node: str, rule: Rule, kinds: Mapping[str, str], turns: Mapping[str, Sequence[Figures]]
+    ) -> tuple[float, int] | None:
+        """``node``'s figure over its reference node's, turn by turn in the confirmation round: (median, turns).
+
+        ``None`` where there is nothing to pair: a limit or floor, no turns,
+        the node is its own reference, or the reference node failed the probe
+        too (a whole bad batch: the first reference, the history, stands).
+        """
+        ref_node = self.reference_node.get(kinds[node])
+        if rule.ratio is None or ref_node in (None, node) or rule.probe in self.failed.get(ref_node or "", {}):
+            return None
+        pairs = zip(turns.get(node, ()), turns.get(ref_node or "", ()))
+        ratios = [s[rule.probe] / r[rule.probe] for s, r in pairs if rule.probe in s and r.get(rule.probe, 0) > 0]
+        return (statistics.median(ratios), len(ratios)) if ratios else None
+
+    def unsure(self, rules: list[Rule], kinds: Mapping[str, str], turns: Mapping[str, Sequence[Figures]]) -> Recheck:
+        """Suspects whose confirmation lies within ``UNSURE`` of a rule's ratio, with their reference nodes.
+
+        Measured once more, they are judged on all their turns: a
+        sequential test, which costs a clear case nothing.
+        """
+        close = sorted(
+            node
+            for node, why in self.failed.items()
+            for rule in rules
+            if rule.probe in why
+            and rule.ratio is not None
+            and (side := self.side_by_side(node, rule, kinds, turns)) is not None
+            and abs(side[0] - rule.ratio) < UNSURE
+        )
+        if not close:
+            return Recheck()
+        return Recheck(sorted({self.reference_node[kinds[n]] for n in close} - set(close)) + sorted(set(close)))
+
 
 def suspect(
     figures: Mapping[str, Figures],
@@ -266,6 +307,8 @@ class Verdict:
     """Node -> why the first round suspected it (evicted or cleared)."""
     again: dict[str, dict[str, float]] = field(default_factory=dict)
     """The confirmation round's figures."""
+    beside: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Suspect -> probe -> its figure over its reference node's, turn by turn in the confirmation round (median)."""
 
     def state(self, node: str) -> str:
         """``train``, ``spare`` or ``evicted``."""
@@ -293,12 +336,14 @@ def decide(
     kinds: Mapping[str, str] | None = None,
     fleet: Mapping[str, Mapping[str, float]] | None = None,
     shared: bool = False,
+    turns: Mapping[str, Sequence[Figures]] | None = None,
 ) -> Verdict:
     """Judge each candidate (``None`` figures: it reported nothing; ``dead`` says why).
 
     ``again`` holds the confirmation round's figures (the suspects' and the
     reference nodes'); without them a suspect stays evicted, as a deficit no
-    one re-measured.
+    one re-measured. ``turns``: the same round turn by turn, which a
+    suspect is judged on beside its reference node where there are any.
     """
     dead = dict(dead or {})
     alive = {n: f for n, f in figures.items() if f is not None and n not in dead}
@@ -306,7 +351,7 @@ def decide(
     first = suspect(alive, rules, kinds, fleet, shared)
     evicted = {n: f"dead: {dead.get(n, 'no report within the timeout')}" for n in figures if n not in alive}
     for node, why in first.failed.items():
-        held = _held(node, why, first, rules, kinds, again)
+        held = _held(node, why, first, rules, kinds, again, turns or {})
         if held:
             evicted[node] = "; ".join(held)
     passing = sorted((n for n in alive if n not in evicted), key=lambda n: (-first.score[n], n))
@@ -318,6 +363,14 @@ def decide(
         spare=passing[need:],
         suspects={n: "; ".join(why.values()) for n, why in first.failed.items()},
         again={n: dict(f) for n, f in (again or {}).items()},
+        beside={
+            n: {
+                r.probe: round(side[0], 3)
+                for r in rules
+                if r.probe in why and (side := first.side_by_side(n, r, kinds, turns or {}))
+            }
+            for n, why in first.failed.items()
+        },
     )
 
 
@@ -328,6 +381,7 @@ def _held(
     rules: list[Rule],
     kinds: Mapping[str, str],
     again: Mapping[str, Figures] | None,
+    turns: Mapping[str, Sequence[Figures]],
 ) -> list[str]:
     """Which of the first round's failures the confirmation round confirmed (all of them without one)."""
     if again is None:
@@ -339,6 +393,16 @@ def _held(
     for rule in (r for r in rules if r.probe in why):
         if rule.probe not in second:
             continue  # not measured again (too few nodes for a second link test): an unconfirmed suspicion
+        if (side := first.side_by_side(node, rule, kinds, turns)) is not None:
+            ratio, count = side
+            if (below := Rule(rule.probe, rule.floor).fails(second[rule.probe], None)) is not None:
+                held.append(f"{below}, confirmed")
+            elif ratio < (rule.ratio or 0.0):
+                held.append(
+                    f"straggler: {rule.probe} {ratio:.2f} x {ref_node} < {rule.ratio:.2f}"
+                    f" (median of {count} turns side by side), confirmed"
+                )
+            continue
         ref = refs.get(rule.probe)
         if ref is not None and rule.ratio is not None and rule.probe not in first.failed.get(ref_node or "", {}):
             ref = _remeasured(ref, rule.probe, ref_node, again)
