@@ -18,7 +18,8 @@
     evicted (goal 1.0).
 (e) ``burnin_s_per_node``: the stage's median seconds per node over the
     healthy pairs, and ``healthy_second_rounds``: how many of those needed a
-    confirmation round (a healthy batch should need none).
+    confirmation round (a healthy batch should need none); ``third_rounds``:
+    the burn-ins of the whole bench whose confirmation left a suspect unsure.
 
 Every burn-in runs as the stage runs it: the same judge, the same fleet history
 (under one temporary hot tier for the whole bench). Prints one JSON line last.
@@ -41,6 +42,7 @@ from trainyard.burnin.fleet import Fleet, record_verdict
 from trainyard.burnin.judge import Judge
 from trainyard.burnin.local import run_burn_in
 from trainyard.burnin.probes import matmul_gflops
+from trainyard.burnin.protocol import TURNS_AGAIN
 from trainyard.burnin.verdict import Verdict, rules_of
 from trainyard.spec import PressureTestSpec
 
@@ -87,7 +89,7 @@ class Bench:
     """Burn-ins the way the stage runs them, sharing one hot tier and its fleet history."""
 
     def __init__(self, root: Path, duration: float):
-        self.root, self.count = root, 0
+        self.root, self.count, self.third_rounds = root, 0, 0
         self.fleet = Fleet(root / "hot" / ".fleet")
         # the demo's probe sizes (its all-reduce sizes are the spec's default: the link test sends 8 MiB)
         self.cfg = PressureTestSpec(duration_s=duration, matmul_size=128, membw_mb=16, disk_mb=32)
@@ -101,6 +103,7 @@ class Bench:
             nodes, self.cfg, self.root / "hot", self.root / f"logs-{self.count}", drills, judge.recheck
         )
         verdict = judge.verdict(nodes, probed)
+        self.third_rounds += any(len(turns) > TURNS_AGAIN for turns in probed.again_turns.values())
         record_verdict(self.fleet, verdict, kinds, at=time.time(), run_id=f"bench-{self.count}", drills=drills)
         return verdict, probed.seconds, bool(probed.again or probed.links_again)
 
@@ -116,7 +119,10 @@ def drill_trials(
         verdict, seconds, _ = bench.burn(nodes, {slow: (fault, factor)})
         hit, wrong = slow in verdict.evicted, [n for n in verdict.evicted if n != slow]
         for node in [*wrong, *([] if hit else [slow])]:  # what a wrong verdict saw, for whoever reruns this
-            print(f"  {node}: {verdict.suspects.get(node) or 'not suspected'}; again {verdict.again.get(node)}")
+            print(
+                f"  {node}: {verdict.suspects.get(node) or 'not suspected'}; again {verdict.again.get(node)};"
+                f" beside the reference node {verdict.beside.get(node)}"
+            )
         detected += hit
         exact += hit and not wrong
         false += len(wrong)
@@ -175,6 +181,7 @@ def main() -> None:
         "link_trials": args.link_trials,
         "burnin_s_per_node": round(statistics.median(per_node), 2) if per_node else None,
         "healthy_second_rounds": second,
+        "third_rounds": bench.third_rounds,
         "seconds": round(time.monotonic() - began),
     }
     if gpu is not None:
