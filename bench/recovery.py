@@ -10,7 +10,10 @@ step ``--kill-at``:
   Its survivors' agents sometimes never complete that re-rendezvous (seen here
   with blocking and with background saves), so it gets ``--torchrun-grace``
   seconds after the fault to resume; if it does not, its figures are null and
-  ``torchrun_resumed`` is false.
+  ``torchrun_resumed`` is false. It gets ``--torchrun-limit`` seconds in all
+  (3x trainyard's run plus the grace): one that resumed and then stalled is
+  stopped, ``torchrun_finished`` false and its ETTR null; its agents' logs
+  (``torchrun-node-N.log``) are printed to stderr then.
 Both write the same ledger (the workload's step, drill and resume events), so
 the figures come from the same events. A second trainyard run hangs node-2
 instead, for ``hang_detection_s``. Prints one JSON line last.
@@ -89,7 +92,9 @@ def trainyard_run(root: Path, steps: int, at: int, fault: str, node: str, hb: fl
     return {**recovery_figures(run.ledger), "wall_s": wall, "save_blocked_s": round(sum(blocked) / len(blocked), 3)}
 
 
-def torchrun_run(root: Path, steps: int, at: int, every: int, background: bool, grace_s: float) -> dict:
+def torchrun_run(root: Path, steps: int, at: int, every: int, background: bool, grace_s: float, limit_s: float) -> dict:
+    """torchrun's figures; ``resumed``/``finished`` false where it did not resume within ``grace_s`` of the
+    fault or did not finish within ``limit_s`` in all (its agents' logs, kept under ``root``, say why)."""
     data = root / "data"
     write_synthetic_corpus(data, shards=2, tokens_per_shard=16_384)
     with socket.socket() as sock:
@@ -115,6 +120,7 @@ def torchrun_run(root: Path, steps: int, at: int, every: int, background: bool, 
     }
     Ledger(ledger).append("train", "stage_start")
     started = time.monotonic()
+    logs = [(root / f"torchrun-node-{i}.log").open("wb") for i in range(3)]
     agents = [
         subprocess.Popen(
             [
@@ -134,42 +140,52 @@ def torchrun_run(root: Path, steps: int, at: int, every: int, background: bool, 
                 *ARGS,
             ],
             env={**env, "TRAINYARD_NODE": f"node-{i}"},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stdout=logs[i],
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         for i in range(3)
     ]
+    for log in logs:
+        log.close()  # the agents hold their own copies
+    stopped = ""
     try:
         while any(agents[i].poll() is None for i in (0, 2)):
             fired = list(Ledger(ledger).events("train", "drill_fired"))
             if fired and time.time() - fired[0]["ts"] > grace_s and not resumed_after(ledger, fired[0]["ts"]):
-                print(f"torchrun: no resume {grace_s:.0f} s after the fault; stopped", file=sys.stderr)
-                return {
-                    "resume_delay_s": None,
-                    "lost_steps": None,
-                    "ettr": None,
-                    "restart_detected_s": None,
-                    "resumed": False,
-                }
+                stopped = f"no resume {grace_s:.0f} s after the fault"
+                break
+            if time.monotonic() - started > limit_s:
+                stopped = f"not finished within {limit_s:.0f} s"
+                break
             time.sleep(1)
     finally:
         for agent in agents:  # with its workers, which torchrun starts in sessions of their own
             signal_all(process_tree(agent.pid), signal.SIGKILL)
+    if stopped:
+        print(f"torchrun: {stopped}; stopped. Its agents' last words:", file=sys.stderr)
+        for i in range(3):
+            tail = (root / f"torchrun-node-{i}.log").read_text(errors="replace").splitlines()[-15:]
+            print(f"--- node-{i}\n" + "\n".join(tail), file=sys.stderr)
     Ledger(ledger).append("train", "stage_end", seconds=round(time.monotonic() - started, 3))
     events = list(Ledger(ledger).events("train"))
-    fault = next(e for e in events if e["event"] == "drill_fired")
-    after = [e for e in events if e["ts"] > fault["ts"]]
-    resumed = next(e for e in after if e["event"] == "resumed")
-    first = next(e for e in after if e["event"] == "step" and e["ts"] > resumed["ts"])
+    fault = next((e for e in events if e["event"] == "drill_fired"), None)
+    after = [e for e in events if fault and e["ts"] > fault["ts"]]
+    resumed = next((e for e in after if e["event"] == "resumed"), None)
+    first = next((e for e in after if resumed and e["event"] == "step" and e["ts"] > resumed["ts"]), None)
+    if fault is None or resumed is None or first is None:
+        return {"resume_delay_s": None, "lost_steps": None, "ettr": None, "restart_detected_s": None,
+                "resumed": False, "finished": False, "stopped": stopped}  # fmt: skip
     before = max(e["step"] for e in events if e["event"] == "step" and e["ts"] <= fault["ts"])
-    figures = recovery_figures(Ledger(ledger))  # ETTR: the same definition on the same events
     return {
         "resume_delay_s": round(first["ts"] - fault["ts"], 3),
         "lost_steps": before - resumed["step"],
-        "ettr": figures["ettr"],
+        # ETTR: the same definition on the same events, for a run that finished
+        "ettr": None if stopped else recovery_figures(Ledger(ledger))["ettr"],
         "restart_detected_s": round(resumed["ts"] - fault["ts"], 3),
         "resumed": True,
+        "finished": not stopped,
+        "stopped": stopped,
     }
 
 
@@ -185,6 +201,9 @@ def main() -> None:
     parser.add_argument("--checkpoint-every", type=int, default=5)
     parser.add_argument("--sync", action="store_true", help="blocking checkpoint saves")
     parser.add_argument("--torchrun-grace", type=float, default=300.0, help="seconds torchrun gets to resume")
+    parser.add_argument(
+        "--torchrun-limit", type=float, help="seconds torchrun gets in all (default: 3x trainyard's run, + the grace)"
+    )
     args = parser.parse_args()
     saves = (args.checkpoint_every, not args.sync)
     with tempfile.TemporaryDirectory() as tmp:
@@ -193,7 +212,8 @@ def main() -> None:
         hang = trainyard_run(Path(tmp) / "hang", args.steps // 3, args.kill_at // 3, "hang", "node-2",
                              args.heartbeat_timeout, *saves)  # fmt: skip
         print(f"trainyard: {json.dumps(ours)}\nhang: {json.dumps(hang)}", file=sys.stderr)  # kept if the baseline fails
-        theirs = torchrun_run(Path(tmp) / "torchrun", args.steps, args.kill_at, *saves, args.torchrun_grace)
+        limit = args.torchrun_limit or 3 * ours["wall_s"] + args.torchrun_grace
+        theirs = torchrun_run(Path(tmp) / "torchrun", args.steps, args.kill_at, *saves, args.torchrun_grace, limit)
     print(f"one fault in {ours['wall_s']:.0f} s of training")
     print(
         f"trainyard: detection {ours['detection_s']} s, resume delay {ours['resume_delay_s']} s,"
@@ -219,6 +239,7 @@ def main() -> None:
                 if theirs["resumed"]
                 else None,
                 "torchrun_resumed": theirs["resumed"],
+                "torchrun_finished": theirs["finished"],
                 "lost_steps": ours["lost_steps"],
                 "ettr": ours["ettr"],
                 "torchrun_resume_delay_s": theirs["resume_delay_s"],
