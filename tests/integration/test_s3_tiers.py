@@ -73,6 +73,28 @@ def test_large_objects_move_in_parallel_ranges_and_parts(s3_server, bucket: str,
     assert (tmp_path / "hot" / "big.bin").read_bytes() == data
 
 
+def test_a_stage_with_a_stream_per_large_object_fetches_them_whole(s3_server, bucket: str, tmp_path: Path) -> None:
+    blobs = {f"big-{i}.bin": os.urandom((6 << 20) + i) for i in range(3)}
+    up = tier(s3_server, bucket, part_size=5 << 20)
+    for name, data in blobs.items():
+        (tmp_path / name).write_bytes(data)
+        up.upload(tmp_path / name, name)
+    down = tier(s3_server, bucket, part_size=4 << 20)
+    ranged: list[str] = []
+    whole_ranged = down._ranged
+
+    def counting(key, dest, expect, durable=True):
+        ranged.append(key)
+        return whole_ranged(key, dest, expect, durable)
+
+    down._ranged = counting  # type: ignore[method-assign]
+    stage(down, tmp_path / "hot", concurrency=2)
+    # three objects over a part on two streams: the largest has a stream to itself throughout; the last two
+    # would leave a stream idle, so they may come in ranges
+    assert sorted(ranged) == ["big-0.bin", "big-1.bin"]
+    assert {n: (tmp_path / "hot" / n).read_bytes() == d for n, d in blobs.items()} == dict.fromkeys(blobs, True)
+
+
 def test_a_corrupt_object_fails_verification_and_leaves_nothing(s3_server, bucket: str, tmp_path: Path) -> None:
     client = s3_server.client()
     client.put_object(bucket, "ds/bad.tok", io.BytesIO(b"real bytes"), 10, metadata={"sha256": "0" * 64})
@@ -133,11 +155,11 @@ def test_server_outage_gives_bounded_retries_then_rerun_completes(s3_server, buc
     done: list[str] = []
     original = source.download
 
-    def download_then_outage(key, dest, expect=None, durable=True):
+    def download_then_outage(key, dest, expect=None, durable=True, split=True):
         if len(done) == 2:
             s3_server.stop()  # the server goes away mid-stage
         done.append(key)
-        return original(key, dest, expect, durable)
+        return original(key, dest, expect, durable, split)
 
     source.download = download_then_outage  # type: ignore[method-assign]
     try:
@@ -161,11 +183,11 @@ def test_a_killed_stage_resumes_without_repeating_finished_shards(s3_server, buc
         s = S3Settings.from_endpoint_url("http://127.0.0.1:{s3_server.port}", "k", "s", "us-east-1")
         tier = S3Tier("s3://{bucket}/ds", s)
         real, count = tier.download, [0]
-        def download(key, dest, expect=None, durable=True):
+        def download(key, dest, expect=None, durable=True, split=True):
             if count[0] == 3:
                 os.kill(os.getpid(), signal.SIGKILL)  # killed mid-stage, like an evicted worker
             count[0] += 1
-            return real(key, dest, expect, durable)
+            return real(key, dest, expect, durable, split)
         tier.download = download
         stage(tier, Path({str(hot)!r}), concurrency=1)
     """)

@@ -144,9 +144,11 @@ def test_a_boot_less_manifest_says_this_boot_before_unsynced_copies_replace_its_
     seen: list[object] = []
 
     class Watching(LocalTier):
-        def download(self, key: str, dest: Path, expect: ObjectInfo | None = None, durable: bool = True) -> Landed:
+        def download(
+            self, key: str, dest: Path, expect: ObjectInfo | None = None, durable: bool = True, split: bool = True
+        ) -> Landed:
             seen.append(manifest(hot).get("boot_id"))  # what a crash right now would leave
-            return super().download(key, dest, expect, durable=durable)
+            return super().download(key, dest, expect, durable=durable, split=split)
 
     booted("boot-A")
     assert stage(Watching(source.root), hot).transferred == 1
@@ -157,10 +159,12 @@ def test_a_journal_line_from_another_boot_is_not_trusted(tmp_path: Path, booted)
     source = make_source(tmp_path / "cold", {f"{k}.tok": k.encode() * 100 for k in "abcde"})
 
     class FailsOnC(LocalTier):
-        def download(self, key: str, dest: Path, expect: ObjectInfo | None = None, durable: bool = True) -> Landed:
+        def download(
+            self, key: str, dest: Path, expect: ObjectInfo | None = None, durable: bool = True, split: bool = True
+        ) -> Landed:
             if key == "c.tok":
                 raise OSError("disk hiccup on c.tok")
-            return super().download(key, dest, expect, durable=durable)
+            return super().download(key, dest, expect, durable=durable, split=split)
 
     hot = tmp_path / "hot"
     booted("boot-A")
@@ -180,10 +184,12 @@ def test_a_journal_line_from_this_boot_is_trusted(tmp_path: Path, booted) -> Non
     source = make_source(tmp_path / "cold", {f"{k}.tok": k.encode() * 100 for k in "abcde"})
 
     class FailsOnC(LocalTier):
-        def download(self, key: str, dest: Path, expect: ObjectInfo | None = None, durable: bool = True) -> Landed:
+        def download(
+            self, key: str, dest: Path, expect: ObjectInfo | None = None, durable: bool = True, split: bool = True
+        ) -> Landed:
             if key == "c.tok":
                 raise OSError("disk hiccup on c.tok")
-            return super().download(key, dest, expect, durable=durable)
+            return super().download(key, dest, expect, durable=durable, split=split)
 
     booted("boot-A")
     with pytest.raises(OSError, match="disk hiccup"):

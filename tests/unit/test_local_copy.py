@@ -200,10 +200,12 @@ def test_objects_finished_before_a_failure_are_journaled_and_skipped_on_rerun(tm
     source = make_source(tmp_path / "cold", {f"{k}.tok": k.encode() * 100 for k in "abcde"})
 
     class FailsOnC(LocalTier):
-        def download(self, key: str, dest: Path, expect: ObjectInfo | None = None, durable: bool = True) -> Landed:
+        def download(
+            self, key: str, dest: Path, expect: ObjectInfo | None = None, durable: bool = True, split: bool = True
+        ) -> Landed:
             if key == "c.tok":
                 raise OSError("disk hiccup on c.tok")
-            return super().download(key, dest, expect, durable)
+            return super().download(key, dest, expect, durable, split)
 
     with pytest.raises(OSError, match="disk hiccup"):
         stage(FailsOnC(source.root), tmp_path / "hot", concurrency=8)
@@ -242,9 +244,11 @@ def test_many_small_objects_are_in_flight_at_once(tmp_path: Path) -> None:
     source = make_source(tmp_path / "cold", {f"o{i:03d}.tok": b"x" * 4096 for i in range(48)})
 
     class Meeting(LocalTier):
-        def download(self, key: str, dest: Path, expect: ObjectInfo | None = None, durable: bool = True) -> Landed:
+        def download(
+            self, key: str, dest: Path, expect: ObjectInfo | None = None, durable: bool = True, split: bool = True
+        ) -> Landed:
             barrier.wait()
-            return super().download(key, dest, expect, durable)
+            return super().download(key, dest, expect, durable, split)
 
     result = stage(Meeting(source.root), tmp_path / "hot", concurrency=4)
     assert result.transferred == 48

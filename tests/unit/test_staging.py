@@ -72,7 +72,7 @@ def test_empty_source_is_a_data_error(tmp_path: Path) -> None:
 
 def test_no_partial_file_under_its_final_name(tmp_path: Path) -> None:
     class Broken(LocalTier):
-        def download(self, key, dest, expect=None, durable=True):  # the copy fails verification half-way
+        def download(self, key, dest, expect=None, durable=True, split=True):  # the copy fails verification half-way
             from trainyard.storage.hashing import write_verified
 
             with (self.root / key).open("rb") as stream:
@@ -95,7 +95,7 @@ class Untrusted(LocalTier):
         super().__init__(root)
         self.expects: list[ObjectInfo | None] = []
 
-    def download(self, key, dest, expect=None, durable=True):
+    def download(self, key, dest, expect=None, durable=True, split=True):
         from trainyard.storage.checksums import FIRST_FETCH, Check
         from trainyard.storage.hashing import write_verified
 
@@ -149,3 +149,26 @@ def test_symlink_escape_is_refused(tmp_path: Path) -> None:
     (tmp_path / "root" / "link").symlink_to(tmp_path)
     with pytest.raises(DataError, match="resolves outside"):
         key_path(tmp_path / "root", "link/secret")
+
+
+def test_large_objects_come_whole_while_every_stream_has_one_and_only_the_last_may_be_split(tmp_path: Path) -> None:
+    class Recording(LocalTier):
+        def __init__(self, root: Path):
+            super().__init__(root)
+            self.split: dict[str, bool] = {}
+
+        def download(self, key, dest, expect=None, durable=True, split=True):
+            self.split[key] = split
+            return super().download(key, dest, expect, durable, split)
+
+    mib = 1 << 20
+    files = {f"big-{i}.bin": bytes([i]) * (mib * (7 - i)) for i in range(6)} | {"small.tok": b"s" * 100}
+    source = Recording(make_source(tmp_path / "cold", files).root)
+    stage(source, tmp_path / "hot", concurrency=4)
+    # six large objects on four streams: the two largest have a stream each for their whole transfer; the last
+    # four would leave streams idle as the stage ends, so they may come in ranges.
+    assert {k: v for k, v in source.split.items() if k.startswith("big")} == {
+        "big-0.bin": False, "big-1.bin": False, "big-2.bin": True, "big-3.bin": True, "big-4.bin": True,
+        "big-5.bin": True,
+    }  # fmt: skip
+    assert len(read_staged(tmp_path / "hot")) == 7

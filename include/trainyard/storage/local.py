@@ -33,7 +33,9 @@ class LocalTier:
                 found.append(ObjectInfo(key=key, size=st.st_size, version=f"{st.st_size}-{st.st_mtime_ns}"))
         return sorted(found, key=lambda o: o.key)
 
-    def download(self, key: str, dest: Path, expect: ObjectInfo | None = None, durable: bool = True) -> Landed:
+    def download(
+        self, key: str, dest: Path, expect: ObjectInfo | None = None, durable: bool = True, split: bool = True
+    ) -> Landed:
         # xxh3-128 unless a digest recorded earlier (or a sha256) says which hash the copy must match.
         wanted = (expect.digest or (f"sha256:{expect.sha256}" if expect.sha256 else None)) if expect else None
         size, digest = copy_file_verified(

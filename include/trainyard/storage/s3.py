@@ -197,12 +197,14 @@ class S3Tier:
         meta = {k.lower(): v for k, v in (st.metadata or {}).items()}
         return ObjectInfo(key, st.size, st.etag, meta.get(f"x-amz-meta-{SHA_META}"))
 
-    def download(self, key: str, dest: Path, expect: ObjectInfo | None = None, durable: bool = True) -> Landed:
+    def download(
+        self, key: str, dest: Path, expect: ObjectInfo | None = None, durable: bool = True, split: bool = True
+    ) -> Landed:
         """One object to ``dest``, verified by the best check its store offers (``checksums.choose_check``).
 
-        ``durable``: fsynced before the rename (``Tier.download``)."""
+        ``durable``, ``split``: as ``Tier.download``."""
         check_key(key)
-        if expect is not None and expect.size > self.part_size:
+        if split and expect is not None and expect.size > self.part_size:
             return self._ranged(key, dest, expect, durable)
         return self.retry.call(f"download {self._name(key)}", lambda: self._whole(key, dest, expect, durable))
 

@@ -362,10 +362,16 @@ def _transfer(
         journal.add(obj.key, dests[obj.key], entries[obj.key])
         progress.add(landed.size)
 
+    large = sorted((o for o in todo if o.size >= SMALL_OBJECT), key=lambda o: -o.size)  # the longest start first
+    # While each of the large pool's threads has an object of its own, ranges would only add requests (and on
+    # a server that reads the whole object for each range, work): only the last objects, which would leave
+    # threads idle, may come in parallel ranges.
+    whole = len(large) - large_threads
     try:
-        for obj in sorted(todo, key=lambda o: -o.size):  # largest first: the longest transfers start first
+        for i, obj in enumerate([*large, *(o for o in todo if o.size < SMALL_OBJECT)]):
             pool = pools[obj.size < SMALL_OBJECT]
-            futures[pool.submit(source.download, obj.key, dests[obj.key], obj, durable=durable)] = obj
+            split = i >= whole
+            futures[pool.submit(source.download, obj.key, dests[obj.key], obj, durable=durable, split=split)] = obj
         arrivals: queue.SimpleQueue[Future[Landed]] = queue.SimpleQueue()  # O(1) per object, unlike wait()
         for future in futures:
             future.add_done_callback(arrivals.put)

@@ -44,11 +44,15 @@ class Tier(Protocol):
         """Every object under ``prefix``, sorted by key."""
         ...
 
-    def download(self, key: str, dest: Path, expect: ObjectInfo | None = None, durable: bool = True) -> Landed:
+    def download(
+        self, key: str, dest: Path, expect: ObjectInfo | None = None, durable: bool = True, split: bool = True
+    ) -> Landed:
         """Copy one object to ``dest`` (temporary name, verified, renamed).
 
         ``durable``: fsynced before the rename. Staging passes False where it records the boot
-        instead (``storage.boot``); everything else keeps the default.
+        instead (``storage.boot``); everything else keeps the default. ``split``: a large
+        object may come in parallel ranges; staging passes False while every stream has an
+        object of its own, where ranges would only add requests.
         """
         ...
 
