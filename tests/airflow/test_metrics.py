@@ -32,7 +32,11 @@ from trainyard.ledger import Ledger
 from trainyard.run import open_run
 
 ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
+# The integration tests' Airflow helpers, by the module name their conftest imports them under: one
+# migrated SQLite template per test session, shared with them.
+sys.path.insert(0, str(ROOT / "tests" / "integration"))
+from airflow_helpers import airflow_env  # noqa: E402
+
 DAG = "nightly.v2"  # a dot, as DAG ids may have: StatsD would read it as one more level
 SPEC = """\
 dataset: {{source: "file://{home}/cold/tiny", name: tiny, hot: "file://{home}/hot"}}
@@ -164,16 +168,8 @@ def test_a_real_task_sends_its_stage_duration(tmp_path: Path, statsd: StatsdServ
     (tmp_path / "dags" / "pipelines").mkdir(parents=True)
     shutil.copy(ROOT / "dags" / "pipelines.py", tmp_path / "dags")
     (tmp_path / "dags" / "pipelines" / "tiny.yaml").write_text(SPEC.format(home=home))
-    env = {
-        **os.environ,
-        **statsd.env(),
-        "AIRFLOW_HOME": str(tmp_path / "airflow"),
-        "TRAINYARD_HOME": str(home),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(tmp_path / "dags"),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "PATH": f"{BIN}:{os.environ['PATH']}",
-    }
-    subprocess.run(["airflow", "db", "migrate"], env=env, check=True, capture_output=True, timeout=300)
+    # A migrated metadata DB: a copy of the session's one (what `airflow db migrate` writes), not a migrate of its own.
+    env = airflow_env(tmp_path, tmp_path / "dags", **statsd.env(), TRAINYARD_HOME=str(home))
     # `tasks test` runs the task in a run of its own, never pinned by pin_spec: the stage pins it itself.
     done = subprocess.run(
         ["airflow", "tasks", "test", "tiny", "stage_dataset", "2026-11-28"],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -84,10 +85,14 @@ def test_three_nodes_converge_and_resume_on_two(tmp_path: Path, data: Path) -> N
     assert sorted(reference) == list(range(1, 13)) and reference[12] < reference[1]
     assert len(read_heartbeats(whole / "hb-1")) == 3
 
+    # What three nodes had saved by step 8 is the whole run's first two checkpoints (the learning rate and the
+    # data order depend on the step only): one 3-node launch fewer than training a separate run to step 8.
     split = tmp_path / "split"
-    supervise(plan(split, data, nodes=3, max_steps=8))
+    for name in ("step_000004", "step_000008"):
+        shutil.copytree(whole / "ckpt" / name, split / "ckpt" / name)
     supervise(plan(split, data, nodes=2, max_steps=12, resume="latest", attempt=2))
     resumed = losses(split)
+    assert sorted(resumed) == list(range(9, 13))  # resumed from the three nodes' step 8, not from scratch
     # The data order and the global batch do not depend on the world size: the curve continues.
     for step in range(9, 13):
         assert resumed[step] == pytest.approx(reference[step], abs=1e-4), step
