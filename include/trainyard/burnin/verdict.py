@@ -395,7 +395,7 @@ def _held(
             continue  # not measured again (too few nodes for a second link test): an unconfirmed suspicion
         if (side := first.side_by_side(node, rule, kinds, turns)) is not None:
             ratio, count = side
-            if (below := Rule(rule.probe, rule.floor).fails(second[rule.probe], None)) is not None:
+            if (below := rule.fails(second[rule.probe], None)) is not None:  # without a reference: the floor alone
                 held.append(f"{below}, confirmed")
             elif ratio < (rule.ratio or 0.0):
                 held.append(
