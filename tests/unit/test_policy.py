@@ -11,6 +11,8 @@ from trainyard.recovery.policy import (
     MAX_DELAY_S,
     AttemptRecord,
     Fail,
+    InPlace,
+    Regroup,
     Retry,
     Rollback,
     ScaleDown,
@@ -36,7 +38,8 @@ def failed(kind: str, *culprits: str, step: int | None = None) -> Classified:
 
 
 def world(count: int = 4, spares: int = 0, min_nodes: int = 1, procs: int = 1, global_batch: int = 12,
-          micro: int = 3, valid: tuple[int, ...] = (), resumed: int | None = None) -> Situation:  # fmt: skip
+          micro: int = 3, valid: tuple[int, ...] = (), resumed: int | None = None,
+          in_place: InPlace | None = None) -> Situation:  # fmt: skip
     return Situation(
         nodes=[f"node-{i}" for i in range(count)],
         spares=[f"node-{count + i}" for i in range(spares)],
@@ -46,6 +49,7 @@ def world(count: int = 4, spares: int = 0, min_nodes: int = 1, procs: int = 1, g
         micro_batch=micro,
         valid_steps=list(valid),
         resumed_from=resumed,
+        in_place=in_place,
     )
 
 
@@ -464,6 +468,145 @@ CASES = [
 ]
 
 
+CAN = InPlace(True)
+ELASTIC = "relaunch, not in place: the script does not use the elastic runtime"
+
+CASES += [
+    # ---- in place first: survivors regroup; each reason it cannot is said in the relaunch decision
+    (
+        "in-place-node-lost",
+        [],
+        failed("node_lost", "node-1", step=40),
+        world(in_place=CAN),
+        policy(),
+        Regroup,
+        {"nodes": ["node-0", "node-2", "node-3"], "joiners": [], "leave_out": ["node-1"], "micro_batch": 2},
+        "node_lost on node-1 (node-1 exit -9; peers lost it: node-0: [rank0]: RuntimeError: Connection closed by"
+        " peer): regroup in place, 4 -> 3 nodes, micro-batch 2 x 2 accumulation, global batch 12 kept;"
+        " survivors keep their state",
+    ),
+    (
+        "in-place-spare-joins",
+        [],
+        failed("hang", "node-2", step=40),
+        world(spares=1, in_place=CAN),
+        policy(),
+        Regroup,
+        {
+            "nodes": ["node-0", "node-1", "node-3", "node-4"],
+            "joiners": ["node-4"],
+            "leave_out": ["node-2"],
+            "micro_batch": 3,
+        },
+        "regroup in place, spare node-4 joins with the survivors' state, 4 nodes kept",
+    ),
+    (
+        "in-place-transient-same-nodes",
+        [],
+        failed("transient"),
+        world(in_place=CAN),
+        policy(),
+        Regroup,
+        {"nodes": NODES, "joiners": [], "leave_out": [], "micro_batch": 3},
+        "regroup in place, the same 4 nodes in a new group",
+    ),
+    (
+        "in-place-not-offered-by-the-attempt",
+        [],
+        failed("node_lost", "node-1"),
+        world(in_place=InPlace(False, "the script does not use the elastic runtime")),
+        policy(),
+        ScaleDown,
+        {"nodes": ["node-0", "node-2", "node-3"]},
+        "scale down 4 -> 3 nodes, micro-batch 2 x 2 accumulation, global batch 12 kept; " + ELASTIC,
+    ),
+    (
+        "in-place-off-in-the-spec",
+        [],
+        failed("node_lost", "node-1"),
+        world(in_place=CAN),
+        policy(in_place=False),
+        ScaleDown,
+        {"nodes": ["node-0", "node-2", "node-3"]},
+        "scale down 4 -> 3 nodes",
+    ),
+    (
+        "in-place-hang-of-unknown-node",
+        [],
+        failed("hang"),
+        world(in_place=CAN),
+        policy(),
+        Retry,
+        {},
+        "relaunch, not in place: the silent node of the hang is not known",
+    ),
+    (
+        "in-place-no-progress-since-the-last-regroup",
+        [],
+        failed("node_lost", "node-2", step=40),
+        world(in_place=InPlace(True, regroups=[("node_lost", 40)])),
+        policy(),
+        ScaleDown,
+        {"nodes": ["node-0", "node-1", "node-3"]},
+        "relaunch, not in place: node_lost again at step 40, where the last regroup resumed",
+    ),
+    (
+        "in-place-too-often",
+        [],
+        failed("transient", step=90),
+        world(
+            in_place=InPlace(
+                True, regroups=[("transient", 10), ("node_lost", 20), ("transient", 30), ("transient", 60)]
+            )
+        ),
+        policy(),
+        Retry,
+        {},
+        "relaunch, not in place: transient regrouped in place 3 times in this attempt already",
+    ),
+    (
+        "in-place-not-for-rollback",
+        [],
+        failed("hang", "node-1", step=40),
+        world(valid=(20,), in_place=CAN),
+        policy(actions={"hang": "rollback"}),
+        Rollback,
+        {"to_step": 20},
+        "relaunch, not in place: recovery action for hang is rollback",
+    ),
+    (
+        "in-place-not-for-oom",
+        [],
+        failed("oom", "node-1"),
+        world(in_place=CAN),
+        policy(),
+        Retry,
+        {"micro_batch": 1},
+        "retry with micro-batch 3 -> 1",
+    ),
+    (
+        "in-place-no-world-fails-once",
+        [],
+        failed("node_lost", "node-1"),
+        world(count=2, min_nodes=2, in_place=CAN),
+        policy(),
+        Fail,
+        {},
+        "cannot scale down",
+    ),
+    (
+        "in-place-budget-first",
+        before("node_lost"),
+        failed("node_lost", "node-1"),
+        world(in_place=CAN),
+        policy(max_attempts=2),
+        Fail,
+        {},
+        "attempt budget of 2 exhausted",
+    ),
+]
+
+
 @pytest.mark.parametrize("history,failure,situation,spec,kind,fields,reason", [c[1:] for c in CASES],
                          ids=[c[0] for c in CASES])  # fmt: skip
 def test_decide(history, failure, situation, spec, kind, fields, reason) -> None:
@@ -472,6 +615,7 @@ def test_decide(history, failure, situation, spec, kind, fields, reason) -> None
     assert {f: getattr(decision, f) for f in fields} == fields, decision
     assert reason in decision.reason
     assert "\n" not in decision.reason
+    assert decision.reason.count("not in place") <= 1
 
 
 def test_a_scaled_down_world_keeps_the_global_batch() -> None:
@@ -491,9 +635,17 @@ def test_fitting_micro_batch(global_batch: int, ranks: int, at_most: int, expect
 
 
 def test_decisions_name_their_action() -> None:
-    assert [d.action for d in (Retry(1, "r"), ScaleDown(NODES, 1, "r", 1), Rollback(0, 1, "r"), Fail("r"))] == [
+    decisions = (
+        Retry(1, "r"),
+        ScaleDown(NODES, 1, "r", 1),
+        Rollback(0, 1, "r"),
+        Fail("r"),
+        Regroup(NODES, [], [], 1, "r"),
+    )
+    assert [d.action for d in decisions] == [
         "retry",
         "scale_down",
         "rollback",
         "fail",
+        "regroup",
     ]

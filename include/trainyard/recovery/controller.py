@@ -34,7 +34,7 @@ from typing import Any, Literal
 from trainyard.checkpoint.format import step_of
 from trainyard.launch.base import NodeStatus
 from trainyard.recovery.classify import Classified, Failure, NodeFailure, classify
-from trainyard.recovery.policy import AttemptRecord, Decision, Rollback, ScaleDown, Situation, decide
+from trainyard.recovery.policy import AttemptRecord, Decision, Regroup, Rollback, ScaleDown, Situation, decide
 from trainyard.recovery.policy import Fail as GiveUp
 from trainyard.spec import RecoverySpec
 from trainyard.spec.models import Action, FailureKind
@@ -560,6 +560,8 @@ def _failed(state: TrainState, current: Attempt, seen: AttemptFailed, ctx: Conte
     ]
     if isinstance(decision, GiveUp):
         return [*commands, Fail(decision.reason, found.kind, evidence(found, seen.failure))]
+    if isinstance(decision, Regroup):  # situation() offers no in-place path until the launcher can keep survivors
+        raise AssertionError(f"attempt {current.number}: regroup decided but not offered: {decision.reason}")
     if isinstance(decision, Rollback):
         commands.append(RollBack(decision.to_step))
     if isinstance(decision, ScaleDown) and (dropped := [n for n in current.course.nodes if n not in decision.nodes]):

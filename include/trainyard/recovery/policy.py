@@ -1,6 +1,6 @@
 """Policy: what to do about a classified failure (DESIGN rule 4).
 
-``decide(history, failure, situation, policy) -> Retry | ScaleDown | Rollback | Fail``
+``decide(history, failure, situation, policy) -> Regroup | Retry | ScaleDown | Rollback | Fail``
 is pure: no sleeps, no I/O, no API calls; the supervisor carries the decision
 out. The action for a failure kind comes from the spec (``recovery.actions``)
 or DESIGN's defaults (``spec.DEFAULT_ACTIONS``), both in the spec's ``Action``
@@ -20,6 +20,14 @@ Choices this module makes (each a line of the reason it returns):
   so the run keeps its size; the world never grows past the failed attempt's.
 - With no culprit to leave out (a hang whose silent node is unknown), the
   scale-down is a ``Retry`` on the same nodes: that is what would happen.
+- In place first (``Regroup``): a lost, hung or transient node whose survivors can
+  regroup (``Situation.in_place``: the runtime and launcher say they can) keeps them
+  running: the world is the one a scale-down would pick (spares replace culprits
+  first, the global batch kept), and nothing restarts. Each reason it cannot is a
+  line of the relaunch decision's reason, so the ledger says which path and why.
+  The same kind failing again at the step of the last regroup (no progress since),
+  or more than ``MAX_REGROUPS`` times in one attempt, relaunches instead: what does
+  not heal in place is not tried in place forever.
 - Rollback goes to the newest valid checkpoint below the step the divergence
   was seen at; if the failed attempt had itself resumed after an earlier
   divergence, that starting checkpoint is suspect too and the target is below
@@ -32,8 +40,8 @@ Choices this module makes (each a line of the reason it returns):
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, get_args
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, ClassVar, Literal, get_args
 
 from trainyard.recovery.classify import Classified
 from trainyard.spec.models import Action, FailureKind
@@ -43,6 +51,11 @@ if TYPE_CHECKING:
 
 MAX_DELAY_S = 3600.0
 """Longest pause before the next attempt, however often a kind recurs."""
+MAX_REGROUPS = 3
+"""In-place regroups per failure kind in one attempt; the next failure of that kind relaunches."""
+IN_PLACE_KINDS: frozenset[FailureKind] = frozenset({"node_lost", "hang", "transient"})
+"""Failures the survivors can heal by regrouping; the others keep their relaunch actions (an OOM needs a
+smaller micro-batch in fresh processes, a divergence a rollback, a user or data error a person)."""
 
 # ---------------------------------------------------------------- decisions
 
@@ -81,7 +94,22 @@ class Fail:
     action: ClassVar[Action] = "fail"
 
 
-Decision = Retry | ScaleDown | Rollback | Fail
+@dataclass(frozen=True)
+class Regroup:
+    """Recover in place: the survivors keep their processes and state and form a new group of ``nodes``."""
+
+    nodes: list[str]
+    """The new group's nodes, survivors first, then ``joiners``."""
+    joiners: list[str]
+    """Spares that join and receive the state by broadcast."""
+    leave_out: list[str]
+    """Culprits to kill (a hung node must not hold its sockets open) and leave out."""
+    micro_batch: int
+    reason: str
+    action: ClassVar[Literal["regroup"]] = "regroup"
+
+
+Decision = Regroup | Retry | ScaleDown | Rollback | Fail
 
 # ---------------------------------------------------------------- the input
 
@@ -94,6 +122,18 @@ class AttemptRecord:
     kind: FailureKind
     decision: Action
     nodes: list[str]
+
+
+@dataclass(frozen=True)
+class InPlace:
+    """Whether the failed attempt's survivors can regroup in place, from the supervisor's view of it."""
+
+    ok: bool
+    why_not: str = ""
+    """Why not (said in the relaunch decision's reason): the script does not use the elastic runtime,
+    the backend cannot keep processes across a regroup, the store is gone, ..."""
+    regroups: list[tuple[FailureKind, int | None]] = field(default_factory=list)
+    """This attempt's earlier regroups: (kind, the step its failure was seen at)."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +154,8 @@ class Situation:
     """Steps of valid checkpoints, ascending."""
     resumed_from: int | None = None
     """Step the failed attempt started from; None: a fresh start."""
+    in_place: InPlace | None = None
+    """None: in-place recovery is not offered at all (nothing said about it)."""
 
 
 # ---------------------------------------------------------------- arithmetic
@@ -222,6 +264,35 @@ if set(ACTIONS) != set(get_args(Action)):  # pragma: no cover
     raise ImportError(f"recovery.policy.ACTIONS {sorted(ACTIONS)} != spec Action {sorted(get_args(Action))}")
 
 
+def _regroup(history: list[AttemptRecord], failure: Classified, s: Situation) -> Regroup | str:
+    """The in-place decision, or why there is none (a phrase for the relaunch decision's reason)."""
+    in_place = s.in_place
+    assert in_place is not None
+    if not in_place.ok:
+        return in_place.why_not or "the attempt cannot regroup in place"
+    same = [step for kind, step in in_place.regroups if kind == failure.kind]
+    if len(same) >= MAX_REGROUPS:
+        return f"{failure.kind} regrouped in place {len(same)} times in this attempt already"
+    if same and failure.step is not None and same[-1] == failure.step:
+        return f"{failure.kind} again at step {failure.step}, where the last regroup resumed: no progress in place"
+    if failure.kind == "hang" and not failure.culprits:
+        return "the silent node of the hang is not known, so no survivor set can be chosen"
+    world = _scale_down(history, failure, s, 0.0)
+    if isinstance(world, Fail):
+        return world.reason
+    culprits = [n for n in s.nodes if n in failure.culprits]
+    nodes, micro = (world.nodes, world.micro_batch) if isinstance(world, ScaleDown) else (s.nodes, s.micro_batch)
+    joiners = [n for n in nodes if n not in s.nodes]
+    what = _what(failure, culprits)
+    if isinstance(world, ScaleDown) and joiners and len(nodes) == len(s.nodes):
+        how = f"spare {', '.join(joiners)} joins with the survivors' state, {len(nodes)} nodes kept"
+    elif isinstance(world, ScaleDown):
+        how = f"{len(s.nodes)} -> {len(nodes)} nodes, {_batch(s, len(nodes), micro)}"
+    else:
+        how = f"the same {len(nodes)} nodes in a new group"
+    return Regroup(nodes, joiners, culprits, micro, f"{what}: regroup in place, {how}; survivors keep their state")
+
+
 def decide(history: list[AttemptRecord], failure: Classified, situation: Situation, policy: RecoverySpec) -> Decision:
     """What to do after the attempt described by ``failure`` (``history``: the attempts before it)."""
     action = policy.action_for(failure.kind)
@@ -230,4 +301,17 @@ def decide(history: list[AttemptRecord], failure: Classified, situation: Situati
     if len(history) + 1 >= policy.max_attempts:
         return Fail(f"attempt budget of {policy.max_attempts} exhausted: {failure.kind}:"
                     f" {_one_line(failure.evidence)}")  # fmt: skip
-    return ACTIONS[action](history, failure, situation, backoff(history, failure.kind, policy))
+    why_not = ""
+    if policy.in_place and situation.in_place is not None and failure.kind in IN_PLACE_KINDS:
+        if action in ("retry", "scale_down"):
+            regroup = _regroup(history, failure, situation)
+            if isinstance(regroup, Regroup):
+                return regroup
+            why_not = f"; relaunch, not in place: {regroup}"
+        else:
+            why_not = f"; relaunch, not in place: recovery action for {failure.kind} is {action}"
+    decision = ACTIONS[action](history, failure, situation, backoff(history, failure.kind, policy))
+    # a Fail's reason already says why no world exists, in place or not
+    return (
+        replace(decision, reason=decision.reason + why_not) if why_not and not isinstance(decision, Fail) else decision
+    )

@@ -504,6 +504,10 @@ class RecoverySpec(_Model):
     """Pause before a retry."""
     actions: dict[FailureKind, Action] = {}
     """Per-failure-kind action overriding the defaults (see DESIGN.md)."""
+    in_place: bool = True
+    """A lost, hung or flaky node whose action is ``retry`` or ``scale_down`` is healed in place where the
+    attempt can regroup (survivors keep their processes and state; spares join); otherwise, or when false,
+    the attempt is relaunched. The decision's reason says which path and why."""
 
     def action_for(self, kind: FailureKind) -> Action:
         return self.actions.get(kind, DEFAULT_ACTIONS[kind])
