@@ -50,3 +50,28 @@ def test_no_fault_no_failures(tmp_path: Path) -> None:
     at(ledger, 3.0, "stage_end", seconds=2.0)
     figures = recovery_figures(ledger)
     assert figures["failures"] == [] and figures["detection_s"] is None and figures["ettr"] == 0.25
+
+
+def test_an_in_place_regroup_is_a_resumption_of_the_same_attempt(tmp_path: Path) -> None:
+    """node-1 dies at 104.0 during step 5; the survivors regroup (world 3 -> 2) and redo step 5: no new attempt."""
+    ledger = Ledger(tmp_path / "events.jsonl")
+    at(ledger, 100.0, "attempt_start", attempt=1, world_size=3)
+    for step in range(1, 5):
+        at(ledger, 100.0 + step, "step", step=step, step_ms=1000)
+    at(ledger, 104.0, "drill_fired", fault="kill", node="node-1", step=5)
+    at(ledger, 104.6, "failure_classified", attempt=1, kind="node_lost", detected_at=104.5)
+    at(ledger, 105.0, "regrouped", generation=2, world_size=2, micro_batch=2, from_step=4)
+    for step in range(5, 9):
+        at(ledger, 105.5 + step - 5, "step", step=step, step_ms=1000)
+    at(ledger, 109.0, "stage_end", seconds=9.0)
+    figures = recovery_figures(ledger)
+    (failure,) = figures["failures"]
+    assert failure["path"] == "in_place"
+    assert figures["resume_delay_s"] == 1.5  # fault at 104.0 to step 5 after the regroup at 105.5
+    assert figures["lost_steps"] == 0  # step 4 was the last committed; nothing completed was lost
+    assert figures["world_sizes"] == [(100.0, 3), (105.0, 2)]
+
+
+def test_a_relaunch_after_an_in_place_regroup_is_judged_on_its_own(ledger: Ledger) -> None:
+    figures = recovery_figures(ledger)
+    assert [f["path"] for f in figures["failures"]] == ["relaunch"]

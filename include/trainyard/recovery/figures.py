@@ -2,10 +2,15 @@
 
 - detection: fault to classified (the fault's time is the drill's ``drill_fired``
   when a drill caused it, else the moment the supervisor saw the attempt end);
-- resume delay: fault to the first step of the next attempt;
+- resume delay: fault to the first step of the next attempt, or, where the
+  survivors regrouped in place (a ``regrouped`` event after the classification and
+  before any next attempt), to the first step after the regroup;
 - lost steps: the last step reached before the fault (the latest of the step
   events and the heartbeats' step in the attempt's ``attempt_end``) minus the
-  step resumed from;
+  step resumed from (``resumed``, or the regroup's ``from_step``);
+- path: ``in_place`` or ``relaunch``, per failure;
+- world sizes: the world of each attempt and each regroup, in order, as
+  ``(ts, world)`` (the report plots it);
 - ETTR: productive training time over the wall time of the train stage. The
   productive time is the steps that count (a step run again after a fault counts
   once) times the run's median step time: a step slowed by a background
@@ -44,24 +49,34 @@ def recovery_figures(ledger: Ledger) -> dict[str, Any]:
         ended = _first(events, start["ts"], "attempt_end", attempt=attempt) or {}
         steps += [ended["last_step"]] if ended.get("last_step") is not None else []
         nxt = _first(events, classified["ts"], "attempt_start", attempt=attempt + 1)
-        first_step = _first(events, nxt["ts"], "step") if nxt else None
-        resumed = _first(events, nxt["ts"], "resumed") if nxt else None
+        regrouped = _first(events, classified["ts"], "regrouped")
+        if regrouped and (nxt is None or regrouped["ts"] < nxt["ts"]):
+            path, first_step, resumed_from = "in_place", _first(events, regrouped["ts"], "step"), regrouped["from_step"]
+        else:
+            resumed = _first(events, nxt["ts"], "resumed") if nxt else None
+            first_step = _first(events, nxt["ts"], "step") if nxt else None
+            path, resumed_from = "relaunch", (resumed["step"] if resumed else 0) if nxt else None
         failures.append(
             {
                 "attempt": attempt,
                 "kind": classified["kind"],
+                "path": path,
                 "fault_at": fault_at,
                 "detection_s": round(classified["ts"] - fault_at, 3),
                 "resume_delay_s": round(first_step["ts"] - fault_at, 3) if first_step else None,
-                "lost_steps": (max(steps) - (resumed["step"] if resumed else 0)) if steps and nxt else None,
+                "lost_steps": max(steps) - resumed_from if steps and resumed_from is not None else None,
             }
         )
     kept = [(n, (ms or 0.0) / 1000) for n, ms in kept_stretches([e for e in events if e["event"] == "step"])]
     productive = sum(n for n, _ in kept) * (weighted_median(kept) or 0.0)
     end = next((e for e in reversed(events) if e["event"] in ("stage_end", "stage_failed")), None)
     wall = end["seconds"] if end else None
+    worlds = [
+        (e["ts"], e["world_size"]) for e in events if e["event"] in ("attempt_start", "regrouped") and "world_size" in e
+    ]
     return {
         "failures": failures,
+        "world_sizes": worlds,
         "detection_s": max((f["detection_s"] for f in failures), default=None),
         "resume_delay_s": max((f["resume_delay_s"] for f in failures if f["resume_delay_s"] is not None), default=None),
         "lost_steps": sum(f["lost_steps"] or 0 for f in failures),
