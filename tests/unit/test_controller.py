@@ -27,9 +27,11 @@ from trainyard.recovery.controller import (
     Fail,
     Finish,
     Hang,
+    KillNodes,
     Launch,
     LeaseLost,
     LostSight,
+    Publish,
     Record,
     RollBack,
     TaskStarted,
@@ -65,7 +67,8 @@ def decision(attempt: int, action: str, kind: str, ts: float = T0 + 51, **fields
 RESUME = ev("resume_point", T0 - 10, resume_from="none", start_step=0)
 
 
-def ctx(spares: list[str] = (), max_attempts: int = 3, backoff_s: float = 5.0, reattach: bool = True) -> Context:
+def ctx(spares: list[str] = (), max_attempts: int = 3, backoff_s: float = 5.0, reattach: bool = True,
+        elastic: bool = False) -> Context:  # fmt: skip
     return Context(
         recovery=RecoverySpec(max_attempts=max_attempts, backoff_s=backoff_s),
         nodes=list(NODES),
@@ -75,6 +78,7 @@ def ctx(spares: list[str] = (), max_attempts: int = 3, backoff_s: float = 5.0, r
         min_nodes=2,
         procs_per_node=1,
         reattach=reattach,
+        elastic=elastic,
     )
 
 
@@ -379,3 +383,43 @@ def test_news_of_an_attempt_that_is_over_is_answered_from_the_ledger() -> None:
 )
 def test_a_lost_lease_ends_the_attempt_and_the_task(events: list[dict], expected: list[Command]) -> None:
     assert step(TrainState.of(events), LeaseLost(T0 + 5, "another run holds it"), ctx()) == expected
+
+
+# ---------------------------------------------------------------- in place
+
+
+def test_an_elastic_attempt_regroups_in_place_and_runs_on() -> None:
+    """No cancel and no attempt_end: the dead node is killed, generation 2 published, the same attempt watched."""
+    state = TrainState.of([RESUME, start(1)])
+    seen = failed([node("n1", exit_code=-9), ok("n0"), ok("n2")])
+    commands = step(state, seen, ctx(elastic=True))
+    assert [c.event for c in commands if isinstance(c, Record)] == ["failure_classified", "decision"]
+    decided = records(commands)["decision"]
+    assert decided["action"] == "regroup" and decided["path"] == "in_place" and decided["generation"] == 2
+    course = Course(["n0", "n2"], 2, "none")
+    assert others(commands) == [KillNodes(1, ["n1"]), Publish(1, 2, ["n0", "n2"], 2, []), Watch(1, course)]
+    # Folded back, the ledger says the attempt runs on, with the new group.
+    after = state.fold([ev(c.event, T0 + 51, **c.fields) for c in commands if isinstance(c, Record)])
+    assert after.unfinished and after.last.course == course and after.last.generation == 2
+    assert after.last.regroups == (("node_lost", 12),)
+
+
+def test_a_spare_joins_the_group_in_place() -> None:
+    state = TrainState.of([RESUME, start(1)])
+    commands = step(state, failed([node("n1", exit_code=-9), ok("n0"), ok("n2")]), ctx(spares=["s0"], elastic=True))
+    assert others(commands)[1] == Publish(1, 2, ["n0", "n2", "s0"], 2, ["s0"])
+
+
+def test_no_progress_since_the_regroup_relaunches_and_regroups_are_not_attempts() -> None:
+    """The same kind again at the regroup's step is not healed in place; a regroup spends no attempt."""
+    state = TrainState.of(
+        [RESUME, start(1), ev("failure_classified", T0 + 20, attempt=1, kind="node_lost", step=12),
+         decision(1, "regroup", "node_lost", ts=T0 + 21, new_nodes=["n0", "n2"], micro_batch=2)]
+    )  # fmt: skip
+    again = step(state, failed([node("n2", exit_code=-9), ok("n0")]), ctx(elastic=True, max_attempts=2))
+    decided = records(again)["decision"]
+    assert decided["action"] == "fail" and "cannot scale down" in decided["reason"]  # one node < nodes.min 2
+    assert again[0] == Cancel(1, Course(["n0", "n2"], 2, "none"))
+    later = step(state, failed([node("n2", log=CONNECTION), ok("n0")], last_step=30), ctx(elastic=True, max_attempts=2))
+    assert records(later)["decision"]["action"] == "regroup"  # not "budget of 2 exhausted"
+    assert others(later)[1] == Publish(1, 3, ["n0", "n2"], 2, [])

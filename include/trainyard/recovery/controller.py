@@ -34,7 +34,16 @@ from typing import Any, Literal
 from trainyard.checkpoint.format import step_of
 from trainyard.launch.base import NodeStatus
 from trainyard.recovery.classify import Classified, Failure, NodeFailure, classify
-from trainyard.recovery.policy import AttemptRecord, Decision, Regroup, Rollback, ScaleDown, Situation, decide
+from trainyard.recovery.policy import (
+    AttemptRecord,
+    Decision,
+    InPlace,
+    Regroup,
+    Rollback,
+    ScaleDown,
+    Situation,
+    decide,
+)
 from trainyard.recovery.policy import Fail as GiveUp
 from trainyard.spec import RecoverySpec
 from trainyard.spec.models import Action, FailureKind
@@ -83,6 +92,13 @@ class Attempt:
     last_step: int | None = None
     classified: Classified | None = None
     decided: Decided | None = None
+    regroups: tuple[tuple[FailureKind, int | None], ...] = ()
+    """In-place regroups so far: (kind, the step its failure was seen at); the attempt runs on."""
+
+    @property
+    def generation(self) -> int:
+        """The attempt's group generation on the supervisor's store: 1, then one more per regroup."""
+        return 1 + len(self.regroups)
 
 
 @dataclass(frozen=True)
@@ -178,6 +194,12 @@ def _decision(s: TrainState, e: Mapping[str, Any]) -> TrainState:
     s = replace(s, history=(*s.history, record), used=s.used | set(new_nodes or []))
     if s.last is None or s.last.number != e["attempt"]:
         return s
+    if e["action"] == "regroup":  # carried out in place: the attempt runs on with the new group
+        last = s.last
+        course = replace(last.course, nodes=list(new_nodes or last.course.nodes),
+                         micro_batch=_int(e.get("micro_batch")) or last.course.micro_batch)  # fmt: skip
+        step = last.classified.step if last.classified else None
+        return s._with_last(course=course, regroups=(*last.regroups, (e["kind"], step)))
     decided = Decided(
         action=e["action"],
         kind=e["kind"],
@@ -231,6 +253,9 @@ class Context:
     reattach: bool
     """The launcher can watch an attempt an earlier task process launched (Kubernetes); local
     attempts die with the process that started them, so the next attempt is launched instead."""
+    elastic: bool = False
+    """The attempt's ranks form their groups on the supervisor's store and survive a peer's loss
+    (the local backend with trainyard's runtime): a failure may be healed in place (``Regroup``)."""
 
 
 @dataclass(frozen=True)
@@ -370,6 +395,27 @@ class ExcludeNodes:
 
 
 @dataclass(frozen=True)
+class KillNodes:
+    """End these nodes' processes (a hung node holds its sockets open until it dies); the rest run on."""
+
+    attempt: int
+    nodes: list[str]
+
+
+@dataclass(frozen=True)
+class Publish:
+    """Publish the attempt's next group generation on the supervisor's store: its ranks regroup in place."""
+
+    attempt: int
+    generation: int
+    nodes: list[str]
+    """The new group's nodes, in rank order."""
+    micro_batch: int
+    joiners: list[str]
+    """Nodes that join with nothing in memory: the survivors broadcast them the state."""
+
+
+@dataclass(frozen=True)
 class Launch:
     """Record ``attempt_start`` and launch the attempt's plan (the driver builds it from these)."""
 
@@ -407,7 +453,7 @@ class Fail:
     evidence: str = ""
 
 
-Command = Record | Cancel | RollBack | ExcludeNodes | Launch | Watch | WaitUntil | Finish | Fail
+Command = Record | Cancel | KillNodes | Publish | RollBack | ExcludeNodes | Launch | Watch | WaitUntil | Finish | Fail
 TERMINAL = (Watch, WaitUntil, Finish, Fail)
 """Every command list ends with exactly one of these, and has no other."""
 
@@ -524,12 +570,15 @@ def situation(state: TrainState, current: Attempt, ctx: Context, checkpoints: Ch
         micro_batch=course.micro_batch,
         valid_steps=list(checkpoints.valid_steps),
         resumed_from=resumed,
+        in_place=InPlace(True, regroups=list(current.regroups)) if ctx.elastic else None,
     )
 
 
 def _failed(state: TrainState, current: Attempt, seen: AttemptFailed, ctx: Context) -> list[Command]:
     found = classify(seen.failure)
     decision = decide(list(state.history), found, situation(state, current, ctx, seen.checkpoints), ctx.recovery)
+    if isinstance(decision, Regroup):
+        return _regroup(current, seen, found, decision)
     reason = getattr(decision, "reason", "")
     commands: list[Command] = [
         Cancel(current.number, current.course),  # survivors of a dead collective would wait out its timeout
@@ -560,13 +609,45 @@ def _failed(state: TrainState, current: Attempt, seen: AttemptFailed, ctx: Conte
     ]
     if isinstance(decision, GiveUp):
         return [*commands, Fail(decision.reason, found.kind, evidence(found, seen.failure))]
-    if isinstance(decision, Regroup):  # situation() offers no in-place path until the launcher can keep survivors
-        raise AssertionError(f"attempt {current.number}: regroup decided but not offered: {decision.reason}")
     if isinstance(decision, Rollback):
         commands.append(RollBack(decision.to_step))
     if isinstance(decision, ScaleDown) and (dropped := [n for n in current.course.nodes if n not in decision.nodes]):
         commands.append(ExcludeNodes(current.number, dropped, found.kind))
     return [*commands, WaitUntil(seen.at + decision.delay_s)]
+
+
+def _regroup(current: Attempt, seen: AttemptFailed, found: Classified, decision: Regroup) -> list[Command]:
+    """Heal in place: kill what is left of the culprits, publish the next generation, watch the same attempt.
+
+    No ``attempt_end``: the attempt runs on. Every node that is not in the new group is killed, whether the
+    policy named it (a hung node) or it already exited (killing a dead process costs nothing)."""
+    generation = current.generation + 1
+    gone = [n for n in current.course.nodes if n not in decision.nodes]
+    fields = {"attempt": current.number, "kind": found.kind, "evidence": found.evidence,
+              "culprits": list(found.culprits), "step": found.step, "detected_at": seen.at}  # fmt: skip
+    course = replace(current.course, nodes=list(decision.nodes), micro_batch=decision.micro_batch)
+    return [
+        Record("failure_classified", fields),
+        Record(
+            "decision",
+            {
+                "attempt": current.number,
+                "kind": found.kind,
+                "action": decision.action,
+                "path": "in_place",
+                "nodes": list(current.course.nodes),
+                "reason": decision.reason,
+                "new_nodes": list(decision.nodes),
+                "micro_batch": decision.micro_batch,
+                "joiners": list(decision.joiners),
+                "generation": generation,
+            },
+            f"attempt {current.number}: {found.kind} -> regroup in place (generation {generation}): {decision.reason}",
+        ),
+        KillNodes(current.number, gone),
+        Publish(current.number, generation, list(decision.nodes), decision.micro_batch, list(decision.joiners)),
+        Watch(current.number, course),
+    ]
 
 
 def _changes(decision: Decision) -> dict[str, Any]:

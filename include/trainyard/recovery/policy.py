@@ -120,7 +120,7 @@ class AttemptRecord:
 
     attempt: int
     kind: FailureKind
-    decision: Action
+    decision: Action | Literal["regroup"]
     nodes: list[str]
 
 
@@ -298,7 +298,7 @@ def decide(history: list[AttemptRecord], failure: Classified, situation: Situati
     action = policy.action_for(failure.kind)
     if action == "fail":
         return _fail(history, failure, situation, 0.0)
-    if len(history) + 1 >= policy.max_attempts:
+    if sum(1 for h in history if h.decision != "regroup") + 1 >= policy.max_attempts:  # a regroup is no attempt
         return Fail(f"attempt budget of {policy.max_attempts} exhausted: {failure.kind}:"
                     f" {_one_line(failure.evidence)}")  # fmt: skip
     why_not = ""
