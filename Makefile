@@ -75,8 +75,10 @@ lint: venv
 	$(BIN)/mypy
 
 # Lint first: a type error fails CI in a minute, not after the suite.
+# Two workers, a test file each at a time, then the tests marked `alone` (they measure the machine) by themselves.
 test: venv lint browser postgres
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=15 tests
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=15 -n 2 --dist loadfile -m "not alone" tests
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=5 -m alone tests
 
 test-unit: venv
 	$(BIN)/python -m pytest -q tests/unit

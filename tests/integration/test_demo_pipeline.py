@@ -14,7 +14,7 @@ from trainyard.checkpoint.format import verify
 from trainyard.ledger import Ledger
 from trainyard.train import progress
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.alone]  # measures this machine: see pyproject
 DATE = "2026-11-28"
 
 

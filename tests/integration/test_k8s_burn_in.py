@@ -20,7 +20,7 @@ from trainyard.errors import NodeUnhealthy
 from trainyard.run import open_run
 from trainyard.stages import burn_in
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.alone]  # measures this machine: see pyproject
 NS = "ml"
 SPEC = """\
 dataset: {{source: "file:///unused", name: tokens, hot: "file://{root}/hot"}}

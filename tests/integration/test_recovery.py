@@ -15,7 +15,7 @@ from trainyard.errors import TrainingFailed
 from trainyard.run import open_run
 from trainyard.shards import write_synthetic_corpus
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.alone]  # measures this machine: see pyproject
 
 SPEC = """\
 dataset: {{source: "file://{root}/cold", name: tokens, hot: "file://{root}/hot"}}

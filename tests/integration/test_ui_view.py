@@ -32,7 +32,7 @@ from trainyard import stages
 from trainyard.run import open_run
 from trainyard.shards import write_synthetic_corpus
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.alone]  # measures this machine: see pyproject
 
 DAG_ID = "ui_view"
 RUN_ID = "manual__2026-11-28T02:00:00.123456+00:00"  # ':' and '+', as Airflow makes them
