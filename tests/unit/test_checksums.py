@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import os
+import random
 import zlib
 
 import pytest
@@ -21,7 +21,8 @@ from trainyard.storage.checksums import (
 )
 
 MiB = 1 << 20
-DATA = os.urandom(12 * MiB + 12345)
+# Seeded: the digests appear in the test ids, which every pytest-xdist worker must collect alike.
+DATA = random.Random(12345).randbytes(12 * MiB + 12345)
 SIZE = len(DATA)
 SHA = hashlib.sha256(DATA).hexdigest()
 SHA_B64 = base64.b64encode(hashlib.sha256(DATA).digest()).decode()
