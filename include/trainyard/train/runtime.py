@@ -41,6 +41,10 @@ Environment (set by the launcher; ``trainyard.train.contract`` declares it):
     TRAINYARD_PROGRESS_EVERY_S  seconds between ledger ``step`` events, default 30 (0: one per step); see
                                 ``trainyard.train.progress``
     TRAINYARD_DRILLS            JSON list of fault drills to act out (``trainyard.train.drills``); unset: none
+    TRAINYARD_STORE             host:port of the supervisor's coordination store: the run recovers in place
+                                (``trainyard.train.elastic``); unset: torchrun's process group, as before
+    TRAINYARD_COLLECTIVE_TIMEOUT_S with TRAINYARD_STORE: seconds a collective may wait for a silent peer before
+                                the node regroups (default 10)
 
 Heartbeats are files rather than ledger events because the watcher needs the
 latest state of *every* rank cheaply; rank 0 alone writes ledger events (to a
