@@ -119,6 +119,14 @@ def serve(host: str = "127.0.0.1", port: int = 0) -> tuple[TCPStore, int]:
     return store, store.port
 
 
+def attempt_store(store: Store, attempt: int) -> Store:
+    """The keys of one training attempt: each attempt numbers its generations from 1 again, and a process
+    group's keys must never meet a dead attempt's (both sides wrap the served store in this)."""
+    from torch.distributed import PrefixStore
+
+    return PrefixStore(f"attempt-{attempt}", store)
+
+
 def _append(store: Store, key: str, item: str) -> None:
     """Add ``item`` to the list ``key``: a counter, then ``key/<i>`` (the store cannot list its keys)."""
     store.set(f"{key}/#{store.add(key, 1)}", item)

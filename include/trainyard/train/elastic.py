@@ -86,15 +86,23 @@ class ElasticGroup:
 
     @classmethod
     def connect(
-        cls, address: str, node: str, collective_timeout_s: float | None = None, timeout_s: float = 30.0
+        cls,
+        address: str,
+        node: str,
+        collective_timeout_s: float | None = None,
+        timeout_s: float = 30.0,
+        attempt: int | None = None,
     ) -> ElasticGroup:
+        """Join the store at ``address``; ``attempt``: the keys of that attempt only (``coordstore.attempt_store``)."""
         host, port = parse_address(address)
         try:
-            store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s))
+            store: dist.Store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s))
         except Exception as exc:  # RuntimeError / DistStoreError: the supervisor's store is gone
             raise TrainingFailed(
                 f"cannot reach the coordination store TRAINYARD_STORE={address}: {exc}", kind="store_lost"
             ) from exc
+        if attempt is not None:
+            store = coordstore.attempt_store(store, attempt)
         return cls(store, node, collective_timeout_s or DEFAULT_COLLECTIVE_TIMEOUT_S)
 
     @property

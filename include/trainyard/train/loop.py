@@ -284,7 +284,7 @@ def train_elastic(args: argparse.Namespace, ctx: runtime.RunContext) -> dict[str
     generation leaves out returns at once (exit 0). CPU and gloo only.
     """
     assert ctx.store is not None
-    group = elastic.ElasticGroup.connect(ctx.store, ctx.node, ctx.collective_timeout_s)
+    group = elastic.ElasticGroup.connect(ctx.store, ctx.node, ctx.collective_timeout_s, attempt=ctx.attempt)
     gen = group.next_generation(timeout_s=SPARE_WAIT_S)  # a spare waits here until a generation lists it
     assert gen is not None  # a process that was never a member waits on
     torch.manual_seed(ctx.seed)
@@ -315,6 +315,8 @@ def train_elastic(args: argparse.Namespace, ctx: runtime.RunContext) -> dict[str
         committed = group.sync_state(state, committed)
         _, plan = _configure(args, ctx, gen.micro_batch)
         group.ready(committed)
+        if gen.number > first_gen or ctx.node in gen.joiners:
+            runtime.regrouped(gen.number, plan.micro_batch, committed, gen.joiners, ctx=ctx)
         rank = plan.rank
         regroup = f", {time.monotonic() - fault_at:.3f}s after the fault" if fault_at is not None else ""
         log.info("%s: generation %d, rank %d of %d, micro batch %d, from step %d, params %s%s", ctx.node,
@@ -355,6 +357,7 @@ def train_elastic(args: argparse.Namespace, ctx: runtime.RunContext) -> dict[str
             failed_at = failing
             log.warning("%s: collective failed in step %d (%s); regrouping", ctx.node, failing, exc)
             runtime.heartbeat(committed, metrics, status="regrouping", ctx=ctx)
+            runtime.flush_progress(ctx)  # the steps before the fault, while this rank's number still holds
             fault_at = time.monotonic()
             group.on_fault(exc, keep=[checkpoints._group])
             del state

@@ -263,6 +263,18 @@ def heartbeat(step: int, metrics: dict[str, Any], *, status: str = "running", ct
             _ledger_event(ctx, "step", **record)
 
 
+def regrouped(
+    generation: int, micro_batch: int, from_step: int, joiners: list[str], *, ctx: RunContext | None = None
+) -> None:
+    """A new generation formed in place: rank 0's ``regrouped`` event, and the next step's event at once.
+
+    Call it on every rank once the generation's group is formed (ranks and world size are the new ones)."""
+    ctx = ctx or context()
+    _digest(ctx).write_next()
+    _ledger_event(ctx, "regrouped", generation=generation, micro_batch=micro_batch, from_step=from_step,
+                  joiners=list(joiners))  # fmt: skip
+
+
 def finish(step: int, metrics: dict[str, Any], *, ctx: RunContext | None = None) -> None:
     """Mark this rank finished (heartbeat status "finished"); rank 0 logs a ``finished`` event."""
     ctx = ctx or context()
