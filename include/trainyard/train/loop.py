@@ -28,6 +28,12 @@ Where CUDA is present, rank ``LOCAL_RANK`` trains on ``cuda:LOCAL_RANK`` over
 NCCL with bf16 autocast; otherwise on the CPU over gloo (``trainyard.train.device``).
 Either way the weights and optimizer state are fp32 and checkpoints are the same.
 
+With ``TRAINYARD_STORE=host:port`` (the supervisor's coordination store,
+``trainyard.recovery.coordstore``) the process forms no group from torchrun:
+it trains as a member of the generations the supervisor publishes and, when a
+peer is lost, regroups in place with the survivors and redoes the failed step
+(``train_elastic``, ``trainyard.train.elastic``).
+
 The loop is deterministic: the model is seeded, batches are a pure function of
 (seed, step) (``trainyard.train.data``) and the learning rate is a function of
 the step alone, so a resumed run reproduces the uninterrupted one and a run can
@@ -302,6 +308,7 @@ def train_elastic(args: argparse.Namespace, ctx: runtime.RunContext) -> dict[str
     metrics: dict[str, float] = {}
     failed_at: int | None = None
     fault_at: float | None = None
+    drills: Drills | None = None
     while True:
         assert gen is not None
         group.form(gen)
@@ -319,7 +326,9 @@ def train_elastic(args: argparse.Namespace, ctx: runtime.RunContext) -> dict[str
         regroup = f", {time.monotonic() - fault_at:.3f}s after the fault" if fault_at is not None else ""
         log.info("%s: generation %d, rank %d of %d, micro batch %d, from step %d, params %s%s", ctx.node,
                  gen.number, rank, plan.world_size, plan.micro_batch, committed, params_digest(module), regroup)  # fmt: skip
-        drills = Drills(ctx, rank)
+        if drills is None:
+            drills = Drills(ctx, rank)
+        drills.rank = rank  # one Drills for the process: what it already did stays done across generations
         checkpoints = runtime.Checkpointer(ctx, on_commit=drills.after_checkpoint)
         seconds = 0.0
         try:
