@@ -43,7 +43,7 @@ def test_next_generation_lists_this_node_or_lets_it_go() -> None:
     # Never a member yet (a spare): a generation without it is not its end; it waits on, here until the timeout.
     with pytest.raises(TrainingFailed, match="node-3: no generation after 0 within") as caught:
         group.next_generation()
-    assert caught.value.kind == "regroup_timeout"
+    assert caught.value.kind == "regroup_timeout" and coord.spare_ready("node-3") and not coord.spare_ready("node-1")
     coord.publish(Generation(2, ["node-0", "node-3"], 2, joiners=["node-3"]))
     gen = group.next_generation()
     assert gen is not None and gen.number == 2 and gen.rank_of("node-3") == 1

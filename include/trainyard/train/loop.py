@@ -291,8 +291,6 @@ def train_elastic(args: argparse.Namespace, ctx: runtime.RunContext) -> dict[str
     """
     assert ctx.store is not None
     group = elastic.ElasticGroup.connect(ctx.store, ctx.node, ctx.collective_timeout_s)
-    gen = group.next_generation(timeout_s=SPARE_WAIT_S)  # a spare waits here until a generation lists it
-    assert gen is not None  # a process that was never a member waits on
     torch.manual_seed(ctx.seed)
     torch.use_deterministic_algorithms(True)
     cfg = GPTConfig(args.vocab_size, args.seq_len, args.d_model, args.n_layers, args.n_heads)
@@ -300,6 +298,9 @@ def train_elastic(args: argparse.Namespace, ctx: runtime.RunContext) -> dict[str
     _check_vocab(stream, cfg)
     module = GPT(cfg)
     optimizer = build_optimizer(module, args)
+    # Built before waiting: a spare is ready to train the moment a generation lists it.
+    gen = group.next_generation(timeout_s=SPARE_WAIT_S)
+    assert gen is not None  # a process that was never a member waits on
     # Its first generation is the attempt's first: start from the checkpoint like every member; a later
     # one means this process joins a running world and receives the state.
     first_gen = gen.number
