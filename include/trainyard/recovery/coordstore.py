@@ -13,7 +13,7 @@ talks to it through ``Coordinator``. Keys (all values are text):
                          store cannot list keys, so this index is how ``Coordinator.faults`` finds them
     ready/<g>/<node>     the node formed generation g and holds the state of step ``value`` (worker)
     ready/<g>, ready/<g>/#<i>  a counter and the nodes that formed generation g, as ``faults`` (worker)
-    spare/<node>         a warm spare is waiting to be listed (worker)
+    spare/<node>         a warm spare is waiting to be listed; the value: the generation it saw (worker)
 
 A generation lists its members in rank order (a member's rank is its index);
 ``joiners`` are members without the training state, which the others send them
@@ -179,6 +179,10 @@ class Coordinator:
             for node, r in self.fault_records().items()
             if generation is None or r["generation"] == generation
         }
+
+    def spare_ready(self, node: str) -> bool:
+        """Whether ``node`` is up as a warm spare (connected, model built, waiting to be listed)."""
+        return self.store.check([spare_key(node)])
 
     def ready(self, g: int) -> list[str]:
         """The nodes that formed generation ``g``."""

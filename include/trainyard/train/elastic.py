@@ -82,6 +82,7 @@ class ElasticGroup:
         self.collective_timeout_s, self.regroup_timeout_s = collective_timeout_s, regroup_timeout_s
         self.generation: Generation | None = None
         self.formed = 0  # generations this process has formed
+        self.spare_announced = False
         self.graveyard: list[Any] = []  # groups a thread may still block in: never destructed (see module doc)
 
     @classmethod
@@ -129,6 +130,9 @@ class ElasticGroup:
                         return gen
                     if gen.number > after and self.formed:
                         return None
+                    if not self.formed and not self.spare_announced:  # tell the supervisor a spare is ready
+                        self.store.set(coordstore.spare_key(self.node), str(gen.number))
+                        self.spare_announced = True
             except (RuntimeError, dist.DistError) as exc:
                 raise TrainingFailed(f"lost the coordination store while regrouping: {exc}", kind="store_lost") from exc
             if time.monotonic() >= deadline:

@@ -28,6 +28,12 @@ Where CUDA is present, rank ``LOCAL_RANK`` trains on ``cuda:LOCAL_RANK`` over
 NCCL with bf16 autocast; otherwise on the CPU over gloo (``trainyard.train.device``).
 Either way the weights and optimizer state are fp32 and checkpoints are the same.
 
+With ``TRAINYARD_STORE=host:port`` (the supervisor's coordination store,
+``trainyard.recovery.coordstore``) the process forms no group from torchrun:
+it trains as a member of the generations the supervisor publishes and, when a
+peer is lost, regroups in place with the survivors and redoes the failed step
+(``train_elastic``, ``trainyard.train.elastic``).
+
 The loop is deterministic: the model is seeded, batches are a pure function of
 (seed, step) (``trainyard.train.data``) and the learning rate is a function of
 the step alone, so a resumed run reproduces the uninterrupted one and a run can
@@ -285,8 +291,6 @@ def train_elastic(args: argparse.Namespace, ctx: runtime.RunContext) -> dict[str
     """
     assert ctx.store is not None
     group = elastic.ElasticGroup.connect(ctx.store, ctx.node, ctx.collective_timeout_s, attempt=ctx.attempt)
-    gen = group.next_generation(timeout_s=SPARE_WAIT_S)  # a spare waits here until a generation lists it
-    assert gen is not None  # a process that was never a member waits on
     torch.manual_seed(ctx.seed)
     torch.use_deterministic_algorithms(True)
     cfg = GPTConfig(args.vocab_size, args.seq_len, args.d_model, args.n_layers, args.n_heads)
@@ -294,6 +298,9 @@ def train_elastic(args: argparse.Namespace, ctx: runtime.RunContext) -> dict[str
     _check_vocab(stream, cfg)
     module = GPT(cfg)
     optimizer = build_optimizer(module, args)
+    # Built before waiting: a spare is ready to train the moment a generation lists it.
+    gen = group.next_generation(timeout_s=SPARE_WAIT_S)
+    assert gen is not None  # a process that was never a member waits on
     # Its first generation is the attempt's first: start from the checkpoint like every member; a later
     # one means this process joins a running world and receives the state.
     first_gen = gen.number
@@ -302,6 +309,7 @@ def train_elastic(args: argparse.Namespace, ctx: runtime.RunContext) -> dict[str
     metrics: dict[str, float] = {}
     failed_at: int | None = None
     fault_at: float | None = None
+    drills: Drills | None = None
     while True:
         assert gen is not None
         group.form(gen)
@@ -321,7 +329,9 @@ def train_elastic(args: argparse.Namespace, ctx: runtime.RunContext) -> dict[str
         regroup = f", {time.monotonic() - fault_at:.3f}s after the fault" if fault_at is not None else ""
         log.info("%s: generation %d, rank %d of %d, micro batch %d, from step %d, params %s%s", ctx.node,
                  gen.number, rank, plan.world_size, plan.micro_batch, committed, params_digest(module), regroup)  # fmt: skip
-        drills = Drills(ctx, rank)
+        if drills is None:
+            drills = Drills(ctx, rank)
+        drills.rank = rank  # one Drills for the process: what it already did stays done across generations
         checkpoints = runtime.Checkpointer(ctx, on_commit=drills.after_checkpoint)
         seconds = 0.0
         try:
