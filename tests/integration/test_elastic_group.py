@@ -87,7 +87,7 @@ def _formed(root: Path, node: str, g: int) -> tuple[int, str]:
 
 def test_survivors_regroup_in_place_and_a_joiner_gets_the_state(root: Path) -> None:
     store, port = coordstore.serve()
-    coord = Coordinator(store)
+    coord = Coordinator(coordstore.attempt_store(store, 1))  # TRAINYARD_ATTEMPT is unset: attempt 1
     nodes = ["node-0", "node-1", "node-2"]
     coord.publish(Generation(1, nodes, micro_batch=2))
     drills = [
