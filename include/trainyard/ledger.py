@@ -56,7 +56,9 @@ from trainyard.atomic import append_fd, open_regular
 LEDGER_FILE = "events.jsonl"
 EVENTS_DIR = "events.d"
 """Beside ``events.jsonl``: one ``<writer>.jsonl`` per writer other than the orchestrator."""
-WORKER_EVENTS = frozenset({"step", "finished", "checkpoint_saved", "checkpoint_skipped", "resumed", "drill_fired"})
+WORKER_EVENTS = frozenset(
+    {"step", "finished", "checkpoint_saved", "checkpoint_skipped", "resumed", "regrouped", "drill_fired"}
+)
 """The ``train`` events a training process writes; anything else in ``events.d`` is skipped."""
 MAX_WRITERS = 10_000
 """Writer files read per run; more (training code making files) are left out with a warning."""

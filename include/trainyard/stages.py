@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainyard.burnin.fleet import FLEET_DIR, Fleet, iso, record_verdict
 from trainyard.burnin.judge import Judge
@@ -34,12 +34,13 @@ from trainyard.checkpoint.format import (
 from trainyard.checkpoint.resume import check_resume
 from trainyard.checkpoint.validate import Validation, inspector, validate
 from trainyard.errors import CheckpointInvalid, LineageBusy, NodeUnhealthy, SpecError
-from trainyard.launch.base import Launcher, LaunchPlan
+from trainyard.launch.base import Launcher, LaunchPlan, RegroupingLauncher
 from trainyard.launch.local import LocalLauncher
 from trainyard.ledger import safe_name
 from trainyard.quality.dataset import check_dataset as _check_dataset
 from trainyard.quality.metrics import check_metrics
 from trainyard.recovery.controller import AttemptResult, BackoffOver, Checkpoints, Context, Course, Reported
+from trainyard.recovery.coordstore import Coordinator, attempt_store, serve
 from trainyard.recovery.deferred import AttemptWatch, Backoff, Deferred, Done
 from trainyard.recovery.figures import recovery_figures
 from trainyard.recovery.progress import ProgressLog, tokens_per_step
@@ -47,12 +48,16 @@ from trainyard.recovery.supervisor import Hooks, StateReader, supervise
 from trainyard.report.summary import write_report
 from trainyard.run import Run
 from trainyard.spec import KubernetesSpec, Lifecycle, dataset_name_problems
+from trainyard.spec.checks import REFERENCE_WORKLOAD
 from trainyard.storage import S3Tier, Tier
 from trainyard.storage.boot import ensure_this_boot
 from trainyard.storage.hot import HotRoom, unpin
 from trainyard.storage.staging import stage
 from trainyard.train.contract import FaultDrill, TrainEnv
 from trainyard.train.progress import loss_points
+
+if TYPE_CHECKING:
+    from torch.distributed import TCPStore
 
 log = logging.getLogger(__name__)
 
@@ -381,7 +386,9 @@ def _to_cold(run: Run) -> Callable[[Path], None] | None:
     return upload
 
 
-def _context(run: Run, nodes: list[str], spares: list[str] | None, launcher: Launcher) -> Context:
+def _context(
+    run: Run, nodes: list[str], spares: list[str] | None, launcher: Launcher, elastic: bool = False
+) -> Context:
     training, spec_nodes = run.spec.training, run.spec.nodes
     return Context(
         recovery=run.spec.recovery,
@@ -392,16 +399,33 @@ def _context(run: Run, nodes: list[str], spares: list[str] | None, launcher: Lau
         min_nodes=spec_nodes.min,
         procs_per_node=spec_nodes.procs_per_node,
         reattach=launcher.reattaches,
+        elastic=elastic,
     )
 
 
-def _hooks(run: Run, target: int, progress_every_s: float | None = None) -> Hooks:
+def _hooks(run: Run, target: int, progress_every_s: float | None = None, store: TCPStore | None = None) -> Hooks:
+    address = f"127.0.0.1:{store.port}" if store is not None else None
     return Hooks(
-        plan_for=lambda attempt, course: _plan(run, attempt, course, target),
+        plan_for=lambda attempt, course: _plan(run, attempt, course, target, address),
         rollback_to=lambda step: _rollback(run, step),
         checkpoints=lambda: _checkpoints(run),
         progress_for=lambda plan: _progress(run, plan, target, progress_every_s),
+        coordinator_for=(lambda attempt: Coordinator(attempt_store(store, attempt))) if store is not None else None,
     )
+
+
+def in_place_why_not(run: Run, launcher: Launcher) -> str:
+    """Why this run's attempts cannot regroup in place ("" when they can): the runtime, backend and shape."""
+    spec = run.spec
+    if not spec.recovery.in_place:
+        return "recovery.in_place is false"
+    if not isinstance(launcher, RegroupingLauncher):
+        return f"the {spec.nodes.backend} backend relaunches (its nodes cannot change while an attempt runs)"
+    if spec.training.entrypoint != REFERENCE_WORKLOAD:
+        return f"training.entrypoint {spec.training.entrypoint} is not trainyard's runtime ({REFERENCE_WORKLOAD})"
+    if spec.nodes.procs_per_node != 1 or spec.nodes.gpus_per_node:
+        return "in place needs one CPU process per node (nodes.procs_per_node 1, nodes.gpus_per_node 0)"
+    return ""
 
 
 @recorded("train")
@@ -429,12 +453,17 @@ def train(
     held = hold_lineage(run, run_state)
     _, start = resume_point(run, held)
     target = start + training.max_steps
+    why_not = in_place_why_not(run, launcher)
+    # The store the ranks regroup on lives here, in the task process: any node can die, this one cannot
+    # without ending the attempt anyway.
+    store = serve()[0] if not why_not else None
+    run.ledger.append("train", "recovery_path", in_place=not why_not, why_not=why_not)
     with _watcher(run):
         result = supervise(
             launcher,
             run.ledger,
-            _context(run, nodes, spares, launcher),
-            _hooks(run, target),
+            _context(run, nodes, spares, launcher, elastic=store is not None),
+            _hooks(run, target, store=store),
             training.heartbeat_timeout_s,
             keep_alive=held.keep,
         )
@@ -572,7 +601,7 @@ def _train_seconds(reader: StateReader) -> float:
     return round(time.time() - began, 3) if began is not None else 0.0
 
 
-def _plan(run: Run, attempt: int, course: Course, target: int) -> LaunchPlan:
+def _plan(run: Run, attempt: int, course: Course, target: int, store: str | None = None) -> LaunchPlan:
     training = run.spec.training
     attempt_dir = run.dir / f"attempt-{attempt}"
     return LaunchPlan(
@@ -599,6 +628,7 @@ def _plan(run: Run, attempt: int, course: Course, target: int) -> LaunchPlan:
             checkpoint_async=training.checkpoint_async,
             seed=training.seed,
             progress_every_s=training.progress_every_s,
+            store=store,
             drills=tuple(
                 FaultDrill(d.fault, d.step, d.node, d.factor, d.attempt)
                 for d in run.spec.drills

@@ -39,10 +39,11 @@ drills: {drills}
 """
 
 
-def run_with(tmp_path: Path, drills: str, attempts: int = 3, background: bool = False):
+def run_with(tmp_path: Path, drills: str, attempts: int = 3, background: bool = False, spec: str = SPEC):
     write_synthetic_corpus(tmp_path / "cold", shards=2, tokens_per_shard=16_384)
+    text = spec.format(root=tmp_path, drills=drills, attempts=attempts, background=str(background).lower())
     spec = tmp_path / "recovery.yaml"
-    spec.write_text(SPEC.format(root=tmp_path, drills=drills, attempts=attempts, background=str(background).lower()))
+    spec.write_text(text)
     run = open_run(spec, "recovery", f"drill-{time.monotonic_ns()}", "2026-11-28")
     stages.stage_dataset(run)
     return run
@@ -68,6 +69,8 @@ def test_a_killed_node_is_excluded_and_the_run_finishes_on_two(tmp_path: Path) -
     assert classified["kind"] == "node_lost" and classified["culprits"] == ["node-1"]
     [decision] = events(run, "decision")
     assert decision["action"] == "scale_down" and decision["new_nodes"] == ["node-0", "node-2"]
+    [path] = events(run, "recovery_path")  # the relaunch path, and why
+    assert path["in_place"] is False and path["why_not"] == "recovery.in_place is false"
     assert manifest["world_size"] == 2  # the global batch of 12 kept by accumulation
     assert [e["step"] for e in events(run, "resumed")] == [10]
     figures = events(run, "recovery_figures")[-1]

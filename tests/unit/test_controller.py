@@ -70,7 +70,7 @@ RESUME = ev("resume_point", T0 - 10, resume_from="none", start_step=0)
 def ctx(spares: list[str] = (), max_attempts: int = 3, backoff_s: float = 5.0, reattach: bool = True,
         elastic: bool = False) -> Context:  # fmt: skip
     return Context(
-        recovery=RecoverySpec(max_attempts=max_attempts, backoff_s=backoff_s),
+        recovery=RecoverySpec(max_attempts=max_attempts, backoff_s=backoff_s, in_place=elastic),
         nodes=list(NODES),
         spares=list(spares),
         micro_batch=2,

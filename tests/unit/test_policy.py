@@ -58,7 +58,7 @@ def before(*kinds: str) -> list[AttemptRecord]:
 
 
 def policy(**kw: Any) -> RecoverySpec:
-    return RecoverySpec(**{"max_attempts": 10, "backoff_s": 5.0, **kw})
+    return RecoverySpec(**{"max_attempts": 10, "backoff_s": 5.0, "in_place": True, **kw})
 
 
 NODES = [f"node-{i}" for i in range(4)]

@@ -8,7 +8,7 @@ from trainyard.launch.base import AttemptStatus, LaunchPlan, NodeStatus
 from trainyard.launch.local import torchrun_argv
 from trainyard.ledger import Ledger
 from trainyard.recovery.controller import Checkpoints, Context, Course
-from trainyard.recovery.supervisor import Hooks, stale_ranks, supervise
+from trainyard.recovery.supervisor import Hooks, group_beats, stale_ranks, supervise
 from trainyard.spec import RecoverySpec
 from trainyard.stages import _cli_args
 from trainyard.train.contract import TrainEnv
@@ -131,3 +131,16 @@ def test_a_retried_blocking_task_watches_the_attempt_its_predecessor_left_runnin
     ledger.append("train", "attempt_start", attempt=1, nodes=["n0", "n1", "n2"], micro_batch="2", resume_from="none")
     result = drive(tmp_path, launcher, ledger)
     assert result.attempt == 1 and launcher.launched == [] and launcher.attached == [1]
+
+
+def test_after_a_regroup_only_the_current_groups_beats_count() -> None:
+    """Rank 1 was node-1 (dead) and is node-2 now; rank-2 is node-2's beat under its old number."""
+    beats = {
+        "rank-0": {"node": "node-0", "time": 10.0},
+        "rank-1": {"node": "node-1", "time": 1.0},  # the dead node's last beat
+        "rank-2": {"node": "node-2", "time": 2.0},  # the survivor's beat from before the regroup
+        "rank-x": {"node": "node-0", "time": 10.0},
+    }
+    assert group_beats(beats, ["node-0", "node-2"]) == {"rank-0": beats["rank-0"]}
+    beats["rank-1"] = {"node": "node-2", "time": 11.0}  # node-2 beats as rank 1 now
+    assert group_beats(beats, ["node-0", "node-2"]) == {"rank-0": beats["rank-0"], "rank-1": beats["rank-1"]}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from trainyard.train.contract import TrainEnv
 
@@ -128,4 +128,17 @@ class Launcher(Protocol):
 
     def cancel_all(self) -> None:
         """End every attempt this launcher launched or attached and has not cancelled (the task is killed)."""
+        ...
+
+
+@runtime_checkable
+class RegroupingLauncher(Launcher, Protocol):
+    """A launcher whose attempts can change their nodes while they run (in-place recovery: the local backend)."""
+
+    def kill_nodes(self, handle: Any, nodes: list[str]) -> None:
+        """End these nodes' processes now (SIGKILL: a hung one must close its sockets); the others run on."""
+        ...
+
+    def add_nodes(self, handle: Any, nodes: list[str]) -> None:
+        """Start these nodes in the running attempt (joiners: they wait on the coordination store)."""
         ...

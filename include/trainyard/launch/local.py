@@ -155,20 +155,48 @@ class LocalLauncher:
         handle = LocalHandle(plan=plan, port=free_port())
         self.active.append(handle)
         for index, node in enumerate(plan.nodes):
-            path = plan.log_dir / f"{node}.log"
-            with open_append(path) as out:  # training code may have planted a link for the next attempt
-                handle.procs[node] = subprocess.Popen(
-                    torchrun_argv(plan, handle.port, index),
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    env=node_env(plan, node, gpus=gpus[index]),
-                    start_new_session=True,
-                    preexec_fn=_die_with_parent,
-                )
-            handle.logs[node] = path
-        log.info("attempt %d: %d node(s) rendezvous on 127.0.0.1:%d", plan.attempt, len(plan.nodes), handle.port)
+            self._start(handle, node, index, gpus[index])
+        if plan.train_env.store:
+            log.info(
+                "attempt %d: %d node(s) group on the store at %s", plan.attempt, len(plan.nodes), plan.train_env.store
+            )
+        else:
+            log.info("attempt %d: %d node(s) rendezvous on 127.0.0.1:%d", plan.attempt, len(plan.nodes), handle.port)
         return handle
+
+    def _start(self, handle: LocalHandle, node: str, index: int, gpus: str = "") -> None:
+        plan = handle.plan
+        # With a coordination store each node is one plain process that forms its groups there
+        # (``trainyard.train.elastic``): no torchrun agent and no rendezvous hosted by node 0, so any
+        # node can die and the others run on.
+        argv = [sys.executable, *plan.entry_argv()] if plan.train_env.store else torchrun_argv(plan, handle.port, index)
+        path = plan.log_dir / f"{node}.log"
+        with open_append(path) as out:  # training code may have planted a link for the next attempt
+            handle.procs[node] = subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=node_env(plan, node, gpus=gpus),
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        handle.logs[node] = path
+
+    def add_nodes(self, handle: LocalHandle, nodes: list[str]) -> None:
+        """Start ``nodes`` in the running attempt (joiners of an in-place regroup: they wait on the store)."""
+        for node in nodes:
+            if node not in handle.procs or handle.procs[node].poll() is not None:
+                self._start(handle, node, len(handle.procs))
+
+    def kill_nodes(self, handle: LocalHandle, nodes: list[str], wait_s: float = 5.0) -> None:
+        """SIGKILL these nodes' process trees (a stopped process dies too, closing its sockets); the others run on."""
+        tree = [p for node in nodes if node in handle.procs for p in process_tree(handle.procs[node].pid)]
+        signal_all(tree, signal.SIGKILL)
+        psutil.wait_procs(tree, timeout=wait_s)
+        for node in nodes:
+            if node in handle.procs:
+                handle.procs[node].wait(timeout=wait_s)
 
     def poll(self, handle: LocalHandle) -> AttemptStatus:
         statuses = []

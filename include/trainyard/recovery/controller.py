@@ -94,6 +94,8 @@ class Attempt:
     decided: Decided | None = None
     regroups: tuple[tuple[FailureKind, int | None], ...] = ()
     """In-place regroups so far: (kind, the step its failure was seen at); the attempt runs on."""
+    regrouped_at: float | None = None
+    """When the last regroup was decided (its group's ranks start again from then)."""
 
     @property
     def generation(self) -> int:
@@ -199,7 +201,7 @@ def _decision(s: TrainState, e: Mapping[str, Any]) -> TrainState:
         course = replace(last.course, nodes=list(new_nodes or last.course.nodes),
                          micro_batch=_int(e.get("micro_batch")) or last.course.micro_batch)  # fmt: skip
         step = last.classified.step if last.classified else None
-        return s._with_last(course=course, regroups=(*last.regroups, (e["kind"], step)))
+        return s._with_last(course=course, regroups=(*last.regroups, (e["kind"], step)), regrouped_at=float(e["ts"]))
     decided = Decided(
         action=e["action"],
         kind=e["kind"],

@@ -6,7 +6,8 @@
   survivors regrouped in place (a ``regrouped`` event after the classification and
   before any next attempt), to the first step after the regroup;
 - lost steps: the last step reached before the fault (the latest of the step
-  events and the heartbeats' step in the attempt's ``attempt_end``) minus the
+  events and the heartbeats' step in the attempt's ``attempt_end``, or in place
+  in the ``failure_classified``) minus the
   step resumed from (``resumed``, or the regroup's ``from_step``);
 - path: ``in_place`` or ``relaunch``, per failure;
 - world sizes: the world of each attempt and each regroup, in order, as
@@ -46,11 +47,15 @@ def recovery_figures(ledger: Ledger) -> dict[str, Any]:
         drill = _first(events, start["ts"], "drill_fired")
         fault_at = drill["ts"] if drill and drill["ts"] <= classified["ts"] else classified["detected_at"]
         steps = [e["step"] for e in events if e["event"] == "step" and start["ts"] <= e["ts"] <= classified["ts"]]
-        ended = _first(events, start["ts"], "attempt_end", attempt=attempt) or {}
-        steps += [ended["last_step"]] if ended.get("last_step") is not None else []
         nxt = _first(events, classified["ts"], "attempt_start", attempt=attempt + 1)
         regrouped = _first(events, classified["ts"], "regrouped")
-        if regrouped and (nxt is None or regrouped["ts"] < nxt["ts"]):
+        in_place = regrouped is not None and (nxt is None or regrouped["ts"] < nxt["ts"])
+        ended = _first(events, start["ts"], "attempt_end", attempt=attempt) or {}
+        # The heartbeats' last step: the attempt's end has it (in place, the attempt ends long after: the
+        # classification has it, as seen at the fault).
+        last = classified.get("step") if in_place else ended.get("last_step")
+        steps += [last] if last is not None else []
+        if regrouped and in_place:
             path, first_step, resumed_from = "in_place", _first(events, regrouped["ts"], "step"), regrouped["from_step"]
         else:
             resumed = _first(events, nxt["ts"], "resumed") if nxt else None

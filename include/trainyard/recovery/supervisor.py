@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from trainyard.atomic import open_regular
 from trainyard.errors import LineageBusy, TrainingFailed, TransientError
-from trainyard.launch.base import AttemptStatus, Launcher, LaunchPlan
+from trainyard.launch.base import AttemptStatus, Launcher, LaunchPlan, RegroupingLauncher
 from trainyard.ledger import Ledger
 from trainyard.recovery.classify import Failure
 from trainyard.recovery.controller import (
@@ -44,8 +44,10 @@ from trainyard.recovery.controller import (
     ExcludeNodes,
     Fail,
     Finish,
+    KillNodes,
     LeaseLost,
     Observation,
+    Publish,
     Record,
     RollBack,
     TaskStarted,
@@ -62,6 +64,7 @@ from trainyard.recovery.controller import Launch as LaunchCommand
 from trainyard.recovery.records import FailureRecord, failure_records
 
 if TYPE_CHECKING:  # progress reads heartbeats with this module's reader
+    from trainyard.recovery.coordstore import Coordinator
     from trainyard.recovery.progress import ProgressLog
 
 __all__ = ["AttemptResult", "Course", "supervise"]  # AttemptResult and Course moved to the controller
@@ -89,6 +92,23 @@ def read_heartbeats(directory: Path) -> dict[str, dict[str, Any]]:
 
 
 STARTUP_GRACE_S = 120.0  # interpreter, torch import, rendezvous and data before a rank's first step
+
+
+def group_beats(beats: dict[str, dict[str, Any]], members: list[str]) -> dict[str, dict[str, Any]]:
+    """The beats of a regrouped attempt's current group: rank ``k`` is ``members[k]``'s, or not yet there.
+
+    A regroup renumbers the ranks: a file left by the node that held a rank before (a dead node's last
+    beat, a survivor's beat under its old number) says nothing about the group that runs now."""
+    return {
+        rank: beat
+        for rank, beat in beats.items()
+        if (k := _rank_number(rank)) is not None and k < len(members) and beat.get("node") == members[k]
+    }
+
+
+def _rank_number(name: str) -> int | None:
+    number = name.removeprefix("rank-")
+    return int(number) if number.isdigit() else None
 
 
 def stale_ranks(
@@ -149,6 +169,7 @@ def detect(
     started: float,
     timeout_s: float,
     grace_s: float = STARTUP_GRACE_S,
+    members: list[str] | None = None,
 ) -> tuple[str, list[str], str] | None:
     """What is wrong with a running attempt, if anything: ``(trigger, suspect nodes, reason)``.
 
@@ -159,6 +180,8 @@ def detect(
     if status.state == "failed":
         return "crash", [], _crash_reason(status)
     beats = read_heartbeats(heartbeat_dir)
+    if members is not None:
+        beats = group_beats(beats, members)
     now = time.time()
     stale = stale_ranks(beats, world_size, started, now, timeout_s, grace_s)
     if not stale:
@@ -227,18 +250,23 @@ def watch_attempt(
     progress: ProgressLog | None = None,
     keep_alive: Callable[[], None] | None = None,
     checkpoints: Callable[[], Checkpoints] | None = None,
+    regrouped: bool = False,
 ) -> AttemptSucceeded | Failed | LeaseLost:
     """Poll the attempt until it succeeds, fails or the run loses its lineage: what was seen.
 
     ``progress`` paces the progress lines this loop logs (the train task's log is all a person watching sees).
     ``keep_alive`` is called at every poll (the run's lease on its lineage); ``checkpoints`` describes the
-    hot checkpoints for the policy when a failure is seen.
+    hot checkpoints for the policy when a failure is seen. ``regrouped``: the attempt regrouped in place
+    (``started`` is then the regroup's time): only the plan's nodes, the current group, are watched.
     """
+    members = list(plan.nodes) if regrouped else None
     while True:
         status = launcher.poll(handle)
+        if members is not None:  # the nodes left out of the group ended (killed, or they exited)
+            status = AttemptStatus([n for n in status.nodes if n.slot in members])
         if status.state == "succeeded":
             return AttemptSucceeded(plan.attempt, time.time(), last_step(heartbeat_dir))
-        problem = detect(status, heartbeat_dir, plan.world_size, started, heartbeat_timeout_s, startup_grace_s)
+        problem = detect(status, heartbeat_dir, plan.world_size, started, heartbeat_timeout_s, startup_grace_s, members)
         if problem:
             at = time.time()
             return failed(plan, status, heartbeat_dir, *problem, checkpoints() if checkpoints else None, at=at)
@@ -327,6 +355,8 @@ class Hooks:
     """The hot checkpoints, for the policy."""
     progress_for: Callable[[LaunchPlan], ProgressLog] | None = None
     """Paces an attempt's progress lines in the task log (None: none logged)."""
+    coordinator_for: Callable[[int], Coordinator] | None = None
+    """An attempt's side of the coordination store its ranks group on (None: the attempt cannot regroup)."""
 
 
 class StateReader:
@@ -377,9 +407,30 @@ class Driver:
                     self.ledger.append(STAGE, "nodes_marked", attempt=attempt, nodes=marked, reason=reason)
             case LaunchCommand(attempt=attempt, course=course):
                 plan = self.hooks.plan_for(attempt, course)
+                if self.hooks.coordinator_for is not None:  # the first group, before any rank looks for it
+                    self._publish(Publish(attempt, 1, list(course.nodes), course.micro_batch, []))
                 self.handles[attempt] = start_attempt(self.launcher, plan, self.ledger)
+            case KillNodes(attempt=attempt, nodes=nodes):
+                if nodes and (handle := self.handles.get(attempt)) is not None:
+                    self._regrouping().kill_nodes(handle, nodes)
+            case Publish(attempt=attempt, joiners=joiners):
+                if joiners:
+                    self._regrouping().add_nodes(self.handles[attempt], joiners)
+                self._publish(command)
             case _:
                 raise AssertionError(f"{command!r} ends a command list; it is the driver's own")
+
+    def _regrouping(self) -> RegroupingLauncher:
+        if not isinstance(self.launcher, RegroupingLauncher):
+            raise AssertionError(f"{type(self.launcher).__name__} cannot regroup an attempt in place")
+        return self.launcher
+
+    def _publish(self, command: Publish) -> None:
+        from trainyard.recovery.coordstore import Generation
+
+        assert self.hooks.coordinator_for is not None
+        generation = Generation(command.generation, command.nodes, command.micro_batch, command.joiners)
+        self.hooks.coordinator_for(command.attempt).publish(generation)
 
     def commands(self, observation: Observation) -> list[Command]:
         """Step, and carry out every command but the last (the terminal one, returned alone)."""
@@ -443,20 +494,24 @@ class Supervisor(Driver):
             self.launcher,
             handle,
             plan,
-            last.started,
+            last.regrouped_at or last.started,
             plan.heartbeat_dir,
             self.heartbeat_timeout_s,
             self.poll_s,
             progress=progress,
             keep_alive=self.keep_alive,
             checkpoints=lambda: self.end_then_scan(attempt, handle),
+            regrouped=bool(last.regroups),
         )
 
     def end_then_scan(self, attempt: int, handle: Any) -> Checkpoints:
         """A failure was seen: end the survivors first (they would wait out the dead collective's timeout,
-        spinning on the cores the scan needs), then describe the checkpoints for the policy."""
-        self.launcher.cancel(handle)
-        self.ended.add(attempt)
+        spinning on the cores the scan needs), then describe the checkpoints for the policy.
+
+        Survivors that can regroup are kept: they wait on the coordination store, idle, for the decision."""
+        if self.hooks.coordinator_for is None:
+            self.launcher.cancel(handle)
+            self.ended.add(attempt)
         return self.hooks.checkpoints()
 
     def wait(self, at: float, slice_s: float = 5.0) -> Observation:

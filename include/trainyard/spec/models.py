@@ -504,10 +504,12 @@ class RecoverySpec(_Model):
     """Pause before a retry."""
     actions: dict[FailureKind, Action] = {}
     """Per-failure-kind action overriding the defaults (see DESIGN.md)."""
-    in_place: bool = True
+    in_place: bool = False
     """A lost, hung or flaky node whose action is ``retry`` or ``scale_down`` is healed in place where the
-    attempt can regroup (survivors keep their processes and state; spares join); otherwise, or when false,
-    the attempt is relaunched. The decision's reason says which path and why."""
+    attempt can regroup (the local backend, trainyard's runtime, one CPU process per node): the survivors
+    keep their processes and state and form a new group on the supervisor's store; otherwise, or when
+    false, the attempt is relaunched. The ledger's ``recovery_path`` says which and why. Off by default
+    until its benchmark (bench/recovery.py) has been run against the relaunch path and the peers."""
 
     def action_for(self, kind: FailureKind) -> Action:
         return self.actions.get(kind, DEFAULT_ACTIONS[kind])

@@ -38,13 +38,14 @@ def main(argv: list[str] | None = None) -> int:
         loop.train(args, ctx, placement)
     except TrainyardError as exc:
         runtime.record_failure(exc, ctx)
-        print(f"trainyard.train: rank {dist.get_rank()}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        print(f"trainyard.train: rank {runtime.rank()}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         _exit_now(1)
     except Exception as exc:
         runtime.record_failure(exc, ctx)
         traceback.print_exc()
         _exit_now(1)
-    dist.destroy_process_group()
+    if dist.is_initialized():  # an elastic node left out of a generation holds no group any more
+        dist.destroy_process_group()
     return 0
 
 

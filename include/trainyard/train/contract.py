@@ -232,6 +232,25 @@ class TrainEnv:
         ),
     )
 
+    store: str | None = field(
+        default=None,
+        metadata=_meta(
+            "TRAINYARD_STORE",
+            "host:port of the supervisor's coordination store: the run recovers in place (``trainyard.train.elastic``); "
+            "unset: torchrun's process group, as before",
+            _text,
+        ),
+    )
+    collective_timeout_s: float | None = field(
+        default=None,
+        metadata=_meta(
+            "TRAINYARD_COLLECTIVE_TIMEOUT_S",
+            "with TRAINYARD_STORE: seconds a collective may wait for a silent peer before the node regroups "
+            "(default 10)",
+            _float_from(0.1),
+        ),
+    )
+
     # ------------------------------------------------------------ what the workload asks of it
 
     def should_checkpoint(self, step: int) -> bool:

@@ -41,12 +41,16 @@ class Drills:
             if step != at or fault in ("slow", "nan", "corrupt_checkpoint"):
                 continue
             self._fired(drill, step)
-            agent = os.getpgid(os.getppid())  # the node's torchrun agent and everything in its session
+            # The node's torchrun agent and everything in its session; a process started without torchrun
+            # (an elastic node of one process) is the node itself: its parent is the supervisor, spare it.
+            agent = os.getpgid(os.getppid()) if "TORCHELASTIC_RUN_ID" in os.environ else None
             if fault == "kill":
-                os.killpg(agent, signal.SIGKILL)
+                if agent is not None:
+                    os.killpg(agent, signal.SIGKILL)
                 os.kill(os.getpid(), signal.SIGKILL)
             elif fault == "hang":
-                os.killpg(agent, signal.SIGSTOP)
+                if agent is not None:
+                    os.killpg(agent, signal.SIGSTOP)
                 os.kill(os.getpid(), signal.SIGSTOP)
             elif fault == "oom":
                 raise MemoryError(f"drill: out of memory at step {step} on {self.node}")

@@ -28,6 +28,12 @@ Where CUDA is present, rank ``LOCAL_RANK`` trains on ``cuda:LOCAL_RANK`` over
 NCCL with bf16 autocast; otherwise on the CPU over gloo (``trainyard.train.device``).
 Either way the weights and optimizer state are fp32 and checkpoints are the same.
 
+With ``TRAINYARD_STORE=host:port`` (the supervisor's coordination store,
+``trainyard.recovery.coordstore``) the process forms no group from torchrun:
+it trains as a member of the generations the supervisor publishes and, when a
+peer is lost, regroups in place with the survivors and redoes the failed step
+(``train_elastic``, ``trainyard.train.elastic``).
+
 The loop is deterministic: the model is seeded, batches are a pure function of
 (seed, step) (``trainyard.train.data``) and the learning rate is a function of
 the step alone, so a resumed run reproduces the uninterrupted one and a run can
@@ -37,6 +43,8 @@ resume on a different world size with the same global batch.
 from __future__ import annotations
 
 import argparse
+import gc
+import hashlib
 import logging
 import math
 import os
@@ -51,11 +59,13 @@ from torch.distributed.checkpoint.stateful import Stateful
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainyard.errors import DataError, SpecError, TrainingFailed
-from trainyard.train import data, device, runtime
+from trainyard.train import data, device, elastic, runtime
 from trainyard.train.drills import Drills
 from trainyard.train.model import GPT, GPTConfig
 
 log = logging.getLogger("trainyard.train")
+STORE_ENV = "TRAINYARD_STORE"  # declared by ``TrainEnv.store``
+SPARE_WAIT_S = 24 * 3600.0  # a node not yet listed is a spare: it waits until used or killed with the attempt
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -133,10 +143,12 @@ def train_step(
             # makes the gradient that of the mean over the whole global batch.
             (loss / len(batches)).backward()
         total += loss.detach()
+    # The commit point: every collective of the step comes before the optimizer changes any state, so a
+    # failed collective leaves this rank at the previous step, whole (in-place recovery redoes the step).
+    dist.all_reduce(total)
     if clip > 0:
         torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
     optimizer.step()
-    dist.all_reduce(total)
     return total.item() / (len(batches) * dist.get_world_size())
 
 
@@ -152,11 +164,17 @@ def _step_line(step: int, metrics: dict[str, float]) -> str:
     )
 
 
-def _configure(args: argparse.Namespace, ctx: runtime.RunContext) -> tuple[GPTConfig, data.BatchPlan]:
-    """Model shape and batch split, or a one-line ``SpecError``: both come from the pipeline spec."""
+def _configure(
+    args: argparse.Namespace, ctx: runtime.RunContext, micro_batch: int | None = None
+) -> tuple[GPTConfig, data.BatchPlan]:
+    """Model shape and batch split, or a one-line ``SpecError``: both come from the pipeline spec.
+
+    ``micro_batch`` overrides the context's (an elastic generation's own); the global batch is kept.
+    """
     try:
         cfg = GPTConfig(args.vocab_size, args.seq_len, args.d_model, args.n_layers, args.n_heads)
-        plan = data.BatchPlan.for_world(ctx.global_batch, ctx.micro_batch, dist.get_world_size(), dist.get_rank())
+        micro = micro_batch or ctx.micro_batch
+        plan = data.BatchPlan.for_world(ctx.global_batch, micro, dist.get_world_size(), dist.get_rank())
     except ValueError as exc:
         raise SpecError([str(exc)]) from exc
     return cfg, plan
@@ -172,7 +190,12 @@ def wrap(model: torch.nn.Module, placement: device.Placement) -> DDP:
 def train(
     args: argparse.Namespace, ctx: runtime.RunContext, placement: device.Placement | None = None
 ) -> dict[str, float]:
-    """Train from the resume point to ``ctx.max_steps``; return the last step's metrics."""
+    """Train from the resume point to ``ctx.max_steps``; return the last step's metrics.
+
+    With ``TRAINYARD_STORE`` set the run recovers in place (``train_elastic``).
+    """
+    if ctx.store is not None:
+        return train_elastic(args, ctx)
     placement = placement or device.current()
     cfg, plan = _configure(args, ctx)
     torch.manual_seed(ctx.seed)  # seeds CUDA too; the weights are drawn on the CPU, so both paths start equal
@@ -228,12 +251,134 @@ def init_process_group() -> device.Placement:
     """Join torchrun's process group (env://), or form a one-process group when run directly.
 
     Binds the process to its GPU first, where it has one, and returns where it computes.
+    With ``TRAINYARD_STORE`` set no group is formed here: each generation forms its own
+    (``trainyard.train.elastic``).
     """
     placement = device.current()
     device.prepare(placement)
+    if os.environ.get(STORE_ENV, "").strip():
+        return placement
     bound = torch.device(placement.device) if placement.cuda else None  # NCCL connects at once, on this GPU
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         dist.init_process_group(placement.backend, device_id=bound)
     else:
         dist.init_process_group(placement.backend, store=dist.HashStore(), rank=0, world_size=1, device_id=bound)
     return placement
+
+
+def params_digest(model: torch.nn.Module) -> str:
+    """A short hash of the parameters: equal on every rank of a healthy data-parallel run."""
+    h = hashlib.sha256()
+    for name, p in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _unwrap(model: DDP | None) -> None:
+    """Detach an old generation's DDP from the parameters (its reducer's hooks would use the dead group)."""
+    if model is not None and hasattr(model, "reducer"):
+        model.reducer._remove_autograd_hooks()
+
+
+def train_elastic(args: argparse.Namespace, ctx: runtime.RunContext) -> dict[str, float]:
+    """Train as a member of the generations on ``ctx.store``; regroup in place after a failed collective.
+
+    The model and optimizer live across generations: thanks to the commit point in ``train_step`` they
+    always hold the last step this rank completed. A failed step is redone once in the next generation
+    (at most one step lost); a second failure of the same step ends the process. A node the next
+    generation leaves out returns at once (exit 0). CPU and gloo only.
+    """
+    assert ctx.store is not None
+    group = elastic.ElasticGroup.connect(ctx.store, ctx.node, ctx.collective_timeout_s, attempt=ctx.attempt)
+    torch.manual_seed(ctx.seed)
+    torch.use_deterministic_algorithms(True)
+    cfg = GPTConfig(args.vocab_size, args.seq_len, args.d_model, args.n_layers, args.n_heads)
+    stream = data.TokenStream.open(ctx.data_dir)
+    _check_vocab(stream, cfg)
+    module = GPT(cfg)
+    optimizer = build_optimizer(module, args)
+    # Built before waiting: a spare is ready to train the moment a generation lists it.
+    gen = group.next_generation(timeout_s=SPARE_WAIT_S)
+    assert gen is not None  # a process that was never a member waits on
+    # Its first generation is the attempt's first: start from the checkpoint like every member; a later
+    # one means this process joins a running world and receives the state.
+    first_gen = gen.number
+    committed = -1
+    model: DDP | None = None
+    metrics: dict[str, float] = {}
+    failed_at: int | None = None
+    fault_at: float | None = None
+    drills: Drills | None = None
+    while True:
+        assert gen is not None
+        group.form(gen)
+        _unwrap(model)
+        model = DDP(module)  # broadcasts rank 0's parameters: rank 0 is a survivor (see sync_state)
+        state = {"train": TrainState(model, optimizer)}
+        if gen.number == first_gen and first_gen == 1:
+            committed = runtime.load_latest(state, ctx=ctx)
+        elif ctx.node in gen.joiners:
+            committed = -1
+        committed = group.sync_state(state, committed)
+        _, plan = _configure(args, ctx, gen.micro_batch)
+        group.ready(committed)
+        if gen.number > first_gen or ctx.node in gen.joiners:
+            runtime.regrouped(gen.number, plan.micro_batch, committed, gen.joiners, ctx=ctx)
+        rank = plan.rank
+        regroup = f", {time.monotonic() - fault_at:.3f}s after the fault" if fault_at is not None else ""
+        log.info("%s: generation %d, rank %d of %d, micro batch %d, from step %d, params %s%s", ctx.node,
+                 gen.number, rank, plan.world_size, plan.micro_batch, committed, params_digest(module), regroup)  # fmt: skip
+        if drills is None:
+            drills = Drills(ctx, rank)
+        drills.rank = rank  # one Drills for the process: what it already did stays done across generations
+        checkpoints = runtime.Checkpointer(ctx, on_commit=drills.after_checkpoint)
+        seconds = 0.0
+        try:
+            for step in range(committed + 1, ctx.max_steps + 1):
+                drills.before_step(step, seconds)
+                began = time.perf_counter()
+                batches = data.micro_batches(stream, plan, step, ctx.seed, cfg.seq_len, "cpu")
+                loss = drills.loss(step, train_step(model, optimizer, batches, lr_at(step, args), args.grad_clip))
+                committed = step
+                seconds = time.perf_counter() - began
+                metrics = {
+                    "loss": loss, "lr": lr_at(step, args), "step_ms": seconds * 1e3,
+                    "tokens_per_s": plan.global_batch * cfg.seq_len / seconds,
+                }  # fmt: skip
+                runtime.heartbeat(step, metrics, ctx=ctx)
+                if rank == 0:
+                    print(_step_line(step, metrics), flush=True)
+                if not math.isfinite(loss):
+                    raise TrainingFailed(f"loss is {loss} at step {step}", kind="diverged")
+                if ctx.should_checkpoint(step):
+                    checkpoints.save(step, state, metrics, micro_batch=plan.micro_batch)
+            checkpoints.close()
+        except Exception as exc:
+            checkpoints.close(wait=False)
+            if not elastic.is_collective_error(exc):
+                raise
+            failing = committed + 1
+            if failed_at == failing:  # the redo failed too: more than one step would be lost
+                raise TrainingFailed(
+                    f"step {failing} failed again after regrouping ({exc}); giving up in-place recovery",
+                    kind="regroup_failed",
+                ) from exc
+            failed_at = failing
+            log.warning("%s: collective failed in step %d (%s); regrouping", ctx.node, failing, exc)
+            runtime.heartbeat(committed, metrics, status="regrouping", ctx=ctx)
+            runtime.flush_progress(ctx)  # the steps before the fault, while this rank's number still holds
+            fault_at = time.monotonic()
+            group.on_fault(exc, keep=[checkpoints._group])
+            del state
+            gc.collect()
+            gen = group.next_generation()
+            if gen is None:
+                log.info("%s: left out of the next generation; exiting", ctx.node)
+                return metrics
+            continue
+        break
+    log.info("%s: finished at step %d in generation %d, params %s",
+             ctx.node, committed, gen.number, params_digest(module))  # fmt: skip
+    runtime.finish(max(committed, ctx.max_steps), metrics, ctx=ctx)
+    return metrics

@@ -121,6 +121,10 @@ class ProgressDigest:
             return [self.flush()]  # type: ignore[list-item]
         return []
 
+    def write_next(self) -> None:
+        """Write the next step's event at once (the first step after a regroup times the resumption)."""
+        self._written_at = None
+
     def flush(self) -> dict[str, Any] | None:
         """The event of the steps not yet written, if any (at a save, at the end, at exit)."""
         pending, self._pending = self._pending, None

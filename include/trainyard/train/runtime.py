@@ -41,6 +41,10 @@ Environment (set by the launcher; ``trainyard.train.contract`` declares it):
     TRAINYARD_PROGRESS_EVERY_S  seconds between ledger ``step`` events, default 30 (0: one per step); see
                                 ``trainyard.train.progress``
     TRAINYARD_DRILLS            JSON list of fault drills to act out (``trainyard.train.drills``); unset: none
+    TRAINYARD_STORE             host:port of the supervisor's coordination store: the run recovers in place
+                                (``trainyard.train.elastic``); unset: torchrun's process group, as before
+    TRAINYARD_COLLECTIVE_TIMEOUT_S with TRAINYARD_STORE: seconds a collective may wait for a silent peer before
+                                the node regroups (default 10)
 
 Heartbeats are files rather than ledger events because the watcher needs the
 latest state of *every* rank cheaply; rank 0 alone writes ledger events (to a
@@ -257,6 +261,18 @@ def heartbeat(step: int, metrics: dict[str, Any], *, status: str = "running", ct
         # A checkpoint step is written at once: the metric gate needs its exact loss.
         for record in _digest(ctx).add(step, _metric_fields(metrics), force=ctx.should_checkpoint(step)):
             _ledger_event(ctx, "step", **record)
+
+
+def regrouped(
+    generation: int, micro_batch: int, from_step: int, joiners: list[str], *, ctx: RunContext | None = None
+) -> None:
+    """A new generation formed in place: rank 0's ``regrouped`` event, and the next step's event at once.
+
+    Call it on every rank once the generation's group is formed (ranks and world size are the new ones)."""
+    ctx = ctx or context()
+    _digest(ctx).write_next()
+    _ledger_event(ctx, "regrouped", generation=generation, micro_batch=micro_batch, from_step=from_step,
+                  joiners=list(joiners))  # fmt: skip
 
 
 def finish(step: int, metrics: dict[str, Any], *, ctx: RunContext | None = None) -> None:

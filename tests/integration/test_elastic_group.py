@@ -1,0 +1,126 @@
+"""In-place recovery, worker side: three plain processes lose one and carry on as two.
+
+The test is the supervisor: it hosts the coordination store, publishes
+generation 1 with three nodes, and when a survivor reports the fault of the
+node a drill killed, publishes generation 2 with the two survivors (a joiner
+comes in generation 3 in the second test). No torchrun, no Airflow: the model
+and corpus are tiny so each test takes a few seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from trainyard.recovery import coordstore
+from trainyard.recovery.coordstore import Coordinator, Generation
+from trainyard.shards import write_synthetic_corpus
+
+pytestmark = pytest.mark.integration
+
+MODEL_ARGS = ["--seq-len", "16", "--d-model", "16", "--n-layers", "1", "--n-heads", "2"]
+GLOBAL_BATCH = 12  # 3 nodes x micro 2 x accumulation 2; 2 nodes x micro 2 x 3, or x micro 3 x 2
+MAX_STEPS = 12
+KILL_AT = 6
+KILL_AT2 = 9
+WAIT_S = 60.0
+
+
+def _start(node: str, port: int, root: Path, drills: list[dict[str, object]]) -> subprocess.Popen[str]:
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "TRAINYARD_STORE": f"127.0.0.1:{port}",
+        "TRAINYARD_NODE": node,
+        "TRAINYARD_DATA_DIR": str(root / "data"),
+        "TRAINYARD_CHECKPOINT_DIR": str(root / "ckpt"),
+        "TRAINYARD_HEARTBEAT_DIR": str(root / "hb" / node),
+        "TRAINYARD_MAX_STEPS": str(MAX_STEPS),
+        "TRAINYARD_GLOBAL_BATCH": str(GLOBAL_BATCH),
+        "TRAINYARD_CHECKPOINT_EVERY": "2",
+        "TRAINYARD_CHECKPOINT_ASYNC": "1",  # a save in flight at the fault: its group goes to the graveyard
+        "TRAINYARD_COLLECTIVE_TIMEOUT_S": "20",
+        "TRAINYARD_DRILLS": json.dumps(drills),
+    }
+    cmd = [sys.executable, "-m", "trainyard.train", *MODEL_ARGS]
+    with open(root / f"{node}.log", "w") as log:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def _wait_for(what: str, check: object, procs: dict[str, subprocess.Popen[str]], root: Path) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not check():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            logs = "\n".join(f"--- {n}\n{(root / f'{n}.log').read_text()[-2000:]}" for n in procs)
+            pytest.fail(f"timed out waiting for {what}\n{logs}")
+        time.sleep(0.05)
+
+
+def _finished(root: Path, node: str) -> tuple[int, str]:
+    """The step and parameter digest a node logged when it finished."""
+    text = (root / f"{node}.log").read_text()
+    found = re.search(r"finished at step (\d+) in generation \d+, params (\w+)", text)
+    assert found, f"{node} did not finish:\n{text[-3000:]}"
+    return int(found.group(1)), found.group(2)
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    write_synthetic_corpus(tmp_path / "data", shards=2, tokens_per_shard=4096)
+    return tmp_path
+
+
+def _formed(root: Path, node: str, g: int) -> tuple[int, str]:
+    """The step a node continued from in generation ``g`` and its parameter digest then."""
+    text = (root / f"{node}.log").read_text()
+    found = re.search(rf"generation {g}, rank \d+ of \d+, micro batch \d+, from step (\d+), params (\w+)", text)
+    assert found, f"{node} did not form generation {g}:\n{text[-3000:]}"
+    return int(found.group(1)), found.group(2)
+
+
+def test_survivors_regroup_in_place_and_a_joiner_gets_the_state(root: Path) -> None:
+    store, port = coordstore.serve()
+    coord = Coordinator(coordstore.attempt_store(store, 1))  # TRAINYARD_ATTEMPT is unset: attempt 1
+    nodes = ["node-0", "node-1", "node-2"]
+    coord.publish(Generation(1, nodes, micro_batch=2))
+    drills = [
+        {"fault": "kill", "step": KILL_AT, "node": "node-1"},
+        {"fault": "kill", "step": KILL_AT2, "node": "node-2"},
+    ]
+    # node-3 is a warm spare: listed in no generation yet, it waits for one that lists it.
+    procs = {n: _start(n, port, root, drills) for n in [*nodes, "node-3"]}
+    try:
+        _wait_for("the survivors' fault reports", lambda: {"node-0", "node-2"} <= set(coord.faults(1)), procs, root)
+        assert procs["node-1"].wait(timeout=WAIT_S) == -9
+        coord.publish(Generation(2, ["node-0", "node-2"], micro_batch=2))  # global batch 12 kept: accumulation 3
+        assert coord.wait_ready(2, ["node-0", "node-2"], timeout_s=WAIT_S)
+        # Both continue from the last step the whole world completed: node-1 died before step KILL_AT.
+        assert coord.ready_steps(2) == {"node-0": KILL_AT - 1, "node-2": KILL_AT - 1}
+
+        _wait_for("node-0's second fault report", lambda: "node-0" in coord.faults(2), procs, root)
+        assert procs["node-2"].wait(timeout=WAIT_S) == -9
+        coord.publish(Generation(3, ["node-0", "node-3"], micro_batch=3, joiners=["node-3"]))
+        assert coord.wait_ready(3, ["node-0", "node-3"], timeout_s=WAIT_S)
+        assert coord.ready_steps(3) == {"node-0": KILL_AT2 - 1, "node-3": KILL_AT2 - 1}  # the joiner got step 8
+        for node in ("node-0", "node-3"):
+            assert procs[node].wait(timeout=WAIT_S) == 0, (root / f"{node}.log").read_text()[-3000:]
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    # Survivors hold the same parameters when they regroup, the joiner receives them, and all end equal.
+    assert _formed(root, "node-0", 2) == _formed(root, "node-2", 2)
+    assert _formed(root, "node-0", 2)[0] == KILL_AT - 1
+    assert _formed(root, "node-0", 3) == _formed(root, "node-3", 3)
+    assert _formed(root, "node-0", 3)[0] == KILL_AT2 - 1
+    done = {node: _finished(root, node) for node in ("node-0", "node-3")}
+    assert done["node-0"] == done["node-3"] and done["node-0"][0] == MAX_STEPS
+    assert (root / "ckpt" / f"step_{MAX_STEPS:06d}" / ".metadata").is_file()  # saves work in every generation

@@ -1,0 +1,63 @@
+"""The coordination store's generation record and the supervisor's client, on an in-process store."""
+
+from __future__ import annotations
+
+import pytest
+import torch.distributed as dist
+
+from trainyard.recovery import coordstore
+from trainyard.recovery.coordstore import Coordinator, Generation
+
+
+def test_generation_json_round_trip_and_ranks() -> None:
+    gen = Generation(number=2, members=["node-0", "node-2", "node-3"], micro_batch=2, joiners=["node-3"], from_step=7)
+    back = Generation.from_json(gen.to_json())
+    assert back == gen and back.world == 3 and back.rank_of("node-2") == 1 and back.rank_of("node-1") is None
+    assert Generation.from_json('{"number": 1, "members": ["a"], "micro_batch": 4}') == Generation(
+        1, ["a"], 4, [], None
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{", "generation record is not JSON"),
+        ("[1]", "must be a JSON object, not list"),
+        ('{"number": 1, "members": ["a"]}', "lacks the field 'micro_batch'"),
+        ('{"number": 1, "members": ["a", "a"], "micro_batch": 1}', "must be distinct node names"),
+        ('{"number": 1, "members": ["a"], "micro_batch": 1, "joiners": ["b"]}', "joiners ['b'] are not members"),
+        ('{"number": 0, "members": ["a"], "micro_batch": 1}', "Generation.number=0 must be >= 1"),
+    ],
+)
+def test_generation_refuses_a_bad_record(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        Generation.from_json(text)
+
+
+def test_coordinator_reads_what_workers_report() -> None:
+    store = dist.HashStore()
+    coord = Coordinator(store)
+    assert coord.current() is None and coord.faults() == {} and coord.ready(2) == []
+    coord.publish(Generation(1, ["node-0", "node-1", "node-2"], 2))
+    coordstore.report_fault(store, "node-0", 1, "RuntimeError: Connection reset by peer")
+    coordstore.report_fault(store, "node-2", 1, "RuntimeError: Connection reset by peer", suspect="node-1")
+    assert coord.faults() == {
+        "node-0": "generation 1: RuntimeError: Connection reset by peer (suspect: unknown)",
+        "node-2": "generation 1: RuntimeError: Connection reset by peer (suspect: node-1)",
+    }
+    assert coord.faults(generation=2) == {}
+    coord.publish(Generation(2, ["node-0", "node-2"], 3, from_step=5))
+    assert coord.current() == Generation(2, ["node-0", "node-2"], 3, [], 5)
+    assert Generation.from_json(store.get(coordstore.gen_key(1))).number == 1  # an old generation stays readable
+    coordstore.report_ready(store, 2, "node-2", 5)
+    assert not coord.wait_ready(2, ["node-0", "node-2"], timeout_s=0.2)
+    coordstore.report_ready(store, 2, "node-0", 5)
+    assert coord.wait_ready(2, ["node-0", "node-2"], timeout_s=1.0)
+    assert coord.ready(2) == ["node-2", "node-0"] and coord.ready_steps(2) == {"node-2": 5, "node-0": 5}
+
+
+def test_serve_hosts_a_store_clients_reach() -> None:
+    store, port = coordstore.serve()
+    client = dist.TCPStore("127.0.0.1", port, is_master=False)
+    Coordinator(store).publish(Generation(1, ["node-0"], 1))
+    assert Generation.from_json(client.get(coordstore.GEN)).members == ["node-0"]

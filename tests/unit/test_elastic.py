@@ -1,0 +1,80 @@
+"""The worker side of in-place recovery, in one process: which errors regroup, and waiting for a generation."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from trainyard.errors import TrainingFailed
+from trainyard.recovery.coordstore import Coordinator, Generation
+from trainyard.train import loop
+from trainyard.train.elastic import ElasticGroup, is_collective_error, parse_address
+from trainyard.train.model import GPT, GPTConfig
+
+# What torch 2.13's gloo raised in the step-0 experiment, when a peer was SIGKILLed mid all-reduce.
+RESET = (
+    "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:25515: "
+    "Connection reset by peer. This is typically caused by a remote worker hanging or bugs in the application."
+)
+
+
+def test_a_lost_peer_regroups_and_a_bug_does_not() -> None:
+    assert is_collective_error(RuntimeError(RESET))
+    assert is_collective_error(RuntimeError("[../gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 10000ms"))
+    assert is_collective_error(dist.DistBackendError("anything the backend says"))
+    assert not is_collective_error(RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x16 and 8x16)"))
+    assert not is_collective_error(ValueError("Connection reset by peer"))  # not what gloo raises
+
+
+def test_parse_address() -> None:
+    assert parse_address("127.0.0.1:29500") == ("127.0.0.1", 29500)
+    with pytest.raises(ValueError, match="TRAINYARD_STORE='127.0.0.1' is not host:port"):
+        parse_address("127.0.0.1")
+
+
+def test_next_generation_lists_this_node_or_lets_it_go() -> None:
+    store = dist.HashStore()
+    coord, group = Coordinator(store), ElasticGroup(store, "node-3", regroup_timeout_s=0.3)
+    coord.publish(Generation(1, ["node-0", "node-1"], 2))
+    # Never a member yet (a spare): a generation without it is not its end; it waits on, here until the timeout.
+    with pytest.raises(TrainingFailed, match="node-3: no generation after 0 within") as caught:
+        group.next_generation()
+    assert caught.value.kind == "regroup_timeout" and coord.spare_ready("node-3") and not coord.spare_ready("node-1")
+    coord.publish(Generation(2, ["node-0", "node-3"], 2, joiners=["node-3"]))
+    gen = group.next_generation()
+    assert gen is not None and gen.number == 2 and gen.rank_of("node-3") == 1
+    group.generation, group.formed = gen, 1  # as ``form`` leaves it
+    coord.publish(Generation(3, ["node-0"], 4))
+    assert group.next_generation() is None  # a member left out exits
+
+
+@pytest.fixture
+def one_process_group() -> Iterator[None]:
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_step_whose_last_collective_fails_changes_nothing(
+    one_process_group: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The commit point: the loss all-reduce (the step's last collective) comes before the optimizer step."""
+    torch.manual_seed(0)
+    model = loop.wrap(GPT(GPTConfig(vocab_size=64, seq_len=8, d_model=16, n_layers=1, n_heads=2)), loop.device.CPU)
+    optimizer = loop.build_optimizer(model, argparse.Namespace(lr=1e-2, weight_decay=0.1))
+    before = loop.params_digest(model)
+
+    def lost_peer(tensor: torch.Tensor, *args: object, **kwargs: object) -> None:
+        raise RuntimeError(RESET)
+
+    monkeypatch.setattr(dist, "all_reduce", lost_peer)
+    batch = torch.randint(0, 64, (2, 9))
+    with pytest.raises(RuntimeError, match="Connection reset by peer"):
+        loop.train_step(model, optimizer, [(batch[:, :-1], batch[:, 1:])], 1e-2, 1.0)
+    assert loop.params_digest(model) == before and not optimizer.state  # nothing applied: the step is redone
