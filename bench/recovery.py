@@ -106,8 +106,12 @@ def trainyard_run(root: Path, steps: int, at: int, fault: str, node: str, hb: fl
         **recovery_figures(run.ledger),
         "wall_s": wall,
         "save_blocked_s": round(sum(blocked) / len(blocked), 3),
-        "step_ms": no_fault_step_ms(run.ledger.events("train")),
+        "step_ms": _rounded(no_fault_step_ms(run.ledger.events("train"))),
     }
+
+
+def _rounded(ms: float | None) -> float | None:
+    return None if ms is None else round(ms, 1)
 
 
 def torchrun_run(root: Path, steps: int, at: int, every: int, background: bool, grace_s: float, limit_s: float) -> dict:

@@ -151,7 +151,7 @@ def peer_figures(ledger: Ledger, exits: list[int | None], stopped: str, seconds:
         "resumed": resumed,
         "finished": finished,
         "stopped": stopped,
-        "step_ms": no_fault_step_ms(events),
+        "step_ms": None if (ms := no_fault_step_ms(events)) is None else round(ms, 1),
         "wall_s": seconds,
         "exit_codes": exits,
     }

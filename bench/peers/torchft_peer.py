@@ -96,6 +96,7 @@ def main(argv: list[str]) -> None:
             print(f"{ctx.node}: step {step} failed: {exc}", file=sys.stderr, flush=True)
         if manager.current_step() == step:
             seconds = time.perf_counter() - began
+            # The loss of node-0's own micro-batches: no extra collective per step (as torchft's train_ddp.py).
             w.event("step", step=step, loss=total / len(batches), lr=lr_at(step, w.args), step_ms=seconds * 1e3,
                     world_size=world)  # fmt: skip
         elif not faulted:
