@@ -13,8 +13,10 @@ hosted store, under a prefix per restart iteration, with a 5 s timeout), and kee
 optimizer outside itself (in memory across restarts: NVRx recommends reloading a checkpoint, which would
 cost a read per restart). Every collective of a step happens before ``optimizer.step()`` (the gradient
 all-reduce, then the loss's), so a fault leaves the last committed step's state and the step in flight
-is run again. On a restart the survivors' ranks are shifted (``ShiftRanks``), DDP is rebuilt over the
-same model (its constructor broadcasts rank 0's parameters) and the committed step is broadcast.
+is run again; the optimizer step and the committed step's update are one ``atomic`` section (NVRx raises
+its restart into the main thread asynchronously). On a restart the survivors' ranks are shifted
+(``ShiftRanks``), DDP is rebuilt over the same model (its constructor broadcasts rank 0's parameters)
+and the committed steps are compared (rank 0's optimizer state is sent where they differ).
 
 What NVRx does on a fault, and why it works on gloo here: the killed rank's monitor process sees it
 gone and records the interruption in the store; the survivors' gloo all-reduce fails at once (its
@@ -97,9 +99,17 @@ def wrapped(w: Workload):  # the wrapped function's type is NVRx's
         client = dist.TCPStore(host, port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=60))
         store = dist.PrefixStore(f"trainyard-pg/{iteration}", client)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=5))
-        model = DDP(w.model)  # broadcasts rank 0's parameters: equal already, the survivors' states agree
-        start = torch.tensor([holder.committed])
-        dist.broadcast(start, src=0)
+        model = DDP(w.model)  # broadcasts rank 0's parameters
+        steps = [torch.zeros(1, dtype=torch.long) for _ in range(world)]
+        dist.all_gather(steps, torch.tensor([holder.committed]))
+        if len({int(s) for s in steps}) > 1:
+            # A rank interrupted between its last collective and its commit is a step behind: rank 0's
+            # optimizer state goes with rank 0's parameters (the usual case, all equal, costs nothing).
+            box = [w.optimizer.state_dict() if rank == 0 else None]
+            dist.broadcast_object_list(box, src=0)
+            if rank != 0:
+                w.optimizer.load_state_dict(box[0])
+        start = steps[0]
         if iteration > 0:
             w.event("resumed", step=int(start), world_size=world, iteration=iteration)
         plan = w.plan(world, rank)
@@ -119,13 +129,14 @@ def wrapped(w: Workload):  # the wrapped function's type is NVRx's
                     total += loss.detach()
                 dist.all_reduce(total)  # the step's last collective, before any state changes: the commit point
                 torch.nn.utils.clip_grad_norm_(model.parameters(), w.args.grad_clip)
-                w.optimizer.step()
-                holder.committed = step
+                with call_wrapper.atomic():  # NVRx's restart is not raised into this thread in between
+                    w.optimizer.step()
+                    holder.committed = step
                 seconds = time.perf_counter() - began
                 w.event("step", step=step, loss=total.item() / (len(batches) * world), lr=lr_at(step, w.args),
                         step_ms=seconds * 1e3, world_size=world)  # fmt: skip
                 call_wrapper.ping()
-        except Exception:
+        except BaseException:  # also NVRx's RankShouldRestart, raised into this thread when another rank saw it first
             if not holder.faulted:
                 holder.faulted = True
                 w.event("failure_classified", attempt=1, kind="node_lost", detected_at=time.time())
