@@ -16,7 +16,7 @@ DEMO_DATE ?= 2026-11-28
 # `make airflow`'s PostgreSQL cluster (metadata DB); delete the folder to start from an empty DB.
 PGDATA_DIR := $(CURDIR)/.pgdata
 
-.PHONY: help venv airflow-db demo lint test test-unit airflow bench clean clean-pg browser postgres rclone
+.PHONY: help venv airflow-db demo lint test test-unit airflow bench bench-peers clean clean-pg browser postgres rclone
 
 help:
 	@echo "make demo     - install, set up Airflow, run the demo pipeline on 2 local nodes"
@@ -68,6 +68,12 @@ rclone: venv
 	command -v rclone >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rclone > $(VENV)/apt-rclone.log 2>&1) \
 	  || (tail -5 $(VENV)/apt-rclone.log; echo "rclone not installed: bench/staging.py reports no rclone ratios")
 
+# torchft and nvidia-resiliency-ext (requirements-bench.txt): the peers bench/recovery.py measures recovery against.
+# Where they cannot be installed, the recovery bench still runs and reports each missing peer as {"ran": false, "why": ...}.
+bench-peers: venv
+	$(BIN)/pip install -r requirements-bench.txt -c constraints.txt > $(VENV)/pip-bench.log 2>&1 \
+	  || (tail -5 $(VENV)/pip-bench.log; echo "bench peers not installed: bench/recovery.py reports them as not run")
+
 # Fails on any lint finding, unformatted file or type error; mypy's cache (.mypy_cache) makes a rerun take seconds.
 lint: venv
 	$(BIN)/ruff check .
@@ -104,7 +110,7 @@ airflow: venv postgres
 	kill -KILL -- -$$af 2>/dev/null; true
 
 # Each bench prints one JSON line last; it becomes bench/results/<name>.json only if the bench succeeded.
-bench: venv rclone
+bench: venv rclone bench-peers
 	mkdir -p bench/results
 	set -e; for b in bench/*.py; do name=$$(basename $$b .py); \
 	  $(BIN)/python $$b 2>bench/results/$$name.err | tee bench/results/$$name.log; \

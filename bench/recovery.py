@@ -14,9 +14,19 @@ step ``--kill-at``:
   (3x trainyard's run plus the grace): one that resumed and then stalled is
   stopped, ``torchrun_finished`` false and its ETTR null; its agents' logs
   (``torchrun-node-N.log``) are printed to stderr then.
-Both write the same ledger (the workload's step, drill and resume events), so
+Then the peers (``--peers``, default ``torchft,nvrx``; ``none`` skips them), one
+after another, on the same model, data, global batch and fault, each under the
+torchrun baseline's total limit and with its grace as a stall bound (no new
+step that long after the fault): torchft 0.2.0 (a replica group per node, a
+Lighthouse hosted in this process) and NVIDIA's nvidia-resiliency-ext 0.4.1
+in-process restart (``bench/peers/``). A peer whose package is missing reports
+``{"ran": false, "why": ...}``.
+All write the same ledger (the workload's step, drill and resume events), so
 the figures come from the same events. A second trainyard run hangs node-2
-instead, for ``hang_detection_s``. Prints one JSON line last.
+instead, for ``hang_detection_s``. Prints one JSON line last: each peer's
+figures under its own key, ``best_peer`` (the highest ETTR of torchrun and the
+peers that finished) with ``ettr_vs_best_peer``, and ``best_resume_peer`` with
+``resume_delay_vs_best_peer``.
 
 Goals: crash detected within 5 s; hang within the heartbeat timeout + 2 s;
 resume delay at most torchrun's and under 30 s; ETTR >= 0.9 with one fault
@@ -39,10 +49,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from peers.host import PEERS, peer_run  # bench/peers: this script's folder is first on sys.path
+
 from trainyard import stages
 from trainyard.launch.local import process_tree, signal_all
 from trainyard.ledger import Ledger
 from trainyard.recovery.figures import recovery_figures
+from trainyard.recovery.peers import no_fault_step_ms, versus_best_peer
 from trainyard.run import open_run
 from trainyard.shards import write_synthetic_corpus
 
@@ -89,7 +102,16 @@ def trainyard_run(root: Path, steps: int, at: int, fault: str, node: str, hb: fl
     stages.train(run, ["node-0", "node-1", "node-2"])
     wall = next(e["seconds"] for e in run.ledger.events("train", "stage_end"))
     blocked = [e["blocked_s"] for e in run.ledger.events("train", "checkpoint_saved")]
-    return {**recovery_figures(run.ledger), "wall_s": wall, "save_blocked_s": round(sum(blocked) / len(blocked), 3)}
+    return {
+        **recovery_figures(run.ledger),
+        "wall_s": wall,
+        "save_blocked_s": round(sum(blocked) / len(blocked), 3),
+        "step_ms": _rounded(no_fault_step_ms(run.ledger.events("train"))),
+    }
+
+
+def _rounded(ms: float | None) -> float | None:
+    return None if ms is None else round(ms, 1)
 
 
 def torchrun_run(root: Path, steps: int, at: int, every: int, background: bool, grace_s: float, limit_s: float) -> dict:
@@ -204,7 +226,13 @@ def main() -> None:
     parser.add_argument(
         "--torchrun-limit", type=float, help="seconds torchrun gets in all (default: 3x trainyard's run, + the grace)"
     )
+    parser.add_argument(
+        "--peers", default=",".join(PEERS), help=f"comma-separated, of {', '.join(PEERS)}; 'none': skip them"
+    )
     args = parser.parse_args()
+    peers = [] if args.peers == "none" else [p.strip() for p in args.peers.split(",") if p.strip()]
+    if unknown := sorted(set(peers) - set(PEERS)):
+        parser.error(f"--peers: unknown {', '.join(unknown)}; choose from {', '.join(PEERS)} or 'none'")
     saves = (args.checkpoint_every, not args.sync)
     with tempfile.TemporaryDirectory() as tmp:
         ours = trainyard_run(Path(tmp) / "kill", args.steps, args.kill_at, "kill", "node-1",
@@ -214,6 +242,17 @@ def main() -> None:
         print(f"trainyard: {json.dumps(ours)}\nhang: {json.dumps(hang)}", file=sys.stderr)  # kept if the baseline fails
         limit = args.torchrun_limit or 3 * ours["wall_s"] + args.torchrun_grace
         theirs = torchrun_run(Path(tmp) / "torchrun", args.steps, args.kill_at, *saves, args.torchrun_grace, limit)
+        others: dict[str, dict] = {}
+        for peer in peers:  # one at a time: 3 nodes each on 2 cores
+            try:
+                others[peer] = peer_run(peer, Path(tmp) / peer, args.steps, args.kill_at, ARGS, limit,
+                                        args.torchrun_grace)  # fmt: skip
+            except Exception as exc:  # one peer's failure must not lose the others' figures, or ours
+                others[peer] = {"ran": False, "why": f"{type(exc).__name__}: {exc}"}
+            print(f"{peer}: {json.dumps(others[peer])}", file=sys.stderr)
+        if "torchft" in others and others["torchft"].get("step_ms") and ours["step_ms"]:
+            # torchft's cost without a fault: its per-step quorum and commit RPCs, against our plain DDP step
+            others["torchft"]["step_overhead"] = round(others["torchft"]["step_ms"] / ours["step_ms"], 3)
     print(f"one fault in {ours['wall_s']:.0f} s of training")
     print(
         f"trainyard: detection {ours['detection_s']} s, resume delay {ours['resume_delay_s']} s,"
@@ -228,6 +267,14 @@ def main() -> None:
         f"torchrun --max-restarts=3: resume delay {theirs['resume_delay_s']} s, lost steps {theirs['lost_steps']},"
         f" ETTR {theirs['ettr']}"
     )
+    for peer, figures in others.items():
+        if figures.get("ran"):
+            print(
+                f"{peer}: resume delay {figures['resume_delay_s']} s, lost steps {figures['lost_steps']},"
+                f" ETTR {figures['ettr']}, step {figures['step_ms']} ms (trainyard {ours['step_ms']} ms)"
+            )
+        else:
+            print(f"{peer}: not run ({figures['why']})")
     print(
         json.dumps(
             {
@@ -249,6 +296,9 @@ def main() -> None:
                 "checkpoint_every": args.checkpoint_every,
                 "checkpoint_async": not args.sync,
                 "save_blocked_s": ours["save_blocked_s"],
+                "step_ms": ours["step_ms"],
+                **others,
+                **versus_best_peer(ours, {"torchrun": theirs, **others}),
             }
         )
     )
