@@ -4,7 +4,10 @@
 
 The same workload on 3 local nodes, node-1 SIGKILLed (agent and worker) at
 step ``--kill-at``:
-- trainyard: the train stage (supervisor, classify, decide: scale down to 2);
+- trainyard: the train stage with ``recovery.in_place: true`` (supervisor, classify, decide: the two
+  survivors regroup in place on the supervisor's store), and again with ``in_place: false`` (the
+  relaunch path: scale down to 2, resume from the checkpoint) under ``relaunch``; shorter in-place runs
+  kill node-0 (``node0_resume_delay_s``) and hang node-2 (``hang_detection_s``, ``hang_resume_delay_s``);
 - torchrun: ``--nnodes=1:3 --max-restarts=3`` agents started by hand, which
   re-rendezvous the survivors and restart their workers from the latest checkpoint.
   Its survivors' agents sometimes never complete that re-rendezvous (seen here
@@ -76,13 +79,13 @@ training:
   heartbeat_timeout_s: {hb}
   progress_every_s: 0  # a step event per step, as the torchrun baseline gets: same ETTR definition on both
 checkpoint: {{hot: "file://{root}/ckpt", cold: "file://{root}/coldckpt"}}
-recovery: {{max_attempts: 3, backoff_s: 0}}
+recovery: {{max_attempts: 3, backoff_s: 0, in_place: {in_place}}}
 drills: [{{fault: {fault}, node: {node}, step: {at}}}]
 """
 
 
 def trainyard_run(root: Path, steps: int, at: int, fault: str, node: str, hb: float, every: int,
-                  background: bool) -> dict:  # fmt: skip
+                  background: bool, in_place: bool = True) -> dict:  # fmt: skip
     write_synthetic_corpus(root / "cold", shards=2, tokens_per_shard=16_384)
     spec = root / "bench.yaml"
     spec.write_text(
@@ -95,6 +98,7 @@ def trainyard_run(root: Path, steps: int, at: int, fault: str, node: str, hb: fl
             hb=hb,
             every=every,
             background=str(background).lower(),
+            in_place=str(in_place).lower(),
         )
     )
     run = open_run(spec, "bench", f"{fault}-{time.time_ns()}", "2026-11-28")
@@ -107,6 +111,7 @@ def trainyard_run(root: Path, steps: int, at: int, fault: str, node: str, hb: fl
         "wall_s": wall,
         "save_blocked_s": round(sum(blocked) / len(blocked), 3),
         "step_ms": _rounded(no_fault_step_ms(run.ledger.events("train"))),
+        "path": [f["path"] for f in recovery_figures(run.ledger)["failures"]],
     }
 
 
@@ -237,9 +242,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         ours = trainyard_run(Path(tmp) / "kill", args.steps, args.kill_at, "kill", "node-1",
                              args.heartbeat_timeout, *saves)  # fmt: skip
+        # The same fault on the relaunch path (recovery.in_place: false), and in place: node 0 (no special
+        # node: the store is the supervisor's) and a hang, on shorter runs (their figures are delays).
+        relaunch = trainyard_run(Path(tmp) / "relaunch", args.steps, args.kill_at, "kill", "node-1",
+                                 args.heartbeat_timeout, *saves, in_place=False)  # fmt: skip
+        node0 = trainyard_run(Path(tmp) / "node0", args.steps // 3, args.kill_at // 3, "kill", "node-0",
+                              args.heartbeat_timeout, *saves)  # fmt: skip
         hang = trainyard_run(Path(tmp) / "hang", args.steps // 3, args.kill_at // 3, "hang", "node-2",
                              args.heartbeat_timeout, *saves)  # fmt: skip
-        print(f"trainyard: {json.dumps(ours)}\nhang: {json.dumps(hang)}", file=sys.stderr)  # kept if the baseline fails
+        print(
+            f"trainyard: {json.dumps(ours)}\nrelaunch: {json.dumps(relaunch)}\nnode-0: {json.dumps(node0)}"
+            f"\nhang: {json.dumps(hang)}",
+            file=sys.stderr,
+        )  # fmt: skip  (kept if the baseline fails)
         limit = args.torchrun_limit or 3 * ours["wall_s"] + args.torchrun_grace
         theirs = torchrun_run(Path(tmp) / "torchrun", args.steps, args.kill_at, *saves, args.torchrun_grace, limit)
         others: dict[str, dict] = {}
@@ -262,7 +277,14 @@ def main() -> None:
         f"checkpoints every {args.checkpoint_every} steps, {'blocking' if args.sync else 'in the background'}:"
         f" training waited {ours['save_blocked_s']} s per save"
     )
-    print(f"hang: detected {hang['detection_s']} s after the fault (heartbeat timeout {args.heartbeat_timeout} s)")
+    print(
+        f"relaunch path: resume delay {relaunch['resume_delay_s']} s, lost steps {relaunch['lost_steps']},"
+        f" ETTR {relaunch['ettr']}; node-0 killed: resume delay {node0['resume_delay_s']} s"
+    )
+    print(
+        f"hang: detected {hang['detection_s']} s after the fault (heartbeat timeout {args.heartbeat_timeout} s),"
+        f" resumed {hang['resume_delay_s']} s after it"
+    )
     print(
         f"torchrun --max-restarts=3: resume delay {theirs['resume_delay_s']} s, lost steps {theirs['lost_steps']},"
         f" ETTR {theirs['ettr']}"
@@ -281,7 +303,10 @@ def main() -> None:
                 "bench": "recovery",
                 "detection_s": ours["detection_s"],
                 "hang_detection_s": hang["detection_s"],
+                "hang_resume_delay_s": hang["resume_delay_s"],
                 "resume_delay_s": ours["resume_delay_s"],
+                "node0_resume_delay_s": node0["resume_delay_s"],
+                "path": {"kill": ours["path"], "node0": node0["path"], "hang": hang["path"]},
                 "resume_delay_ratio_vs_torchrun": round(ours["resume_delay_s"] / theirs["resume_delay_s"], 3)
                 if theirs["resumed"]
                 else None,
@@ -297,6 +322,7 @@ def main() -> None:
                 "checkpoint_async": not args.sync,
                 "save_blocked_s": ours["save_blocked_s"],
                 "step_ms": ours["step_ms"],
+                "relaunch": {k: relaunch[k] for k in ("resume_delay_s", "lost_steps", "ettr", "detection_s", "path")},
                 **others,
                 **versus_best_peer(ours, {"torchrun": theirs, **others}),
             }

@@ -629,6 +629,9 @@ def _plan(run: Run, attempt: int, course: Course, target: int, store: str | None
             seed=training.seed,
             progress_every_s=training.progress_every_s,
             store=store,
+            # Longer than the supervisor takes to see a hang and kill the silent node (whose closed sockets
+            # then fail the survivors' collective at once): the survivors' own timeout is only the backstop.
+            collective_timeout_s=2 * training.heartbeat_timeout_s + 5 if store else None,
             drills=tuple(
                 FaultDrill(d.fault, d.step, d.node, d.factor, d.attempt)
                 for d in run.spec.drills

@@ -180,13 +180,17 @@ def detect(
     if status.state == "failed":
         return "crash", [], _crash_reason(status)
     beats = read_heartbeats(heartbeat_dir)
-    if members is not None:
-        beats = group_beats(beats, members)
+    if members is not None:  # regrouped at ``started``: every rank of the group has a full timeout from then
+        beats = {r: {**b, "time": max(b["time"], started)} for r, b in group_beats(beats, members).items()}
     now = time.time()
     stale = stale_ranks(beats, world_size, started, now, timeout_s, grace_s)
     if not stale:
         return None
-    silent = silent_ranks(heartbeat_dir, stale, now)
+    # Every rank still at work is a suspect, not only those past the timeout: the ranks waiting on a hung
+    # peer went quiet at the same step, and the first poll past the timeout may see only one of them stale.
+    # The pulse tells them apart (waiting ranks pulse; a stopped or frozen one does not).
+    working = sorted({*stale, *(r for r, b in beats.items() if b.get("status") != "finished")})
+    silent = silent_ranks(heartbeat_dir, working, now)
     # Hosts, as everywhere recovery names nodes (a beat without one: a runtime older than the host field).
     nodes = sorted(
         {str(beats[r].get("host") or beats[r]["node"]) for r in silent if r in beats and beats[r].get("node")}

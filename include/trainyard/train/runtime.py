@@ -188,28 +188,33 @@ def _metric_fields(metrics: dict[str, Any]) -> dict[str, Any]:
 
 LIVENESS_S = 1.0
 _pulse: threading.Thread | None = None
+_pulse_path: Path | None = None
+"""This rank's ``rank-N.alive``: set by every heartbeat, since an in-place regroup renumbers the ranks."""
 
 
-def _keep_alive(path: Path) -> None:
-    """Touch ``path`` every second from a daemon thread, whatever the training loop is doing.
+def _keep_alive() -> None:
+    """Touch ``_pulse_path`` every second from a daemon thread, whatever the training loop is doing.
 
     A rank blocked in a collective still pulses (gloo waits without the GIL);
     a stopped or frozen process does not. The supervisor tells the node that
     hung from the ones merely waiting for it by this pulse.
     """
     while True:
-        path.touch()
+        if _pulse_path is not None:
+            _pulse_path.touch()
         time.sleep(LIVENESS_S)
 
 
 def _write_heartbeat(ctx: RunContext, step: int, metrics: dict[str, Any], status: str) -> None:
-    global _pulse
+    global _pulse, _pulse_path
     if ctx.heartbeat_dir is None:
         return
     ctx.heartbeat_dir.mkdir(parents=True, exist_ok=True)
     me = rank()
+    _pulse_path = ctx.heartbeat_dir / f"rank-{me}.alive"
     if _pulse is None:
-        _pulse = threading.Thread(target=_keep_alive, args=(ctx.heartbeat_dir / f"rank-{me}.alive",), daemon=True)
+        _pulse_path.touch()
+        _pulse = threading.Thread(target=_keep_alive, daemon=True)
         _pulse.start()
     record = {
         "rank": me, "node": ctx.node, "host": ctx.host, "pid": os.getpid(), "step": step, "time": time.time(),
