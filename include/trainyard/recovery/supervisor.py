@@ -61,10 +61,10 @@ from trainyard.recovery.controller import (
 )
 from trainyard.recovery.controller import AttemptFailed as Failed
 from trainyard.recovery.controller import Launch as LaunchCommand
+from trainyard.recovery.coordstore import Coordinator, Generation
 from trainyard.recovery.records import FailureRecord, failure_records
 
 if TYPE_CHECKING:  # progress reads heartbeats with this module's reader
-    from trainyard.recovery.coordstore import Coordinator
     from trainyard.recovery.progress import ProgressLog
 
 __all__ = ["AttemptResult", "Course", "supervise"]  # AttemptResult and Course moved to the controller
@@ -430,8 +430,6 @@ class Driver:
         return self.launcher
 
     def _publish(self, command: Publish) -> None:
-        from trainyard.recovery.coordstore import Generation
-
         assert self.hooks.coordinator_for is not None
         generation = Generation(command.generation, command.nodes, command.micro_batch, command.joiners)
         self.hooks.coordinator_for(command.attempt).publish(generation)

@@ -227,23 +227,39 @@ def train(
                 step, train_step(model, optimizer, batches, lr_at(step, args), args.grad_clip, placement)
             )
             seconds = time.perf_counter() - began
-            metrics = {
-                "loss": loss, "lr": lr_at(step, args), "step_ms": seconds * 1e3,
-                "tokens_per_s": plan.global_batch * cfg.seq_len / seconds,
-            }  # fmt: skip
-            runtime.heartbeat(step, metrics, ctx=ctx)
-            if rank == 0:
-                print(_step_line(step, metrics), flush=True)
-            if not math.isfinite(loss):
-                # Never checkpoint a diverged model; the supervisor rolls back to the last valid one.
-                raise TrainingFailed(f"loss is {loss} at step {step}", kind="diverged")
-            if ctx.should_checkpoint(step):
-                checkpoints.save(step, state, metrics, micro_batch=plan.micro_batch)
+            metrics = _after_step(step, loss, seconds, args, ctx, cfg, plan, checkpoints, state)
     except BaseException:
         checkpoints.close(wait=False)  # a save in flight may wait on a dead peer: fail now, not at its timeout
         raise
     checkpoints.close()  # the last save commits before "finished"
     runtime.finish(max(start, ctx.max_steps), metrics, ctx=ctx)
+    return metrics
+
+
+def _after_step(
+    step: int,
+    loss: float,
+    seconds: float,
+    args: argparse.Namespace,
+    ctx: runtime.RunContext,
+    cfg: GPTConfig,
+    plan: data.BatchPlan,
+    checkpoints: runtime.Checkpointer,
+    state: dict[str, Any],
+) -> dict[str, float]:
+    """A trained step's metrics, heartbeat and log line (rank 0), then its checkpoint where one is due."""
+    metrics = {
+        "loss": loss, "lr": lr_at(step, args), "step_ms": seconds * 1e3,
+        "tokens_per_s": plan.global_batch * cfg.seq_len / seconds,
+    }  # fmt: skip
+    runtime.heartbeat(step, metrics, ctx=ctx)
+    if plan.rank == 0:
+        print(_step_line(step, metrics), flush=True)
+    if not math.isfinite(loss):
+        # Never checkpoint a diverged model; the supervisor rolls back to the last valid one.
+        raise TrainingFailed(f"loss is {loss} at step {step}", kind="diverged")
+    if ctx.should_checkpoint(step):
+        checkpoints.save(step, state, metrics, micro_batch=plan.micro_batch)
     return metrics
 
 
@@ -342,17 +358,7 @@ def train_elastic(args: argparse.Namespace, ctx: runtime.RunContext) -> dict[str
                 loss = drills.loss(step, train_step(model, optimizer, batches, lr_at(step, args), args.grad_clip))
                 committed = step
                 seconds = time.perf_counter() - began
-                metrics = {
-                    "loss": loss, "lr": lr_at(step, args), "step_ms": seconds * 1e3,
-                    "tokens_per_s": plan.global_batch * cfg.seq_len / seconds,
-                }  # fmt: skip
-                runtime.heartbeat(step, metrics, ctx=ctx)
-                if rank == 0:
-                    print(_step_line(step, metrics), flush=True)
-                if not math.isfinite(loss):
-                    raise TrainingFailed(f"loss is {loss} at step {step}", kind="diverged")
-                if ctx.should_checkpoint(step):
-                    checkpoints.save(step, state, metrics, micro_batch=plan.micro_batch)
+                metrics = _after_step(step, loss, seconds, args, ctx, cfg, plan, checkpoints, state)
             checkpoints.close()
         except Exception as exc:
             checkpoints.close(wait=False)
