@@ -9,11 +9,9 @@ optimizer state (what a checkpoint holds) in fp32.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterator
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from trainyard.train import device, loop
@@ -61,15 +59,6 @@ def test_autocast_computes_in_bf16_and_full_precision_is_a_no_op() -> None:
         assert (a @ b).dtype == torch.bfloat16
     with device.CPU.autocast():
         assert (a @ b).dtype == torch.float32
-
-
-@pytest.fixture
-def one_process_group() -> Iterator[None]:
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def test_a_bf16_autocast_step_keeps_what_a_checkpoint_holds_in_fp32(one_process_group: None) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -50,15 +49,6 @@ def test_next_generation_lists_this_node_or_lets_it_go() -> None:
     group.generation, group.formed = gen, 1  # as ``form`` leaves it
     coord.publish(Generation(3, ["node-0"], 4))
     assert group.next_generation() is None  # a member left out exits
-
-
-@pytest.fixture
-def one_process_group() -> Iterator[None]:
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def test_a_step_whose_last_collective_fails_changes_nothing(
