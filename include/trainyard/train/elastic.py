@@ -163,7 +163,7 @@ class ElasticGroup:
             coordstore.report_fault(self.store, self.node, g, f"{type(exc).__name__}: {exc}", suspect=None)
         except Exception as problem:  # the supervisor still sees the death through its launcher
             log.warning("could not report the fault to the coordination store: %s", problem)
-        self.graveyard.extend(g for g in keep or [] if g is not None)
+        self.graveyard.extend(group for group in keep or [] if group is not None)
         began = time.monotonic()
         if dist.is_initialized():
             # Its op failed: no wait; closing its sockets fails the peers still waiting on this process.
