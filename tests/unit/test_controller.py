@@ -34,6 +34,8 @@ from trainyard.recovery.controller import (
     Publish,
     Record,
     RollBack,
+    SparesReady,
+    StartNodes,
     TaskStarted,
     Timeout,
     TrainState,
@@ -68,9 +70,9 @@ RESUME = ev("resume_point", T0 - 10, resume_from="none", start_step=0)
 
 
 def ctx(spares: list[str] = (), max_attempts: int = 3, backoff_s: float = 5.0, reattach: bool = True,
-        elastic: bool = False) -> Context:  # fmt: skip
+        elastic: bool = False, rejoin: bool = True) -> Context:  # fmt: skip
     return Context(
-        recovery=RecoverySpec(max_attempts=max_attempts, backoff_s=backoff_s, in_place=elastic),
+        recovery=RecoverySpec(max_attempts=max_attempts, backoff_s=backoff_s, in_place=elastic, rejoin=rejoin),
         nodes=list(NODES),
         spares=list(spares),
         micro_batch=2,
@@ -393,11 +395,14 @@ def test_an_elastic_attempt_regroups_in_place_and_runs_on() -> None:
     state = TrainState.of([RESUME, start(1)])
     seen = failed([node("n1", exit_code=-9), ok("n0"), ok("n2")])
     commands = step(state, seen, ctx(elastic=True))
-    assert [c.event for c in commands if isinstance(c, Record)] == ["failure_classified", "decision"]
+    assert [c.event for c in commands if isinstance(c, Record)] == ["failure_classified", "decision", "rejoining"]
     decided = records(commands)["decision"]
     assert decided["action"] == "regroup" and decided["path"] == "in_place" and decided["generation"] == 2
     course = Course(["n0", "n2"], 2, "none")
-    assert others(commands) == [KillNodes(1, ["n1"]), Publish(1, 2, ["n0", "n2"], 2, []), Watch(1, course)]
+    # The dead process's node is started again outside the group: it may rejoin once it waits ready.
+    assert others(commands) == [
+        KillNodes(1, ["n1"]), Publish(1, 2, ["n0", "n2"], 2, []), StartNodes(1, ["n1"]), Watch(1, course)
+    ]  # fmt: skip
     # Folded back, the ledger says the attempt runs on, with the new group.
     after = state.fold([ev(c.event, T0 + 51, **c.fields) for c in commands if isinstance(c, Record)])
     assert after.unfinished and after.last.course == course and after.last.generation == 2
@@ -423,3 +428,39 @@ def test_no_progress_since_the_regroup_relaunches_and_regroups_are_not_attempts(
     later = step(state, failed([node("n2", log=CONNECTION), ok("n0")], last_step=30), ctx(elastic=True, max_attempts=2))
     assert records(later)["decision"]["action"] == "regroup"  # not "budget of 2 exhausted"
     assert others(later)[1] == Publish(1, 3, ["n0", "n2"], 2, [])
+
+
+def test_a_node_left_out_is_started_again_only_for_a_dead_process_and_when_the_spec_allows() -> None:
+    state = TrainState.of([RESUME, start(1)])
+    off = step(state, failed([node("n1", exit_code=-9), ok("n0"), ok("n2")]), ctx(elastic=True, rejoin=False))
+    assert not [c for c in off if isinstance(c, StartNodes)] and "rejoining" not in records(off)
+    hung = failed([ok("n0"), ok("n1"), ok("n2")], trigger="hang", stale=["n2"], reason="no progress")
+    commands = step(state, hung, ctx(elastic=True))
+    assert records(commands)["decision"]["action"] == "regroup"
+    assert not [c for c in commands if isinstance(c, StartNodes)]  # a hung node waits for the pressure test
+
+
+def test_an_elastic_attempt_starts_the_unused_spares_warm() -> None:
+    commands = step(TrainState.of([RESUME]), TaskStarted(T0), ctx(spares=["s0", "s1"], elastic=True))
+    assert commands[0] == Launch(1, Course(NODES, 2, "none"), ["s0", "s1"])
+    assert records(commands)["spares_warm"] == {"attempt": 1, "nodes": ["s0", "s1"]}
+    assert step(TrainState.of([RESUME]), TaskStarted(T0), ctx(spares=["s0"]))[0] == Launch(1, Course(NODES, 2, "none"))
+
+
+def test_ready_nodes_grow_the_world_back_in_place_with_the_global_batch_kept() -> None:
+    """3 -> 2 in place, then the restarted n1 waits ready: generation 3 has the three nodes, micro-batch 2 again."""
+    regrouped = [RESUME, start(1), ev("failure_classified", T0 + 20, attempt=1, kind="node_lost", step=12),
+                 decision(1, "regroup", "node_lost", ts=T0 + 21, new_nodes=["n0", "n2"], micro_batch=3)]  # fmt: skip
+    state = TrainState.of(regrouped)
+    assert state.last.course == Course(["n0", "n2"], 3, "none") and state.last.generation == 2
+    commands = step(state, SparesReady(1, T0 + 40, ["n1"]), ctx(elastic=True))
+    grown = records(commands)["grown"]
+    assert grown == {"attempt": 1, "generation": 3, "nodes": ["n0", "n2", "n1"], "joiners": ["n1"],
+                     "micro_batch": 2, "world_size": 3}  # fmt: skip
+    course = Course(["n0", "n2", "n1"], 2, "none")
+    assert others(commands) == [Publish(1, 3, ["n0", "n2", "n1"], 2, ["n1"]), Watch(1, course)]
+    after = state.fold([ev(c.event, T0 + 41, **c.fields) for c in commands if isinstance(c, Record)])
+    assert after.last.course == course and after.last.generation == 3 and after.last.regrouped_at == T0 + 41
+    assert after.history == state.history  # growing is no decision about a failure: no attempt spent
+    # At the first attempt's size already: nothing to grow, the attempt is watched on.
+    assert step(after, SparesReady(1, T0 + 50, ["s0"]), ctx(elastic=True)) == [Watch(1, course)]

@@ -43,12 +43,15 @@ from trainyard.recovery.policy import (
     ScaleDown,
     Situation,
     decide,
+    fitting_micro_batch,
 )
 from trainyard.recovery.policy import Fail as GiveUp
 from trainyard.spec import RecoverySpec
 from trainyard.spec.models import Action, FailureKind
 
 STAGE = "train"
+REJOIN_KINDS: frozenset[FailureKind] = frozenset({"node_lost", "transient"})
+"""Failures of a node's process, not of the node: in place, the node is started again and may rejoin."""
 """The ledger stage of every event the controller records or folds."""
 
 # ---------------------------------------------------------------- state
@@ -95,12 +98,14 @@ class Attempt:
     regroups: tuple[tuple[FailureKind, int | None], ...] = ()
     """In-place regroups so far: (kind, the step its failure was seen at); the attempt runs on."""
     regrouped_at: float | None = None
-    """When the last regroup was decided (its group's ranks start again from then)."""
+    """When the last regroup (or growth) was decided (its group's ranks start again from then)."""
+    grown: int = 0
+    """Times the world grew back in place (spares or re-admitted nodes joined at a step boundary)."""
 
     @property
     def generation(self) -> int:
-        """The attempt's group generation on the supervisor's store: 1, then one more per regroup."""
-        return 1 + len(self.regroups)
+        """The attempt's group generation on the supervisor's store: 1, then one more per regroup or growth."""
+        return 1 + len(self.regroups) + self.grown
 
 
 @dataclass(frozen=True)
@@ -215,6 +220,15 @@ def _decision(s: TrainState, e: Mapping[str, Any]) -> TrainState:
     return s._with_last(decided=decided)
 
 
+def _grown(s: TrainState, e: Mapping[str, Any]) -> TrainState:
+    last = s.last
+    if last is None or last.number != e["attempt"]:
+        return s
+    course = replace(last.course, nodes=[str(n) for n in e["nodes"]], micro_batch=int(e["micro_batch"]))
+    s = replace(s, used=s.used | set(course.nodes))
+    return s._with_last(course=course, grown=last.grown + 1, regrouped_at=float(e["ts"]))
+
+
 def _rolled_back(s: TrainState, e: Mapping[str, Any]) -> TrainState:
     last = s.last
     if last is None or last.decided is None or last.decided.action != "rollback":
@@ -232,6 +246,7 @@ _FOLDS = {
     "attempt_end": _attempt_end,
     "failure_classified": _classified,
     "decision": _decision,
+    "grown": _grown,
     "rolled_back": _rolled_back,
     "stage_start": _stage_start,
 }
@@ -325,6 +340,16 @@ class LostSight:
 
 
 @dataclass(frozen=True)
+class SparesReady:
+    """Nodes outside the group wait ready on the store (warm spares, re-admitted nodes) while the world is
+    smaller than the first attempt's: it can grow back in place."""
+
+    attempt: int
+    at: float
+    nodes: list[str]
+
+
+@dataclass(frozen=True)
 class BackoffOver:
     at: float
 
@@ -337,7 +362,9 @@ class LeaseLost:
     message: str
 
 
-Observation = TaskStarted | AttemptSucceeded | AttemptFailed | Hang | Timeout | LostSight | BackoffOver | LeaseLost
+Observation = (
+    TaskStarted | AttemptSucceeded | AttemptFailed | Hang | Timeout | LostSight | BackoffOver | LeaseLost | SparesReady
+)
 
 
 @dataclass(frozen=True)
@@ -423,6 +450,17 @@ class Launch:
 
     attempt: int
     course: Course
+    warm: list[str] = field(default_factory=list)
+    """Spares started with the attempt: they connect, build the model and wait on the store to be listed."""
+
+
+@dataclass(frozen=True)
+class StartNodes:
+    """Start these nodes in the running attempt, outside its group: they wait on the store, ready to join
+    (a node left out for a dead process, started again: reaching the store ready is its re-test)."""
+
+    attempt: int
+    nodes: list[str]
 
 
 @dataclass(frozen=True)
@@ -455,7 +493,20 @@ class Fail:
     evidence: str = ""
 
 
-Command = Record | Cancel | KillNodes | Publish | RollBack | ExcludeNodes | Launch | Watch | WaitUntil | Finish | Fail
+Command = (
+    Record
+    | Cancel
+    | KillNodes
+    | Publish
+    | StartNodes
+    | RollBack
+    | ExcludeNodes
+    | Launch
+    | Watch
+    | WaitUntil
+    | Finish
+    | Fail
+)
 TERMINAL = (Watch, WaitUntil, Finish, Fail)
 """Every command list ends with exactly one of these, and has no other."""
 
@@ -489,6 +540,8 @@ def step(state: TrainState, observation: Observation, ctx: Context) -> list[Comm
             return _failed(state, current, seen, ctx)
         case AttemptFailed():
             return _failed(state, current, observation, ctx)
+        case SparesReady(nodes=ready):
+            return _grow(current, ctx, ready)
     raise AssertionError(f"unhandled observation {observation!r}")  # pragma: no cover
 
 
@@ -497,24 +550,24 @@ def carry_on(state: TrainState, ctx: Context, now: float) -> list[Command]:
     or the end. ``now``: the observation's time, against the backoff's deadline (decision time + delay)."""
     last = state.last
     if last is None:
-        return _launch(1, Course(list(ctx.nodes), ctx.micro_batch, state.resume_from or "none"))
+        return _launch(1, Course(list(ctx.nodes), ctx.micro_batch, state.resume_from or "none"), state, ctx)
     if last.state == "running":
         if ctx.reattach:
             return [Watch(last.number, last.course)]
         # A local attempt died with the task process that watched it; the next one resumes from its checkpoints.
-        return _launch(last.number + 1, replace(last.course, resume_from="latest"))
+        return _launch(last.number + 1, replace(last.course, resume_from="latest"), state, ctx)
     if last.state == "succeeded":
         return [Finish(AttemptResult(last.number, last.seconds or 0.0, last.last_step))]
     decided = last.decided
     if decided is None or decided.action == "fail":
         # No decision recorded (the task died before it) or a run given up on that a person retried:
         # one more attempt on the same course, which the budget counts.
-        return _launch(last.number + 1, replace(last.course, resume_from="latest"))
+        return _launch(last.number + 1, replace(last.course, resume_from="latest"), state, ctx)
     if decided.action == "rollback" and decided.rolled_back_to is None:
         return [RollBack(decided.to_step or 0), WaitUntil(decided.at + decided.delay_s)]  # decided, then the task died
     if now < decided.at + decided.delay_s:
         return [WaitUntil(decided.at + decided.delay_s)]
-    return _launch(last.number + 1, next_course(last))
+    return _launch(last.number + 1, next_course(last), state, ctx)
 
 
 def next_course(last: Attempt) -> Course:
@@ -530,8 +583,42 @@ def next_course(last: Attempt) -> Course:
     )
 
 
-def _launch(attempt: int, course: Course) -> list[Command]:
-    return [Launch(attempt, course), Watch(attempt, course)]
+def _launch(attempt: int, course: Course, state: TrainState, ctx: Context) -> list[Command]:
+    """Launch and watch; an attempt that regroups in place starts the unused spares with it, warm."""
+    warm = [n for n in state.spares_left(ctx.spares) if n not in course.nodes] if ctx.elastic else []
+    started = [Record("spares_warm", {"attempt": attempt, "nodes": warm})] if warm else []
+    return [Launch(attempt, course, warm), *started, Watch(attempt, course)]
+
+
+def grown_world(current: Attempt, ctx: Context, ready: Iterable[str]) -> tuple[list[str], int] | None:
+    """The group grown by ``ready`` nodes, up to the first attempt's size, the global batch kept: its
+    nodes (the members first, in their ranks) and micro-batch; None when no larger world fits."""
+    nodes = list(current.course.nodes)
+    fresh = [n for n in ready if n not in nodes]
+    for world in range(min(len(ctx.nodes), len(nodes) + len(fresh)), len(nodes), -1):
+        micro = fitting_micro_batch(ctx.global_batch, world * ctx.procs_per_node, ctx.micro_batch)
+        if micro is not None:
+            return nodes + fresh[: world - len(nodes)], micro
+    return None
+
+
+def _grow(current: Attempt, ctx: Context, ready: list[str]) -> list[Command]:
+    """Grow the running group in place: the ready nodes join at the next step boundary with the state."""
+    world = grown_world(current, ctx, ready)
+    if world is None:
+        return [Watch(current.number, current.course)]
+    nodes, micro = world
+    joiners = [n for n in nodes if n not in current.course.nodes]
+    generation = current.generation + 1
+    fields = {"attempt": current.number, "generation": generation, "nodes": nodes, "joiners": joiners,
+              "micro_batch": micro, "world_size": len(nodes) * ctx.procs_per_node}  # fmt: skip
+    course = replace(current.course, nodes=nodes, micro_batch=micro)
+    said = f"attempt {current.number}: {', '.join(joiners)} ready; the world grows in place to {len(nodes)} nodes"
+    return [
+        Record("grown", fields, f"{said} (generation {generation}), micro-batch {micro}"),
+        Publish(current.number, generation, nodes, micro, joiners),
+        Watch(current.number, course),
+    ]
 
 
 def succeeded(attempt: int, started: float, seen: AttemptSucceeded) -> tuple[AttemptResult, Record]:
@@ -580,7 +667,7 @@ def _failed(state: TrainState, current: Attempt, seen: AttemptFailed, ctx: Conte
     found = classify(seen.failure)
     decision = decide(list(state.history), found, situation(state, current, ctx, seen.checkpoints), ctx.recovery)
     if isinstance(decision, Regroup):
-        return _regroup(current, seen, found, decision)
+        return _regroup(current, seen, found, decision, ctx)
     reason = getattr(decision, "reason", "")
     commands: list[Command] = [
         Cancel(current.number, current.course),  # survivors of a dead collective would wait out its timeout
@@ -618,7 +705,9 @@ def _failed(state: TrainState, current: Attempt, seen: AttemptFailed, ctx: Conte
     return [*commands, WaitUntil(seen.at + decision.delay_s)]
 
 
-def _regroup(current: Attempt, seen: AttemptFailed, found: Classified, decision: Regroup) -> list[Command]:
+def _regroup(
+    current: Attempt, seen: AttemptFailed, found: Classified, decision: Regroup, ctx: Context
+) -> list[Command]:
     """Heal in place: kill what is left of the culprits, publish the next generation, watch the same attempt.
 
     No ``attempt_end``: the attempt runs on. Every node that is not in the new group is killed, whether the
@@ -648,7 +737,21 @@ def _regroup(current: Attempt, seen: AttemptFailed, found: Classified, decision:
         ),
         KillNodes(current.number, gone),
         Publish(current.number, generation, list(decision.nodes), decision.micro_batch, list(decision.joiners)),
+        *_rejoin(current.number, gone, found, ctx),
         Watch(current.number, course),
+    ]
+
+
+def _rejoin(attempt: int, gone: list[str], found: Classified, ctx: Context) -> list[Command]:
+    """Start again the nodes a dead process left out (not a hung or slow one: that takes the pressure test)."""
+    if not gone or not ctx.recovery.rejoin or found.kind not in REJOIN_KINDS:
+        return []
+    why = (
+        f"{found.kind}: starting {', '.join(gone)} again (its process died, no test failed); it waits outside the group"
+    )
+    return [
+        Record("rejoining", {"attempt": attempt, "nodes": gone, "reason": why}, f"attempt {attempt}: {why}"),
+        StartNodes(attempt, gone),
     ]
 
 

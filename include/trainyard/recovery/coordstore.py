@@ -160,10 +160,20 @@ class Coordinator:
         self.store = store
 
     def publish(self, gen: Generation) -> None:
-        """Make ``gen`` the current generation (its own key first, so a reader of ``gen`` finds it)."""
+        """Make ``gen`` the current generation (its own key first, so a reader of ``gen`` finds it).
+
+        Its members are no longer spares: their announcements go (a member that dies and is started again
+        must announce itself anew before it counts as ready)."""
         text = gen.to_json()
         self.store.set(gen_key(gen.number), text)
         self.store.set(GEN, text)
+        self.forget(gen.members)
+
+    def forget(self, nodes: list[str]) -> None:
+        """Drop these nodes' spare announcements (they were listed, or their process is being replaced)."""
+        for node in nodes:
+            if self.store.check([spare_key(node)]):
+                self.store.delete_key(spare_key(node))
 
     def current(self) -> Generation | None:
         return Generation.from_json(self.store.get(GEN)) if self.store.check([GEN]) else None
@@ -183,6 +193,10 @@ class Coordinator:
     def spare_ready(self, node: str) -> bool:
         """Whether ``node`` is up as a warm spare (connected, model built, waiting to be listed)."""
         return self.store.check([spare_key(node)])
+
+    def spares_ready(self, nodes: list[str]) -> list[str]:
+        """Those of ``nodes`` up as warm spares, in the order given."""
+        return [node for node in nodes if self.spare_ready(node)]
 
     def ready(self, g: int) -> list[str]:
         """The nodes that formed generation ``g``."""

@@ -50,11 +50,14 @@ from trainyard.recovery.controller import (
     Publish,
     Record,
     RollBack,
+    SparesReady,
+    StartNodes,
     TaskStarted,
     TrainState,
     WaitUntil,
     Watch,
     ended,
+    grown_world,
     node_failures,
     step,
     succeeded,
@@ -255,19 +258,24 @@ def watch_attempt(
     keep_alive: Callable[[], None] | None = None,
     checkpoints: Callable[[], Checkpoints] | None = None,
     regrouped: bool = False,
-) -> AttemptSucceeded | Failed | LeaseLost:
+    ready_spares: Callable[[AttemptStatus], list[str]] | None = None,
+) -> AttemptSucceeded | Failed | LeaseLost | SparesReady:
     """Poll the attempt until it succeeds, fails or the run loses its lineage: what was seen.
 
     ``progress`` paces the progress lines this loop logs (the train task's log is all a person watching sees).
     ``keep_alive`` is called at every poll (the run's lease on its lineage); ``checkpoints`` describes the
     hot checkpoints for the policy when a failure is seen. ``regrouped``: the attempt regrouped in place
-    (``started`` is then the regroup's time): only the plan's nodes, the current group, are watched.
+    (``started`` is then the regroup's time). ``ready_spares`` (an attempt that groups on the store): the
+    nodes outside the group that wait ready to join it, from the launcher's full status; any ends the
+    watch. Only the plan's nodes, the current group, are watched for success and failure then.
     """
     members = list(plan.nodes) if regrouped else None
     while True:
         status = launcher.poll(handle)
-        if members is not None:  # the nodes left out of the group ended (killed, or they exited)
-            status = AttemptStatus([n for n in status.nodes if n.slot in members])
+        if ready_spares is not None and (ready := ready_spares(status)):
+            return SparesReady(plan.attempt, time.time(), ready)
+        if members is not None or ready_spares is not None:  # spares, and nodes left out (killed, or exited)
+            status = AttemptStatus([n for n in status.nodes if n.slot in plan.nodes])
         if status.state == "succeeded":
             return AttemptSucceeded(plan.attempt, time.time(), last_step(heartbeat_dir))
         problem = detect(status, heartbeat_dir, plan.world_size, started, heartbeat_timeout_s, startup_grace_s, members)
@@ -327,6 +335,7 @@ def run_attempt(
         record = ended(seen)
         _append(ledger, record)
         raise AttemptFailed(record.log, seen.failure, seen.at)
+    assert isinstance(seen, AttemptSucceeded)  # no ``ready_spares``: no spares to report
     result, record = succeeded(plan.attempt, started, seen)
     _append(ledger, record)
     return result
@@ -414,9 +423,16 @@ class Driver:
                 if self.hooks.coordinator_for is not None:  # the first group, before any rank looks for it
                     self._publish(Publish(attempt, 1, list(course.nodes), course.micro_batch, []))
                 self.handles[attempt] = start_attempt(self.launcher, plan, self.ledger)
+                if command.warm:  # outside the group: they wait on the store to be listed
+                    self._regrouping().add_nodes(self.handles[attempt], command.warm)
             case KillNodes(attempt=attempt, nodes=nodes):
                 if nodes and (handle := self.handles.get(attempt)) is not None:
                     self._regrouping().kill_nodes(handle, nodes)
+            case StartNodes(attempt=attempt, nodes=nodes):
+                if nodes and (handle := self.handles.get(attempt)) is not None:
+                    assert self.hooks.coordinator_for is not None
+                    self.hooks.coordinator_for(attempt).forget(nodes)  # ready only once the new process says so
+                    self._regrouping().add_nodes(handle, nodes)
             case Publish(attempt=attempt, joiners=joiners):
                 if joiners:
                     self._regrouping().add_nodes(self.handles[attempt], joiners)
@@ -503,8 +519,25 @@ class Supervisor(Driver):
             progress=progress,
             keep_alive=self.keep_alive,
             checkpoints=lambda: self.end_then_scan(attempt, handle),
-            regrouped=bool(last.regroups),
+            regrouped=last.generation > 1,
+            ready_spares=self._ready_spares(attempt, course) if self.hooks.coordinator_for is not None else None,
         )
+
+    def _ready_spares(self, attempt: int, course: Course) -> Callable[[AttemptStatus], list[str]]:
+        """The nodes outside ``course``'s group that run and wait ready, when they can grow it (else none)."""
+        assert self.hooks.coordinator_for is not None
+        coordinator = self.hooks.coordinator_for(attempt)
+        current = self.reader.now().last
+        assert current is not None
+
+        def ready(status: AttemptStatus) -> list[str]:
+            if len(course.nodes) >= len(self.ctx.nodes):
+                return []
+            waiting = [n.slot for n in status.nodes if n.state == "running" and n.slot not in course.nodes]
+            spares = coordinator.spares_ready(waiting) if waiting else []
+            return spares if spares and grown_world(current, self.ctx, spares) is not None else []
+
+        return ready
 
     def end_then_scan(self, attempt: int, handle: Any) -> Checkpoints:
         """A failure was seen: end the survivors first (they would wait out the dead collective's timeout,

@@ -510,6 +510,11 @@ class RecoverySpec(_Model):
     keep their processes and state and form a new group on the supervisor's store; otherwise, or when
     false, the attempt is relaunched. The ledger's ``recovery_path`` says which and why. Off by default
     until its benchmark (bench/recovery.py) has been run against the relaunch path and the peers."""
+    rejoin: bool = True
+    """In place: a node left out because its process died (``node_lost``, ``transient``) is started again at
+    once, outside the group; reaching the store ready (started, data open, model built) is its re-test, and
+    the world grows back to ``nodes.count`` at the next step boundary, the global batch kept. Warm spares
+    join the same way. False: it stays out until the attempt ends (a hung node always does)."""
 
     def action_for(self, kind: FailureKind) -> Action:
         return self.actions.get(kind, DEFAULT_ACTIONS[kind])

@@ -143,6 +143,26 @@ class ElasticGroup:
                 )
             time.sleep(coordstore.POLL_S)
 
+    def newer(self) -> int:
+        """The number of a generation published after the current one, else 0 (a world that grows publishes
+        one while this one trains: rank 0 asks each step and the commit all-reduce tells the others)."""
+        try:
+            number = Generation.from_json(self.store.get(coordstore.GEN)).number
+        except (RuntimeError, dist.DistError) as exc:
+            raise TrainingFailed(f"lost the coordination store: {exc}", kind="store_lost") from exc
+        current = self.generation.number if self.generation is not None else 0
+        return number if number > current else 0
+
+    def published(self, number: int) -> Generation | None:
+        """Generation ``number`` as published; None if it leaves this node out (it should exit)."""
+        gen = Generation.from_json(self.store.get(coordstore.gen_key(number)))
+        return gen if self.node in gen.members else None
+
+    def leave(self) -> None:
+        """Destroy the current group at a step boundary, healthy (every member leaves it at the same step)."""
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
     def form(self, gen: Generation) -> int:
         """Make ``gen``'s gloo group this process's default group (a store barrier of its members); the rank."""
         rank = gen.rank_of(self.node)

@@ -127,8 +127,12 @@ def train_step(
     lr: float,
     clip: float,
     placement: device.Placement = device.CPU,
+    news: torch.Tensor | None = None,
 ) -> float:
-    """One optimizer step over this rank's micro-batches; returns the loss averaged over the global batch."""
+    """One optimizer step over this rank's micro-batches; returns the loss averaged over the global batch.
+
+    ``news`` (a 1-element tensor) is summed over the ranks in the same all-reduce as the loss, in place: the
+    elastic loop's word that a newer generation is published, so every rank learns it at the same step."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     optimizer.zero_grad(set_to_none=True)
@@ -145,7 +149,12 @@ def train_step(
         total += loss.detach()
     # The commit point: every collective of the step comes before the optimizer changes any state, so a
     # failed collective leaves this rank at the previous step, whole (in-place recovery redoes the step).
-    dist.all_reduce(total)
+    if news is None:
+        dist.all_reduce(total)
+    else:  # one collective for both: a second would cost a round trip per step
+        both = torch.cat([total.reshape(1), news.to(total.device, total.dtype)])
+        dist.all_reduce(both)
+        total, _ = both[0], news.copy_(both[1:])
     if clip > 0:
         torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
     optimizer.step()
@@ -303,7 +312,9 @@ def train_elastic(args: argparse.Namespace, ctx: runtime.RunContext) -> dict[str
     The model and optimizer live across generations: thanks to the commit point in ``train_step`` they
     always hold the last step this rank completed. A failed step is redone once in the next generation
     (at most one step lost); a second failure of the same step ends the process. A node the next
-    generation leaves out returns at once (exit 0). CPU and gloo only.
+    generation leaves out returns at once (exit 0). A generation published while this one trains (the
+    world grows back: spares or re-admitted nodes join) is taken at the next step boundary by every rank
+    at once: rank 0 reads the store and the step's own all-reduce carries the word. CPU and gloo only.
     """
     assert ctx.store is not None
     group = elastic.ElasticGroup.connect(ctx.store, ctx.node, ctx.collective_timeout_s, attempt=ctx.attempt)
@@ -350,15 +361,21 @@ def train_elastic(args: argparse.Namespace, ctx: runtime.RunContext) -> dict[str
         drills.rank = rank  # one Drills for the process: what it already did stays done across generations
         checkpoints = runtime.Checkpointer(ctx, on_commit=drills.after_checkpoint)
         seconds = 0.0
+        news = torch.zeros(1)
+        grown = 0
         try:
             for step in range(committed + 1, ctx.max_steps + 1):
                 drills.before_step(step, seconds)
                 began = time.perf_counter()
                 batches = data.micro_batches(stream, plan, step, ctx.seed, cfg.seq_len, "cpu")
-                loss = drills.loss(step, train_step(model, optimizer, batches, lr_at(step, args), args.grad_clip))
+                news.fill_(group.newer() if rank == 0 else 0)
+                loss = train_step(model, optimizer, batches, lr_at(step, args), args.grad_clip, news=news)
+                loss = drills.loss(step, loss)
                 committed = step
                 seconds = time.perf_counter() - began
                 metrics = _after_step(step, loss, seconds, args, ctx, cfg, plan, checkpoints, state)
+                if grown := int(news.item()):  # the world grows: every rank switches after this same step
+                    break
             checkpoints.close()
         except Exception as exc:
             checkpoints.close(wait=False)
@@ -382,6 +399,15 @@ def train_elastic(args: argparse.Namespace, ctx: runtime.RunContext) -> dict[str
             if gen is None:
                 log.info("%s: left out of the next generation; exiting", ctx.node)
                 return metrics
+            continue
+        if grown and committed < ctx.max_steps:
+            group.leave()
+            gen = group.published(grown)
+            if gen is None:
+                log.info("%s: left out of generation %d; exiting", ctx.node, grown)
+                return metrics
+            log.info("%s: the world grows to generation %d at step %d", ctx.node, grown, committed)
+            fault_at = None
             continue
         break
     log.info("%s: finished at step %d in generation %d, params %s",
