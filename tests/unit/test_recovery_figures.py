@@ -70,8 +70,42 @@ def test_an_in_place_regroup_is_a_resumption_of_the_same_attempt(tmp_path: Path)
     assert figures["resume_delay_s"] == 1.5  # fault at 104.0 to step 5 after the regroup at 105.5
     assert figures["lost_steps"] == 0  # step 4 was the last committed; nothing completed was lost
     assert figures["world_sizes"] == [(100.0, 3), (105.0, 2)]
+    assert figures["world_path"] == "3 -> 2" and figures["spares_idle"] is None
+
+
+def test_the_world_path_and_the_spares_that_joined_or_wait(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "events.jsonl")
+    """A warm spare s0 joins at the fault; node-1, started again, waits, grows the world back, then dies
+    and waits again: idle at the end, as is the warm spare s1 nobody needed."""
+    at(ledger, 100.0, "attempt_start", attempt=1, nodes=["node-0", "node-1", "node-2"], world_size=3)
+    at(ledger, 100.1, "spares_warm", attempt=1, nodes=["s0", "s1"])
+    at(ledger, 104.0, "decision", attempt=1, action="regroup", kind="node_lost", joiners=["s0"])
+    at(ledger, 104.1, "rejoining", attempt=1, nodes=["node-1"])
+    at(ledger, 104.5, "regrouped", world_size=3, from_step=4)
+    at(ledger, 110.0, "grown", attempt=1, nodes=["node-0", "node-2", "s0", "node-1"], joiners=["node-1"])
+    at(ledger, 110.5, "regrouped", world_size=4, from_step=9)
+    at(ledger, 120.0, "rejoining", attempt=1, nodes=["node-1"])
+    at(ledger, 121.0, "stage_end", seconds=21.0)
+    figures = recovery_figures(ledger)
+    assert figures["world_path"] == "3 -> 3 -> 4"
+    assert figures["spares_joined"] == "s0, node-1" and figures["spares_idle"] == "s1, node-1"
 
 
 def test_a_relaunch_after_an_in_place_regroup_is_judged_on_its_own(ledger: Ledger) -> None:
     figures = recovery_figures(ledger)
     assert [f["path"] for f in figures["failures"]] == ["relaunch"]
+
+
+def test_each_fault_of_an_attempt_healed_in_place_is_timed_from_its_own_drill(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "events.jsonl")
+    at(ledger, 100.0, "attempt_start", attempt=1, nodes=["node-0", "node-1", "node-2"], world_size=3)
+    for k, fired in enumerate((110.0, 130.0)):
+        at(ledger, fired, "drill_fired", fault="kill", node=f"node-{k + 1}", step=10 * (k + 1))
+        at(ledger, fired + 0.5, "failure_classified", attempt=1, kind="node_lost", step=10 * (k + 1) - 1,
+           detected_at=fired + 0.4)  # fmt: skip
+        at(ledger, fired + 1.0, "regrouped", world_size=2, from_step=10 * (k + 1) - 1)
+        at(ledger, fired + 1.5, "step", step=10 * (k + 1), step_ms=500)
+    at(ledger, 140.0, "stage_end", seconds=40.0)
+    figures = recovery_figures(ledger)
+    assert [f["detection_s"] for f in figures["failures"]] == [0.5, 0.5]
+    assert [f["resume_delay_s"] for f in figures["failures"]] == [1.5, 1.5]

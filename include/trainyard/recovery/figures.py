@@ -10,8 +10,11 @@
   in the ``failure_classified``) minus the
   step resumed from (``resumed``, or the regroup's ``from_step``);
 - path: ``in_place`` or ``relaunch``, per failure;
-- world sizes: the world of each attempt and each regroup, in order, as
-  ``(ts, world)`` (the report plots it);
+- world sizes: the world of each attempt and each regroup or growth, in order,
+  as ``(ts, world)``, and the same as a line (``world_path``: ``3 -> 2 -> 3``);
+- spares: the nodes waiting outside the group (warm spares started with an
+  attempt, nodes started again after a dead process) that joined, and those
+  still idle at the end;
 - ETTR: productive training time over the wall time of the train stage. The
   productive time is the steps that count (a step run again after a fault counts
   once) times the run's median step time: a step slowed by a background
@@ -41,10 +44,12 @@ def _first(events: list[dict[str, Any]], after: float, event: str, **match: Any)
 def recovery_figures(ledger: Ledger) -> dict[str, Any]:
     events = list(ledger.events("train"))
     failures = []
+    seen_before = 0.0  # the previous classification: an attempt healed in place can fail again
     for classified in (e for e in events if e["event"] == "failure_classified"):
         attempt = classified["attempt"]
         start = _first(events, 0, "attempt_start", attempt=attempt) or {"ts": 0}
-        drill = _first(events, start["ts"], "drill_fired")
+        drill = _first(events, max(start["ts"], seen_before), "drill_fired")
+        seen_before = classified["ts"]
         fault_at = drill["ts"] if drill and drill["ts"] <= classified["ts"] else classified["detected_at"]
         steps = [e["step"] for e in events if e["event"] == "step" and start["ts"] <= e["ts"] <= classified["ts"]]
         nxt = _first(events, classified["ts"], "attempt_start", attempt=attempt + 1)
@@ -79,9 +84,21 @@ def recovery_figures(ledger: Ledger) -> dict[str, Any]:
     worlds = [
         (e["ts"], e["world_size"]) for e in events if e["event"] in ("attempt_start", "regrouped") and "world_size" in e
     ]
+    waiting: dict[str, None] = {}  # in order: a node can wait, join, die and wait again
+    joined: list[str] = []
+    for e in events:
+        if e["event"] in ("spares_warm", "rejoining"):
+            waiting.update(dict.fromkeys(e["nodes"]))
+        for node in e.get("joiners") or [] if e["event"] in ("decision", "grown") else []:
+            waiting.pop(node, None)
+            joined.append(node)
+    idle = list(waiting)
     return {
         "failures": failures,
         "world_sizes": worlds,
+        "world_path": " -> ".join(str(w) for _, w in worlds) or None,
+        "spares_joined": ", ".join(dict.fromkeys(joined)) or None,
+        "spares_idle": ", ".join(idle) or None,
         "detection_s": max((f["detection_s"] for f in failures), default=None),
         "resume_delay_s": max((f["resume_delay_s"] for f in failures if f["resume_delay_s"] is not None), default=None),
         "lost_steps": sum(f["lost_steps"] or 0 for f in failures),

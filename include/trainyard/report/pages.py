@@ -26,6 +26,9 @@ RECOVERY_FIGURES = (
     ("lost_steps", "steps lost"),
     ("productive_s", "productive training time (s)"),
     ("ettr", "effective training time ratio"),
+    ("world_path", "world size over time"),
+    ("spares_joined", "nodes that joined in place"),
+    ("spares_idle", "spares idle at the end"),
 )
 
 CSS = """body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}table{border-collapse:collapse;margin:.5em 0}
