@@ -61,3 +61,25 @@ def test_serve_hosts_a_store_clients_reach() -> None:
     client = dist.TCPStore("127.0.0.1", port, is_master=False)
     Coordinator(store).publish(Generation(1, ["node-0"], 1))
     assert Generation.from_json(client.get(coordstore.GEN)).members == ["node-0"]
+
+
+def test_spares_announce_themselves_and_are_forgotten_once_listed_and_formed_follows_the_newest() -> None:
+    store = dist.HashStore()
+    coord = Coordinator(store)
+    coord.publish(Generation(1, ["node-0", "node-1"], 3))
+    store.set(coordstore.spare_key("node-2"), "1")
+    store.set(coordstore.spare_key("node-3"), "1")
+    assert coord.spares_ready(["node-3", "node-2", "node-9"]) == ["node-3", "node-2"]
+    coord.publish(Generation(2, ["node-0", "node-1", "node-2"], 2, joiners=["node-2"]))
+    assert coord.spares_ready(["node-2", "node-3"]) == ["node-3"]  # a member is no spare
+    coord.forget(["node-3"])
+    assert coord.spares_ready(["node-3"]) == []
+    assert not coord.formed(2)
+    coordstore.report_ready(store, 2, "node-0", 9)
+    coordstore.report_ready(store, 2, "node-1", 9)
+    assert not coord.formed(2)  # node-2 has not formed it yet
+    # Generation 3 supersedes 2 before node-2 formed it: once 3 is formed, so is "2 or later".
+    coord.publish(Generation(3, ["node-0", "node-1"], 3))
+    for node in ("node-0", "node-1"):
+        coordstore.report_ready(store, 3, node, 9)
+    assert coord.formed(2) and coord.formed(3) and not coord.formed(4)

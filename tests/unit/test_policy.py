@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -593,6 +594,16 @@ CASES += [
         Fail,
         {},
         "cannot scale down",
+    ),
+    (
+        "in-place-survivors-exited-too",  # a failed regroup: the survivors' state died with their processes
+        [],
+        failed("transient"),
+        replace(world(in_place=CAN), running=["node-0", "node-3"]),
+        policy(),
+        Retry,
+        {},
+        "relaunch, not in place: node-1, node-2 exited too, so no survivor keeps the state",
     ),
     (
         "in-place-budget-first",

@@ -461,6 +461,9 @@ class StartNodes:
 
     attempt: int
     nodes: list[str]
+    once_formed: int | None = None
+    """Not before every member formed this generation: where nodes share cores (the local backend), a
+    start-up beside the survivors' regroup would slow their first step."""
 
 
 @dataclass(frozen=True)
@@ -647,8 +650,8 @@ def ended(seen: AttemptFailed) -> Record:
     return Record("attempt_end", fields, f"attempt {seen.attempt} failed ({failure.trigger}): {seen.reason}")
 
 
-def situation(state: TrainState, current: Attempt, ctx: Context, checkpoints: Checkpoints) -> Situation:
-    course = current.course
+def situation(state: TrainState, current: Attempt, ctx: Context, seen: AttemptFailed) -> Situation:
+    course, checkpoints = current.course, seen.checkpoints
     resumed = step_of(course.resume_from) if course.resume_from not in ("latest", "none") else checkpoints.latest_step
     return Situation(
         nodes=list(course.nodes),
@@ -660,12 +663,14 @@ def situation(state: TrainState, current: Attempt, ctx: Context, checkpoints: Ch
         valid_steps=list(checkpoints.valid_steps),
         resumed_from=resumed,
         in_place=InPlace(True, regroups=list(current.regroups)) if ctx.elastic else None,
+        # A hang seen by a trigger has no node statuses: nothing known of who runs
+        running=[n.node for n in seen.failure.nodes if n.state == "running"] if seen.failure.nodes else None,
     )
 
 
 def _failed(state: TrainState, current: Attempt, seen: AttemptFailed, ctx: Context) -> list[Command]:
     found = classify(seen.failure)
-    decision = decide(list(state.history), found, situation(state, current, ctx, seen.checkpoints), ctx.recovery)
+    decision = decide(list(state.history), found, situation(state, current, ctx, seen), ctx.recovery)
     if isinstance(decision, Regroup):
         return _regroup(current, seen, found, decision, ctx)
     reason = getattr(decision, "reason", "")
@@ -737,12 +742,12 @@ def _regroup(
         ),
         KillNodes(current.number, gone),
         Publish(current.number, generation, list(decision.nodes), decision.micro_batch, list(decision.joiners)),
-        *_rejoin(current.number, gone, found, ctx),
+        *_rejoin(current.number, gone, found, ctx, generation),
         Watch(current.number, course),
     ]
 
 
-def _rejoin(attempt: int, gone: list[str], found: Classified, ctx: Context) -> list[Command]:
+def _rejoin(attempt: int, gone: list[str], found: Classified, ctx: Context, generation: int) -> list[Command]:
     """Start again the nodes a dead process left out (not a hung or slow one: that takes the pressure test)."""
     if not gone or not ctx.recovery.rejoin or found.kind not in REJOIN_KINDS:
         return []
@@ -751,7 +756,7 @@ def _rejoin(attempt: int, gone: list[str], found: Classified, ctx: Context) -> l
     )
     return [
         Record("rejoining", {"attempt": attempt, "nodes": gone, "reason": why}, f"attempt {attempt}: {why}"),
-        StartNodes(attempt, gone),
+        StartNodes(attempt, gone, once_formed=generation),
     ]
 
 

@@ -202,6 +202,12 @@ class Coordinator:
         """The nodes that formed generation ``g``."""
         return _items(self.store, ready_key(g))
 
+    def formed(self, g: int) -> bool:
+        """Whether the current generation is ``g`` or a later one (a newer one may supersede ``g`` before
+        its members formed it) and every member of it formed it."""
+        current = self.current()
+        return current is not None and current.number >= g and set(current.members) <= set(self.ready(current.number))
+
     def ready_steps(self, g: int) -> dict[str, int]:
         """Node -> the committed step it continues from, for the nodes that formed generation ``g``."""
         return {node: int(self.store.get(ready_key(g, node))) for node in self.ready(g)}

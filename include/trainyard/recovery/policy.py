@@ -156,6 +156,8 @@ class Situation:
     """Step the failed attempt started from; None: a fresh start."""
     in_place: InPlace | None = None
     """None: in-place recovery is not offered at all (nothing said about it)."""
+    running: list[str] | None = None
+    """Hosts whose processes still ran when the failure was seen; None: not known (assumed running)."""
 
 
 # ---------------------------------------------------------------- arithmetic
@@ -283,6 +285,9 @@ def _regroup(history: list[AttemptRecord], failure: Classified, s: Situation) ->
     culprits = [n for n in s.nodes if n in failure.culprits]
     nodes, micro = (world.nodes, world.micro_batch) if isinstance(world, ScaleDown) else (s.nodes, s.micro_batch)
     joiners = [n for n in nodes if n not in s.nodes]
+    if s.running is not None and (exited := [n for n in nodes if n in s.nodes and n not in s.running]):
+        # Their state died with them (a failed regroup, a lost store): only a restart from the checkpoint is left.
+        return f"{', '.join(exited)} exited too, so no survivor keeps the state"
     what = _what(failure, culprits)
     if isinstance(world, ScaleDown) and joiners and len(nodes) == len(s.nodes):
         how = f"spare {', '.join(joiners)} joins with the survivors' state, {len(nodes)} nodes kept"

@@ -394,6 +394,19 @@ class Driver:
         """Attempts this process launched or attached, by number."""
         self.ended: set[int] = set()
         """Attempts this process already cancelled (a second cancel would only repeat the calls)."""
+        self.starts: list[StartNodes] = []
+        """Nodes to start once their generation formed (``StartNodes.once_formed``)."""
+
+    def _start_due(self, attempt: int) -> None:
+        """Start the nodes whose generation every member formed (the watch asks at each poll)."""
+        assert self.hooks.coordinator_for is not None
+        coordinator = self.hooks.coordinator_for(attempt)
+        for command in [c for c in self.starts if c.attempt == attempt]:
+            if command.once_formed is not None and not coordinator.formed(command.once_formed):
+                continue
+            self.starts.remove(command)
+            coordinator.forget(command.nodes)  # ready only once the new process says so
+            self._regrouping().add_nodes(self.handles[attempt], command.nodes)
 
     def handle(self, attempt: int, course: Course) -> Any | None:
         """The attempt's handle; one an earlier process launched is attached where the launcher can."""
@@ -429,10 +442,9 @@ class Driver:
                 if nodes and (handle := self.handles.get(attempt)) is not None:
                     self._regrouping().kill_nodes(handle, nodes)
             case StartNodes(attempt=attempt, nodes=nodes):
-                if nodes and (handle := self.handles.get(attempt)) is not None:
-                    assert self.hooks.coordinator_for is not None
-                    self.hooks.coordinator_for(attempt).forget(nodes)  # ready only once the new process says so
-                    self._regrouping().add_nodes(handle, nodes)
+                if nodes and attempt in self.handles:
+                    self.starts.append(command)
+                    self._start_due(attempt)
             case Publish(attempt=attempt, joiners=joiners):
                 if joiners:
                     self._regrouping().add_nodes(self.handles[attempt], joiners)
@@ -531,6 +543,7 @@ class Supervisor(Driver):
         assert current is not None
 
         def ready(status: AttemptStatus) -> list[str]:
+            self._start_due(attempt)
             if len(course.nodes) >= len(self.ctx.nodes):
                 return []
             waiting = [n.slot for n in status.nodes if n.state == "running" and n.slot not in course.nodes]

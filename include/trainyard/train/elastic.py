@@ -32,8 +32,10 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -68,6 +70,74 @@ def parse_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+@dataclass(frozen=True)
+class _Slot:
+    """Where a tensor was in a broadcast state tree: the tensors travel apart, one flat buffer per dtype."""
+
+    index: int
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+def _hollow(tree: Any, tensors: list[torch.Tensor]) -> Any:
+    """``tree`` with each tensor replaced by its ``_Slot`` (the tensor appended to ``tensors``)."""
+    if isinstance(tree, torch.Tensor):
+        tensors.append(tree)
+        return _Slot(len(tensors) - 1, tuple(tree.shape), tree.dtype)
+    if isinstance(tree, Mapping):
+        return {k: _hollow(v, tensors) for k, v in tree.items()}
+    if isinstance(tree, list | tuple):
+        return type(tree)(_hollow(v, tensors) for v in tree)
+    return tree
+
+
+def _slots(tree: Any) -> list[_Slot]:
+    if isinstance(tree, _Slot):
+        return [tree]
+    if isinstance(tree, Mapping):
+        return [s for v in tree.values() for s in _slots(v)]
+    if isinstance(tree, list | tuple):
+        return [s for v in tree for s in _slots(v)]
+    return []
+
+
+def _fill(tree: Any, tensors: list[torch.Tensor]) -> Any:
+    if isinstance(tree, _Slot):
+        return tensors[tree.index]
+    if isinstance(tree, Mapping):
+        return {k: _fill(v, tensors) for k, v in tree.items()}
+    if isinstance(tree, list | tuple):
+        return type(tree)(_fill(v, tensors) for v in tree)
+    return tree
+
+
+def broadcast_tree(tree: Any, src: int) -> Any:
+    """``tree`` (nested dicts and lists of CPU tensors and plain values, as a ``state_dict``) from rank ``src``
+    to every rank of the default group; ``tree`` is only read on ``src``.
+
+    Its shape and plain values go as one object, its tensors as one flat buffer per dtype: pickling a
+    model's and optimizer's tensors into an object broadcast copies and serialises every byte twice more.
+    """
+    sender = dist.get_rank() == src
+    tensors: list[torch.Tensor] = []
+    box: list[Any] = [_hollow(tree, tensors) if sender else None]
+    dist.broadcast_object_list(box, src=src)
+    slots = _slots(box[0])
+    received: list[torch.Tensor] = list(tensors) if sender else [torch.empty(0)] * len(slots)
+    for dtype in dict.fromkeys(slot.dtype for slot in slots):
+        group = [slot for slot in slots if slot.dtype == dtype]
+        sizes = [math.prod(slot.shape) for slot in group]
+        if sender:
+            flat = torch.cat([tensors[slot.index].detach().reshape(-1) for slot in group])
+        else:
+            flat = torch.empty(sum(sizes), dtype=dtype)
+        dist.broadcast(flat, src=src)
+        if not sender:
+            for slot, piece in zip(group, torch.split(flat, sizes), strict=True):
+                received[slot.index] = piece.view(slot.shape)
+    return _fill(box[0], received)
+
+
 class ElasticGroup:
     """This node's membership in the generations published on the coordination store."""
 
@@ -100,7 +170,7 @@ class ElasticGroup:
             store: dist.Store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s))
         except Exception as exc:  # RuntimeError / DistStoreError: the supervisor's store is gone
             raise TrainingFailed(
-                f"cannot reach the coordination store TRAINYARD_STORE={address}: {exc}", kind="store_lost"
+                f"cannot reach the coordination store TRAINYARD_STORE={address}: {exc}", kind="transient"
             ) from exc
         if attempt is not None:
             store = coordstore.attempt_store(store, attempt)
@@ -118,7 +188,7 @@ class ElasticGroup:
         """Wait for a generation newer than the current one; None if it leaves this node out (it should exit).
 
         A process that has not been a member yet (a warm spare) waits on, until one lists it.
-        ``TrainingFailed(kind="regroup_timeout")`` if none comes within ``timeout_s`` (default: the regroup timeout).
+        ``TrainingFailed`` (kind ``transient``: a symptom, the supervisor judges) if none comes within ``timeout_s`` (default: the regroup timeout).
         """
         after = self.generation.number if self.generation is not None else 0
         deadline = time.monotonic() + (self.regroup_timeout_s if timeout_s is None else timeout_s)
@@ -134,12 +204,12 @@ class ElasticGroup:
                         self.store.set(coordstore.spare_key(self.node), str(gen.number))
                         self.spare_announced = True
             except (RuntimeError, dist.DistError) as exc:
-                raise TrainingFailed(f"lost the coordination store while regrouping: {exc}", kind="store_lost") from exc
+                raise TrainingFailed(f"lost the coordination store while regrouping: {exc}", kind="transient") from exc
             if time.monotonic() >= deadline:
                 raise TrainingFailed(
                     f"{self.node}: no generation after {after} within {self.regroup_timeout_s:.0f}s; "
                     "the supervisor did not regroup",
-                    kind="regroup_timeout",
+                    kind="transient",
                 )
             time.sleep(coordstore.POLL_S)
 
@@ -149,7 +219,7 @@ class ElasticGroup:
         try:
             number = Generation.from_json(self.store.get(coordstore.GEN)).number
         except (RuntimeError, dist.DistError) as exc:
-            raise TrainingFailed(f"lost the coordination store: {exc}", kind="store_lost") from exc
+            raise TrainingFailed(f"lost the coordination store: {exc}", kind="transient") from exc
         current = self.generation.number if self.generation is not None else 0
         return number if number > current else 0
 
@@ -206,13 +276,11 @@ class ElasticGroup:
         if min(held) == newest:
             return newest
         src = held.index(newest)
-        payload: list[Any] = [None]
-        if dist.get_rank() == src:
-            payload[0] = {k: v.state_dict() for k, v in state.items()}
-        dist.broadcast_object_list(payload, src=src)
+        tree = {k: v.state_dict() for k, v in state.items()} if dist.get_rank() == src else None
+        received = broadcast_tree(tree, src)
         if step != newest:
             for key, value in state.items():
-                value.load_state_dict(payload[0][key])
+                value.load_state_dict(received[key])
         behind = [r for r, s in enumerate(held) if s != newest]
         number = self.generation.number if self.generation is not None else 0
         log.info("generation %d: rank %d sent the state of step %d to ranks %s", number, src, newest, behind)

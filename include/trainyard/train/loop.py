@@ -385,7 +385,7 @@ def train_elastic(args: argparse.Namespace, ctx: runtime.RunContext) -> dict[str
             if failed_at == failing:  # the redo failed too: more than one step would be lost
                 raise TrainingFailed(
                     f"step {failing} failed again after regrouping ({exc}); giving up in-place recovery",
-                    kind="regroup_failed",
+                    kind="transient",
                 ) from exc
             failed_at = failing
             log.warning("%s: collective failed in step %d (%s); regrouping", ctx.node, failing, exc)
