@@ -15,9 +15,19 @@ from trainyard import stages
 from trainyard.checkpoint.format import read_manifest
 from trainyard.recovery.figures import recovery_figures
 
-pytestmark = [pytest.mark.integration, pytest.mark.alone]  # a hang is judged by the clock: see pyproject
+pytestmark = pytest.mark.integration
 
-IN_PLACE = SPEC.replace("backoff_s: 0.2}}", "backoff_s: 0.2, in_place: true}}")
+# Without rejoin: these runs are over before a killed node could start again and grow the world back.
+IN_PLACE = SPEC.replace("backoff_s: 0.2}}", "backoff_s: 0.2, in_place: true, rejoin: false}}")
+# A model whose step takes ~0.4 s here, 80 of them: a node started again at step 5 has time to rejoin.
+GROWING = (
+    SPEC.replace("backoff_s: 0.2}}", "backoff_s: 0.2, in_place: true}}")
+    .replace(
+        "{{seq-len: 32, d-model: 32, n-heads: 2, lr: 0.01}}", "{{seq-len: 128, d-model: 256, n-layers: 4, n-heads: 4}}"
+    )
+    .replace("max_steps: 20", "max_steps: 80")
+    .replace("checkpoint_every: 5", "checkpoint_every: 20")
+)
 
 
 def finish_in_place(tmp_path: Path, drills: str) -> tuple[object, dict]:
@@ -28,7 +38,13 @@ def finish_in_place(tmp_path: Path, drills: str) -> tuple[object, dict]:
     return run, read_manifest(Path(result["checkpoint"]))
 
 
-@pytest.mark.parametrize("fault,node,kind", [("kill", "node-0", "node_lost"), ("hang", "node-2", "hang")])
+@pytest.mark.parametrize(
+    "fault,node,kind",
+    [
+        ("kill", "node-0", "node_lost"),
+        pytest.param("hang", "node-2", "hang", marks=pytest.mark.alone),  # judged by the clock: see pyproject
+    ],
+)
 def test_a_lost_node_is_healed_in_place(tmp_path: Path, fault: str, node: str, kind: str) -> None:
     """Node 0 is no special case (the store is the supervisor's); a hung node is killed, then left out."""
     run, manifest = finish_in_place(tmp_path, f"[{{fault: {fault}, node: {node}, step: 12}}]")
@@ -46,3 +62,40 @@ def test_a_lost_node_is_healed_in_place(tmp_path: Path, fault: str, node: str, k
     assert manifest["world_size"] == 2 and manifest["global_batch"] == 12  # kept by accumulation
     [failure] = recovery_figures(run.ledger)["failures"]
     assert failure["path"] == "in_place" and failure["lost_steps"] <= 1
+
+
+def test_a_node_started_again_grows_the_world_back_in_place(tmp_path: Path) -> None:
+    """node-1 is killed at step 5; the survivors regroup (3 -> 2), node-1 starts again outside the group,
+    waits ready, and joins at a step boundary with the state by broadcast: 3 nodes again, one attempt."""
+    run = run_with(tmp_path, "[{fault: kill, node: node-1, step: 5}]", spec=GROWING)
+    result = stages.train(run, ["node-0", "node-1", "node-2"])
+    assert result["attempts"] == 1 and result["last_step"] == 80
+    [rejoining] = events(run, "rejoining")
+    assert rejoining["nodes"] == ["node-1"]
+    [grown] = events(run, "grown")
+    assert grown["nodes"] == ["node-0", "node-2", "node-1"] and grown["joiners"] == ["node-1"]
+    assert grown["generation"] == 3 and grown["micro_batch"] == 2  # the first attempt's, global batch 12
+    assert [e["world_size"] for e in events(run, "regrouped")] == [2, 3]
+    assert read_manifest(Path(result["checkpoint"]))["world_size"] == 3
+    figures = recovery_figures(run.ledger)
+    assert figures["world_path"] == "3 -> 2 -> 3" and figures["spares_joined"] == "node-1"
+    assert figures["lost_steps"] <= 1 and figures["spares_idle"] is None
+
+
+def test_a_warm_spare_started_with_the_attempt_replaces_the_lost_node(tmp_path: Path) -> None:
+    """node-3 starts with the attempt and waits; node-1 dies: node-3 joins with the state, 3 nodes kept.
+    node-1, started again, finds the world full: it waits, idle, and the figures say so."""
+    spec = GROWING.replace("nodes: {{count: 3, min: 2}}", "nodes: {{count: 3, min: 2, spare: 1}}")
+    run = run_with(tmp_path, "[{fault: kill, node: node-1, step: 5}]", spec=spec)
+    result = stages.train(run, ["node-0", "node-1", "node-2"], spares=["node-3"])
+    assert result["attempts"] == 1 and result["last_step"] == 80
+    [warm] = events(run, "spares_warm")
+    assert warm["nodes"] == ["node-3"]
+    [decision] = events(run, "decision")
+    assert decision["action"] == "regroup" and decision["joiners"] == ["node-3"]
+    assert decision["new_nodes"] == ["node-0", "node-2", "node-3"]
+    assert [e["world_size"] for e in events(run, "regrouped")] == [3]
+    assert not events(run, "grown")
+    figures = recovery_figures(run.ledger)
+    assert figures["spares_joined"] == "node-3" and figures["spares_idle"] == "node-1"
+    assert figures["lost_steps"] <= 1

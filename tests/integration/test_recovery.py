@@ -15,7 +15,7 @@ from trainyard.errors import TrainingFailed
 from trainyard.run import open_run
 from trainyard.shards import write_synthetic_corpus
 
-pytestmark = [pytest.mark.integration, pytest.mark.alone]  # measures this machine: see pyproject
+pytestmark = pytest.mark.integration
 
 SPEC = """\
 dataset: {{source: "file://{root}/cold", name: tokens, hot: "file://{root}/hot"}}
@@ -88,6 +88,7 @@ def test_a_save_in_flight_at_the_fault_is_never_resumed_from(tmp_path: Path) -> 
     assert not list(run.checkpoint_root.glob("*.tmp"))  # the torn save was cleared when its step came round again
 
 
+@pytest.mark.alone  # a hang is judged by the clock: see pyproject
 def test_a_hung_node_is_detected_within_the_heartbeat_timeout(tmp_path: Path) -> None:
     run = run_with(tmp_path, "[{fault: hang, node: node-2, step: 12}]")
     manifest = finish(run)
