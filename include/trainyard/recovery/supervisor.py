@@ -544,7 +544,8 @@ class Supervisor(Driver):
 
         def ready(status: AttemptStatus) -> list[str]:
             self._start_due(attempt)
-            if len(course.nodes) >= len(self.ctx.nodes):
+            # Not before the group formed: a member that read the older generation would form it alone
+            if len(course.nodes) >= len(self.ctx.nodes) or not coordinator.formed(current.generation):
                 return []
             waiting = [n.slot for n in status.nodes if n.state == "running" and n.slot not in course.nodes]
             spares = coordinator.spares_ready(waiting) if waiting else []
