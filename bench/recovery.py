@@ -48,6 +48,7 @@ cost ~3 s of CPU on these 2 cores); the peers save none.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -56,6 +57,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from peers.host import PEERS, peer_run  # bench/peers: this script's folder is first on sys.path
@@ -224,6 +226,17 @@ def torchrun_run(root: Path, steps: int, at: int, every: int, background: bool, 
     }
 
 
+@contextlib.contextmanager
+def _workdir(keep: Path | None) -> Iterator[str]:
+    """Where the runs go: ``keep`` (made, kept: the node logs say what went wrong) or a folder removed after."""
+    if keep is None:
+        with tempfile.TemporaryDirectory() as tmp:
+            yield tmp
+    else:
+        keep.mkdir(parents=True, exist_ok=True)
+        yield str(keep)
+
+
 def resumed_after(ledger: Path, ts: float) -> bool:
     return any(e["ts"] > ts for e in Ledger(ledger).events("train", "resumed"))
 
@@ -241,6 +254,7 @@ def main() -> None:
     parser.add_argument(
         "--torchrun-limit", type=float, help="seconds torchrun gets in all (default: 3x trainyard's run, + the grace)"
     )
+    parser.add_argument("--keep", type=Path, help="keep every run's folder (ledgers, node logs) under this one")
     parser.add_argument(
         "--peers", default=",".join(PEERS), help=f"comma-separated, of {', '.join(PEERS)}; 'none': skip them"
     )
@@ -249,7 +263,7 @@ def main() -> None:
     if unknown := sorted(set(peers) - set(PEERS)):
         parser.error(f"--peers: unknown {', '.join(unknown)}; choose from {', '.join(PEERS)} or 'none'")
     saves = (args.checkpoint_every, not args.sync)
-    with tempfile.TemporaryDirectory() as tmp:
+    with _workdir(args.keep) as tmp:
         ours = trainyard_run(Path(tmp) / "kill", args.steps, args.kill_at, "kill", "node-1",
                              args.heartbeat_timeout, *saves)  # fmt: skip
         # The same fault on the relaunch path (recovery.in_place: false), and in place: node 0 (no special

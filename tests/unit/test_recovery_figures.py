@@ -109,3 +109,24 @@ def test_each_fault_of_an_attempt_healed_in_place_is_timed_from_its_own_drill(tm
     figures = recovery_figures(ledger)
     assert [f["detection_s"] for f in figures["failures"]] == [0.5, 0.5]
     assert [f["resume_delay_s"] for f in figures["failures"]] == [1.5, 1.5]
+
+
+def test_a_regroup_that_never_formed_is_one_fault_judged_with_the_relaunch_that_followed(tmp_path: Path) -> None:
+    """node-1 is killed at 110 (regroup decided in place); the group never forms, a hang is seen at 121 and
+    attempt 2 resumes from step 5 at 130: one fault of 110, resumed 21 s later, steps 6-9 lost once."""
+    ledger = Ledger(tmp_path / "events.jsonl")
+    at(ledger, 100.0, "attempt_start", attempt=1, nodes=["node-0", "node-1", "node-2"], world_size=3)
+    for step in range(1, 10):
+        at(ledger, 100.0 + step, "step", step=step, step_ms=1000)
+    at(ledger, 110.0, "drill_fired", fault="kill", node="node-1", step=10)
+    at(ledger, 110.5, "failure_classified", attempt=1, kind="node_lost", step=9, detected_at=110.4)
+    at(ledger, 121.0, "failure_classified", attempt=1, kind="hang", step=9, detected_at=120.9)
+    at(ledger, 121.5, "attempt_end", attempt=1, state="failed", last_step=9)
+    at(ledger, 125.0, "attempt_start", attempt=2, nodes=["node-0", "node-2"], world_size=2)
+    at(ledger, 129.0, "resumed", step=5)
+    at(ledger, 131.0, "step", step=6, step_ms=1000)
+    at(ledger, 140.0, "stage_end", seconds=40.0)
+    first, second = recovery_figures(ledger)["failures"]
+    assert first["path"] == "in_place_unformed" and first["lost_steps"] is None and first["detection_s"] == 0.5
+    assert second["path"] == "relaunch" and second["fault_at"] == 110.0 and second["resume_delay_s"] == 21.0
+    assert recovery_figures(ledger)["lost_steps"] == 4

@@ -9,7 +9,9 @@
   events and the heartbeats' step in the attempt's ``attempt_end``, or in place
   in the ``failure_classified``) minus the
   step resumed from (``resumed``, or the regroup's ``from_step``);
-- path: ``in_place`` or ``relaunch``, per failure;
+- path: ``in_place`` or ``relaunch``, per failure; ``in_place_unformed`` for a regroup decided in place
+  whose group never formed before the attempt failed again: that next failure carries its fault's time
+  on and its resumption and lost steps count once, there;
 - world sizes: the world of each attempt and each regroup or growth, in order,
   as ``(ts, world)``, and the same as a line (``world_path``: ``3 -> 2 -> 3``);
 - spares: the nodes waiting outside the group (warm spares started with an
@@ -45,16 +47,27 @@ def recovery_figures(ledger: Ledger) -> dict[str, Any]:
     events = list(ledger.events("train"))
     failures = []
     seen_before = 0.0  # the previous classification: an attempt healed in place can fail again
+    unhealed: float | None = None  # the fault of a regroup that never formed: the next failure carries it on
     for classified in (e for e in events if e["event"] == "failure_classified"):
         attempt = classified["attempt"]
         start = _first(events, 0, "attempt_start", attempt=attempt) or {"ts": 0}
         drill = _first(events, max(start["ts"], seen_before), "drill_fired")
         seen_before = classified["ts"]
         fault_at = drill["ts"] if drill and drill["ts"] <= classified["ts"] else classified["detected_at"]
+        fault_at, unhealed = (fault_at if unhealed is None else unhealed), None
         steps = [e["step"] for e in events if e["event"] == "step" and start["ts"] <= e["ts"] <= classified["ts"]]
         nxt = _first(events, classified["ts"], "attempt_start", attempt=attempt + 1)
         regrouped = _first(events, classified["ts"], "regrouped")
-        in_place = regrouped is not None and (nxt is None or regrouped["ts"] < nxt["ts"])
+        later = next((e for e in events if e["event"] == "failure_classified" and e["ts"] > classified["ts"]), None)
+        in_place = regrouped is not None and all(x is None or regrouped["ts"] < x["ts"] for x in (nxt, later))
+        if not in_place and later is not None and later["attempt"] == attempt:
+            # Decided in place, but the group never formed before the attempt failed again: one fault, judged
+            # (resumption, lost steps) with the failure that ended it.
+            unhealed = fault_at
+            failures.append({"attempt": attempt, "kind": classified["kind"], "path": "in_place_unformed",
+                             "fault_at": fault_at, "detection_s": round(classified["ts"] - fault_at, 3),
+                             "resume_delay_s": None, "lost_steps": None})  # fmt: skip
+            continue
         ended = _first(events, start["ts"], "attempt_end", attempt=attempt) or {}
         # The heartbeats' last step: the attempt's end has it (in place, the attempt ends long after: the
         # classification has it, as seen at the fault).

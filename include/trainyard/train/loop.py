@@ -392,7 +392,7 @@ def train_elastic(args: argparse.Namespace, ctx: runtime.RunContext) -> dict[str
             runtime.heartbeat(committed, metrics, status="regrouping", ctx=ctx)
             runtime.flush_progress(ctx)  # the steps before the fault, while this rank's number still holds
             fault_at = time.monotonic()
-            group.on_fault(exc, keep=[checkpoints._group])
+            group.on_fault(exc, keep=[checkpoints.group])
             del state
             gc.collect()
             gen = group.next_generation()

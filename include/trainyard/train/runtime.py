@@ -411,6 +411,11 @@ class Checkpointer:
         self._stager: DefaultStager | None = None
         self._pending: Future | None = None
 
+    @property
+    def group(self) -> Any:
+        """The background saves' own process group (None until the first): a thread may still use it."""
+        return self._group
+
     def save(self, step: int, state_dict: dict[str, Any], metrics: dict[str, Any], *,
              micro_batch: int | None = None) -> None:  # fmt: skip
         """Save ``state_dict`` as the checkpoint of ``step`` (collective)."""
