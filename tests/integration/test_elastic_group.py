@@ -124,3 +124,37 @@ def test_survivors_regroup_in_place_and_a_joiner_gets_the_state(root: Path) -> N
     done = {node: _finished(root, node) for node in ("node-0", "node-3")}
     assert done["node-0"] == done["node-3"] and done["node-0"][0] == MAX_STEPS
     assert (root / "ckpt" / f"step_{MAX_STEPS:06d}" / ".metadata").is_file()  # saves work in every generation
+
+
+def test_every_survivor_fails_at_once_not_after_the_collective_timeout(root: Path) -> None:
+    """In a world of four, node-3 never talks to the killed node-1 in the ring: it learns of the fault only
+    when a neighbour's broken group closes its sockets. Anything that keeps that group alive (the DDP
+    wrapper, the failed call's frames) leaves node-3 blocked for the whole collective timeout (20 s here)."""
+    store, port = coordstore.serve()
+    coord = Coordinator(coordstore.attempt_store(store, 1))
+    nodes = ["node-0", "node-1", "node-2", "node-3"]
+    coord.publish(Generation(1, nodes, micro_batch=1))  # global batch 12: accumulation 3
+    procs = {n: _start(n, port, root, [{"fault": "kill", "step": KILL_AT, "node": "node-1"}]) for n in nodes}
+    survivors = ["node-0", "node-2", "node-3"]
+    seen: dict[str, float] = {}
+
+    def all_reported() -> bool:
+        now = time.monotonic()
+        for node in coord.faults(1):
+            seen.setdefault(node, now)
+        return set(survivors) <= set(seen)
+
+    try:
+        _wait_for("the survivors' fault reports", all_reported, procs, root)
+        spread = max(seen.values()) - min(seen.values())
+        assert spread < 5.0, f"a survivor reported {spread:.1f}s after the first: {seen}"
+        coord.publish(Generation(2, survivors, micro_batch=2))  # accumulation 2
+        assert coord.wait_ready(2, survivors, timeout_s=WAIT_S)
+        for node in survivors:
+            assert procs[node].wait(timeout=WAIT_S) == 0, (root / f"{node}.log").read_text()[-3000:]
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert len({_finished(root, node) for node in survivors}) == 1

@@ -7,7 +7,8 @@ rank that fails leaves its failure record first (``runtime.record_failure``).
 A failed rank exits at once (``os._exit``) rather than through interpreter
 shutdown: a background checkpoint save may be blocked in a collective with a
 peer that died, and neither it nor the process group's teardown should delay
-the exit the supervisor is waiting for.
+the exit the supervisor is waiting for. An elastic rank exits the same way when it
+finishes, for the same reason.
 """
 
 from __future__ import annotations
@@ -46,6 +47,10 @@ def main(argv: list[str] | None = None) -> int:
         _exit_now(1)
     if dist.is_initialized():  # an elastic node left out of a generation holds no group any more
         dist.destroy_process_group()
+    if ctx.store is not None:
+        # An elastic rank may hold a buried group (``trainyard.train.elastic``) with a thread still blocked
+        # on the dead peer: the interpreter's shutdown would abort on it (SIGABRT after a finished run).
+        _exit_now(0)
     return 0
 
 

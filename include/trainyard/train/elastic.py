@@ -34,6 +34,7 @@ import gc
 import logging
 import math
 import time
+import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -247,7 +248,11 @@ class ElasticGroup:
         return rank
 
     def on_fault(self, exc: BaseException, keep: list[Any] | None = None) -> None:
-        """Report the failed collective, bury ``keep`` (groups a thread may use) and destroy the broken group."""
+        """Report the failed collective, bury ``keep`` (groups a thread may use) and destroy the broken group.
+
+        The caller must have dropped its own references to the group (DDP holds one): the group's sockets
+        close only when the last reference goes. The failed call's frames hold one too; they are cleared here.
+        """
         g = self.generation.number if self.generation is not None else 0
         try:
             coordstore.report_fault(self.store, self.node, g, f"{type(exc).__name__}: {exc}", suspect=None)
@@ -255,6 +260,7 @@ class ElasticGroup:
             log.warning("could not report the fault to the coordination store: %s", problem)
         self.graveyard.extend(group for group in keep or [] if group is not None)
         began = time.monotonic()
+        traceback.clear_frames(exc.__traceback__)  # the collective's frames hold the group in their locals
         if dist.is_initialized():
             # Its op failed: no wait; closing its sockets fails the peers still waiting on this process.
             # It also unregisters the buried groups, whose objects the graveyard keeps alive.
