@@ -1,9 +1,15 @@
 """Recovery from a lost node: trainyard in place and relaunched, torchrun's elastic restart, and the peers.
 
-    python bench/recovery.py [--steps 360] [--kill-at 180] [--per-minute-steps 400] [--checkpoint-every 60] [--sync]
+    python bench/recovery.py [--train-s-per-fault 180] [--steps N --kill-at K --checkpoint-every E] [--sync]
 
 The same workload on 3 local nodes, node-1 SIGKILLed (agent and worker) at
-step ``--kill-at``, about 3 minutes of training with the fault half way:
+step ``--kill-at``, about 3 minutes of training with the fault half way. A step
+costs 0.24 s on one 2-core machine and 0.43 s on another, so the step counts are
+sized here: a short run without a fault (``calibration``) measures this machine's
+step, then the runs get ``--train-s-per-fault`` seconds of training per fault, a
+save every sixth of it, the fault just before the middle save (``sizing`` in the
+JSON says what was measured and chosen; ``--steps``, ``--kill-at``,
+``--checkpoint-every`` and ``--per-minute-steps`` override):
 - trainyard: the train stage with ``recovery.in_place: true`` (supervisor, classify, decide: the two
   survivors regroup in place on the supervisor's store; node-1, started again, rejoins at a step
   boundary), and again with ``in_place: false`` (the relaunch path: scale down to 2, resume from the
@@ -41,8 +47,8 @@ least as good as the best peer's (``resume_delay_vs_best_peer`` <= 1, ``ettr_vs_
 The kill lands at the worst moment for a relaunch, just before a checkpoint is due, so the relaunch path
 loses ``--checkpoint-every`` minus one steps. Checkpoints are saved in the background unless ``--sync``;
 ``save_blocked_s`` is training's mean wait per save. With in-place recovery the on-disk checkpoint is for
-whole-job restarts and publishing, so the default saves every 60 steps (~27 s; each save and its validation
-cost ~3 s of CPU on these 2 cores); the peers save none.
+whole-job restarts and publishing, so the default saves every ~30 s of training (each save and its
+validation cost 1-3 s of CPU on these 2 cores); the peers save none.
 """
 
 from __future__ import annotations
@@ -71,6 +77,7 @@ from trainyard.run import open_run
 from trainyard.shards import write_synthetic_corpus
 
 # A model big enough that a step costs ~0.5 s on 2 cores: training time, not start-up, dominates.
+CALIBRATION_STEPS = 40
 ARGS = ["--seq-len", "128", "--d-model", "256", "--n-layers", "4", "--n-heads", "4", "--lr", "0.003"]
 SPEC = """\
 dataset: {{source: "file://{root}/cold", name: tokens, hot: "file://{root}/hot"}}
@@ -96,7 +103,7 @@ def trainyard_run(root: Path, steps: int, at: int | list[int], fault: str, node:
                   every: int, background: bool, in_place: bool = True, spares: int = 0) -> dict:  # fmt: skip
     """One train stage; ``at``/``node``: a fault's step and node, or lists of them (a fault at each)."""
     write_synthetic_corpus(root / "cold", shards=2, tokens_per_shard=16_384)
-    steps_at, nodes_at = (at, node) if isinstance(at, list) else ([at], [node])
+    steps_at, nodes_at = (at, node) if isinstance(at, list) else ([at], [node])  # [] and []: no fault
     drills = ", ".join(f"{{fault: {fault}, node: {n}, step: {a}}}" for a, n in zip(steps_at, nodes_at, strict=True))
     spec = root / "bench.yaml"
     spec.write_text(
@@ -123,6 +130,27 @@ def trainyard_run(root: Path, steps: int, at: int | list[int], fault: str, node:
         "step_ms": _rounded(no_fault_step_ms(run.ledger.events("train"))),
         "path": [f["path"] for f in recovery_figures(run.ledger)["failures"]],
     }
+
+
+def sizing(root: Path, args: argparse.Namespace) -> dict:
+    """Fill in the step counts not given: ``--train-s-per-fault`` of training per fault at this machine's step
+    time, measured by a short run without a fault (the same workload, 3 nodes, no save)."""
+    measured = None
+    if None in (args.steps, args.kill_at, args.checkpoint_every, args.per_minute_steps):
+        calibration = trainyard_run(root, CALIBRATION_STEPS, [], "kill", [], args.heartbeat_timeout,
+                                    CALIBRATION_STEPS, True)  # fmt: skip
+        measured = calibration["step_ms"]
+        if not measured:
+            raise SystemExit(f"the calibration run reported no step time; its folder: {root}")
+        # A save every sixth of the time per fault, the fault at the third save's step: 6 saves per fault.
+        every = max(1, round(args.train_s_per_fault / 6 / (measured / 1000)))
+        args.checkpoint_every = args.checkpoint_every or every
+        args.steps = args.steps or 6 * args.checkpoint_every
+        args.kill_at = args.kill_at or 3 * args.checkpoint_every
+        args.per_minute_steps = args.per_minute_steps or args.steps
+    return {"step_ms_measured": measured, "train_s_per_fault_asked": args.train_s_per_fault, "steps": args.steps,
+            "kill_at": args.kill_at, "checkpoint_every": args.checkpoint_every,
+            "per_minute_steps": args.per_minute_steps}  # fmt: skip
 
 
 def _rounded(ms: float | None) -> float | None:
@@ -243,12 +271,14 @@ def resumed_after(ledger: Path, ts: float) -> bool:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    # ~3 minutes of training with the fault half way (one fault per 3 minutes); a save every ~27 s
-    parser.add_argument("--steps", type=int, default=360)
-    parser.add_argument("--kill-at", type=int, default=180)
-    parser.add_argument("--per-minute-steps", type=int, default=400, help="the run with a fault every ~minute")
+    # ~3 minutes of training with the fault half way (one fault per 3 minutes); a save every ~30 s. The step
+    # counts are sized to this machine (``sizing``) unless given.
+    parser.add_argument("--train-s-per-fault", type=float, default=180.0, help="seconds of training per fault")
+    parser.add_argument("--steps", type=int)
+    parser.add_argument("--kill-at", type=int)
+    parser.add_argument("--per-minute-steps", type=int, help="the run with a fault every ~minute (3 in all)")
     parser.add_argument("--heartbeat-timeout", type=float, default=10.0)
-    parser.add_argument("--checkpoint-every", type=int, default=60)
+    parser.add_argument("--checkpoint-every", type=int)
     parser.add_argument("--sync", action="store_true", help="blocking checkpoint saves")
     parser.add_argument("--torchrun-grace", type=float, default=300.0, help="seconds torchrun gets to resume")
     parser.add_argument(
@@ -262,8 +292,10 @@ def main() -> None:
     peers = [] if args.peers == "none" else [p.strip() for p in args.peers.split(",") if p.strip()]
     if unknown := sorted(set(peers) - set(PEERS)):
         parser.error(f"--peers: unknown {', '.join(unknown)}; choose from {', '.join(PEERS)} or 'none'")
-    saves = (args.checkpoint_every, not args.sync)
     with _workdir(args.keep) as tmp:
+        sized = sizing(Path(tmp) / "calibration", args)
+        print(f"sizing: {json.dumps(sized)}", file=sys.stderr)
+        saves = (args.checkpoint_every, not args.sync)
         ours = trainyard_run(Path(tmp) / "kill", args.steps, args.kill_at, "kill", "node-1",
                              args.heartbeat_timeout, *saves)  # fmt: skip
         # The same fault on the relaunch path (recovery.in_place: false), and in place: node 0 (no special
@@ -362,6 +394,7 @@ def main() -> None:
                 "torchrun_resume_delay_s": theirs["resume_delay_s"],
                 "torchrun_ettr": theirs["ettr"],
                 "steps": args.steps,
+                "sizing": sized,
                 "train_s_per_fault": ours["wall_s"],
                 "checkpoint_every": args.checkpoint_every,
                 "checkpoint_async": not args.sync,

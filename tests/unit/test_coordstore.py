@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 import torch.distributed as dist
 
@@ -61,6 +64,20 @@ def test_serve_hosts_a_store_clients_reach() -> None:
     client = dist.TCPStore("127.0.0.1", port, is_master=False)
     Coordinator(store).publish(Generation(1, ["node-0"], 1))
     assert Generation.from_json(client.get(coordstore.GEN)).members == ["node-0"]
+
+
+def test_the_supervisor_wakes_on_a_fault_report_of_its_generation_only() -> None:
+    store, port = coordstore.serve()
+    coord = Coordinator(coordstore.attempt_store(store, 1))
+    worker = coordstore.attempt_store(dist.TCPStore("127.0.0.1", port, is_master=False), 1)
+    began = time.monotonic()
+    assert not coord.wait_fault(1, timeout_s=0.2)  # nothing reported: it waited the whole pause
+    assert time.monotonic() - began >= 0.2
+    threading.Timer(0.3, coordstore.report_fault, (worker, "node-2", 1, "RuntimeError: Connection closed")).start()
+    began = time.monotonic()
+    assert coord.wait_fault(1, timeout_s=10.0)
+    assert time.monotonic() - began < 5.0  # woken by the report, not by the end of the pause
+    assert not coord.wait_fault(2, timeout_s=0.1)  # an older generation's report does not wake a newer one
 
 
 def test_spares_announce_themselves_and_are_forgotten_once_listed_and_formed_follows_the_newest() -> None:

@@ -33,6 +33,7 @@ from trainyard.atomic import open_append
 from trainyard.errors import SpecError
 from trainyard.launch.base import AttemptStatus, LaunchPlan, NodeState, NodeStatus
 from trainyard.launch.environ import child_env
+from trainyard.launch.zygote import Forked, Zygote, usable
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +97,7 @@ def host_gpus(parent: Mapping[str, str]) -> list[str]:
 class LocalHandle:
     plan: LaunchPlan
     port: int
-    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    procs: dict[str, subprocess.Popen | Forked] = field(default_factory=dict)
     logs: dict[str, Path] = field(default_factory=dict)
 
 
@@ -140,6 +141,8 @@ class LocalLauncher:
         """``nodes.gpus_per_node``: each node's share of this host's GPUs."""
         self.active: list[LocalHandle] = []
         """Attempts launched and not yet cancelled, so ``cancel_all`` can end them on a kill."""
+        self.zygote: Zygote | None = None
+        """Elastic nodes of the reference workload are forks of it (``trainyard.launch.zygote``)."""
 
     def gpu_split(self, nodes: int, parent: Mapping[str, str] | None = None) -> list[str]:
         """Each node's ``CUDA_VISIBLE_DEVICES``; ``SpecError`` when the host has too few GPUs."""
@@ -171,17 +174,33 @@ class LocalLauncher:
         # node can die and the others run on.
         argv = [sys.executable, *plan.entry_argv()] if plan.train_env.store else torchrun_argv(plan, handle.port, index)
         path = plan.log_dir / f"{node}.log"
+        env = node_env(plan, node, gpus=gpus)
+        handle.logs[node] = path
+        if plan.train_env.store and usable(plan.entry_argv()):
+            # Forked from a process that imported torch already: no start-up, no import's CPU beside training.
+            try:
+                handle.procs[node] = self._zygote(env).spawn(plan.entry_argv(), env, path)
+                return
+            except RuntimeError as exc:
+                log.warning("%s: %s; starting it as a new process", node, exc)
+                self.zygote = None
         with open_append(path) as out:  # training code may have planted a link for the next attempt
             handle.procs[node] = subprocess.Popen(
                 argv,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env=node_env(plan, node, gpus=gpus),
+                env=env,
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
             )
-        handle.logs[node] = path
+
+    def _zygote(self, env: Mapping[str, str]) -> Zygote:
+        """The zygote, started with the part of a node's environment that every node shares."""
+        if self.zygote is None or not self.zygote.alive():
+            shared = {k: v for k, v in env.items() if not k.startswith("TRAINYARD_")}
+            self.zygote = Zygote(shared, preexec_fn=_die_with_parent)
+        return self.zygote
 
     def add_nodes(self, handle: LocalHandle, nodes: list[str]) -> None:
         """Start ``nodes`` in the running attempt (joiners of an in-place regroup: they wait on the store)."""

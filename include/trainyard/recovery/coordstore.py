@@ -56,6 +56,11 @@ def spare_key(node: str) -> str:
     return f"spare/{node}"
 
 
+def faulted_key(g: int) -> str:
+    """Exists once a member of generation ``g`` reported a fault: the supervisor waits on it between polls."""
+    return f"faulted/{g}"
+
+
 @dataclass(frozen=True)
 class Generation:
     """One membership of the training world: who trains, with what micro-batch, who needs the state."""
@@ -146,6 +151,7 @@ def report_fault(store: Store, node: str, generation: int, error: str, suspect: 
     record = {"generation": generation, "suspect": suspect or "unknown", "error": error[:500]}
     store.set(fault_key(node), json.dumps(record))
     _append(store, FAULTS, node)
+    store.add(faulted_key(generation), 1)
 
 
 def report_ready(store: Store, g: int, node: str, step: int) -> None:
@@ -211,6 +217,14 @@ class Coordinator:
     def ready_steps(self, g: int) -> dict[str, int]:
         """Node -> the committed step it continues from, for the nodes that formed generation ``g``."""
         return {node: int(self.store.get(ready_key(g, node))) for node in self.ready(g)}
+
+    def wait_fault(self, g: int, timeout_s: float) -> bool:
+        """Whether a member of generation ``g`` reported a fault, waiting up to ``timeout_s`` for one."""
+        try:
+            self.store.wait([faulted_key(g)], timedelta(seconds=timeout_s))
+        except Exception:  # DistStoreError (a timeout) or RuntimeError: none came; the caller polls on
+            return False
+        return True
 
     def wait_ready(self, g: int, members: list[str], timeout_s: float) -> bool:
         """Whether every one of ``members`` formed generation ``g`` within ``timeout_s``."""

@@ -259,6 +259,7 @@ def watch_attempt(
     checkpoints: Callable[[], Checkpoints] | None = None,
     regrouped: bool = False,
     ready_spares: Callable[[AttemptStatus], list[str]] | None = None,
+    pause: Callable[[float], None] = time.sleep,
 ) -> AttemptSucceeded | Failed | LeaseLost | SparesReady:
     """Poll the attempt until it succeeds, fails or the run loses its lineage: what was seen.
 
@@ -268,6 +269,7 @@ def watch_attempt(
     (``started`` is then the regroup's time). ``ready_spares`` (an attempt that groups on the store): the
     nodes outside the group that wait ready to join it, from the launcher's full status; any ends the
     watch. Only the plan's nodes, the current group, are watched for success and failure then.
+    ``pause`` waits between polls (at most ``poll_s``; an attempt on the store wakes on a fault report).
     """
     members = list(plan.nodes) if regrouped else None
     while True:
@@ -286,7 +288,7 @@ def watch_attempt(
             log.info("%s", line)
         if (lost := _kept(keep_alive)) is not None:
             return lost
-        time.sleep(poll_s)
+        pause(poll_s)
 
 
 def _kept(keep_alive: Callable[[], None] | None) -> LeaseLost | None:
@@ -533,7 +535,24 @@ class Supervisor(Driver):
             checkpoints=lambda: self.end_then_scan(attempt, handle),
             regrouped=last.generation > 1,
             ready_spares=self._ready_spares(attempt, course) if self.hooks.coordinator_for is not None else None,
+            pause=self._pause(attempt, last.generation) if self.hooks.coordinator_for is not None else time.sleep,
         )
+
+    def _pause(self, attempt: int, generation: int) -> Callable[[float], None]:
+        """Wait between polls on generation ``generation``'s fault report: a survivor's report wakes the watch
+        at once (a dead node's exit is seen by then), not up to a poll later. Once one came, plain sleeps."""
+        assert self.hooks.coordinator_for is not None
+        coordinator = self.hooks.coordinator_for(attempt)
+        woken = False
+
+        def pause(seconds: float) -> None:
+            nonlocal woken
+            if woken:
+                time.sleep(seconds)
+            else:
+                woken = coordinator.wait_fault(generation, seconds)
+
+        return pause
 
     def _ready_spares(self, attempt: int, course: Course) -> Callable[[AttemptStatus], list[str]]:
         """The nodes outside ``course``'s group that run and wait ready, when they can grow it (else none)."""

@@ -1,0 +1,81 @@
+"""Local elastic nodes forked from a zygote that imported torch once: real forks, real exit codes.
+
+The zygote is started as the launcher starts it; each test forks real nodes of
+the reference workload from it and checks what a launcher relies on: the
+node's own environment and log, its exit code (a signal as a negative code),
+a session of its own, and none of the task process's secrets in the fork.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from trainyard.launch.zygote import Zygote, usable
+from trainyard.recovery import coordstore
+from trainyard.shards import write_synthetic_corpus
+
+pytestmark = pytest.mark.integration
+
+ARGV = ["-m", "trainyard.train", "--seq-len", "16", "--d-model", "16", "--n-layers", "1", "--n-heads", "2"]
+
+
+@pytest.fixture
+def zygote() -> Iterator[Zygote]:
+    os.environ["TRAINYARD_TEST_SECRET"] = "s3cr3t-of-the-task-process"  # the launcher's environment, not the zygote's
+    try:
+        z = Zygote({"PATH": os.environ["PATH"], "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"})
+    finally:
+        del os.environ["TRAINYARD_TEST_SECRET"]
+    yield z
+    z.close()
+    z.proc.wait(timeout=30)
+
+
+def test_a_forked_node_runs_with_its_own_environment_log_and_exit_code(zygote: Zygote, tmp_path: Path) -> None:
+    log = tmp_path / "node-0.log"
+    # No TRAINYARD_DATA_DIR: the workload refuses to start, in one line, with exit code 2 (trainyard.train's).
+    node = zygote.spawn(ARGV, {"PATH": os.environ["PATH"], "TRAINYARD_NODE": "node-0"}, log)
+    assert node.wait(timeout=60) == 2
+    text = log.read_text()
+    assert "trainyard.train:" in text and "TRAINYARD_DATA_DIR" in text, text
+
+
+def test_a_killed_node_reports_the_signal_and_lives_in_a_session_of_its_own(zygote: Zygote, tmp_path: Path) -> None:
+    store, port = coordstore.serve()  # no generation is ever published: the node waits as a spare
+    env = {
+        "PATH": os.environ["PATH"],
+        "OMP_NUM_THREADS": "1",
+        "TRAINYARD_STORE": f"127.0.0.1:{port}",
+        "TRAINYARD_NODE": "node-7",
+        "TRAINYARD_DATA_DIR": str(tmp_path / "data"),
+        "TRAINYARD_CHECKPOINT_DIR": str(tmp_path / "ckpt"),
+        "TRAINYARD_MAX_STEPS": "4",
+        "TRAINYARD_GLOBAL_BATCH": "2",
+    }
+    write_synthetic_corpus(tmp_path / "data", shards=1, tokens_per_shard=1024)
+    attempt = coordstore.attempt_store(store, 1)
+    coordstore.Coordinator(attempt).publish(coordstore.Generation(1, ["node-0"], micro_batch=2))  # not node-7
+    node = zygote.spawn(ARGV, env, tmp_path / "node-7.log")
+    deadline = time.monotonic() + 60
+    while not attempt.check([coordstore.spare_key("node-7")]) and time.monotonic() < deadline:
+        time.sleep(0.1)  # the node imported nothing: it connects, builds the model and announces itself
+    assert node.poll() is None, (tmp_path / "node-7.log").read_text()
+    # It announced itself as node-7: it runs with its node's environment, not the zygote's.
+    assert attempt.check([coordstore.spare_key("node-7")]), (tmp_path / "node-7.log").read_text()
+    # /proc/PID/environ shows the fork's original environment block: the zygote's, never the task's.
+    assert b"TRAINYARD_TEST_SECRET" not in Path(f"/proc/{node.pid}/environ").read_bytes()
+    assert os.getsid(node.pid) == node.pid  # its own session: the launcher ends it with its whole tree
+    os.kill(node.pid, signal.SIGKILL)
+    assert node.wait(timeout=30) == -signal.SIGKILL
+
+
+def test_only_the_reference_workload_is_forked() -> None:
+    assert usable(["-m", "trainyard.train", "--d-model", "16"])
+    assert not usable(["train.py", "--d-model", "16"])
+    assert not usable(["-m", "my_company.train"])
