@@ -63,6 +63,18 @@ def _wait_for(what: str, check: object, procs: dict[str, subprocess.Popen[str]],
         time.sleep(0.05)
 
 
+def _exit_cleanly(procs: dict[str, subprocess.Popen[str]], nodes: list[str], root: Path) -> None:
+    for node in nodes:
+        assert procs[node].wait(timeout=WAIT_S) == 0, (root / f"{node}.log").read_text()[-3000:]
+
+
+def _kill_left(procs: dict[str, subprocess.Popen[str]]) -> None:
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def _finished(root: Path, node: str) -> tuple[int, str]:
     """The step and parameter digest a node logged when it finished."""
     text = (root / f"{node}.log").read_text()
@@ -109,13 +121,9 @@ def test_survivors_regroup_in_place_and_a_joiner_gets_the_state(root: Path) -> N
         coord.publish(Generation(3, ["node-0", "node-3"], micro_batch=3, joiners=["node-3"]))
         assert coord.wait_ready(3, ["node-0", "node-3"], timeout_s=WAIT_S)
         assert coord.ready_steps(3) == {"node-0": KILL_AT2 - 1, "node-3": KILL_AT2 - 1}  # the joiner got step 8
-        for node in ("node-0", "node-3"):
-            assert procs[node].wait(timeout=WAIT_S) == 0, (root / f"{node}.log").read_text()[-3000:]
+        _exit_cleanly(procs, ["node-0", "node-3"], root)
     finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        _kill_left(procs)
     # Survivors hold the same parameters when they regroup, the joiner receives them, and all end equal.
     assert _formed(root, "node-0", 2) == _formed(root, "node-2", 2)
     assert _formed(root, "node-0", 2)[0] == KILL_AT - 1
@@ -150,11 +158,7 @@ def test_every_survivor_fails_at_once_not_after_the_collective_timeout(root: Pat
         assert spread < 5.0, f"a survivor reported {spread:.1f}s after the first: {seen}"
         coord.publish(Generation(2, survivors, micro_batch=2))  # accumulation 2
         assert coord.wait_ready(2, survivors, timeout_s=WAIT_S)
-        for node in survivors:
-            assert procs[node].wait(timeout=WAIT_S) == 0, (root / f"{node}.log").read_text()[-3000:]
+        _exit_cleanly(procs, survivors, root)
     finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        _kill_left(procs)
     assert len({_finished(root, node) for node in survivors}) == 1

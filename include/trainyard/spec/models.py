@@ -509,7 +509,7 @@ class RecoverySpec(_Model):
     attempt can regroup (the local backend, trainyard's runtime, one CPU process per node): the survivors
     keep their processes and state and form a new group on the supervisor's store; otherwise, or when
     false, the attempt is relaunched. The ledger's ``recovery_path`` says which and why. Off by default
-    until its benchmark (bench/recovery.py) has been run against the relaunch path and the peers."""
+    until the whole test suite has run with it on (its benchmark, bench/recovery.py, meets its goals)."""
     rejoin: bool = True
     """In place: a node left out because its process died (``node_lost``, ``transient``) is started again at
     once, outside the group; reaching the store ready (started, data open, model built) is its re-test, and
