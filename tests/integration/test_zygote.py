@@ -47,7 +47,7 @@ def test_a_forked_node_runs_with_its_own_environment_log_and_exit_code(zygote: Z
 
 
 def test_a_killed_node_reports_the_signal_and_lives_in_a_session_of_its_own(zygote: Zygote, tmp_path: Path) -> None:
-    store, port = coordstore.serve()  # no generation is ever published: the node waits as a spare
+    store, port = coordstore.serve()  # no generation lists node-7: it waits as a spare
     env = {
         "PATH": os.environ["PATH"],
         "OMP_NUM_THREADS": "1",

@@ -172,7 +172,6 @@ class LocalLauncher:
         # With a coordination store each node is one plain process that forms its groups there
         # (``trainyard.train.elastic``): no torchrun agent and no rendezvous hosted by node 0, so any
         # node can die and the others run on.
-        argv = [sys.executable, *plan.entry_argv()] if plan.train_env.store else torchrun_argv(plan, handle.port, index)
         path = plan.log_dir / f"{node}.log"
         env = node_env(plan, node, gpus=gpus)
         handle.logs[node] = path
@@ -184,6 +183,7 @@ class LocalLauncher:
             except RuntimeError as exc:
                 log.warning("%s: %s; starting it as a new process", node, exc)
                 self.zygote = None
+        argv = [sys.executable, *plan.entry_argv()] if plan.train_env.store else torchrun_argv(plan, handle.port, index)
         with open_append(path) as out:  # training code may have planted a link for the next attempt
             handle.procs[node] = subprocess.Popen(
                 argv,

@@ -137,12 +137,17 @@ def usable(argv: list[str]) -> bool:
 # --- the zygote process ---
 
 
-def _child(request: dict[str, Any], die_with_parent: Any, open_append: Any) -> None:
-    """In the fork: become the node (session, output, environment, argv), run it, never return."""
+def _child(request: dict[str, Any]) -> None:
+    """In the fork: become the node (session, output, environment, argv), run it, never return.
+
+    Its imports are the zygote's, already done (``serve``): here they only look the modules up."""
+    from trainyard.atomic import open_append
+    from trainyard.launch.local import _die_with_parent
+
     code = 1
     try:
         os.setsid()
-        die_with_parent()  # the zygote's death ends the node, as a launcher's death ends a node it started
+        _die_with_parent()  # the zygote's death ends the node, as a launcher's death ends a node it started
         with open_append(Path(request["log"])) as out:  # training code may have planted a link
             os.dup2(out.fileno(), 1)
             os.dup2(out.fileno(), 2)
@@ -190,9 +195,10 @@ def _reap(children: set[int]) -> None:
 
 def serve() -> None:
     """Read requests on stdin, fork a node for each, report each child's end; exit at EOF once none is left."""
-    import trainyard.train.__main__  # noqa: F401  (the point of the zygote: torch and the workload, once)
-    from trainyard.atomic import open_append
-    from trainyard.launch.local import _die_with_parent
+    # The point of the zygote: torch and the workload imported once, and what each fork needs (``_child``).
+    import trainyard.atomic
+    import trainyard.launch.local
+    import trainyard.train.__main__  # noqa: F401
 
     if threading.active_count() != 1:  # a fork copies only the forking thread: a lock another held stays held
         raise SystemExit(f"trainyard zygote: {threading.active_count()} threads after the imports; not forking")
@@ -211,7 +217,7 @@ def serve() -> None:
                     _send({"error": f"{type(exc).__name__}: {exc}"})
                     continue
                 if pid == 0:
-                    _child(request, _die_with_parent, open_append)
+                    _child(request)
                 children.add(pid)
                 _send({"pid": pid})
         elif not reading:
