@@ -621,6 +621,7 @@ class Kubelet:
         self.jobs: set[str] = set()
         self.ports: dict[str, int] = {}
         self._stop = threading.Event()
+        self._crash: BaseException | None = None
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     @property
@@ -637,6 +638,8 @@ class Kubelet:
         self._thread.join()
         for proc in self.procs.values():
             self._kill(proc)
+        if self._crash is not None:  # a dead kubelet starts no pod: the test's own failure would mislead
+            raise RuntimeError("the fake kubelet's loop crashed") from self._crash
 
     @staticmethod
     def _kill(proc: Any) -> None:
@@ -679,33 +682,43 @@ class Kubelet:
         return lost
 
     def _loop(self) -> None:
-        while not self._stop.wait(0.1):
-            for job in self.fake.items("apis/batch/v1", "jobs", self.ns):
-                name = job["metadata"]["name"]
-                if name not in self.jobs:
-                    self.jobs.add(name)
-                    self.fake.spawn_job_pods(self.ns, name)
-            self.scheduler.run_once()
-            pods = {p["metadata"]["name"]: p for p in self.fake.items("api/v1", "pods", self.ns)}
-            bound = [n for n, p in pods.items() if n not in self.procs and p["spec"].get("nodeName")]
-            self.rng.shuffle(bound)
-            for name in bound:
-                if self.rng.random() < 0.6 and pods[name].get("status", {}).get("phase", "Pending") == "Pending":
-                    self._start(name, pods[name])
-            for name, pod in pods.items():
-                proc = self.procs.get(name)
-                if proc is not None and proc.poll() is not None and pod.get("status", {}).get("phase") == "Running":
-                    code = proc.returncode
-                    self.fake.set_pod(
-                        self.ns,
-                        name,
-                        "Succeeded" if code == 0 else "Failed",
-                        log=(self.log_dir / f"{name}.log").read_text(errors="replace"),
-                        state={"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}},
-                    )
-            for name, proc in self.procs.items():
-                if name not in pods and proc is not None:
-                    self._kill(proc)  # the pod was deleted
+        try:
+            while not self._stop.wait(0.1):
+                # One pass sees one state of the API: a pod the launcher deletes mid-pass (as it deletes the
+                # Job at a failure) is not reported on or started afterwards, as a kubelet's update of a
+                # deleted pod gets a 404.
+                with self.fake.lock:
+                    self._pass()
+        except BaseException as exc:  # raised where the test leaves the kubelet (``__exit__``)
+            self._crash = exc
+
+    def _pass(self) -> None:
+        for job in self.fake.items("apis/batch/v1", "jobs", self.ns):
+            name = job["metadata"]["name"]
+            if name not in self.jobs:
+                self.jobs.add(name)
+                self.fake.spawn_job_pods(self.ns, name)
+        self.scheduler.run_once()
+        pods = {p["metadata"]["name"]: p for p in self.fake.items("api/v1", "pods", self.ns)}
+        bound = [n for n, p in pods.items() if n not in self.procs and p["spec"].get("nodeName")]
+        self.rng.shuffle(bound)
+        for name in bound:
+            if self.rng.random() < 0.6 and pods[name].get("status", {}).get("phase", "Pending") == "Pending":
+                self._start(name, pods[name])
+        for name, pod in pods.items():
+            proc = self.procs.get(name)
+            if proc is not None and proc.poll() is not None and pod.get("status", {}).get("phase") == "Running":
+                code = proc.returncode
+                self.fake.set_pod(
+                    self.ns,
+                    name,
+                    "Succeeded" if code == 0 else "Failed",
+                    log=(self.log_dir / f"{name}.log").read_text(errors="replace"),
+                    state={"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}},
+                )
+        for name, proc in self.procs.items():
+            if name not in pods and proc is not None:
+                self._kill(proc)  # the pod was deleted
 
     def _start(self, name: str, pod: dict[str, Any]) -> None:
         node = pod["spec"]["nodeName"]

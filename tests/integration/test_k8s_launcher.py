@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import yaml
-from fake_k8s import HOSTNAME, Call, FakeKube, Scheduler
+from fake_k8s import HOSTNAME, Call, FakeKube, Kubelet, Scheduler
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -291,6 +291,22 @@ def test_a_pod_no_host_takes_fails_the_attempt_with_the_schedulers_words(fake: F
     )
     assert event["status"] == "failed" and "Unschedulable" in event["message"]
     assert len(pods) == 2
+
+
+def test_a_crash_of_the_fake_kubelet_fails_the_test_that_used_it(
+    fake: FakeKube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dead kubelet starts no pod, and the test using it would fail minutes later for another reason (an
+    attempt that never beat): its crash is raised where the test leaves it."""
+    kubelet = Kubelet(fake, NS)
+
+    def broken(everyone: bool = False) -> None:
+        raise KeyError("a pod went missing")
+
+    monkeypatch.setattr(kubelet.scheduler, "run_once", broken)
+    with pytest.raises(RuntimeError, match="fake kubelet's loop crashed") as err, kubelet:
+        kubelet._thread.join(5)
+    assert isinstance(err.value.__cause__, KeyError)
 
 
 # ---------------------------------------------------------------- trigger

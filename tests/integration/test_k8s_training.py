@@ -53,7 +53,7 @@ nodes:
   count: 2
   min: 1
   backend: kubernetes
-  kubernetes: {{image: "trainer:1", namespace: {ns}, connection: fake_cluster, poll_s: 0.2, wake_every_s: 5}}
+  kubernetes: {{image: "trainer:1", namespace: {ns}, connection: fake_cluster, poll_s: 0.2, wake_every_s: {wake}}}
 pressure_test: {{enabled: false}}
 training:
   args: {{seq-len: 32, d-model: 32, n-heads: 2, lr: 0.01}}
@@ -79,16 +79,22 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     server.stop()
 
 
+# The task's wake-up (a ``timeout`` event) far from any phase of these runs, which take seconds: the tests
+# assert on the events the trigger saw, and a wake-up that came first on a slow machine would let the task
+# see the pods' end itself (as it should) instead of the trigger.
+WAKE_S = 120
+
+
 def run_with(tmp_path: Path, drills: str, backoff_s: float = 0.2) -> Run:
     write_synthetic_corpus(tmp_path / "cold", shards=2, tokens_per_shard=16_384)
     spec = tmp_path / "k8s.yaml"
-    spec.write_text(SPEC.format(root=tmp_path, ns=NS, drills=drills, backoff=backoff_s))
+    spec.write_text(SPEC.format(root=tmp_path, ns=NS, drills=drills, backoff=backoff_s, wake=WAKE_S))
     run = open_run(spec, "k8s", f"deferred-{time.monotonic_ns()}", "2026-11-28")
     stages.stage_dataset(run)
     return run
 
 
-def first_event(trigger: Any, limit_s: float = 120) -> dict[str, Any]:
+def first_event(trigger: Any, limit_s: float = 2 * WAKE_S) -> dict[str, Any]:
     async def wait() -> dict[str, Any]:
         async for event in trigger.run():
             return event.payload
@@ -200,7 +206,9 @@ def test_the_train_task_defers_in_a_real_airflow_run(fake: FakeKube, tmp_path: P
     (dags / "pipelines").mkdir(parents=True)
     shutil.copy(ROOT / "dags" / "pipelines.py", dags)
     write_synthetic_corpus(tmp_path / "cold", shards=2, tokens_per_shard=16_384)
-    (dags / "pipelines" / "k8s_train.yaml").write_text(SPEC.format(root=tmp_path, ns=NS, drills="[]", backoff=0.2))
+    (dags / "pipelines" / "k8s_train.yaml").write_text(
+        SPEC.format(root=tmp_path, ns=NS, drills="[]", backoff=0.2, wake=WAKE_S)
+    )
     env = airflow_env(tmp_path / "home", dags, AIRFLOW_CONN_FAKE_CLUSTER=os.environ["AIRFLOW_CONN_FAKE_CLUSTER"])
     with Kubelet(fake, NS, tmp_path / "kubelet", seed=SEED):
         done = airflow(env, "dags", "test", "k8s_train", "2026-11-28")
@@ -238,7 +246,7 @@ def test_a_backoff_defers_on_a_time_trigger_instead_of_sleeping_in_the_worker(fa
     the backoff is over defers again, and nothing is launched until it is."""
     from airflow.sdk.exceptions import TaskDeferred
 
-    run = run_with(tmp_path, "[{fault: oom, node: gpu-b, step: 12}]", backoff_s=30)
+    run = run_with(tmp_path, "[{fault: oom, node: gpu-b, step: 12}]", backoff_s=5 * WAKE_S)
     op = TrainOperator(task_id="train", spec_path=str(run.spec_path), run_file=str(run.dir / "spec.json"))
     context = {"ti": TaskInstance()}
     with Kubelet(fake, NS, tmp_path / "kubelet", seed=SEED):
@@ -251,11 +259,11 @@ def test_a_backoff_defers_on_a_time_trigger_instead_of_sleeping_in_the_worker(fa
                 op.attempt_event(context, event)
     assert event["status"] == "failed"
     [decision] = train_events(run, "decision")
-    assert decision["action"] == "retry" and decision["delay_s"] == 30
+    assert decision["action"] == "retry" and decision["delay_s"] == 5 * WAKE_S
     waited = deferred.value
     assert waited.method_name == "backoff_over" and isinstance(waited.trigger, DateTimeTrigger)
     until = waited.trigger.moment.timestamp()
-    assert until <= decision["ts"] + 30 and until <= time.time() + run.spec.nodes.kubernetes.wake_every_s
+    assert until < decision["ts"] + 5 * WAKE_S and until <= time.time() + WAKE_S  # the wake comes first
     assert [s["attempt"] for s in train_events(run, "attempt_start")] == [1]  # nothing launched during the wait
     with pytest.raises(TaskDeferred) as again:  # woken before the backoff is over: wait on, on a time trigger
         op.backoff_over(context, None)

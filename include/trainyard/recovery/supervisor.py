@@ -198,11 +198,12 @@ def detect(
     nodes = sorted(
         {str(beats[r].get("host") or beats[r]["node"]) for r in silent if r in beats and beats[r].get("node")}
     )
-    return (
-        "hang",
-        nodes,
-        (f"no progress for {timeout_s:.0f} s from {', '.join(stale)}; no pulse from {', '.join(silent) or 'none'}"),
-    )
+    # A rank that never beat is not one that stopped: say which it is (pods that never started look so).
+    stopped, never = [r for r in stale if r in beats], [r for r in stale if r not in beats]
+    said = [f"no progress for {timeout_s:.0f} s from {', '.join(stopped)}"] if stopped else []
+    if never:
+        said.append(f"no first heartbeat {max(timeout_s, grace_s):.0f} s after the start from {', '.join(never)}")
+    return "hang", nodes, f"{'; '.join(said)}; no pulse from {', '.join(silent) or 'none'}"
 
 
 def host_records(heartbeat_dir: Path, status: AttemptStatus) -> list[FailureRecord]:
