@@ -65,7 +65,9 @@ def test_a_crashed_node_fails_the_attempt_and_ends_the_others(tmp_path: Path) ->
 
 def test_a_silent_rank_is_a_hang_and_every_process_ends(tmp_path: Path) -> None:
     launcher = Recording()
-    with pytest.raises(TrainingFailed, match=r"\(hang\): no first heartbeat 3 s after the start from rank-0, rank-1") as err:
+    with pytest.raises(
+        TrainingFailed, match=r"\(hang\): no first heartbeat 3 s after the start from rank-0, rank-1"
+    ) as err:
         run_attempt(
             launcher,
             plan_for(tmp_path, "import time\ntime.sleep(120)\n"),
