@@ -684,20 +684,19 @@ class Kubelet:
     def _loop(self) -> None:
         try:
             while not self._stop.wait(0.1):
-                # One pass sees one state of the API: a pod the launcher deletes mid-pass (as it deletes the
-                # Job at a failure) is not reported on or started afterwards, as a kubelet's update of a
-                # deleted pod gets a 404.
-                with self.fake.lock:
-                    self._pass()
+                self._pass()
         except BaseException as exc:  # raised where the test leaves the kubelet (``__exit__``)
             self._crash = exc
 
     def _pass(self) -> None:
+        """One look at the API and what follows from it. The launcher may delete a Job and its pods at any
+        moment of it (it does at a failure), as on a cluster, where the controllers act on a cache."""
         for job in self.fake.items("apis/batch/v1", "jobs", self.ns):
             name = job["metadata"]["name"]
-            if name not in self.jobs:
-                self.jobs.add(name)
-                self.fake.spawn_job_pods(self.ns, name)
+            with self.fake.lock:
+                if name not in self.jobs and self.fake.get("apis/batch/v1", "jobs", self.ns, name) is not None:
+                    self.jobs.add(name)
+                    self.fake.spawn_job_pods(self.ns, name)
         self.scheduler.run_once()
         pods = {p["metadata"]["name"]: p for p in self.fake.items("api/v1", "pods", self.ns)}
         bound = [n for n, p in pods.items() if n not in self.procs and p["spec"].get("nodeName")]
@@ -709,8 +708,7 @@ class Kubelet:
             proc = self.procs.get(name)
             if proc is not None and proc.poll() is not None and pod.get("status", {}).get("phase") == "Running":
                 code = proc.returncode
-                self.fake.set_pod(
-                    self.ns,
+                self._report(
                     name,
                     "Succeeded" if code == 0 else "Failed",
                     log=(self.log_dir / f"{name}.log").read_text(errors="replace"),
@@ -726,11 +724,21 @@ class Kubelet:
         container = pod["spec"]["containers"][0]
         argv = [expand(a, env) for a in [*container["command"], *container.get("args", [])]]
         argv = [sys.executable if a == "python" else self._resolve(a) for a in argv]
-        with open(self.log_dir / f"{name}.log", "wb") as out:
-            self.procs[name] = subprocess.Popen(
-                argv, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        self.fake.set_pod(self.ns, name, "Running", node=node, state={"running": {"startedAt": NOW}})
+        with self.fake.lock:  # admitted only if still pending: not deleted, nor failed with its node, since the look
+            now = self.fake.get("api/v1", "pods", self.ns, name)
+            if now is None or now.get("status", {}).get("phase", "Pending") != "Pending" or name in self.procs:
+                return
+            with open(self.log_dir / f"{name}.log", "wb") as out:
+                self.procs[name] = subprocess.Popen(
+                    argv, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                )
+            self.fake.set_pod(self.ns, name, "Running", node=node, state={"running": {"startedAt": NOW}})
+
+    def _report(self, name: str, phase: str, **status: Any) -> None:
+        """A status update of the pod; one deleted since the kubelet looked is a 404 it lets go."""
+        with self.fake.lock:
+            if self.fake.get("api/v1", "pods", self.ns, name) is not None:
+                self.fake.set_pod(self.ns, name, phase, **status)
 
     def _resolve(self, arg: str) -> str:
         """A rendezvous endpoint ``<job>-0.<job>.<ns>.svc.<domain>:<port>``: the DNS answer is 127.0.0.1."""
