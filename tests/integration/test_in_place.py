@@ -55,7 +55,7 @@ def test_a_lost_node_is_healed_in_place(tmp_path: Path, fault: str, node: str, k
     [decision] = events(run, "decision")
     survivors = [n for n in ("node-0", "node-1", "node-2") if n != node]
     assert decision["action"] == "regroup" and decision["path"] == "in_place"
-    assert decision["new_nodes"] == survivors and decision["generation"] == 2
+    assert decision["new_nodes"] == survivors and decision["left_out"] == [node] and decision["generation"] == 2
     [regrouped] = events(run, "regrouped")
     assert regrouped["generation"] == 2 and regrouped["world_size"] == 2 and regrouped["node"] == survivors[0]
     assert [e["attempt"] for e in events(run, "attempt_start")] == [1]

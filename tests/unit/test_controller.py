@@ -398,6 +398,7 @@ def test_an_elastic_attempt_regroups_in_place_and_runs_on() -> None:
     assert [c.event for c in commands if isinstance(c, Record)] == ["failure_classified", "decision", "rejoining"]
     decided = records(commands)["decision"]
     assert decided["action"] == "regroup" and decided["path"] == "in_place" and decided["generation"] == 2
+    assert decided["new_nodes"] == ["n0", "n2"] and decided["left_out"] == ["n1"]
     course = Course(["n0", "n2"], 2, "none")
     # The dead process's node is started again outside the group: it may rejoin once it waits ready.
     assert others(commands) == [

@@ -734,6 +734,7 @@ def _regroup(
                 "nodes": list(current.course.nodes),
                 "reason": decision.reason,
                 "new_nodes": list(decision.nodes),
+                "left_out": list(decision.leave_out),
                 "micro_batch": decision.micro_batch,
                 "joiners": list(decision.joiners),
                 "generation": generation,

@@ -103,7 +103,8 @@ class Regroup:
     joiners: list[str]
     """Spares that join and receive the state by broadcast."""
     leave_out: list[str]
-    """Culprits to kill (a hung node must not hold its sockets open) and leave out."""
+    """The culprits left out (the decision's ``left_out``); the controller kills every node outside ``nodes``,
+    these (a hung node must not hold its sockets open) and any that already exited."""
     micro_batch: int
     reason: str
     action: ClassVar[Literal["regroup"]] = "regroup"

@@ -124,9 +124,15 @@ def stale_ranks(
 ) -> list[str]:
     """Ranks without progress for longer than ``timeout_s``; a rank that never beat gets ``grace_s`` to start."""
     stale = [rank for rank, b in beats.items() if b.get("status") != "finished" and now - b["time"] > timeout_s]
-    if len(beats) < expected and now - started > max(timeout_s, grace_s):
+    if len(beats) < expected and now - started > first_beat_s(timeout_s, grace_s):
         stale += [f"rank-{r}" for r in range(expected) if f"rank-{r}" not in beats]
     return stale
+
+
+def first_beat_s(timeout_s: float, grace_s: float) -> float:
+    """How long after the start a rank may be without its first heartbeat: the start-up grace, or the
+    timeout where that is longer (a rank that started is never held to less than one that beat)."""
+    return max(timeout_s, grace_s)
 
 
 def silent_ranks(directory: Path, ranks: list[str], now: float, after_s: float = 3.0) -> list[str]:
@@ -202,7 +208,9 @@ def detect(
     stopped, never = [r for r in stale if r in beats], [r for r in stale if r not in beats]
     said = [f"no progress for {timeout_s:.0f} s from {', '.join(stopped)}"] if stopped else []
     if never:
-        said.append(f"no first heartbeat {max(timeout_s, grace_s):.0f} s after the start from {', '.join(never)}")
+        said.append(
+            f"no first heartbeat {first_beat_s(timeout_s, grace_s):.0f} s after the start from {', '.join(never)}"
+        )
     return "hang", nodes, f"{'; '.join(said)}; no pulse from {', '.join(silent) or 'none'}"
 
 
@@ -261,6 +269,7 @@ def watch_attempt(
     regrouped: bool = False,
     ready_spares: Callable[[AttemptStatus], list[str]] | None = None,
     pause: Callable[[float], None] = time.sleep,
+    each_poll: Callable[[], None] | None = None,
 ) -> AttemptSucceeded | Failed | LeaseLost | SparesReady:
     """Poll the attempt until it succeeds, fails or the run loses its lineage: what was seen.
 
@@ -271,9 +280,12 @@ def watch_attempt(
     nodes outside the group that wait ready to join it, from the launcher's full status; any ends the
     watch. Only the plan's nodes, the current group, are watched for success and failure then.
     ``pause`` waits between polls (at most ``poll_s``; an attempt on the store wakes on a fault report).
+    ``each_poll`` acts before each poll (nodes due to start once their generation formed).
     """
     members = list(plan.nodes) if regrouped else None
     while True:
+        if each_poll is not None:
+            each_poll()
         status = launcher.poll(handle)
         if ready_spares is not None and (ready := ready_spares(status)):
             return SparesReady(plan.attempt, time.time(), ready)
@@ -401,7 +413,7 @@ class Driver:
         """Nodes to start once their generation formed (``StartNodes.once_formed``)."""
 
     def _start_due(self, attempt: int) -> None:
-        """Start the nodes whose generation every member formed (the watch asks at each poll)."""
+        """Start the nodes whose generation every member formed (the watch's ``each_poll``)."""
         assert self.hooks.coordinator_for is not None
         coordinator = self.hooks.coordinator_for(attempt)
         for command in [c for c in self.starts if c.attempt == attempt]:
@@ -537,6 +549,7 @@ class Supervisor(Driver):
             regrouped=last.generation > 1,
             ready_spares=self._ready_spares(attempt, course) if self.hooks.coordinator_for is not None else None,
             pause=self._pause(attempt, last.generation) if self.hooks.coordinator_for is not None else time.sleep,
+            each_poll=(lambda: self._start_due(attempt)) if self.hooks.coordinator_for is not None else None,
         )
 
     def _pause(self, attempt: int, generation: int) -> Callable[[float], None]:
@@ -563,7 +576,6 @@ class Supervisor(Driver):
         assert current is not None
 
         def ready(status: AttemptStatus) -> list[str]:
-            self._start_due(attempt)
             # Not before the group formed: a member that read the older generation would form it alone
             if len(course.nodes) >= len(self.ctx.nodes) or not coordinator.formed(current.generation):
                 return []
