@@ -535,6 +535,7 @@ class Supervisor(Driver):
         last = self.reader.now().last
         assert handle is not None and last is not None and last.number == attempt, (attempt, last)
         progress = self.hooks.progress_for(plan) if self.hooks.progress_for else None
+        on_store = self.hooks.coordinator_for is not None  # the attempt groups on the supervisor's store
         return watch_attempt(
             self.launcher,
             handle,
@@ -547,9 +548,9 @@ class Supervisor(Driver):
             keep_alive=self.keep_alive,
             checkpoints=lambda: self.end_then_scan(attempt, handle),
             regrouped=last.generation > 1,
-            ready_spares=self._ready_spares(attempt, course) if self.hooks.coordinator_for is not None else None,
-            pause=self._pause(attempt, last.generation) if self.hooks.coordinator_for is not None else time.sleep,
-            each_poll=(lambda: self._start_due(attempt)) if self.hooks.coordinator_for is not None else None,
+            ready_spares=self._ready_spares(attempt, course) if on_store else None,
+            pause=self._pause(attempt, last.generation) if on_store else time.sleep,
+            each_poll=(lambda: self._start_due(attempt)) if on_store else None,
         )
 
     def _pause(self, attempt: int, generation: int) -> Callable[[float], None]:
