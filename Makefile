@@ -21,7 +21,7 @@ PGDATA_DIR := $(CURDIR)/.pgdata
 help:
 	@echo "make demo     - install, set up Airflow, run the demo pipeline on 2 local nodes"
 	@echo "make test     - lint, then the whole test suite (what CI runs)"
-	@echo "make lint     - ruff (lint and format check) and mypy (config in pyproject.toml)"
+	@echo "make lint     - ruff (lint and format check), mypy and the import layers (config in pyproject.toml)"
 	@echo "make airflow  - Airflow UI on http://127.0.0.1:8080 with the project's DAGs"
 	@echo "make bench    - benchmarks, results in bench/results/"
 
@@ -58,7 +58,7 @@ browser: venv
 # (tests/integration/test_backfill.py, test_ui_view.py). Needs root, as in CI. Where it cannot be
 # installed, those fall back to SQLite and say so.
 postgres: venv
-	$(BIN)/python -m trainyard.localpg check >/dev/null 2>&1 \
+	$(BIN)/python -m tools.localpg check >/dev/null 2>&1 \
 	  || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql > $(VENV)/apt-postgresql.log 2>&1) \
 	  || (tail -5 $(VENV)/apt-postgresql.log; echo "postgresql not installed: make airflow and the service tests fall back to SQLite")
 
@@ -74,11 +74,12 @@ bench-peers: venv
 	$(BIN)/pip install -r requirements-bench.txt -c constraints.txt > $(VENV)/pip-bench.log 2>&1 \
 	  || (tail -5 $(VENV)/pip-bench.log; echo "bench peers not installed: bench/recovery.py reports them as not run")
 
-# Fails on any lint finding, unformatted file or type error; mypy's cache (.mypy_cache) makes a rerun take seconds.
+# Fails on any lint finding, unformatted file, type error or import across the layers (docs/architecture.md); mypy's cache (.mypy_cache) makes a rerun take seconds.
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 
 # Lint first: a type error fails CI in a minute, not after the suite.
 # Two workers, a test file each at a time, then the tests marked `alone` (they measure the machine) by themselves.
@@ -95,8 +96,8 @@ test-unit: venv
 # is killed (a scheduler stopped twice, by Ctrl-C and by standalone, can wait forever on its workers).
 airflow: venv postgres
 	@mkdir -p $(AIRFLOW_HOME); \
-	if url=$$($(BIN)/python -m trainyard.localpg start $(PGDATA_DIR)); then \
-	  trap '$(BIN)/python -m trainyard.localpg stop $(PGDATA_DIR)' EXIT; \
+	if url=$$($(BIN)/python -m tools.localpg start $(PGDATA_DIR)); then \
+	  trap '$(BIN)/python -m tools.localpg stop $(PGDATA_DIR)' EXIT; \
 	  export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN="$$url" AIRFLOW__CORE__EXECUTOR=LocalExecutor; \
 	  echo "metadata DB: PostgreSQL in $(PGDATA_DIR) (an empty one: make clean-pg)"; \
 	else echo "PostgreSQL unavailable (see above): the metadata DB is SQLite in $(AIRFLOW_HOME)"; fi; \
@@ -122,5 +123,5 @@ clean: clean-pg
 
 # An empty metadata DB for `make airflow` next time: stop its PostgreSQL, delete the cluster.
 clean-pg:
-	test ! -d $(PGDATA_DIR) || $(BIN)/python -m trainyard.localpg stop $(PGDATA_DIR)
+	test ! -d $(PGDATA_DIR) || $(BIN)/python -m tools.localpg stop $(PGDATA_DIR)
 	rm -rf $(PGDATA_DIR)

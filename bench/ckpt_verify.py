@@ -30,11 +30,11 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 
-from trainyard import stages
 from trainyard.checkpoint.format import write_manifest
 from trainyard.checkpoint.validate import validate
-from trainyard.run import open_run
-from trainyard.shards import write_synthetic_corpus
+from trainyard.pipeline import stages
+from trainyard.pipeline.run import open_run
+from trainyard.protocol.shards import write_synthetic_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -77,7 +77,7 @@ def demo_fraction(tmp: Path) -> tuple[float, float]:
     trained = stages.train(run, chosen["healthy"])
     gate = (
         "import sys, time; t = time.monotonic(); import great_expectations; print(time.monotonic() - t);"
-        "from trainyard import stages; from trainyard.run import open_run;"
+        "from trainyard import stages; from trainyard.pipeline.run import open_run;"
         "run = open_run(sys.argv[1], 'nightly_pretrain', 'bench', '2026-11-28');"
         "stages.check_checkpoint(run, sys.argv[2], int(sys.argv[3]))"
     )

@@ -31,8 +31,8 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["TRAINYARD_HOME"] = args.home or tmp  # the spec's ${TRAINYARD_HOME}, read when a run opens
-        from trainyard.run import open_run
-        from trainyard.stages import burn_in
+        from trainyard.pipeline.run import open_run
+        from trainyard.pipeline.stages import burn_in
 
         evicted, cleared, seconds = 0, 0, []
         for i in range(args.runs):

@@ -48,8 +48,8 @@ if not torch.cuda.is_available():
 from trainyard import stages  # noqa: E402
 from trainyard.burnin.gpu import gpu_checks, peak_bf16_tflops  # noqa: E402
 from trainyard.cli import main as trainyard  # noqa: E402
-from trainyard.drill import run_drill  # noqa: E402
-from trainyard.run import open_run  # noqa: E402
+from trainyard.pipeline.drill import run_drill  # noqa: E402
+from trainyard.pipeline.run import open_run  # noqa: E402
 from trainyard.spec import Drill  # noqa: E402
 
 DATE = "2026-11-28"

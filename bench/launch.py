@@ -22,11 +22,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from trainyard.launch.base import LaunchPlan
-from trainyard.launch.local import LocalLauncher
-from trainyard.recovery.supervisor import read_heartbeats
-from trainyard.shards import write_synthetic_corpus
-from trainyard.train.contract import TrainEnv
+from trainyard.backends.base import LaunchPlan
+from trainyard.backends.local.launcher import LocalLauncher
+from trainyard.protocol.env import TrainEnv
+from trainyard.protocol.heartbeat import read_heartbeats
+from trainyard.protocol.shards import write_synthetic_corpus
 
 ARGS = ["--seq-len", "32", "--d-model", "32", "--n-heads", "2"]
 
@@ -57,7 +57,7 @@ def with_launcher(root: Path, data: Path, nodes: int) -> float:
         attempt=1,
         nodes=[f"node-{i}" for i in range(nodes)],
         procs_per_node=1,
-        entrypoint="trainyard.train",
+        entrypoint="trainyard.workload",
         args=ARGS,
         train_env=TrainEnv.from_env(contract(root, data)),
         log_dir=root / "logs",
@@ -91,7 +91,7 @@ def by_hand(root: Path, data: Path, nodes: int) -> float:
                 f"--rdzv-conf=is_host={int(i == 0)}",
                 "--local-addr=127.0.0.1",
                 "-m",
-                "trainyard.train",
+                "trainyard.workload",
                 *ARGS,
             ],
             env={**env, "TRAINYARD_NODE": f"node-{i}"},

@@ -67,14 +67,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from peers.host import PEERS, peer_run  # bench/peers: this script's folder is first on sys.path
+from peers.versus import no_fault_step_ms, versus_best_peer
 
-from trainyard import stages
-from trainyard.launch.local import process_tree, signal_all
-from trainyard.ledger import Ledger
+from trainyard.backends.local.launcher import process_tree, signal_all
+from trainyard.events.ledger import Ledger
+from trainyard.pipeline import stages
+from trainyard.pipeline.run import open_run
+from trainyard.protocol.shards import write_synthetic_corpus
 from trainyard.recovery.figures import recovery_figures
-from trainyard.recovery.peers import no_fault_step_ms, versus_best_peer
-from trainyard.run import open_run
-from trainyard.shards import write_synthetic_corpus
 
 # A model big enough that a step costs ~0.5 s on 2 cores: training time, not start-up, dominates.
 CALIBRATION_STEPS = 40
@@ -201,7 +201,7 @@ def torchrun_run(root: Path, steps: int, at: int, every: int, background: bool, 
                 f"--rdzv-conf=is_host={int(i == 0)}",
                 "--local-addr=127.0.0.1",
                 "-m",
-                "trainyard.train",
+                "trainyard.workload",
                 *ARGS,
             ],
             env={**env, "TRAINYARD_NODE": f"node-{i}"},

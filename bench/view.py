@@ -32,7 +32,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from long_run import STEPS, write_long_run  # noqa: E402
 
 from trainyard.airflow import views  # noqa: E402
-from trainyard.ledger import LEDGER_FILE, Ledger  # noqa: E402
+from trainyard.events.ledger import LEDGER_FILE, Ledger  # noqa: E402
 
 
 def timed(fn) -> tuple[float, object]:  # type: ignore[no-untyped-def]

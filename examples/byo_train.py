@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainyard.train import runtime
+from trainyard import runtime
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """What both peer scripts share: trainyard's model, data, batch plan, drill and ledger events.
 
-A peer trains the bench's workload (``trainyard.train``'s GPT, the synthetic corpus, the global batch
+A peer trains the bench's workload (``trainyard.workload``'s GPT, the synthetic corpus, the global batch
 kept by ``BatchPlan``) under another library's recovery, and writes the ledger events that
 ``trainyard.recovery.figures.recovery_figures`` reads, so its resume delay, lost steps and ETTR come
 out of the same definition as trainyard's:
@@ -13,7 +13,7 @@ out of the same definition as trainyard's:
   run's own ``events.jsonl``: the ledger takes only a worker's events from ``events.d``);
 - ``finished``.
 
-Settings come from the same TRAINYARD_* environment as ``python -m trainyard.train`` (data dir,
+Settings come from the same TRAINYARD_* environment as ``python -m trainyard.workload`` (data dir,
 max steps, batch, drills, node, events dir); the model flags are trainyard's.
 """
 
@@ -30,11 +30,12 @@ from typing import Any
 
 import torch
 
-from trainyard.ledger import WORKER_EVENTS, EventWriter, Ledger
-from trainyard.train import data, runtime
-from trainyard.train.contract import TrainEnv
-from trainyard.train.loop import build_optimizer, parse_args
-from trainyard.train.model import GPT, GPTConfig
+from trainyard import runtime
+from trainyard.events.ledger import WORKER_EVENTS, EventWriter, Ledger
+from trainyard.protocol.env import TrainEnv
+from trainyard.workload import data
+from trainyard.workload.loop import build_optimizer, parse_args
+from trainyard.workload.model import GPT, GPTConfig
 
 WRITER = "node-0"
 """The node that writes the run's step and recovery events (the bench's drill kills node-1)."""

@@ -29,12 +29,12 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from peers.versus import no_fault_step_ms
 
-from trainyard.launch.local import process_tree, signal_all
-from trainyard.ledger import Ledger
+from trainyard.backends.local.launcher import process_tree, signal_all
+from trainyard.events.ledger import Ledger
+from trainyard.protocol.shards import write_synthetic_corpus
 from trainyard.recovery.figures import recovery_figures
-from trainyard.recovery.peers import no_fault_step_ms
-from trainyard.shards import write_synthetic_corpus
 
 HERE = Path(__file__).resolve().parent
 PEERS = {"torchft": "torchft", "nvrx": "nvidia_resiliency_ext"}

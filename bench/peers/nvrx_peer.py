@@ -39,7 +39,7 @@ import torch.distributed as dist
 from common import Workload, workload
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainyard.train.loop import lr_at
+from trainyard.workload.loop import lr_at
 
 
 class Holder:

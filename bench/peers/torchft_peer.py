@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from common import wait_for_peers, workload
 
-from trainyard.train.loop import lr_at
+from trainyard.workload.loop import lr_at
 
 
 def main(argv: list[str]) -> None:

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainyard.errors import TrainyardError
-from trainyard.ledger import Ledger, safe_name
+from trainyard.events.ledger import Ledger, safe_name
 from trainyard.report.summary import format_summary, summarize
 from trainyard.spec import check_files, spec_files
-from trainyard.templating import render
+from trainyard.spec.templating import render
 
 if TYPE_CHECKING:
     from trainyard.storage.s3 import S3Tier
@@ -31,7 +31,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_demo_data(args: argparse.Namespace) -> int:
     """Write the demo corpora into the cold tier: the nightly partition and the fine-tune set."""
-    from trainyard.shards import write_synthetic_corpus
+    from trainyard.protocol.shards import write_synthetic_corpus
 
     cold = Path(render(args.cold, {}))
     nightly_seed = zlib.crc32(args.date.encode())  # each night's partition holds new tokens
@@ -140,7 +140,7 @@ def cmd_ckpt_verify(args: argparse.Namespace) -> int:
         expect = (expect or MetricExpectations()).model_copy(update={"max_loss": args.max_loss})
     history = None
     if args.ledger:
-        from trainyard.train.progress import loss_points
+        from trainyard.protocol.steps import loss_points
 
         history = loss_points(Ledger(args.ledger).events("train", "step"))
     result = validate(args.path, expect, history)
@@ -153,7 +153,7 @@ def cmd_ckpt_verify(args: argparse.Namespace) -> int:
 
 def cmd_drill(args: argparse.Namespace) -> int:
     """Act out one fault in a real run of the spec and check the supervisor's answer."""
-    from trainyard.drill import run_drill
+    from trainyard.pipeline.drill import run_drill
     from trainyard.spec import Drill
 
     drill = Drill(fault=args.fault, step=args.step, node=args.node, factor=args.factor)
@@ -172,9 +172,9 @@ def cmd_drill(args: argparse.Namespace) -> int:
 
 def lineage_root(target: Path) -> Path:
     """A pipeline's checkpoint root: ``target`` itself if it is a folder, else from the spec file ``target``."""
-    from trainyard.run import Run
+    from trainyard.pipeline.run import Run
     from trainyard.spec import load_spec
-    from trainyard.templating import TEMPLATE
+    from trainyard.spec.templating import TEMPLATE
 
     if target.is_dir():
         return target

@@ -24,12 +24,12 @@ import pytest
 from airflow.sdk._shared.observability.metrics.validators import stat_name_default_handler, stat_name_otel_handler
 from airflow.sdk.exceptions import AirflowFailException
 
-from trainyard import stages
 from trainyard.airflow import metrics, tasks
 from trainyard.airflow.metrics import emit_recovery, emit_stage, emitted, metric_name, recovery_metrics, stage_metrics
 from trainyard.errors import DataError
-from trainyard.ledger import Ledger
-from trainyard.run import open_run
+from trainyard.events.ledger import Ledger
+from trainyard.pipeline import stages
+from trainyard.pipeline.run import open_run
 
 ROOT = Path(__file__).resolve().parents[2]
 # The integration tests' Airflow helpers, by the module name their conftest imports them under: one
@@ -126,7 +126,7 @@ from airflow.sdk.observability.metrics import stats_utils
 stats.initialize(factory=stats_utils.get_stats_factory(), export_legacy_names=conf.getboolean("metrics", "legacy_names_on"))
 
 from trainyard.airflow.metrics import emit_recovery, emit_stage
-from trainyard.ledger import Ledger
+from trainyard.events.ledger import Ledger
 
 ledger = Ledger(sys.argv[1])
 for stage in ("burn_in", "check_dataset", "publish"):  # publish never ran: nothing to send

@@ -18,7 +18,7 @@ import pytest
 
 from trainyard.airflow.dag_builder import build_dag
 from trainyard.airflow.notify import RunNotifier, dag_callbacks
-from trainyard.run import RUN_STAGE, Run, open_run
+from trainyard.pipeline.run import RUN_STAGE, Run, open_run
 from trainyard.spec import load_spec
 
 DAG_ID = "nightly"

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from trainyard.airflow.operators import TrainOperator, launcher_for
-from trainyard.launch.kubernetes import KubernetesLauncher
-from trainyard.launch.local import LocalLauncher
+from trainyard.backends.kubernetes.launcher import KubernetesLauncher
+from trainyard.backends.local.launcher import LocalLauncher
 from trainyard.spec import NodesSpec
 
 KUBECONFIG = {
@@ -112,7 +112,7 @@ def test_the_lease_asks_airflow_for_the_holders_run_state(
 
 def test_the_attempt_triggers_event_is_read_back_typed_in_one_place() -> None:
     from trainyard.airflow.triggers import KubernetesAttemptTrigger, reported
-    from trainyard.launch.base import AttemptStatus, NodeStatus
+    from trainyard.backends.base import AttemptStatus, NodeStatus
     from trainyard.recovery.controller import Reported
 
     trigger = KubernetesAttemptTrigger(namespace="ml", job_name="j", nodes=["a", "b"], attempt=3)

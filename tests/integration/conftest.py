@@ -17,7 +17,7 @@ from airflow_helpers import sqlite_service_settings
 from minio import Minio
 from moto.server import ThreadedMotoServer
 
-from trainyard import localpg
+from tools import localpg
 from trainyard.storage.s3auth import S3Settings
 
 logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one access-log line per request otherwise

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from trainyard.launch.local import process_tree, signal_all
+from trainyard.backends.local.launcher import process_tree, signal_all
 
 _PATH = re.compile(
     r"^/(?P<prefix>api/v1|apis/[^/]+/[^/]+)(?:/namespaces/(?P<ns>[^/]+))?/(?P<resource>[^/]+)"

@@ -52,7 +52,7 @@ from airflow_helpers import (
 )
 
 from trainyard.checkpoint.format import read_manifest, step_dir, verify
-from trainyard.ledger import Ledger, run_dir
+from trainyard.events.ledger import Ledger, run_dir
 from trainyard.report.pages import run_url
 
 pytestmark = pytest.mark.integration

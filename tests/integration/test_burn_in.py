@@ -10,8 +10,8 @@ import psutil
 import pytest
 
 from trainyard.errors import NodeUnhealthy
-from trainyard.run import open_run
-from trainyard.stages import burn_in
+from trainyard.pipeline.run import open_run
+from trainyard.pipeline.stages import burn_in
 
 pytestmark = [pytest.mark.integration, pytest.mark.alone]  # measures this machine: see pyproject
 
@@ -108,7 +108,7 @@ def test_a_slow_link_is_found_by_position(tmp_path: Path) -> None:
 
 def test_an_evicted_node_sits_out_its_cool_down_then_is_retested_and_readmitted(tmp_path: Path) -> None:
     from trainyard.burnin.fleet import Fleet
-    from trainyard.stages import local_kind
+    from trainyard.pipeline.stages import local_kind
 
     first = run_for(tmp_path, count=2, spare=0, drills="[]", duration=3)
     fleet = Fleet(first.hot_root / ".fleet")

@@ -11,8 +11,8 @@ import pytest
 from airflow_helpers import STAGES, TASKS, airflow, airflow_env, run_state, task_states
 
 from trainyard.checkpoint.format import verify
-from trainyard.ledger import Ledger
-from trainyard.train import progress
+from trainyard.events.ledger import Ledger
+from trainyard.protocol import steps as progress
 
 pytestmark = [pytest.mark.integration, pytest.mark.alone]  # measures this machine: see pyproject
 DATE = "2026-11-28"

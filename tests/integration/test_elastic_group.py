@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from trainyard.recovery import coordstore
-from trainyard.recovery.coordstore import Coordinator, Generation
-from trainyard.shards import write_synthetic_corpus
+from trainyard.protocol.coordstore import Coordinator, Generation
+from trainyard.protocol.shards import write_synthetic_corpus
+from trainyard.recovery import storehost
 
 pytestmark = pytest.mark.integration
 
@@ -49,7 +49,7 @@ def _start(node: str, port: int, root: Path, drills: list[dict[str, object]]) ->
         "TRAINYARD_COLLECTIVE_TIMEOUT_S": "20",
         "TRAINYARD_DRILLS": json.dumps(drills),
     }
-    cmd = [sys.executable, "-m", "trainyard.train", *MODEL_ARGS]
+    cmd = [sys.executable, "-m", "trainyard.workload", *MODEL_ARGS]
     with open(root / f"{node}.log", "w") as log:  # the child keeps its own copy of the descriptor
         return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
@@ -98,8 +98,8 @@ def _formed(root: Path, node: str, g: int) -> tuple[int, str]:
 
 
 def test_survivors_regroup_in_place_and_a_joiner_gets_the_state(root: Path) -> None:
-    store, port = coordstore.serve()
-    coord = Coordinator(coordstore.attempt_store(store, 1))  # TRAINYARD_ATTEMPT is unset: attempt 1
+    store, port = storehost.serve()
+    coord = Coordinator(storehost.attempt_store(store, 1))  # TRAINYARD_ATTEMPT is unset: attempt 1
     nodes = ["node-0", "node-1", "node-2"]
     coord.publish(Generation(1, nodes, micro_batch=2))
     drills = [
@@ -138,8 +138,8 @@ def test_every_survivor_fails_at_once_not_after_the_collective_timeout(root: Pat
     """In a world of four, node-3 never talks to the killed node-1 in the ring: it learns of the fault only
     when a neighbour's broken group closes its sockets. Anything that keeps that group alive (the DDP
     wrapper, the failed call's frames) leaves node-3 blocked for the whole collective timeout (20 s here)."""
-    store, port = coordstore.serve()
-    coord = Coordinator(coordstore.attempt_store(store, 1))
+    store, port = storehost.serve()
+    coord = Coordinator(storehost.attempt_store(store, 1))
     nodes = ["node-0", "node-1", "node-2", "node-3"]
     coord.publish(Generation(1, nodes, micro_batch=1))  # global batch 12: accumulation 3
     procs = {n: _start(n, port, root, [{"fault": "kill", "step": KILL_AT, "node": "node-1"}]) for n in nodes}

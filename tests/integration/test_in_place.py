@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from test_recovery import SPEC, events, run_with
 
-from trainyard import stages
 from trainyard.checkpoint.format import read_manifest
+from trainyard.pipeline import stages
 from trainyard.recovery.figures import recovery_figures
 
 pytestmark = pytest.mark.integration

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from test_recovery import SPEC, events, run_with
 
-from trainyard import stages
+from trainyard.pipeline import stages
 
 pytestmark = pytest.mark.integration
 

@@ -17,8 +17,8 @@ import pytest
 from fake_k8s import FakeKube, Kubelet
 
 from trainyard.errors import NodeUnhealthy
-from trainyard.run import open_run
-from trainyard.stages import burn_in
+from trainyard.pipeline.run import open_run
+from trainyard.pipeline.stages import burn_in
 
 pytestmark = [pytest.mark.integration, pytest.mark.alone]  # measures this machine: see pyproject
 NS = "ml"
@@ -106,7 +106,7 @@ def test_an_evicted_cluster_node_is_retested_after_its_cool_down_and_its_marks_r
 ) -> None:
     from datetime import UTC, datetime, timedelta
 
-    from trainyard.kube.marks import label_evicted
+    from trainyard.backends.kubernetes.marks import label_evicted
 
     core = __import__("kubernetes").client.CoreV1Api(fake.client())
     label_evicted(

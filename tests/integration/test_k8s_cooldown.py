@@ -18,9 +18,9 @@ from fake_k8s import HOSTNAME, Call, FakeKube
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from trainyard.kube.cooldown import due_for_retest
-from trainyard.kube.kinds import node_kinds
-from trainyard.kube.marks import EVICTED_AT, EVICTED_REASON, label_evicted, unlabel
+from trainyard.backends.kubernetes.cooldown import due_for_retest
+from trainyard.backends.kubernetes.kinds import node_kinds
+from trainyard.backends.kubernetes.marks import EVICTED_AT, EVICTED_REASON, label_evicted, unlabel
 from trainyard.spec import KubernetesSpec
 
 pytestmark = pytest.mark.integration
@@ -122,7 +122,7 @@ def test_due_for_retest_offers_only_trainyards_marks_past_the_cool_down(
     core.patch_node("e-bad-stamp", {"metadata": {"labels": {LABEL: "true"}, "annotations": {EVICTED_AT: "yesterday"}}})
     lists_before = fake.calls.count(Call("list", "", "nodes", False))
 
-    with caplog.at_level(logging.INFO, logger="trainyard.kube.cooldown"):
+    with caplog.at_level(logging.INFO, logger="trainyard.backends.kubernetes.cooldown"):
         due = due_for_retest(core, SPEC, DAY_S, NOW)
 
     assert due == ["a-25h", "f-exactly-24h", "h-tainted"]

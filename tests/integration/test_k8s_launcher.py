@@ -26,6 +26,10 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from trainyard.airflow.triggers import KubernetesAttemptTrigger
+from trainyard.backends.base import LaunchPlan, NodeStatus
+from trainyard.backends.kubernetes.cooldown import due_for_retest
+from trainyard.backends.kubernetes.kinds import node_kinds
+from trainyard.backends.kubernetes.launcher import KubernetesHandle, KubernetesLauncher, build_objects
 from trainyard.burnin.kubernetes import (
     build_burnin_pod,
     create_burnin_pods,
@@ -34,12 +38,8 @@ from trainyard.burnin.kubernetes import (
     label_evicted,
     unlabel,
 )
-from trainyard.kube.cooldown import due_for_retest
-from trainyard.kube.kinds import node_kinds
-from trainyard.launch.base import LaunchPlan, NodeStatus
-from trainyard.launch.kubernetes import KubernetesHandle, KubernetesLauncher, build_objects
+from trainyard.protocol.env import TrainEnv
 from trainyard.spec import KubernetesSpec, PressureTestSpec
-from trainyard.train.contract import TrainEnv
 
 pytestmark = pytest.mark.integration
 
@@ -66,7 +66,7 @@ def make_plan(tmp_path: Path, nodes: int = 2, attempt: int = 1) -> LaunchPlan:
         attempt=attempt,
         nodes=[f"k8s-{i}" for i in range(nodes)],  # hosts: the pods are pinned to them
         procs_per_node=1,
-        entrypoint="trainyard.train",
+        entrypoint="trainyard.workload",
         args=["--lr", "0.01"],
         train_env=TrainEnv(
             data_dir=home / "hot" / "tokens",

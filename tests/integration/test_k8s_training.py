@@ -29,16 +29,16 @@ from airflow.providers.standard.triggers.temporal import DateTimeTrigger
 from airflow_helpers import ROOT, TASKS, airflow, airflow_env, run_state, task_states, wait_until
 from fake_k8s import FakeKube, Kubelet, airflow_connection
 
-from trainyard import stages
 from trainyard.airflow.operators import TrainOperator, backoff_trigger, defers, launcher_for, trigger_for
 from trainyard.airflow.triggers import KubernetesAttemptTrigger, reported
 from trainyard.checkpoint.format import read_manifest
-from trainyard.ledger import Ledger
+from trainyard.events.ledger import Ledger
+from trainyard.pipeline import stages
+from trainyard.pipeline.run import Run, open_run
+from trainyard.protocol.heartbeat import read_heartbeats
+from trainyard.protocol.shards import write_synthetic_corpus
 from trainyard.recovery.controller import BackoffOver, Reported
 from trainyard.recovery.deferred import AttemptWatch, Backoff
-from trainyard.recovery.supervisor import read_heartbeats
-from trainyard.run import Run, open_run
-from trainyard.shards import write_synthetic_corpus
 
 pytestmark = pytest.mark.integration
 

@@ -15,13 +15,14 @@ from pathlib import Path
 import psutil
 import pytest
 
+from trainyard.backends.base import LaunchPlan
+from trainyard.backends.local.launcher import LocalLauncher
 from trainyard.checkpoint.format import latest_valid, read_manifest, verify
-from trainyard.launch.base import LaunchPlan
-from trainyard.launch.local import LocalLauncher
-from trainyard.ledger import Ledger
-from trainyard.recovery.supervisor import read_heartbeats, run_attempt
-from trainyard.shards import write_synthetic_corpus
-from trainyard.train.contract import TrainEnv
+from trainyard.events.ledger import Ledger
+from trainyard.protocol.env import TrainEnv
+from trainyard.protocol.heartbeat import read_heartbeats
+from trainyard.protocol.shards import write_synthetic_corpus
+from trainyard.recovery.supervisor import run_attempt
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,7 +43,7 @@ def plan(
     max_steps: int,
     resume: str = "none",
     attempt: int = 1,
-    entrypoint: str = "trainyard.train",
+    entrypoint: str = "trainyard.workload",
     args: list[str] = MODEL,
 ) -> LaunchPlan:
     return LaunchPlan(
@@ -139,7 +140,7 @@ def test_killing_the_launching_process_takes_the_nodes_with_it(tmp_path: Path, d
     p = plan(tmp_path, data, nodes=2, max_steps=100_000)
     script = textwrap.dedent("""
         import json, sys, time, pickle
-        from trainyard.launch.local import LocalLauncher
+        from trainyard.backends.local.launcher import LocalLauncher
         handle = LocalLauncher().launch(pickle.loads(bytes.fromhex(sys.argv[1])))
         print(json.dumps([p.pid for p in handle.procs.values()]), flush=True)
         time.sleep(600)

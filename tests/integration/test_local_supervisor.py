@@ -7,12 +7,12 @@ from pathlib import Path
 import psutil
 import pytest
 
+from trainyard.backends.base import LaunchPlan
+from trainyard.backends.local.launcher import LocalHandle, LocalLauncher
 from trainyard.errors import LineageBusy, TrainingFailed
-from trainyard.launch.base import LaunchPlan
-from trainyard.launch.local import LocalHandle, LocalLauncher
-from trainyard.ledger import Ledger
+from trainyard.events.ledger import Ledger
+from trainyard.protocol.env import TrainEnv
 from trainyard.recovery.supervisor import run_attempt
-from trainyard.train.contract import TrainEnv
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from trainyard import localpg
+from tools import localpg
 
 pytestmark = pytest.mark.integration
 

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from trainyard import stages
 from trainyard.checkpoint import registry
 from trainyard.checkpoint.format import read_manifest
 from trainyard.errors import TrainingFailed
-from trainyard.run import open_run
-from trainyard.shards import write_synthetic_corpus
+from trainyard.pipeline import stages
+from trainyard.pipeline.run import open_run
+from trainyard.protocol.shards import write_synthetic_corpus
 
 pytestmark = pytest.mark.integration
 
@@ -165,8 +165,8 @@ def test_a_retried_task_carries_on_from_the_ledger(tmp_path: Path) -> None:
     run = run_with(tmp_path, "[]")
     script = textwrap.dedent(f"""
         import sys
-        from trainyard import stages
-        from trainyard.run import open_run
+        from trainyard.pipeline import stages
+        from trainyard.pipeline.run import open_run
         run = open_run(sys.argv[1], "recovery", {run.run_id!r}, "2026-11-28")
         stages.train(run, ["node-0", "node-1", "node-2"])
     """)

@@ -23,7 +23,7 @@ import pytest
 import yaml
 from airflow_helpers import ROOT, TASKS, airflow, airflow_env, day, query, run_folder, run_state, task_states
 
-from trainyard.ledger import Ledger
+from trainyard.events.ledger import Ledger
 from trainyard.report.pages import run_url
 
 pytestmark = pytest.mark.integration

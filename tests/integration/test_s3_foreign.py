@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from trainyard.errors import DataError
-from trainyard.ledger import Ledger
+from trainyard.events.ledger import Ledger
 from trainyard.storage import S3Tier
 from trainyard.storage.hot import JOURNAL, STAGED_MANIFEST
 from trainyard.storage.s3 import Retry

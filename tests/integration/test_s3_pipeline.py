@@ -10,7 +10,7 @@ import pytest
 from airflow_helpers import ROOT, TASKS, airflow, airflow_env, run_state, task_states
 
 from trainyard.checkpoint import cold as cold_copies
-from trainyard.shards import write_synthetic_corpus
+from trainyard.protocol.shards import write_synthetic_corpus
 from trainyard.storage import S3Tier
 
 pytestmark = pytest.mark.integration

@@ -229,7 +229,7 @@ runs_root: "file://{root}/runs"
 
 
 def s3_run(s3_server, bucket: str, root: Path):
-    from trainyard.run import open_run
+    from trainyard.pipeline.run import open_run
 
     (root / "pipe.yaml").write_text(CKPT_SPEC.format(root=root, bucket=bucket))
     return open_run(root / "pipe.yaml", "pipe", "manual__1", "2026-01-01", connections=lambda _: s3_server.settings)
@@ -245,9 +245,9 @@ def fetch(s3_server, uri: str, dest: Path) -> Path:
 
 
 def test_s3_republish_at_a_smaller_world_size_leaves_no_stale_shards(s3_server, bucket: str, tmp_path: Path) -> None:
-    from trainyard import stages
     from trainyard.checkpoint.format import read_manifest, verify
     from trainyard.checkpoint.validate import validate
+    from trainyard.pipeline import stages
 
     run = s3_run(s3_server, bucket, tmp_path)
     stages.publish(run, str(save_as_ranks(tmp_path / "a", 10, ranks=2)))
@@ -265,8 +265,8 @@ def test_s3_republish_at_a_smaller_world_size_leaves_no_stale_shards(s3_server, 
 def test_s3_interrupted_republish_leaves_the_published_copy_whole_and_pointed_to(
     s3_server, bucket: str, tmp_path: Path, monkeypatch
 ) -> None:
-    from trainyard import stages
     from trainyard.checkpoint.format import read_manifest, verify
+    from trainyard.pipeline import stages
 
     run = s3_run(s3_server, bucket, tmp_path)
     first = stages.publish(run, str(save_as_ranks(tmp_path / "a", 10, ranks=2)))

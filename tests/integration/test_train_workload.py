@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from trainyard.checkpoint import format as fmt
-from trainyard.ledger import Ledger
+from trainyard.events.ledger import Ledger
+from trainyard.protocol.records import failure_records
+from trainyard.protocol.shards import write_synthetic_corpus
 from trainyard.recovery.classify import Failure, NodeFailure, classify
-from trainyard.recovery.records import failure_records
-from trainyard.shards import write_synthetic_corpus
 
 pytestmark = pytest.mark.integration
 
@@ -85,7 +85,7 @@ def _torchrun_args(nodes: int, node: int, port: int, rdzv_id: str) -> list[str]:
         "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={rdzv_id}",
         f"--rdzv-conf=is_host={1 if node == 0 else 0}", "--local-addr=127.0.0.1",
         "--max-restarts=0", "--monitor-interval=0.1",
-        "-m", "trainyard.train", *MODEL_ARGS,
+        "-m", "trainyard.workload", *MODEL_ARGS,
     ]  # fmt: skip
 
 
@@ -231,7 +231,7 @@ def test_explicit_invalid_checkpoint_is_refused(corpus: Path, reference: Run, tm
 
     # One process, no torchrun: the workload's own single-process mode is enough here.
     result = subprocess.run(
-        [sys.executable, "-m", "trainyard.train", *MODEL_ARGS],
+        [sys.executable, "-m", "trainyard.workload", *MODEL_ARGS],
         env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
     )  # fmt: skip
 
@@ -244,7 +244,7 @@ def test_a_long_runs_steps_are_summarised_and_exact_at_checkpoints(corpus: Path,
     run = Run.in_dir(tmp_path / "summarised")
     env = _env(corpus, run, 0, max_steps=25, checkpoint_every=10, progress_every_s=30)
     result = subprocess.run(
-        [sys.executable, "-m", "trainyard.train", *MODEL_ARGS],
+        [sys.executable, "-m", "trainyard.workload", *MODEL_ARGS],
         env=env,
         capture_output=True,
         text=True,

@@ -28,9 +28,9 @@ from urllib.parse import quote
 import pytest
 from airflow_helpers import ROOT, STAGES, airflow_env
 
-from trainyard import stages
-from trainyard.run import open_run
-from trainyard.shards import write_synthetic_corpus
+from trainyard.pipeline import stages
+from trainyard.pipeline.run import open_run
+from trainyard.protocol.shards import write_synthetic_corpus
 
 pytestmark = [pytest.mark.integration, pytest.mark.alone]  # measures this machine: see pyproject
 

@@ -16,13 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from trainyard.launch.zygote import Zygote, usable
-from trainyard.recovery import coordstore
-from trainyard.shards import write_synthetic_corpus
+from trainyard.backends.local.zygote import Zygote, usable
+from trainyard.protocol import coordstore
+from trainyard.protocol.shards import write_synthetic_corpus
+from trainyard.recovery import storehost
 
 pytestmark = pytest.mark.integration
 
-ARGV = ["-m", "trainyard.train", "--seq-len", "16", "--d-model", "16", "--n-layers", "1", "--n-heads", "2"]
+ARGV = ["-m", "trainyard.workload", "--seq-len", "16", "--d-model", "16", "--n-layers", "1", "--n-heads", "2"]
 
 
 @pytest.fixture
@@ -39,15 +40,15 @@ def zygote() -> Iterator[Zygote]:
 
 def test_a_forked_node_runs_with_its_own_environment_log_and_exit_code(zygote: Zygote, tmp_path: Path) -> None:
     log = tmp_path / "node-0.log"
-    # No TRAINYARD_DATA_DIR: the workload refuses to start, in one line, with exit code 2 (trainyard.train's).
+    # No TRAINYARD_DATA_DIR: the workload refuses to start, in one line, with exit code 2 (trainyard.workload's).
     node = zygote.spawn(ARGV, {"PATH": os.environ["PATH"], "TRAINYARD_NODE": "node-0"}, log)
     assert node.wait(timeout=60) == 2
     text = log.read_text()
-    assert "trainyard.train:" in text and "TRAINYARD_DATA_DIR" in text, text
+    assert "trainyard.workload:" in text and "TRAINYARD_DATA_DIR" in text, text
 
 
 def test_a_killed_node_reports_the_signal_and_lives_in_a_session_of_its_own(zygote: Zygote, tmp_path: Path) -> None:
-    store, port = coordstore.serve()  # no generation lists node-7: it waits as a spare
+    store, port = storehost.serve()  # no generation lists node-7: it waits as a spare
     env = {
         "PATH": os.environ["PATH"],
         "OMP_NUM_THREADS": "1",
@@ -59,7 +60,7 @@ def test_a_killed_node_reports_the_signal_and_lives_in_a_session_of_its_own(zygo
         "TRAINYARD_GLOBAL_BATCH": "2",
     }
     write_synthetic_corpus(tmp_path / "data", shards=1, tokens_per_shard=1024)
-    attempt = coordstore.attempt_store(store, 1)
+    attempt = storehost.attempt_store(store, 1)
     coordstore.Coordinator(attempt).publish(coordstore.Generation(1, ["node-0"], micro_batch=2))  # not node-7
     node = zygote.spawn(ARGV, env, tmp_path / "node-7.log")
     deadline = time.monotonic() + 60
@@ -76,6 +77,6 @@ def test_a_killed_node_reports_the_signal_and_lives_in_a_session_of_its_own(zygo
 
 
 def test_only_the_reference_workload_is_forked() -> None:
-    assert usable(["-m", "trainyard.train", "--d-model", "16"])
+    assert usable(["-m", "trainyard.workload", "--d-model", "16"])
     assert not usable(["train.py", "--d-model", "16"])
     assert not usable(["-m", "my_company.train"])

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from trainyard.ledger import LEDGER_FILE, Ledger, run_dir
-from trainyard.train import runtime
+from trainyard.events.ledger import LEDGER_FILE, Ledger, run_dir
+from trainyard.runtime import core as runtime
 
 STEPS = 1_000_000
 STEP_S = 0.1  # a small model on one GPU; a slower step makes fewer events

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from trainyard import stages
 from trainyard.errors import DataError
-from trainyard.ledger import Ledger
-from trainyard.run import open_run
-from trainyard.shards import write_synthetic_corpus
+from trainyard.events.ledger import Ledger
+from trainyard.pipeline import stages
+from trainyard.pipeline.run import open_run
+from trainyard.protocol.shards import write_synthetic_corpus
 from trainyard.storage import LocalTier, boot
 from trainyard.storage.checksums import FIRST_FETCH
 from trainyard.storage.hashing import copy_file_verified, write_verified

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from dcp_helpers import save_as_ranks
 
-from trainyard import stages
 from trainyard.checkpoint.format import read_manifest, verify
 from trainyard.checkpoint.validate import validate
 from trainyard.errors import DataError
-from trainyard.run import Run, open_run
+from trainyard.pipeline import stages
+from trainyard.pipeline.run import Run, open_run
 from trainyard.storage import LocalTier, local_path
 
 SPEC = """\

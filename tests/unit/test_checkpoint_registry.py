@@ -14,7 +14,7 @@ from test_checkpoint_validation import flip_byte, save
 from trainyard.checkpoint import registry
 from trainyard.checkpoint.format import list_checkpoints, verify
 from trainyard.checkpoint.validate import validate
-from trainyard.ledger import Ledger
+from trainyard.events.ledger import Ledger
 
 
 def judge(path: Path, after: int | None):

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
+from trainyard.backends.base import LaunchPlan
+from trainyard.backends.local.environ import child_env
+from trainyard.backends.local.launcher import LocalLauncher, node_env, split_visible_devices, visible_devices
 from trainyard.burnin.local import candidate_env
 from trainyard.burnin.sealing import KEY_ENV
-from trainyard.launch.base import LaunchPlan
-from trainyard.launch.environ import child_env
-from trainyard.launch.local import LocalLauncher, node_env, split_visible_devices, visible_devices
-from trainyard.train.contract import TrainEnv
+from trainyard.protocol.env import TrainEnv
 
 WORKER = {
     # What an Airflow worker's environment holds (docker/docker-compose.yaml and a typical cloud VM).
@@ -52,7 +52,7 @@ def plan() -> LaunchPlan:
         attempt=1,
         nodes=["node-0"],
         procs_per_node=1,
-        entrypoint="trainyard.train",
+        entrypoint="trainyard.workload",
         args=[],
         train_env=TrainEnv(Path("/data"), Path("/ckpt"), 5, run_id="r", events_dir=Path("/runs/r/events.d")),
         log_dir=Path("/runs/r"),

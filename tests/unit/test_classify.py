@@ -28,7 +28,7 @@ Traceback (most recent call last):
     raise ChildFailedError(
 torch.distributed.elastic.multiprocessing.errors.ChildFailedError: 
 ============================================================
-trainyard.train FAILED
+trainyard.workload FAILED
 ------------------------------------------------------------
 Failures:
   <NO_OTHER_FAILURES>
@@ -332,7 +332,7 @@ INTERLEAVED = "\n".join(
         agent_summary(0, 1),
     ]
 )
-# What trainyard's own fault drills (train/drills.py) leave behind.
+# What trainyard's own fault drills (runtime/drills.py) leave behind.
 DRILL_OOM = "\n".join(
     [STEPS, worker_raised(1, "MemoryError: drill: out of memory at step 13 on node-1"), agent_summary(1, 1)]
 )

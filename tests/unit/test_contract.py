@@ -10,12 +10,13 @@ from typing import get_args
 
 import pytest
 
-from trainyard.launch.base import LaunchPlan
-from trainyard.launch.local import node_env
-from trainyard.recovery import records
+import trainyard.runtime
+from trainyard.backends.base import LaunchPlan
+from trainyard.backends.local.launcher import node_env
+from trainyard.protocol import records
+from trainyard.protocol.env import ContractPath, FaultDrill, TrainEnv, variable_table
+from trainyard.runtime import core as runtime
 from trainyard.spec.models import FailureKind
-from trainyard.train import runtime
-from trainyard.train.contract import ContractPath, FaultDrill, TrainEnv, variable_table
 
 REQUIRED = {"TRAINYARD_DATA_DIR": "/hot/data", "TRAINYARD_CHECKPOINT_DIR": "/hot/ckpt", "TRAINYARD_MAX_STEPS": "10"}
 FULL = TrainEnv(
@@ -93,7 +94,7 @@ def test_paths_declare_what_a_pod_may_write() -> None:
 
 
 def test_the_plan_carries_the_contract_and_each_node_gets_its_own_name(tmp_path: Path) -> None:
-    plan = LaunchPlan("r", 2, ["node-0", "node-1"], 1, "trainyard.train", [], FULL.for_node(""), tmp_path)
+    plan = LaunchPlan("r", 2, ["node-0", "node-1"], 1, "trainyard.workload", [], FULL.for_node(""), tmp_path)
     assert "TRAINYARD_NODE" not in plan.env and "TRAINYARD_LEDGER" not in plan.env
     env = node_env(plan, "node-1", {})
     assert TrainEnv.from_env(env) == FULL.for_node("node-1")  # the local node is its own host
@@ -107,7 +108,8 @@ def test_the_runtime_fills_the_node_and_host_from_this_machine() -> None:
 
 
 def test_the_runtime_docstring_lists_the_contract_as_declared() -> None:
-    assert runtime.__doc__ is not None and variable_table() in runtime.__doc__
+    face = trainyard.runtime  # what a script's author reads: ``help(trainyard.runtime)``
+    assert face.__doc__ is not None and variable_table() in face.__doc__
     assert len({f.metadata["env"] for f in fields(TrainEnv)}) == len(fields(TrainEnv))
 
 

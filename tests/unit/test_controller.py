@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from trainyard.ledger import Ledger
+from trainyard.events.ledger import Ledger
 from trainyard.recovery.classify import Failure, NodeFailure
 from trainyard.recovery.controller import (
     AttemptFailed,

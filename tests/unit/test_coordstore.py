@@ -8,8 +8,9 @@ import time
 import pytest
 import torch.distributed as dist
 
-from trainyard.recovery import coordstore
-from trainyard.recovery.coordstore import Coordinator, Generation
+from trainyard.protocol import coordstore
+from trainyard.protocol.coordstore import Coordinator, Generation
+from trainyard.recovery import storehost
 
 
 def test_generation_json_round_trip_and_ranks() -> None:
@@ -60,16 +61,16 @@ def test_coordinator_reads_what_workers_report() -> None:
 
 
 def test_serve_hosts_a_store_clients_reach() -> None:
-    store, port = coordstore.serve()
+    store, port = storehost.serve()
     client = dist.TCPStore("127.0.0.1", port, is_master=False)
     Coordinator(store).publish(Generation(1, ["node-0"], 1))
     assert Generation.from_json(client.get(coordstore.GEN)).members == ["node-0"]
 
 
 def test_the_supervisor_wakes_on_a_fault_report_of_its_generation_only() -> None:
-    store, port = coordstore.serve()
-    coord = Coordinator(coordstore.attempt_store(store, 1))
-    worker = coordstore.attempt_store(dist.TCPStore("127.0.0.1", port, is_master=False), 1)
+    store, port = storehost.serve()
+    coord = Coordinator(storehost.attempt_store(store, 1))
+    worker = storehost.attempt_store(dist.TCPStore("127.0.0.1", port, is_master=False), 1)
     began = time.monotonic()
     assert not coord.wait_fault(1, timeout_s=0.2)  # nothing reported: it waited the whole pause
     assert time.monotonic() - began >= 0.2

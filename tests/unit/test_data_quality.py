@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from trainyard.errors import DataError
+from trainyard.protocol.shards import write_shard
 from trainyard.quality.dataset import RESULT_FILE, check_dataset
-from trainyard.shards import write_shard
 from trainyard.spec import DataExpectations
 from trainyard.storage import LocalTier
 from trainyard.storage.staging import stage

@@ -27,16 +27,16 @@ import pytest
 import yaml
 from kubernetes.client import ApiClient
 
-from trainyard.kube.pods import AIRFLOW_GID, AIRFLOW_UID
-from trainyard.launch.base import LaunchPlan
-from trainyard.launch.kubernetes import (
+from trainyard.backends.base import LaunchPlan
+from trainyard.backends.kubernetes.launcher import (
     LAUNCHER_ACCOUNT,
     RUN_AS_USER,
     container_security_context,
     pod_security_context,
     prepare_paths,
 )
-from trainyard.train.contract import TrainEnv
+from trainyard.backends.kubernetes.pods import AIRFLOW_GID, AIRFLOW_UID
+from trainyard.protocol.env import TrainEnv
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
@@ -343,7 +343,7 @@ def test_no_credential_is_written_in_the_compose_file() -> None:
 def test_no_credential_of_the_stack_reaches_the_training_processes() -> None:
     # The scheduler runs the tasks (LocalExecutor), and they start torchrun agents and burn-in probes:
     # those get an allow-listed environment, which none of the stack's credentials is on.
-    from trainyard.launch.environ import allowed
+    from trainyard.backends.local.environ import allowed
 
     env = compose()["x-airflow-common"]["environment"]
     secrets = [k for k in env if SECRET_NAME.search(k)]
@@ -441,7 +441,7 @@ def test_airflow_and_the_pods_share_a_group_that_writes_what_prepare_paths_makes
     # The folders the pods mount, made as the orchestrator makes them (a umask that would mask group write).
     run = tmp_path / "runs" / "p" / "r"
     plan = LaunchPlan(
-        run_id="r", attempt=1, nodes=["n"], procs_per_node=1, entrypoint="trainyard.train", args=[],
+        run_id="r", attempt=1, nodes=["n"], procs_per_node=1, entrypoint="trainyard.workload", args=[],
         train_env=TrainEnv(
             tmp_path / "hot" / "data", tmp_path / "checkpoints" / "p", 10,
             heartbeat_dir=run / "attempt-1" / "heartbeat", events_dir=run / "events.d",

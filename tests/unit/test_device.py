@@ -14,8 +14,9 @@ import pytest
 import torch
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
-from trainyard.train import device, loop
-from trainyard.train.model import GPT, GPTConfig
+from trainyard.runtime import device
+from trainyard.workload import loop
+from trainyard.workload.model import GPT, GPTConfig
 
 
 class FakeCuda:
@@ -36,7 +37,7 @@ class FakeCuda:
     [
         (0, {}, ("cpu", "gloo", None)),
         (0, {"LOCAL_RANK": "3"}, ("cpu", "gloo", None)),
-        (1, {}, ("cuda:0", "nccl", torch.bfloat16)),  # python -m trainyard.train without torchrun
+        (1, {}, ("cuda:0", "nccl", torch.bfloat16)),  # python -m trainyard.workload without torchrun
         (8, {"LOCAL_RANK": "5"}, ("cuda:5", "nccl", torch.bfloat16)),
     ],
 )

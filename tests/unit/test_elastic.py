@@ -9,10 +9,10 @@ import torch
 import torch.distributed as dist
 
 from trainyard.errors import TrainingFailed
-from trainyard.recovery.coordstore import Coordinator, Generation
-from trainyard.train import loop
-from trainyard.train.elastic import ElasticGroup, broadcast_tree, is_collective_error, parse_address
-from trainyard.train.model import GPT, GPTConfig
+from trainyard.protocol.coordstore import Coordinator, Generation
+from trainyard.runtime.elastic import ElasticGroup, broadcast_tree, is_collective_error, parse_address
+from trainyard.workload import loop
+from trainyard.workload.model import GPT, GPTConfig
 
 # What torch 2.13's gloo raised in the step-0 experiment, when a peer was SIGKILLed mid all-reduce.
 RESET = (

@@ -15,10 +15,10 @@ import torch
 import torch.distributed as dist
 
 from trainyard.errors import CheckpointInvalid, DataError, SpecError, TrainingFailed
+from trainyard.protocol.env import TrainEnv
+from trainyard.protocol.records import MAX_BYTES, MAX_MESSAGE, FailureRecord, failure_records, reading, record_name
 from trainyard.recovery.classify import Failure, NodeFailure, classify
-from trainyard.recovery.records import MAX_BYTES, MAX_MESSAGE, FailureRecord, failure_records, reading, record_name
-from trainyard.train import runtime
-from trainyard.train.contract import TrainEnv
+from trainyard.runtime import core as runtime
 
 NODES = ["node-0", "node-1"]
 
@@ -142,7 +142,7 @@ def test_classify_trusts_a_root_cause_record_before_the_logs() -> None:
         _failure(
             [oom, peer],
             NodeFailure("node-0", "failed", 1, "", PEER_GONE),
-            NodeFailure("node-1", "failed", 1, "", "ChildFailedError: trainyard.train FAILED"),
+            NodeFailure("node-1", "failed", 1, "", "ChildFailedError: trainyard.workload FAILED"),
         )
     )
     assert (found.kind, found.culprits) == ("oom", ["node-1"])
@@ -189,7 +189,7 @@ def test_record_failure_writes_once_and_never_raises(tmp_path: Path) -> None:
 
 def test_a_script_using_the_runtime_leaves_a_record_when_an_exception_escapes(tmp_path: Path) -> None:
     script = textwrap.dedent("""
-        from trainyard.train import runtime
+        from trainyard import runtime
         ctx = runtime.context()
         raise ValueError("bad shape in user code")
     """)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from trainyard.errors import DataError
-from trainyard.ledger import Ledger
+from trainyard.events.ledger import Ledger
 from trainyard.storage import LocalTier
 from trainyard.storage.hot import PIN_TTL_S, STAGED_MANIFEST, HotRoom, make_room, pin, staged_datasets, unpin
 from trainyard.storage.staging import stage

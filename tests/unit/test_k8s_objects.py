@@ -24,9 +24,8 @@ import pytest
 import yaml
 from kubernetes.client import ApiClient
 
-from trainyard.burnin.kubernetes import Drill, build_burnin_pod, node_args
-from trainyard.launch.base import AttemptStatus, LaunchPlan, NodeStatus
-from trainyard.launch.kubernetes import (
+from trainyard.backends.base import AttemptStatus, LaunchPlan, NodeStatus
+from trainyard.backends.kubernetes.launcher import (
     GROUP_NAME_ANNOTATION,
     LABEL_JOB,
     MAX_JOB_NAME,
@@ -40,8 +39,9 @@ from trainyard.launch.kubernetes import (
     status_from_dicts,
     status_to_dicts,
 )
+from trainyard.burnin.kubernetes import Drill, build_burnin_pod, node_args
+from trainyard.protocol.env import TrainEnv
 from trainyard.spec import KubernetesSpec, PressureTestSpec
-from trainyard.train.contract import TrainEnv
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S_VERSION = "1.37"  # the newest schema kubernetes-validate 1.37.0 ships
@@ -122,7 +122,7 @@ def make_plan(
         attempt=attempt,
         nodes=[f"node-{i}" for i in range(nodes)],
         procs_per_node=2,
-        entrypoint="trainyard.train",
+        entrypoint="trainyard.workload",
         args=args if args is not None else ["--lr", "0.01"],
         train_env=TrainEnv.from_env({"TRAINYARD_MAX_STEPS": "120", **env} if env is not None else base),
         log_dir=Path(f"{run}/attempt-{attempt}"),
@@ -195,7 +195,7 @@ def test_each_pod_runs_torchrun_with_its_index_as_node_rank_and_pod_0_as_rendezv
         f"--rdzv-id={plan.run_id}-a2",
         "--max-restarts=0",
         "-m",
-        "trainyard.train",
+        "trainyard.workload",
         "--lr",
         "0.01",
     ]
@@ -487,7 +487,7 @@ def test_the_launcher_knows_its_own_account_from_its_token() -> None:
 
     from kubernetes.client import Configuration
 
-    from trainyard.launch.kubernetes import token_account
+    from trainyard.backends.kubernetes.launcher import token_account
 
     def client(auth: str | None) -> ApiClient:
         config = Configuration()
@@ -948,8 +948,8 @@ def test_the_local_pressure_test_and_classify_need_no_kubernetes_sdk() -> None:
     """With the SDK unimportable, the stages (local burn-in), classify and kube's SDK-free modules still load."""
     code = (
         "import sys; sys.modules['kubernetes'] = None\n"  # None in sys.modules: any import of it fails
-        "import trainyard.stages, trainyard.burnin.local, trainyard.recovery.classify\n"
-        "import trainyard.kube.reasons, trainyard.kube.status, trainyard.kube.names\n"
+        "import trainyard.pipeline.stages, trainyard.burnin.local, trainyard.recovery.classify\n"
+        "import trainyard.backends.kubernetes.reasons, trainyard.backends.kubernetes.status, trainyard.backends.kubernetes.names\n"
         "assert not any(m.startswith('kubernetes.') for m in sys.modules)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ.copy())

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from trainyard.ledger import Ledger, run_dir, safe_name
-from trainyard.templating import placeholder_problems, render
+from trainyard.events.ledger import Ledger, run_dir, safe_name
+from trainyard.spec.templating import placeholder_problems, render
 
 
 def test_ledger_appends_filters_and_skips_a_torn_line(tmp_path: Path) -> None:

@@ -17,13 +17,13 @@ import pytest
 from kubernetes import client as k8s
 
 from trainyard.atomic import UnsafePath, open_append, open_regular, read_json, write_json_atomic
-from trainyard.launch.base import LaunchPlan, NodeStatus
-from trainyard.launch.kubernetes import KubernetesHandle, KubernetesLauncher
-from trainyard.ledger import Ledger, LedgerWriteError, safe_name
+from trainyard.backends.base import LaunchPlan, NodeStatus
+from trainyard.backends.kubernetes.launcher import KubernetesHandle, KubernetesLauncher
+from trainyard.events.ledger import Ledger, LedgerWriteError, safe_name
+from trainyard.protocol.env import TrainEnv
 from trainyard.report.summary import write_report
 from trainyard.spec import KubernetesSpec
 from trainyard.storage.hot import PINS, pin, touch
-from trainyard.train.contract import TrainEnv
 
 SECRET = "the worker's secret\n"
 
@@ -157,7 +157,7 @@ def test_an_append_the_disk_did_not_take_raises_and_the_next_event_is_intact(
     monkeypatch.undo()
 
     ledger.append("train", "step", step=3)  # space again: nothing after the torn line is swallowed
-    with caplog.at_level(logging.WARNING, logger="trainyard.ledger"):
+    with caplog.at_level(logging.WARNING, logger="trainyard.events.ledger"):
         assert [e.get("step") for e in Ledger.in_dir(tmp_path).events()] == [1, 3]
     if disk[0] == "half":
         assert "not a ledger event; skipped" in caplog.text  # the torn half is skipped, with a warning
@@ -168,7 +168,7 @@ def test_a_torn_last_line_is_skipped_with_a_warning(tmp_path: Path, caplog: pyte
     ledger.append("train", "step", step=1)
     with ledger.path.open("ab") as fh:
         fh.write(b'{"event": "step", "st')
-    with caplog.at_level(logging.WARNING, logger="trainyard.ledger"):
+    with caplog.at_level(logging.WARNING, logger="trainyard.events.ledger"):
         assert [e["step"] for e in ledger.events()] == [1]
         assert [e["step"] for e in ledger.events()] == [1]
     assert caplog.text.count("without a newline") == 1  # once, not on every read

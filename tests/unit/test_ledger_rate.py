@@ -9,15 +9,16 @@ from pathlib import Path
 import pytest
 from long_run import CHECKPOINT_EVERY, STEPS, fake_clock, loss_at, write_long_run
 
-from trainyard import ledger as ledger_module
-from trainyard.ledger import Ledger
+from trainyard import runtime
+from trainyard.events import ledger as ledger_module
+from trainyard.events.ledger import Ledger
+from trainyard.protocol import steps as progress
 from trainyard.quality.metrics import metric_problems
 from trainyard.recovery.figures import recovery_figures
 from trainyard.report.pages import run_page
 from trainyard.report.runs import overview, run_folders
 from trainyard.report.summary import run_identity, summarize
 from trainyard.spec import MetricExpectations
-from trainyard.train import progress, runtime
 
 
 @pytest.fixture(scope="module")
@@ -117,11 +118,11 @@ def test_a_bad_line_is_skipped_with_one_warning_and_the_index_still_lists_the_ru
     lines = ledger.path.read_bytes().split(b"\n")
     lines.insert(5, b'{"stage": "train", "event": "st\xff')  # a broken line in the middle
     ledger.path.write_bytes(b"\n".join(lines))
-    with caplog.at_level(logging.WARNING, logger="trainyard.ledger"):
+    with caplog.at_level(logging.WARNING, logger="trainyard.events.ledger"):
         [row] = [overview(f) for f in run_folders(tmp_path / "runs")]
         assert summarize(ledger)["steps_trained"] == 3000  # read again: no second warning
     assert row["steps_trained"] == 3000 and row["state"] == "running"
-    [warning] = [r for r in caplog.records if r.name == "trainyard.ledger"]
+    [warning] = [r for r in caplog.records if r.name == "trainyard.events.ledger"]
     assert str(ledger.path) in warning.getMessage() and "line 6" in warning.getMessage()
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from trainyard import ledger as ledger_module
-from trainyard.ledger import EventWriter, Ledger
+from trainyard.events import ledger as ledger_module
+from trainyard.events.ledger import EventWriter, Ledger
 
 
 def line(ts: float, event: str = "step", stage: str = "train", **fields: object) -> bytes:
@@ -59,7 +59,7 @@ def test_a_torn_line_in_one_writers_file_waits_and_the_others_are_read(
     torn = ledger.events_dir / "a.jsonl"
     torn.write_bytes(line(1e12, step=1) + b'{"ts": 1e12, "stage": "train", "ev')
     (ledger.events_dir / "b.jsonl").write_bytes(line(2e12, step=2))
-    with caplog.at_level(logging.WARNING, logger="trainyard.ledger"):
+    with caplog.at_level(logging.WARNING, logger="trainyard.events.ledger"):
         assert [e.get("step") for e in ledger.events()] == [None, 1, 2]
     assert "a.jsonl ends in a line without a newline" in caplog.text
     with torn.open("ab") as fh:
@@ -86,7 +86,7 @@ def test_a_link_or_fifo_dropped_in_events_d_is_skipped_not_followed(
         os.link(secret, planted)
     else:
         planted.mkdir()
-    with caplog.at_level(logging.WARNING, logger="trainyard.ledger"):
+    with caplog.at_level(logging.WARNING, logger="trainyard.events.ledger"):
         got = [e["event"] for e in ledger.events()]
         assert [e["event"] for e in ledger.events()] == got  # read again: warned once
     assert got == ["stage_start", "step"]
@@ -101,7 +101,7 @@ def test_an_events_folder_swapped_for_a_link_is_not_read(tmp_path: Path, caplog:
     ledger = Ledger.in_dir(tmp_path / "run")
     ledger.append("train", "stage_start")
     ledger.events_dir.symlink_to(elsewhere)
-    with caplog.at_level(logging.WARNING, logger="trainyard.ledger"):
+    with caplog.at_level(logging.WARNING, logger="trainyard.events.ledger"):
         assert [e["event"] for e in ledger.events()] == ["stage_start"]
     assert "not a folder" in caplog.text
 
@@ -117,7 +117,7 @@ def test_a_writer_cannot_forge_the_orchestrators_events(tmp_path: Path, caplog: 
         + b'{"ts": "tomorrow", "stage": "train", "event": "step"}\n'
         + line(1e12, "checkpoint_saved", step=4)
     )
-    with caplog.at_level(logging.WARNING, logger="trainyard.ledger"):
+    with caplog.at_level(logging.WARNING, logger="trainyard.events.ledger"):
         assert [e["event"] for e in ledger.events()] == ["attempt_start", "checkpoint_saved"]
     assert "train/decision is not an event a training process writes" in caplog.text
     assert "line 4 is not a ledger event" in caplog.text

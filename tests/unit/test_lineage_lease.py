@@ -12,7 +12,7 @@ from trainyard.checkpoint import lease
 from trainyard.checkpoint.lease import HOLDER, UNREADABLE, Claim, hold, read_claim, release, takeover_reason
 from trainyard.cli import main
 from trainyard.errors import LineageBusy
-from trainyard.ledger import Ledger
+from trainyard.events.ledger import Ledger
 
 
 class Clock:

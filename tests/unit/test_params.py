@@ -16,8 +16,8 @@ from airflow.sdk.exceptions import ParamValidationError
 
 from trainyard.airflow.params import param_schemas
 from trainyard.errors import SpecError
-from trainyard.ledger import Ledger
-from trainyard.run import RUN_STAGE, SNAPSHOT, load_run, open_run
+from trainyard.events.ledger import Ledger
+from trainyard.pipeline.run import RUN_STAGE, SNAPSHOT, load_run, open_run
 from trainyard.spec import (
     PARAM_FIELDS,
     ParamName,

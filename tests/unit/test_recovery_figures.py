@@ -7,12 +7,12 @@ from unittest import mock
 
 import pytest
 
-from trainyard.ledger import Ledger
+from trainyard.events.ledger import Ledger
 from trainyard.recovery.figures import recovery_figures
 
 
 def at(ledger: Ledger, ts: float, event: str, **fields) -> None:
-    with mock.patch("trainyard.ledger.time.time", return_value=ts):
+    with mock.patch("trainyard.events.ledger.time.time", return_value=ts):
         ledger.append("train", event, **fields)
 
 

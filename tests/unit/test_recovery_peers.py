@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainyard.recovery.peers import no_fault_step_ms, versus_best_peer
+from peers.versus import no_fault_step_ms, versus_best_peer
 
 
 def test_best_peer_is_the_highest_ettr_that_finished_and_the_fastest_resume_is_its_own() -> None:

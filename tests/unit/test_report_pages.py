@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from trainyard.ledger import Ledger, run_dir
+from trainyard.events.ledger import Ledger, run_dir
 from trainyard.report.charts import burnin_svg, loss_svg
 from trainyard.report.pages import index_page, report_html, run_href, run_page, run_url, to_json
 from trainyard.report.runs import RunNotFound, find_run, overview, run_folders

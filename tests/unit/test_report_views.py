@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from test_report_pages import RUN_ID, write_run
 
 from trainyard.airflow import views
-from trainyard.ledger import Ledger, run_dir
+from trainyard.events.ledger import Ledger, run_dir
 from trainyard.report.summary import write_report
 
 

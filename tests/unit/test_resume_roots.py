@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from trainyard.errors import SpecError
-from trainyard.run import SNAPSHOT, open_run
+from trainyard.pipeline.run import SNAPSHOT, open_run
 
 SPEC = """\
 dataset: {{source: "file://{root}/cold", name: tokens, hot: "file://{root}/hot"}}

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trainyard import shards
 from trainyard.errors import DataError
+from trainyard.protocol import shards
 
 
 def test_roundtrip_uint16(tmp_path: Path) -> None:

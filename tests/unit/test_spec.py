@@ -142,7 +142,7 @@ BAD = [
     (
         "gpus-without-a-rank-each",
         spec_text(nodes="{count: 2, gpus_per_node: 2}"),
-        "nodes.procs_per_node: 1 must equal nodes.gpus_per_node (2): trainyard.train runs one rank per GPU",
+        "nodes.procs_per_node: 1 must equal nodes.gpus_per_node (2): trainyard.workload runs one rank per GPU",
     ),
     (
         "pod-gpus-without-a-rank-each",

@@ -17,8 +17,8 @@ import yaml
 from trainyard.airflow.params import param_schemas
 from trainyard.cli import main as cli
 from trainyard.errors import SpecError
+from trainyard.pipeline.run import open_run
 from trainyard.recovery import classify, policy
-from trainyard.run import open_run
 from trainyard.spec import (
     DEFAULT_ACTIONS,
     LAUNCHER_SERVICE_ACCOUNT,
@@ -408,7 +408,7 @@ def test_rendered_dataset_names(name: str, template: str, fragment: str | None) 
 
 
 def test_stage_dataset_refuses_a_name_that_rendered_out_of_its_folder(tmp_path: Path) -> None:
-    from trainyard import stages
+    from trainyard.pipeline import stages
 
     (tmp_path / "cold").mkdir()
     path = tmp_path / "p.yaml"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from trainyard.errors import DataError
-from trainyard.ledger import Ledger
+from trainyard.events.ledger import Ledger
 from trainyard.storage import LocalTier
 from trainyard.storage.keys import check_key, key_path
 from trainyard.storage.staging import STAGED_MANIFEST, read_staged, recorded_digest, stage

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainyard.launch.base import AttemptStatus, LaunchPlan, NodeStatus
-from trainyard.launch.local import torchrun_argv
-from trainyard.ledger import Ledger
+from trainyard.backends.base import AttemptStatus, LaunchPlan, NodeStatus
+from trainyard.backends.local.launcher import torchrun_argv
+from trainyard.events.ledger import Ledger
+from trainyard.pipeline.stages import _cli_args
+from trainyard.protocol.env import TrainEnv
 from trainyard.recovery.controller import Checkpoints, Context, Course
 from trainyard.recovery.supervisor import Hooks, group_beats, stale_ranks, supervise
 from trainyard.spec import RecoverySpec
-from trainyard.stages import _cli_args
-from trainyard.train.contract import TrainEnv
 
 
 def beat(t: float, status: str = "running") -> dict:
@@ -48,7 +48,7 @@ def test_torchrun_argv_is_an_argument_list_per_node(tmp_path: Path) -> None:
         attempt=2,
         nodes=["node-0", "node-1"],
         procs_per_node=1,
-        entrypoint="trainyard.train",
+        entrypoint="trainyard.workload",
         args=_cli_args({"lr": 0.1, "compile": True, "debug": False}),
         train_env=TrainEnv(data_dir=tmp_path, checkpoint_dir=tmp_path, max_steps=1),
         log_dir=tmp_path,
@@ -56,7 +56,7 @@ def test_torchrun_argv_is_an_argument_list_per_node(tmp_path: Path) -> None:
     host, other = torchrun_argv(plan, 29500, 0), torchrun_argv(plan, 29500, 1)
     assert "--rdzv-conf=is_host=1" in host and "--rdzv-conf=is_host=0" in other
     assert "--nnodes=2" in host and "--rdzv-endpoint=127.0.0.1:29500" in host and "--rdzv-id=r-a2" in host
-    assert host[-5:] == ["-m", "trainyard.train", "--lr", "0.1", "--compile"]
+    assert host[-5:] == ["-m", "trainyard.workload", "--lr", "0.1", "--compile"]
     script = LaunchPlan(**{**plan.__dict__, "entrypoint": "/opt/train.py", "args": []})
     assert torchrun_argv(script, 1, 0)[-1] == "/opt/train.py"
 

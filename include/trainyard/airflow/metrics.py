@@ -26,9 +26,9 @@ from typing import Literal
 
 from airflow.sdk.observability import stats
 
-from trainyard.ledger import Ledger
+from trainyard.events.ledger import Ledger
+from trainyard.pipeline.run import Run
 from trainyard.recovery.figures import recovery_figures
-from trainyard.run import Run
 
 log = logging.getLogger(__name__)
 

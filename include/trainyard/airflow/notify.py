@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from trainyard.errors import SpecError
+from trainyard.pipeline.run import RUN_STAGE, SNAPSHOT, Run, load_run
 from trainyard.report.notice import Notice, RunFacts, notice_from_ledger
-from trainyard.run import RUN_STAGE, SNAPSHOT, Run, load_run
 from trainyard.spec import NotifySpec, PipelineSpec, load_spec
 
 if TYPE_CHECKING:

@@ -31,17 +31,17 @@ if TYPE_CHECKING:  # the Kubernetes clients take a second to import: at run time
     from airflow.providers.standard.triggers.temporal import DateTimeTrigger
 
     from trainyard.airflow.triggers import KubernetesAttemptTrigger
-    from trainyard.launch.kubernetes import KubernetesLauncher
-    from trainyard.launch.local import LocalLauncher
+    from trainyard.backends.kubernetes.launcher import KubernetesLauncher
+    from trainyard.backends.local.launcher import LocalLauncher
+    from trainyard.pipeline.run import Run
     from trainyard.recovery.controller import BackoffOver, Reported
     from trainyard.recovery.deferred import AttemptWatch, Backoff
-    from trainyard.run import Run
 
 
 def launcher_for(nodes: NodesSpec) -> LocalLauncher | KubernetesLauncher:
     """The backend of ``nodes.backend``; Kubernetes through the provider's hook and its connection."""
-    from trainyard.launch.kubernetes import KubernetesLauncher
-    from trainyard.launch.local import LocalLauncher
+    from trainyard.backends.kubernetes.launcher import KubernetesLauncher
+    from trainyard.backends.local.launcher import LocalLauncher
 
     if nodes.backend == "local" or nodes.kubernetes is None:
         return LocalLauncher(nodes.gpus_per_node)

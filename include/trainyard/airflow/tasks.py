@@ -5,7 +5,7 @@ the trigger's Params and pins the result in the run folder (``spec.json``).
 Every later adapter gets that snapshot's path (an XCom) and reopens the run
 from it, so a run, its retries and its report use the spec it started with,
 whatever happens to the YAML file meanwhile. Each calls one function of
-``trainyard.stages``. Errors a retry cannot fix (a bad spec, bad
+``trainyard.pipeline.stages``. Errors a retry cannot fix (a bad spec, bad
 data, too few healthy nodes, an invalid checkpoint) fail the task with no
 retry; the rest fail it normally, so the task's retries apply. When the
 stage ends, its duration and outcome go to Airflow's metrics client.
@@ -26,8 +26,8 @@ from airflow.sdk.exceptions import AirflowFailException
 from trainyard.airflow.assets import checkpoint_asset
 from trainyard.airflow.metrics import emitted
 from trainyard.errors import FAIL_FAST, SpecError
+from trainyard.pipeline.run import SNAPSHOT, Run, load_run, open_run
 from trainyard.report.summary import format_summary, summarize
-from trainyard.run import SNAPSHOT, Run, load_run, open_run
 from trainyard.spec import KubernetesSpec
 from trainyard.storage.s3auth import S3Settings, settings_for
 
@@ -35,11 +35,11 @@ log = logging.getLogger(__name__)
 
 
 def load_stages() -> ModuleType:
-    """``trainyard.stages``, imported when a task runs: it brings torch along, and the DAG
+    """``trainyard.pipeline.stages``, imported when a task runs: it brings torch along, and the DAG
     processor imports this module to parse every pipeline, which must take milliseconds."""
-    import trainyard.stages
+    import trainyard.pipeline.stages
 
-    return trainyard.stages
+    return trainyard.pipeline.stages
 
 
 def dagrun_state(dag_id: str, run_id: str) -> str | None:

@@ -3,7 +3,7 @@
 While an attempt runs for hours, the train task need not hold a worker slot:
 it defers to this trigger, which polls the attempt's pods from the triggerer
 and fires once with the same ``NodeStatus`` records the launcher's ``poll``
-returns (``trainyard.launch.kubernetes.attempt_status``), so the task that
+returns (``trainyard.backends.kubernetes.launcher.attempt_status``), so the task that
 resumes decides exactly as the supervisor would.
 
 The connection to the cluster goes through the cncf-kubernetes provider's
@@ -27,8 +27,8 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from kubernetes_asyncio import client as async_client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from trainyard.launch.base import AttemptStatus
-from trainyard.launch.kubernetes import (
+from trainyard.backends.base import AttemptStatus
+from trainyard.backends.kubernetes.launcher import (
     PODGROUP_GROUP,
     PODGROUP_PLURAL,
     PODGROUP_VERSION,

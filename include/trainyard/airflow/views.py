@@ -29,7 +29,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from trainyard.atomic import open_regular
-from trainyard.ledger import Ledger
+from trainyard.events.ledger import Ledger
 from trainyard.report import pages
 from trainyard.report.runs import RunNotFound, check_id, find_run, overview, run_folders, runs_root, servable
 from trainyard.report.summary import run_identity, summarize

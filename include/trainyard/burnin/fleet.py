@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainyard.atomic import read_json, write_json_atomic
-from trainyard.ledger import safe_name
+from trainyard.events.ledger import safe_name
 
 if TYPE_CHECKING:
     from trainyard.burnin.verdict import Verdict

@@ -10,10 +10,10 @@ resources, non-root read-only security context and hot-tier claim, so a node
 is measured the way it will be used; of the hot tier they see only the
 scratch folder of the disk probe.
 
-A node the verdict evicts is marked with ``trainyard.kube.marks`` (the
+A node the verdict evicts is marked with ``trainyard.backends.kubernetes.marks`` (the
 ``evicted_label``, and with ``evict_with: taint`` a NoSchedule taint of the
 same key); the training Job's required node affinity keeps its pods off
-labelled nodes. Its pod pieces are ``trainyard.kube.pods``, the same the
+labelled nodes. Its pod pieces are ``trainyard.backends.kubernetes.pods``, the same the
 training pods have.
 """
 
@@ -28,11 +28,9 @@ from typing import TYPE_CHECKING, Any
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from trainyard.burnin.args import NO_DRILL, Drill, node_args
-from trainyard.burnin.sealing import KEY_ENV, node_key, run_secret
-from trainyard.kube.marks import candidate_nodes, evicted_nodes, label_evicted, unlabel
-from trainyard.kube.names import dns_label, label_value
-from trainyard.kube.pods import (
+from trainyard.backends.kubernetes.marks import candidate_nodes, evicted_nodes, label_evicted, unlabel
+from trainyard.backends.kubernetes.names import dns_label, label_value
+from trainyard.backends.kubernetes.pods import (
     CONTAINER,
     PathMount,
     container_security_context,
@@ -46,13 +44,15 @@ from trainyard.kube.pods import (
     tolerations,
     volumes,
 )
+from trainyard.burnin.args import NO_DRILL, Drill, node_args
+from trainyard.burnin.sealing import KEY_ENV, node_key, run_secret
 from trainyard.spec import KubernetesSpec, PressureTestSpec
 
 if TYPE_CHECKING:  # burnin.protocol imports torch; the orchestrator has it, this module's callers may not
     from trainyard.burnin.protocol import BurnInRun, Schedule
     from trainyard.burnin.verdict import Recheck
 
-__all__ = [  # the marks moved to trainyard.kube.marks; named here for callers from before
+__all__ = [  # the marks moved to trainyard.backends.kubernetes.marks; named here for callers from before
     "Drill",
     "PodCandidate",
     "build_burnin_pod",

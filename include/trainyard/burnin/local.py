@@ -1,6 +1,6 @@
 """Run the pressure test on local candidate nodes: one process each, on this machine.
 
-A candidate gets an allow-listed environment (``trainyard.launch.environ``),
+A candidate gets an allow-listed environment (``trainyard.backends.local.environ``),
 its name and its per-run key, never the Airflow worker's secrets.
 """
 
@@ -14,12 +14,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trainyard.atomic import open_append
+from trainyard.backends.local.environ import child_env
+from trainyard.backends.local.launcher import LocalLauncher, host_gpus
 from trainyard.burnin.args import Drill, node_args
 from trainyard.burnin.protocol import STARTUP_S, BurnInRun, Schedule, host_store, run_protocol
 from trainyard.burnin.sealing import KEY_ENV, node_key, run_secret
 from trainyard.burnin.verdict import Recheck
-from trainyard.launch.environ import child_env
-from trainyard.launch.local import LocalLauncher, host_gpus
 from trainyard.spec import PressureTestSpec
 
 

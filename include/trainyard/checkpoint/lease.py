@@ -36,7 +36,7 @@ from typing import Any
 
 from trainyard.atomic import write_json_atomic
 from trainyard.errors import LineageBusy
-from trainyard.ledger import Ledger
+from trainyard.events.ledger import Ledger
 
 log = logging.getLogger(__name__)
 HOLDER = "HOLDER"

@@ -25,7 +25,7 @@ from trainyard.atomic import read_json, write_json_atomic
 from trainyard.checkpoint.format import MANIFEST, list_checkpoints, read_manifest, step_of
 from trainyard.checkpoint.validate import Validation
 from trainyard.errors import CheckpointInvalid
-from trainyard.ledger import Ledger
+from trainyard.events.ledger import Ledger
 
 log = logging.getLogger(__name__)
 LATEST = "LATEST"

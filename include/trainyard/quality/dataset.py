@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from trainyard.atomic import write_json_atomic
 from trainyard.errors import DataError
+from trainyard.protocol.shards import SHARD_SUFFIX, read_header
 from trainyard.quality.gx import Check, Suite, could_not_run, import_gx
-from trainyard.shards import SHARD_SUFFIX, read_header
 from trainyard.spec import DataExpectations
 from trainyard.storage.keys import key_path
 from trainyard.storage.staging import STAGED_MANIFEST, read_staged

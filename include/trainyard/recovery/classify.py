@@ -18,13 +18,13 @@ from a cancel) are never root causes either.
 
 Precedence is the order of ``RULES``; the first rule that fires decides:
 
-0. Failure records (``trainyard.recovery.records``): a rank of the training
+0. Failure records (``trainyard.protocol.records``): a rank of the training
    runtime that died of an exception said why before it exited. A root cause
    there (diverged, data_error, oom, node_lost, user_error, in that order)
    decides, quoting the record; ``transient`` (a peer vanished) is a symptom
    and leaves it to the rules below. Only records naming a node of the attempt
    count. The log rules below are for scripts that do not use the runtime.
-1. Kubernetes reasons (``trainyard.kube.reasons``, the one list): OOMKilled ->
+1. Kubernetes reasons (``trainyard.backends.kubernetes.reasons``, the one list): OOMKilled ->
    oom; Evicted/NodeLost/preemption/node shutdown -> node_lost; image pull /
    container config errors, a pod no node fits (Unschedulable) -> user_error.
 2. Root causes in a log (any node): non-finite loss -> diverged; DataError ->
@@ -73,8 +73,9 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from trainyard.kube.reasons import CONFIG_REASONS, NODE_LOST_REASONS, OOM_REASONS
-from trainyard.recovery.records import FailureRecord
+from trainyard.backends.kubernetes.reasons import CONFIG_REASONS, NODE_LOST_REASONS, OOM_REASONS
+from trainyard.protocol.records import FailureRecord
+from trainyard.protocol.signs import LOG_PATTERNS
 from trainyard.spec.models import FailureKind
 
 MAX_EVIDENCE = 300
@@ -132,53 +133,6 @@ class Finding:
 
 # ---------------------------------------------------------------- what the words mean
 
-# Xid codes of the NVIDIA driver that mean the GPU (not the program) failed and the node needs a
-# reset or repair: 48 double-bit ECC, 61/62 internal micro-controller halt, 64 ECC row remapping
-# failed, 74 NVLink, 79 fallen off the bus, 94/95 contained/uncontained ECC, 119/120 GSP. Others
-# (13 and 31: a kernel's own bad access, 43: the program stopped) are the program's.
-XIDS = ("48", "61", "62", "64", "74", "79", "94", "95", "119", "120")
-
-# Log patterns, one table per category; matched case-insensitively, line by line.
-LOG_PATTERNS: dict[str, tuple[str, ...]] = {
-    "diverged": (r"loss (?:is|became|was) [-+]?(?:nan|inf)", r"non-?finite loss", r"kind=['\"]?diverged"),
-    "data": (r"\bDataError\b",),
-    "spec": (r"\bSpecError\b",),
-    "oom": (
-        r"CUDA out of memory",
-        r"OutOfMemoryError",
-        r"\bMemoryError\b",
-        r"Cannot allocate memory",
-        r"can't allocate memory",
-        r"oom-kill",
-        r"Out of memory: Killed process",
-        r"std::bad_alloc",
-        r"Cuda failure (?:\d+ )?'out of memory'",  # NCCL's own allocation (ncclUnhandledCudaError)
-    ),
-    "hardware": (r"\bECC error", r"fallen off the bus", r"GPU is lost", rf"NVRM: Xid \([^)]*\): (?:{'|'.join(XIDS)}),"),
-    # NCCL's watchdog gave up on a collective: some rank never joined it (hung, or stuck on its GPU).
-    "nccl_timeout": (r"Watchdog caught collective operation timeout", r"WorkNCCL\(.*\) ran for \d+ milliseconds"),
-    "comm": (
-        r"Connection reset by peer",
-        r"Connection closed by peer",
-        r"Connection refused",
-        r"Broken ?pipe",
-        r"Connection was likely closed",
-        r"Failed to recv",
-        r"rendezvous",
-        r"ProcessGroup(?:Gloo|NCCL)",
-        r"third_party/gloo",
-        r"Socket Timeout",
-        r"Timed out waiting",
-        r"collective operation timeout",
-        r"Dist(?:Network|Backend|Store)Error",
-        r"NCCL (?:error|timeout|communicator)",
-        r"nccl(?:Remote|System|Internal|UnhandledCuda)Error",
-        r"communicator was aborted",
-        r"remote process exited",
-    ),
-    # A torchrun agent reporting that one of its workers was SIGKILLed (the node, or its memory, went away).
-    "sigkill": (r"Signals\.SIGKILL", r"exitcode\s*:\s*-9\b", r"Signal 9 \(SIGKILL\)"),
-}
 _COMPILED = {cat: re.compile("|".join(f"(?:{p})" for p in pats), re.IGNORECASE) for cat, pats in LOG_PATTERNS.items()}
 # Categories that name a root cause, in the order their rules are tried (user exceptions come after them).
 ROOT_CAUSES = ("diverged", "data", "spec", "oom", "hardware")

@@ -31,8 +31,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from trainyard.backends.base import NodeStatus
 from trainyard.checkpoint.format import step_of
-from trainyard.launch.base import NodeStatus
 from trainyard.recovery.classify import Classified, Failure, NodeFailure, classify
 from trainyard.recovery.policy import (
     AttemptRecord,

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from trainyard.launch.base import AttemptStatus, Launcher
+from trainyard.backends.base import AttemptStatus, Launcher
 from trainyard.recovery.controller import (
     STAGE,
     AttemptResult,

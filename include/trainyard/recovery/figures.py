@@ -28,8 +28,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainyard.ledger import Ledger
-from trainyard.train.progress import kept_stretches, weighted_median
+from trainyard.events.ledger import Ledger
+from trainyard.protocol.steps import kept_stretches, weighted_median
 
 
 def _first(events: list[dict[str, Any]], after: float, event: str, **match: Any) -> dict[str, Any] | None:

@@ -1,7 +1,7 @@
 """Training progress as one line of the ``train`` task's log, every ``training.progress_every_s``.
 
 The line is built from the ranks' heartbeat files alone (``rank-N.json``:
-step, time, metrics; ``train/runtime.py``), so the local supervisor and the
+step, time, metrics; ``runtime/core.py``), so the local supervisor and the
 Kubernetes trigger print the same thing without reading the ledger. Speed is
 the step delta between two looks over the time between them, so it counts
 everything a step really costs (data, checkpoints, stragglers), not one
@@ -22,7 +22,7 @@ from typing import Any
 
 from trainyard.checkpoint import registry
 from trainyard.checkpoint.format import list_checkpoints, step_of
-from trainyard.recovery.supervisor import read_heartbeats
+from trainyard.protocol.heartbeat import read_heartbeats
 
 UNKNOWN = "-"
 

@@ -18,18 +18,20 @@ own way.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from trainyard.atomic import open_regular
+from trainyard.backends.base import AttemptStatus, Launcher, LaunchPlan, RegroupingLauncher
 from trainyard.errors import LineageBusy, TrainingFailed, TransientError
-from trainyard.launch.base import AttemptStatus, Launcher, LaunchPlan, RegroupingLauncher
-from trainyard.ledger import Ledger
+from trainyard.events.ledger import Ledger
+from trainyard.protocol.coordstore import Coordinator, Generation
+from trainyard.protocol.heartbeat import read_heartbeats
+from trainyard.protocol.records import FailureRecord, failure_records
 from trainyard.recovery.classify import Failure
 from trainyard.recovery.controller import (
     STAGE,
@@ -64,11 +66,7 @@ from trainyard.recovery.controller import (
 )
 from trainyard.recovery.controller import AttemptFailed as Failed
 from trainyard.recovery.controller import Launch as LaunchCommand
-from trainyard.recovery.coordstore import Coordinator, Generation
-from trainyard.recovery.records import FailureRecord, failure_records
-
-if TYPE_CHECKING:  # progress reads heartbeats with this module's reader
-    from trainyard.recovery.progress import ProgressLog
+from trainyard.recovery.progress import ProgressLog
 
 __all__ = ["AttemptResult", "Course", "supervise"]  # AttemptResult and Course moved to the controller
 log = logging.getLogger(__name__)
@@ -82,16 +80,6 @@ class AttemptFailed(TrainingFailed):
     def __init__(self, message: str, failure: Failure, detected_at: float):
         self.failure, self.detected_at = failure, detected_at
         super().__init__(message, kind=failure.trigger, evidence="")
-
-
-def read_heartbeats(directory: Path) -> dict[str, dict[str, Any]]:
-    beats = {}
-    for path in sorted(directory.glob("rank-*.json")):
-        try:
-            beats[path.stem] = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue  # replaced between glob and read; the next poll sees it
-    return beats
 
 
 STARTUP_GRACE_S = 120.0  # interpreter, torch import, rendezvous and data before a rank's first step

@@ -19,7 +19,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from trainyard.ledger import Ledger
+from trainyard.events.ledger import Ledger
 from trainyard.recovery.figures import recovery_figures
 from trainyard.report.summary import STAGES, attempt_table, stage_table
 

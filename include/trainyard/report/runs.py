@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from trainyard.atomic import UnsafePath, open_regular
-from trainyard.ledger import LEDGER_FILE, Ledger, legacy_name, safe_name
+from trainyard.events.ledger import LEDGER_FILE, Ledger, legacy_name, safe_name
 from trainyard.report.summary import run_identity, summarize
-from trainyard.templating import render
+from trainyard.spec.templating import render
 
 OVERVIEW = ("state", "started", "ended", "attempts", "steps_trained", "last_loss")
-SNAPSHOT = "spec.json"  # trainyard.run.SNAPSHOT: the run module imports what the report imports
+SNAPSHOT = "spec.json"  # trainyard.pipeline.run.SNAPSHOT: the run module imports what the report imports
 
 
 class RunNotFound(LookupError):

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from trainyard.atomic import read_json, write_json_atomic, write_text_atomic
-from trainyard.ledger import Ledger
+from trainyard.events.ledger import Ledger
+from trainyard.protocol import steps as progress
 from trainyard.report.pages import report_html
-from trainyard.train import progress
 
 STAGES = ("stage_dataset", "check_dataset", "burn_in", "train", "check_checkpoint", "publish", "report")
 ATTEMPT_EVENTS = ("attempt_start", "attempt_end", "failure_classified", "decision", "drill_fired")
@@ -23,7 +23,7 @@ DECISION_FIELDS = ("action", "reason", "new_nodes", "micro_batch", "delay_s", "t
 
 
 def summarize(ledger: Ledger) -> dict[str, Any]:
-    events = list(ledger.events())  # one read (of the lines appended since the last, see trainyard.ledger)
+    events = list(ledger.events())  # one read (of the lines appended since the last, see trainyard.events.ledger)
     train = [e for e in events if e.get("stage") == "train"]
     ends = {e["stage"]: e.get("result", {}) for e in events if e["event"] == "stage_end"}
     stages, running = stage_table(events)

@@ -19,7 +19,7 @@ from typing import TypeGuard
 from croniter import croniter
 
 from trainyard.spec.models import Lifecycle, PipelineSpec
-from trainyard.templating import ENV_REF, TEMPLATE, placeholder_problems, render
+from trainyard.spec.templating import ENV_REF, TEMPLATE, placeholder_problems, render
 
 CRON_PRESETS = ("@hourly", "@daily", "@weekly", "@monthly", "@yearly", "@once")
 URI_SCHEMES = ("file", "s3")
@@ -43,7 +43,7 @@ def _nodes(spec: PipelineSpec) -> list[str]:
     return problems
 
 
-REFERENCE_WORKLOAD = "trainyard.train"
+REFERENCE_WORKLOAD = "trainyard.workload"
 
 
 def _gpus(spec: PipelineSpec) -> list[str]:

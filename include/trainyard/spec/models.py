@@ -431,7 +431,7 @@ def _unknown_probe(probe: str) -> float:
 
 
 class TrainingSpec(_Model):
-    entrypoint: str = "trainyard.train"
+    entrypoint: str = "trainyard.workload"
     """Python module (``-m``) or ``.py`` script run by torchrun on every rank."""
     args: dict[str, ArgValue] = {}
     """Extra ``--key value`` arguments of the entrypoint (model size, learning rate): each value a string,

@@ -20,7 +20,7 @@ from typing import Any
 
 from trainyard.atomic import read_json, write_json_atomic
 from trainyard.errors import DataError
-from trainyard.ledger import Ledger
+from trainyard.events.ledger import Ledger
 from trainyard.storage import checksums
 from trainyard.storage.hashing import file_digest
 from trainyard.storage.hot import STAGED_MANIFEST

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from trainyard.atomic import write_bytes_atomic, write_text_atomic
 from trainyard.errors import DataError
-from trainyard.ledger import Ledger, safe_name
+from trainyard.events.ledger import Ledger, safe_name
 from trainyard.storage.keys import key_path
 
 log = logging.getLogger(__name__)

@@ -29,7 +29,7 @@ from typing import Any
 
 from trainyard.atomic import fsync_dir, open_append, read_json, write_json_atomic
 from trainyard.errors import DataError
-from trainyard.ledger import Ledger
+from trainyard.events.ledger import Ledger
 from trainyard.storage.boot import BOOT_ID, current_boot_id, entry_digest, trusted
 from trainyard.storage.hot import JOURNAL, STAGED_MANIFEST, HotRoom, make_room, pin, touch
 from trainyard.storage.keys import check_key, key_path

@@ -1,0 +1,144 @@
+"""The launcher protocol every backend implements: ``launch``, ``poll``, ``cancel``, ``attach``, ``exclude``.
+
+A plan says everything an attempt needs; statuses use one vocabulary whatever
+the backend, so the supervisor and the recovery policy never ask which
+backend ran the attempt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from trainyard.protocol.env import TrainEnv
+
+NodeState = Literal["running", "succeeded", "failed"]
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    run_id: str
+    attempt: int
+    nodes: list[str]
+    procs_per_node: int
+    entrypoint: str
+    """Dotted module (run with ``-m``) or a ``.py`` script."""
+    args: list[str]
+    train_env: TrainEnv
+    """The training contract, the same on every node (a launcher adds each node's ``for_node``)."""
+    log_dir: Path
+    pass_env: tuple[str, ...] = ()
+    """Names of the worker's variables a local process may also see (``training.pass_env``)."""
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The contract as TRAINYARD_* variables (without the per-node ones)."""
+        return self.train_env.to_env()
+
+    @property
+    def heartbeat_dir(self) -> Path:
+        """Where the attempt's ranks beat; the drivers watch no attempt without one."""
+        if self.train_env.heartbeat_dir is None:
+            raise ValueError(f"attempt {self.attempt} of run {self.run_id}: the plan has no heartbeat folder")
+        return self.train_env.heartbeat_dir
+
+    @property
+    def world_size(self) -> int:
+        return len(self.nodes) * self.procs_per_node
+
+    def entry_argv(self) -> list[str]:
+        target = [self.entrypoint] if self.entrypoint.endswith(".py") else ["-m", self.entrypoint]
+        return [*target, *self.args]
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """One node of an attempt: its ``slot`` in the plan and the ``host`` it really ran on.
+
+    Recovery blames, marks and replaces *hosts*: on Kubernetes the pods are
+    pinned to the plan's set of hosts, and the scheduler puts pod *i* on any of
+    them, so the slot (``plan.nodes[i]``) says nothing about where it ran.
+    """
+
+    slot: str
+    """The plan's node name at this node's index (the Indexed Job's completion index)."""
+    state: NodeState
+    exit_code: int | None = None
+    log: str = ""
+    """Path of the node's log file, for evidence."""
+    reason: str = ""
+    """Why a node failed, when the backend knows more than an exit code
+    (Kubernetes: ``OOMKilled``, ``Evicted``, ``NodeLost``, ``ImagePullBackOff``, ``Unschedulable``, ...)."""
+    host: str = ""
+    """Where it ran (a pod's ``spec.nodeName``); "" while not placed. Local processes: the slot."""
+
+    @property
+    def node(self) -> str:
+        """The slot, for callers from before slot and host were told apart."""
+        return self.slot
+
+    @property
+    def where(self) -> str:
+        """The host, or the slot while it has none: the name to show and to blame."""
+        return self.host or self.slot
+
+
+@dataclass(frozen=True)
+class AttemptStatus:
+    nodes: list[NodeStatus] = field(default_factory=list)
+
+    @property
+    def state(self) -> NodeState:
+        states = {n.state for n in self.nodes}
+        if "failed" in states:
+            return "failed"
+        return "succeeded" if states == {"succeeded"} else "running"
+
+    def failed(self) -> list[NodeStatus]:
+        return [n for n in self.nodes if n.state == "failed"]
+
+
+class Launcher(Protocol):
+    """What the drivers (``recovery.supervisor``, ``recovery.deferred``) call; handles are the backend's own."""
+
+    @property
+    def reattaches(self) -> bool:
+        """Whether ``attach`` finds an attempt another process launched (pods do; local processes die with
+        the process that started them)."""
+        ...
+
+    def launch(self, plan: LaunchPlan) -> Any:
+        """Start every node of the attempt; returns a handle for ``poll`` and ``cancel``."""
+        ...
+
+    def poll(self, handle: Any) -> AttemptStatus: ...
+
+    def cancel(self, handle: Any) -> None:
+        """End every process (or pod) of the attempt; safe to call twice."""
+        ...
+
+    def exclude(self, nodes: list[str]) -> list[str]:
+        """Keep later attempts off ``nodes`` (recovery left them out); returns the nodes it could mark."""
+        ...
+
+    def attach(self, plan: LaunchPlan) -> Any:
+        """The handle of ``plan``'s attempt, launched earlier by another process (a resumed or retried task)."""
+        ...
+
+    def cancel_all(self) -> None:
+        """End every attempt this launcher launched or attached and has not cancelled (the task is killed)."""
+        ...
+
+
+@runtime_checkable
+class RegroupingLauncher(Launcher, Protocol):
+    """A launcher whose attempts can change their nodes while they run (in-place recovery: the local backend)."""
+
+    def kill_nodes(self, handle: Any, nodes: list[str]) -> None:
+        """End these nodes' processes now (SIGKILL: a hung one must close its sockets); the others run on."""
+        ...
+
+    def add_nodes(self, handle: Any, nodes: list[str]) -> None:
+        """Start these nodes in the running attempt (joiners: they wait on the coordination store)."""
+        ...

@@ -1,0 +1,265 @@
+"""Local backend: one torchrun agent per node, all on this machine.
+
+Each node is its own process session with its own identity (TRAINYARD_NODE)
+and log file; the agents meet through c10d rendezvous on a free 127.0.0.1
+port and train over gloo, or NCCL where they have GPUs. Node 0's agent hosts
+the rendezvous store. The agents get an allow-listed environment
+(``trainyard.backends.local.environ``), never the Airflow worker's secrets.
+
+GPUs: the host's GPUs are split between the simulated nodes through
+``CUDA_VISIBLE_DEVICES`` (node ``i`` gets ``[i * g, (i + 1) * g)`` for ``g`` =
+``nodes.gpus_per_node``), so a node's ``cuda:LOCAL_RANK`` is a GPU of its own;
+a spec that asks for more GPUs than the host has is refused before any
+process starts. With ``g`` = 0 every GPU is hidden: two nodes must not meet
+on one GPU because the spec did not mention them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from trainyard.atomic import open_append
+from trainyard.backends.base import AttemptStatus, LaunchPlan, NodeState, NodeStatus
+from trainyard.backends.local.environ import child_env
+from trainyard.backends.local.procs import die_with_parent
+from trainyard.backends.local.zygote import Forked, Zygote, usable
+from trainyard.errors import SpecError
+
+log = logging.getLogger(__name__)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def visible_devices(env: Mapping[str, str], count: int) -> list[str]:
+    """The host's GPUs as a child must name them: the worker's own ``CUDA_VISIBLE_DEVICES`` if it has one
+    (its entries are physical ids or UUIDs, which a child's list must repeat), else ``0 .. count-1``."""
+    if "CUDA_VISIBLE_DEVICES" in env:
+        return [d.strip() for d in env["CUDA_VISIBLE_DEVICES"].split(",") if d.strip()]
+    return [str(i) for i in range(count)]
+
+
+def split_visible_devices(devices: list[str], nodes: int, per_node: int) -> list[str]:
+    """``CUDA_VISIBLE_DEVICES`` of each of ``nodes`` simulated nodes on one host whose GPUs are ``devices``.
+
+    Node ``i`` gets ``devices[i * per_node : (i + 1) * per_node]``; ``per_node`` 0 hides
+    every GPU (the spec asked for none, so ranks must not share one by accident).
+    ``ValueError`` names the fields to change when the host has too few.
+    """
+    if per_node < 0 or nodes < 0:
+        raise ValueError(f"gpus per node ({per_node}) and nodes ({nodes}) must be >= 0")
+    if per_node == 0:
+        return [""] * nodes
+    if nodes * per_node > len(devices):
+        raise ValueError(
+            f"nodes.gpus_per_node: {nodes} node(s) x {per_node} GPU(s) = {nodes * per_node}, but this host has"
+            f" {len(devices)} GPU(s) visible; lower nodes.gpus_per_node (and nodes.procs_per_node with it) or the"
+            f" node count to fit, or set nodes.gpus_per_node: 0 to train on CPUs"
+        )
+    return [",".join(devices[i * per_node : (i + 1) * per_node]) for i in range(nodes)]
+
+
+def host_gpus(parent: Mapping[str, str]) -> list[str]:
+    """This host's GPUs as the worker sees them (torch is imported only when a spec asks for GPUs)."""
+    if "CUDA_VISIBLE_DEVICES" in parent:
+        return visible_devices(parent, 0)
+    import torch
+
+    return visible_devices(parent, torch.cuda.device_count())
+
+
+@dataclass
+class LocalHandle:
+    plan: LaunchPlan
+    port: int
+    procs: dict[str, subprocess.Popen | Forked] = field(default_factory=dict)
+    logs: dict[str, Path] = field(default_factory=dict)
+
+
+def torchrun_argv(plan: LaunchPlan, port: int, node_index: int) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={len(plan.nodes)}",
+        f"--nproc-per-node={plan.procs_per_node}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        f"--rdzv-id={plan.run_id}-a{plan.attempt}",
+        f"--rdzv-conf=is_host={1 if node_index == 0 else 0}",
+        "--local-addr=127.0.0.1",
+        "--max-restarts=0",  # restarts are the supervisor's decision, not torchrun's
+        "--monitor-interval=0.5",
+        *plan.entry_argv(),
+    ]
+
+
+def node_env(plan: LaunchPlan, node: str, parent: Mapping[str, str] | None = None, gpus: str = "") -> dict[str, str]:
+    """A node's agent environment: the allowed part of the worker's, the plan's contract as the node sees it,
+    and its GPUs (``CUDA_VISIBLE_DEVICES``; "" hides them all)."""
+    env = child_env(
+        os.environ if parent is None else parent,
+        {"GLOO_SOCKET_IFNAME": "lo", **plan.train_env.for_node(node).to_env(), "CUDA_VISIBLE_DEVICES": gpus},
+        plan.pass_env,
+    )
+    # Local nodes share this machine's cores: one thread per rank unless told otherwise.
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+class LocalLauncher:
+    reattaches = False
+    """Each node is a child of the task process and dies with it (``die_with_parent``)."""
+
+    def __init__(self, gpus_per_node: int = 0) -> None:
+        self.gpus_per_node = gpus_per_node
+        """``nodes.gpus_per_node``: each node's share of this host's GPUs."""
+        self.active: list[LocalHandle] = []
+        """Attempts launched and not yet cancelled, so ``cancel_all`` can end them on a kill."""
+        self.zygote: Zygote | None = None
+        """Elastic nodes of the reference workload are forks of it (``trainyard.backends.local.zygote``)."""
+
+    def gpu_split(self, nodes: int, parent: Mapping[str, str] | None = None) -> list[str]:
+        """Each node's ``CUDA_VISIBLE_DEVICES``; ``SpecError`` when the host has too few GPUs."""
+        parent = os.environ if parent is None else parent
+        try:
+            return split_visible_devices(host_gpus(parent) if self.gpus_per_node else [], nodes, self.gpus_per_node)
+        except ValueError as exc:
+            raise SpecError([str(exc)]) from None
+
+    def launch(self, plan: LaunchPlan) -> LocalHandle:
+        gpus = self.gpu_split(len(plan.nodes))  # before anything starts: a refused spec leaves nothing behind
+        plan.log_dir.mkdir(parents=True, exist_ok=True)
+        handle = LocalHandle(plan=plan, port=free_port())
+        self.active.append(handle)
+        for index, node in enumerate(plan.nodes):
+            self._start(handle, node, index, gpus[index])
+        if plan.train_env.store:
+            log.info(
+                "attempt %d: %d node(s) group on the store at %s", plan.attempt, len(plan.nodes), plan.train_env.store
+            )
+        else:
+            log.info("attempt %d: %d node(s) rendezvous on 127.0.0.1:%d", plan.attempt, len(plan.nodes), handle.port)
+        return handle
+
+    def _start(self, handle: LocalHandle, node: str, index: int, gpus: str = "") -> None:
+        plan = handle.plan
+        # With a coordination store each node is one plain process that forms its groups there
+        # (``trainyard.runtime.elastic``): no torchrun agent and no rendezvous hosted by node 0, so any
+        # node can die and the others run on.
+        path = plan.log_dir / f"{node}.log"
+        env = node_env(plan, node, gpus=gpus)
+        handle.logs[node] = path
+        if plan.train_env.store and usable(plan.entry_argv()):
+            # Forked from a process that imported torch already: no start-up, no import's CPU beside training.
+            try:
+                handle.procs[node] = self._zygote(env).spawn(plan.entry_argv(), env, path)
+                return
+            except RuntimeError as exc:
+                log.warning("%s: %s; starting it as a new process", node, exc)
+                self.zygote = None
+        argv = [sys.executable, *plan.entry_argv()] if plan.train_env.store else torchrun_argv(plan, handle.port, index)
+        with open_append(path) as out:  # training code may have planted a link for the next attempt
+            handle.procs[node] = subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+                preexec_fn=die_with_parent,
+            )
+
+    def _zygote(self, env: Mapping[str, str]) -> Zygote:
+        """The zygote, started with the part of a node's environment that every node shares."""
+        if self.zygote is None or not self.zygote.alive():
+            shared = {k: v for k, v in env.items() if not k.startswith("TRAINYARD_")}
+            self.zygote = Zygote(shared, preexec_fn=die_with_parent)
+        return self.zygote
+
+    def add_nodes(self, handle: LocalHandle, nodes: list[str]) -> None:
+        """Start ``nodes`` in the running attempt (joiners of an in-place regroup: they wait on the store)."""
+        for node in nodes:
+            if node not in handle.procs or handle.procs[node].poll() is not None:
+                self._start(handle, node, len(handle.procs))
+
+    def kill_nodes(self, handle: LocalHandle, nodes: list[str], wait_s: float = 5.0) -> None:
+        """SIGKILL these nodes' process trees (a stopped process dies too, closing its sockets); the others run on."""
+        tree = [p for node in nodes if node in handle.procs for p in process_tree(handle.procs[node].pid)]
+        signal_all(tree, signal.SIGKILL)
+        psutil.wait_procs(tree, timeout=wait_s)
+        for node in nodes:
+            if node in handle.procs:
+                handle.procs[node].wait(timeout=wait_s)
+
+    def poll(self, handle: LocalHandle) -> AttemptStatus:
+        statuses = []
+        for node, proc in handle.procs.items():
+            code = proc.poll()
+            state: NodeState = "running" if code is None else "succeeded" if code == 0 else "failed"
+            statuses.append(NodeStatus(node, state, code, str(handle.logs[node]), host=node))
+        return AttemptStatus(statuses)
+
+    def cancel(self, handle: LocalHandle, grace_s: float = 5.0) -> None:
+        """SIGTERM every node's process tree, then SIGKILL what is left after ``grace_s``.
+
+        torchrun starts its workers in sessions of their own, so killing the
+        agent's process group is not enough: we collect the whole tree first.
+        """
+        tree = [p for proc in handle.procs.values() for p in process_tree(proc.pid)]
+        signal_all(tree, signal.SIGTERM)
+        signal_all(tree, signal.SIGCONT)  # a stopped (hung) process handles its SIGTERM only once resumed
+        _, alive = psutil.wait_procs(tree, timeout=grace_s)
+        signal_all(alive, signal.SIGKILL)
+        psutil.wait_procs(alive, timeout=5)
+        for proc in handle.procs.values():
+            if proc.poll() is None:
+                proc.wait(timeout=5)
+        if handle in self.active:
+            self.active.remove(handle)
+
+    def attach(self, plan: LaunchPlan) -> LocalHandle:
+        """Local attempts cannot be watched from another process: they die with the task that launched them."""
+        raise NotImplementedError(
+            f"attempt {plan.attempt} of run {plan.run_id}: a local attempt cannot be re-attached (its processes"
+            " ended with the task process that launched them); the next attempt is launched instead"
+        )
+
+    def exclude(self, nodes: list[str]) -> list[str]:
+        """Nothing to mark: a local node is a name, and the next plan simply leaves it out."""
+        return []
+
+    def cancel_all(self) -> None:
+        """End every attempt still running (the Airflow task is being killed)."""
+        for handle in list(self.active):
+            self.cancel(handle)
+
+
+def process_tree(pid: int) -> list[psutil.Process]:
+    """``pid`` and all its descendants (torchrun's workers live in sessions of their own)."""
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def signal_all(procs: list[psutil.Process], sig: signal.Signals) -> None:
+    for proc in procs:
+        try:
+            proc.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass

@@ -1,0 +1,298 @@
+"""The worker side of in-place recovery: regroup with the survivors instead of dying with the world.
+
+When ``TRAINYARD_STORE=host:port`` names the supervisor's coordination store
+(``trainyard.protocol.coordstore``), a training process does not take its
+process group from torchrun: it forms the gloo group of each *generation* the
+supervisor publishes (rank = its index in ``members``, a ``PrefixStore`` per
+generation, so two generations never share keys). When a collective fails
+(a peer died, or the ``TRAINYARD_COLLECTIVE_TIMEOUT_S`` backstop fired) the
+process:
+
+1. reports ``fault/<node>`` (the peer it blames if it can tell, else "unknown";
+   gloo's error names an address, not a rank, so today it is "unknown");
+2. destroys the broken group: its only operation has failed, so the destructor
+   does not block, and closing its sockets fails the peers still waiting on
+   this process at once (measured: without it, a 4-rank world's non-neighbour
+   waits out the full timeout);
+3. keeps any *other* group that a thread may still use (the background
+   checkpoint group) in a graveyard, never destructed: a destructor would wait
+   for that thread's collective with the dead peer;
+4. waits for the next generation that lists it (one that does not: it exits
+   cleanly), forms it and agrees with the others on the last committed step;
+   a member behind it (a joiner, or a survivor whose last step failed where a
+   peer's succeeded) receives the model and optimizer state by broadcast from
+   the lowest rank that holds it.
+
+The default process group of each generation is a fresh ``init_process_group``
+over the generation's store prefix, so everything built on ``torch.distributed``
+(DDP, ``runtime``'s rank-0 broadcasts, DCP) works unchanged.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import math
+import time
+import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.stateful import Stateful
+
+from trainyard.errors import TrainingFailed
+from trainyard.protocol import coordstore
+from trainyard.protocol.coordstore import Generation
+
+log = logging.getLogger("trainyard.workload")
+
+DEFAULT_COLLECTIVE_TIMEOUT_S = 10.0
+DEFAULT_REGROUP_TIMEOUT_S = 120.0
+# What gloo's failures say; a RuntimeError without them is the script's own bug, not a lost peer.
+_GLOO_SIGNS = ("gloo", "connection reset", "connection closed", "timed out", "broken pipe", "socket", "pair.cc")
+
+
+def is_collective_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is a failed collective (a lost or silent peer) rather than an error of the script."""
+    if isinstance(exc, dist.DistError):
+        return True
+    return isinstance(exc, RuntimeError) and any(s in str(exc).lower() for s in _GLOO_SIGNS)
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``host:port`` of TRAINYARD_STORE, or a ``ValueError`` that says what to set."""
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"TRAINYARD_STORE={text!r} is not host:port; the supervisor sets it to its store's address")
+    return host, int(port)
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """Where a tensor was in a broadcast state tree: the tensors travel apart, one flat buffer per dtype."""
+
+    index: int
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+def _hollow(tree: Any, tensors: list[torch.Tensor]) -> Any:
+    """``tree`` with each tensor replaced by its ``_Slot`` (the tensor appended to ``tensors``)."""
+    if isinstance(tree, torch.Tensor):
+        tensors.append(tree)
+        return _Slot(len(tensors) - 1, tuple(tree.shape), tree.dtype)
+    if isinstance(tree, Mapping):
+        return {k: _hollow(v, tensors) for k, v in tree.items()}
+    if isinstance(tree, list | tuple):
+        return type(tree)(_hollow(v, tensors) for v in tree)
+    return tree
+
+
+def _slots(tree: Any) -> list[_Slot]:
+    if isinstance(tree, _Slot):
+        return [tree]
+    if isinstance(tree, Mapping):
+        return [s for v in tree.values() for s in _slots(v)]
+    if isinstance(tree, list | tuple):
+        return [s for v in tree for s in _slots(v)]
+    return []
+
+
+def _fill(tree: Any, tensors: list[torch.Tensor]) -> Any:
+    if isinstance(tree, _Slot):
+        return tensors[tree.index]
+    if isinstance(tree, Mapping):
+        return {k: _fill(v, tensors) for k, v in tree.items()}
+    if isinstance(tree, list | tuple):
+        return type(tree)(_fill(v, tensors) for v in tree)
+    return tree
+
+
+def broadcast_tree(tree: Any, src: int) -> Any:
+    """``tree`` (nested dicts and lists of CPU tensors and plain values, as a ``state_dict``) from rank ``src``
+    to every rank of the default group; ``tree`` is only read on ``src``.
+
+    Its shape and plain values go as one object, its tensors as one flat buffer per dtype: pickling a
+    model's and optimizer's tensors into an object broadcast copies and serialises every byte twice more.
+    """
+    sender = dist.get_rank() == src
+    tensors: list[torch.Tensor] = []
+    box: list[Any] = [_hollow(tree, tensors) if sender else None]
+    dist.broadcast_object_list(box, src=src)
+    slots = _slots(box[0])
+    received: list[torch.Tensor] = list(tensors) if sender else [torch.empty(0)] * len(slots)
+    for dtype in dict.fromkeys(slot.dtype for slot in slots):
+        group = [slot for slot in slots if slot.dtype == dtype]
+        sizes = [math.prod(slot.shape) for slot in group]
+        if sender:
+            flat = torch.cat([tensors[slot.index].detach().reshape(-1) for slot in group])
+        else:
+            flat = torch.empty(sum(sizes), dtype=dtype)
+        dist.broadcast(flat, src=src)
+        if not sender:
+            for slot, piece in zip(group, torch.split(flat, sizes), strict=True):
+                received[slot.index] = piece.view(slot.shape)
+    return _fill(box[0], received)
+
+
+class ElasticGroup:
+    """This node's membership in the generations published on the coordination store."""
+
+    def __init__(
+        self,
+        store: dist.Store,
+        node: str,
+        collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S,
+        regroup_timeout_s: float = DEFAULT_REGROUP_TIMEOUT_S,
+    ):
+        self.store, self.node = store, node
+        self.collective_timeout_s, self.regroup_timeout_s = collective_timeout_s, regroup_timeout_s
+        self.generation: Generation | None = None
+        self.formed = 0  # generations this process has formed
+        self.spare_announced = False
+        self.graveyard: list[Any] = []  # groups a thread may still block in: never destructed (see module doc)
+
+    @classmethod
+    def connect(
+        cls,
+        address: str,
+        node: str,
+        collective_timeout_s: float | None = None,
+        timeout_s: float = 30.0,
+        attempt: int | None = None,
+    ) -> ElasticGroup:
+        """Join the store at ``address``; ``attempt``: the keys of that attempt only (``coordstore.attempt_prefix``)."""
+        host, port = parse_address(address)
+        try:
+            store: dist.Store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s))
+        except Exception as exc:  # RuntimeError / DistStoreError: the supervisor's store is gone
+            raise TrainingFailed(
+                f"cannot reach the coordination store TRAINYARD_STORE={address}: {exc}", kind="transient"
+            ) from exc
+        if attempt is not None:
+            store = dist.PrefixStore(coordstore.attempt_prefix(attempt), store)
+        return cls(store, node, collective_timeout_s or DEFAULT_COLLECTIVE_TIMEOUT_S)
+
+    @property
+    def rank(self) -> int:
+        gen = self.generation
+        rank = gen.rank_of(self.node) if gen is not None else None
+        if rank is None:
+            raise RuntimeError(f"{self.node} is not a member of the current generation")
+        return rank
+
+    def next_generation(self, timeout_s: float | None = None) -> Generation | None:
+        """Wait for a generation newer than the current one; None if it leaves this node out (it should exit).
+
+        A process that has not been a member yet (a warm spare) waits on, until one lists it.
+        ``TrainingFailed`` (kind ``transient``: a symptom, the supervisor judges) if none comes within ``timeout_s`` (default: the regroup timeout).
+        """
+        after = self.generation.number if self.generation is not None else 0
+        deadline = time.monotonic() + (self.regroup_timeout_s if timeout_s is None else timeout_s)
+        while True:
+            try:
+                if self.store.check([coordstore.GEN]):
+                    gen = Generation.from_json(self.store.get(coordstore.GEN))
+                    if gen.number > after and self.node in gen.members:
+                        return gen
+                    if gen.number > after and self.formed:
+                        return None
+                    if not self.formed and not self.spare_announced:  # tell the supervisor a spare is ready
+                        self.store.set(coordstore.spare_key(self.node), str(gen.number))
+                        self.spare_announced = True
+            except (RuntimeError, dist.DistError) as exc:
+                raise TrainingFailed(f"lost the coordination store while regrouping: {exc}", kind="transient") from exc
+            if time.monotonic() >= deadline:
+                raise TrainingFailed(
+                    f"{self.node}: no generation after {after} within {self.regroup_timeout_s:.0f}s; "
+                    "the supervisor did not regroup",
+                    kind="transient",
+                )
+            time.sleep(coordstore.POLL_S)
+
+    def newer(self) -> int:
+        """The number of a generation published after the current one, else 0 (a world that grows publishes
+        one while this one trains: rank 0 asks each step and the commit all-reduce tells the others)."""
+        try:
+            number = Generation.from_json(self.store.get(coordstore.GEN)).number
+        except (RuntimeError, dist.DistError) as exc:
+            raise TrainingFailed(f"lost the coordination store: {exc}", kind="transient") from exc
+        current = self.generation.number if self.generation is not None else 0
+        return number if number > current else 0
+
+    def published(self, number: int) -> Generation | None:
+        """Generation ``number`` as published; None if it leaves this node out (it should exit)."""
+        gen = Generation.from_json(self.store.get(coordstore.gen_key(number)))
+        return gen if self.node in gen.members else None
+
+    def leave(self) -> None:
+        """Destroy the current group at a step boundary, healthy (every member leaves it at the same step)."""
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def form(self, gen: Generation) -> int:
+        """Make ``gen``'s gloo group this process's default group (a store barrier of its members); the rank."""
+        rank = gen.rank_of(self.node)
+        if rank is None:
+            raise ValueError(f"generation {gen.number} does not list {self.node}: {gen.members}")
+        prefix = dist.PrefixStore(f"g{gen.number}/pg", self.store)
+        dist.init_process_group(
+            "gloo", store=prefix, rank=rank, world_size=gen.world,
+            timeout=timedelta(seconds=self.collective_timeout_s),
+        )  # fmt: skip
+        self.generation, self.formed = gen, self.formed + 1
+        return rank
+
+    def on_fault(self, exc: BaseException, keep: list[Any] | None = None) -> None:
+        """Report the failed collective, bury ``keep`` (groups a thread may use) and destroy the broken group.
+
+        The caller must have dropped its own references to the group (DDP holds one): the group's sockets
+        close only when the last reference goes. The failed call's frames hold one too; they are cleared here.
+        """
+        g = self.generation.number if self.generation is not None else 0
+        try:
+            coordstore.report_fault(self.store, self.node, g, f"{type(exc).__name__}: {exc}", suspect=None)
+        except Exception as problem:  # the supervisor still sees the death through its launcher
+            log.warning("could not report the fault to the coordination store: %s", problem)
+        self.graveyard.extend(group for group in keep or [] if group is not None)
+        began = time.monotonic()
+        traceback.clear_frames(exc.__traceback__)  # the collective's frames hold the group in their locals
+        if dist.is_initialized():
+            # Its op failed: no wait; closing its sockets fails the peers still waiting on this process.
+            # It also unregisters the buried groups, whose objects the graveyard keeps alive.
+            dist.destroy_process_group()
+        gc.collect()
+        log.info("%s: destroyed generation %d's group in %.3fs", self.node, g, time.monotonic() - began)
+
+    def sync_state(self, state: Mapping[str, Stateful], step: int) -> int:
+        """Agree on the last committed step; members behind it receive the state. The step, on every member.
+
+        ``step`` is this member's committed step (-1 for a joiner, which holds nothing). The lowest rank that
+        holds the newest step sends its state to the others; a member whose last step failed while a peer's
+        committed it is brought forward the same way, so no member ever trains on a state the others lack.
+        """
+        steps = [torch.zeros((), dtype=torch.int64) for _ in range(dist.get_world_size())]
+        dist.all_gather(steps, torch.tensor(step, dtype=torch.int64))
+        held = [int(s) for s in steps]
+        newest = max(held)
+        if min(held) == newest:
+            return newest
+        src = held.index(newest)
+        tree = {k: v.state_dict() for k, v in state.items()} if dist.get_rank() == src else None
+        received = broadcast_tree(tree, src)
+        if step != newest:
+            for key, value in state.items():
+                value.load_state_dict(received[key])
+        behind = [r for r, s in enumerate(held) if s != newest]
+        number = self.generation.number if self.generation is not None else 0
+        log.info("generation %d: rank %d sent the state of step %d to ranks %s", number, src, newest, behind)
+        return newest
+
+    def ready(self, step: int) -> None:
+        """Tell the supervisor this node formed the current generation and continues after ``step``."""
+        if self.generation is not None:
+            coordstore.report_ready(self.store, self.generation.number, self.node, step)

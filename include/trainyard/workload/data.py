@@ -1,0 +1,123 @@
+"""Deterministic, world-size-independent batches over a directory of token shards.
+
+This module owns *which tokens a step trains on*. Step ``s`` draws
+``global_batch`` random windows of ``seq_len + 1`` tokens from
+``np.random.default_rng([seed, s])`` over the concatenation of all shards; rank
+``r`` of ``W`` takes its contiguous slice of that global batch and splits it
+into micro-batches (gradient accumulation = global / (micro * W)).
+
+Because the global batch of a step depends only on (seed, step, data), a run
+saved on 3 ranks resumes on 2 with exactly the same samples per step, and a
+resumed run sees the same data as one that was never interrupted: no sampler
+state needs to be checkpointed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from trainyard.errors import DataError
+from trainyard.protocol import shards
+
+
+class TokenStream:
+    """All shards of a dataset directory, read as one long token array (memory-mapped)."""
+
+    def __init__(self, parts: list[np.ndarray], vocab_size: int):
+        self.parts = parts
+        self.vocab_size = vocab_size
+        # starts[i] is the global index of parts[i][0]; the last entry is the total length.
+        self.starts = np.cumsum([0] + [len(p) for p in parts])
+
+    @classmethod
+    def open(cls, directory: str | Path) -> TokenStream:
+        """Map every ``*.tok`` in ``directory`` (sorted); ``DataError`` if there are none or they disagree."""
+        paths = shards.list_shards(directory)
+        if not paths:
+            raise DataError(f"no {shards.SHARD_SUFFIX} shards in {directory}")
+        headers = [shards.read_header(p) for p in paths]
+        vocabs = {h.vocab_size for h in headers}
+        if len(vocabs) > 1:
+            detail = ", ".join(f"{p.name}={h.vocab_size}" for p, h in zip(paths, headers))
+            raise DataError(f"shards in {directory} disagree on vocab_size ({detail})")
+        return cls([shards.open_tokens(p) for p in paths], vocabs.pop())
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def window(self, start: int, length: int) -> np.ndarray:
+        """``length`` tokens from global index ``start``, stitched across shard boundaries."""
+        out = np.empty(length, dtype=np.int64)
+        filled = 0
+        part = int(np.searchsorted(self.starts, start, side="right")) - 1
+        offset = start - int(self.starts[part])
+        while filled < length:
+            chunk = self.parts[part][offset : offset + length - filled]
+            out[filled : filled + len(chunk)] = chunk
+            filled += len(chunk)
+            part, offset = part + 1, 0
+        return out
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """How one step's global batch is split across ranks and micro-batches."""
+
+    global_batch: int
+    micro_batch: int
+    world_size: int
+    rank: int
+
+    def __post_init__(self) -> None:
+        if min(self.global_batch, self.micro_batch, self.world_size) < 1:
+            raise ValueError(f"global_batch, micro_batch and world_size must be >= 1: {self}")
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} is outside world size {self.world_size}")
+        if self.global_batch % (self.micro_batch * self.world_size):
+            raise ValueError(
+                f"global_batch ({self.global_batch}) must be divisible by micro_batch ({self.micro_batch}) "
+                f"x world_size ({self.world_size}) = {self.micro_batch * self.world_size}"
+            )
+
+    @classmethod
+    def for_world(cls, global_batch: int, micro_batch: int | None, world_size: int, rank: int) -> BatchPlan:
+        """A plan where ``micro_batch=None`` means no accumulation (global / world per rank)."""
+        if micro_batch is None:
+            if global_batch % world_size:
+                raise ValueError(f"global_batch ({global_batch}) must be divisible by world_size ({world_size})")
+            micro_batch = global_batch // world_size
+        return cls(global_batch, micro_batch, world_size, rank)
+
+    @property
+    def accumulation(self) -> int:
+        """Micro-batches per rank per step (gradient accumulation steps)."""
+        return self.global_batch // (self.micro_batch * self.world_size)
+
+    @property
+    def per_rank(self) -> int:
+        return self.global_batch // self.world_size
+
+
+def global_starts(step: int, seed: int, total_tokens: int, window: int, global_batch: int) -> np.ndarray:
+    """Start offsets of the step's ``global_batch`` windows: a pure function of (seed, step)."""
+    if total_tokens < window:
+        raise DataError(f"dataset has {total_tokens} tokens, fewer than one window of {window}")
+    rng = np.random.default_rng([seed, step])
+    return rng.integers(0, total_tokens - window + 1, size=global_batch)
+
+
+def micro_batches(
+    stream: TokenStream, plan: BatchPlan, step: int, seed: int, seq_len: int, device: str | torch.device = "cpu"
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """This rank's (inputs, targets) micro-batches for ``step``, each (micro_batch, seq_len) int64 on ``device``."""
+    starts = global_starts(step, seed, len(stream), seq_len + 1, plan.global_batch)
+    mine = starts[plan.rank * plan.per_rank : (plan.rank + 1) * plan.per_rank]
+    windows = torch.from_numpy(np.stack([stream.window(int(s), seq_len + 1) for s in mine]))
+    if torch.device(device).type == "cuda":
+        # One copy per step from pinned memory; the micro-batches are views of it on the device.
+        windows = windows.pin_memory().to(device, non_blocking=True)
+    return [(chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()) for chunk in windows.split(plan.micro_batch)]

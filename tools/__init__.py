@@ -1,0 +1,1 @@
+"""Developer tooling beside the library: a throwaway PostgreSQL for `make airflow` and the tests."""
