@@ -28,7 +28,7 @@ from trainyard.airflow import metrics, tasks
 from trainyard.airflow.metrics import emit_recovery, emit_stage, emitted, metric_name, recovery_metrics, stage_metrics
 from trainyard.errors import DataError
 from trainyard.events.ledger import Ledger
-from trainyard.pipeline import stages
+from trainyard.pipeline.recorder import recorded
 from trainyard.pipeline.run import open_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -302,7 +302,7 @@ def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 def test_an_adapter_sends_the_stage_it_ran_once_even_when_it_fails(run: Any, recorder: Recorder) -> None:
-    @stages.recorded("check_dataset")
+    @recorded("check_dataset")
     def bad_data(run: Any) -> dict[str, Any]:
         raise DataError("shard_0000.tok: truncated header")
 

@@ -108,7 +108,7 @@ def test_a_slow_link_is_found_by_position(tmp_path: Path) -> None:
 
 def test_an_evicted_node_sits_out_its_cool_down_then_is_retested_and_readmitted(tmp_path: Path) -> None:
     from trainyard.burnin.fleet import Fleet
-    from trainyard.pipeline.stages import local_kind
+    from trainyard.pipeline.burnin import local_kind
 
     first = run_for(tmp_path, count=2, spare=0, drills="[]", duration=3)
     fleet = Fleet(first.hot_root / ".fleet")

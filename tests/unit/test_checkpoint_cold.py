@@ -13,7 +13,7 @@ from dcp_helpers import save_as_ranks
 from trainyard.checkpoint.format import read_manifest, verify
 from trainyard.checkpoint.validate import validate
 from trainyard.errors import DataError
-from trainyard.pipeline import stages
+from trainyard.pipeline import lineage, stages
 from trainyard.pipeline.run import Run, open_run
 from trainyard.storage import LocalTier, local_path
 
@@ -110,7 +110,7 @@ def test_copies_tiered_during_training_get_prefixes_of_their_own_and_leave_the_p
     from trainyard.checkpoint import cold
 
     run = make_run(tmp_path, extra=", cold_every_steps: 10")
-    tier_copy = stages._to_cold(run)
+    tier_copy = lineage._to_cold(run)
     ckpt = save_as_ranks(tmp_path / "a", 10, ranks=2)
     tier_copy(ckpt)
     tier_copy(save_as_ranks(tmp_path / "b", 10, ranks=1))  # a re-save of the step after a rollback

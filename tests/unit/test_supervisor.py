@@ -7,7 +7,7 @@ from pathlib import Path
 from trainyard.backends.base import AttemptStatus, LaunchPlan, NodeStatus
 from trainyard.backends.local.launcher import torchrun_argv
 from trainyard.events.ledger import Ledger
-from trainyard.pipeline.stages import _cli_args
+from trainyard.pipeline.train import _cli_args
 from trainyard.protocol.env import TrainEnv
 from trainyard.recovery.controller import Checkpoints, Context, Course
 from trainyard.recovery.supervisor import Hooks, group_beats, stale_ranks, supervise

@@ -1,6 +1,6 @@
 """The training contract: the TRAINYARD_* environment of one training process, as one typed value.
 
-The orchestrator builds a ``TrainEnv`` per attempt (``stages._plan``, carried by ``LaunchPlan``); a
+The orchestrator builds a ``TrainEnv`` per attempt (``pipeline.train._plan``, carried by ``LaunchPlan``); a
 launcher gives each node its own ``node``/``host`` (``for_node``), turns the value into the processes'
 environment (``to_env``) and mounts its paths with the access they declare (``paths``); the workload
 reads it back (``from_env``, through ``trainyard.runtime.core.context``). Each variable is declared

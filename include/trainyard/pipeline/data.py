@@ -1,0 +1,46 @@
+"""The data stages: stage the cold shards to the hot tier (verified, incremental), then gate them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainyard.errors import SpecError
+from trainyard.events.ledger import safe_name
+from trainyard.pipeline.recorder import recorded
+from trainyard.pipeline.run import Run
+from trainyard.quality.dataset import check_dataset as _check_dataset
+from trainyard.spec import Lifecycle, dataset_name_problems
+from trainyard.storage import S3Tier, Tier
+from trainyard.storage.boot import ensure_this_boot
+from trainyard.storage.hot import HotRoom
+from trainyard.storage.staging import stage
+
+
+@recorded("stage_dataset")
+def stage_dataset(run: Run) -> dict[str, Any]:
+    """Copy the cold shards to the hot tier, verified; only what changed is copied."""
+    ds = run.spec.dataset
+    # The spec check saw the template; this sees what it rendered to (e.g. a run id with a '/').
+    if problems := dataset_name_problems(run.resolve("dataset.name", ds.name), ds.name):
+        raise SpecError([f"{run.spec_path}: dataset.name: {p}" for p in problems])
+    source = run.tier(run.source_uri, ds.connection)
+    if ds.lifecycle:
+        set_lifecycle(source, ds.lifecycle, f"trainyard-{run.dag_id}-data")
+    capacity = int(ds.hot_capacity_gb * 1e9) if ds.hot_capacity_gb else None
+    room = HotRoom(run.hot_root, capacity, run.holder)
+    return stage(source, run.hot_dataset_dir, ledger=run.ledger, concurrency=ds.concurrency, room=room).as_dict()
+
+
+def set_lifecycle(tier: Tier, rule: Lifecycle, rule_id: str) -> None:
+    # The spec check guarantees an s3:// URI wherever a lifecycle rule is set.
+    assert isinstance(tier, S3Tier), tier
+    tier.set_lifecycle(safe_name(rule_id), rule.expire_days, rule.transition_days, rule.storage_class)
+
+
+@recorded("check_dataset")
+def check_dataset(run: Run) -> dict[str, Any]:
+    """Fail fast (``DataError``) unless the staged shards meet the spec's expectations."""
+    ensure_this_boot(run.hot_dataset_dir, run.ledger, "check_dataset")  # staged unsynced in an earlier boot?
+    report = _check_dataset(run.hot_dataset_dir, run.spec.dataset.expectations, result_dir=run.dir).as_dict()
+    run.ledger.append("check_dataset", "dataset_checked", **report)
+    return report

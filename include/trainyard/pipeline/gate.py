@@ -1,0 +1,69 @@
+"""The checkpoint gate and publishing: the run's final checkpoint checked, then copied to the cold tier."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from trainyard.checkpoint import cold as cold_copies
+from trainyard.checkpoint import lease
+from trainyard.checkpoint.format import (
+    read_manifest,
+)
+from trainyard.checkpoint.validate import validate
+from trainyard.errors import CheckpointInvalid
+from trainyard.pipeline.data import set_lifecycle
+from trainyard.pipeline.lineage import lease_ttl, loss_history
+from trainyard.pipeline.recorder import recorded
+from trainyard.pipeline.run import Run
+from trainyard.quality.metrics import check_metrics
+
+
+@recorded("check_checkpoint")
+def check_checkpoint(run: Run, checkpoint: str | None, target_step: int) -> dict[str, Any]:
+    """The gate: the run's final checkpoint is whole, loadable, finite, at the final step, and its
+    loss history passes the metric expectations (great-expectations; result saved in the run folder)."""
+    lease.renew_held(run.checkpoint_root, run.run_id, lease_ttl(run))  # the run's lineage until its report
+    if not checkpoint:
+        raise CheckpointInvalid(f"no valid checkpoint under {run.checkpoint_root}")
+    expect, history = run.spec.checkpoint.expectations, loss_history(run)
+    result = validate(Path(checkpoint), expect, history)
+    problems = list(result.problems)
+    if result.step is not None and result.step != target_step:
+        problems.append(f"step {result.step} is not the run's final step {target_step}")
+    if result.step is not None:
+        problems += [p for p in check_metrics(history, result.step, expect, run.dir) if p not in problems]
+    run.ledger.append(
+        "check_checkpoint",
+        "checkpoint_checked",
+        path=checkpoint,
+        valid=not problems,
+        problems=problems,
+        seconds=result.seconds,
+    )
+    if problems:
+        raise CheckpointInvalid(f"{checkpoint}: " + "; ".join(problems))
+    return {
+        "checkpoint": checkpoint,
+        "step": result.step,
+        "metrics": read_manifest(Path(checkpoint)).get("metrics", {}),
+    }
+
+
+@recorded("publish")
+def publish(run: Run, checkpoint: str) -> dict[str, Any]:
+    """Copy the valid checkpoint to a cold-tier prefix of its own, verify the copy, then point ``PUBLISHED`` at it.
+
+    ``uri`` names the copy itself, which is never written again (what downstream DAGs read);
+    ``pointer`` names the object that always leads to the latest published copy.
+    """
+    src = Path(checkpoint)
+    lease.renew_held(run.checkpoint_root, run.run_id, lease_ttl(run))  # retention must not take src meanwhile
+    cold = run.tier(run.cold_checkpoint_uri, run.spec.checkpoint.connection)
+    if run.spec.checkpoint.lifecycle:
+        set_lifecycle(cold, run.spec.checkpoint.lifecycle, f"trainyard-{run.dag_id}-checkpoints")
+    keep = lease.keeper(run.checkpoint_root, run.run_id, lease_ttl(run))  # an upload may outlast the lease
+    copy = cold_copies.publish(src, cold, run.run_id, on_file=keep)
+    uri, pointer = f"{run.cold_checkpoint_uri}/{copy.name}", f"{run.cold_checkpoint_uri}/{cold_copies.POINTER}"
+    run.ledger.append("publish", "published", uri=uri, pointer=pointer, step=copy.step, bytes=copy.bytes)
+    return {"uri": uri, "pointer": pointer, "step": copy.step, "bytes": copy.bytes}

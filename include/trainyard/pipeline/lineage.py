@@ -1,0 +1,131 @@
+"""The pipeline's checkpoint lineage as one run holds it: the lease, the resume point, validation and rollback."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from trainyard.checkpoint import cold as cold_copies
+from trainyard.checkpoint import lease, registry
+from trainyard.checkpoint.format import (
+    latest_valid,
+    list_checkpoints,
+    read_manifest,
+    step_dir,
+    step_of,
+    supersede,
+    verify,
+)
+from trainyard.checkpoint.validate import Validation, inspector, validate
+from trainyard.errors import CheckpointInvalid
+from trainyard.pipeline.run import Run, check_resume
+from trainyard.protocol.steps import loss_points
+from trainyard.recovery.controller import Checkpoints
+
+
+def lease_ttl(run: Run) -> float:
+    """How long the run's claim on its lineage holds unrenewed. A deferred train task renews it only
+    when it wakes (at least every ``wake_every_s``), so its lease outlasts two waits."""
+    k8s = run.spec.nodes.kubernetes
+    if run.spec.nodes.backend == "kubernetes" and k8s is not None and k8s.deferrable:
+        return max(lease.LEASE_S, 2 * k8s.wake_every_s + 60)
+    return lease.LEASE_S
+
+
+def hold_lineage(run: Run, run_state: lease.RunState | None = None) -> lease.Lease:
+    """Claim the pipeline's checkpoints for this run (``LineageBusy`` while another run holds them).
+
+    The train stage renews the claim while it runs; it lasts until the run's
+    report releases it, or lapses ``lease_ttl`` after the last renewal.
+    ``run_state`` is Airflow's word on the holder's run (the Airflow layer passes it).
+    """
+    return lease.hold(run.checkpoint_root, run.dag_id, run.run_id, run.ledger, lease_ttl(run), run_state)
+
+
+def resume_point(run: Run, held: lease.Lease | None = None) -> tuple[str, int]:
+    """The checkpoint this run starts from (``none`` or a path) and its step.
+
+    Decided once per run, while the run holds the lineage (``held``), and
+    kept in the ledger, so a retried train task aims at the same final step
+    instead of training ``max_steps`` more.
+    """
+    first = next(run.ledger.events("train", "resume_point"), None)
+    if first:
+        return first["resume_from"], first["start_step"]
+    held = held or hold_lineage(run)
+    check_resume(run)  # open_run checked it too; the pinned spec lives in a folder pods can write
+    choice = run.spec.training.resume_from
+    path = latest_valid(run.checkpoint_root) if choice == "latest" else None  # latest_valid verified its choice
+    if choice not in ("latest", "none"):
+        path = Path(choice)
+        if problems := verify(path):
+            raise CheckpointInvalid(f"cannot resume from {path}: " + "; ".join(problems))
+    start = read_manifest(path)["step"] if path else 0
+    resume_from = str(path) if path else "none"
+    held.renew()  # verifying can take long: still ours before the pointer moves
+    registry.reset(run.checkpoint_root, path, run.ledger)  # the lineage this run extends
+    run.ledger.append("train", "resume_point", resume_from=resume_from, start_step=start)
+    return resume_from, start
+
+
+def loss_history(run: Run) -> list[tuple[int, float]]:
+    """(step, loss) of this run from the ledger; a retried step's latest value wins.
+
+    Exact at every checkpoint step and divergence; a summarised stretch adds its end and its peak
+    (``trainyard.protocol.steps.loss_points``).
+    """
+    return loss_points(run.ledger.events("train", "step"))
+
+
+def _validator(run: Run) -> Callable[[Path, int | None], Validation]:
+    def check(path: Path, after_step: int | None) -> Validation:
+        return validate(path, run.spec.checkpoint.expectations, loss_history(run), after_step)
+
+    return check
+
+
+def _to_cold(run: Run) -> Callable[[Path], None] | None:
+    """During training, copy every valid checkpoint whose step is a multiple of ``cold_every_steps``."""
+    every = run.spec.checkpoint.cold_every_steps
+    if every is None:
+        return None
+
+    def upload(ckpt: Path) -> None:
+        if (step_of(ckpt) or 0) % every == 0:
+            cold = run.tier(run.cold_checkpoint_uri, run.spec.checkpoint.connection)
+            copy = cold_copies.upload_copy(ckpt, cold)  # a prefix of its own; only publish moves the pointer
+            run.ledger.append(
+                "train",
+                "checkpoint_tiered",
+                path=str(ckpt),
+                uri=f"{run.cold_checkpoint_uri}/{copy.name}",
+                bytes=copy.bytes,
+            )
+
+    return upload
+
+
+def watcher(run: Run) -> registry.Watcher:
+    cfg = run.spec.checkpoint
+    inspector().start()  # its torch import runs while training starts, not when the first checkpoint waits
+    return registry.Watcher(run.checkpoint_root, _validator(run), run.ledger, cfg.keep_hot, _to_cold(run))
+
+
+def hot_checkpoints(run: Run) -> Checkpoints:
+    """The hot checkpoints, for the recovery policy: the valid steps and the lineage's latest."""
+    latest = registry.latest(run.checkpoint_root)
+    return Checkpoints(
+        valid_steps=[step_of(c) or 0 for c in list_checkpoints(run.checkpoint_root) if not verify(c)],
+        latest_step=step_of(latest) if latest else None,
+    )
+
+
+def rollback(run: Run, step: int) -> str:
+    """Set the later checkpoints aside (never deleted) and restart the lineage at ``step`` (0: fresh)."""
+    for ckpt in list_checkpoints(run.checkpoint_root):
+        if (step_of(ckpt) or 0) > step:
+            supersede(ckpt)
+    target = step_dir(run.checkpoint_root, step) if step else None
+    registry.reset(run.checkpoint_root, target, run.ledger)
+    run.ledger.append("train", "rolled_back", to_step=step, path=str(target) if target else None)
+    return str(target) if target else "none"
