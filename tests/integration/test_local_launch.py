@@ -22,7 +22,7 @@ from trainyard.events.ledger import Ledger
 from trainyard.protocol.env import TrainEnv
 from trainyard.protocol.heartbeat import read_heartbeats
 from trainyard.protocol.shards import write_synthetic_corpus
-from trainyard.recovery.supervisor import run_attempt
+from trainyard.recovery.attempt import run_attempt
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

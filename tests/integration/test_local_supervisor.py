@@ -12,7 +12,7 @@ from trainyard.backends.local.launcher import LocalHandle, LocalLauncher
 from trainyard.errors import LineageBusy, TrainingFailed
 from trainyard.events.ledger import Ledger
 from trainyard.protocol.env import TrainEnv
-from trainyard.recovery.supervisor import run_attempt
+from trainyard.recovery.attempt import run_attempt
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,8 @@ from trainyard.events.ledger import Ledger
 from trainyard.pipeline.train import _cli_args
 from trainyard.protocol.env import TrainEnv
 from trainyard.recovery.controller import Checkpoints, Context, Course
-from trainyard.recovery.supervisor import Hooks, group_beats, stale_ranks, supervise
+from trainyard.recovery.supervisor import Hooks, supervise
+from trainyard.recovery.watch import group_beats, stale_ranks
 from trainyard.spec import RecoverySpec
 
 

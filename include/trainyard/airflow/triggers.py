@@ -40,7 +40,7 @@ from trainyard.backends.kubernetes.launcher import (
 )
 from trainyard.recovery.controller import Reported
 from trainyard.recovery.progress import ProgressLog
-from trainyard.recovery.supervisor import STARTUP_GRACE_S, detect
+from trainyard.recovery.watch import STARTUP_GRACE_S, detect
 
 CLASSPATH = "trainyard.airflow.triggers.KubernetesAttemptTrigger"
 _ARGUMENTS = (

@@ -40,16 +40,8 @@ from trainyard.recovery.controller import (
     WaitUntil,
     Watch,
 )
-from trainyard.recovery.supervisor import (
-    STARTUP_GRACE_S,
-    Driver,
-    Hooks,
-    StateReader,
-    detect,
-    failed,
-    failure_error,
-    last_step,
-)
+from trainyard.recovery.supervisor import Driver, Hooks, StateReader, failure_error
+from trainyard.recovery.watch import STARTUP_GRACE_S, detect, failed, last_step
 
 log = logging.getLogger(__name__)
 

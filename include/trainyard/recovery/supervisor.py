@@ -1,19 +1,17 @@
-"""The blocking driver: run training attempts until one succeeds or the policy says stop.
+"""The drivers: the commands both carry out (``Driver``), and the blocking one (``Supervisor``, ``supervise``).
 
-The controller (``recovery.controller``, pure) decides; this module watches
-and carries its commands out, blocking: the local backend and the tests.
-One attempt: launch, then watch exits and heartbeats. A node whose agent
-exits non-zero has crashed; a rank whose heartbeat is older than the timeout
-(or that never beat within it) is hung. Either becomes an observation with
-its evidence (node statuses, log tails, the hot checkpoints) for ``step``,
-which ends every node of the attempt at once -- survivors of a dead
-collective would otherwise wait out gloo's timeout --, classifies, decides
-and records. Every decision is a ledger event, so a retried Airflow task
-carries on from the ledger instead of starting over.
-
-``Driver`` carries out the commands both drivers share (record, cancel, roll
-back, exclude, launch); the deferred driver (``recovery.deferred``) waits its
-own way.
+The controller (``recovery.controller``, pure) decides; a driver carries
+its commands out. ``Driver`` does what both drivers share (record, cancel,
+roll back, exclude, launch, grow or shrink a group in place) and folds the
+ledger as it grows (``StateReader``); ``Hooks`` is what it needs from the
+run around it. The blocking driver runs in the task (the local backend and
+the tests): it watches each attempt (``recovery.attempt.watch_attempt``),
+which on a failure ends every node of the attempt at once -- survivors of a
+dead collective would otherwise wait out gloo's timeout -- unless they can
+regroup, and sleeps out backoffs renewing the lease. Every decision is a
+ledger event, so a retried Airflow task carries on from the ledger instead
+of starting over. The deferred driver (``recovery.deferred``) waits its own
+way.
 """
 
 from __future__ import annotations
@@ -21,22 +19,17 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any
 
-from trainyard.atomic import open_regular
 from trainyard.backends.base import AttemptStatus, Launcher, LaunchPlan, RegroupingLauncher
 from trainyard.errors import LineageBusy, TrainingFailed, TransientError
 from trainyard.events.ledger import Ledger
 from trainyard.protocol.coordstore import Coordinator, Generation
-from trainyard.protocol.heartbeat import read_heartbeats
-from trainyard.protocol.records import FailureRecord, failure_records
-from trainyard.recovery.classify import Failure
+from trainyard.recovery.attempt import append_record, kept, start_attempt, watch_attempt
 from trainyard.recovery.controller import (
     STAGE,
     AttemptResult,
-    AttemptSucceeded,
     BackoffOver,
     Cancel,
     Checkpoints,
@@ -47,316 +40,22 @@ from trainyard.recovery.controller import (
     Fail,
     Finish,
     KillNodes,
-    LeaseLost,
     Observation,
     Publish,
     Record,
     RollBack,
-    SparesReady,
     StartNodes,
     TaskStarted,
     TrainState,
     WaitUntil,
     Watch,
-    ended,
     grown_world,
-    node_failures,
     step,
-    succeeded,
 )
-from trainyard.recovery.controller import AttemptFailed as Failed
 from trainyard.recovery.controller import Launch as LaunchCommand
 from trainyard.recovery.progress import ProgressLog
 
-__all__ = ["AttemptResult", "Course", "supervise"]  # AttemptResult and Course moved to the controller
 log = logging.getLogger(__name__)
-TAIL_LINES = 50
-T = TypeVar("T")
-
-
-class AttemptFailed(TrainingFailed):
-    """An attempt ended badly (``run_attempt``); what the supervisor saw, for ``classify``."""
-
-    def __init__(self, message: str, failure: Failure, detected_at: float):
-        self.failure, self.detected_at = failure, detected_at
-        super().__init__(message, kind=failure.trigger, evidence="")
-
-
-STARTUP_GRACE_S = 120.0  # interpreter, torch import, rendezvous and data before a rank's first step
-
-
-def group_beats(beats: dict[str, dict[str, Any]], members: list[str]) -> dict[str, dict[str, Any]]:
-    """The beats of a regrouped attempt's current group: rank ``k`` is ``members[k]``'s, or not yet there.
-
-    A regroup renumbers the ranks: a file left by the node that held a rank before (a dead node's last
-    beat, a survivor's beat under its old number) says nothing about the group that runs now."""
-    return {
-        rank: beat
-        for rank, beat in beats.items()
-        if (k := _rank_number(rank)) is not None and k < len(members) and beat.get("node") == members[k]
-    }
-
-
-def _rank_number(name: str) -> int | None:
-    number = name.removeprefix("rank-")
-    return int(number) if number.isdigit() else None
-
-
-def stale_ranks(
-    beats: dict[str, dict[str, Any]],
-    expected: int,
-    started: float,
-    now: float,
-    timeout_s: float,
-    grace_s: float = STARTUP_GRACE_S,
-) -> list[str]:
-    """Ranks without progress for longer than ``timeout_s``; a rank that never beat gets ``grace_s`` to start."""
-    stale = [rank for rank, b in beats.items() if b.get("status") != "finished" and now - b["time"] > timeout_s]
-    if len(beats) < expected and now - started > first_beat_s(timeout_s, grace_s):
-        stale += [f"rank-{r}" for r in range(expected) if f"rank-{r}" not in beats]
-    return stale
-
-
-def first_beat_s(timeout_s: float, grace_s: float) -> float:
-    """How long after the start a rank may be without its first heartbeat: the start-up grace, or the
-    timeout where that is longer (a rank that started is never held to less than one that beat)."""
-    return max(timeout_s, grace_s)
-
-
-def silent_ranks(directory: Path, ranks: list[str], now: float, after_s: float = 3.0) -> list[str]:
-    """Of ``ranks``, those whose liveness pulse (``rank-N.alive``, touched every second) stopped."""
-    silent = []
-    for rank in ranks:
-        try:
-            if now - (directory / f"{rank}.alive").stat().st_mtime > after_s:
-                silent.append(rank)
-        except FileNotFoundError:
-            silent.append(rank)
-    return silent
-
-
-def tail(path: str, lines: int = TAIL_LINES) -> str:
-    try:  # a node log training code replaced with a link to a secret is not quoted into the ledger
-        with open_regular(Path(path)) as fh:
-            return "\n".join(fh.read().decode(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
-def start_attempt(launcher: Launcher, plan: LaunchPlan, ledger: Ledger) -> Any:
-    """Record the attempt and launch it; the heartbeat folder exists before any rank (or watcher) looks."""
-    if plan.train_env.heartbeat_dir is not None:
-        plan.train_env.heartbeat_dir.mkdir(parents=True, exist_ok=True)
-    ledger.append(
-        "train",
-        "attempt_start",
-        attempt=plan.attempt,
-        nodes=plan.nodes,
-        world_size=plan.world_size,
-        micro_batch=plan.train_env.micro_batch,
-        resume_from=plan.train_env.resume_from,
-    )
-    return launcher.launch(plan)
-
-
-def detect(
-    status: AttemptStatus,
-    heartbeat_dir: Path,
-    world_size: int,
-    started: float,
-    timeout_s: float,
-    grace_s: float = STARTUP_GRACE_S,
-    members: list[str] | None = None,
-) -> tuple[str, list[str], str] | None:
-    """What is wrong with a running attempt, if anything: ``(trigger, suspect nodes, reason)``.
-
-    A failed node is a crash. A rank without progress past the timeout is a
-    hang; of those, ranks whose liveness pulse stopped are the suspects --
-    ranks stuck behind a hung peer still pulse.
-    """
-    if status.state == "failed":
-        return "crash", [], _crash_reason(status)
-    beats = read_heartbeats(heartbeat_dir)
-    if members is not None:  # regrouped at ``started``: every rank of the group has a full timeout from then
-        beats = {r: {**b, "time": max(b["time"], started)} for r, b in group_beats(beats, members).items()}
-    now = time.time()
-    stale = stale_ranks(beats, world_size, started, now, timeout_s, grace_s)
-    if not stale:
-        return None
-    # Every rank still at work is a suspect, not only those past the timeout: the ranks waiting on a hung
-    # peer went quiet at the same step, and the first poll past the timeout may see only one of them stale.
-    # The pulse tells them apart (waiting ranks pulse; a stopped or frozen one does not).
-    working = sorted({*stale, *(r for r, b in beats.items() if b.get("status") != "finished")})
-    silent = silent_ranks(heartbeat_dir, working, now)
-    # Hosts, as everywhere recovery names nodes (a beat without one: a runtime older than the host field).
-    nodes = sorted(
-        {str(beats[r].get("host") or beats[r]["node"]) for r in silent if r in beats and beats[r].get("node")}
-    )
-    # A rank that never beat is not one that stopped: say which it is (pods that never started look so).
-    stopped, never = [r for r in stale if r in beats], [r for r in stale if r not in beats]
-    said = [f"no progress for {timeout_s:.0f} s from {', '.join(stopped)}"] if stopped else []
-    if never:
-        said.append(
-            f"no first heartbeat {first_beat_s(timeout_s, grace_s):.0f} s after the start from {', '.join(never)}"
-        )
-    return "hang", nodes, f"{'; '.join(said)}; no pulse from {', '.join(silent) or 'none'}"
-
-
-def host_records(heartbeat_dir: Path, status: AttemptStatus) -> list[FailureRecord]:
-    """The ranks' failure records, each renamed to the host its slot ran on (what recovery blames).
-
-    A record names its node as the process saw it (``TRAINYARD_NODE``: the slot of a local node, the host
-    of a pod); where a slot really ran is the launcher's word, not the record's (training code is untrusted)."""
-    hosts = {n.slot: n.where for n in status.nodes} | {n.where: n.where for n in status.nodes}
-    return [replace(r, node=hosts[r.node]) for r in failure_records(heartbeat_dir, list(hosts))]
-
-
-def last_step(heartbeat_dir: Path) -> int | None:
-    """The heartbeats' newest step (the rate-bounded step events may not have reached it)."""
-    return max((b.get("step", 0) for b in read_heartbeats(heartbeat_dir).values()), default=None)
-
-
-def failed(
-    plan: LaunchPlan,
-    status: AttemptStatus,
-    heartbeat_dir: Path,
-    trigger: str,
-    suspects: list[str],
-    reason: str,
-    checkpoints: Checkpoints | None = None,
-    *,
-    at: float,
-) -> Failed:
-    """The observation of a failed attempt, with its evidence: node statuses, their log tails, the last step.
-
-    ``at``: when the failure was seen, before any evidence was gathered."""
-    tails = {n.where: tail(n.log) for n in status.nodes}
-    failure = Failure(
-        attempt=plan.attempt,
-        trigger=trigger,
-        stale_nodes=list(suspects),
-        last_step=last_step(heartbeat_dir),
-        nodes=node_failures(status.nodes, tails),
-        records=host_records(heartbeat_dir, status),
-    )
-    return Failed(plan.attempt, at, failure, reason, checkpoints or Checkpoints())
-
-
-def watch_attempt(
-    launcher: Launcher,
-    handle: Any,
-    plan: LaunchPlan,
-    started: float,
-    heartbeat_dir: Path,
-    heartbeat_timeout_s: float,
-    poll_s: float = 0.5,
-    startup_grace_s: float = STARTUP_GRACE_S,
-    progress: ProgressLog | None = None,
-    keep_alive: Callable[[], None] | None = None,
-    checkpoints: Callable[[], Checkpoints] | None = None,
-    regrouped: bool = False,
-    ready_spares: Callable[[AttemptStatus], list[str]] | None = None,
-    pause: Callable[[float], None] = time.sleep,
-    each_poll: Callable[[], None] | None = None,
-) -> AttemptSucceeded | Failed | LeaseLost | SparesReady:
-    """Poll the attempt until it succeeds, fails or the run loses its lineage: what was seen.
-
-    ``progress`` paces the progress lines this loop logs (the train task's log is all a person watching sees).
-    ``keep_alive`` is called at every poll (the run's lease on its lineage); ``checkpoints`` describes the
-    hot checkpoints for the policy when a failure is seen. ``regrouped``: the attempt regrouped in place
-    (``started`` is then the regroup's time). ``ready_spares`` (an attempt that groups on the store): the
-    nodes outside the group that wait ready to join it, from the launcher's full status; any ends the
-    watch. Only the plan's nodes, the current group, are watched for success and failure then.
-    ``pause`` waits between polls (at most ``poll_s``; an attempt on the store wakes on a fault report).
-    ``each_poll`` acts before each poll (nodes due to start once their generation formed).
-    """
-    members = list(plan.nodes) if regrouped else None
-    while True:
-        if each_poll is not None:
-            each_poll()
-        status = launcher.poll(handle)
-        if ready_spares is not None and (ready := ready_spares(status)):
-            return SparesReady(plan.attempt, time.time(), ready)
-        if members is not None or ready_spares is not None:  # spares, and nodes left out (killed, or exited)
-            status = AttemptStatus([n for n in status.nodes if n.slot in plan.nodes])
-        if status.state == "succeeded":
-            return AttemptSucceeded(plan.attempt, time.time(), last_step(heartbeat_dir))
-        problem = detect(status, heartbeat_dir, plan.world_size, started, heartbeat_timeout_s, startup_grace_s, members)
-        if problem:
-            at = time.time()
-            return failed(plan, status, heartbeat_dir, *problem, checkpoints() if checkpoints else None, at=at)
-        if progress is not None and (line := progress.poll(time.time())):
-            log.info("%s", line)
-        if (lost := _kept(keep_alive)) is not None:
-            return lost
-        pause(poll_s)
-
-
-def _kept(keep_alive: Callable[[], None] | None) -> LeaseLost | None:
-    if keep_alive is None:
-        return None
-    try:
-        keep_alive()
-    except LineageBusy as exc:
-        return LeaseLost(time.time(), str(exc))
-    return None
-
-
-def run_attempt(
-    launcher: Launcher,
-    plan: LaunchPlan,
-    heartbeat_dir: Path,
-    heartbeat_timeout_s: float,
-    ledger: Ledger,
-    poll_s: float = 0.5,
-    startup_grace_s: float = STARTUP_GRACE_S,
-    progress: ProgressLog | None = None,
-    keep_alive: Callable[[], None] | None = None,
-) -> AttemptResult:
-    """One attempt, no recovery: launch ``plan`` and block until it succeeds; ``AttemptFailed`` when it does not,
-    ``LineageBusy`` when ``keep_alive`` says the run lost its lineage. Every process ends either way."""
-    started = time.time()
-    handle = start_attempt(launcher, plan, ledger)
-    try:
-        seen = watch_attempt(
-            launcher,
-            handle,
-            plan,
-            started,
-            heartbeat_dir,
-            heartbeat_timeout_s,
-            poll_s,
-            startup_grace_s,
-            progress,
-            keep_alive,
-        )
-    finally:
-        launcher.cancel(handle)  # a no-op after success; ends every survivor after a failure
-    if isinstance(seen, LeaseLost):
-        raise LineageBusy(seen.message)
-    if isinstance(seen, Failed):
-        record = ended(seen)
-        _append(ledger, record)
-        raise AttemptFailed(record.log, seen.failure, seen.at)
-    assert isinstance(seen, AttemptSucceeded)  # no ``ready_spares``: no spares to report
-    result, record = succeeded(plan.attempt, started, seen)
-    _append(ledger, record)
-    return result
-
-
-def _append(ledger: Ledger, record: Record) -> None:
-    ledger.append(STAGE, record.event, **record.fields)
-    if record.log:
-        log.warning("%s", record.log)
-
-
-def _crash_reason(status: AttemptStatus) -> str:
-    return "; ".join(
-        f"{n.where} exited {n.exit_code}" + (f" ({n.reason})" if n.reason else "") for n in status.failed()
-    )
-
-
-# ---------------------------------------------------------------- drivers
 
 
 @dataclass(frozen=True)
@@ -420,7 +119,7 @@ class Driver:
     def execute(self, command: Command) -> None:
         match command:
             case Record():
-                _append(self.ledger, command)
+                append_record(self.ledger, command)
             case Cancel(attempt=attempt, course=course):
                 if attempt in self.ended:
                     self.handles.pop(attempt, None)
@@ -474,7 +173,7 @@ class Driver:
 
 
 def failure_error(fail: Fail) -> Exception:
-    """The error a ``Fail`` ends the train task with: named by what to do about it (DESIGN rule 9)."""
+    """The error a ``Fail`` ends the train task with: named by what to do about it (docs/architecture.md, errors)."""
     if fail.kind == "lease_lost":
         return LineageBusy(fail.reason)
     if fail.kind == "lost_sight":
@@ -587,7 +286,7 @@ class Supervisor(Driver):
     def wait(self, at: float, slice_s: float = 5.0) -> Observation:
         """Sleep until ``at`` (a retry's backoff, up to an hour), renewing the lease every ``slice_s``."""
         while (left := at - time.time()) > 0:
-            if (lost := _kept(self.keep_alive)) is not None:
+            if (lost := kept(self.keep_alive)) is not None:
                 return lost
             time.sleep(min(left, slice_s))
         return BackoffOver(time.time())

@@ -1,0 +1,172 @@
+"""One attempt, blocking: record and launch it, then poll it until it succeeds, fails or loses its lineage.
+
+``watch_attempt`` is the blocking driver's watch (``recovery.supervisor``):
+it polls the launcher and the heartbeats through ``recovery.watch`` and
+returns what it saw as the controller's observation. ``run_attempt`` is one
+attempt without recovery (the launchers' integration tests), ending every
+node of the attempt either way. ``start_attempt`` and ``append_record`` are
+the ledger writes both drivers make.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from trainyard.backends.base import AttemptStatus, Launcher, LaunchPlan
+from trainyard.errors import LineageBusy, TrainingFailed
+from trainyard.events.ledger import Ledger
+from trainyard.recovery.classify import Failure
+from trainyard.recovery.controller import (
+    STAGE,
+    AttemptResult,
+    AttemptSucceeded,
+    Checkpoints,
+    LeaseLost,
+    Record,
+    SparesReady,
+    ended,
+    succeeded,
+)
+from trainyard.recovery.controller import AttemptFailed as Failed
+from trainyard.recovery.progress import ProgressLog
+from trainyard.recovery.watch import STARTUP_GRACE_S, detect, failed, last_step
+
+log = logging.getLogger(__name__)
+
+
+class AttemptFailed(TrainingFailed):
+    """An attempt ended badly (``run_attempt``); what the supervisor saw, for ``classify``."""
+
+    def __init__(self, message: str, failure: Failure, detected_at: float):
+        self.failure, self.detected_at = failure, detected_at
+        super().__init__(message, kind=failure.trigger, evidence="")
+
+
+def start_attempt(launcher: Launcher, plan: LaunchPlan, ledger: Ledger) -> Any:
+    """Record the attempt and launch it; the heartbeat folder exists before any rank (or watcher) looks."""
+    if plan.train_env.heartbeat_dir is not None:
+        plan.train_env.heartbeat_dir.mkdir(parents=True, exist_ok=True)
+    ledger.append(
+        "train",
+        "attempt_start",
+        attempt=plan.attempt,
+        nodes=plan.nodes,
+        world_size=plan.world_size,
+        micro_batch=plan.train_env.micro_batch,
+        resume_from=plan.train_env.resume_from,
+    )
+    return launcher.launch(plan)
+
+
+def watch_attempt(
+    launcher: Launcher,
+    handle: Any,
+    plan: LaunchPlan,
+    started: float,
+    heartbeat_dir: Path,
+    heartbeat_timeout_s: float,
+    poll_s: float = 0.5,
+    startup_grace_s: float = STARTUP_GRACE_S,
+    progress: ProgressLog | None = None,
+    keep_alive: Callable[[], None] | None = None,
+    checkpoints: Callable[[], Checkpoints] | None = None,
+    regrouped: bool = False,
+    ready_spares: Callable[[AttemptStatus], list[str]] | None = None,
+    pause: Callable[[float], None] = time.sleep,
+    each_poll: Callable[[], None] | None = None,
+) -> AttemptSucceeded | Failed | LeaseLost | SparesReady:
+    """Poll the attempt until it succeeds, fails or the run loses its lineage: what was seen.
+
+    ``progress`` paces the progress lines this loop logs (the train task's log is all a person watching sees).
+    ``keep_alive`` is called at every poll (the run's lease on its lineage); ``checkpoints`` describes the
+    hot checkpoints for the policy when a failure is seen. ``regrouped``: the attempt regrouped in place
+    (``started`` is then the regroup's time). ``ready_spares`` (an attempt that groups on the store): the
+    nodes outside the group that wait ready to join it, from the launcher's full status; any ends the
+    watch. Only the plan's nodes, the current group, are watched for success and failure then.
+    ``pause`` waits between polls (at most ``poll_s``; an attempt on the store wakes on a fault report).
+    ``each_poll`` acts before each poll (nodes due to start once their generation formed).
+    """
+    members = list(plan.nodes) if regrouped else None
+    while True:
+        if each_poll is not None:
+            each_poll()
+        status = launcher.poll(handle)
+        if ready_spares is not None and (ready := ready_spares(status)):
+            return SparesReady(plan.attempt, time.time(), ready)
+        if members is not None or ready_spares is not None:  # spares, and nodes left out (killed, or exited)
+            status = AttemptStatus([n for n in status.nodes if n.slot in plan.nodes])
+        if status.state == "succeeded":
+            return AttemptSucceeded(plan.attempt, time.time(), last_step(heartbeat_dir))
+        problem = detect(status, heartbeat_dir, plan.world_size, started, heartbeat_timeout_s, startup_grace_s, members)
+        if problem:
+            at = time.time()
+            return failed(plan, status, heartbeat_dir, *problem, checkpoints() if checkpoints else None, at=at)
+        if progress is not None and (line := progress.poll(time.time())):
+            log.info("%s", line)
+        if (lost := kept(keep_alive)) is not None:
+            return lost
+        pause(poll_s)
+
+
+def kept(keep_alive: Callable[[], None] | None) -> LeaseLost | None:
+    """Renew the run's lease on its lineage: ``LeaseLost`` when another run holds it now, else None."""
+    if keep_alive is None:
+        return None
+    try:
+        keep_alive()
+    except LineageBusy as exc:
+        return LeaseLost(time.time(), str(exc))
+    return None
+
+
+def run_attempt(
+    launcher: Launcher,
+    plan: LaunchPlan,
+    heartbeat_dir: Path,
+    heartbeat_timeout_s: float,
+    ledger: Ledger,
+    poll_s: float = 0.5,
+    startup_grace_s: float = STARTUP_GRACE_S,
+    progress: ProgressLog | None = None,
+    keep_alive: Callable[[], None] | None = None,
+) -> AttemptResult:
+    """One attempt, no recovery: launch ``plan`` and block until it succeeds; ``AttemptFailed`` when it does not,
+    ``LineageBusy`` when ``keep_alive`` says the run lost its lineage. Every process ends either way."""
+    started = time.time()
+    handle = start_attempt(launcher, plan, ledger)
+    try:
+        seen = watch_attempt(
+            launcher,
+            handle,
+            plan,
+            started,
+            heartbeat_dir,
+            heartbeat_timeout_s,
+            poll_s,
+            startup_grace_s,
+            progress,
+            keep_alive,
+        )
+    finally:
+        launcher.cancel(handle)  # a no-op after success; ends every survivor after a failure
+    if isinstance(seen, LeaseLost):
+        raise LineageBusy(seen.message)
+    if isinstance(seen, Failed):
+        record = ended(seen)
+        append_record(ledger, record)
+        raise AttemptFailed(record.log, seen.failure, seen.at)
+    assert isinstance(seen, AttemptSucceeded)  # no ``ready_spares``: no spares to report
+    result, record = succeeded(plan.attempt, started, seen)
+    append_record(ledger, record)
+    return result
+
+
+def append_record(ledger: Ledger, record: Record) -> None:
+    """Write a controller ``Record`` to the ledger; its log line, if any, goes to the task log too."""
+    ledger.append(STAGE, record.event, **record.fields)
+    if record.log:
+        log.warning("%s", record.log)

@@ -1,0 +1,176 @@
+"""Detection: what is wrong with a running attempt, seen from the files its ranks write, and the evidence.
+
+A node whose agent exits non-zero has crashed; a rank whose heartbeat is
+older than the timeout (or that never beat within it) is hung, and of the
+hung ranks those whose liveness pulse stopped are the suspects. ``failed``
+turns what was seen into the controller's observation, with its evidence
+(node statuses, log tails, failure records, the last step). Both drivers
+look through here: the blocking watch (``recovery.attempt``) and the
+deferred one's trigger (``airflow.triggers``, ``recovery.deferred``).
+Everything read here was written by training code: it goes through the
+bounded readers (docs/architecture.md, untrusted input).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from trainyard.atomic import open_regular
+from trainyard.backends.base import AttemptStatus, LaunchPlan
+from trainyard.protocol.heartbeat import read_heartbeats
+from trainyard.protocol.records import FailureRecord, failure_records
+from trainyard.recovery.classify import Failure
+from trainyard.recovery.controller import AttemptFailed, Checkpoints, node_failures
+
+TAIL_LINES = 50
+STARTUP_GRACE_S = 120.0  # interpreter, torch import, rendezvous and data before a rank's first step
+
+
+def group_beats(beats: dict[str, dict[str, Any]], members: list[str]) -> dict[str, dict[str, Any]]:
+    """The beats of a regrouped attempt's current group: rank ``k`` is ``members[k]``'s, or not yet there.
+
+    A regroup renumbers the ranks: a file left by the node that held a rank before (a dead node's last
+    beat, a survivor's beat under its old number) says nothing about the group that runs now."""
+    return {
+        rank: beat
+        for rank, beat in beats.items()
+        if (k := _rank_number(rank)) is not None and k < len(members) and beat.get("node") == members[k]
+    }
+
+
+def _rank_number(name: str) -> int | None:
+    number = name.removeprefix("rank-")
+    return int(number) if number.isdigit() else None
+
+
+def stale_ranks(
+    beats: dict[str, dict[str, Any]],
+    expected: int,
+    started: float,
+    now: float,
+    timeout_s: float,
+    grace_s: float = STARTUP_GRACE_S,
+) -> list[str]:
+    """Ranks without progress for longer than ``timeout_s``; a rank that never beat gets ``grace_s`` to start."""
+    stale = [rank for rank, b in beats.items() if b.get("status") != "finished" and now - b["time"] > timeout_s]
+    if len(beats) < expected and now - started > first_beat_s(timeout_s, grace_s):
+        stale += [f"rank-{r}" for r in range(expected) if f"rank-{r}" not in beats]
+    return stale
+
+
+def first_beat_s(timeout_s: float, grace_s: float) -> float:
+    """How long after the start a rank may be without its first heartbeat: the start-up grace, or the
+    timeout where that is longer (a rank that started is never held to less than one that beat)."""
+    return max(timeout_s, grace_s)
+
+
+def silent_ranks(directory: Path, ranks: list[str], now: float, after_s: float = 3.0) -> list[str]:
+    """Of ``ranks``, those whose liveness pulse (``rank-N.alive``, touched every second) stopped."""
+    silent = []
+    for rank in ranks:
+        try:
+            if now - (directory / f"{rank}.alive").stat().st_mtime > after_s:
+                silent.append(rank)
+        except FileNotFoundError:
+            silent.append(rank)
+    return silent
+
+
+def tail(path: str, lines: int = TAIL_LINES) -> str:
+    try:  # a node log training code replaced with a link to a secret is not quoted into the ledger
+        with open_regular(Path(path)) as fh:
+            return "\n".join(fh.read().decode(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def detect(
+    status: AttemptStatus,
+    heartbeat_dir: Path,
+    world_size: int,
+    started: float,
+    timeout_s: float,
+    grace_s: float = STARTUP_GRACE_S,
+    members: list[str] | None = None,
+) -> tuple[str, list[str], str] | None:
+    """What is wrong with a running attempt, if anything: ``(trigger, suspect nodes, reason)``.
+
+    A failed node is a crash. A rank without progress past the timeout is a
+    hang; of those, ranks whose liveness pulse stopped are the suspects --
+    ranks stuck behind a hung peer still pulse.
+    """
+    if status.state == "failed":
+        return "crash", [], _crash_reason(status)
+    beats = read_heartbeats(heartbeat_dir)
+    if members is not None:  # regrouped at ``started``: every rank of the group has a full timeout from then
+        beats = {r: {**b, "time": max(b["time"], started)} for r, b in group_beats(beats, members).items()}
+    now = time.time()
+    stale = stale_ranks(beats, world_size, started, now, timeout_s, grace_s)
+    if not stale:
+        return None
+    # Every rank still at work is a suspect, not only those past the timeout: the ranks waiting on a hung
+    # peer went quiet at the same step, and the first poll past the timeout may see only one of them stale.
+    # The pulse tells them apart (waiting ranks pulse; a stopped or frozen one does not).
+    working = sorted({*stale, *(r for r, b in beats.items() if b.get("status") != "finished")})
+    silent = silent_ranks(heartbeat_dir, working, now)
+    # Hosts, as everywhere recovery names nodes (a beat without one: a runtime older than the host field).
+    nodes = sorted(
+        {str(beats[r].get("host") or beats[r]["node"]) for r in silent if r in beats and beats[r].get("node")}
+    )
+    # A rank that never beat is not one that stopped: say which it is (pods that never started look so).
+    stopped, never = [r for r in stale if r in beats], [r for r in stale if r not in beats]
+    said = [f"no progress for {timeout_s:.0f} s from {', '.join(stopped)}"] if stopped else []
+    if never:
+        said.append(
+            f"no first heartbeat {first_beat_s(timeout_s, grace_s):.0f} s after the start from {', '.join(never)}"
+        )
+    return "hang", nodes, f"{'; '.join(said)}; no pulse from {', '.join(silent) or 'none'}"
+
+
+def host_records(heartbeat_dir: Path, status: AttemptStatus) -> list[FailureRecord]:
+    """The ranks' failure records, each renamed to the host its slot ran on (what recovery blames).
+
+    A record names its node as the process saw it (``TRAINYARD_NODE``: the slot of a local node, the host
+    of a pod); where a slot really ran is the launcher's word, not the record's (training code is untrusted)."""
+    hosts = {n.slot: n.where for n in status.nodes} | {n.where: n.where for n in status.nodes}
+    return [replace(r, node=hosts[r.node]) for r in failure_records(heartbeat_dir, list(hosts))]
+
+
+def last_step(heartbeat_dir: Path) -> int | None:
+    """The heartbeats' newest step (the rate-bounded step events may not have reached it)."""
+    return max((b.get("step", 0) for b in read_heartbeats(heartbeat_dir).values()), default=None)
+
+
+def failed(
+    plan: LaunchPlan,
+    status: AttemptStatus,
+    heartbeat_dir: Path,
+    trigger: str,
+    suspects: list[str],
+    reason: str,
+    checkpoints: Checkpoints | None = None,
+    *,
+    at: float,
+) -> AttemptFailed:
+    """The observation of a failed attempt, with its evidence: node statuses, their log tails, the last step.
+
+    ``at``: when the failure was seen, before any evidence was gathered."""
+    tails = {n.where: tail(n.log) for n in status.nodes}
+    failure = Failure(
+        attempt=plan.attempt,
+        trigger=trigger,
+        stale_nodes=list(suspects),
+        last_step=last_step(heartbeat_dir),
+        nodes=node_failures(status.nodes, tails),
+        records=host_records(heartbeat_dir, status),
+    )
+    return AttemptFailed(plan.attempt, at, failure, reason, checkpoints or Checkpoints())
+
+
+def _crash_reason(status: AttemptStatus) -> str:
+    return "; ".join(
+        f"{n.where} exited {n.exit_code}" + (f" ({n.reason})" if n.reason else "") for n in status.failed()
+    )
