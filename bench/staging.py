@@ -51,7 +51,8 @@ from pathlib import Path
 from typing import Any
 
 from trainyard.storage import LocalTier, S3Settings, S3Tier
-from trainyard.storage.staging import read_staged, stage
+from trainyard.storage.staged import read_staged
+from trainyard.storage.staging import stage
 
 KEY, SECRET, REGION = "bench", "bench-secret", "us-east-1"
 RCLONE_LOCAL = ["--transfers", "4", "--checkers", "8"]

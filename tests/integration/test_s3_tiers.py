@@ -16,8 +16,9 @@ from dcp_helpers import save_as_ranks
 
 from trainyard.errors import DataError, TransientError
 from trainyard.storage import LocalTier, S3Tier
+from trainyard.storage.hot import JOURNAL, STAGED_MANIFEST
 from trainyard.storage.s3 import Retry
-from trainyard.storage.staging import JOURNAL, STAGED_MANIFEST, stage, upload_tree
+from trainyard.storage.staging import stage
 
 pytestmark = pytest.mark.integration
 FAST = Retry(attempts=3, backoff_s=0.05)
@@ -123,20 +124,6 @@ def test_escaping_keys_are_refused_and_nothing_lands_outside(s3_server, bucket: 
 def test_missing_bucket_is_a_clear_error(s3_server, tmp_path: Path) -> None:
     with pytest.raises(DataError, match="bucket 'no-such-bucket' does not exist"):
         stage(S3Tier("s3://no-such-bucket/x", s3_server.settings, retry=FAST), tmp_path / "hot")
-
-
-def test_upload_tree_puts_the_manifest_last_with_sha256_metadata(s3_server, bucket: str, tmp_path: Path) -> None:
-    src = tmp_path / "step_000010"
-    (src / "sub").mkdir(parents=True)
-    (src / "a.bin").write_bytes(b"a" * 100)
-    (src / "sub" / "b.bin").write_bytes(b"b" * 50)
-    (src / "manifest.json").write_text("{}")
-    cold = tier(s3_server, bucket, prefix="ckpt")
-    assert upload_tree(src, cold, "step_000010", last="manifest.json") == 152
-    stored = {o.key: o for o in cold.list()}
-    assert set(stored) == {"step_000010/a.bin", "step_000010/sub/b.bin", "step_000010/manifest.json"}
-    assert cold.stat("step_000010/sub/b.bin").sha256 == hashlib.sha256(b"b" * 50).hexdigest()
-    assert stored["step_000010/manifest.json"].size == 2
 
 
 def test_lifecycle_rule_on_the_prefix_keeps_other_rules(s3_server, bucket: str) -> None:

@@ -23,7 +23,8 @@ from trainyard.protocol.shards import write_synthetic_corpus
 from trainyard.storage import LocalTier, boot
 from trainyard.storage.checksums import FIRST_FETCH
 from trainyard.storage.hashing import copy_file_verified, write_verified
-from trainyard.storage.staging import JOURNAL, STAGED_MANIFEST, stage
+from trainyard.storage.hot import JOURNAL, STAGED_MANIFEST
+from trainyard.storage.staging import stage
 from trainyard.storage.tier import Landed, ObjectInfo
 
 

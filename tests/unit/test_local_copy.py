@@ -16,10 +16,12 @@ import xxhash
 from trainyard.atomic import is_temp_name
 from trainyard.errors import DataError
 from trainyard.storage import LocalTier, boot, hashing
-from trainyard.storage import staging as staging_mod
+from trainyard.storage import transfer as transfer_mod
 from trainyard.storage.hashing import copy_file_verified
-from trainyard.storage.staging import JOURNAL, STAGED_MANIFEST, concurrency_for, stage
+from trainyard.storage.hot import JOURNAL, STAGED_MANIFEST
+from trainyard.storage.staging import stage
 from trainyard.storage.tier import Landed, ObjectInfo
+from trainyard.storage.transfer import concurrency_for
 
 SIZE = 3 * hashing.COPY_BLOCK + 17  # several blocks and a short last one
 
@@ -187,9 +189,9 @@ def test_every_folder_is_fsynced_before_the_manifest_names_its_files(
     monkeypatch.setattr(boot, "BOOT_ID_FILE", tmp_path / "no-boot-id")  # no boot to record: staging fsyncs
     hot = tmp_path / "hot"
     synced: list[tuple[Path, bool]] = []
-    real = staging_mod.fsync_dir
+    real = transfer_mod.fsync_dir
     monkeypatch.setattr(
-        staging_mod, "fsync_dir", lambda d: (synced.append((d, (hot / STAGED_MANIFEST).exists())), real(d))[1]
+        transfer_mod, "fsync_dir", lambda d: (synced.append((d, (hot / STAGED_MANIFEST).exists())), real(d))[1]
     )
     stage(make_source(tmp_path / "cold", {"a.tok": b"a", "s/b.tok": b"b", "s/t/c.tok": b"c"}), hot)
     assert {d for d, _ in synced} == {hot, hot / "s", hot / "s" / "t"}

@@ -11,8 +11,10 @@ import pytest
 from trainyard.errors import DataError
 from trainyard.events.ledger import Ledger
 from trainyard.storage import LocalTier
+from trainyard.storage.hot import STAGED_MANIFEST
 from trainyard.storage.keys import check_key, key_path
-from trainyard.storage.staging import STAGED_MANIFEST, read_staged, recorded_digest, stage
+from trainyard.storage.staged import read_staged, recorded_digest
+from trainyard.storage.staging import stage
 from trainyard.storage.tier import ObjectInfo
 
 

@@ -24,8 +24,9 @@ from trainyard.errors import DataError
 from trainyard.protocol.shards import SHARD_SUFFIX, read_header
 from trainyard.quality.gx import Check, Suite, could_not_run, import_gx
 from trainyard.spec import DataExpectations
+from trainyard.storage.hot import STAGED_MANIFEST
 from trainyard.storage.keys import key_path
-from trainyard.storage.staging import STAGED_MANIFEST, read_staged
+from trainyard.storage.staged import read_staged
 
 if TYPE_CHECKING:
     import pandas as pd
