@@ -20,7 +20,7 @@ from trainyard.errors import DataError
 from trainyard.events.ledger import Ledger
 from trainyard.storage import S3Tier
 from trainyard.storage.hot import JOURNAL, STAGED_MANIFEST
-from trainyard.storage.s3 import Retry
+from trainyard.storage.s3retry import Retry
 from trainyard.storage.staging import stage
 
 pytestmark = pytest.mark.integration

@@ -17,7 +17,7 @@ from dcp_helpers import save_as_ranks
 from trainyard.errors import DataError, TransientError
 from trainyard.storage import LocalTier, S3Tier
 from trainyard.storage.hot import JOURNAL, STAGED_MANIFEST
-from trainyard.storage.s3 import Retry
+from trainyard.storage.s3retry import Retry
 from trainyard.storage.staging import stage
 
 pytestmark = pytest.mark.integration
@@ -165,7 +165,8 @@ def test_a_killed_stage_resumes_without_repeating_finished_shards(s3_server, buc
     script = textwrap.dedent(f"""
         import os, signal
         from pathlib import Path
-        from trainyard.storage.s3 import S3Settings, S3Tier
+        from trainyard.storage.s3 import S3Tier
+        from trainyard.storage.s3auth import S3Settings
         from trainyard.storage.staging import stage
         s = S3Settings.from_endpoint_url("http://127.0.0.1:{s3_server.port}", "k", "s", "us-east-1")
         tier = S3Tier("s3://{bucket}/ds", s)

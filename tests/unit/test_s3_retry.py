@@ -16,8 +16,9 @@ import urllib3
 from minio.error import S3Error, ServerError
 
 from trainyard.errors import DataError, TransientError
-from trainyard.storage.s3 import Retry, S3Tier, retryable
+from trainyard.storage.s3 import S3Tier
 from trainyard.storage.s3auth import S3Settings
+from trainyard.storage.s3retry import Retry, retryable
 
 SECRET = "secret-never-logged"
 FAST = Retry(attempts=4, backoff_s=0.01, max_backoff_s=0.02)
@@ -78,7 +79,7 @@ def s3() -> Iterator[ScriptedS3]:
 )
 def test_transient_errors_are_retried_until_the_answer_comes(s3: ScriptedS3, script, caplog) -> None:
     s3.script = list(script)
-    with caplog.at_level(logging.WARNING, logger="trainyard.storage.s3"):
+    with caplog.at_level(logging.WARNING, logger="trainyard.storage.s3retry"):
         assert s3.tier().read_bytes("a.bin") == b"hello"
     assert s3.requests == len(script) + 1
     assert "read data/a.bin: try 1 of 4 failed" in caplog.text

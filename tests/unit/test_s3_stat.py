@@ -7,7 +7,9 @@ from types import SimpleNamespace
 import pytest
 
 from trainyard.errors import DataError
-from trainyard.storage.s3 import Retry, S3Settings, S3Tier
+from trainyard.storage.s3 import S3Tier
+from trainyard.storage.s3auth import S3Settings
+from trainyard.storage.s3retry import Retry
 from trainyard.storage.tier import ObjectInfo
 
 
