@@ -185,20 +185,3 @@ def _copy_hashing(fd_in: int, fd_out: int, hasher: Hasher) -> int:
             block = block[os.write(fd_out, block) :]
         size += n
     return size
-
-
-def commit_verified(tmp: Path, final: Path, size: int, sha256: str, actual_sha256: str | None = None) -> None:
-    """Rename ``tmp`` to ``final`` only if the file on disk has ``size`` and ``sha256``.
-
-    ``actual_sha256`` spares a second hash pass when the caller hashed ``tmp``
-    already. Raises ``OSError`` naming every mismatch; the caller removes ``tmp``.
-    """
-    problems = []
-    actual = tmp.stat().st_size
-    if actual != size:
-        problems.append(f"size {actual} != expected {size}")
-    elif (actual_sha256 or sha256_file(tmp)) != sha256:
-        problems.append(f"sha256 of the written file != expected {sha256[:12]}...")
-    if problems:
-        raise OSError(f"copy to {final} failed verification: {'; '.join(problems)}")
-    os.replace(tmp, final)
