@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from trainyard.burnin.protocol import Schedule, drills_from
-from trainyard.burnin.verdict import Rule, decide, format_table
+from trainyard.burnin.table import format_table
+from trainyard.burnin.verdict import Rule, decide
 from trainyard.spec import PressureTestSpec
 
 RULES = [Rule("compute", 0.0, 0.9), Rule("disk", 0.0, 0.5)]

@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
+from trainyard.burnin.figures import LINK, combine, flatten
 from trainyard.burnin.protocol import pair_rounds
-from trainyard.burnin.verdict import LINK, Recheck, combine, decide, flatten, rules_of, suspect
+from trainyard.burnin.verdict import Recheck, decide, rules_of, suspect
 from trainyard.spec import PressureTestSpec
 
 RULES = rules_of(PressureTestSpec())

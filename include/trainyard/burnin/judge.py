@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from trainyard.burnin.figures import Figures, flatten, round_figures
 from trainyard.burnin.protocol import BurnInRun
-from trainyard.burnin.verdict import Figures, Recheck, Rule, Suspicion, Verdict, decide, flatten, round_figures, suspect
+from trainyard.burnin.verdict import Recheck, Rule, Suspicion, Verdict, decide, suspect
 
 
 @dataclass(frozen=True)

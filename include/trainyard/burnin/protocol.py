@@ -26,8 +26,9 @@ from typing import Any, Protocol, get_args
 
 import torch.distributed as dist
 
+from trainyard.burnin.figures import combine
 from trainyard.burnin.sealing import StoreTampered, seal, unseal
-from trainyard.burnin.verdict import Recheck, combine
+from trainyard.burnin.verdict import Recheck
 from trainyard.spec import DrillFault, PressureTestSpec
 
 FAULTS = get_args(DrillFault)

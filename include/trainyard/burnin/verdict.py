@@ -27,40 +27,25 @@ below its history is a busy machine, not bad nodes: there the history is not
 a reference at all.
 
 The best passing nodes (by the geometric mean of their relative figures)
-train; the rest are spares.
+train; the rest are spares. The figures judged come from the nodes' reports
+through ``burnin.figures``; ``burnin.table`` shows the verdict.
 """
 
 from __future__ import annotations
 
-import math
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from trainyard.burnin.figures import LINK, Figures
 
 if TYPE_CHECKING:
     from trainyard.spec import PressureTestSpec
 
-Figures = Mapping[str, float]
 
 UNSURE = 0.05
 """A confirmation whose turn-by-turn ratio lies within this of the rule's ratio is measured once more."""
-
-LINK = "link_gbps"
-"""The per-node figure of the pairwise link test: the best bandwidth the node reached with any partner.
-
-A node with a slow link is slow with every partner; a healthy node is fast
-with at least one, so the best pair localizes a slow link where one
-all-reduce only says the ring is slow.
-"""
-
-GPU_FIGURES = {  # node report's "gpu" key -> flat figure
-    "bf16_tflops": "bf16_tflops",
-    "bf16_fraction_of_peak": "bf16_fraction_of_peak",
-    "temperature_c": "gpu_temp_c",
-    "ecc_uncorrected": "gpu_ecc_uncorrected",
-    "throttle_mask": "gpu_throttle_mask",
-}
 
 
 @dataclass(frozen=True)
@@ -129,58 +114,6 @@ def rules_of(cfg: PressureTestSpec) -> list[Rule]:
         Rule("gpu_temp_c", limit=cfg.max_gpu_temp_c),
         Rule("gpu_throttle_mask", limit=0),
     ]
-
-
-def flatten(local: Mapping[str, Any] | None, links: Mapping[str, float] | None = None) -> dict[str, float]:
-    """A node's report as flat figures: the host probes, the GPU's where it has one, and its best link."""
-    local = local or {}
-    flat = {k: float(v) for k, v in local.items() if k != "gpu" and _number(v)}
-    gpu = local.get("gpu") or {}
-    flat.update({name: float(gpu[key]) for key, name in GPU_FIGURES.items() if _number(gpu.get(key))})
-    if links and len(links) >= 2:  # with one partner, a slow pair cannot say whose link it is
-        flat[LINK] = max(links.values())
-    return flat
-
-
-def combine(reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """One report from a node's turns: the median of each rate; for the GPU's counters the worst turn."""
-    out: dict[str, Any] = dict(reports[-1])
-    for key, value in reports[-1].items():
-        if _number(value):
-            out[key] = statistics.median(r[key] for r in reports if _number(r.get(key)))
-    gpus = [r["gpu"] for r in reports if isinstance(r.get("gpu"), Mapping)]
-    if gpus:
-        gpu = dict(gpus[-1])
-        for key, worst in GPU_WORST.items():
-            values = [g[key] for g in gpus if _number(g.get(key))]
-            if values:
-                gpu[key] = worst(values)
-        for key in ("bf16_tflops", "bf16_fraction_of_peak"):
-            if values := [g[key] for g in gpus if _number(g.get(key))]:
-                gpu[key] = statistics.median(values)
-        out["gpu"] = gpu
-    return out
-
-
-def _or(values: list[Any]) -> int:
-    mask = 0
-    for v in values:
-        mask |= int(v)
-    return mask
-
-
-GPU_WORST: dict[str, Callable[[list[Any]], Any]] = {"temperature_c": max, "ecc_uncorrected": max, "throttle_mask": _or}
-
-
-def round_figures(
-    local: Mapping[str, Mapping[str, Any]], links: Mapping[str, Mapping[str, float]]
-) -> dict[str, dict[str, float]]:
-    """Every node's flat figures of one round, from its local report and its link test."""
-    return {n: flatten(local.get(n), links.get(n)) for n in sorted({*local, *links})}
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def references(
@@ -423,32 +356,3 @@ def _remeasured(ref: Reference, probe: str, ref_node: str | None, again: Mapping
     if after is None or after >= ref.value:
         return ref
     return Reference(after, f"{ref_node}, measured again in the same turns")
-
-
-def format_table(verdict: Verdict, rules: list[Rule]) -> str:
-    """The per-node table for the task log and the NodeUnhealthy message: both rounds, and the references."""
-    probes = [r.probe for r in rules if any(f and r.probe in f for f in verdict.figures.values())]
-    width = max([10, *(len(n) + 2 for n in verdict.figures)])
-    rows = [f"{'node':<{width}} " + " ".join(f"{p:>16}" for p in probes) + "  verdict"]
-    for node, f in verdict.figures.items():
-        rows.append(f"{node:<{width}} {_cells(f, probes)}  {_state(verdict, node)}")
-        if node in verdict.again:
-            rows.append(f"{'  again':<{width}} {_cells(verdict.again[node], probes)}")
-    for kind, refs in verdict.references.items():
-        label = "reference" + (f" ({kind})" if kind else "")
-        rows.append(
-            f"{label:<{width}} "
-            + " ".join(f"{refs[p].value if p in refs else '-':>16.2f}" if p in refs else f"{'-':>16}" for p in probes)
-        )
-    return "\n".join(rows)
-
-
-def _cells(f: Mapping[str, float] | None, probes: list[str]) -> str:
-    return " ".join(f"{'-' if f is None or p not in f else f'{f[p]:.2f}':>16}" for p in probes)
-
-
-def _state(verdict: Verdict, node: str) -> str:
-    if node in verdict.evicted:
-        return "evicted: " + verdict.evicted[node]
-    state = verdict.state(node)
-    return f"{state} (cleared: {verdict.suspects[node]})" if node in verdict.suspects else state

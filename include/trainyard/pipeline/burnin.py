@@ -12,7 +12,8 @@ from trainyard.burnin.fleet import FLEET_DIR, Fleet, iso, record_verdict
 from trainyard.burnin.judge import Judge
 from trainyard.burnin.local import run_burn_in
 from trainyard.burnin.protocol import BurnInRun, drills_from
-from trainyard.burnin.verdict import Verdict, format_table, rules_of
+from trainyard.burnin.table import format_table
+from trainyard.burnin.verdict import Verdict, rules_of
 from trainyard.errors import NodeUnhealthy, SpecError
 from trainyard.pipeline.recorder import recorded
 from trainyard.pipeline.run import Run
