@@ -19,7 +19,7 @@ from trainyard.atomic import write_json_atomic
 from trainyard.errors import SpecError
 from trainyard.events.ledger import Ledger, run_dir, safe_name
 from trainyard.spec import PARAM_FIELDS, PipelineSpec, load_spec, spec_from_data, with_params
-from trainyard.spec.checks import resume_problems, resume_root_fields
+from trainyard.spec.resume import resume_problems, resume_root_fields
 from trainyard.spec.templating import render
 from trainyard.storage import S3Settings, Tier, local_path, open_tier
 
@@ -178,7 +178,7 @@ def _field(spec: PipelineSpec, path: tuple[str, ...]) -> Any:
 
 # Where a run may resume from: its pipeline's own checkpoint roots, and those the spec allows.
 # ``training.resume_from`` is also a Param, so whoever may trigger a DAG may set it: an unconfined path
-# would read another pipeline's checkpoints. The rule is ``spec.checks.resume_problems``; these find the
+# would read another pipeline's checkpoints. The rule is ``spec.resume.resume_problems``; these find the
 # run's rendered roots. ``open_run`` checks it when the run starts, the train stage again when it decides.
 
 

@@ -2,23 +2,14 @@
 
 ``models`` holds the pydantic tree and its vocabularies; ``load`` reads YAML
 into it (``load_spec``, ``check_files``, ``with_params``); ``messages`` words
-validation errors; ``checks`` relates fields, files and rendered values. The
+validation errors; ``checks`` relates fields, files and rendered values,
+``folders`` the dataset folders of a spec and of a folder of specs, ``resume``
+where a run may resume from. The
 Airflow trigger form built from a spec lives in ``trainyard.airflow.params``.
 """
 
-from trainyard.spec.checks import (
-    CRON_PRESETS,
-    URI_SCHEMES,
-    cross_field_problems,
-    dataset_name_problems,
-    nested_roots,
-    nested_specs,
-    positive_number,
-    resume_problems,
-    resume_root_fields,
-    uri_problems,
-    valid_resume,
-)
+from trainyard.spec.checks import CRON_PRESETS, URI_SCHEMES, cross_field_problems, positive_number, uri_problems
+from trainyard.spec.folders import dataset_name_problems, nested_roots, nested_specs
 from trainyard.spec.load import (
     PARAM_FIELDS,
     check_files,
@@ -55,6 +46,7 @@ from trainyard.spec.models import (
     RecoverySpec,
     TrainingSpec,
 )
+from trainyard.spec.resume import resume_problems, resume_root_fields, valid_resume
 
 __all__ = [
     "CRON_PRESETS",

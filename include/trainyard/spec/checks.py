@@ -2,24 +2,25 @@
 
 ``cross_field_problems(spec)`` runs the table ``CHECKS``; each row names the
 fields it reads, so a file whose structure is partly wrong still gets every
-check that does not read a broken field. ``nested_roots`` relates the specs
-of one folder; ``dataset_name_problems`` and ``resume_problems`` are called
-again at run time on rendered values (a template can render to what the
-spec check could not see). Every line starts with the field it is about.
+check that does not read a broken field. ``uri_problems`` checks a tier
+URI. Every line starts with the field it is about. Dataset folders
+(``spec.folders``) and resuming (``spec.resume``) have modules of their
+own: both are checked again at run time on rendered values.
 """
 
 from __future__ import annotations
 
-import os
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from pathlib import Path, PurePosixPath
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import PurePosixPath
 from typing import TypeGuard
 
 from croniter import croniter
 
+from trainyard.spec.folders import dataset_name_problems
 from trainyard.spec.models import Lifecycle, PipelineSpec
-from trainyard.spec.templating import ENV_REF, TEMPLATE, placeholder_problems, render
+from trainyard.spec.resume import resume_root_fields, resume_shape
+from trainyard.spec.templating import placeholder_problems
 
 CRON_PRESETS = ("@hourly", "@daily", "@weekly", "@monthly", "@yearly", "@once")
 URI_SCHEMES = ("file", "s3")
@@ -99,13 +100,7 @@ def _entrypoint(spec: PipelineSpec) -> list[str]:
 
 
 def _resume_from(spec: PipelineSpec) -> list[str]:
-    return _resume_shape(spec.training.resume_from)
-
-
-def _resume_shape(value: str) -> list[str]:
-    if not valid_resume(value):
-        return [f"training.resume_from: {value!r} must be 'latest', 'none' or an absolute checkpoint path"]
-    return []
+    return resume_shape(spec.training.resume_from)
 
 
 def _resume_roots(spec: PipelineSpec) -> list[str]:
@@ -268,144 +263,3 @@ def uri_problems(uri: str, schemes: tuple[str, ...]) -> list[str]:
     if ".." in PurePosixPath(rest).parts or "\\" in rest or "\x00" in rest:
         problems.append(f"{uri!r} may not contain '..', backslashes or NUL")
     return problems
-
-
-# ---------------------------------------------------------------- dataset folders
-
-
-def dataset_name_problems(name: str, template: str | None = None) -> list[str]:
-    """What makes ``name`` unfit as a dataset folder under the hot root (empty when fit).
-
-    Called on the spec's text and again at run time on the rendered name (pass the
-    spec's ``template`` then): a folder trainyard stages into, and may evict, must
-    be a plain relative path of its own, never the root itself or outside it.
-    """
-    parts = name.split("/")
-    if not name or name.startswith("/") or "\\" in name or "\x00" in name or ".." in parts:
-        return [f"{name!r} escapes the hot root; use a relative key without '..' (e.g. tokens/{{{{ ds }}}})"]
-    if "." in parts or "" in parts:
-        return [
-            f"{name!r} has an empty or '.' part; name a folder of its own under the hot root (e.g. tokens/{{{{ ds }}}})"
-        ]
-    if template is not None and len(parts) != len(template.split("/")):
-        return [
-            f"{name!r} (from {template!r}) has more parts than its template: a placeholder rendered a '/';"
-            " each placeholder must render within one path part"
-        ]
-    return []
-
-
-def nested_roots(specs: Mapping[Path, PipelineSpec]) -> list[str]:
-    """A line for each spec whose dataset folder may lie inside (or around) another spec's."""
-    return list(nested_specs(specs).values())
-
-
-def nested_specs(specs: Mapping[Path, PipelineSpec]) -> dict[Path, str]:
-    """``{spec path: why}`` for each spec whose dataset folder may lie inside (or around) an earlier spec's.
-
-    Folders are compared as whole paths (hot root, then name), so a hot root inside
-    another's counts too. Templates and ``${VAR}`` match any value within their path
-    part (``tokens`` nests with ``tokens/{{ ds }}``). Two specs naming the same
-    source and folder share one staged copy on purpose, and pass.
-    """
-    folders = [(path, spec, _folder(spec)) for path, spec in specs.items()]
-    problems = {}
-    for i, (path, spec, folder) in enumerate(folders):
-        for other_path, other, other_folder in folders[:i]:
-            same = (spec.dataset.source, spec.dataset.name) == (other.dataset.source, other.dataset.name)
-            if not same and _may_overlap(folder, other_folder):
-                problems[path] = (
-                    f"{path}: dataset.name: {spec.dataset.name!r} may be the folder of, inside or around"
-                    f" {other_path.name}'s dataset {other.dataset.name!r} (dataset.hot and dataset.name together);"
-                    " dataset folders must not nest (staging or evicting one would touch the other's files):"
-                    " rename one"
-                )
-                break
-    return problems
-
-
-def _folder(spec: PipelineSpec) -> list[str]:
-    """The path parts of the dataset's hot folder: the hot root's, then the name's."""
-    try:  # the hot root holds no run templates (its own check); ${VAR} as on this machine
-        hot = render(spec.dataset.hot, {})
-    except KeyError:
-        hot = spec.dataset.hot
-    root = os.path.normpath(hot.removeprefix("file://"))
-    return [p for p in root.split("/") if p] + [p for p in spec.dataset.name.split("/") if p]
-
-
-def _may_overlap(a: list[str], b: list[str]) -> bool:
-    """Whether one folder may be the other or lie inside it: every shared part may be equal."""
-    return all(_may_equal(x, y) for x, y in zip(a, b))
-
-
-def _may_equal(x: str, y: str) -> bool:
-    (x_head, x_tail), (y_head, y_tail) = _ends(x), _ends(y)
-    if x_tail is None:
-        return x == y if y_tail is None else _fits(x, y_head, y_tail)
-    if y_tail is None:
-        return _fits(y, x_head, x_tail)
-    heads_fit = x_head.startswith(y_head) or y_head.startswith(x_head)
-    return heads_fit and (x_tail.endswith(y_tail) or y_tail.endswith(x_tail))
-
-
-def _fits(literal: str, head: str, tail: str) -> bool:
-    """Whether a literal part can be what a part with placeholders (``head``...``tail``) renders to."""
-    return len(literal) >= len(head) + len(tail) and literal.startswith(head) and literal.endswith(tail)
-
-
-def _ends(part: str) -> tuple[str, str | None]:
-    """A part's literal text before its first and after its last placeholder; (part, None) without one."""
-    spans = [m.span() for m in (*TEMPLATE.finditer(part), *ENV_REF.finditer(part))]
-    if not spans:
-        return part, None
-    return part[: min(s for s, _ in spans)], part[max(e for _, e in spans) :]
-
-
-# ---------------------------------------------------------------- resuming
-
-
-def valid_resume(value: str) -> bool:
-    """'latest', 'none' or an absolute path without '..' (the shape; ``resume_problems`` checks the place)."""
-    return value in ("latest", "none") or (value.startswith("/") and ".." not in PurePosixPath(value).parts)
-
-
-def resume_root_fields(spec: PipelineSpec) -> list[tuple[str, str]]:
-    """(field, URI as written) of each ``training.allowed_resume_roots`` entry; a bare path as ``file://``."""
-    return [
-        (f"training.allowed_resume_roots[{i}]", root if "://" in root else "file://" + root)
-        for i, root in enumerate(spec.training.allowed_resume_roots)
-    ]
-
-
-def resume_problems(spec: PipelineSpec, resume_from: str, roots: Sequence[str | Path]) -> list[str]:
-    """Why the run may not resume from ``resume_from`` (empty when it may).
-
-    ``roots`` are rendered: the pipeline's own checkpoint folders (hot, and cold
-    where it is a ``file://`` URI) and its rendered ``allowed_resume_roots``. A
-    path must lie inside one of them both as written and with its links
-    resolved. The message is the same whether or not the path exists, so the
-    check tells a trigger nothing about folders it may not read.
-    """
-    if resume_from in ("latest", "none") or not valid_resume(resume_from):
-        return _resume_shape(resume_from)
-    folders = [str(r).removeprefix("file://") for r in roots if "://" not in str(r) or str(r).startswith("file://")]
-    if any(_inside(resume_from, folder) for folder in folders):
-        return []
-    if spec.training.allowed_resume_roots:
-        fix = "or from inside one of training.allowed_resume_roots, or add the folder that holds it there"
-    else:
-        fix = "or list the folder that holds it in training.allowed_resume_roots"
-    return [
-        f"training.resume_from: {resume_from!r} is outside this pipeline's checkpoint folders and"
-        f" training.allowed_resume_roots; resume from this pipeline's own checkpoints {fix}"
-    ]
-
-
-def _inside(path: str, root: str) -> bool:
-    def within(p: str, r: str) -> bool:  # strictly below: a checkpoint root itself is no checkpoint
-        return p.startswith(r.rstrip("/") + "/")
-
-    return within(os.path.normpath(path), os.path.normpath(root)) and within(
-        os.path.realpath(path), os.path.realpath(root)
-    )

@@ -20,7 +20,8 @@ import yaml
 from pydantic import ValidationError
 
 from trainyard.errors import SpecError
-from trainyard.spec.checks import cross_field_problems, nested_roots
+from trainyard.spec.checks import cross_field_problems
+from trainyard.spec.folders import nested_roots
 from trainyard.spec.messages import describe, type_name
 from trainyard.spec.models import PipelineSpec
 
