@@ -1,43 +1,9 @@
-"""Checkpoints: the on-disk format (manifest + hashes), validation and commit.
+"""Checkpoints: the on-disk format (manifest + hashes), validation, retention, tiering and the lineage lease.
 
 ``format`` owns the directory layout and integrity check; it imports no torch,
 so the CLI, the integrity gate and the Airflow layer can verify checkpoints
-without loading tensors. The training-side save and load live in
-``trainyard.runtime.core``.
+without loading tensors. ``validate``, ``metadata`` and ``tensors`` inspect
+what training code wrote without trusting it; ``registry`` keeps the lineage's
+list, ``cold`` its published copies, ``lease`` which run holds it. The
+training-side save and load live in ``trainyard.runtime.core``.
 """
-
-from trainyard.checkpoint.format import (
-    FORMAT,
-    MANIFEST,
-    SUPERSEDED,
-    VERSION,
-    commit,
-    latest_valid,
-    list_checkpoints,
-    prepare_staging,
-    read_manifest,
-    sha256_file,
-    staging_dir,
-    step_dir,
-    step_of,
-    verify,
-    write_manifest,
-)
-
-__all__ = [
-    "FORMAT",
-    "MANIFEST",
-    "SUPERSEDED",
-    "VERSION",
-    "commit",
-    "latest_valid",
-    "list_checkpoints",
-    "prepare_staging",
-    "read_manifest",
-    "sha256_file",
-    "staging_dir",
-    "step_dir",
-    "step_of",
-    "verify",
-    "write_manifest",
-]
