@@ -10,7 +10,7 @@ This module owns what a checkpoint *is* on disk, independent of torch::
     <root>/superseded/step_000120-1764450000/
                                    an older save of the same step, moved aside
 
-A directory without a manifest is not a checkpoint (DESIGN rule 8): the
+A directory without a manifest is not a checkpoint (docs/architecture.md, nothing is lost): the
 manifest is the commit record, so it is written after every tensor file and
 the staged directory is renamed into place only once it is complete. Saving
 never deletes a committed checkpoint; a re-save of the same step moves the old

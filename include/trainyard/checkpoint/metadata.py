@@ -2,7 +2,7 @@
 
 ``torch.distributed.checkpoint`` writes its metadata with ``pickle.dump`` and
 reads it back with ``pickle.load``, which calls whatever the file names: a
-checkpoint written by training code (untrusted, DESIGN rule 11) could run code
+checkpoint written by training code (untrusted: docs/architecture.md, untrusted input) could run code
 in whoever validates it. Here the unpickler resolves only the names DCP
 metadata really holds (its dataclasses, ``torch.Size``, dtypes, layouts, paths;
 the same idea as ``torch.load(weights_only=True)``, whose own unpickler cannot

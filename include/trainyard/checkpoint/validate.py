@@ -6,7 +6,7 @@ every tensor loads on CPU and is finite, the rank files agree with the
 manifest's world size, the step moves forward, and the metrics meet the
 spec. One reason per problem; an empty list means valid.
 
-Loading interprets bytes that training code wrote (untrusted, DESIGN rule 11),
+Loading interprets bytes that training code wrote (untrusted: docs/architecture.md, untrusted input),
 so it never happens in this process, which may hold the worker's secrets: a
 child (``trainyard.checkpoint.tensors``, a fresh fork of one server per
 process for each checkpoint) does it with an allow-list environment, no file

@@ -1,4 +1,4 @@
-"""Classification: what one failed training attempt was, as a failure kind (DESIGN rule 4).
+"""Classification: what one failed training attempt was, as a failure kind (pure: docs/architecture.md, decisions).
 
 ``classify(failure) -> Classified`` is pure: it reads the node statuses and log
 tails the supervisor collected and returns a kind (``node_lost``, ``hang``,

@@ -1,6 +1,6 @@
 """The pipeline spec's models: one pydantic tree per ``dags/pipelines/*.yaml`` file.
 
-One spec tree, validated once (DESIGN rule 3). This module owns the fields,
+One spec tree, validated once (docs/architecture.md, the spec). This module owns the fields,
 their documentation, their ranges and the per-field rules (a pattern field's
 error names its own rule); the vocabularies (failure kinds, actions, probes,
 Params) are ``Literal`` types defined here once and read elsewhere with
@@ -31,7 +31,7 @@ DEFAULT_RATIOS: dict[str, float] = {"disk_write_mbps": 0.5, "disk_read_mbps": 0.
 """Straggler ratios of the probes noisier than compute (``ratio_overrides`` wins)."""
 """The pressure test's per-node probes, in the order of its verdict table."""
 
-# DESIGN.md's table of failure kinds and their default actions; ``recovery.actions`` overrides.
+# docs/architecture.md's table of failure kinds and their default actions; ``recovery.actions`` overrides.
 DEFAULT_ACTIONS: dict[FailureKind, Action] = {
     "node_lost": "scale_down",
     "hang": "scale_down",
@@ -43,7 +43,7 @@ DEFAULT_ACTIONS: dict[FailureKind, Action] = {
 }
 
 # The trainyard launcher's own service account (docker/k8s/launcher-rbac.yaml): training pods are
-# untrusted (DESIGN rule 11) and must never run with the orchestrator's Kubernetes permissions.
+# untrusted (docs/architecture.md, untrusted input) and must never run with the orchestrator's Kubernetes permissions.
 LAUNCHER_SERVICE_ACCOUNT = "trainyard-launcher"
 
 # ---------------------------------------------------------------- bounds
@@ -503,7 +503,7 @@ class RecoverySpec(_Model):
     backoff_s: float = Field(5.0, ge=0, le=3600)
     """Pause before a retry."""
     actions: dict[FailureKind, Action] = {}
-    """Per-failure-kind action overriding the defaults (see DESIGN.md)."""
+    """Per-failure-kind action overriding the defaults (docs/architecture.md, failure kinds)."""
     in_place: bool = False
     """A lost, hung or flaky node whose action is ``retry`` or ``scale_down`` is healed in place where the
     attempt can regroup (the local backend, trainyard's runtime, one CPU process per node): the survivors

@@ -1,6 +1,6 @@
 """The Tier protocol: a flat namespace of objects under one URI root.
 
-One implementation per scheme (DESIGN rule 5). Staging, publishing and
+One implementation per scheme (docs/architecture.md, storage). Staging, publishing and
 checkpoint tiering only ever talk to this protocol, so adding a scheme never
 touches them.
 """
