@@ -3,14 +3,13 @@
 No GPU is needed: nvidia-smi's output is text, NVML is a fake ``pynvml`` module
 built on the real package's constants and error classes (the test below checks
 that it names only what the real one has), and torch's view of the devices is
-patched. The last tests cover the split of a multi-GPU host between local candidates.
+patched. The split of a multi-GPU host between local candidates: ``test_gpu_shares``.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
@@ -385,52 +384,3 @@ def test_an_unknown_device_has_no_fraction_of_peak(monkeypatch: pytest.MonkeyPat
     figures = gpu.gpu_checks(1.0)
     assert figures["bf16_tflops"] == 160.0 and "bf16_fraction_of_peak" not in figures
     assert figures["health_source"].startswith("skipped: ")
-
-
-# ---- local candidates on a multi-GPU host
-
-
-def test_two_local_candidates_of_two_gpus_each_get_their_own_halves() -> None:
-    from trainyard.burnin.local import candidate_env, candidate_gpus
-
-    parent = {"PATH": "/usr/bin", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
-    gpus = candidate_gpus(["node-0", "node-1"], 2, parent)
-    assert gpus == {"node-0": "0,1", "node-1": "2,3"}
-    assert candidate_env("node-1", "ab" * 32, parent, gpus=gpus["node-1"])["CUDA_VISIBLE_DEVICES"] == "2,3"
-
-
-def test_a_spare_candidate_reuses_a_share_and_too_few_gpus_is_refused() -> None:
-    from trainyard.burnin.local import candidate_gpus
-    from trainyard.errors import SpecError
-
-    parent = {"CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b,GPU-c,GPU-d"}
-    # Local candidates probe one at a time, so a spare measuring node-0's share never overlaps with it.
-    assert candidate_gpus(["node-0", "node-1", "node-2"], 2, parent) == {
-        "node-0": "GPU-a,GPU-b",
-        "node-1": "GPU-c,GPU-d",
-        "node-2": "GPU-a,GPU-b",
-    }
-    with pytest.raises(SpecError, match="nodes.gpus_per_node: 1 node"):
-        candidate_gpus(["node-0"], 8, parent)
-
-
-def test_without_gpus_per_node_a_candidate_sees_what_the_worker_sees() -> None:
-    from trainyard.burnin.local import candidate_env, candidate_gpus
-
-    parent = {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}
-    assert candidate_gpus(["node-0", "node-1"], 0, parent) == {}
-    assert candidate_env("node-0", "ab" * 32, parent)["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
-
-
-def test_a_local_candidates_process_is_started_with_its_gpus(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from trainyard.burnin import local
-
-    started: list[dict[str, str]] = []
-
-    class Popen:
-        def __init__(self, argv: list[str], **kwargs: Any):
-            started.append(kwargs["env"])
-
-    monkeypatch.setattr(local.subprocess, "Popen", Popen)
-    local.LocalCandidate("node-1", [], tmp_path / "node-1.log", "ab" * 32, "2,3")
-    assert started[0]["CUDA_VISIBLE_DEVICES"] == "2,3" and started[0]["TRAINYARD_NODE"] == "node-1"
