@@ -7,8 +7,9 @@ turns what was seen into the controller's observation, with its evidence
 (node statuses, log tails, failure records, the last step). Both drivers
 look through here: the blocking watch (``recovery.attempt``) and the
 deferred one's trigger (``airflow.triggers``, ``recovery.deferred``).
-Everything read here was written by training code: it goes through the
-bounded readers (docs/architecture.md, untrusted input).
+Everything read here was written by training code (docs/architecture.md,
+untrusted input): heartbeats and failure records through the protocol's
+readers, log tails from regular files only.
 """
 
 from __future__ import annotations
