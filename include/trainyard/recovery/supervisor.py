@@ -29,44 +29,41 @@ from trainyard.atomic import open_regular
 from trainyard.backends.base import AttemptStatus, Launcher, LaunchPlan, RegroupingLauncher
 from trainyard.errors import LineageBusy, TrainingFailed, TransientError
 from trainyard.events.ledger import Ledger
+from trainyard.events.schema import AttemptStart
 from trainyard.protocol.coordstore import Coordinator, Generation
 from trainyard.protocol.heartbeat import read_heartbeats
 from trainyard.protocol.records import FailureRecord, failure_records
 from trainyard.recovery.classify import Failure
-from trainyard.recovery.controller import (
-    STAGE,
+from trainyard.recovery.commands import (
     AttemptResult,
-    AttemptSucceeded,
-    BackoffOver,
     Cancel,
-    Checkpoints,
     Command,
-    Context,
-    Course,
     ExcludeNodes,
     Fail,
     Finish,
     KillNodes,
-    LeaseLost,
-    Observation,
     Publish,
     Record,
     RollBack,
-    SparesReady,
     StartNodes,
-    TaskStarted,
-    TrainState,
     WaitUntil,
     Watch,
-    ended,
-    grown_world,
-    node_failures,
-    step,
-    succeeded,
 )
-from trainyard.recovery.controller import AttemptFailed as Failed
-from trainyard.recovery.controller import Launch as LaunchCommand
+from trainyard.recovery.commands import Launch as LaunchCommand
+from trainyard.recovery.controller import ended, grown_world, node_failures, step, succeeded
+from trainyard.recovery.observations import AttemptFailed as Failed
+from trainyard.recovery.observations import (
+    AttemptSucceeded,
+    BackoffOver,
+    Checkpoints,
+    Context,
+    LeaseLost,
+    Observation,
+    SparesReady,
+    TaskStarted,
+)
 from trainyard.recovery.progress import ProgressLog
+from trainyard.recovery.state import STAGE, Course, TrainState
 
 __all__ = ["AttemptResult", "Course", "supervise"]  # AttemptResult and Course moved to the controller
 log = logging.getLogger(__name__)
@@ -147,15 +144,10 @@ def start_attempt(launcher: Launcher, plan: LaunchPlan, ledger: Ledger) -> Any:
     """Record the attempt and launch it; the heartbeat folder exists before any rank (or watcher) looks."""
     if plan.train_env.heartbeat_dir is not None:
         plan.train_env.heartbeat_dir.mkdir(parents=True, exist_ok=True)
-    ledger.append(
-        "train",
-        "attempt_start",
-        attempt=plan.attempt,
-        nodes=plan.nodes,
-        world_size=plan.world_size,
-        micro_batch=plan.train_env.micro_batch,
-        resume_from=plan.train_env.resume_from,
-    )
+    env = plan.train_env
+    start = AttemptStart(attempt=plan.attempt, nodes=plan.nodes, world_size=plan.world_size,
+                         micro_batch=env.micro_batch, resume_from=env.resume_from)  # fmt: skip
+    ledger.append(STAGE, start.event, **start.fields())
     return launcher.launch(plan)
 
 
