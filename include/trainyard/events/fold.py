@@ -101,6 +101,16 @@ class Drill:
 
 
 @dataclass(frozen=True)
+class Formed:
+    """A group formed in place (a training process's ``regrouped``): its generation, world size, first step."""
+
+    at: float
+    generation: int | None
+    world_size: int | None
+    from_step: int | None
+
+
+@dataclass(frozen=True)
 class AttemptRun:
     """One training attempt as the ledger tells it; ``nodes``/``micro_batch`` are its current group's."""
 
@@ -166,6 +176,8 @@ class TrainRun:
     """When the latest train task process began (the last ``stage_start``)."""
     worlds: tuple[tuple[float, int], ...] = ()
     """``(ts, world size)`` of each attempt's start and each group formed in place (``regrouped``)."""
+    formed: tuple[Formed, ...] = ()
+    """Every group formed in place, in order."""
     waiting: tuple[str, ...] = ()
     """Nodes waiting outside the group now (warm spares, nodes started again), in order."""
     joined: tuple[str, ...] = ()
@@ -269,8 +281,9 @@ def _grown(s: TrainRun, e: Event) -> TrainRun:
     last = s.last
     if last is None or last.number != e.get("attempt"):
         return s
-    growth = Growth(last.number, float(e["ts"]), _int(e.get("generation")), _names(e.get("nodes")),
-                    _names(e.get("joiners")), int(e["micro_batch"]), _int(e.get("world_size")))  # fmt: skip
+    growth = Growth(last.number, float(e["ts"]), _int(e.get("generation")), _names(e.get("nodes")) or last.nodes,
+                    _names(e.get("joiners")), _int(e.get("micro_batch")) or last.micro_batch,
+                    _int(e.get("world_size")))  # fmt: skip
     s = replace(s, used=s.used | set(growth.nodes), waiting=tuple(n for n in s.waiting if n not in growth.joiners),
                 joined=(*s.joined, *growth.joiners))  # fmt: skip
     return s._with_last(last.number, nodes=growth.nodes, micro_batch=growth.micro_batch,
@@ -292,9 +305,10 @@ def _waiting(s: TrainRun, e: Event) -> TrainRun:  # spares_warm, rejoining
 
 
 def _regrouped(s: TrainRun, e: Event) -> TrainRun:  # a training process: its group formed in place
-    if "world_size" not in e:
-        return s
-    return replace(s, worlds=(*s.worlds, (float(e["ts"]), int(e["world_size"]))))
+    world = _int(e.get("world_size"))
+    formed = Formed(float(e["ts"]), _int(e.get("generation")), world, _int(e.get("from_step")))
+    worlds = s.worlds if world is None else (*s.worlds, (formed.at, world))
+    return replace(s, formed=(*s.formed, formed), worlds=worlds)
 
 
 def _resumed(s: TrainRun, e: Event) -> TrainRun:

@@ -247,6 +247,7 @@ class Thresholds(Event):
     suspects: dict[str, Any] | None = None
     cleared: Any = None
     seconds: float | None = None
+    medians: dict[str, Any] | None = None  # the references' name before the confirmation round (old ledgers)
 
 
 # ---------------------------------------------------------------- train: the orchestrator
