@@ -21,7 +21,6 @@ A change to a kind's fields that old readers would misread bumps ``VERSION``.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import types
 import typing
@@ -537,9 +536,14 @@ WORKER_EVENTS = frozenset(name for name, kind in KINDS.items() if kind.worker)
 # ---------------------------------------------------------------- checking
 
 
-@functools.cache
+_HINTS: dict[str, dict[str, Any]] = {}
+
+
 def _hints(kind: type[Event]) -> dict[str, Any]:
-    return {f.name: typing.get_type_hints(kind)[f.name] for f in dataclasses.fields(kind)}
+    """The declared fields of ``kind`` and their types (resolved once per kind)."""
+    if kind.event not in _HINTS:
+        _HINTS[kind.event] = {f.name: typing.get_type_hints(kind)[f.name] for f in dataclasses.fields(kind)}
+    return _HINTS[kind.event]
 
 
 def problems(stage: str, event: str, fields: Mapping[str, Any]) -> list[str]:

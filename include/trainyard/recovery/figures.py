@@ -52,7 +52,7 @@ def _train_seconds(events: list[dict[str, Any]]) -> float | None:
 def figures_of(train: TrainRun, steps: list[dict[str, Any]], wall: float | None) -> dict[str, Any]:
     """The figures of the fold's ``train``, with the run's ``step`` events (times and step numbers) and the
     stage's wall time."""
-    failures = []
+    failures: list[dict[str, Any]] = []
     seen_before = 0.0  # the previous classification: an attempt healed in place can fail again
     unhealed: float | None = None  # the fault of a regroup that never formed: the next failure carries it on
     drills = [d for a in train.attempts for d in a.drills]
