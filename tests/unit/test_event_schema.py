@@ -11,24 +11,28 @@ from trainyard.events import schema
 from trainyard.events.ledger import EventWriter, Ledger
 
 ROOT = Path(__file__).resolve().parents[2]
-WRITERS = ("append", "Record", "_ledger_event")  # Ledger/EventWriter.append, the controller's Record, the runtime's
+CONSTRUCTORS = {kind.__name__: name for name, kind in schema.KINDS.items()}  # AttemptStart(...) -> attempt_start
 
 
 def written() -> dict[str, set[str]]:
-    """Every event kind a literal in the source writes, with the field names its call spells out."""
+    """Every event kind the source writes (a literal kind given to ``append``, ``Record`` or the runtime's
+    ``_ledger_event``, or a typed constructor of the schema), with the field names its call spells out."""
     found: dict[str, set[str]] = {}
     for path in [*(ROOT / "include" / "trainyard").rglob("*.py"), *(ROOT / "bench").rglob("*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
             if not isinstance(node, ast.Call):
                 continue
             name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
-            at = {"append": 1, "Record": 0, "_ledger_event": 1}.get(str(name))
+            if name in CONSTRUCTORS:  # a typed constructor: its keywords are the fields
+                found.setdefault(CONSTRUCTORS[name], set()).update(k.arg for k in node.keywords if k.arg)
+                continue
+            at = {"append": 1, "Record": 0, "_ledger_event": 1, "event": 0}.get(str(name))  # event: bench/peers
             if at is None or len(node.args) <= at:
                 continue
             kind = node.args[at]
             if not (isinstance(kind, ast.Constant) and isinstance(kind.value, str)):
                 continue
-            if name == "append" and len(node.args) != 2:
+            if (name == "append" and len(node.args) != 2) or (name == "event" and kind.value not in schema.KINDS):
                 continue  # list.append takes one argument; the ledger's takes stage and kind
             fields = {k.arg for k in node.keywords if k.arg}
             if name == "Record" and len(node.args) > 1 and isinstance(node.args[1], ast.Dict):

@@ -276,6 +276,7 @@ class RecoveryFigures(Event):
 class AttemptStart(Event):
     event = "attempt_start"
     attempt: int | None = None
+    node: str | None = None  # bench/peers: a peer system is its own orchestrator; its node-0 writes this
     nodes: list[str] | None = None
     world_size: int | None = None
     micro_batch: int | None = None
@@ -307,6 +308,7 @@ class AttemptEvent(Event):
 class FailureClassified(Event):
     event = "failure_classified"
     attempt: int | None = None
+    node: str | None = None  # bench/peers, as in attempt_start
     kind: str | None = None
     evidence: str | None = None
     culprits: list[str] | None = None
@@ -498,6 +500,8 @@ class Resumed(WorkerEvent):
     from_world_size: int | None = None
     from_global_batch: int | None = None
     seconds: float | None = None
+    iteration: int | None = None  # bench/peers: the peer's own restart count (NVRx) or quorum (torchft)
+    quorum_id: Any = None
 
 
 @dataclass(frozen=True)
