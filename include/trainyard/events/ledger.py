@@ -16,11 +16,11 @@ only regular files are read there (a link, FIFO or folder dropped into
 the ``train`` events a training process writes (``schema.WORKER_EVENTS``, their
 fields as declared) are taken from them, so a pod cannot forge the orchestrator's decisions.
 
-Readers keep what they parsed: a ledger is read once, then only the bytes
-appended since (the view and the checkpoint validator read the same ledger
-again and again while a run grows). A malformed line is skipped with one
-warning naming the file and the line. A line without its newline at the end
-of the file is not read (its writer may be mid-write) and is warned about once.
+Every append is checked against the event schema (``trainyard.events.schema``):
+an undeclared kind or a wrongly typed field raises ``EventSchemaError`` where
+it is written. Readers keep what they parsed (``trainyard.events.tail``): a
+ledger is read once, then only the bytes appended since; a malformed line is
+skipped with one warning naming the file and the line.
 
 An append that the disk does not take whole raises ``LedgerWriteError``: an
 event is recorded or the caller hears that it was not, never lost silently.

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Literal, cast
 
-from trainyard.events.fold import AttemptRun, DecisionTaken, TrainRun
+from trainyard.events.fold import TrainRun
+from trainyard.events.records import AttemptRun, DecisionTaken
 from trainyard.recovery.classify import Classified
 from trainyard.recovery.policy import AttemptRecord
 from trainyard.spec.models import Action, FailureKind

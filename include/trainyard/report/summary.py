@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from trainyard.atomic import read_json, write_json_atomic, write_text_atomic
-from trainyard.events.fold import DecisionTaken, FailureSeen, Growth, TrainRun, fold
+from trainyard.events.fold import TrainRun, fold
 from trainyard.events.ledger import Ledger
+from trainyard.events.records import DecisionTaken, FailureSeen, Growth
 from trainyard.protocol import steps as progress
 from trainyard.report.faults import attempt_lines
 from trainyard.report.pages import report_html
