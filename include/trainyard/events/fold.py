@@ -295,6 +295,10 @@ def _checkpoints(events: list[Event]) -> tuple[list[CheckpointRow], str | None]:
             for r in rows.values():
                 if r.saved_at is not None and (r.step or 0) > e["to_step"]:
                     r.fate.append(f"superseded (rollback to step {e['to_step']})")
+        elif kind == "published":  # the cold copy of the checked checkpoint, by its step
+            for r in rows.values():
+                if r.step is not None and r.step == e.get("step") and r.saved_at is not None:
+                    r.fate.append(f"published to {e.get('uri')}")
         elif not path or not kind.startswith("checkpoint_"):
             continue
         elif kind == "checkpoint_saved":
