@@ -31,7 +31,8 @@ from typing import Any
 import torch
 
 from trainyard import runtime
-from trainyard.events.ledger import WORKER_EVENTS, EventWriter, Ledger
+from trainyard.events.ledger import EventWriter, Ledger
+from trainyard.events.schema import WORKER_EVENTS
 from trainyard.protocol.env import TrainEnv
 from trainyard.workload import data
 from trainyard.workload.loop import build_optimizer, parse_args

@@ -113,7 +113,7 @@ def test_the_lease_asks_airflow_for_the_holders_run_state(
 def test_the_attempt_triggers_event_is_read_back_typed_in_one_place() -> None:
     from trainyard.airflow.triggers import KubernetesAttemptTrigger, reported
     from trainyard.backends.base import AttemptStatus, NodeStatus
-    from trainyard.recovery.controller import Reported
+    from trainyard.recovery.observations import Reported
 
     trigger = KubernetesAttemptTrigger(namespace="ml", job_name="j", nodes=["a", "b"], attempt=3)
     status = AttemptStatus([NodeStatus("a", "running"), NodeStatus("b", "failed", 137, reason="OOMKilled")])

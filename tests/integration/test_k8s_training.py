@@ -37,8 +37,8 @@ from trainyard.pipeline import stages
 from trainyard.pipeline.run import Run, open_run
 from trainyard.protocol.heartbeat import read_heartbeats
 from trainyard.protocol.shards import write_synthetic_corpus
-from trainyard.recovery.controller import BackoffOver, Reported
 from trainyard.recovery.deferred import AttemptWatch, Backoff
+from trainyard.recovery.observations import BackoffOver, Reported
 
 pytestmark = pytest.mark.integration
 

@@ -13,36 +13,37 @@ import pytest
 
 from trainyard.events.ledger import Ledger
 from trainyard.recovery.classify import Failure, NodeFailure
-from trainyard.recovery.controller import (
-    AttemptFailed,
+from trainyard.recovery.commands import (
     AttemptResult,
-    AttemptSucceeded,
-    BackoffOver,
     Cancel,
-    Checkpoints,
     Command,
-    Context,
-    Course,
     ExcludeNodes,
     Fail,
     Finish,
-    Hang,
     KillNodes,
     Launch,
-    LeaseLost,
-    LostSight,
     Publish,
     Record,
     RollBack,
-    SparesReady,
     StartNodes,
-    TaskStarted,
-    Timeout,
-    TrainState,
     WaitUntil,
     Watch,
-    step,
 )
+from trainyard.recovery.controller import step
+from trainyard.recovery.observations import (
+    AttemptFailed,
+    AttemptSucceeded,
+    BackoffOver,
+    Checkpoints,
+    Context,
+    Hang,
+    LeaseLost,
+    LostSight,
+    SparesReady,
+    TaskStarted,
+    Timeout,
+)
+from trainyard.recovery.state import Course, TrainState
 from trainyard.spec import RecoverySpec
 
 NODES = ["n0", "n1", "n2"]
@@ -156,7 +157,7 @@ def test_the_ledger_hands_out_only_the_events_after_a_position(tmp_path) -> None
     ledger = Ledger.in_dir(tmp_path)
     ledger.append("train", "resume_point", resume_from="none", start_step=0)
     first, pos = ledger.events_since(0)
-    ledger.append("train", "attempt_start", attempt=1, nodes=NODES, micro_batch="2", resume_from="none")
+    ledger.append("train", "attempt_start", attempt=1, nodes=NODES, micro_batch=2, resume_from="none")
     later, pos2 = ledger.events_since(pos)
     assert [e["event"] for e in first] == ["resume_point"] and pos == 1
     assert [e["event"] for e in later] == ["attempt_start"] and pos2 == 2

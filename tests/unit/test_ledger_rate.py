@@ -10,7 +10,7 @@ import pytest
 from long_run import CHECKPOINT_EVERY, STEPS, fake_clock, loss_at, write_long_run
 
 from trainyard import runtime
-from trainyard.events import ledger as ledger_module
+from trainyard.events import tail as ledger_module
 from trainyard.events.ledger import Ledger
 from trainyard.protocol import steps as progress
 from trainyard.quality.metrics import metric_problems

@@ -65,7 +65,7 @@ def write_run(root: Path, run_id: str = RUN_ID, dag_id: str = "nightly") -> Ledg
         attempt=1,
         nodes=["node-0", "node-1"],
         world_size=2,
-        micro_batch="2",
+        micro_batch=2,
         resume_from="none",
     )
     ckpt = "/ck/nightly/step_{:06d}"
@@ -109,7 +109,7 @@ def write_run(root: Path, run_id: str = RUN_ID, dag_id: str = "nightly") -> Ledg
         delay_s=0.2,
     )
     ledger.append(
-        "train", "attempt_start", attempt=2, nodes=["node-0"], world_size=1, micro_batch="2", resume_from="latest"
+        "train", "attempt_start", attempt=2, nodes=["node-0"], world_size=1, micro_batch=2, resume_from="latest"
     )
     ledger.append("train", "resumed", attempt=2, step=8, path=ckpt.format(8))
     for step in range(9, 13):

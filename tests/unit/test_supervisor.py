@@ -9,7 +9,8 @@ from trainyard.backends.local.launcher import torchrun_argv
 from trainyard.events.ledger import Ledger
 from trainyard.pipeline.train import _cli_args
 from trainyard.protocol.env import TrainEnv
-from trainyard.recovery.controller import Checkpoints, Context, Course
+from trainyard.recovery.observations import Checkpoints, Context
+from trainyard.recovery.state import Course
 from trainyard.recovery.supervisor import Hooks, supervise
 from trainyard.recovery.watch import group_beats, stale_ranks
 from trainyard.spec import RecoverySpec
@@ -129,7 +130,7 @@ def test_a_retried_blocking_task_watches_the_attempt_its_predecessor_left_runnin
     done = AttemptStatus([NodeStatus(n, "succeeded", 0) for n in ("n0", "n1", "n2")])
     launcher, ledger = ScriptedLauncher({1: done}), Ledger.in_dir(tmp_path)
     ledger.append("train", "resume_point", resume_from="none", start_step=0)
-    ledger.append("train", "attempt_start", attempt=1, nodes=["n0", "n1", "n2"], micro_batch="2", resume_from="none")
+    ledger.append("train", "attempt_start", attempt=1, nodes=["n0", "n1", "n2"], micro_batch=2, resume_from="none")
     result = drive(tmp_path, launcher, ledger)
     assert result.attempt == 1 and launcher.launched == [] and launcher.attached == [1]
 

@@ -1,6 +1,6 @@
 """Stage durations and recovery figures, sent through Airflow's metrics client.
 
-The figures come from the run ledger (DESIGN rule 7), never from timing the
+The figures come from the run ledger's one fold (docs/architecture.md, the event model), never from timing the
 task again, so the dashboards and the report agree. Airflow 3.3 keeps the
 client in the task SDK (``airflow.sdk.observability.stats``; ``airflow.stats``
 is a deprecated shim); the task process initializes it from ``[metrics]``, so
@@ -26,6 +26,7 @@ from typing import Literal
 
 from airflow.sdk.observability import stats
 
+from trainyard.events.fold import fold
 from trainyard.events.ledger import Ledger
 from trainyard.pipeline.run import Run
 from trainyard.recovery.figures import recovery_figures
@@ -80,14 +81,11 @@ def metric_name(*parts: str) -> str:
 
 def stage_metrics(ledger: Ledger, stage: str, dag_id: str, since: float | None = None) -> list[Metric]:
     """Duration (ms) and outcome counter of the stage's last end or failure at or after ``since``."""
-    end = None
-    for e in ledger.events(stage):
-        if e.get("event") in ("stage_end", "stage_failed") and (since is None or e.get("ts", 0) >= since):
-            end = e
-    if end is None or end.get("seconds") is None:
+    end = fold(ledger.events(stage)).stages.get(stage)  # its last end or failure
+    if end is None or end.get("seconds") is None or (since is not None and end["end"] < since):
         return []
     dag, tags = segment(dag_id), {"dag_id": dag_id, "stage": stage}
-    outcome = "succeeded" if end["event"] == "stage_end" else "failed"
+    outcome = "succeeded" if end["ok"] else "failed"
     return [
         Metric("timing", metric_name("stage", "duration", dag, segment(stage)), float(end["seconds"]) * 1000, tags),
         Metric("incr", metric_name("stage", outcome, dag, segment(stage)), 1, tags),
@@ -101,14 +99,15 @@ def recovery_metrics(ledger: Ledger, dag_id: str) -> list[Metric]:
     events = list(ledger.events(TRAIN))
     figures = next((e for e in reversed(events) if e.get("event") == "recovery_figures"), None)
     figures = figures or recovery_figures(ledger)
+    train = fold(events).train
     dag, tags = segment(dag_id), {"dag_id": dag_id}
     out = [
         Metric(kind, metric_name("recovery", name, dag), figures[key] * (1000 if kind == "timing" else 1), tags)
         for key, (name, kind) in RECOVERY.items()
         if figures.get(key) is not None
     ]
-    attempts = sum(1 for e in events if e.get("event") == "attempt_start")
-    failures = sum(1 for e in events if e.get("event") == "failure_classified")
+    attempts = len(train.attempts)
+    failures = sum(len(a.failures) for a in train.attempts)
     out.append(Metric("gauge", metric_name("recovery", "attempts", dag), attempts, tags))
     out.append(Metric("gauge", metric_name("recovery", "failures", dag), failures, tags))
     return out

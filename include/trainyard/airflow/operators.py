@@ -34,8 +34,8 @@ if TYPE_CHECKING:  # the Kubernetes clients take a second to import: at run time
     from trainyard.backends.kubernetes.launcher import KubernetesLauncher
     from trainyard.backends.local.launcher import LocalLauncher
     from trainyard.pipeline.run import Run
-    from trainyard.recovery.controller import BackoffOver, Reported
     from trainyard.recovery.deferred import AttemptWatch, Backoff
+    from trainyard.recovery.observations import BackoffOver, Reported
 
 
 def launcher_for(nodes: NodesSpec) -> LocalLauncher | KubernetesLauncher:
@@ -158,7 +158,7 @@ class TrainOperator(BaseOperator):
 
     def backoff_over(self, context: Any, event: Any = None) -> dict[str, Any]:
         """Resumed by the backoff's time trigger: launch the next attempt (or wait on, if the backoff is not over)."""
-        from trainyard.recovery.controller import BackoffOver
+        from trainyard.recovery.observations import BackoffOver
 
         return self._resumed(context, BackoffOver(time.time()))
 

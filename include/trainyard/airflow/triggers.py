@@ -38,7 +38,7 @@ from trainyard.backends.kubernetes.launcher import (
     status_from_dicts,
     status_to_dicts,
 )
-from trainyard.recovery.controller import Reported
+from trainyard.recovery.observations import Reported
 from trainyard.recovery.progress import ProgressLog
 from trainyard.recovery.watch import STARTUP_GRACE_S, detect
 

@@ -10,17 +10,17 @@ writers' files by name; each file keeps its own order). Reports, SLO figures
 and resumption read it back; nothing is inferred from log text. One event is
 one ``write`` on an ``O_APPEND`` descriptor.
 
-The writers' files are written by training code (untrusted, DESIGN rule 11):
+The writers' files are written by training code (untrusted; docs/architecture.md, untrusted input):
 only regular files are read there (a link, FIFO or folder dropped into
 ``events.d`` is skipped with a warning, never followed or waited on), and only
-the ``train`` events a training process writes (``WORKER_EVENTS``) are taken
-from them, so a pod cannot forge the orchestrator's decisions.
+the ``train`` events a training process writes (``schema.WORKER_EVENTS``, their
+fields as declared) are taken from them, so a pod cannot forge the orchestrator's decisions.
 
-Readers keep what they parsed: a ledger is read once, then only the bytes
-appended since (the view and the checkpoint validator read the same ledger
-again and again while a run grows). A malformed line is skipped with one
-warning naming the file and the line. A line without its newline at the end
-of the file is not read (its writer may be mid-write) and is warned about once.
+Every append is checked against the event schema (``trainyard.events.schema``):
+an undeclared kind or a wrongly typed field raises ``EventSchemaError`` where
+it is written. Readers keep what they parsed (``trainyard.events.tail``): a
+ledger is read once, then only the bytes appended since; a malformed line is
+skipped with one warning naming the file and the line.
 
 An append that the disk does not take whole raises ``LedgerWriteError``: an
 event is recorded or the caller hears that it was not, never lost silently.
@@ -40,33 +40,26 @@ import heapq
 import itertools
 import json
 import logging
-import math
 import os
 import re
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Hashable, Iterator
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from trainyard.atomic import append_fd, open_regular
+from trainyard.atomic import append_fd
+from trainyard.events import schema
+from trainyard.events.tail import Events, read
 
 LEDGER_FILE = "events.jsonl"
 EVENTS_DIR = "events.d"
 """Beside ``events.jsonl``: one ``<writer>.jsonl`` per writer other than the orchestrator."""
-WORKER_EVENTS = frozenset(
-    {"step", "finished", "checkpoint_saved", "checkpoint_skipped", "resumed", "regrouped", "drill_fired"}
-)
-"""The ``train`` events a training process writes; anything else in ``events.d`` is skipped."""
 MAX_WRITERS = 10_000
 """Writer files read per run; more (training code making files) are left out with a warning."""
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
-CACHE_BYTES = 64 * 2**20
-"""Ledger text kept parsed in one process (the least recently read ledgers go first); a bigger
-ledger is read through each time, as before."""
-_HEAD = 64  # bytes that identify a file: its first event's time stamp is in them
 log = logging.getLogger("trainyard.events.ledger")
 
 
@@ -150,7 +143,7 @@ class Ledger:
 
         A reader that keeps the position parses and copies only what was appended since its last look.
         """
-        records, _ = _read(self.path)
+        records, _ = read(self.path)
         new = records[position:] if isinstance(records, list) else list(islice(records, position, None))
         return [dict(r) for r in new], position + len(new)
 
@@ -170,6 +163,7 @@ class EventWriter:
 
 
 def _append(path: Path, stage: str, event: str, fields: dict[str, Any]) -> dict[str, Any]:
+    schema.check(stage, event, fields)  # a kind or field the schema does not declare: a bug, raised here
     record = {"ts": time.time(), "stage": stage, "event": event, **fields}
     line = (json.dumps(record, sort_keys=True, default=str) + "\n").encode()
     fd = append_fd(path)
@@ -211,152 +205,6 @@ def _after_tear(fd: int) -> bytes:
     return b"\n" if size and os.pread(fd, 1, size - 1) != b"\n" else b""
 
 
-def _torn(path: Path, offset: int, tail: bytes, warned: set[int]) -> None:
-    """Warn once about an unterminated last line (keyed by where it starts, unlike line numbers)."""
-    if tail and -offset - 1 not in warned:
-        warned.add(-offset - 1)
-        log.warning(
-            "%s ends in a line without a newline at byte %d (a torn append, or one still being"
-            " written); skipped until it ends (%s)",
-            path,
-            offset,
-            tail[:80].decode(errors="replace"),
-        )
-
-
-def _parse(raw: bytes, path: Path, number: int, warned: set[int]) -> dict[str, Any] | None:
-    """One complete line as an event, or None (warned once per line) when it is not one."""
-    if not raw.strip():
-        return None
-    try:
-        record = json.loads(raw)
-    except ValueError:  # not JSON, or not UTF-8
-        record = None
-    if isinstance(record, dict) and isinstance(record.get("event"), str) and _is_time(record.get("ts")):
-        return record
-    if number not in warned:
-        warned.add(number)
-        log.warning("%s line %d is not a ledger event; skipped (%s)", path, number, raw[:80].decode(errors="replace"))
-    return None
-
-
-def _is_time(value: Any) -> bool:
-    """A time stamp the merge can order by (a writer's file is untrusted: not a string, not NaN)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _admitted(record: dict[str, Any], worker: bool, path: Path, number: int, warned: set[int]) -> bool:
-    """Whether an event of a writer's file is one a training process writes (warned once per line if not)."""
-    if not worker or (record.get("stage") == "train" and record["event"] in WORKER_EVENTS):
-        return True
-    if number not in warned:
-        warned.add(number)
-        log.warning(
-            "%s line %d: %s/%s is not an event a training process writes; skipped",
-            path, number, str(record.get("stage"))[:40], record["event"][:40],
-        )  # fmt: skip
-    return False
-
-
-_generations = itertools.count(1)  # 0: no file
-
-
-class _Tail:
-    """The parsed events of one ledger file, extended by parsing only the complete lines appended since.
-
-    The file is the same one while its device, inode and first bytes are; a
-    file replaced or truncated is read again from the start (under a new
-    ``generation``). A writer's file (``worker``) is read only if it has one
-    name, and keeps only ``WORKER_EVENTS``.
-    """
-
-    def __init__(self, path: Path, worker: bool = False):
-        self.path, self.worker = path, worker
-        self.lock = threading.Lock()
-        self.warned: set[int] = set()
-        self._reset(None)
-
-    def _reset(self, identity: tuple[int, int] | None) -> None:
-        self.identity, self.head, self.offset, self.lines = identity, b"", 0, 0
-        self.stamp: tuple[int, int] | None = None
-        self.events: list[dict[str, Any]] = []
-        self.generation = next(_generations)
-
-    def refresh(self) -> list[dict[str, Any]]:
-        with self.lock:
-            try:
-                fh = open_regular(self.path, single_link=self.worker)
-            except FileNotFoundError:
-                self._reset(None)
-                return self.events
-            with fh:
-                st = os.fstat(fh.fileno())
-                stamp, identity = (st.st_size, st.st_mtime_ns), (st.st_dev, st.st_ino)
-                if stamp == self.stamp and identity == self.identity:
-                    return self.events
-                if identity != self.identity or st.st_size < self.offset or fh.read(len(self.head)) != self.head:
-                    self._reset(identity)
-                    self.warned = set()
-                fh.seek(self.offset)
-                data = fh.read()
-            end = data.rfind(b"\n") + 1  # a torn last line: its writer may be mid-write
-            _torn(self.path, self.offset + end, data[end:], self.warned)
-            if not self.head:
-                self.head = data[: min(_HEAD, end)]
-            for raw in data[:end].split(b"\n")[:-1]:
-                self.lines += 1
-                record = _parse(raw, self.path, self.lines, self.warned)
-                if record is not None and _admitted(record, self.worker, self.path, self.lines, self.warned):
-                    self.events.append(record)
-            self.offset += end
-            self.stamp = stamp if self.offset >= st.st_size else None
-            return self.events
-
-
-_tails: OrderedDict[Path, _Tail] = OrderedDict()
-_tails_lock = threading.Lock()
-_streamed_warnings: dict[Path, set[int]] = {}
-Events = Sequence[dict[str, Any]] | Iterator[dict[str, Any]]
-Version = tuple[int, int] | None
-"""A cached file's (generation, events parsed); None for a file streamed each time."""
-
-
-def _read(path: Path, worker: bool = False) -> tuple[Events, Version]:
-    """A file's events, from the parsed cache (or streamed, for a file above ``CACHE_BYTES``), and their version."""
-    try:
-        size = path.lstat().st_size  # a link is refused when opened, whatever its target's size
-    except FileNotFoundError:
-        return [], (0, 0)
-    key = path.absolute()
-    if size > CACHE_BYTES:
-        with _tails_lock:
-            _tails.pop(key, None)
-        return _stream(path, worker), None
-    with _tails_lock:
-        tail = _tails.pop(key, None) or _Tail(key, worker)
-        _tails[key] = tail  # most recently read last
-    events = tail.refresh()
-    version = (tail.generation, len(events))
-    with _tails_lock:
-        while len(_tails) > 1 and sum(t.offset for t in _tails.values()) > CACHE_BYTES:
-            _tails.popitem(last=False)
-    return events, version
-
-
-def _stream(path: Path, worker: bool = False) -> Iterator[dict[str, Any]]:
-    warned = _streamed_warnings.setdefault(path.absolute(), set())
-    with open_regular(path, single_link=worker) as fh:
-        offset = 0
-        for number, raw in enumerate(fh, 1):
-            if not raw.endswith(b"\n"):
-                _torn(path, offset, raw, warned)
-            elif (record := _parse(raw, path, number, warned)) is not None and _admitted(
-                record, worker, path, number, warned
-            ):
-                yield record
-            offset += len(raw)
-
-
 # ---------------------------------------------------------------- the writers' files, merged
 
 
@@ -372,14 +220,14 @@ def _ts(record: dict[str, Any]) -> float:
 
 def _merged(path: Path, folder: Path) -> Events:
     """The events of ``path`` and of the writers' files in ``folder``, by time stamp (stable)."""
-    own = _read(path)
+    own = read(path)
     files = _writer_files(folder)
     if not files:
         return own[0]
     parts = [own]
     for file in files:
         try:
-            parts.append(_read(file, worker=True))
+            parts.append(read(file, worker=True))
         except OSError as exc:  # a link, FIFO or hard link planted there by training code
             _refuse(file, str(exc))
     versions = tuple(version for _, version in parts)

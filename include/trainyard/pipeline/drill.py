@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from trainyard.errors import TrainingFailed
+from trainyard.events.fold import fold
 from trainyard.pipeline import stages
 from trainyard.pipeline.run import open_run
 from trainyard.recovery.figures import recovery_figures
@@ -89,7 +90,7 @@ def run_drill(spec_path: Path, drill: Drill, ds: str | None = None, run_id: str 
         stages.report(run)  # releases the staged dataset's pin and writes the drill's report
     finally:
         shutil.rmtree(path.parent, ignore_errors=True)
-    actions = [e["action"] for e in run.ledger.events("train", "decision")]
+    actions = [d.action for d in fold(run.ledger.events("train")).train.decisions]
     return DrillReport(drill.fault, actions, end, EXPECTED[drill.fault], recovery_figures(run.ledger), run.dir)
 
 

@@ -18,9 +18,10 @@ from trainyard.checkpoint.format import (
 )
 from trainyard.checkpoint.validate import Validation, inspector, validate
 from trainyard.errors import CheckpointInvalid
+from trainyard.events.fold import TrainRun
 from trainyard.pipeline.run import Run, check_resume
 from trainyard.protocol.steps import loss_points
-from trainyard.recovery.controller import Checkpoints
+from trainyard.recovery.observations import Checkpoints
 
 
 def lease_ttl(run: Run) -> float:
@@ -49,9 +50,9 @@ def resume_point(run: Run, held: lease.Lease | None = None) -> tuple[str, int]:
     kept in the ledger, so a retried train task aims at the same final step
     instead of training ``max_steps`` more.
     """
-    first = next(run.ledger.events("train", "resume_point"), None)
-    if first:
-        return first["resume_from"], first["start_step"]
+    decided = TrainRun.of(run.ledger.events("train"))  # the fold the controller reads: one resume point per run
+    if decided.resume_from is not None and decided.start_step is not None:
+        return decided.resume_from, decided.start_step
     held = held or hold_lineage(run)
     check_resume(run)  # open_run checked it too; the pinned spec lives in a folder pods can write
     choice = run.spec.training.resume_from

@@ -15,10 +15,12 @@ from trainyard.pipeline.recorder import recorded, stage_failed
 from trainyard.pipeline.run import Run
 from trainyard.protocol.coordstore import Coordinator
 from trainyard.protocol.env import FaultDrill, TrainEnv
-from trainyard.recovery.controller import AttemptResult, BackoffOver, Context, Course, Reported
+from trainyard.recovery.commands import AttemptResult
 from trainyard.recovery.deferred import AttemptWatch, Backoff, Deferred, Done
 from trainyard.recovery.figures import recovery_figures
+from trainyard.recovery.observations import BackoffOver, Context, Reported
 from trainyard.recovery.progress import ProgressLog, tokens_per_step
+from trainyard.recovery.state import Course
 from trainyard.recovery.storehost import attempt_store, serve
 from trainyard.recovery.supervisor import Hooks, StateReader, supervise
 from trainyard.spec.checks import REFERENCE_WORKLOAD

@@ -19,20 +19,14 @@ from typing import Any
 from trainyard.backends.base import AttemptStatus, Launcher, LaunchPlan
 from trainyard.errors import LineageBusy, TrainingFailed
 from trainyard.events.ledger import Ledger
+from trainyard.events.schema import AttemptStart
 from trainyard.recovery.classify import Failure
-from trainyard.recovery.controller import (
-    STAGE,
-    AttemptResult,
-    AttemptSucceeded,
-    Checkpoints,
-    LeaseLost,
-    Record,
-    SparesReady,
-    ended,
-    succeeded,
-)
-from trainyard.recovery.controller import AttemptFailed as Failed
+from trainyard.recovery.commands import AttemptResult, Record
+from trainyard.recovery.controller import ended, succeeded
+from trainyard.recovery.observations import AttemptFailed as Failed
+from trainyard.recovery.observations import AttemptSucceeded, Checkpoints, LeaseLost, SparesReady
 from trainyard.recovery.progress import ProgressLog
+from trainyard.recovery.state import STAGE
 from trainyard.recovery.watch import STARTUP_GRACE_S, detect, failed, last_step
 
 log = logging.getLogger(__name__)
@@ -50,15 +44,10 @@ def start_attempt(launcher: Launcher, plan: LaunchPlan, ledger: Ledger) -> Any:
     """Record the attempt and launch it; the heartbeat folder exists before any rank (or watcher) looks."""
     if plan.train_env.heartbeat_dir is not None:
         plan.train_env.heartbeat_dir.mkdir(parents=True, exist_ok=True)
-    ledger.append(
-        "train",
-        "attempt_start",
-        attempt=plan.attempt,
-        nodes=plan.nodes,
-        world_size=plan.world_size,
-        micro_batch=plan.train_env.micro_batch,
-        resume_from=plan.train_env.resume_from,
-    )
+    env = plan.train_env
+    start = AttemptStart(attempt=plan.attempt, nodes=plan.nodes, world_size=plan.world_size,
+                         micro_batch=env.micro_batch, resume_from=env.resume_from)  # fmt: skip
+    ledger.append(STAGE, start.event, **start.fields())
     return launcher.launch(plan)
 
 

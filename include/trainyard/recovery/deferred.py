@@ -22,24 +22,19 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from trainyard.backends.base import AttemptStatus, Launcher
-from trainyard.recovery.controller import (
-    STAGE,
-    AttemptResult,
+from trainyard.recovery.commands import AttemptResult, Fail, Finish, WaitUntil, Watch
+from trainyard.recovery.observations import (
     AttemptSucceeded,
     BackoffOver,
     Context,
-    Course,
-    Fail,
-    Finish,
     LeaseLost,
     LostSight,
     Observation,
     Reported,
     TaskStarted,
     Timeout,
-    WaitUntil,
-    Watch,
 )
+from trainyard.recovery.state import STAGE, Course
 from trainyard.recovery.supervisor import Driver, Hooks, StateReader, failure_error
 from trainyard.recovery.watch import STARTUP_GRACE_S, detect, failed, last_step
 

@@ -1,4 +1,5 @@
-"""Recovery figures of one run, computed from its ledger alone.
+"""Recovery figures of one run, computed from its ledger alone: from the fold (``trainyard.events.fold``:
+attempts, failures, drills, the groups formed in place, the spares) and the run's step events.
 
 - detection: fault to classified (the fault's time is the drill's ``drill_fired``
   when a drill caused it, else the moment the supervisor saw the attempt end);
@@ -28,90 +29,82 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainyard.events.fold import TrainRun, fold
 from trainyard.events.ledger import Ledger
 from trainyard.protocol.steps import kept_stretches, weighted_median
 
 
-def _first(events: list[dict[str, Any]], after: float, event: str, **match: Any) -> dict[str, Any] | None:
-    return next(
-        (
-            e
-            for e in events
-            if e["ts"] >= after and e["event"] == event and all(e.get(k) == v for k, v in match.items())
-        ),
-        None,
-    )
+def _first_step(steps: list[dict[str, Any]], after: float) -> dict[str, Any] | None:
+    return next((e for e in steps if e["ts"] >= after), None)
 
 
 def recovery_figures(ledger: Ledger) -> dict[str, Any]:
     events = list(ledger.events("train"))
-    failures = []
+    return figures_of(fold(events).train, [e for e in events if e["event"] == "step"], _train_seconds(events))
+
+
+def _train_seconds(events: list[dict[str, Any]]) -> float | None:
+    """The train stage's wall time: its last end (or failure)."""
+    end = next((e for e in reversed(events) if e["event"] in ("stage_end", "stage_failed")), None)
+    return end["seconds"] if end else None
+
+
+def figures_of(train: TrainRun, steps: list[dict[str, Any]], wall: float | None) -> dict[str, Any]:
+    """The figures of the fold's ``train``, with the run's ``step`` events (times and step numbers) and the
+    stage's wall time."""
+    failures: list[dict[str, Any]] = []
     seen_before = 0.0  # the previous classification: an attempt healed in place can fail again
     unhealed: float | None = None  # the fault of a regroup that never formed: the next failure carries it on
-    for classified in (e for e in events if e["event"] == "failure_classified"):
-        attempt = classified["attempt"]
-        start = _first(events, 0, "attempt_start", attempt=attempt) or {"ts": 0}
-        drill = _first(events, max(start["ts"], seen_before), "drill_fired")
-        seen_before = classified["ts"]
-        fault_at = drill["ts"] if drill and drill["ts"] <= classified["ts"] else classified["detected_at"]
+    drills = [d for a in train.attempts for d in a.drills]
+    classified = [(a, f) for a in train.attempts for f in a.failures]
+    for i, (attempt, failure) in enumerate(classified):
+        drill = next((d for d in drills if d.at >= max(attempt.started, seen_before)), None)
+        seen_before = failure.at
+        fault_at = drill.at if drill and drill.at <= failure.at else (failure.detected_at or failure.at)
         fault_at, unhealed = (fault_at if unhealed is None else unhealed), None
-        steps = [e["step"] for e in events if e["event"] == "step" and start["ts"] <= e["ts"] <= classified["ts"]]
-        nxt = _first(events, classified["ts"], "attempt_start", attempt=attempt + 1)
-        regrouped = _first(events, classified["ts"], "regrouped")
-        later = next((e for e in events if e["event"] == "failure_classified" and e["ts"] > classified["ts"]), None)
-        in_place = regrouped is not None and all(x is None or regrouped["ts"] < x["ts"] for x in (nxt, later))
-        if not in_place and later is not None and later["attempt"] == attempt:
+        reached = [e["step"] for e in steps if attempt.started <= e["ts"] <= failure.at]
+        nxt = next((a for a in train.attempts if a.number == attempt.number + 1 and a.started >= failure.at), None)
+        regrouped = next((g for g in train.formed if g.at >= failure.at), None)
+        later = classified[i + 1] if i + 1 < len(classified) else None
+        in_place = regrouped is not None and all(
+            x is None or regrouped.at < x for x in (nxt.started if nxt else None, later[1].at if later else None)
+        )
+        if not in_place and later is not None and later[0].number == attempt.number:
             # Decided in place, but the group never formed before the attempt failed again: one fault, judged
             # (resumption, lost steps) with the failure that ended it.
             unhealed = fault_at
-            failures.append({"attempt": attempt, "kind": classified["kind"], "path": "in_place_unformed",
-                             "fault_at": fault_at, "detection_s": round(classified["ts"] - fault_at, 3),
+            failures.append({"attempt": attempt.number, "kind": failure.kind, "path": "in_place_unformed",
+                             "fault_at": fault_at, "detection_s": round(failure.at - fault_at, 3),
                              "resume_delay_s": None, "lost_steps": None})  # fmt: skip
             continue
-        ended = _first(events, start["ts"], "attempt_end", attempt=attempt) or {}
         # The heartbeats' last step: the attempt's end has it (in place, the attempt ends long after: the
         # classification has it, as seen at the fault).
-        last = classified.get("step") if in_place else ended.get("last_step")
-        steps += [last] if last is not None else []
+        last = failure.step if in_place else attempt.last_step
+        reached += [last] if last is not None else []
         if regrouped and in_place:
-            path, first_step, resumed_from = "in_place", _first(events, regrouped["ts"], "step"), regrouped["from_step"]
+            path, first_step, resumed_from = "in_place", _first_step(steps, regrouped.at), regrouped.from_step
         else:
-            resumed = _first(events, nxt["ts"], "resumed") if nxt else None
-            first_step = _first(events, nxt["ts"], "step") if nxt else None
-            path, resumed_from = "relaunch", (resumed["step"] if resumed else 0) if nxt else None
+            first_step = _first_step(steps, nxt.started) if nxt else None
+            path, resumed_from = "relaunch", (nxt.resumed_step or 0) if nxt else None
         failures.append(
             {
-                "attempt": attempt,
-                "kind": classified["kind"],
+                "attempt": attempt.number,
+                "kind": failure.kind,
                 "path": path,
                 "fault_at": fault_at,
-                "detection_s": round(classified["ts"] - fault_at, 3),
+                "detection_s": round(failure.at - fault_at, 3),
                 "resume_delay_s": round(first_step["ts"] - fault_at, 3) if first_step else None,
-                "lost_steps": max(steps) - resumed_from if steps and resumed_from is not None else None,
+                "lost_steps": max(reached) - resumed_from if reached and resumed_from is not None else None,
             }
         )
-    kept = [(n, (ms or 0.0) / 1000) for n, ms in kept_stretches([e for e in events if e["event"] == "step"])]
+    kept = [(n, (ms or 0.0) / 1000) for n, ms in kept_stretches(steps)]
     productive = sum(n for n, _ in kept) * (weighted_median(kept) or 0.0)
-    end = next((e for e in reversed(events) if e["event"] in ("stage_end", "stage_failed")), None)
-    wall = end["seconds"] if end else None
-    worlds = [
-        (e["ts"], e["world_size"]) for e in events if e["event"] in ("attempt_start", "regrouped") and "world_size" in e
-    ]
-    waiting: dict[str, None] = {}  # in order: a node can wait, join, die and wait again
-    joined: list[str] = []
-    for e in events:
-        if e["event"] in ("spares_warm", "rejoining"):
-            waiting.update(dict.fromkeys(e["nodes"]))
-        for node in e.get("joiners") or [] if e["event"] in ("decision", "grown") else []:
-            waiting.pop(node, None)
-            joined.append(node)
-    idle = list(waiting)
     return {
         "failures": failures,
-        "world_sizes": worlds,
-        "world_path": " -> ".join(str(w) for _, w in worlds) or None,
-        "spares_joined": ", ".join(dict.fromkeys(joined)) or None,
-        "spares_idle": ", ".join(idle) or None,
+        "world_sizes": list(train.worlds),
+        "world_path": train.world_path,
+        "spares_joined": ", ".join(dict.fromkeys(train.joined)) or None,
+        "spares_idle": ", ".join(train.waiting) or None,
         "detection_s": max((f["detection_s"] for f in failures), default=None),
         "resume_delay_s": max((f["resume_delay_s"] for f in failures if f["resume_delay_s"] is not None), default=None),
         "lost_steps": sum(f["lost_steps"] or 0 for f in failures),

@@ -27,33 +27,26 @@ from trainyard.errors import LineageBusy, TrainingFailed, TransientError
 from trainyard.events.ledger import Ledger
 from trainyard.protocol.coordstore import Coordinator, Generation
 from trainyard.recovery.attempt import append_record, kept, start_attempt, watch_attempt
-from trainyard.recovery.controller import (
-    STAGE,
+from trainyard.recovery.commands import (
     AttemptResult,
-    BackoffOver,
     Cancel,
-    Checkpoints,
     Command,
-    Context,
-    Course,
     ExcludeNodes,
     Fail,
     Finish,
     KillNodes,
-    Observation,
     Publish,
     Record,
     RollBack,
     StartNodes,
-    TaskStarted,
-    TrainState,
     WaitUntil,
     Watch,
-    grown_world,
-    step,
 )
-from trainyard.recovery.controller import Launch as LaunchCommand
+from trainyard.recovery.commands import Launch as LaunchCommand
+from trainyard.recovery.controller import grown_world, step
+from trainyard.recovery.observations import BackoffOver, Checkpoints, Context, Observation, TaskStarted
 from trainyard.recovery.progress import ProgressLog
+from trainyard.recovery.state import STAGE, Course, TrainState
 
 log = logging.getLogger(__name__)
 

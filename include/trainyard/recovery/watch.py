@@ -24,7 +24,8 @@ from trainyard.backends.base import AttemptStatus, LaunchPlan
 from trainyard.protocol.heartbeat import read_heartbeats
 from trainyard.protocol.records import FailureRecord, failure_records
 from trainyard.recovery.classify import Failure
-from trainyard.recovery.controller import AttemptFailed, Checkpoints, node_failures
+from trainyard.recovery.controller import node_failures
+from trainyard.recovery.observations import AttemptFailed, Checkpoints
 
 TAIL_LINES = 50
 STARTUP_GRACE_S = 120.0  # interpreter, torch import, rendezvous and data before a rank's first step

@@ -19,9 +19,11 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from trainyard.events.fold import fold
 from trainyard.events.ledger import Ledger
 from trainyard.recovery.figures import recovery_figures
-from trainyard.report.summary import STAGES, attempt_table, stage_table
+from trainyard.report.faults import fault_line, growth_line
+from trainyard.report.summary import STAGES, attempt_table
 
 NoticeKind = Literal["failure", "recovery"]
 MAX_MESSAGE = 800  # characters of an error message or evidence quoted in the body; the report has the rest
@@ -75,13 +77,10 @@ def build_notice(
     events: list[dict[str, Any]], figures: dict[str, Any], facts: RunFacts, on: Collection[str]
 ) -> Notice | None:
     """The notice ``on`` asks for, or None: a failure if the run failed, else a recovery if recovery acted."""
-    stages, _ = stage_table(events)
+    state = fold(events)
+    stages = state.stages
     failed_stages = [name for name, s in stages.items() if not s["ok"]]
-    recovered = [
-        row
-        for row in attempt_table([e for e in events if e.get("stage") == "train"])
-        if row["failure"] or row["decision"]
-    ]
+    recovered = [row for row in attempt_table(state.train) if row["faults"] or row["growths"]]
     if facts.failed or failed_stages:
         if "failure" not in on:
             return None
@@ -128,7 +127,10 @@ def _recovery(
 ) -> Notice:
     kinds = ", ".join(
         dict.fromkeys(
-            f"{r['failure']['kind']} -> {r['decision']['action']}" for r in recovered if r["failure"] and r["decision"]
+            f"{f['failure']['kind']} -> {f['decision']['action']}"
+            for r in recovered
+            for f in r["faults"]
+            if f["failure"] and f["decision"]
         )
     )
     lost = figures.get("lost_steps") or 0
@@ -160,22 +162,32 @@ def _last_failure(events: list[dict[str, Any]], stage: str) -> tuple[str, str]:
 def _training_kind(recovered: list[dict[str, Any]]) -> str | None:
     """The kind of the failure that ended training (the last attempt's), when one was classified."""
     last = recovered[-1] if recovered else None
-    return last["failure"]["kind"] if last and last["failure"] else None
+    return last["failure"]["kind"] if last and last["failure"] else None  # the attempt's last failure
 
 
 def _recovery_lines(recovered: list[dict[str, Any]], figures: dict[str, Any]) -> list[str]:
-    lost_by_attempt = {f["attempt"]: f.get("lost_steps") for f in figures.get("failures", [])}
+    """Every fault of every attempt, with its decision (and, healed in place, the generation and who joined),
+    every growth of the world, and the world path."""
+    lost: dict[int, list[Any]] = {}  # the figures' failures, per attempt, in the order they were classified
+    for f in figures.get("failures", []):
+        lost.setdefault(f["attempt"], []).append(f.get("lost_steps"))
     lines = ["What recovery did in train:"]
     for row in recovered:
-        failure, decision = row["failure"] or {}, row["decision"] or {}
-        culprits = f" on {', '.join(failure['culprits'])}" if failure.get("culprits") else ""
-        what = f"attempt {row['attempt']}: {failure.get('kind', 'failure')}{culprits}"
-        done = f" -> {decision['action']}" if decision.get("action") else ""
-        why = f" ({decision['reason']})" if decision.get("reason") else ""
-        lost = lost_by_attempt.get(row["attempt"])
-        lines.append(f"  {what}{done}{why}" + (f"; {lost} step(s) lost" if lost is not None else ""))
-        if failure.get("evidence"):
-            lines.append(f"    evidence: {_cut(str(failure['evidence']), tail=True)}")
+        dated: list[tuple[float, list[str]]] = []
+        for i, fault in enumerate(row["faults"]):
+            failure, decision = fault["failure"] or {}, fault["decision"] or {}
+            why = f" ({decision['reason']})" if decision.get("reason") else ""
+            steps = lost.get(row["attempt"], [])
+            lost_here = steps[i] if i < len(steps) else None
+            said = [f"  attempt {row['attempt']}: {fault_line(fault)}{why}"
+                    + (f"; {lost_here} step(s) lost" if lost_here is not None else "")]  # fmt: skip
+            if failure.get("evidence"):
+                said.append(f"    evidence: {_cut(str(failure['evidence']), tail=True)}")
+            dated.append(((failure or decision).get("ts") or 0.0, said))
+        dated += [(g["ts"] or 0.0, [f"  attempt {row['attempt']}: {growth_line(g)}"]) for g in row["growths"]]
+        lines += [line for _, said in sorted(dated, key=lambda d: d[0]) for line in said]
+    if figures.get("world_path"):
+        lines.append(f"World path: {figures['world_path']}")
     lines.append(f"Steps lost in all: {figures.get('lost_steps') or 0}")
     return lines
 

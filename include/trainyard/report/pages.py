@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
-from trainyard.report.charts import burnin_svg, esc, loss_svg, timeline_svg
+from trainyard.report.attempts import attempts_section
+from trainyard.report.charts import burnin_svg, esc, loss_svg
+from trainyard.report.html import badge as _badge
+from trainyard.report.html import long as _long
+from trainyard.report.html import num as _num
+from trainyard.report.html import table as _table
+from trainyard.report.html import when as _when
 
 URL_PREFIX = "/trainyard"
 """Where the Airflow API server mounts the training-runs view (the plugin's ``url_prefix``)."""
@@ -47,34 +52,6 @@ def run_href(dag_id: str, run_id: str) -> str:
 def run_url(base_url: str, dag_id: str, run_id: str) -> str:
     """The run's page under the API server's base URL (``[api] base_url``)."""
     return f"{base_url.rstrip('/')}{URL_PREFIX}/{run_href(dag_id, run_id)}"
-
-
-def _when(ts: float | None) -> str:
-    return "-" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ts)) + " UTC"
-
-
-def _num(value: Any, digits: int = 2) -> str:
-    return f"{value:.{digits}f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
-
-
-def _badge(state: Any) -> str:
-    state = str(state or "unknown")
-    return f'<span class="state {esc(state)}">{esc(state)}</span>'
-
-
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], cls: str = "") -> str:
-    """``rows`` hold HTML already escaped by the caller."""
-    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
-    return f'<table class="{cls}"><tr>{head}</tr>{body}</table>'
-
-
-def _long(text: Any, keep: int = 120) -> str:
-    """Evidence and reasons can hold a traceback: the start inline, the rest on demand."""
-    text = str(text or "")
-    if len(text) <= keep:
-        return esc(text)
-    return f"<details><summary>{esc(text[:keep])}\u2026</summary><pre>{esc(text)}</pre></details>"
 
 
 def stages_section(summary: Mapping[str, Any]) -> str:
@@ -156,75 +133,6 @@ def burn_in_section(summary: Mapping[str, Any]) -> str:
         else ""
     )
     return f'<h2>Burn-in</h2>{table}{note}<div class="charts">{charts}</div>'
-
-
-def _outcome(a: Mapping[str, Any]) -> str:
-    text = _badge(a.get("state"))
-    detail = " ".join(str(x) for x in (a.get("trigger"), a.get("reason")) if x)
-    if a.get("state") == "succeeded" and a.get("last_step") is not None:
-        detail = f"last step {a['last_step']}"
-    return text + (f" {_long(detail)}" if detail else "")
-
-
-def _failure(f: Mapping[str, Any] | None) -> str:
-    if not f:
-        return ""
-    culprits = ", ".join(f.get("culprits") or [])
-    return (
-        f"<b>{esc(f.get('kind'))}</b>" + (f" ({esc(culprits)})" if culprits else "") + f"<br>{_long(f.get('evidence'))}"
-    )
-
-
-def _decision(d: Mapping[str, Any] | None) -> str:
-    if not d:
-        return ""
-    changes = ", ".join(
-        f"{k} {v if not isinstance(v, list) else ' '.join(map(str, v))}"
-        for k, v in d.items()
-        if k in ("new_nodes", "micro_batch", "delay_s", "to_step")
-    )
-    return (
-        f"<b>{esc(d.get('action'))}</b>" + (f" ({esc(changes)})" if changes else "") + f"<br>{_long(d.get('reason'))}"
-    )
-
-
-def attempts_section(summary: Mapping[str, Any]) -> str:
-    attempts = summary.get("attempt_details") or []
-    if not attempts:
-        return '<h2>Training attempts</h2><p class="empty">No training attempt recorded.</p>'
-    rows = [
-        [
-            esc(a["attempt"]),
-            esc(", ".join(a.get("nodes") or [])) + f"<br>world size {esc(a.get('world_size') or '-')},"
-            f" micro-batch {esc(a.get('micro_batch') or '-')}",
-            esc("-" if a.get("resumed_step") is None else a["resumed_step"]),
-            _when(a.get("start")),
-            _num(a.get("seconds"), 1),
-            _outcome(a),
-            esc(
-                "; ".join(f"{d.get('fault')} on {d.get('node')} at step {d.get('step')}" for d in a.get("drills") or [])
-            ),
-            _failure(a.get("failure")),
-            _decision(a.get("decision")),
-        ]
-        for a in attempts
-    ]
-    table = _table(
-        [
-            "attempt",
-            "nodes",
-            "resumed at step",
-            "start",
-            "seconds",
-            "outcome",
-            "drill",
-            "failure (classified)",
-            "decision",
-        ],
-        rows,
-        "attempts",
-    )
-    return f"<h2>Training attempts</h2>{timeline_svg(attempts)}{table}"
 
 
 def loss_section(summary: Mapping[str, Any]) -> str:

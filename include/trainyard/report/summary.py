@@ -7,32 +7,36 @@ training-runs view in the Airflow UI (``trainyard.report.pages``) and its JSON.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from trainyard.atomic import read_json, write_json_atomic, write_text_atomic
+from trainyard.events.fold import TrainRun, fold
 from trainyard.events.ledger import Ledger
+from trainyard.events.records import DecisionTaken, FailureSeen, Growth
 from trainyard.protocol import steps as progress
+from trainyard.report.faults import attempt_lines
 from trainyard.report.pages import report_html
 
 STAGES = ("stage_dataset", "check_dataset", "burn_in", "train", "check_checkpoint", "publish", "report")
 ATTEMPT_EVENTS = ("attempt_start", "attempt_end", "failure_classified", "decision", "drill_fired")
-DECISION_FIELDS = ("action", "reason", "new_nodes", "micro_batch", "delay_s", "to_step")
+DECISION_FIELDS = ("new_nodes", "micro_batch", "delay_s", "to_step", "path", "left_out", "joiners", "generation")
+"""The decision's fields an attempt row keeps beside its kind, action and reason (those that were set)."""
 
 
 def summarize(ledger: Ledger) -> dict[str, Any]:
     events = list(ledger.events())  # one read (of the lines appended since the last, see trainyard.events.ledger)
+    state = fold(events)
     train = [e for e in events if e.get("stage") == "train"]
     ends = {e["stage"]: e.get("result", {}) for e in events if e["event"] == "stage_end"}
-    stages, running = stage_table(events)
+    stages, running = state.stages, state.running
     # A step trained again after a recovery replaces the lost one.
     step_events = [e for e in train if e["event"] == "step"]
     steps = progress.loss_points(step_events)
     verdicts = {e["node"]: e for e in events if e.get("stage") == "burn_in" and e["event"] == "node_verdict"}
     thresholds = _last(e for e in events if e.get("stage") == "burn_in" and e["event"] == "thresholds")
-    checkpoints, latest = checkpoint_table(events)
     return {
         "state": run_state(stages, running),
         "started": events[0]["ts"] if events else None,
@@ -59,8 +63,9 @@ def summarize(ledger: Ledger) -> dict[str, Any]:
         "first_loss": steps[0][1] if steps else None,
         "last_loss": steps[-1][1] if steps else None,
         "loss_curve": progress.downsample(steps),  # a chart's worth, however long the run
-        "attempts": sum(1 for e in train if e["event"] == "attempt_start"),
-        "attempt_details": attempt_table(train),
+        "attempts": len(state.train.attempts),
+        "attempt_details": attempt_table(state.train),
+        "world_path": state.train.world_path,
         "timeline": [
             {k: e.get(k) for k in ("ts", "event", "attempt", "nodes", "kind", "action", "reason", "evidence")}
             for e in train
@@ -68,8 +73,8 @@ def summarize(ledger: Ledger) -> dict[str, Any]:
         ],
         "attempt_starts": [e["step"] for e in train if e["event"] == "resumed"],
         "recovery": _last(e for e in train if e["event"] == "recovery_figures"),
-        "checkpoints": checkpoints,
-        "latest_checkpoint": latest,
+        "checkpoints": [asdict(r) for r in state.checkpoints],
+        "latest_checkpoint": state.latest_checkpoint,
         "gate": _last(e for e in events if e["event"] == "checkpoint_checked"),
         "checkpoint": ends.get("check_checkpoint", {}).get("checkpoint"),
         "published": ends.get("publish", {}).get("uri"),
@@ -84,30 +89,9 @@ def _last(events: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def stage_table(events: list[dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], list[str]]:
-    """Finished stages in the order they finished (a retried stage: its last try), and the unfinished ones.
-
-    Only finished stages go in the table, so ``seconds`` and ``ok`` are always set;
-    a stage started again after a failure is both in the table and running.
-    """
-    stages: dict[str, dict[str, Any]] = {}
-    started: dict[str, float] = {}
-    for e in events:
-        if e["event"] not in ("stage_start", "stage_end", "stage_failed"):
-            continue
-        name: str = e["stage"]  # Ledger.append writes it on every event
-        if e["event"] == "stage_start":
-            started.setdefault(name, e["ts"])  # a deferred task logs a start per wake-up: keep the first
-        else:
-            stages.pop(name, None)  # a retry's end replaces the failed try, at its own place
-            stages[name] = {
-                "seconds": e["seconds"],
-                "ok": e["event"] == "stage_end",
-                "start": started.pop(name, e["ts"] - e["seconds"]),
-                "end": e["ts"],
-            }
-            if e["event"] == "stage_failed":
-                stages[name]["error"] = f"{e.get('error', '')}: {e.get('message', '')}".strip(": ")
-    return stages, [name for name in started]
+    """Finished stages in the order they finished (a retried stage: its last try), and the unfinished ones (the fold's)."""
+    state = fold(events)
+    return state.stages, state.running
 
 
 def run_state(stages: dict[str, dict[str, Any]], running: list[str]) -> str:
@@ -120,105 +104,65 @@ def run_state(stages: dict[str, dict[str, Any]], running: list[str]) -> str:
     return "succeeded" if "report" in stages else "running"
 
 
-def attempt_table(train: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per training attempt: what it ran on, how it ended, the failure's kind and the decision."""
-    rows: dict[int, dict[str, Any]] = {}
-    current: dict[str, Any] | None = None
-    for e in train:
-        kind = e["event"]
-        if kind == "attempt_start":
-            current = rows[e["attempt"]] = {
-                "attempt": e["attempt"],
-                "start": e["ts"],
-                "end": None,
-                "state": "running",
-                **{k: e.get(k) for k in ("nodes", "world_size", "micro_batch", "resume_from")},
-                "resumed_step": None,
-                "drills": [],
-                "failure": None,
-                "decision": None,
+def _failure(f: FailureSeen) -> dict[str, Any]:
+    return {"ts": f.at, "kind": f.kind, "evidence": f.evidence, "culprits": list(f.culprits), "step": f.step}
+
+
+def _decision(d: DecisionTaken) -> dict[str, Any]:
+    row: dict[str, Any] = {"ts": d.at, "kind": d.kind, "action": d.action, "reason": d.reason}
+    for name in DECISION_FIELDS:
+        value = getattr(d, name)
+        if value is not None and value != () and not (name == "delay_s" and not value):
+            row[name] = list(value) if isinstance(value, tuple) else value
+    return row
+
+
+def _growth(g: Growth) -> dict[str, Any]:
+    return {"ts": g.at, "generation": g.generation, "nodes": list(g.nodes), "joiners": list(g.joiners),
+            "micro_batch": g.micro_batch, "world_size": g.world_size}  # fmt: skip
+
+
+def attempt_table(train: TrainRun) -> list[dict[str, Any]]:
+    """One row per training attempt: what it ran on, how it ended, and EVERY fault (failure and decision, with
+    the path, the joiners and the generation of one healed in place) and growth of its world, in order."""
+    rows = []
+    for a in train.attempts:
+        faults = [
+            {
+                "failure": _failure(f.failure) if f.failure else None,
+                "decision": _decision(f.decision) if f.decision else None,
             }
-            continue
-        attempt = e.get("attempt")
-        row = current if attempt is None else rows.get(attempt)
-        if row is None:
-            continue
-        if kind == "attempt_end":
-            row.update(
-                end=e["ts"],
-                state=e.get("state"),
-                trigger=e.get("trigger"),
-                reason=e.get("reason"),
-                last_step=e.get("last_step"),
-                seconds=e.get("seconds", round(e["ts"] - row["start"], 3)),
-            )
-        elif kind == "resumed" and row["resumed_step"] is None:
-            row["resumed_step"] = e.get("step")
-        elif kind == "drill_fired":  # written by the workload, which does not know the attempt number
-            row["drills"].append({k: e.get(k) for k in ("ts", "fault", "node", "step")})
-        elif kind == "failure_classified":
-            row["failure"] = {k: e.get(k) for k in ("ts", "kind", "evidence", "culprits")}
-        elif kind == "decision":
-            row["decision"] = {"ts": e["ts"], **{k: e[k] for k in DECISION_FIELDS if k in e}}
-    return list(rows.values())
+            for f in a.faults
+        ]
+        row: dict[str, Any] = {
+            "attempt": a.number,
+            "start": a.started,
+            "end": a.ended,
+            "state": a.state,
+            "nodes": list(a.start_nodes),
+            "world_size": a.world_size,
+            "micro_batch": a.start_micro_batch,
+            "resume_from": a.resume_from,
+            "resumed_step": a.resumed_step,
+            "drills": [{"ts": d.at, "fault": d.fault, "node": d.node, "step": d.step} for d in a.drills],
+            "faults": faults,
+            "growths": [_growth(g) for g in a.growths],
+            # The last of each, for the timeline chart.
+            "failure": next((f["failure"] for f in reversed(faults) if f["failure"]), None),
+            "decision": next((f["decision"] for f in reversed(faults) if f["decision"]), None),
+        }
+        if a.ended is not None:
+            row.update(trigger=a.trigger, reason=a.reason, last_step=a.last_step,
+                       seconds=a.seconds if a.seconds is not None else round(a.ended - a.started, 3))  # fmt: skip
+        rows.append(row)
+    return rows
 
 
 def checkpoint_table(events: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str | None]:
     """Every checkpoint the run saved or started from, with its validity and fate; and what ``LATEST``
-    named when the ledger ends (the last promotion or lineage reset)."""
-    rows: dict[str, dict[str, Any]] = {}
-    latest: str | None = None
-
-    def row(path: str, step: Any = None) -> dict[str, Any]:
-        if path not in rows:
-            rows[path] = {
-                "path": path,
-                "name": os.path.basename(path),
-                "step": step,
-                "attempt": None,
-                "saved_at": None,
-                "valid": None,
-                "problems": [],
-                "fate": [],
-            }
-        if step is not None and rows[path]["step"] is None:
-            rows[path]["step"] = step
-        return rows[path]
-
-    for e in events:
-        kind, path = e["event"], e.get("path")
-        if kind == "lineage_reset":
-            latest = path
-            if path:
-                row(path)["fate"].append("lineage start")
-        elif kind == "rolled_back":
-            for r in rows.values():
-                if r["saved_at"] is not None and (r["step"] or 0) > e["to_step"]:
-                    r["fate"].append(f"superseded (rollback to step {e['to_step']})")
-        elif not path or not kind.startswith("checkpoint_"):
-            continue
-        elif kind == "checkpoint_saved":
-            r = row(path, e.get("step"))
-            r.update(attempt=e.get("attempt"), saved_at=e["ts"], valid=None, problems=[])
-        elif kind == "checkpoint_validated":
-            row(path, e.get("step")).update(valid=bool(e.get("valid")), problems=list(e.get("problems") or []))
-        elif kind == "checkpoint_promoted":
-            latest = path
-            row(path, e.get("step"))["fate"].append("promoted")
-        elif kind == "checkpoint_quarantined":
-            r = row(path)
-            r.update(valid=False, problems=list(e.get("problems") or r["problems"]))
-            r["fate"].append(f"quarantined to {e.get('to')}")
-        elif kind == "checkpoint_retired":
-            row(path, e.get("step"))["fate"].append("retired (keep_hot)")
-        elif kind == "checkpoint_tiered":
-            row(path)["fate"].append(f"tiered to {e.get('uri')}")
-        elif kind == "checkpoint_checked":
-            r = row(path)
-            r["fate"].append("gate passed" if e.get("valid") else "gate failed: " + "; ".join(e.get("problems") or []))
-    for r in rows.values():
-        r["latest"] = r["path"] == latest
-    return sorted(rows.values(), key=lambda r: (r["step"] is None, r["step"] or 0, r["path"])), latest
+    named when the ledger ends (the fold's)."""
+    state = fold(events)
+    return [asdict(r) for r in state.checkpoints], state.latest_checkpoint
 
 
 def format_summary(summary: dict[str, Any]) -> str:
@@ -239,6 +183,11 @@ def format_summary(summary: dict[str, Any]) -> str:
             f"  attempts:         {summary['attempts']} (detection {recovery.get('detection_s')} s, resume delay"
             f" {recovery.get('resume_delay_s')} s, lost steps {recovery.get('lost_steps')}, ETTR {recovery.get('ettr')})"
         )
+    for row in summary.get("attempt_details") or []:
+        lines.append(f"  attempt {row['attempt']}:        {row['state']} on {', '.join(row.get('nodes') or []) or '-'}")
+        lines += [f"    {line}" for line in attempt_lines(row)]
+    if summary.get("world_path"):
+        lines.append(f"  world path:       {summary['world_path']}")
     lines.append(f"  valid checkpoint: {summary['checkpoint'] or '-'}")
     lines.append(f"  published to:     {summary['published'] or '-'}")
     if summary.get("report"):

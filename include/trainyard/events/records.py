@@ -1,0 +1,131 @@
+"""The neutral records of the fold (``trainyard.events.fold``): an attempt, each failure and decision of it,
+each growth of its world, each group formed in place. Plain frozen data, no recovery types: the controller
+(``recovery.state``) and the report adapt them to their own."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class FailureSeen:
+    """A ``failure_classified``: what failed, on whom, at which step."""
+
+    attempt: int
+    kind: str
+    at: float
+    evidence: str = ""
+    culprits: tuple[str, ...] = ()
+    step: int | None = None
+    detected_at: float | None = None
+
+
+@dataclass(frozen=True)
+class DecisionTaken:
+    """A ``decision`` about a failure; ``path`` ``in_place`` (a regroup) names the generation and who joined."""
+
+    attempt: int
+    kind: str
+    action: str
+    at: float
+    nodes: tuple[str, ...] = ()
+    reason: str = ""
+    delay_s: float = 0.0
+    micro_batch: int | None = None
+    to_step: int | None = None
+    new_nodes: tuple[str, ...] | None = None
+    path: str | None = None
+    left_out: tuple[str, ...] = ()
+    joiners: tuple[str, ...] = ()
+    generation: int | None = None
+    rolled_back_to: str | None = None
+    """The path (or ``none``) a rollback restarted the lineage at (``rolled_back``); None: not yet done."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One failure of an attempt and the decision taken about it (either may be missing in a torn ledger)."""
+
+    failure: FailureSeen | None = None
+    decision: DecisionTaken | None = None
+
+
+@dataclass(frozen=True)
+class Growth:
+    """The world grown back in place (``grown``): spares or re-admitted nodes joined at a step boundary."""
+
+    attempt: int
+    at: float
+    generation: int | None
+    nodes: tuple[str, ...]
+    joiners: tuple[str, ...]
+    micro_batch: int
+    world_size: int | None = None
+
+
+@dataclass(frozen=True)
+class Drill:
+    at: float
+    fault: str | None
+    node: str | None
+    step: int | None
+
+
+@dataclass(frozen=True)
+class Formed:
+    """A group formed in place (a training process's ``regrouped``): its generation, world size, first step."""
+
+    at: float
+    generation: int | None
+    world_size: int | None
+    from_step: int | None
+
+
+@dataclass(frozen=True)
+class AttemptRun:
+    """One training attempt as the ledger tells it; ``nodes``/``micro_batch`` are its current group's."""
+
+    number: int
+    started: float
+    start_nodes: tuple[str, ...]
+    world_size: int
+    start_micro_batch: int
+    resume_from: str
+    nodes: tuple[str, ...]
+    micro_batch: int
+    state: str = "running"
+    """``running`` (no ``attempt_end``: it runs, or the process watching it died), ``succeeded``, ``failed``."""
+    ended: float | None = None
+    seconds: float | None = None
+    last_step: int | None = None
+    trigger: str | None = None
+    reason: str | None = None
+    resumed_step: int | None = None
+    drills: tuple[Drill, ...] = ()
+    faults: tuple[Fault, ...] = ()
+    growths: tuple[Growth, ...] = ()
+    regrouped_at: float | None = None
+    """When the last regroup or growth was decided (its group's ranks start again from then)."""
+
+    @property
+    def failures(self) -> list[FailureSeen]:
+        return [f.failure for f in self.faults if f.failure is not None]
+
+    @property
+    def decisions(self) -> list[DecisionTaken]:
+        return [f.decision for f in self.faults if f.decision is not None]
+
+    @property
+    def regroups(self) -> list[Fault]:
+        """The faults healed in place (the attempt ran on)."""
+        return [f for f in self.faults if f.decision is not None and f.decision.action == "regroup"]
+
+    @property
+    def decided(self) -> DecisionTaken | None:
+        """The last decision that ended the attempt (not a regroup: that one runs on)."""
+        return next((d for d in reversed(self.decisions) if d.action != "regroup"), None)
+
+    @property
+    def generation(self) -> int:
+        """The group generation on the supervisor's store: 1, then one more per regroup or growth."""
+        return 1 + len(self.regroups) + len(self.growths)

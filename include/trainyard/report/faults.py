@@ -1,0 +1,44 @@
+"""Every fault of an attempt, and each growth of its world, as one line of text: the same words in the HTML
+report, ``trainyard summary`` and the notice mail (read from the fold's rows, ``summary.attempt_table``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+def fault_line(fault: Mapping[str, Any]) -> str:
+    """``node_lost on node-0 -> regroup in place, generation 2, joined by node-3``; a relaunch's decision
+    reads ``hang on node-1 -> scale_down``."""
+    failure, decision = fault.get("failure") or {}, fault.get("decision") or {}
+    culprits = failure.get("culprits") or []
+    what = f"{failure.get('kind') or decision.get('kind') or 'failure'}" + (
+        f" on {', '.join(culprits)}" if culprits else ""
+    )
+    if not decision.get("action"):
+        return f"{what} (no decision recorded)"
+    done = decision["action"]
+    if decision.get("path") == "in_place":
+        done += " in place"
+        if decision.get("generation") is not None:
+            done += f", generation {decision['generation']}"
+        joiners = decision.get("joiners") or []
+        if joiners:
+            done += f", joined by {', '.join(joiners)}"
+    return f"{what} -> {done}"
+
+
+def growth_line(growth: Mapping[str, Any]) -> str:
+    """``grown in place, generation 4, joined by node-0 (3 nodes)``."""
+    joiners = ", ".join(growth.get("joiners") or []) or "-"
+    return (
+        f"grown in place, generation {growth.get('generation')}, joined by {joiners}"
+        f" ({len(growth.get('nodes') or [])} nodes)"
+    )
+
+
+def attempt_lines(row: Mapping[str, Any]) -> list[str]:
+    """The attempt's faults and growths in the order they happened, each as one line."""
+    dated = [((f.get("failure") or f.get("decision") or {}).get("ts") or 0.0, fault_line(f)) for f in row["faults"]]
+    dated += [(g.get("ts") or 0.0, growth_line(g)) for g in row.get("growths") or []]
+    return [line for _, line in sorted(dated, key=lambda d: d[0])]
