@@ -35,9 +35,9 @@ if TYPE_CHECKING:  # the Kubernetes clients take a second to import: at run time
     from trainyard.backends.kubernetes.launcher import KubernetesLauncher
     from trainyard.backends.local.launcher import LocalLauncher
     from trainyard.pipeline.run import Run
-    from trainyard.pipeline.train import Deferral, TrainStage
+    from trainyard.pipeline.train import TrainStage
     from trainyard.recovery.controller import BackoffOver, Reported
-    from trainyard.recovery.deferred import AttemptWatch, Backoff
+    from trainyard.recovery.deferred import AttemptWatch, Backoff, Deferral
 
 
 def launcher_for(nodes: NodesSpec) -> LocalLauncher | KubernetesLauncher:

@@ -25,7 +25,7 @@ from trainyard.pipeline.run import Run, defers
 from trainyard.protocol.coordstore import Coordinator
 from trainyard.protocol.env import FaultDrill, TrainEnv
 from trainyard.recovery.controller import AttemptResult, BackoffOver, Context, Course, Reported
-from trainyard.recovery.deferred import AttemptWatch, Backoff, Deferred, Done
+from trainyard.recovery.deferred import Deferral, Deferred, Done, Outcome
 from trainyard.recovery.figures import recovery_figures
 from trainyard.recovery.progress import ProgressLog, tokens_per_step
 from trainyard.recovery.storehost import attempt_store, serve
@@ -37,8 +37,6 @@ if TYPE_CHECKING:
     from torch.distributed import TCPStore
 
 STAGE = "train"
-Deferral = AttemptWatch | Backoff
-"""What a deferred train task waits on next: the attempt's trigger, or the end of a backoff."""
 # Only a process that stays can serve the store an attempt's ranks regroup on.
 DEFERRED_WHY_NOT = "the train task defers: no process of it stays to serve the store the ranks regroup on"
 
@@ -116,6 +114,7 @@ class TrainStage:
 
     @property
     def defers(self) -> bool:
+        """Whether the task runs this stage deferred (``begin``, ``resume``) rather than ``run_blocking``."""
         return defers(self.run.spec.nodes)
 
     def run_blocking(self) -> Trained:
@@ -189,7 +188,7 @@ class TrainStage:
             self._deferred(reader, target).lost_lease(str(exc))  # ends the attempt, raises
             raise
 
-    def _outcome(self, outcome: AttemptWatch | Backoff | Done, start: int) -> Deferral | Trained:
+    def _outcome(self, outcome: Outcome, start: int) -> Deferral | Trained:
         if not isinstance(outcome, Done):
             return outcome
         return self._result(start, start + self.run.spec.training.max_steps, outcome.result)
