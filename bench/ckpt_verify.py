@@ -77,13 +77,13 @@ def demo_fraction(tmp: Path) -> tuple[float, float]:
     trained = stages.train(run, chosen["healthy"])
     gate = (
         "import sys, time; t = time.monotonic(); import great_expectations; print(time.monotonic() - t);"
-        "from trainyard import stages; from trainyard.pipeline.run import open_run;"
+        "from trainyard.pipeline import stages; from trainyard.pipeline.run import open_run;"
         "run = open_run(sys.argv[1], 'nightly_pretrain', 'bench', '2026-11-28');"
         "stages.check_checkpoint(run, sys.argv[2], int(sys.argv[3]))"
     )
     # Time the import separately in the same fresh process, then the gate (which finds GX imported).
     done = subprocess.run(
-        [sys.executable, "-c", gate, str(run.spec_path), trained["checkpoint"], str(trained["target_step"])],
+        [sys.executable, "-c", gate, str(run.spec_path), trained.checkpoint, str(trained.target_step)],
         check=True,
         capture_output=True,
         text=True,

@@ -170,3 +170,43 @@ def test_parsing_imports_neither_torch_nor_the_kubernetes_clients() -> None:
     done = subprocess.run([sys.executable, "-c", code, str(ROOT / "dags")], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_parsed_dag_lets_its_tasks_pull_the_stages_typed_results() -> None:
+    """The stages' results travel as XComs: serialized as Airflow stores them, rebuilt as the pulling task
+    (which parsed the DAG file) rebuilds them, typed; in a process that parsed no DAG, serde refuses them."""
+    import json
+
+    from airflow.sdk.bases.xcom import BaseXCom
+
+    from trainyard.pipeline.results import BurnInResult, CheckpointChecked, Trained
+
+    results = [
+        BurnInResult(
+            healthy=["node-0"], spare=["node-1"], evicted={"node-2": "slow"}, references={"local": {"mm": 1.0}}
+        ),
+        Trained(nodes=["node-0"], start_step=10, target_step=30, last_step=30, checkpoint="/c/step_30", attempts=2),
+        CheckpointChecked(checkpoint="/c/step_30", step=30, metrics={"loss": 2.5}),
+    ]
+    stored = [json.dumps(BaseXCom.serialize_value(r)) for r in results]
+    code = (
+        "import json, sys; from airflow.sdk.bases.xcom import BaseXCom; from types import SimpleNamespace as S\n"
+        "pull = lambda: [BaseXCom.deserialize_value(S(value=json.loads(v))) for v in json.loads(sys.argv[2])]\n"
+        "try: pull()\n"
+        "except ImportError: print('result: refused before parsing')\n"
+        "from airflow.dag_processing.dagbag import DagBag; DagBag(dag_folder=sys.argv[1])\n"
+        "print('result:', repr(pull()))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(ROOT / "dags"), json.dumps(stored)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    # (The DagBag logs to stdout too.)
+    refused, pulled = [
+        line.removeprefix("result: ") for line in done.stdout.splitlines() if line.startswith("result: ")
+    ]
+    assert refused == "refused before parsing"
+    assert pulled == repr(results)

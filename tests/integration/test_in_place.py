@@ -33,9 +33,9 @@ GROWING = (
 def finish_in_place(tmp_path: Path, drills: str) -> tuple[object, dict]:
     run = run_with(tmp_path, drills, spec=IN_PLACE)
     result = stages.train(run, ["node-0", "node-1", "node-2"])
-    assert result["attempts"] == 1 and result["last_step"] == 20  # no relaunch
-    assert stages.check_checkpoint(run, result["checkpoint"], 20)["step"] == 20
-    return run, read_manifest(Path(result["checkpoint"]))
+    assert result.attempts == 1 and result.last_step == 20  # no relaunch
+    assert stages.check_checkpoint(run, result.checkpoint, 20).step == 20
+    return run, read_manifest(Path(result.checkpoint))
 
 
 @pytest.mark.parametrize(
@@ -69,14 +69,14 @@ def test_a_node_started_again_grows_the_world_back_in_place(tmp_path: Path) -> N
     waits ready, and joins at a step boundary with the state by broadcast: 3 nodes again, one attempt."""
     run = run_with(tmp_path, "[{fault: kill, node: node-1, step: 5}]", spec=GROWING)
     result = stages.train(run, ["node-0", "node-1", "node-2"])
-    assert result["attempts"] == 1 and result["last_step"] == 80
+    assert result.attempts == 1 and result.last_step == 80
     [rejoining] = events(run, "rejoining")
     assert rejoining["nodes"] == ["node-1"]
     [grown] = events(run, "grown")
     assert grown["nodes"] == ["node-0", "node-2", "node-1"] and grown["joiners"] == ["node-1"]
     assert grown["generation"] == 3 and grown["micro_batch"] == 2  # the first attempt's, global batch 12
     assert [e["world_size"] for e in events(run, "regrouped")] == [2, 3]
-    assert read_manifest(Path(result["checkpoint"]))["world_size"] == 3
+    assert read_manifest(Path(result.checkpoint))["world_size"] == 3
     figures = recovery_figures(run.ledger)
     assert figures["world_path"] == "3 -> 2 -> 3" and figures["spares_joined"] == "node-1"
     assert figures["lost_steps"] <= 1 and figures["spares_idle"] is None
@@ -88,7 +88,7 @@ def test_a_warm_spare_started_with_the_attempt_replaces_the_lost_node(tmp_path: 
     spec = GROWING.replace("nodes: {{count: 3, min: 2}}", "nodes: {{count: 3, min: 2, spare: 1}}")
     run = run_with(tmp_path, "[{fault: kill, node: node-1, step: 5}]", spec=spec)
     result = stages.train(run, ["node-0", "node-1", "node-2"], spares=["node-3"])
-    assert result["attempts"] == 1 and result["last_step"] == 80
+    assert result.attempts == 1 and result.last_step == 80
     [warm] = events(run, "spares_warm")
     assert warm["nodes"] == ["node-3"]
     [decision] = events(run, "decision")

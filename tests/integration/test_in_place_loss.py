@@ -29,9 +29,9 @@ def losses(run) -> dict[int, float]:
 def test_in_place_reproduces_the_loss_of_the_relaunch_path(tmp_path: Path) -> None:
     drills = "[{fault: kill, node: node-1, step: 12}]"
     in_place = run_with(tmp_path / "in-place", drills, spec=IN_PLACE)
-    assert stages.train(in_place, NODES)["attempts"] == 1
+    assert stages.train(in_place, NODES).attempts == 1
     relaunched = run_with(tmp_path / "relaunch", drills, spec=STEP_EVENTS)
-    assert stages.train(relaunched, NODES)["attempts"] == 2
+    assert stages.train(relaunched, NODES).attempts == 2
     assert [d["action"] for d in events(in_place, "decision")] == ["regroup"]
     assert [d["action"] for d in events(relaunched, "decision")] == ["scale_down"]
     ours, theirs = losses(in_place), losses(relaunched)

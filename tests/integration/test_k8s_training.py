@@ -1,7 +1,7 @@
 """Training on the kubernetes backend, deferred, end to end against an API server over HTTP.
 
-The train task's two halves (``stages.start_training`` and
-``stages.continue_training``) are driven the way Airflow drives the deferred
+The train task's two halves (``TrainStage.begin`` and
+``TrainStage.resume``) are driven the way Airflow drives the deferred
 ``TrainOperator``: launch, then wait on the operator's own trigger
 (``trigger_for``: the provider's async hook through an Airflow connection),
 then hand each event back, until a result or a failure. ``fake_k8s.Kubelet``
@@ -29,12 +29,14 @@ from airflow.providers.standard.triggers.temporal import DateTimeTrigger
 from airflow_helpers import ROOT, TASKS, airflow, airflow_env, run_state, task_states, wait_until
 from fake_k8s import FakeKube, Kubelet, airflow_connection
 
-from trainyard.airflow.operators import TrainOperator, backoff_trigger, defers, launcher_for, trigger_for
+from trainyard.airflow.operators import TrainOperator, backoff_trigger, launcher_for, trigger_for
 from trainyard.airflow.triggers import KubernetesAttemptTrigger, reported
 from trainyard.checkpoint.format import read_manifest
 from trainyard.events.ledger import Ledger
 from trainyard.pipeline import stages
-from trainyard.pipeline.run import Run, open_run
+from trainyard.pipeline.results import BurnInResult, Trained
+from trainyard.pipeline.run import Run, defers, open_run
+from trainyard.pipeline.train import TrainStage
 from trainyard.protocol.heartbeat import read_heartbeats
 from trainyard.protocol.shards import write_synthetic_corpus
 from trainyard.recovery.deferred import AttemptWatch, Backoff
@@ -111,13 +113,13 @@ def triggered(trigger: Any) -> dict[str, Any]:
     return first_event(rebuilt)
 
 
-def deferred_train(run: Run, spares: list[str] | None = None) -> tuple[dict[str, Any], list[str]]:
+def deferred_train(run: Run, spares: list[str] | None = None) -> tuple[Trained, list[str]]:
     """What Airflow does with the deferred operator: each half in a fresh launcher, as in a fresh process."""
     assert defers(run.spec.nodes)
     spares = list(spares or [])
-    outcome = stages.start_training(run, NODES, launcher_for(run.spec.nodes), spares)
+    outcome = TrainStage(run, NODES, launcher_for(run.spec.nodes), spares).begin()
     seen = []
-    while not isinstance(outcome, dict):
+    while not isinstance(outcome, Trained):
         if isinstance(outcome, Backoff):  # the backoff is a deferral too: on a time trigger, not a sleep
             first_event(backoff_trigger(run, outcome))  # the provider's DateTimeTrigger, run as the triggerer would
             seen.append("backoff")
@@ -126,7 +128,7 @@ def deferred_train(run: Run, spares: list[str] | None = None) -> tuple[dict[str,
             event = triggered(trigger_for(run, AttemptWatch.from_json(json.loads(json.dumps(outcome.to_json())))))
             seen.append(event["status"])
             news = reported(event)
-        outcome = stages.continue_training(run, NODES, launcher_for(run.spec.nodes), spares, news)
+        outcome = TrainStage(run, NODES, launcher_for(run.spec.nodes), spares).resume(news)
     return outcome, seen
 
 
@@ -155,18 +157,38 @@ def test_an_oom_pod_is_retried_with_half_the_micro_batch_and_the_run_finishes(fa
     assert [(s["attempt"], s["nodes"], s["micro_batch"]) for s in starts] == [(1, NODES, 2), (2, NODES, 1)]
     # The failed pod's log was kept as the evidence classify read.
     assert any("MemoryError" in p.read_text() for p in (run.dir / "attempt-1").glob("*.log"))
-    manifest = read_manifest(Path(result["checkpoint"]))
-    assert manifest["step"] == 20 and result["attempts"] == 2 and result["target_step"] == 20
+    manifest = read_manifest(Path(result.checkpoint))
+    assert manifest["step"] == 20 and result.attempts == 2 and result.target_step == 20
     # Every checkpoint was judged by the wake-up sweeps, the final one included.
     judged = {Path(e["path"]).name for e in train_events(run, "checkpoint_validated")}
-    assert Path(result["checkpoint"]).name in judged
+    assert Path(result.checkpoint).name in judged
     assert [e["event"] for e in run.ledger.events("train") if e["event"].startswith("stage_")] == [
         "stage_start",
         "stage_end",
     ]
     assert fake.items("apis/batch/v1", "jobs", NS) == [] and fake.items("api/v1", "services", NS) == []
     assert evicted(fake) == []  # an OOM is the job's fault, not the node's
-    assert stages.check_checkpoint(run, result["checkpoint"], 20)["step"] == 20
+    assert stages.check_checkpoint(run, result.checkpoint, 20).step == 20
+
+
+def test_a_deferred_run_records_the_train_stage_as_a_blocking_one_does(fake: FakeKube, tmp_path: Path) -> None:
+    """The one stage recorder: the deferred task, in a new process at every wake, writes the train stage's
+    events as the blocking one does (test_recovery's ``recovery_path``): start, resume point, recovery path,
+    figures, end with the result, each once."""
+    run = run_with(tmp_path, "[]")
+    with Kubelet(fake, NS, tmp_path / "kubelet", seed=SEED):
+        result, seen = deferred_train(run)
+    assert seen[-1] == "succeeded"
+    [path] = train_events(run, "recovery_path")  # the relaunch path, and why
+    assert path["in_place"] is False and path["why_not"] == "recovery.in_place is false"
+    recorded = [e["event"] for e in run.ledger.events("train") if e["event"] in STAGE_RECORD]
+    assert recorded == ["stage_start", "resume_point", "recovery_path", "recovery_figures", "stage_end"]
+    [end] = train_events(run, "stage_end")
+    assert end["result"] == result.as_dict() and end["seconds"] > 0
+
+
+# The train stage's own record (not the attempts' events), in the order both drivers write it.
+STAGE_RECORD = ("stage_start", "resume_point", "recovery_path", "recovery_figures", "stage_end", "stage_failed")
 
 
 def processes_of(run: Run) -> list[psutil.Process]:
@@ -193,7 +215,7 @@ def test_a_hung_rank_is_seen_by_the_trigger_and_the_run_scales_down(fake: FakeKu
     assert classified["kind"] == "hang" and classified["culprits"] == ["gpu-b"]
     [decision] = train_events(run, "decision")
     assert decision["action"] == "scale_down" and decision["new_nodes"] == ["gpu-a"]
-    assert read_manifest(Path(result["checkpoint"]))["world_size"] == 1
+    assert read_manifest(Path(result.checkpoint))["world_size"] == 1
     assert fake.items("api/v1", "pods", NS) == []  # the hung attempt's pods were deleted with its Job
     # The node left out is marked as the pressure test marks a weak one: no later pod lands there.
     assert evicted(fake) == ["gpu-b"]
@@ -236,8 +258,8 @@ def test_the_train_task_defers_in_a_real_airflow_run(fake: FakeKube, tmp_path: P
 class TaskInstance:
     """The slice of Airflow's task instance the train operator reads: burn-in's choice."""
 
-    def xcom_pull(self, task_ids: str) -> dict[str, Any]:
-        return {"healthy": NODES, "spare": []}
+    def xcom_pull(self, task_ids: str) -> BurnInResult:
+        return BurnInResult(healthy=NODES, spare=[])
 
 
 def test_a_backoff_defers_on_a_time_trigger_instead_of_sleeping_in_the_worker(fake: FakeKube, tmp_path: Path) -> None:
@@ -303,5 +325,5 @@ def test_a_lost_host_is_marked_and_replaced_by_the_spare_under_random_placement(
     assert evicted(fake) == [host]  # the real host is marked: no later pod of any run lands there
     assert [e["nodes"] for e in train_events(run, "nodes_marked")] == [[host]]
     assert later == {survivor, SPARE}  # attempt 2's pods ran on the hosts it was pinned to
-    manifest = read_manifest(Path(result["checkpoint"]))
-    assert manifest["step"] == 20 and manifest["world_size"] == 2 and result["attempts"] == 2
+    manifest = read_manifest(Path(result.checkpoint))
+    assert manifest["step"] == 20 and manifest["world_size"] == 2 and result.attempts == 2

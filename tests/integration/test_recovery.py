@@ -55,10 +55,10 @@ def events(run, event: str) -> list[dict]:
 
 def finish(run) -> dict:
     result = stages.train(run, ["node-0", "node-1", "node-2"])
-    final = Path(result["checkpoint"])
+    final = Path(result.checkpoint)
     manifest = read_manifest(final)
     assert manifest["step"] == 20 and manifest["global_batch"] == 12
-    assert stages.check_checkpoint(run, result["checkpoint"], 20)["step"] == 20
+    assert stages.check_checkpoint(run, result.checkpoint, 20).step == 20
     return manifest
 
 

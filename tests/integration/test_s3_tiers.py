@@ -240,13 +240,13 @@ def test_s3_republish_at_a_smaller_world_size_leaves_no_stale_shards(s3_server, 
     run = s3_run(s3_server, bucket, tmp_path)
     stages.publish(run, str(save_as_ranks(tmp_path / "a", 10, ranks=2)))
     result = stages.publish(run, str(save_as_ranks(tmp_path / "b", 10, ranks=1)))
-    copy = fetch(s3_server, result["uri"], tmp_path / "fetched")
+    copy = fetch(s3_server, result.uri, tmp_path / "fetched")
     assert verify(copy) == [], "the re-published copy mixes two saves"
     assert read_manifest(copy)["world_size"] == 1 and validate(copy).valid
     from trainyard.checkpoint import cold
 
     tier = S3Tier(f"s3://{bucket}/checkpoints/pipe", s3_server.settings, retry=FAST)
-    assert cold.published(tier) == result["uri"].rsplit("/", 1)[1]
+    assert cold.published(tier) == result.uri.rsplit("/", 1)[1]
     assert tier.stat(cold.POINTER).sha256  # the pointer is an object like the others, verified on write
 
 
@@ -271,9 +271,9 @@ def test_s3_interrupted_republish_leaves_the_published_copy_whole_and_pointed_to
     with pytest.raises(TransientError):
         stages.publish(run, str(save_as_ranks(tmp_path / "b", 10, ranks=1)))
     monkeypatch.undo()
-    old = fetch(s3_server, first["uri"], tmp_path / "fetched")
+    old = fetch(s3_server, first.uri, tmp_path / "fetched")
     assert verify(old) == [] and read_manifest(old)["world_size"] == 2, "the published copy was written over"
     from trainyard.checkpoint import cold
 
     tier = S3Tier(f"s3://{bucket}/checkpoints/pipe", s3_server.settings, retry=FAST)
-    assert cold.published(tier) == first["uri"].rsplit("/", 1)[1]
+    assert cold.published(tier) == first.uri.rsplit("/", 1)[1]

@@ -144,8 +144,8 @@ def produce_run(root: Path, burned_in: Callable[[], object]) -> None:
     chosen = stages.burn_in(run)
     burned_in()
     trained = stages.train(run, chosen["healthy"], spares=chosen.get("spare", []))
-    checked = stages.check_checkpoint(run, trained["checkpoint"], trained["target_step"])
-    stages.publish(run, checked["checkpoint"])
+    checked = stages.check_checkpoint(run, trained.checkpoint, trained.target_step)
+    stages.publish(run, checked.checkpoint)
     stages.report(run)
 
 

@@ -282,6 +282,6 @@ def test_check_dataset_and_training_refuse_a_folder_a_reboot_damaged(tmp_path: P
     with pytest.raises(DataError, match=rf"{shard.name} \(xxh3-128:"):
         stages.check_dataset(run)
     with pytest.raises(DataError, match=rf"{shard.name} \(xxh3-128:"):
-        stages.start_training(run, ["node-1"], launcher=None)  # type: ignore[arg-type]
+        stages.TrainStage(run, ["node-1"], launcher=None).begin()  # type: ignore[arg-type]
     failed = [e for e in run.ledger.events() if e["event"] == "stage_failed"]
     assert [e["stage"] for e in failed] == ["check_dataset", "train"]

@@ -43,7 +43,7 @@ def test_republishing_a_step_at_a_smaller_world_size_leaves_no_stale_shards(tmp_
     assert validate(wide).valid and validate(narrow).valid
     stages.publish(run, str(wide))
     result = stages.publish(run, str(narrow))
-    copy = copy_at(result["uri"])
+    copy = copy_at(result.uri)
     assert verify(copy) == [], "the re-published copy mixes two saves"
     assert read_manifest(copy)["world_size"] == 1 and validate(copy).valid
     from trainyard.checkpoint import cold
@@ -68,15 +68,15 @@ def test_an_interrupted_republish_leaves_the_published_copy_whole_and_pointed_to
     with pytest.raises(OSError, match="No space left"):
         stages.publish(run, str(again))
     monkeypatch.undo()
-    old = copy_at(first["uri"])
+    old = copy_at(first.uri)
     assert verify(old) == [] and read_manifest(old)["world_size"] == 2, "the published copy was written over"
     from trainyard.checkpoint import cold
 
     tier = LocalTier(old.parent)
     assert cold.published(tier) == old.name
     retried = stages.publish(run, str(again))  # the retry completes, and only then does the pointer move
-    assert cold.published(tier) == copy_at(retried["uri"]).name != old.name
-    assert verify(old) == [] and verify(copy_at(retried["uri"])) == []
+    assert cold.published(tier) == copy_at(retried.uri).name != old.name
+    assert verify(old) == [] and verify(copy_at(retried.uri)) == []
 
 
 def test_a_pointer_that_names_no_copy_is_refused(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from airflow.sdk import DAG, Param, task
+from airflow.sdk.serde import allow_class
 
 from trainyard.airflow import tasks
 from trainyard.airflow.assets import checkpoint_asset
@@ -20,6 +21,7 @@ from trainyard.airflow.notify import dag_callbacks
 from trainyard.airflow.operators import ReportOperator, TrainOperator
 from trainyard.airflow.params import param_schemas
 from trainyard.errors import SpecError
+from trainyard.pipeline.results import RESULTS, CheckpointChecked, Trained
 from trainyard.report.pages import URL_PREFIX
 from trainyard.spec import PipelineSpec, load_spec, nested_specs
 
@@ -46,7 +48,16 @@ def node_slots(spec: PipelineSpec) -> dict[str, int]:
     return {"burn_in": upper + spec.nodes.spare, "train": upper}
 
 
+def allow_results() -> None:
+    """Let this process rebuild the stages' results from their XComs (Airflow's serde imports only allowed
+    classes). Every task process parses the DAG file before it runs, so every task that pulls a result can;
+    the API server only shows them (as text), which needs no import."""
+    for result in RESULTS:
+        allow_class(result)
+
+
 def build_dag(spec_path: Path, spec: PipelineSpec) -> DAG:
+    allow_results()
     dag_id = spec.dag_id(spec_path)
     rec = spec.recovery
     schemas = param_schemas(spec)
@@ -87,10 +98,10 @@ def build_dag(spec_path: Path, spec: PipelineSpec) -> DAG:
             pool_slots=slots["train"],
         )
         checked = task(task_id="check_checkpoint")(tasks.check_checkpoint)(
-            path, run_file, cast(dict[str, Any], trained.output)
+            path, run_file, cast(Trained, trained.output)
         )
         published = task(task_id="publish", retries=2, outlets=[checkpoint_asset(dag_id)])(tasks.publish)(
-            path, run_file, cast(dict[str, Any], checked)
+            path, run_file, cast(CheckpointChecked, checked)
         )
         # The report is written whatever happened (a failed run needs it most), and the run's state must
         # still say what happened. A teardown gives both: it runs once its setup (pin_spec) succeeded and

@@ -5,11 +5,11 @@ Airflow calls ``on_kill`` when the task is stopped (marked failed in the UI, a
 timeout, a SIGTERM); a TaskFlow function has no such hook, and torchrun agents
 run in sessions of their own, so without it they would outlive the task.
 
-On the Kubernetes backend the task defers while an attempt runs (the pods
-need no babysitter in the worker): ``stages.start_training`` launches, the
-``KubernetesAttemptTrigger`` watches from the triggerer, and each of its
-events resumes the task in ``attempt_event``, which decides and launches
-again or returns the result. A retry's backoff is a deferral too, on the
+Where the run defers (``pipeline.run.defers``: the Kubernetes backend) the task
+defers while an attempt runs (the pods need no babysitter in the worker):
+``TrainStage.begin`` launches, the ``KubernetesAttemptTrigger`` watches from
+the triggerer, and each of its events resumes the task in ``attempt_event``,
+whose ``TrainStage.resume`` decides and launches again or returns the result. A retry's backoff is a deferral too, on the
 provider's ``DateTimeTrigger`` (resumed in ``backoff_over``): no worker slot
 sleeps through it.
 """
@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator, BaseOperatorLink, conf
 
 from trainyard.airflow import tasks
-from trainyard.airflow.tasks import dagrun_state, kube_client, load_stages, stage_run
+from trainyard.airflow.tasks import dagrun_state, kube_client, stage_run
+from trainyard.pipeline.results import BurnInResult, ReportWritten, Trained
 from trainyard.report.pages import run_url
 from trainyard.spec import NodesSpec
 
@@ -34,7 +35,8 @@ if TYPE_CHECKING:  # the Kubernetes clients take a second to import: at run time
     from trainyard.backends.kubernetes.launcher import KubernetesLauncher
     from trainyard.backends.local.launcher import LocalLauncher
     from trainyard.pipeline.run import Run
-    from trainyard.recovery.deferred import AttemptWatch, Backoff
+    from trainyard.pipeline.train import TrainStage
+    from trainyard.recovery.deferred import AttemptWatch, Backoff, Deferral
     from trainyard.recovery.observations import BackoffOver, Reported
 
 
@@ -48,13 +50,8 @@ def launcher_for(nodes: NodesSpec) -> LocalLauncher | KubernetesLauncher:
     return KubernetesLauncher(kube_client(nodes.kubernetes), nodes.kubernetes)
 
 
-def defers(nodes: NodesSpec) -> bool:
-    """Local attempts are the task's own child processes: only Kubernetes attempts can be left to a trigger."""
-    return nodes.backend == "kubernetes" and nodes.kubernetes is not None and nodes.kubernetes.deferrable
-
-
 def trigger_for(run: Run, watch: AttemptWatch) -> KubernetesAttemptTrigger:
-    """The trigger watching the attempt ``stages.start_training`` / ``continue_training`` launched or re-attached."""
+    """The trigger watching the attempt ``TrainStage.begin`` / ``resume`` launched or re-attached."""
     from trainyard.airflow.triggers import KubernetesAttemptTrigger
     from trainyard.recovery.progress import tokens_per_step
 
@@ -128,24 +125,23 @@ class TrainOperator(BaseOperator):
         self.burn_in_task_id = burn_in_task_id
         self._launcher: LocalLauncher | KubernetesLauncher | None = None
 
-    def execute(self, context: Any) -> dict[str, Any]:
-        chosen = context["ti"].xcom_pull(task_ids=self.burn_in_task_id)
+    def execute(self, context: Any) -> Trained:
         with stage_run(self.spec_path, self.run_file, "train") as run:
-            self._launcher = launcher_for(run.spec.nodes)
-            if not defers(run.spec.nodes):
-                return load_stages().train(
-                    run,
-                    chosen["healthy"],
-                    launcher=self._launcher,
-                    spares=chosen.get("spare", []),
-                    run_state=dagrun_state,
-                )
-            outcome = load_stages().start_training(
-                run, chosen["healthy"], self._launcher, chosen.get("spare", []), run_state=dagrun_state
-            )
+            stage = self._stage(context, run)
+            if not stage.defers:
+                return stage.run_blocking()
+            outcome = stage.begin()
         return self._wait_for(run, outcome)
 
-    def attempt_event(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
+    def _stage(self, context: Any, run: Run) -> TrainStage:
+        """The run's train stage on the nodes burn-in chose (its XCom), with this task's launcher."""
+        from trainyard.pipeline.train import TrainStage
+
+        chosen: BurnInResult = context["ti"].xcom_pull(task_ids=self.burn_in_task_id)
+        self._launcher = launcher_for(run.spec.nodes)
+        return TrainStage(run, list(chosen.healthy), self._launcher, list(chosen.spare), run_state=dagrun_state)
+
+    def attempt_event(self, context: Any, event: dict[str, Any]) -> Trained:
         """Resumed by the attempt trigger: act on its event, then wait on (this attempt, a backoff, the next one)
         or finish.
 
@@ -156,22 +152,18 @@ class TrainOperator(BaseOperator):
 
         return self._resumed(context, reported(event))
 
-    def backoff_over(self, context: Any, event: Any = None) -> dict[str, Any]:
+    def backoff_over(self, context: Any, event: Any = None) -> Trained:
         """Resumed by the backoff's time trigger: launch the next attempt (or wait on, if the backoff is not over)."""
         from trainyard.recovery.observations import BackoffOver
 
         return self._resumed(context, BackoffOver(time.time()))
 
-    def _resumed(self, context: Any, news: Reported | BackoffOver) -> dict[str, Any]:
-        chosen = context["ti"].xcom_pull(task_ids=self.burn_in_task_id)
+    def _resumed(self, context: Any, news: Reported | BackoffOver) -> Trained:
         with stage_run(self.spec_path, self.run_file, "train") as run:
-            self._launcher = launcher_for(run.spec.nodes)
-            outcome = load_stages().continue_training(
-                run, chosen["healthy"], self._launcher, chosen.get("spare", []), news, run_state=dagrun_state
-            )
+            outcome = self._stage(context, run).resume(news)
         return self._wait_for(run, outcome)
 
-    def _wait_for(self, run: Run, outcome: AttemptWatch | Backoff | dict[str, Any]) -> dict[str, Any]:
+    def _wait_for(self, run: Run, outcome: Deferral | Trained) -> Trained:
         """Defer on what the deferred driver waits for (the attempt's trigger, or a time), or return the result."""
         from trainyard.recovery.deferred import AttemptWatch, Backoff
 
@@ -179,7 +171,7 @@ class TrainOperator(BaseOperator):
             self.defer(trigger=trigger_for(run, outcome), method_name="attempt_event")
         if isinstance(outcome, Backoff):
             self.defer(trigger=backoff_trigger(run, outcome), method_name="backoff_over")
-        assert isinstance(outcome, dict), outcome
+        assert isinstance(outcome, Trained), outcome
         return outcome
 
     def on_kill(self) -> None:
@@ -205,5 +197,5 @@ class ReportOperator(BaseOperator):
         self.spec_path = spec_path
         self.run_file = run_file
 
-    def execute(self, context: Any) -> dict[str, Any]:
+    def execute(self, context: Any) -> ReportWritten:
         return tasks.report(self.spec_path, self.run_file)

@@ -5,7 +5,10 @@ the trigger's Params and pins the result in the run folder (``spec.json``).
 Every later adapter gets that snapshot's path (an XCom) and reopens the run
 from it, so a run, its retries and its report use the spec it started with,
 whatever happens to the YAML file meanwhile. Each calls one function of
-``trainyard.pipeline.stages``. Errors a retry cannot fix (a bad spec, bad
+``trainyard.pipeline.stages``, imported inside the adapter (the stages bring
+torch along, and the DAG processor imports this module to parse every
+pipeline, which must take milliseconds), and returns the stage's typed
+result (``trainyard.pipeline.results``): the XCom the next task reads. Errors a retry cannot fix (a bad spec, bad
 data, too few healthy nodes, an invalid checkpoint) fail the task with no
 retry; the rest fail it normally, so the task's retries apply. When the
 stage ends, its duration and outcome go to Airflow's metrics client.
@@ -17,7 +20,6 @@ import datetime as dt
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from types import ModuleType
 from typing import Any
 
 from airflow.sdk import Connection, get_current_context
@@ -26,20 +28,21 @@ from airflow.sdk.exceptions import AirflowFailException
 from trainyard.airflow.assets import checkpoint_asset
 from trainyard.airflow.metrics import emitted
 from trainyard.errors import FAIL_FAST, SpecError
+from trainyard.pipeline.results import (
+    BurnInResult,
+    CheckpointChecked,
+    DatasetChecked,
+    Published,
+    ReportWritten,
+    Staged,
+    Trained,
+)
 from trainyard.pipeline.run import SNAPSHOT, Run, load_run, open_run
 from trainyard.report.summary import format_summary, summarize
 from trainyard.spec import KubernetesSpec
 from trainyard.storage.s3auth import S3Settings, settings_for
 
 log = logging.getLogger(__name__)
-
-
-def load_stages() -> ModuleType:
-    """``trainyard.pipeline.stages``, imported when a task runs: it brings torch along, and the DAG
-    processor imports this module to parse every pipeline, which must take milliseconds."""
-    import trainyard.pipeline.stages
-
-    return trainyard.pipeline.stages
 
 
 def dagrun_state(dag_id: str, run_id: str) -> str | None:
@@ -139,20 +142,26 @@ def stage_run(spec_path: str, run_file: str | None, stage: str) -> Iterator[Run]
             yield run
 
 
-def stage_dataset(spec_path: str, run_file: str | None) -> dict[str, Any]:
+def stage_dataset(spec_path: str, run_file: str | None) -> Staged:
+    from trainyard.pipeline import stages
+
     with stage_run(spec_path, run_file, "stage_dataset") as run:
-        return load_stages().stage_dataset(run)
+        return stages.stage_dataset(run)
 
 
-def check_dataset(spec_path: str, run_file: str | None) -> dict[str, Any]:
+def check_dataset(spec_path: str, run_file: str | None) -> DatasetChecked:
+    from trainyard.pipeline import stages
+
     with stage_run(spec_path, run_file, "check_dataset") as run:
-        return load_stages().check_dataset(run)
+        return stages.check_dataset(run)
 
 
-def burn_in(spec_path: str, run_file: str | None) -> dict[str, Any]:
+def burn_in(spec_path: str, run_file: str | None) -> BurnInResult:
+    from trainyard.pipeline import stages
+
     with stage_run(spec_path, run_file, "burn_in") as run:
         cluster = kube_client(run.spec.nodes.kubernetes) if run.spec.nodes.backend == "kubernetes" else None
-        return load_stages().burn_in(run, cluster)
+        return BurnInResult.from_dict(stages.burn_in(run, cluster))  # the stage's own result is still a dict
 
 
 def kube_client(spec: KubernetesSpec | None) -> Any:
@@ -163,32 +172,37 @@ def kube_client(spec: KubernetesSpec | None) -> Any:
     return hook.api_client
 
 
-def check_checkpoint(spec_path: str, run_file: str | None, train: dict[str, Any]) -> dict[str, Any]:
+def check_checkpoint(spec_path: str, run_file: str | None, train: Trained) -> CheckpointChecked:
+    from trainyard.pipeline import stages
+
     with stage_run(spec_path, run_file, "check_checkpoint") as run:
-        return load_stages().check_checkpoint(run, train["checkpoint"], train["target_step"])
+        return stages.check_checkpoint(run, train.checkpoint, train.target_step)
 
 
-def publish(spec_path: str, run_file: str | None, check_checkpoint: dict[str, Any]) -> dict[str, Any]:
+def publish(spec_path: str, run_file: str | None, check_checkpoint: CheckpointChecked) -> Published:
+    from trainyard.pipeline import stages
+
     with stage_run(spec_path, run_file, "publish") as run:
-        result = load_stages().publish(run, check_checkpoint["checkpoint"])
+        result = stages.publish(run, check_checkpoint.checkpoint)
     event = get_current_context()["outlet_events"][checkpoint_asset(run.dag_id)]
-    event.extra = {"uri": result["uri"], "step": check_checkpoint["step"], "run_id": run.run_id}
+    event.extra = {"uri": result.uri, "step": check_checkpoint.step, "run_id": run.run_id}
     return result
 
 
-def report(spec_path: str, run_file: str | None) -> dict[str, Any]:
+def report(spec_path: str, run_file: str | None) -> ReportWritten:
     # Only this adapter needs these.
     from pathlib import Path
 
     from airflow.sdk import conf
 
+    from trainyard.pipeline import stages
     from trainyard.report.pages import run_url
 
     with mapped_errors():
         run = open_pinned(spec_path, run_file)
-    result = load_stages().report(run)
-    log.info("%s", format_summary({**summarize(run.ledger), "report": result["report"]}))
-    log.info("report: %s", Path(result["report"]).resolve().as_uri())
+    result = stages.report(run)
+    log.info("%s", format_summary({**summarize(run.ledger), "report": result.report}))
+    log.info("report: %s", Path(result.report).resolve().as_uri())
     # Airflow cannot guess its public address; without [api] base_url there is no link to give.
     if base_url := conf.get("api", "base_url", fallback=None):
         log.info("training-runs view: %s", run_url(base_url, run.dag_id, run.run_id))

@@ -3,24 +3,22 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from trainyard.checkpoint import cold as cold_copies
 from trainyard.checkpoint import lease
-from trainyard.checkpoint.format import (
-    read_manifest,
-)
+from trainyard.checkpoint.format import read_manifest
 from trainyard.checkpoint.validate import validate
 from trainyard.errors import CheckpointInvalid
 from trainyard.pipeline.data import set_lifecycle
 from trainyard.pipeline.lineage import lease_ttl, loss_history
 from trainyard.pipeline.recorder import recorded
+from trainyard.pipeline.results import CheckpointChecked, Published
 from trainyard.pipeline.run import Run
 from trainyard.quality.metrics import check_metrics
 
 
 @recorded("check_checkpoint")
-def check_checkpoint(run: Run, checkpoint: str | None, target_step: int) -> dict[str, Any]:
+def check_checkpoint(run: Run, checkpoint: str | None, target_step: int) -> CheckpointChecked:
     """The gate: the run's final checkpoint is whole, loadable, finite, at the final step, and its
     loss history passes the metric expectations (great-expectations; result saved in the run folder)."""
     lease.renew_held(run.checkpoint_root, run.run_id, lease_ttl(run))  # the run's lineage until its report
@@ -43,15 +41,13 @@ def check_checkpoint(run: Run, checkpoint: str | None, target_step: int) -> dict
     )
     if problems:
         raise CheckpointInvalid(f"{checkpoint}: " + "; ".join(problems))
-    return {
-        "checkpoint": checkpoint,
-        "step": result.step,
-        "metrics": read_manifest(Path(checkpoint)).get("metrics", {}),
-    }
+    return CheckpointChecked(
+        checkpoint=checkpoint, step=result.step, metrics=read_manifest(Path(checkpoint)).get("metrics", {})
+    )
 
 
 @recorded("publish")
-def publish(run: Run, checkpoint: str) -> dict[str, Any]:
+def publish(run: Run, checkpoint: str) -> Published:
     """Copy the valid checkpoint to a cold-tier prefix of its own, verify the copy, then point ``PUBLISHED`` at it.
 
     ``uri`` names the copy itself, which is never written again (what downstream DAGs read);
@@ -66,4 +62,4 @@ def publish(run: Run, checkpoint: str) -> dict[str, Any]:
     copy = cold_copies.publish(src, cold, run.run_id, on_file=keep)
     uri, pointer = f"{run.cold_checkpoint_uri}/{copy.name}", f"{run.cold_checkpoint_uri}/{cold_copies.POINTER}"
     run.ledger.append("publish", "published", uri=uri, pointer=pointer, step=copy.step, bytes=copy.bytes)
-    return {"uri": uri, "pointer": pointer, "step": copy.step, "bytes": copy.bytes}
+    return Published(uri=uri, pointer=pointer, step=copy.step, bytes=copy.bytes)

@@ -19,7 +19,7 @@ from trainyard.checkpoint.format import (
 from trainyard.checkpoint.validate import Validation, inspector, validate
 from trainyard.errors import CheckpointInvalid
 from trainyard.events.fold import TrainRun
-from trainyard.pipeline.run import Run, check_resume
+from trainyard.pipeline.run import Run, check_resume, defers
 from trainyard.protocol.steps import loss_points
 from trainyard.recovery.observations import Checkpoints
 
@@ -28,7 +28,7 @@ def lease_ttl(run: Run) -> float:
     """How long the run's claim on its lineage holds unrenewed. A deferred train task renews it only
     when it wakes (at least every ``wake_every_s``), so its lease outlasts two waits."""
     k8s = run.spec.nodes.kubernetes
-    if run.spec.nodes.backend == "kubernetes" and k8s is not None and k8s.deferrable:
+    if defers(run.spec.nodes) and k8s is not None:
         return max(lease.LEASE_S, 2 * k8s.wake_every_s + 60)
     return lease.LEASE_S
 

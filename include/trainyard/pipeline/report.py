@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from trainyard.checkpoint import lease
 from trainyard.pipeline.recorder import recorded
+from trainyard.pipeline.results import ReportWritten
 from trainyard.pipeline.run import Run
 from trainyard.report.summary import write_report
 from trainyard.storage.hot import unpin
 
 
 @recorded("report")
-def report(run: Run) -> dict[str, Any]:
+def report(run: Run) -> ReportWritten:
     """Write the run's summary and HTML report from its ledger; release the run's hot data and checkpoints."""
     unpin(run.hot_dataset_dir, run.holder)
     lease.release(run.checkpoint_root, run.run_id)
-    return write_report(run.dir, run.ledger)
+    return ReportWritten.from_dict(write_report(run.dir, run.ledger))

@@ -18,7 +18,7 @@ from typing import Any
 from trainyard.atomic import write_json_atomic
 from trainyard.errors import SpecError
 from trainyard.events.ledger import Ledger, run_dir, safe_name
-from trainyard.spec import PARAM_FIELDS, PipelineSpec, load_spec, spec_from_data, with_params
+from trainyard.spec import PARAM_FIELDS, NodesSpec, PipelineSpec, load_spec, spec_from_data, with_params
 from trainyard.spec.resume import resume_problems, resume_root_fields
 from trainyard.spec.templating import render
 from trainyard.storage import S3Settings, Tier, local_path, open_tier
@@ -87,6 +87,13 @@ class Run:
     @property
     def cold_checkpoint_uri(self) -> str:
         return self.resolve("checkpoint.cold", self.spec.checkpoint.cold).rstrip("/") + "/" + safe_name(self.dag_id)
+
+
+def defers(nodes: NodesSpec) -> bool:
+    """Whether the run's train task defers while an attempt runs, decided here alone (the operator picks the
+    driver by it, the lineage's lease outlasts the waits by it): only Kubernetes attempts can be left to a
+    trigger; local attempts are the task's own child processes."""
+    return nodes.backend == "kubernetes" and nodes.kubernetes is not None and nodes.kubernetes.deferrable
 
 
 def open_run(

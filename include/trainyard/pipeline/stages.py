@@ -1,24 +1,25 @@
-"""The pipeline's stages as plain functions, one per task: ``stage(run, ...) -> dict``.
+"""The pipeline's stages as plain functions, one per task: ``stage(run, ...) -> result``.
 
-The Airflow layer calls these and passes the returned dicts between tasks as XComs. Each stage records
-its start, end and failure in the run ledger (``pipeline.recorder``), so the report and SLO figures never
-depend on task logs. Each lives in the module of its part of the pipeline; this is their one index.
+Each returns a typed result (``pipeline.results``), which the Airflow layer passes between tasks as
+XComs. Each records its start, end and failure in the run ledger through the one stage recorder
+(``pipeline.recorder``), so the report and SLO figures never depend on task logs. The train stage is
+``pipeline.train.TrainStage`` (blocking or deferred); ``train`` runs it blocking. Each lives in the
+module of its part of the pipeline; this is their one index.
 """
 
 from trainyard.pipeline.burnin import burn_in
 from trainyard.pipeline.data import check_dataset, stage_dataset
 from trainyard.pipeline.gate import check_checkpoint, publish
 from trainyard.pipeline.report import report
-from trainyard.pipeline.train import continue_training, start_training, train
+from trainyard.pipeline.train import TrainStage, train
 
 __all__ = [
+    "TrainStage",
     "burn_in",
     "check_checkpoint",
     "check_dataset",
-    "continue_training",
     "publish",
     "report",
     "stage_dataset",
-    "start_training",
     "train",
 ]

@@ -1,8 +1,16 @@
-"""The train stage: plan each attempt, supervise it (blocking) or defer on it, recover until done."""
+"""The train stage: plan each attempt, supervise it (blocking) or defer on it, recover until done.
+
+``TrainStage`` wires the stage once for a run -- the controller's context, the drivers' hooks, the attempt
+plans -- and runs it with either driver: ``run_blocking()`` supervises in this process; ``begin()`` (when
+the task starts) and ``resume(news)`` (at each wake) run the deferred driver one wake at a time. Both
+record the same events through the one stage recorder, ``recovery_path`` included. Whether a run defers
+is ``pipeline.run.defers``.
+"""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from trainyard.backends.base import Launcher, LaunchPlan, RegroupingLauncher
@@ -11,12 +19,13 @@ from trainyard.checkpoint import lease, registry
 from trainyard.errors import LineageBusy
 from trainyard.pipeline.burnin import require_local
 from trainyard.pipeline.lineage import hold_lineage, hot_checkpoints, resume_point, rollback, watcher
-from trainyard.pipeline.recorder import recorded, stage_failed
-from trainyard.pipeline.run import Run
+from trainyard.pipeline.recorder import StageRecorder
+from trainyard.pipeline.results import Trained
+from trainyard.pipeline.run import Run, defers
 from trainyard.protocol.coordstore import Coordinator
 from trainyard.protocol.env import FaultDrill, TrainEnv
 from trainyard.recovery.commands import AttemptResult
-from trainyard.recovery.deferred import AttemptWatch, Backoff, Deferred, Done
+from trainyard.recovery.deferred import Deferral, Deferred, Done, Outcome
 from trainyard.recovery.figures import recovery_figures
 from trainyard.recovery.observations import BackoffOver, Context, Reported
 from trainyard.recovery.progress import ProgressLog, tokens_per_step
@@ -29,6 +38,10 @@ from trainyard.storage.boot import ensure_this_boot
 if TYPE_CHECKING:
     from torch.distributed import TCPStore
 
+STAGE = "train"
+# Only a process that stays can serve the store an attempt's ranks regroup on.
+DEFERRED_WHY_NOT = "the train task defers: no process of it stays to serve the store the ranks regroup on"
+
 
 def _cli_args(args: dict[str, Any]) -> list[str]:
     out: list[str] = []
@@ -40,34 +53,6 @@ def _cli_args(args: dict[str, Any]) -> list[str]:
         elif value is not False:
             out += [f"--{key}", str(value)]
     return out
-
-
-def _context(
-    run: Run, nodes: list[str], spares: list[str] | None, launcher: Launcher, elastic: bool = False
-) -> Context:
-    training, spec_nodes = run.spec.training, run.spec.nodes
-    return Context(
-        recovery=run.spec.recovery,
-        nodes=list(nodes),
-        spares=list(spares or []),
-        micro_batch=training.micro_batch,
-        global_batch=training.global_batch,
-        min_nodes=spec_nodes.min,
-        procs_per_node=spec_nodes.procs_per_node,
-        reattach=launcher.reattaches,
-        elastic=elastic,
-    )
-
-
-def _hooks(run: Run, target: int, progress_every_s: float | None = None, store: TCPStore | None = None) -> Hooks:
-    address = f"127.0.0.1:{store.port}" if store is not None else None
-    return Hooks(
-        plan_for=lambda attempt, course: _plan(run, attempt, course, target, address),
-        rollback_to=lambda step: rollback(run, step),
-        checkpoints=lambda: hot_checkpoints(run),
-        progress_for=lambda plan: _progress(run, plan, target, progress_every_s),
-        coordinator_for=(lambda attempt: Coordinator(attempt_store(store, attempt))) if store is not None else None,
-    )
 
 
 def in_place_why_not(run: Run, launcher: Launcher) -> str:
@@ -84,46 +69,178 @@ def in_place_why_not(run: Run, launcher: Launcher) -> str:
     return ""
 
 
-@recorded("train")
 def train(
     run: Run,
     nodes: list[str],
     launcher: Launcher | None = None,
     spares: list[str] | None = None,
     run_state: lease.RunState | None = None,
-) -> dict[str, Any]:
-    """Train on ``nodes`` with torchrun, recovering from failures until done or the policy says stop.
+) -> Trained:
+    """Train on ``nodes`` in this process, recovering from failures until done or the policy says stop
+    (``TrainStage.run_blocking``; the library's callers: drills, benches, tests)."""
+    return TrainStage.of(run, nodes, launcher, spares, run_state).run_blocking()
 
-    ``launcher`` is the backend (default: local processes); the caller keeps it
-    to end the attempt from outside (a killed task). ``spares`` are healthy
-    nodes the pressure test did not pick, for replacing lost ones. A retried
-    task carries on from the ledger: attempt numbers, nodes and micro-batch.
-    The run holds the lineage throughout, renewing its lease at every poll
-    (``run_state``: see ``hold_lineage``); losing it ends the attempt.
+
+@dataclass
+class TrainStage:
+    """The train stage of one run on the nodes burn-in chose.
+
+    ``launcher`` is the backend; the caller keeps it to end the attempt from
+    outside (a killed task). ``spares`` are healthy nodes the pressure test
+    did not pick, for replacing lost ones. A retried task carries on from the
+    ledger: attempt numbers, nodes and micro-batch. The run holds the lineage
+    throughout, renewing its lease at every poll or wake (``run_state``: see
+    ``hold_lineage``); losing it ends the attempt.
     """
-    if launcher is None:
-        require_local(run)
-        launcher = LocalLauncher(run.spec.nodes.gpus_per_node)
-    ensure_this_boot(run.hot_dataset_dir, run.ledger, "train")  # a reboot since check_dataset: re-verify first
-    training = run.spec.training
-    held = hold_lineage(run, run_state)
-    _, start = resume_point(run, held)
-    target = start + training.max_steps
-    why_not = in_place_why_not(run, launcher)
-    # The store the ranks regroup on lives here, in the task process: any node can die, this one cannot
-    # without ending the attempt anyway.
-    store = serve()[0] if not why_not else None
-    run.ledger.append("train", "recovery_path", in_place=not why_not, why_not=why_not)
-    with watcher(run):
-        result = supervise(
-            launcher,
-            run.ledger,
-            _context(run, nodes, spares, launcher, elastic=store is not None),
-            _hooks(run, target, store=store),
-            training.heartbeat_timeout_s,
-            keep_alive=held.keep,
+
+    run: Run
+    nodes: list[str]
+    launcher: Launcher
+    spares: list[str] = field(default_factory=list)
+    run_state: lease.RunState | None = None
+
+    @classmethod
+    def of(
+        cls,
+        run: Run,
+        nodes: list[str],
+        launcher: Launcher | None = None,
+        spares: list[str] | None = None,
+        run_state: lease.RunState | None = None,
+    ) -> TrainStage:
+        """The stage, on local processes unless ``launcher`` says otherwise."""
+        if launcher is None:
+            require_local(run)
+            launcher = LocalLauncher(run.spec.nodes.gpus_per_node)
+        return cls(run, list(nodes), launcher, list(spares or []), run_state)
+
+    @property
+    def defers(self) -> bool:
+        """Whether the task runs this stage deferred (``begin``, ``resume``) rather than ``run_blocking``."""
+        return defers(self.run.spec.nodes)
+
+    def run_blocking(self) -> Trained:
+        """Supervise every attempt in this process until the run is trained (or ``TrainingFailed``)."""
+        run = self.run
+        stage = StageRecorder.start(run, STAGE)
+        with stage.failures():
+            ensure_this_boot(run.hot_dataset_dir, run.ledger, STAGE)  # a reboot since check_dataset: re-verify first
+            held = hold_lineage(run, self.run_state)
+            _, start = resume_point(run, held)
+            target = start + run.spec.training.max_steps
+            why_not = in_place_why_not(run, self.launcher)
+            # The store the ranks regroup on lives here, in the task process: any node can die, this one cannot
+            # without ending the attempt anyway.
+            store = serve()[0] if not why_not else None
+            stage.note("recovery_path", in_place=not why_not, why_not=why_not)
+            with watcher(run):
+                result = supervise(
+                    self.launcher,
+                    run.ledger,
+                    self._context(elastic=store is not None),
+                    self._hooks(target, store=store),
+                    run.spec.training.heartbeat_timeout_s,
+                    keep_alive=held.keep,
+                )
+            trained = self._result(start, target, result)
+        stage.end(trained)
+        return trained
+
+    def begin(self) -> Deferral | Trained:
+        """The deferred task starts: launch the run's next attempt, or re-attach to one an earlier task
+        process left running; what to wait on, or the result."""
+        run = self.run
+        stage = StageRecorder.start(run, STAGE)
+        with stage.failures():
+            ensure_this_boot(run.hot_dataset_dir, run.ledger, STAGE)  # before the launch (and the lease)
+            reader = StateReader(run.ledger)
+            held = self._hold(reader)
+            _, start = resume_point(run, held)
+            why_not = in_place_why_not(run, self.launcher) or DEFERRED_WHY_NOT
+            stage.note("recovery_path", in_place=False, why_not=why_not)
+            outcome = self._deferred(reader, start + run.spec.training.max_steps).begin()
+            result = self._outcome(outcome, start)
+        return self._ended(stage, result)
+
+    def resume(self, news: Reported | BackoffOver) -> Deferral | Trained:
+        """Act on what the task deferred on: the attempt trigger's report, or the end of a backoff.
+
+        The current attempt is the ledger's last one (not a value the deferral
+        carried: the ledger is what a retried task sees too). Every wake judges
+        the checkpoints written since the last one and renews the run's lease on
+        the lineage; if another run took it meanwhile, the attempt ends.
+        """
+        run = self.run
+        reader = StateReader(run.ledger)
+        stage = StageRecorder.resumed(run, STAGE, reader.now().stage_start)  # this task's process changes at every wake
+        with stage.failures():
+            held = self._hold(reader)
+            _, start = resume_point(run, held)
+            driver = self._deferred(reader, start + run.spec.training.max_steps, start)
+            result = self._outcome(driver.resume(news), start)
+        return self._ended(stage, result)
+
+    def _hold(self, reader: StateReader) -> lease.Lease:
+        """The lineage, renewed; if another run holds it now, end this run's attempt (its pods would run on) and fail."""
+        try:
+            return hold_lineage(self.run, self.run_state)
+        except LineageBusy as exc:
+            max_steps = self.run.spec.training.max_steps
+            target = reader.now().target_step(max_steps) or max_steps
+            self._deferred(reader, target).lost_lease(str(exc))  # ends the attempt, raises
+            raise
+
+    def _outcome(self, outcome: Outcome, start: int) -> Deferral | Trained:
+        if not isinstance(outcome, Done):
+            return outcome
+        return self._result(start, start + self.run.spec.training.max_steps, outcome.result)
+
+    @staticmethod
+    def _ended(stage: StageRecorder, result: Deferral | Trained) -> Deferral | Trained:
+        if isinstance(result, Trained):
+            stage.end(result)
+        return result
+
+    def _result(self, start: int, target: int, result: AttemptResult) -> Trained:
+        return Trained.from_dict(_trained(self.run, self.nodes, start, target, result))
+
+    def _deferred(self, reader: StateReader, target: int, start: int | None = None) -> Deferred:
+        run = self.run
+        return Deferred(
+            self.launcher,
+            reader,
+            self._context(),
+            self._hooks(target, every_wake=True),
+            run.spec.training.heartbeat_timeout_s,
+            target,
+            on_wake=None if start is None else lambda: watcher(run).carry_on(start).sweep(),
         )
-    return _trained(run, nodes, start, target, result)
+
+    def _context(self, elastic: bool = False) -> Context:
+        training, spec_nodes = self.run.spec.training, self.run.spec.nodes
+        return Context(
+            recovery=self.run.spec.recovery,
+            nodes=list(self.nodes),
+            spares=list(self.spares),
+            micro_batch=training.micro_batch,
+            global_batch=training.global_batch,
+            min_nodes=spec_nodes.min,
+            procs_per_node=spec_nodes.procs_per_node,
+            reattach=self.launcher.reattaches,
+            elastic=elastic,
+        )
+
+    def _hooks(self, target: int, store: TCPStore | None = None, every_wake: bool = False) -> Hooks:
+        """The drivers' hooks; ``every_wake``: a progress line at each wake of a deferred task, which
+        sees its attempt only then, instead of every ``training.progress_every_s``."""
+        run, address = self.run, f"127.0.0.1:{store.port}" if store is not None else None
+        return Hooks(
+            plan_for=lambda attempt, course: _plan(run, attempt, course, target, address),
+            rollback_to=lambda step: rollback(run, step),
+            checkpoints=lambda: hot_checkpoints(run),
+            progress_for=lambda plan: _progress(run, plan, target, 0 if every_wake else None),
+            coordinator_for=(lambda attempt: Coordinator(attempt_store(store, attempt))) if store is not None else None,
+        )
 
 
 def _progress(run: Run, plan: LaunchPlan, target: int, every_s: float | None = None) -> ProgressLog:
@@ -153,97 +270,6 @@ def _trained(run: Run, nodes: list[str], start: int, target: int, result: Attemp
         "checkpoint": str(final) if final else None,
         "attempts": result.attempt,
     }
-
-
-Deferral = AttemptWatch | Backoff
-
-
-def start_training(
-    run: Run,
-    nodes: list[str],
-    launcher: Launcher,
-    spares: list[str] | None = None,
-    run_state: lease.RunState | None = None,
-) -> Deferral | dict[str, Any]:
-    """Launch the run's next attempt, or re-attach to one an earlier task process left running."""
-    run.ledger.append("train", "stage_start")
-    return _wake(run, nodes, launcher, spares, None, run_state)
-
-
-def continue_training(
-    run: Run,
-    nodes: list[str],
-    launcher: Launcher,
-    spares: list[str] | None,
-    news: Reported | BackoffOver,
-    run_state: lease.RunState | None = None,
-) -> Deferral | dict[str, Any]:
-    """Act on what the task deferred on: the attempt trigger's report, or the end of a backoff.
-
-    The current attempt is the ledger's last one (not a value the deferral
-    carried: the ledger is what a retried task sees too). Every wake judges
-    the checkpoints written since the last one and renews the run's lease on
-    the lineage; if another run took it meanwhile, the attempt ends.
-    """
-    return _wake(run, nodes, launcher, spares, news, run_state)
-
-
-def _wake(
-    run: Run,
-    nodes: list[str],
-    launcher: Launcher,
-    spares: list[str] | None,
-    news: Reported | BackoffOver | None,
-    run_state: lease.RunState | None,
-) -> Deferral | dict[str, Any]:
-    reader = StateReader(run.ledger)
-    max_steps = run.spec.training.max_steps
-    try:
-        if news is None:  # before the launch (and the lease): a reboot since check_dataset?
-            ensure_this_boot(run.hot_dataset_dir, run.ledger, "train")
-        try:
-            held = hold_lineage(run, run_state)
-        except LineageBusy as exc:
-            target = reader.now().target_step(max_steps) or max_steps
-            _deferred(run, nodes, spares, launcher, reader, target).lost_lease(str(exc))  # ends the attempt, raises
-            raise
-        _, start = resume_point(run, held)
-        driver = _deferred(run, nodes, spares, launcher, reader, start + max_steps, start)
-        outcome = driver.begin() if news is None else driver.resume(news)
-        if not isinstance(outcome, Done):
-            return outcome
-        trained = _trained(run, nodes, start, start + max_steps, outcome.result)
-        run.ledger.append("train", "stage_end", seconds=_train_seconds(reader), result=trained)
-        return trained
-    except Exception as exc:
-        stage_failed(run, "train", exc, _train_seconds(reader))
-        raise
-
-
-def _deferred(
-    run: Run,
-    nodes: list[str],
-    spares: list[str] | None,
-    launcher: Launcher,
-    reader: StateReader,
-    target: int,
-    start: int | None = None,
-) -> Deferred:
-    return Deferred(
-        launcher,
-        reader,
-        _context(run, nodes, spares, launcher),
-        _hooks(run, target, progress_every_s=0),
-        run.spec.training.heartbeat_timeout_s,
-        target,
-        on_wake=None if start is None else lambda: watcher(run).carry_on(start).sweep(),
-    )
-
-
-def _train_seconds(reader: StateReader) -> float:
-    """Since this task's train stage started: its process changed at every wake-up."""
-    began = reader.now().stage_start
-    return round(time.time() - began, 3) if began is not None else 0.0
 
 
 def _plan(run: Run, attempt: int, course: Course, target: int, store: str | None = None) -> LaunchPlan:

@@ -74,7 +74,9 @@ class Done:
     result: AttemptResult
 
 
-Outcome = AttemptWatch | Backoff | Done
+Deferral = AttemptWatch | Backoff
+"""What a deferred train task waits on next: the attempt's trigger, or the end of a backoff."""
+Outcome = Deferral | Done
 
 
 class Deferred(Driver):
