@@ -1,0 +1,44 @@
+"""The backends by name: ``backend_for(nodes)`` is the one place that reads ``nodes.backend``.
+
+Each entry imports its backend when chosen: the local backend must load where
+the ``kubernetes`` SDK is not installed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from trainyard.backends.backend import Backend
+from trainyard.errors import SpecError
+from trainyard.spec import NodesSpec
+
+
+def _local(nodes: NodesSpec, api_client: Any) -> Backend:
+    from trainyard.backends.local.backend import LocalBackend
+
+    return LocalBackend(nodes)
+
+
+def _kubernetes(nodes: NodesSpec, api_client: Any) -> Backend:
+    from trainyard.backends.kubernetes.backend import KubernetesBackend
+
+    if nodes.kubernetes is None:  # the spec's checks require it with this backend
+        raise SpecError(["nodes.kubernetes: required when nodes.backend is kubernetes (at least its image)"])
+    if api_client is None:
+        raise SpecError(
+            [
+                "nodes.backend: kubernetes needs an API client from the Airflow layer"
+                " (the task builds one from nodes.kubernetes.connection)"
+            ]
+        )
+    return KubernetesBackend(nodes, nodes.kubernetes, api_client)
+
+
+BACKENDS: dict[str, Callable[[NodesSpec, Any], Backend]] = {"local": _local, "kubernetes": _kubernetes}
+
+
+def backend_for(nodes: NodesSpec, api_client: Any | None = None) -> Backend:
+    """The backend ``nodes.backend`` names. ``api_client``: a ``kubernetes`` ``ApiClient`` for a cluster backend
+    (the Airflow layer builds it from the spec's connection); a local backend needs none."""
+    return BACKENDS[nodes.backend](nodes, api_client)
