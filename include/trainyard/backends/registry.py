@@ -25,13 +25,6 @@ def _kubernetes(nodes: NodesSpec, api_client: Any) -> Backend:
 
     if nodes.kubernetes is None:  # the spec's checks require it with this backend
         raise SpecError(["nodes.kubernetes: required when nodes.backend is kubernetes (at least its image)"])
-    if api_client is None:
-        raise SpecError(
-            [
-                "nodes.backend: kubernetes needs an API client from the Airflow layer"
-                " (the task builds one from nodes.kubernetes.connection)"
-            ]
-        )
     return KubernetesBackend(nodes, nodes.kubernetes, api_client)
 
 
@@ -40,5 +33,6 @@ BACKENDS: dict[str, Callable[[NodesSpec, Any], Backend]] = {"local": _local, "ku
 
 def backend_for(nodes: NodesSpec, api_client: Any | None = None) -> Backend:
     """The backend ``nodes.backend`` names. ``api_client``: a ``kubernetes`` ``ApiClient`` for a cluster backend
-    (the Airflow layer builds it from the spec's connection); a local backend needs none."""
+    (the Airflow layer builds it from the spec's connection), needed once the backend calls the cluster
+    (``SpecError`` then without one); a local backend needs none."""
     return BACKENDS[nodes.backend](nodes, api_client)

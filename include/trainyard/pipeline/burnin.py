@@ -123,8 +123,8 @@ def _mark(run: Run, backend: Backend, verdict: Verdict, readmitted: list[str]) -
 
 
 def require_local(run: Run) -> None:
-    """``SpecError`` unless the run's backend needs nothing from the Airflow layer (an API client).
+    """``SpecError`` unless the run's backend can launch with nothing from the Airflow layer (an API client).
 
-    For ``train``'s default launcher until it asks ``backend_for(run.spec.nodes).launcher()`` itself.
+    For ``train``'s default launcher, until it asks ``backend_for(run.spec.nodes).launcher()`` itself.
     """
-    backend_for(run.spec.nodes)
+    backend_for(run.spec.nodes).launcher()

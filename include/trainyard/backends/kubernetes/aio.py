@@ -34,4 +34,4 @@ async def drive(apis: Apis, operation: Operation[T]) -> T:
         while True:
             request = operation.send(await call(apis, request))
     except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
+        return done.value

@@ -33,9 +33,14 @@ JOB_DELETED = "JobDeleted"
 class Apis(Protocol):
     """The three API objects of one client (``kubernetes`` or ``kubernetes_asyncio``), by the names requests use."""
 
-    core: Any
-    batch: Any
-    custom: Any
+    @property
+    def core(self) -> Any: ...
+
+    @property
+    def batch(self) -> Any: ...
+
+    @property
+    def custom(self) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -101,7 +106,7 @@ def drive(apis: Apis, operation: Operation[T]) -> T:
         while True:
             request = operation.send(call(apis, request))
     except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
+        return done.value
 
 
 # ---------------------------------------------------------------- requests

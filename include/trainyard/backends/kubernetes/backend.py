@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
+from functools import cached_property
 from typing import Any
 
 from kubernetes import client as k8s
@@ -20,18 +21,33 @@ from trainyard.backends.kubernetes.kinds import node_kinds
 from trainyard.backends.kubernetes.launcher import KubernetesLauncher
 from trainyard.backends.kubernetes.marks import candidate_nodes, label_evicted, unlabel
 from trainyard.backends.kubernetes.probes import KubernetesProbes
-from trainyard.errors import NodeUnhealthy
+from trainyard.errors import NodeUnhealthy, SpecError
 from trainyard.spec import KubernetesSpec, NodesSpec
 
 
 class KubernetesBackend:
     name = "kubernetes"
 
-    def __init__(self, nodes: NodesSpec, spec: KubernetesSpec, api_client: Any) -> None:
-        self.nodes, self.spec, self.api_client = nodes, spec, api_client
-        self.core = k8s.CoreV1Api(api_client)
+    def __init__(self, nodes: NodesSpec, spec: KubernetesSpec, api_client: Any | None = None) -> None:
+        self.nodes, self.spec, self._client = nodes, spec, api_client
         self.defers = spec.deferrable
         self.marks: str | None = spec.evicted_label
+
+    @property
+    def api_client(self) -> Any:
+        """The ``kubernetes`` ``ApiClient``; what the backend says of itself (``defers``, ``marks``) needs none."""
+        if self._client is None:
+            raise SpecError(
+                [
+                    "nodes.backend: kubernetes needs an API client from the Airflow layer"
+                    " (the task builds one from nodes.kubernetes.connection)"
+                ]
+            )
+        return self._client
+
+    @cached_property
+    def core(self) -> k8s.CoreV1Api:
+        return k8s.CoreV1Api(self.api_client)
 
     def candidates(self) -> list[str]:
         names = candidate_nodes(self.core, self.spec, self.nodes.count + self.nodes.spare)
