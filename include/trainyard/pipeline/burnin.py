@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from trainyard.backends.backend import Backend
-from trainyard.backends.registry import backend_for
+from trainyard.backends.registry import Connect, backend_for
 from trainyard.burnin.fleet import FLEET_DIR, Fleet, iso, record_verdict
 from trainyard.burnin.judge import Judge
 from trainyard.burnin.launch import probe_nodes
@@ -21,16 +21,17 @@ log = logging.getLogger(__name__)
 
 
 @recorded("burn_in")
-def burn_in(run: Run, cluster: Any | None = None) -> dict[str, Any]:
+def burn_in(run: Run, cluster: Any | None = None, connect: Connect | None = None) -> dict[str, Any]:
     """Pressure-test every candidate node and keep the best ``nodes.count`` healthy ones.
 
-    ``cluster`` is a ``kubernetes`` API client, needed with the kubernetes backend:
+    ``cluster`` is a ``kubernetes`` API client (or ``connect`` makes one from ``nodes.kubernetes``), needed with
+    the kubernetes backend:
     candidates are then cluster nodes, and the evicted ones are marked there.
     A node evicted earlier sits out ``cooldown_h``, then is re-tested here and
     re-admitted when it passes. Every outcome goes into the fleet history.
     """
     cfg, nodes = run.spec.pressure_test, run.spec.nodes
-    backend = backend_for(nodes, cluster)
+    backend = backend_for(nodes, cluster, connect=connect)
     if not cfg.enabled:  # untested nodes; on Kubernetes still real ones, the hosts the pods are pinned to
         names = backend.candidates()
         return {"healthy": names[: nodes.count], "spare": names[nodes.count :], "skipped": True}

@@ -8,7 +8,7 @@ is its record, not the fleet history.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any
@@ -28,14 +28,22 @@ from trainyard.spec import KubernetesSpec, NodesSpec
 class KubernetesBackend:
     name = "kubernetes"
 
-    def __init__(self, nodes: NodesSpec, spec: KubernetesSpec, api_client: Any | None = None) -> None:
-        self.nodes, self.spec, self._client = nodes, spec, api_client
+    def __init__(
+        self,
+        nodes: NodesSpec,
+        spec: KubernetesSpec,
+        api_client: Any | None = None,
+        connect: Callable[[KubernetesSpec], Any] | None = None,
+    ) -> None:
+        self.nodes, self.spec, self._client, self._connect = nodes, spec, api_client, connect
         self.defers = spec.deferrable
         self.marks: str | None = spec.evicted_label
 
     @property
     def api_client(self) -> Any:
         """The ``kubernetes`` ``ApiClient``; what the backend says of itself (``defers``, ``marks``) needs none."""
+        if self._client is None and self._connect is not None:
+            self._client = self._connect(self.spec)
         if self._client is None:
             raise SpecError(
                 [
