@@ -107,8 +107,8 @@ def test_a_slow_link_is_found_by_position(tmp_path: Path) -> None:
 
 
 def test_an_evicted_node_sits_out_its_cool_down_then_is_retested_and_readmitted(tmp_path: Path) -> None:
+    from trainyard.backends.local.backend import local_kind
     from trainyard.burnin.fleet import Fleet
-    from trainyard.pipeline.burnin import local_kind
 
     first = run_for(tmp_path, count=2, spare=0, drills="[]", duration=3)
     fleet = Fleet(first.hot_root / ".fleet")
@@ -153,18 +153,18 @@ def stranger(port: int):
 def test_a_report_forged_by_a_stranger_fails_the_stage_and_marks_no_node(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from trainyard.burnin import local
+    from trainyard.burnin import protocol
     from trainyard.burnin.sealing import StoreTampered
 
-    real = local.host_store
+    real = protocol.host_store
 
-    def tampered_store():
-        store = real()
+    def tampered_store(host: str = "127.0.0.1"):
+        store = real(host)
         # Before any candidate has started: node-0 "is ready", and says it is the fastest node there is.
         stranger(store.port).set("ready/node-0", "1")
         return store
 
-    monkeypatch.setattr(local, "host_store", tampered_store)
+    monkeypatch.setattr(protocol, "host_store", tampered_store)
     run = run_for(tmp_path, count=2, spare=0, duration=3, drills="[]")
     with pytest.raises(StoreTampered, match="'ready/node-0' is not signed"):
         burn_in(run)

@@ -29,15 +29,11 @@ from trainyard.airflow.triggers import KubernetesAttemptTrigger
 from trainyard.backends.base import LaunchPlan, NodeStatus
 from trainyard.backends.kubernetes.cooldown import due_for_retest
 from trainyard.backends.kubernetes.kinds import node_kinds
-from trainyard.backends.kubernetes.launcher import KubernetesHandle, KubernetesLauncher, build_objects
-from trainyard.burnin.kubernetes import (
-    build_burnin_pod,
-    create_burnin_pods,
-    delete_burnin_pods,
-    evicted_nodes,
-    label_evicted,
-    unlabel,
-)
+from trainyard.backends.kubernetes.launcher import KubernetesHandle, KubernetesLauncher
+from trainyard.backends.kubernetes.marks import evicted_nodes, label_evicted, unlabel
+from trainyard.backends.kubernetes.objects import build_objects
+from trainyard.backends.kubernetes.probes import create_burnin_pods, delete_burnin_pods
+from trainyard.burnin.kubernetes import build_burnin_pod
 from trainyard.protocol.env import TrainEnv
 from trainyard.spec import KubernetesSpec, PressureTestSpec
 

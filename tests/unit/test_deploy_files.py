@@ -28,14 +28,15 @@ import yaml
 from kubernetes.client import ApiClient
 
 from trainyard.backends.base import LaunchPlan
-from trainyard.backends.kubernetes.launcher import (
+from trainyard.backends.kubernetes.paths import prepare_paths
+from trainyard.backends.kubernetes.pods import (
+    AIRFLOW_GID,
+    AIRFLOW_UID,
     LAUNCHER_ACCOUNT,
     RUN_AS_USER,
     container_security_context,
     pod_security_context,
-    prepare_paths,
 )
-from trainyard.backends.kubernetes.pods import AIRFLOW_GID, AIRFLOW_UID
 from trainyard.protocol.env import TrainEnv
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,5 +1,5 @@
 """Local burn-in candidates on a multi-GPU host: each gets its own share of the GPUs the worker sees
-(``trainyard.burnin.local``)."""
+(``trainyard.backends.local.probes``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 
 
 def test_two_local_candidates_of_two_gpus_each_get_their_own_halves() -> None:
-    from trainyard.burnin.local import candidate_env, candidate_gpus
+    from trainyard.backends.local.probes import candidate_gpus
+    from trainyard.burnin.local import candidate_env
 
     parent = {"PATH": "/usr/bin", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
     gpus = candidate_gpus(["node-0", "node-1"], 2, parent)
@@ -19,7 +20,7 @@ def test_two_local_candidates_of_two_gpus_each_get_their_own_halves() -> None:
 
 
 def test_a_spare_candidate_reuses_a_share_and_too_few_gpus_is_refused() -> None:
-    from trainyard.burnin.local import candidate_gpus
+    from trainyard.backends.local.probes import candidate_gpus
     from trainyard.errors import SpecError
 
     parent = {"CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b,GPU-c,GPU-d"}
@@ -34,7 +35,8 @@ def test_a_spare_candidate_reuses_a_share_and_too_few_gpus_is_refused() -> None:
 
 
 def test_without_gpus_per_node_a_candidate_sees_what_the_worker_sees() -> None:
-    from trainyard.burnin.local import candidate_env, candidate_gpus
+    from trainyard.backends.local.probes import candidate_gpus
+    from trainyard.burnin.local import candidate_env
 
     parent = {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}
     assert candidate_gpus(["node-0", "node-1"], 0, parent) == {}
@@ -42,7 +44,8 @@ def test_without_gpus_per_node_a_candidate_sees_what_the_worker_sees() -> None:
 
 
 def test_a_local_candidates_process_is_started_with_its_gpus(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from trainyard.burnin import local
+    from trainyard.backends.local import probes
+    from trainyard.burnin.local import candidate_env
 
     started: list[dict[str, str]] = []
 
@@ -50,6 +53,6 @@ def test_a_local_candidates_process_is_started_with_its_gpus(monkeypatch: pytest
         def __init__(self, argv: list[str], **kwargs: Any):
             started.append(kwargs["env"])
 
-    monkeypatch.setattr(local.subprocess, "Popen", Popen)
-    local.LocalCandidate("node-1", [], tmp_path / "node-1.log", "ab" * 32, "2,3")
+    monkeypatch.setattr(probes.subprocess, "Popen", Popen)
+    probes.LocalCandidate("node-1", [], tmp_path / "node-1.log", candidate_env("node-1", "ab" * 32, gpus="2,3"))
     assert started[0]["CUDA_VISIBLE_DEVICES"] == "2,3" and started[0]["TRAINYARD_NODE"] == "node-1"

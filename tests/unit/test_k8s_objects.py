@@ -25,21 +25,19 @@ import yaml
 from kubernetes.client import ApiClient
 
 from trainyard.backends.base import AttemptStatus, LaunchPlan, NodeStatus
-from trainyard.backends.kubernetes.launcher import (
+from trainyard.backends.kubernetes.names import (
     GROUP_NAME_ANNOTATION,
     LABEL_JOB,
     MAX_JOB_NAME,
-    attempt_status,
-    build_objects,
-    hot_mount_path,
     label_value,
     object_name,
-    pod_node_status,
     rendezvous_endpoint,
-    status_from_dicts,
-    status_to_dicts,
 )
-from trainyard.burnin.kubernetes import Drill, build_burnin_pod, node_args
+from trainyard.backends.kubernetes.objects import build_objects
+from trainyard.backends.kubernetes.paths import hot_mount_path
+from trainyard.backends.kubernetes.status import attempt_status, pod_node_status, status_from_dicts, status_to_dicts
+from trainyard.burnin.args import Drill, node_args
+from trainyard.burnin.kubernetes import build_burnin_pod
 from trainyard.protocol.env import TrainEnv
 from trainyard.spec import KubernetesSpec, PressureTestSpec
 
@@ -487,7 +485,7 @@ def test_the_launcher_knows_its_own_account_from_its_token() -> None:
 
     from kubernetes.client import Configuration
 
-    from trainyard.backends.kubernetes.launcher import token_account
+    from trainyard.backends.kubernetes.pods import token_account
 
     def client(auth: str | None) -> ApiClient:
         config = Configuration()
@@ -788,7 +786,7 @@ def test_burnin_pod_is_valid_pinned_and_non_root(setting: str) -> None:
 
 
 def test_burnin_pod_names_differ_per_node_and_per_try() -> None:
-    from trainyard.burnin.kubernetes import burnin_pod_name
+    from trainyard.backends.kubernetes.probes import burnin_pod_name
 
     names = {burnin_pod_name("tiny/run-1", node, store) for node in ("a", "b") for store in ("h:1", "h:2")}
     assert len(names) == 4 and all(DNS_LABEL.match(n) and len(n) <= 63 for n in names)
@@ -812,7 +810,9 @@ def test_burnin_args_are_the_ones_the_local_pressure_test_passes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Run the local pressure test with a Popen that records its argv, then compare."""
+    from trainyard.backends.local import probes
     from trainyard.burnin import local
+    from trainyard.burnin.protocol import Schedule
 
     seen: list[list[str]] = []
 
@@ -828,16 +828,14 @@ def test_burnin_args_are_the_ones_the_local_pressure_test_passes(
         def wait(self) -> int:
             return 1
 
-    monkeypatch.setattr(local.subprocess, "Popen", Recorder)
+    monkeypatch.setattr(probes.subprocess, "Popen", Recorder)
     cfg = PressureTestSpec(duration_s=3.0, timeout_s=1.0, matmul_size=64, collective_sizes_kb=[8, 64])
     local.run_burn_in(["node-1"], cfg, tmp_path / "scratch", tmp_path / "logs", {"node-1": ("crash", 0.0)})
     (argv,) = seen
     assert argv[:3] == [sys.executable, "-m", "trainyard.burnin.node"]
     store = argv[argv.index("--store") + 1]
     timeout = float(argv[argv.index("--timeout") + 1])
-    ours = node_args(
-        "node-1", store, local.Schedule.of(cfg, 1), cfg, str(tmp_path / "scratch"), timeout, Drill("crash", 0.0)
-    )
+    ours = node_args("node-1", store, Schedule.of(cfg, 1), cfg, str(tmp_path / "scratch"), timeout, Drill("crash", 0.0))
     assert argv[3:] == ours
 
 

@@ -3,8 +3,10 @@
 While an attempt runs for hours, the train task need not hold a worker slot:
 it defers to this trigger, which polls the attempt's pods from the triggerer
 and fires once with the same ``NodeStatus`` records the launcher's ``poll``
-returns (``trainyard.backends.kubernetes.launcher.attempt_status``), so the task that
-resumes decides exactly as the supervisor would.
+returns (``trainyard.backends.kubernetes.status.attempt_status``), so the task that
+resumes decides exactly as the supervisor would. It only waits: every API call
+is a request of ``trainyard.backends.kubernetes.api``, the launcher's own,
+sent with the async client (``trainyard.backends.kubernetes.aio``).
 
 The connection to the cluster goes through the cncf-kubernetes provider's
 ``AsyncKubernetesHook`` (an Airflow Kubernetes connection, in-cluster
@@ -24,20 +26,11 @@ from typing import Any
 import aiohttp
 from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
 from airflow.triggers.base import BaseTrigger, TriggerEvent
-from kubernetes_asyncio import client as async_client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from trainyard.backends.base import AttemptStatus
-from trainyard.backends.kubernetes.launcher import (
-    PODGROUP_GROUP,
-    PODGROUP_PLURAL,
-    PODGROUP_VERSION,
-    attempt_status,
-    job_failure_reason,
-    selector,
-    status_from_dicts,
-    status_to_dicts,
-)
+from trainyard.backends.kubernetes import aio, api
+from trainyard.backends.kubernetes.status import attempt_status, status_from_dicts, status_to_dicts
 from trainyard.recovery.observations import Reported
 from trainyard.recovery.progress import ProgressLog
 from trainyard.recovery.watch import STARTUP_GRACE_S, detect
@@ -171,40 +164,15 @@ class KubernetesAttemptTrigger(BaseTrigger):
     async def poll(self, hook: AsyncKubernetesHook) -> AttemptStatus:
         # A client per poll: the hook reloads exec-plugin credentials (EKS, GKE tokens
         # that expire within the hour) on each connection, and attempts last longer.
-        async with hook.get_conn() as api:
-            pods = await async_client.CoreV1Api(api).list_namespaced_pod(
-                self.namespace, label_selector=selector(self.job_name)
-            )
-            try:
-                job = await async_client.BatchV1Api(api).read_namespaced_job(self.job_name, self.namespace)
-                reason = job_failure_reason(job)
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
-                reason = "JobDeleted"
-        return attempt_status(pods.items, self.nodes, reason)
+        async with hook.get_conn() as client:
+            pods, reason = await aio.drive(aio.apis(client), api.look(self.namespace, self.job_name))
+        return attempt_status(pods, self.nodes, reason)
 
     async def on_kill(self) -> None:
         """The user marked the deferred task failed (or cleared it): end the attempt, as ``on_kill`` does
         in the worker. Not on a triggerer restart or a timeout: those leave the attempt running."""
-        name, ns = self.job_name, self.namespace
-        async with self.hook().get_conn() as api:
-            calls = [
-                lambda: async_client.BatchV1Api(api).delete_namespaced_job(name, ns, propagation_policy="Foreground"),
-                lambda: async_client.CoreV1Api(api).delete_namespaced_service(name, ns),
-            ]
-            if self.podgroup:
-                calls.append(
-                    lambda: async_client.CustomObjectsApi(api).delete_namespaced_custom_object(
-                        PODGROUP_GROUP, PODGROUP_VERSION, ns, PODGROUP_PLURAL, name
-                    )
-                )
-            for call in calls:
-                try:
-                    await call()
-                except ApiException as exc:
-                    if exc.status != 404:  # already gone is what we want
-                        raise
+        async with self.hook().get_conn() as client:
+            await aio.drive(aio.apis(client), api.delete(self.namespace, self.job_name, self.podgroup))
         self.log.info("task killed: deleted attempt %s/%s", self.namespace, self.job_name)
 
     async def hang(self, status: AttemptStatus) -> tuple[list[str], str] | None:

@@ -3,97 +3,58 @@
 from __future__ import annotations
 
 import logging
-import socket
 import time
-from datetime import UTC, datetime
 from typing import Any
 
+from trainyard.backends.backend import Backend
+from trainyard.backends.registry import Connect, backend_for
 from trainyard.burnin.fleet import FLEET_DIR, Fleet, iso, record_verdict
 from trainyard.burnin.judge import Judge
-from trainyard.burnin.local import run_burn_in
+from trainyard.burnin.launch import probe_nodes
 from trainyard.burnin.protocol import BurnInRun, drills_from
 from trainyard.burnin.table import format_table
 from trainyard.burnin.verdict import Verdict, rules_of
-from trainyard.errors import NodeUnhealthy, SpecError
+from trainyard.errors import NodeUnhealthy
 from trainyard.pipeline.recorder import recorded
 from trainyard.pipeline.run import Run
-from trainyard.spec import KubernetesSpec
-
-
-def candidates(run: Run) -> list[str]:
-    return [f"node-{i}" for i in range(run.spec.nodes.count + run.spec.nodes.spare)]
-
 
 log = logging.getLogger(__name__)
 
 
 @recorded("burn_in")
-def burn_in(run: Run, cluster: Any | None = None) -> dict[str, Any]:
+def burn_in(run: Run, cluster: Any | None = None, connect: Connect | None = None) -> dict[str, Any]:
     """Pressure-test every candidate node and keep the best ``nodes.count`` healthy ones.
 
-    ``cluster`` is a ``kubernetes`` API client, needed with the kubernetes backend:
+    ``cluster`` is a ``kubernetes`` API client (or ``connect`` makes one from ``nodes.kubernetes``), needed with
+    the kubernetes backend:
     candidates are then cluster nodes, and the evicted ones are marked there.
     A node evicted earlier sits out ``cooldown_h``, then is re-tested here and
     re-admitted when it passes. Every outcome goes into the fleet history.
     """
     cfg, nodes = run.spec.pressure_test, run.spec.nodes
+    backend = backend_for(nodes, cluster, connect=connect)
     if not cfg.enabled:  # untested nodes; on Kubernetes still real ones, the hosts the pods are pinned to
-        names = _cluster_candidates(run, cluster)[1] if nodes.backend == "kubernetes" else candidates(run)
+        names = backend.candidates()
         return {"healthy": names[: nodes.count], "spare": names[nodes.count :], "skipped": True}
     fleet, now, cooldown_s = Fleet(run.hot_root / FLEET_DIR), time.time(), cfg.cooldown_h * 3600
     drills = drills_from(cfg)
-    if nodes.backend == "kubernetes":
-        from trainyard.backends.kubernetes.cooldown import due_for_retest
-        from trainyard.backends.kubernetes.kinds import node_kinds
-        from trainyard.burnin.kubernetes import run_burn_in_k8s  # the kubernetes SDK: only for this backend
-
-        core, names = _cluster_candidates(run, cluster)
-        kube = _kube(run)
-        retest = due_for_retest(core, kube, cooldown_s, datetime.fromtimestamp(now, UTC))
-        names = [*names, *(n for n in retest if n not in names)]
-        judge = Judge(
-            rules_of(cfg), nodes.count, (kinds := node_kinds(core, names)), fleet.references(kinds.values()), False
-        )
-        probed = run_burn_in_k8s(
-            core,
-            names,
-            cfg,
-            kube,
-            run.dir.name,
-            str(run.hot_root / ".burnin"),
-            drills,
-            kube.store_host or socket.gethostbyname(socket.gethostname()),
-            judge.recheck,
-        )
-    else:
-        everyone = candidates(run)
-        sitting_out = fleet.cooling(everyone, now, cooldown_s)
-        for node, until in sitting_out.items():
-            log.info("%s sits out its cool-down until %s (fleet history %s)", node, iso(until), fleet.path(node))
-        names = [n for n in everyone if n not in sitting_out]
-        retest = fleet.due(names, now, cooldown_s)
-        kinds = dict.fromkeys(names, local_kind())
-        judge = Judge(rules_of(cfg), nodes.count, kinds, fleet.references(kinds.values()), True)
-        if sitting_out:
-            run.ledger.append("burn_in", "sitting_out", nodes={n: iso(u) for n, u in sitting_out.items()})
-        probed = run_burn_in(
-            names, cfg, run.hot_root, run.dir / "burn-in", drills, judge.recheck, gpus_per_node=nodes.gpus_per_node
-        )
+    pool = backend.pool(fleet, now, cooldown_s)
+    for node, until in pool.sitting_out.items():
+        log.info("%s sits out its cool-down until %s (fleet history %s)", node, iso(until), fleet.path(node))
+    if pool.sitting_out:
+        run.ledger.append("burn_in", "sitting_out", nodes={n: iso(u) for n, u in pool.sitting_out.items()})
+    names, retest, site = pool.names, pool.retest, backend.probe_site()
+    kinds = backend.kinds(names)
+    judge = Judge(rules_of(cfg), nodes.count, kinds, fleet.references(kinds.values()), site.shared)
+    probed = probe_nodes(
+        site, names, cfg, site.scratch(run.hot_root), run.dir / "burn-in", drills, judge.recheck, run_id=run.dir.name
+    )
     verdict = judge.verdict(names, probed)
     table = format_table(verdict, judge.rules)
     log.info("pressure test verdict (%.1f s):\n%s", probed.seconds, table)
     _record_verdict(run, fleet, judge, verdict, probed, now, drills)
     readmitted = [n for n in retest if n not in verdict.evicted]
-    if nodes.backend == "kubernetes":
-        from trainyard.backends.kubernetes.marks import label_evicted, unlabel
-
-        if verdict.evicted:
-            marked = label_evicted(
-                core, list(verdict.evicted), kube.evicted_label, kube.evict_with, reasons=verdict.evicted
-            )
-            run.ledger.append("burn_in", "nodes_marked", nodes=marked, label=kube.evicted_label)
-        if readmitted:
-            unlabel(core, readmitted, kube.evicted_label)
+    _mark(run, backend, verdict, readmitted)
     if retest:
         run.ledger.append(
             "burn_in", "nodes_retested", readmitted=readmitted, evicted=[n for n in retest if n in verdict.evicted]
@@ -154,42 +115,18 @@ def _record_verdict(
     )
 
 
-def local_kind() -> str:
-    """Local candidates are slices of this host: their history is this host's."""
-    return f"local:{socket.gethostname()}"
-
-
-def _kube(run: Run) -> KubernetesSpec:
-    """``nodes.kubernetes`` of a Kubernetes run (the spec's models fill it in whenever the backend is kubernetes)."""
-    kube = run.spec.nodes.kubernetes
-    if kube is None:
-        raise SpecError([f"{run.spec_path}: nodes.kubernetes: missing; the kubernetes backend needs it"])
-    return kube
-
-
-def _cluster_candidates(run: Run, cluster: Any | None) -> tuple[Any, list[str]]:
-    from kubernetes import client as k8s
-
-    from trainyard.backends.kubernetes.marks import candidate_nodes
-
-    if cluster is None:
-        require_local(run)
-    core = k8s.CoreV1Api(cluster)
-    want = run.spec.nodes.count + run.spec.nodes.spare
-    names = candidate_nodes(core, _kube(run), want)
-    if len(names) < run.spec.nodes.min:
-        raise NodeUnhealthy(
-            f"the cluster has {len(names)} usable node(s) (node_selector, not evicted); nodes.min is"
-            f" {run.spec.nodes.min}"
-        )
-    return core, names
+def _mark(run: Run, backend: Backend, verdict: Verdict, readmitted: list[str]) -> None:
+    """Keep later runs off the evicted nodes, and let the re-admitted ones back (a backend with marks)."""
+    if verdict.evicted and backend.marks is not None:
+        marked = backend.exclude(list(verdict.evicted), reasons=verdict.evicted)
+        run.ledger.append("burn_in", "nodes_marked", nodes=marked, label=backend.marks)
+    if readmitted:
+        backend.readmit(readmitted)
 
 
 def require_local(run: Run) -> None:
-    if run.spec.nodes.backend != "local":
-        raise SpecError(
-            [
-                f"{run.spec_path}: nodes.backend: kubernetes needs a launcher from the Airflow layer"
-                " (the train task builds one from nodes.kubernetes.connection)"
-            ]
-        )
+    """``SpecError`` unless the run's backend can launch with nothing from the Airflow layer (an API client).
+
+    For ``train``'s default launcher, until it asks ``backend_for(run.spec.nodes).launcher()`` itself.
+    """
+    backend_for(run.spec.nodes).launcher()

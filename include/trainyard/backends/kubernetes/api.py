@@ -1,0 +1,187 @@
+"""The Kubernetes API calls of an attempt, written once for the sync launcher and the async trigger.
+
+A call is a ``Request``: which API (``core``, ``batch``, ``custom``), which
+method, its arguments, how the response maps to what trainyard wants, and
+which error statuses are answers rather than failures (a 404 on delete:
+already gone; a 409 on create: ours already). An operation of several calls
+is a generator of requests (``look``, ``create``, ``delete``) that receives each
+answer; ``drive`` runs one with the ``kubernetes`` client, and
+``trainyard.backends.kubernetes.aio.drive`` with ``kubernetes_asyncio``. The
+executors only send and await; what is asked and what an answer means is here.
+
+Imports neither SDK: both clients' models have the same attribute names, and
+the executor hands its own ``ApiException`` to ``Request.refused``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, TypeVar
+
+from trainyard.backends.kubernetes.names import selector
+from trainyard.backends.kubernetes.status import job_failure_reason
+
+T = TypeVar("T")
+ApiName = Literal["core", "batch", "custom"]
+
+PODGROUP_GROUP, PODGROUP_VERSION, PODGROUP_PLURAL = "scheduling.volcano.sh", "v1beta1", "podgroups"
+JOB_DELETED = "JobDeleted"
+"""The Job's reason when it is gone (deleted by someone else, or by its TTL): no pod will report again."""
+
+
+class Apis(Protocol):
+    """The three API objects of one client (``kubernetes`` or ``kubernetes_asyncio``), by the names requests use."""
+
+    @property
+    def core(self) -> Any: ...
+
+    @property
+    def batch(self) -> Any: ...
+
+    @property
+    def custom(self) -> Any: ...
+
+
+@dataclass(frozen=True)
+class ClientApis:
+    core: Any
+    batch: Any
+    custom: Any
+
+    @classmethod
+    def of(cls, client: Any, api_client: Any) -> ClientApis:
+        """``client``: the ``kubernetes.client`` or ``kubernetes_asyncio.client`` module (same class names)."""
+        return cls(client.CoreV1Api(api_client), client.BatchV1Api(api_client), client.CustomObjectsApi(api_client))
+
+
+def _same(response: Any) -> Any:
+    return response
+
+
+@dataclass(frozen=True)
+class Request:
+    api: ApiName
+    method: str
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    answer: Callable[[Any], Any] = _same
+    """The response as the caller wants it."""
+    settled: Mapping[int, Any] = field(default_factory=dict)
+    """Error status -> the answer it means (404 on delete: None, gone already)."""
+    otherwise: Callable[[Any], Any] | None = None
+    """The answer to any other error (given the exception); None: it is raised."""
+
+    def send(self, apis: Apis) -> Any:
+        """The SDK call (a coroutine with ``kubernetes_asyncio``)."""
+        return getattr(getattr(apis, self.api), self.method)(*self.args, **self.kwargs)
+
+    def refused(self, exc: Any) -> Any:
+        """What the API's error ``exc`` (either SDK's ``ApiException``) answers; raises it when it is a failure."""
+        if exc.status in self.settled:
+            return self.settled[exc.status]
+        if self.otherwise is not None:
+            return self.otherwise(exc)
+        raise exc
+
+
+Operation = Generator[Request, Any, T]
+
+
+def call(apis: Apis, request: Request) -> Any:
+    """One request with the ``kubernetes`` client (sync)."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        response = request.send(apis)
+    except ApiException as exc:
+        return request.refused(exc)
+    return request.answer(response)
+
+
+def drive(apis: Apis, operation: Operation[T]) -> T:
+    """Run ``operation`` with the ``kubernetes`` client: each request's answer is sent back into it."""
+    try:
+        request = next(operation)
+        while True:
+            request = operation.send(call(apis, request))
+    except StopIteration as done:
+        return done.value
+
+
+# ---------------------------------------------------------------- requests
+
+
+def list_pods(namespace: str, name: str) -> Request:
+    """The attempt's pods (every pod the Job made, by its label)."""
+    return Request("core", "list_namespaced_pod", (namespace,), {"label_selector": selector(name)}, lambda r: r.items)
+
+
+def job_reason(namespace: str, name: str) -> Request:
+    """Why the Job failed (None while it has not); ``JOB_DELETED`` when it is gone."""
+    return Request(
+        "batch", "read_namespaced_job", (name, namespace), answer=job_failure_reason, settled={404: JOB_DELETED}
+    )
+
+
+def pod_log(name: str, namespace: str, container: str, lines: int) -> Request:
+    """The last ``lines`` of a pod's container log as text; a note when it has none (never started)."""
+    # Raw bytes: the client's "str" deserializer would hand back "b'...'" (or parse a log
+    # that happens to be JSON), so the response is read and decoded here.
+    return Request(
+        "core",
+        "read_namespaced_pod_log",
+        (name, namespace),
+        {"container": container, "tail_lines": lines, "_preload_content": False},
+        answer=lambda raw: raw.data.decode("utf-8", errors="replace"),
+        otherwise=lambda exc: f"# no container log: {exc.status} {exc.reason}",
+    )
+
+
+def _create(api: ApiName, method: str, *args: Any) -> Request:
+    """Create; True if made, False if it existed (names come from the plan: it is this attempt's own)."""
+    return Request(api, method, args, answer=lambda _: True, settled={409: False})
+
+
+def _delete(api: ApiName, method: str, *args: Any, **kwargs: Any) -> Request:
+    return Request(api, method, args, kwargs, answer=lambda _: None, settled={404: None})
+
+
+# ---------------------------------------------------------------- operations
+
+
+def look(namespace: str, name: str) -> Operation[tuple[list[Any], str | None]]:
+    """The attempt's pods and its Job's failure reason: what ``status.attempt_status`` reads."""
+    pods = yield list_pods(namespace, name)
+    reason = yield job_reason(namespace, name)
+    return pods, reason
+
+
+def create(namespace: str, job: Any, service: Any, podgroup: Mapping[str, Any] | None) -> Operation[list[str]]:
+    """PodGroup (Volcano), Service, then Job: the Job last, so its pods find both. Returns the kinds adopted."""
+    adopted = []
+    if podgroup is not None:
+        made = yield _create(
+            "custom", "create_namespaced_custom_object", PODGROUP_GROUP, PODGROUP_VERSION, namespace, PODGROUP_PLURAL,
+            podgroup,
+        )  # fmt: skip
+        adopted += [] if made else ["PodGroup"]
+    made = yield _create("core", "create_namespaced_service", namespace, service)
+    adopted += [] if made else ["Service"]
+    made = yield _create("batch", "create_namespaced_job", namespace, job)
+    return adopted + ([] if made else ["Job"])
+
+
+def delete(namespace: str, name: str, podgroup: bool) -> Operation[None]:
+    """Delete Job (with its pods), Service and PodGroup; anything already gone is fine.
+
+    Foreground propagation keeps the Job visible, marked for deletion, until
+    its pods are gone, so nobody mistakes a still-draining attempt for none.
+    """
+    yield _delete("batch", "delete_namespaced_job", name, namespace, propagation_policy="Foreground")
+    yield _delete("core", "delete_namespaced_service", name, namespace)
+    if podgroup:
+        yield _delete(
+            "custom", "delete_namespaced_custom_object", PODGROUP_GROUP, PODGROUP_VERSION, namespace, PODGROUP_PLURAL,
+            name,
+        )  # fmt: skip
