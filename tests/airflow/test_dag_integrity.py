@@ -179,14 +179,14 @@ def test_a_parsed_dag_lets_its_tasks_pull_the_stages_typed_results() -> None:
 
     from airflow.sdk.bases.xcom import BaseXCom
 
-    from trainyard.pipeline.results import BurnInResult, CheckpointChecked, Trained
+    from trainyard.pipeline.results import BurnInResult, GateResult, TrainResult
 
     results = [
         BurnInResult(
             healthy=["node-0"], spare=["node-1"], evicted={"node-2": "slow"}, references={"local": {"mm": 1.0}}
         ),
-        Trained(nodes=["node-0"], start_step=10, target_step=30, last_step=30, checkpoint="/c/step_30", attempts=2),
-        CheckpointChecked(checkpoint="/c/step_30", step=30, metrics={"loss": 2.5}),
+        TrainResult(nodes=["node-0"], start_step=10, target_step=30, last_step=30, checkpoint="/c/step_30", attempts=2),
+        GateResult(checkpoint="/c/step_30", step=30, metrics={"loss": 2.5}),
     ]
     stored = [json.dumps(BaseXCom.serialize_value(r)) for r in results]
     code = (

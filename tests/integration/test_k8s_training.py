@@ -34,7 +34,7 @@ from trainyard.airflow.triggers import KubernetesAttemptTrigger, reported
 from trainyard.checkpoint.format import read_manifest
 from trainyard.events.ledger import Ledger
 from trainyard.pipeline import stages
-from trainyard.pipeline.results import BurnInResult, Trained
+from trainyard.pipeline.results import BurnInResult, TrainResult
 from trainyard.pipeline.run import Run, defers, open_run
 from trainyard.pipeline.train import TrainStage
 from trainyard.protocol.heartbeat import read_heartbeats
@@ -113,13 +113,13 @@ def triggered(trigger: Any) -> dict[str, Any]:
     return first_event(rebuilt)
 
 
-def deferred_train(run: Run, spares: list[str] | None = None) -> tuple[Trained, list[str]]:
+def deferred_train(run: Run, spares: list[str] | None = None) -> tuple[TrainResult, list[str]]:
     """What Airflow does with the deferred operator: each half in a fresh launcher, as in a fresh process."""
     assert defers(run.spec.nodes)
     spares = list(spares or [])
     outcome = TrainStage(run, NODES, launcher_for(run.spec.nodes), spares).begin()
     seen = []
-    while not isinstance(outcome, Trained):
+    while not isinstance(outcome, TrainResult):
         if isinstance(outcome, Backoff):  # the backoff is a deferral too: on a time trigger, not a sleep
             first_event(backoff_trigger(run, outcome))  # the provider's DateTimeTrigger, run as the triggerer would
             seen.append("backoff")

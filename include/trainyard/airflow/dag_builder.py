@@ -21,7 +21,7 @@ from trainyard.airflow.notify import dag_callbacks
 from trainyard.airflow.operators import ReportOperator, TrainOperator
 from trainyard.airflow.params import param_schemas
 from trainyard.errors import SpecError
-from trainyard.pipeline.results import RESULTS, CheckpointChecked, Trained
+from trainyard.pipeline.results import RESULTS, GateResult, TrainResult
 from trainyard.report.pages import URL_PREFIX
 from trainyard.spec import PipelineSpec, load_spec, nested_specs
 
@@ -98,10 +98,10 @@ def build_dag(spec_path: Path, spec: PipelineSpec) -> DAG:
             pool_slots=slots["train"],
         )
         checked = task(task_id="check_checkpoint")(tasks.check_checkpoint)(
-            path, run_file, cast(Trained, trained.output)
+            path, run_file, cast(TrainResult, trained.output)
         )
         published = task(task_id="publish", retries=2, outlets=[checkpoint_asset(dag_id)])(tasks.publish)(
-            path, run_file, cast(CheckpointChecked, checked)
+            path, run_file, cast(GateResult, checked)
         )
         # The report is written whatever happened (a failed run needs it most), and the run's state must
         # still say what happened. A teardown gives both: it runs once its setup (pin_spec) succeeded and

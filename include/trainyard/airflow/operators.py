@@ -24,7 +24,7 @@ from airflow.sdk import BaseOperator, BaseOperatorLink, conf
 
 from trainyard.airflow import tasks
 from trainyard.airflow.tasks import dagrun_state, kube_client, stage_run
-from trainyard.pipeline.results import BurnInResult, ReportWritten, Trained
+from trainyard.pipeline.results import BurnInResult, ReportResult, TrainResult
 from trainyard.report.pages import run_url
 from trainyard.spec import NodesSpec
 
@@ -125,7 +125,7 @@ class TrainOperator(BaseOperator):
         self.burn_in_task_id = burn_in_task_id
         self._launcher: LocalLauncher | KubernetesLauncher | None = None
 
-    def execute(self, context: Any) -> Trained:
+    def execute(self, context: Any) -> TrainResult:
         with stage_run(self.spec_path, self.run_file, "train") as run:
             stage = self._stage(context, run)
             if not stage.defers:
@@ -141,7 +141,7 @@ class TrainOperator(BaseOperator):
         self._launcher = launcher_for(run.spec.nodes)
         return TrainStage(run, list(chosen.healthy), self._launcher, list(chosen.spare), run_state=dagrun_state)
 
-    def attempt_event(self, context: Any, event: dict[str, Any]) -> Trained:
+    def attempt_event(self, context: Any, event: dict[str, Any]) -> TrainResult:
         """Resumed by the attempt trigger: act on its event, then wait on (this attempt, a backoff, the next one)
         or finish.
 
@@ -152,18 +152,18 @@ class TrainOperator(BaseOperator):
 
         return self._resumed(context, reported(event))
 
-    def backoff_over(self, context: Any, event: Any = None) -> Trained:
+    def backoff_over(self, context: Any, event: Any = None) -> TrainResult:
         """Resumed by the backoff's time trigger: launch the next attempt (or wait on, if the backoff is not over)."""
         from trainyard.recovery.observations import BackoffOver
 
         return self._resumed(context, BackoffOver(time.time()))
 
-    def _resumed(self, context: Any, news: Reported | BackoffOver) -> Trained:
+    def _resumed(self, context: Any, news: Reported | BackoffOver) -> TrainResult:
         with stage_run(self.spec_path, self.run_file, "train") as run:
             outcome = self._stage(context, run).resume(news)
         return self._wait_for(run, outcome)
 
-    def _wait_for(self, run: Run, outcome: Deferral | Trained) -> Trained:
+    def _wait_for(self, run: Run, outcome: Deferral | TrainResult) -> TrainResult:
         """Defer on what the deferred driver waits for (the attempt's trigger, or a time), or return the result."""
         from trainyard.recovery.deferred import AttemptWatch, Backoff
 
@@ -171,7 +171,7 @@ class TrainOperator(BaseOperator):
             self.defer(trigger=trigger_for(run, outcome), method_name="attempt_event")
         if isinstance(outcome, Backoff):
             self.defer(trigger=backoff_trigger(run, outcome), method_name="backoff_over")
-        assert isinstance(outcome, Trained), outcome
+        assert isinstance(outcome, TrainResult), outcome
         return outcome
 
     def on_kill(self) -> None:
@@ -197,5 +197,5 @@ class ReportOperator(BaseOperator):
         self.spec_path = spec_path
         self.run_file = run_file
 
-    def execute(self, context: Any) -> ReportWritten:
+    def execute(self, context: Any) -> ReportResult:
         return tasks.report(self.spec_path, self.run_file)

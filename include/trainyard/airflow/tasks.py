@@ -30,12 +30,12 @@ from trainyard.airflow.metrics import emitted
 from trainyard.errors import FAIL_FAST, SpecError
 from trainyard.pipeline.results import (
     BurnInResult,
-    CheckpointChecked,
-    DatasetChecked,
-    Published,
-    ReportWritten,
-    Staged,
-    Trained,
+    DataCheckResult,
+    GateResult,
+    PublishResult,
+    ReportResult,
+    StagingResult,
+    TrainResult,
 )
 from trainyard.pipeline.run import SNAPSHOT, Run, load_run, open_run
 from trainyard.report.summary import format_summary, summarize
@@ -142,14 +142,14 @@ def stage_run(spec_path: str, run_file: str | None, stage: str) -> Iterator[Run]
             yield run
 
 
-def stage_dataset(spec_path: str, run_file: str | None) -> Staged:
+def stage_dataset(spec_path: str, run_file: str | None) -> StagingResult:
     from trainyard.pipeline import stages
 
     with stage_run(spec_path, run_file, "stage_dataset") as run:
         return stages.stage_dataset(run)
 
 
-def check_dataset(spec_path: str, run_file: str | None) -> DatasetChecked:
+def check_dataset(spec_path: str, run_file: str | None) -> DataCheckResult:
     from trainyard.pipeline import stages
 
     with stage_run(spec_path, run_file, "check_dataset") as run:
@@ -172,14 +172,14 @@ def kube_client(spec: KubernetesSpec | None) -> Any:
     return hook.api_client
 
 
-def check_checkpoint(spec_path: str, run_file: str | None, train: Trained) -> CheckpointChecked:
+def check_checkpoint(spec_path: str, run_file: str | None, train: TrainResult) -> GateResult:
     from trainyard.pipeline import stages
 
     with stage_run(spec_path, run_file, "check_checkpoint") as run:
         return stages.check_checkpoint(run, train.checkpoint, train.target_step)
 
 
-def publish(spec_path: str, run_file: str | None, check_checkpoint: CheckpointChecked) -> Published:
+def publish(spec_path: str, run_file: str | None, check_checkpoint: GateResult) -> PublishResult:
     from trainyard.pipeline import stages
 
     with stage_run(spec_path, run_file, "publish") as run:
@@ -189,7 +189,7 @@ def publish(spec_path: str, run_file: str | None, check_checkpoint: CheckpointCh
     return result
 
 
-def report(spec_path: str, run_file: str | None) -> ReportWritten:
+def report(spec_path: str, run_file: str | None) -> ReportResult:
     # Only this adapter needs these.
     from pathlib import Path
 

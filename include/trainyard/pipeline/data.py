@@ -5,7 +5,7 @@ from __future__ import annotations
 from trainyard.errors import SpecError
 from trainyard.events.ledger import safe_name
 from trainyard.pipeline.recorder import recorded
-from trainyard.pipeline.results import DatasetChecked, Staged
+from trainyard.pipeline.results import DataCheckResult, StagingResult
 from trainyard.pipeline.run import Run
 from trainyard.quality.dataset import check_dataset as _check_dataset
 from trainyard.spec import Lifecycle, dataset_name_problems
@@ -16,7 +16,7 @@ from trainyard.storage.staging import stage
 
 
 @recorded("stage_dataset")
-def stage_dataset(run: Run) -> Staged:
+def stage_dataset(run: Run) -> StagingResult:
     """Copy the cold shards to the hot tier, verified; only what changed is copied."""
     ds = run.spec.dataset
     # The spec check saw the template; this sees what it rendered to (e.g. a run id with a '/').
@@ -28,7 +28,7 @@ def stage_dataset(run: Run) -> Staged:
     capacity = int(ds.hot_capacity_gb * 1e9) if ds.hot_capacity_gb else None
     room = HotRoom(run.hot_root, capacity, run.holder)
     staged = stage(source, run.hot_dataset_dir, ledger=run.ledger, concurrency=ds.concurrency, room=room)
-    return Staged.from_dict(staged.as_dict())
+    return StagingResult.from_dict(staged.as_dict())
 
 
 def set_lifecycle(tier: Tier, rule: Lifecycle, rule_id: str) -> None:
@@ -38,9 +38,9 @@ def set_lifecycle(tier: Tier, rule: Lifecycle, rule_id: str) -> None:
 
 
 @recorded("check_dataset")
-def check_dataset(run: Run) -> DatasetChecked:
+def check_dataset(run: Run) -> DataCheckResult:
     """Fail fast (``DataError``) unless the staged shards meet the spec's expectations."""
     ensure_this_boot(run.hot_dataset_dir, run.ledger, "check_dataset")  # staged unsynced in an earlier boot?
     report = _check_dataset(run.hot_dataset_dir, run.spec.dataset.expectations, result_dir=run.dir).as_dict()
     run.ledger.append("check_dataset", "dataset_checked", **report)
-    return DatasetChecked.from_dict(report)
+    return DataCheckResult.from_dict(report)

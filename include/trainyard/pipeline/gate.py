@@ -12,13 +12,13 @@ from trainyard.errors import CheckpointInvalid
 from trainyard.pipeline.data import set_lifecycle
 from trainyard.pipeline.lineage import lease_ttl, loss_history
 from trainyard.pipeline.recorder import recorded
-from trainyard.pipeline.results import CheckpointChecked, Published
+from trainyard.pipeline.results import GateResult, PublishResult
 from trainyard.pipeline.run import Run
 from trainyard.quality.metrics import check_metrics
 
 
 @recorded("check_checkpoint")
-def check_checkpoint(run: Run, checkpoint: str | None, target_step: int) -> CheckpointChecked:
+def check_checkpoint(run: Run, checkpoint: str | None, target_step: int) -> GateResult:
     """The gate: the run's final checkpoint is whole, loadable, finite, at the final step, and its
     loss history passes the metric expectations (great-expectations; result saved in the run folder)."""
     lease.renew_held(run.checkpoint_root, run.run_id, lease_ttl(run))  # the run's lineage until its report
@@ -41,13 +41,13 @@ def check_checkpoint(run: Run, checkpoint: str | None, target_step: int) -> Chec
     )
     if problems:
         raise CheckpointInvalid(f"{checkpoint}: " + "; ".join(problems))
-    return CheckpointChecked(
+    return GateResult(
         checkpoint=checkpoint, step=result.step, metrics=read_manifest(Path(checkpoint)).get("metrics", {})
     )
 
 
 @recorded("publish")
-def publish(run: Run, checkpoint: str) -> Published:
+def publish(run: Run, checkpoint: str) -> PublishResult:
     """Copy the valid checkpoint to a cold-tier prefix of its own, verify the copy, then point ``PUBLISHED`` at it.
 
     ``uri`` names the copy itself, which is never written again (what downstream DAGs read);
@@ -62,4 +62,4 @@ def publish(run: Run, checkpoint: str) -> Published:
     copy = cold_copies.publish(src, cold, run.run_id, on_file=keep)
     uri, pointer = f"{run.cold_checkpoint_uri}/{copy.name}", f"{run.cold_checkpoint_uri}/{cold_copies.POINTER}"
     run.ledger.append("publish", "published", uri=uri, pointer=pointer, step=copy.step, bytes=copy.bytes)
-    return Published(uri=uri, pointer=pointer, step=copy.step, bytes=copy.bytes)
+    return PublishResult(uri=uri, pointer=pointer, step=copy.step, bytes=copy.bytes)

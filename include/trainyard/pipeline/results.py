@@ -30,7 +30,7 @@ class StageResult:
 
 
 @dataclass(frozen=True)
-class Staged(StageResult):
+class StagingResult(StageResult):
     """``stage_dataset``: the cold shards copied to the hot tier."""
 
     hot_dir: str
@@ -43,7 +43,7 @@ class Staged(StageResult):
 
 
 @dataclass(frozen=True)
-class DatasetChecked(StageResult):
+class DataCheckResult(StageResult):
     """``check_dataset``: the staged shards met the spec's expectations."""
 
     shards: int
@@ -76,7 +76,7 @@ class BurnInResult(StageResult):
 
 
 @dataclass(frozen=True)
-class Trained(StageResult):
+class TrainResult(StageResult):
     """``train``: where training ended, and the checkpoint it left."""
 
     nodes: list[str]
@@ -89,7 +89,7 @@ class Trained(StageResult):
 
 
 @dataclass(frozen=True)
-class CheckpointChecked(StageResult):
+class GateResult(StageResult):
     """``check_checkpoint``: the final checkpoint passed the gate."""
 
     checkpoint: str
@@ -98,7 +98,7 @@ class CheckpointChecked(StageResult):
 
 
 @dataclass(frozen=True)
-class Published(StageResult):
+class PublishResult(StageResult):
     """``publish``: the checkpoint's cold copy (``uri``, never written again) and the pointer to the latest."""
 
     uri: str
@@ -108,7 +108,7 @@ class Published(StageResult):
 
 
 @dataclass(frozen=True)
-class ReportWritten(StageResult):
+class ReportResult(StageResult):
     """``report``: the run's HTML report and summary files. (Not ``Reported``: that is the attempt trigger's news.)"""
 
     report: str
@@ -118,12 +118,12 @@ class ReportWritten(StageResult):
 
 
 RESULTS: tuple[type[StageResult], ...] = (
-    Staged,
-    DatasetChecked,
+    StagingResult,
+    DataCheckResult,
     BurnInResult,
-    Trained,
-    CheckpointChecked,
-    Published,
-    ReportWritten,
+    TrainResult,
+    GateResult,
+    PublishResult,
+    ReportResult,
 )
 """Every stage result: the classes the Airflow layer allows through XCom."""

@@ -20,7 +20,7 @@ from trainyard.errors import LineageBusy
 from trainyard.pipeline.burnin import require_local
 from trainyard.pipeline.lineage import hold_lineage, hot_checkpoints, resume_point, rollback, watcher
 from trainyard.pipeline.recorder import StageRecorder
-from trainyard.pipeline.results import Trained
+from trainyard.pipeline.results import TrainResult
 from trainyard.pipeline.run import Run, defers
 from trainyard.protocol.coordstore import Coordinator
 from trainyard.protocol.env import FaultDrill, TrainEnv
@@ -75,7 +75,7 @@ def train(
     launcher: Launcher | None = None,
     spares: list[str] | None = None,
     run_state: lease.RunState | None = None,
-) -> Trained:
+) -> TrainResult:
     """Train on ``nodes`` in this process, recovering from failures until done or the policy says stop
     (``TrainStage.run_blocking``; the library's callers: drills, benches, tests)."""
     return TrainStage.of(run, nodes, launcher, spares, run_state).run_blocking()
@@ -119,7 +119,7 @@ class TrainStage:
         """Whether the task runs this stage deferred (``begin``, ``resume``) rather than ``run_blocking``."""
         return defers(self.run.spec.nodes)
 
-    def run_blocking(self) -> Trained:
+    def run_blocking(self) -> TrainResult:
         """Supervise every attempt in this process until the run is trained (or ``TrainingFailed``)."""
         run = self.run
         stage = StageRecorder.start(run, STAGE)
@@ -146,7 +146,7 @@ class TrainStage:
         stage.end(trained)
         return trained
 
-    def begin(self) -> Deferral | Trained:
+    def begin(self) -> Deferral | TrainResult:
         """The deferred task starts: launch the run's next attempt, or re-attach to one an earlier task
         process left running; what to wait on, or the result."""
         run = self.run
@@ -162,7 +162,7 @@ class TrainStage:
             result = self._outcome(outcome, start)
         return self._ended(stage, result)
 
-    def resume(self, news: Reported | BackoffOver) -> Deferral | Trained:
+    def resume(self, news: Reported | BackoffOver) -> Deferral | TrainResult:
         """Act on what the task deferred on: the attempt trigger's report, or the end of a backoff.
 
         The current attempt is the ledger's last one (not a value the deferral
@@ -190,19 +190,19 @@ class TrainStage:
             self._deferred(reader, target).lost_lease(str(exc))  # ends the attempt, raises
             raise
 
-    def _outcome(self, outcome: Outcome, start: int) -> Deferral | Trained:
+    def _outcome(self, outcome: Outcome, start: int) -> Deferral | TrainResult:
         if not isinstance(outcome, Done):
             return outcome
         return self._result(start, start + self.run.spec.training.max_steps, outcome.result)
 
     @staticmethod
-    def _ended(stage: StageRecorder, result: Deferral | Trained) -> Deferral | Trained:
-        if isinstance(result, Trained):
+    def _ended(stage: StageRecorder, result: Deferral | TrainResult) -> Deferral | TrainResult:
+        if isinstance(result, TrainResult):
             stage.end(result)
         return result
 
-    def _result(self, start: int, target: int, result: AttemptResult) -> Trained:
-        return Trained.from_dict(_trained(self.run, self.nodes, start, target, result))
+    def _result(self, start: int, target: int, result: AttemptResult) -> TrainResult:
+        return TrainResult.from_dict(_trained(self.run, self.nodes, start, target, result))
 
     def _deferred(self, reader: StateReader, target: int, start: int | None = None) -> Deferred:
         run = self.run
