@@ -32,22 +32,18 @@ if TYPE_CHECKING:  # the Kubernetes clients take a second to import: at run time
     from airflow.providers.standard.triggers.temporal import DateTimeTrigger
 
     from trainyard.airflow.triggers import KubernetesAttemptTrigger
-    from trainyard.backends.kubernetes.launcher import KubernetesLauncher
-    from trainyard.backends.local.launcher import LocalLauncher
+    from trainyard.backends.base import Launcher
     from trainyard.pipeline.run import Run
     from trainyard.pipeline.train import TrainStage
     from trainyard.recovery.deferred import AttemptWatch, Backoff, Deferral
     from trainyard.recovery.observations import BackoffOver, Reported
 
 
-def launcher_for(nodes: NodesSpec) -> LocalLauncher | KubernetesLauncher:
-    """The backend of ``nodes.backend``; Kubernetes through the provider's hook and its connection."""
-    from trainyard.backends.kubernetes.launcher import KubernetesLauncher
-    from trainyard.backends.local.launcher import LocalLauncher
+def launcher_for(nodes: NodesSpec) -> Launcher:
+    """The training launcher of ``nodes.backend``; a cluster's through the provider's hook and its connection."""
+    from trainyard.backends.registry import backend_for
 
-    if nodes.backend == "local" or nodes.kubernetes is None:
-        return LocalLauncher(nodes.gpus_per_node)
-    return KubernetesLauncher(kube_client(nodes.kubernetes), nodes.kubernetes)
+    return backend_for(nodes, connect=kube_client).launcher()
 
 
 def trigger_for(run: Run, watch: AttemptWatch) -> KubernetesAttemptTrigger:
@@ -123,7 +119,7 @@ class TrainOperator(BaseOperator):
         self.spec_path = spec_path
         self.run_file = run_file
         self.burn_in_task_id = burn_in_task_id
-        self._launcher: LocalLauncher | KubernetesLauncher | None = None
+        self._launcher: Launcher | None = None
 
     def execute(self, context: Any) -> TrainResult:
         with stage_run(self.spec_path, self.run_file, "train") as run:

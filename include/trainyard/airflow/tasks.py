@@ -160,8 +160,9 @@ def burn_in(spec_path: str, run_file: str | None) -> BurnInResult:
     from trainyard.pipeline import stages
 
     with stage_run(spec_path, run_file, "burn_in") as run:
-        cluster = kube_client(run.spec.nodes.kubernetes) if run.spec.nodes.backend == "kubernetes" else None
-        return BurnInResult.from_dict(stages.burn_in(run, cluster))  # the stage's own result is still a dict
+        return BurnInResult.from_dict(
+            stages.burn_in(run, connect=kube_client)
+        )  # the stage's own result is still a dict
 
 
 def kube_client(spec: KubernetesSpec | None) -> Any:

@@ -122,11 +122,3 @@ def _mark(run: Run, backend: Backend, verdict: Verdict, readmitted: list[str]) -
         run.ledger.append("burn_in", "nodes_marked", nodes=marked, label=backend.marks)
     if readmitted:
         backend.readmit(readmitted)
-
-
-def require_local(run: Run) -> None:
-    """``SpecError`` unless the run's backend can launch with nothing from the Airflow layer (an API client).
-
-    For ``train``'s default launcher, until it asks ``backend_for(run.spec.nodes).launcher()`` itself.
-    """
-    backend_for(run.spec.nodes).launcher()

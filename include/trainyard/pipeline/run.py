@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from trainyard.atomic import write_json_atomic
+from trainyard.backends.registry import backend_for
 from trainyard.errors import SpecError
 from trainyard.events.ledger import Ledger, run_dir, safe_name
 from trainyard.spec import PARAM_FIELDS, NodesSpec, PipelineSpec, load_spec, spec_from_data, with_params
@@ -93,7 +94,7 @@ def defers(nodes: NodesSpec) -> bool:
     """Whether the run's train task defers while an attempt runs, decided here alone (the operator picks the
     driver by it, the lineage's lease outlasts the waits by it): only Kubernetes attempts can be left to a
     trigger; local attempts are the task's own child processes."""
-    return nodes.backend == "kubernetes" and nodes.kubernetes is not None and nodes.kubernetes.deferrable
+    return backend_for(nodes).defers
 
 
 def open_run(

@@ -14,10 +14,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from trainyard.backends.base import Launcher, LaunchPlan, RegroupingLauncher
-from trainyard.backends.local.launcher import LocalLauncher
+from trainyard.backends.registry import backend_for
 from trainyard.checkpoint import lease, registry
 from trainyard.errors import LineageBusy
-from trainyard.pipeline.burnin import require_local
 from trainyard.pipeline.lineage import hold_lineage, hot_checkpoints, resume_point, rollback, watcher
 from trainyard.pipeline.recorder import StageRecorder
 from trainyard.pipeline.results import TrainResult
@@ -110,8 +109,7 @@ class TrainStage:
     ) -> TrainStage:
         """The stage, on local processes unless ``launcher`` says otherwise."""
         if launcher is None:
-            require_local(run)
-            launcher = LocalLauncher(run.spec.nodes.gpus_per_node)
+            launcher = backend_for(run.spec.nodes).launcher()
         return cls(run, list(nodes), launcher, list(spares or []), run_state)
 
     @property
