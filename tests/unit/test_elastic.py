@@ -10,7 +10,8 @@ import torch.distributed as dist
 
 from trainyard.errors import TrainingFailed
 from trainyard.protocol.coordstore import Coordinator, Generation
-from trainyard.runtime.elastic import ElasticGroup, broadcast_tree, is_collective_error, parse_address
+from trainyard.runtime.elastic import Membership, broadcast_tree, is_collective_error, parse_address
+from trainyard.runtime.group import params_digest
 from trainyard.workload import loop
 from trainyard.workload.model import GPT, GPTConfig
 
@@ -37,7 +38,7 @@ def test_parse_address() -> None:
 
 def test_next_generation_lists_this_node_or_lets_it_go() -> None:
     store = dist.HashStore()
-    coord, group = Coordinator(store), ElasticGroup(store, "node-3", regroup_timeout_s=0.3)
+    coord, group = Coordinator(store), Membership(store, "node-3", regroup_timeout_s=0.3)
     coord.publish(Generation(1, ["node-0", "node-1"], 2))
     # Never a member yet (a spare): a generation without it is not its end; it waits on, here until the timeout.
     with pytest.raises(TrainingFailed, match="node-3: no generation after 0 within") as caught:
@@ -63,7 +64,7 @@ def test_a_step_whose_last_collective_fails_changes_nothing(
     torch.manual_seed(0)
     model = loop.wrap(GPT(GPTConfig(vocab_size=64, seq_len=8, d_model=16, n_layers=1, n_heads=2)), loop.device.CPU)
     optimizer = loop.build_optimizer(model, argparse.Namespace(lr=1e-2, weight_decay=0.1))
-    before = loop.params_digest(model)
+    before = params_digest(model)
 
     def lost_peer(tensor: torch.Tensor, *args: object, **kwargs: object) -> None:
         raise RuntimeError(RESET)
@@ -72,7 +73,7 @@ def test_a_step_whose_last_collective_fails_changes_nothing(
     batch = torch.randint(0, 64, (2, 9))
     with pytest.raises(RuntimeError, match="Connection reset by peer"):
         loop.train_step(model, optimizer, [(batch[:, :-1], batch[:, 1:])], 1e-2, 1.0)
-    assert loop.params_digest(model) == before and not optimizer.state  # nothing applied: the step is redone
+    assert params_digest(model) == before and not optimizer.state  # nothing applied: the step is redone
 
 
 def test_a_state_tree_travels_whole_with_its_tensors_apart(one_process_group: None) -> None:

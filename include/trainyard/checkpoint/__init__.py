@@ -3,7 +3,7 @@
 ``format`` owns the directory layout and integrity check; it imports no torch,
 so the CLI, the integrity gate and the Airflow layer can verify checkpoints
 without loading tensors. The training-side save and load live in
-``trainyard.runtime.core``.
+``trainyard.runtime.checkpoints``.
 """
 
 from trainyard.checkpoint.format import (
