@@ -28,7 +28,8 @@ agree on the last committed step and hand the state to any member behind it
 (a joiner); the failed step is redone once. A generation published while one
 trains (the world grows back) is taken at a step boundary by every rank at
 once: rank 0 reads the store in ``all_reduce`` and the step's one all-reduce
-carries its word to the others, so in place costs no extra collective per step.
+carries its word to the others, so in place costs no extra collective per step
+(a loop that never calls ``all_reduce`` pays one small one: the group agrees alone).
 
 ``state`` is what a joiner receives and a resume loads (``Stateful`` values over
 the bare module and the optimizer: nothing in it may hold the process group).
@@ -163,7 +164,7 @@ class InPlaceGroup(ElasticGroup):
         self.step = -1  # a joiner holds nothing
         self._after = "start"  # how the last generation ended: "start" (none yet), "done", "grown", "fault"
         self._first = 0  # this process's first generation: the attempt's first resumes from the checkpoint
-        self._word = 0  # the generation rank 0 saw published, summed into the step's all-reduce
+        self._word: int | None = 0  # the generation rank 0 saw published (None: not reduced yet this step)
         self._grown = 0
         self._failed_at: int | None = None
         self._fault_at: float | None = None
@@ -219,7 +220,10 @@ class InPlaceGroup(ElasticGroup):
 
     def steps(self) -> Iterator[int]:
         for step in range(self.step + 1, self.ctx.max_steps + 1):
+            self._word = None
             yield step
+            if self._word is None:  # the loop reduced nothing through the group: agree on the word alone
+                self.all_reduce(torch.zeros(()))
             if self._word:  # a newer generation is published: every rank leaves after this same step
                 if self.step < self.ctx.max_steps:
                     self._after, self._grown = "grown", self._word

@@ -216,10 +216,10 @@ def train(
     torch.use_deterministic_algorithms(True, warn_only=placement.cuda)
     stream = data.TokenStream.open(ctx.data_dir)
     _check_vocab(stream, cfg)
+    # Built before the first generation: a spare is ready to train the moment one lists it.
     module = GPT(cfg).to(placement.device)
     optimizer = build_optimizer(module, args)
     state: dict[str, Any] = {"train": TrainState(module, optimizer)}
-    # Built before the first generation: a spare is ready to train the moment one lists it.
     group = runtime.elastic_group(ctx, state, wrap=lambda: wrap(module, placement))
     drills = Drills(ctx)  # one for the process: what it already did stays done across generations
     checkpoints = runtime.Checkpointer(ctx, on_commit=drills.after_checkpoint)
