@@ -14,8 +14,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from trainyard import runtime
 from trainyard.events.ledger import LEDGER_FILE, Ledger, run_dir
-from trainyard.runtime import core as runtime
+from trainyard.runtime import process, progress
 
 STEPS = 1_000_000
 STEP_S = 0.1  # a small model on one GPU; a slower step makes fewer events
@@ -31,12 +32,12 @@ def loss_at(step: int) -> float:
 def fake_clock() -> Iterator[list[float]]:
     """Give the runtime's progress digest a clock the caller advances; restore the real one after."""
     now = [0.0]
-    saved = runtime._clock, runtime._progress
-    runtime._clock, runtime._progress = (lambda: now[0]), None
+    saved = progress._clock, progress._progress
+    progress._clock, progress._progress = (lambda: now[0]), None
     try:
         yield now
     finally:
-        runtime._clock, runtime._progress = saved
+        progress._clock, progress._progress = saved
 
 
 def _attempt(ctx: runtime.RunContext, ledger: Ledger, now: list[float], first: int, last: int) -> None:
@@ -50,7 +51,7 @@ def _attempt(ctx: runtime.RunContext, ledger: Ledger, now: list[float], first: i
         resume_from="latest",
     )
     if first > 1:
-        runtime._ledger_event(
+        process.ledger_event(
             ctx,
             "resumed",
             step=first - 1,
@@ -67,7 +68,7 @@ def _attempt(ctx: runtime.RunContext, ledger: Ledger, now: list[float], first: i
         if ctx.should_checkpoint(step):
             path = f"/ck/step_{step:06d}"
             runtime.flush_progress(ctx)  # as Checkpointer.save does before saving
-            runtime._ledger_event(ctx, "checkpoint_saved", step=step, path=path, seconds=2.0, blocked_s=0.1)
+            process.ledger_event(ctx, "checkpoint_saved", step=step, path=path, seconds=2.0, blocked_s=0.1)
             ledger.append("train", "checkpoint_validated", path=path, step=step, valid=True, problems=[], seconds=1.5)
             ledger.append("train", "checkpoint_promoted", path=path, step=step)
             if step > 3 * CHECKPOINT_EVERY:

@@ -15,7 +15,7 @@ from trainyard.backends.base import LaunchPlan
 from trainyard.backends.local.launcher import node_env
 from trainyard.protocol import records
 from trainyard.protocol.env import ContractPath, FaultDrill, TrainEnv, variable_table
-from trainyard.runtime import core as runtime
+from trainyard.runtime import process as runtime
 from trainyard.spec.models import FailureKind
 
 REQUIRED = {"TRAINYARD_DATA_DIR": "/hot/data", "TRAINYARD_CHECKPOINT_DIR": "/hot/ckpt", "TRAINYARD_MAX_STEPS": "10"}

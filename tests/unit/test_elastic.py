@@ -1,16 +1,21 @@
-"""The worker side of in-place recovery, in one process: which errors regroup, and waiting for a generation."""
+"""The worker side of in-place recovery, in one process: which errors regroup, waiting for a generation, and the
+elastic group as a loop calls it (torchrun's world, and in place: a world that grows, a fault, a node left out)."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainyard.errors import TrainingFailed
 from trainyard.protocol.coordstore import Coordinator, Generation
-from trainyard.runtime.elastic import ElasticGroup, broadcast_tree, is_collective_error, parse_address
+from trainyard.protocol.env import TrainEnv
+from trainyard.runtime.elastic import Membership, broadcast_tree, is_collective_error, parse_address
+from trainyard.runtime.group import InPlaceGroup, elastic_group, params_digest
 from trainyard.workload import loop
 from trainyard.workload.model import GPT, GPTConfig
 
@@ -37,7 +42,7 @@ def test_parse_address() -> None:
 
 def test_next_generation_lists_this_node_or_lets_it_go() -> None:
     store = dist.HashStore()
-    coord, group = Coordinator(store), ElasticGroup(store, "node-3", regroup_timeout_s=0.3)
+    coord, group = Coordinator(store), Membership(store, "node-3", regroup_timeout_s=0.3)
     coord.publish(Generation(1, ["node-0", "node-1"], 2))
     # Never a member yet (a spare): a generation without it is not its end; it waits on, here until the timeout.
     with pytest.raises(TrainingFailed, match="node-3: no generation after 0 within") as caught:
@@ -63,7 +68,7 @@ def test_a_step_whose_last_collective_fails_changes_nothing(
     torch.manual_seed(0)
     model = loop.wrap(GPT(GPTConfig(vocab_size=64, seq_len=8, d_model=16, n_layers=1, n_heads=2)), loop.device.CPU)
     optimizer = loop.build_optimizer(model, argparse.Namespace(lr=1e-2, weight_decay=0.1))
-    before = loop.params_digest(model)
+    before = params_digest(model)
 
     def lost_peer(tensor: torch.Tensor, *args: object, **kwargs: object) -> None:
         raise RuntimeError(RESET)
@@ -72,7 +77,7 @@ def test_a_step_whose_last_collective_fails_changes_nothing(
     batch = torch.randint(0, 64, (2, 9))
     with pytest.raises(RuntimeError, match="Connection reset by peer"):
         loop.train_step(model, optimizer, [(batch[:, :-1], batch[:, 1:])], 1e-2, 1.0)
-    assert loop.params_digest(model) == before and not optimizer.state  # nothing applied: the step is redone
+    assert params_digest(model) == before and not optimizer.state  # nothing applied: the step is redone
 
 
 def test_a_state_tree_travels_whole_with_its_tensors_apart(one_process_group: None) -> None:
@@ -88,3 +93,78 @@ def test_a_state_tree_travels_whole_with_its_tensors_apart(one_process_group: No
                  (got["optim"]["state"][0]["step"], tree["optim"]["state"][0]["step"]),
                  (got["optim"]["empty"], tree["optim"]["empty"])):  # fmt: skip
         assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+
+
+def test_without_a_store_the_group_is_torchruns_world_and_heals_nothing(
+    one_process_group: None, tmp_path: Path
+) -> None:
+    module = torch.nn.Linear(2, 1)
+    group = elastic_group(TrainEnv(tmp_path, tmp_path / "ckpt", 3), {"model": module}, wrap=lambda: DDP(module))
+    assert not group.in_place and group.form() and (group.number, group.rank, group.world_size, group.step) == (
+        1, 0, 1, 0)  # fmt: skip
+    assert isinstance(group.model, DDP) and list(group.steps()) == [1, 2, 3]
+    total = torch.ones(())
+    assert group.all_reduce(total) is total and total.item() == 1.0
+    with pytest.raises(RuntimeError, match="Connection reset by peer"), group.guard():
+        raise RuntimeError(RESET)  # a lost peer ends the process: the supervisor relaunches
+    group.commit(3)
+    assert not group.form() and not group.left_out and group.step == 3
+
+
+def test_in_place_the_group_grows_at_a_step_boundary_regroups_after_a_fault_and_lets_a_node_go(
+    tmp_path: Path,
+) -> None:
+    store = dist.HashStore()
+    coord = Coordinator(store)
+    ctx = TrainEnv(tmp_path, tmp_path / "ckpt", 6, node="node-0", store="127.0.0.1:1")
+    module = torch.nn.Linear(2, 1)
+    group = InPlaceGroup(ctx, {"model": module}, lambda: DDP(module), Membership(store, "node-0"))
+    coord.publish(Generation(1, ["node-0"], 1))
+    try:
+        assert group.in_place and group.form() and (group.number, group.rank, group.step) == (1, 0, 0)
+        with group.guard():
+            for step in group.steps():
+                if step == 2:  # the world grows: the step's all-reduce carries rank 0's word
+                    coord.publish(Generation(2, ["node-0"], 1))
+                assert group.all_reduce(torch.full((), 2.0)).item() == 2.0  # the loss, as it was
+                group.commit(step)
+        assert group.step == 2  # left after the step where the word came
+        assert group.form() and (group.number, group.step) == (2, 2) and isinstance(group.model, DDP)
+        with group.guard():
+            for step in group.steps():  # no all_reduce here: the group agrees on its word alone
+                if step == 4:
+                    raise RuntimeError(RESET)
+                group.commit(step)
+        assert group.model is None and group.step == 3 and "node-0" in coord.faults(2)
+        coord.publish(Generation(3, ["node-0"], 1))
+        assert group.form() and (group.number, group.step) == (3, 3)
+        with group.guard():
+            for step in group.steps():
+                group.commit(step)
+                raise RuntimeError(RESET)  # after its commit point: step 4 stays done
+        coord.publish(Generation(4, ["node-1"], 1))
+        assert not group.form() and group.left_out and group.step == 4  # left out: it stops, unfinished
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def test_in_place_a_step_that_fails_again_after_regrouping_ends_the_process(tmp_path: Path) -> None:
+    store = dist.HashStore()
+    coord = Coordinator(store)
+    ctx = TrainEnv(tmp_path, tmp_path / "ckpt", 6, node="node-0", store="127.0.0.1:1")
+    module = torch.nn.Linear(2, 1)
+    group = InPlaceGroup(ctx, {"model": module}, lambda: DDP(module), Membership(store, "node-0"))
+    try:
+        for number in (1, 2):
+            coord.publish(Generation(number, ["node-0"], 1))
+            assert group.form() and group.step == 0
+            with group.guard():
+                raise RuntimeError(RESET)
+    except TrainingFailed as exc:
+        assert number == 2 and "step 1 failed again after regrouping" in str(exc) and exc.kind == "transient"
+    else:
+        pytest.fail("the second failure of step 1 regrouped again")
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -18,7 +18,7 @@ from trainyard.errors import CheckpointInvalid, DataError, SpecError, TrainingFa
 from trainyard.protocol.env import TrainEnv
 from trainyard.protocol.records import MAX_BYTES, MAX_MESSAGE, FailureRecord, failure_records, reading, record_name
 from trainyard.recovery.classify import Failure, NodeFailure, classify
-from trainyard.runtime import core as runtime
+from trainyard.runtime import failures as runtime
 
 NODES = ["node-0", "node-1"]
 

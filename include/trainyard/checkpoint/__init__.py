@@ -5,5 +5,5 @@ so the CLI, the integrity gate and the Airflow layer can verify checkpoints
 without loading tensors. ``validate``, ``metadata`` and ``tensors`` inspect
 what training code wrote without trusting it; ``registry`` keeps the lineage's
 list, ``cold`` its published copies, ``lease`` which run holds it. The
-training-side save and load live in ``trainyard.runtime.core``.
+training-side save and load live in ``trainyard.runtime.checkpoints``.
 """

@@ -3,9 +3,9 @@
 The orchestrator builds a ``TrainEnv`` per attempt (``pipeline.train._plan``, carried by ``LaunchPlan``); a
 launcher gives each node its own ``node``/``host`` (``for_node``), turns the value into the processes'
 environment (``to_env``) and mounts its paths with the access they declare (``paths``); the workload
-reads it back (``from_env``, through ``trainyard.runtime.core.context``). Each variable is declared
+reads it back (``from_env``, through ``trainyard.runtime.context``). Each variable is declared
 once, on its field: its name, what it means, how it is parsed, and (for a path) whether a pod may
-write it. ``trainyard.runtime.core``'s docstring lists them as ``variable_table`` writes them.
+write it. ``trainyard.runtime``'s docstring lists them as ``variable_table`` writes them.
 
 Importing this module imports no torch: the launchers and the Airflow layer use it.
 """
@@ -323,7 +323,7 @@ def variables() -> list[Field[Any]]:
 
 
 def variable_table(indent: int = 4, width: int = 112) -> str:
-    """The variables and what they mean, one block per variable (``trainyard.runtime.core``'s docstring)."""
+    """The variables and what they mean, one block per variable (``trainyard.runtime``'s docstring)."""
     column = indent + 28
     lines = []
     for f in variables():

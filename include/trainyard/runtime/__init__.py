@@ -17,6 +17,29 @@ and reports through a few calls::
 
 ``runtime.save_checkpoint(step, state, metrics)`` is the blocking save on its own.
 
+A script that trains through the elastic group instead (``trainyard.runtime.group``)
+is one that can regroup in place when a peer is lost: the same loop, with the
+group forming each generation, resuming, and marking each step's commit point.
+Without TRAINYARD_STORE it is torchrun's world and each call does only what the
+loop above does (the reference workload trains this way, always)::
+
+    state = {"train": TrainState(module, optimizer)}          # Stateful, over the bare module
+    group = runtime.elastic_group(ctx, state, wrap=lambda: DDP(module))
+    while group.form():                                       # wraps the model, resumes or receives the state
+        with group.guard(checkpoints):                        # a failed collective ends a generation, not the run
+            for step in group.steps():                        # ends early where the world grows in place
+                ...forward and backward through group.model (never kept elsewhere)...
+                loss = group.all_reduce(loss)                 # the step's one last collective
+                optimizer.step()
+                group.commit(step)                            # the commit point: a regroup continues after it
+                runtime.heartbeat(step, {"loss": loss.item()})
+                ...checkpoints.save as above...
+    if not group.left_out:                                    # a generation without this node: it just stops
+        runtime.finish(max(group.step, ctx.max_steps), {"loss": loss.item()})
+
+With TRAINYARD_STORE set, form no process group yourself: each generation forms its own (gloo, CPU).
+The supervisor sets it only for the reference workload today; for any other entrypoint it relaunches.
+
 Environment (set by the launcher; ``trainyard.protocol.env`` declares it):
 
     TRAINYARD_DATA_DIR          directory of *.tok shards (the hot tier); required
@@ -63,26 +86,18 @@ failure it saw, which the supervisor's classifier trusts before any log line.
 exception; a script that catches its exceptions itself calls ``record_failure``.
 """
 
-from trainyard.runtime.core import (
-    Checkpointer,
-    RunContext,
-    context,
-    finish,
-    flush_progress,
-    heartbeat,
-    load_latest,
-    rank,
-    record_failure,
-    regrouped,
-    save_checkpoint,
-    share_with_group,
-    world_size,
-)
+from trainyard.runtime.checkpoints import Checkpointer, load_latest, save_checkpoint
+from trainyard.runtime.failures import record_failure
+from trainyard.runtime.group import ElasticGroup, elastic_group
+from trainyard.runtime.process import RunContext, context, rank, share_with_group, world_size
+from trainyard.runtime.progress import finish, flush_progress, heartbeat, regrouped
 
 __all__ = [
     "Checkpointer",
+    "ElasticGroup",
     "RunContext",
     "context",
+    "elastic_group",
     "finish",
     "flush_progress",
     "heartbeat",

@@ -22,11 +22,21 @@ ENV = "TRAINYARD_DRILLS"  # declared by ``TrainEnv.drills``
 
 
 class Drills:
-    def __init__(self, ctx: TrainEnv, rank: int):
+    """The drills of this node, for one process: what it already did stays done across generations."""
+
+    def __init__(self, ctx: TrainEnv, rank: int | None = None):
         self.items = [d for d in ctx.drills if d.node in (None, ctx.node)]  # a drill without a node: every node
-        self.node, self.rank = ctx.node, rank
-        self.events = EventWriter.in_dir(ctx.events_dir, ctx.writer_name(rank)) if ctx.events_dir else None
+        self.ctx, self.node, self.rank = ctx, ctx.node, 0
+        self.events: EventWriter | None = None
         self.corrupted = False
+        if rank is not None:
+            self.at_rank(rank)
+
+    def at_rank(self, rank: int) -> None:
+        """This process's rank in the generation it trains in now; its event file keeps the first one's number."""
+        self.rank = rank
+        if self.events is None and self.ctx.events_dir:
+            self.events = EventWriter.in_dir(self.ctx.events_dir, self.ctx.writer_name(rank))
 
     def _fired(self, drill: FaultDrill, step: int) -> None:
         if self.events is not None and (self.rank == 0 or drill.node):

@@ -1,6 +1,7 @@
-"""The worker side of in-place recovery: regroup with the survivors instead of dying with the world.
+"""The worker side of in-place recovery on the store: membership in generations, state sent to the ones behind.
 
-When ``TRAINYARD_STORE=host:port`` names the supervisor's coordination store
+A loop does not call this module; it calls the elastic group (``trainyard.runtime.group``),
+which is built on it. When ``TRAINYARD_STORE=host:port`` names the supervisor's coordination store
 (``trainyard.protocol.coordstore``), a training process does not take its
 process group from torchrun: it forms the gloo group of each *generation* the
 supervisor publishes (rank = its index in ``members``, a ``PrefixStore`` per
@@ -139,7 +140,7 @@ def broadcast_tree(tree: Any, src: int) -> Any:
     return _fill(box[0], received)
 
 
-class ElasticGroup:
+class Membership:
     """This node's membership in the generations published on the coordination store."""
 
     def __init__(
@@ -164,7 +165,7 @@ class ElasticGroup:
         collective_timeout_s: float | None = None,
         timeout_s: float = 30.0,
         attempt: int | None = None,
-    ) -> ElasticGroup:
+    ) -> Membership:
         """Join the store at ``address``; ``attempt``: the keys of that attempt only (``coordstore.attempt_prefix``)."""
         host, port = parse_address(address)
         try:

@@ -1,0 +1,269 @@
+"""The elastic group: the object a training loop calls so that a lost peer costs a regroup, not the run.
+
+A loop asks it for each *generation* it trains in (``form``), runs that
+generation's steps inside ``guard`` and marks each step's commit point; the
+group does the rest (in the spirit of torchft's ``Manager``: errors are
+recorded at one commit point per step, not raised mid-step)::
+
+    group = runtime.elastic_group(ctx, state, wrap=lambda: DDP(module))
+    while group.form():                        # a generation: group formed, model wrapped, state resumed
+        with group.guard(checkpoints):         # a failed collective ends the generation, not the process
+            for step in group.steps():         # after the committed step; ends early where the world grows
+                ...forward and backward through group.model...
+                loss = group.all_reduce(loss)  # the step's last collective, before the optimizer changes anything
+                optimizer.step()
+                group.commit(step)
+                ...heartbeat, checkpoint...
+    if not group.left_out:
+        runtime.finish(max(group.step, ctx.max_steps), metrics)
+
+Without ``TRAINYARD_STORE`` the group is the world torchrun formed (``ElasticGroup``
+itself): one generation, in which ``form`` wraps the model and resumes from the
+checkpoint and every other call is what the loop would do anyway (torchtitan's
+habit: fault tolerance is a component that does nothing when off; one loop, not
+two). With it, ``InPlaceGroup`` forms each generation the supervisor publishes
+(``trainyard.runtime.elastic``): a failed collective in ``guard`` is reported, the
+broken group destroyed and the next generation formed with the survivors, which
+agree on the last committed step and hand the state to any member behind it
+(a joiner); the failed step is redone once. A generation published while one
+trains (the world grows back) is taken at a step boundary by every rank at
+once: rank 0 reads the store in ``all_reduce`` and the step's one all-reduce
+carries its word to the others, so in place costs no extra collective per step
+(a loop that never calls ``all_reduce`` pays one small one: the group agrees alone).
+
+``state`` is what a joiner receives and a resume loads (``Stateful`` values over
+the bare module and the optimizer: nothing in it may hold the process group).
+``wrap`` builds the model wrapper (DDP) for the current group; hold the wrapper
+only through ``group.model``, which the group drops before it destroys a broken
+group (while anything holds it, its sockets stay open and a peer blocked on
+this rank waits out the collective timeout).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.stateful import Stateful
+
+from trainyard.errors import TrainingFailed
+from trainyard.protocol.coordstore import Generation
+from trainyard.runtime import process
+from trainyard.runtime.checkpoints import Checkpointer, load_latest
+from trainyard.runtime.elastic import Membership, is_collective_error
+from trainyard.runtime.progress import regrouped, regrouping
+
+log = logging.getLogger("trainyard.workload")
+SPARE_WAIT_S = 24 * 3600.0  # a node not yet listed is a spare: it waits until used or killed with the attempt
+
+
+def elastic_group(
+    ctx: process.RunContext, state: dict[str, Stateful], wrap: Callable[[], torch.nn.Module]
+) -> ElasticGroup:
+    """The group this process trains in: in place with ``TRAINYARD_STORE`` (``ctx.store``), else torchrun's world.
+
+    With ``TRAINYARD_STORE`` the process forms no process group of its own: each generation forms one.
+    """
+    return InPlaceGroup(ctx, state, wrap) if ctx.store is not None else ElasticGroup(ctx, state, wrap)
+
+
+def params_digest(model: torch.nn.Module) -> str:
+    """A short hash of the parameters (of the wrapped module): equal on every rank of a healthy data-parallel run."""
+    inner = getattr(model, "module", model)
+    h = hashlib.sha256()
+    for name, p in sorted(inner.state_dict().items()):
+        h.update(name.encode())
+        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+class ElasticGroup:
+    """The calls a loop makes; this base is the fixed world (no ``TRAINYARD_STORE``), where each does nothing
+    beyond what the loop would do itself. ``rank``, ``world_size``, ``micro_batch`` (None: the context's),
+    ``number`` (of the generation) and ``model`` describe the generation ``form`` made; ``step`` is the last
+    committed step on this rank."""
+
+    in_place = False
+
+    def __init__(self, ctx: process.RunContext, state: dict[str, Stateful], wrap: Callable[[], torch.nn.Module]):
+        self.ctx, self.state, self.wrap = ctx, state, wrap
+        self.model: Any = None
+        self.step = 0
+        self.number = 0
+        self.rank, self.world_size = 0, 1
+        self.micro_batch: int | None = ctx.micro_batch
+        self.left_out = False
+        """True when a generation left this process out: it stops without finishing (the others go on)."""
+
+    def form(self) -> bool:
+        """Form the next generation: wrap the model, resume or receive the state. False: there is none (the run
+        is done, or this process is left out)."""
+        if self.number:
+            return False
+        self.number, self.rank, self.world_size = 1, process.rank(), process.world_size()
+        self.model = self.wrap()
+        self.step = load_latest(self.state, ctx=self.ctx)
+        return True
+
+    def steps(self) -> Iterator[int]:
+        """The steps this generation trains: after the committed one, to ``ctx.max_steps``."""
+        yield from range(self.step + 1, self.ctx.max_steps + 1)
+
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum ``tensor`` over the group in place and return it: the step's last collective, once per step."""
+        dist.all_reduce(tensor)
+        return tensor
+
+    def commit(self, step: int) -> None:
+        """``step`` is applied on this rank (its optimizer step ran): a regroup continues after it."""
+        self.step = step
+
+    @contextmanager
+    def guard(self, checkpoints: Checkpointer | None = None) -> Iterator[None]:
+        """Run a generation's steps: ``checkpoints`` is closed at its end (its last save committed); an error
+        leaves a save in flight (it may wait on a dead peer: fail now, not at its timeout) and ends the
+        process, except a failed collective in place, which ends the generation."""
+        try:
+            yield
+            if checkpoints is not None:
+                checkpoints.close()
+        except BaseException as exc:
+            if checkpoints is not None:
+                checkpoints.close(wait=False)
+            if not self._survive(exc, checkpoints):
+                raise
+
+    def _survive(self, exc: BaseException, checkpoints: Checkpointer | None) -> bool:
+        """Whether the group heals ``exc`` (then it has already started to); a fixed world heals nothing."""
+        return False
+
+
+class InPlaceGroup(ElasticGroup):
+    """This process's generations on the supervisor's coordination store (``ctx.store``); CPU and gloo only."""
+
+    in_place = True
+
+    def __init__(
+        self,
+        ctx: process.RunContext,
+        state: dict[str, Stateful],
+        wrap: Callable[[], torch.nn.Module],
+        membership: Membership | None = None,
+    ):
+        super().__init__(ctx, state, wrap)
+        assert ctx.store is not None, "an in-place group needs TRAINYARD_STORE"
+        self.membership = membership or Membership.connect(
+            ctx.store, ctx.node, ctx.collective_timeout_s, attempt=ctx.attempt
+        )
+        self.step = -1  # a joiner holds nothing
+        self._after = "start"  # how the last generation ended: "start" (none yet), "done", "grown", "fault"
+        self._first = 0  # this process's first generation: the attempt's first resumes from the checkpoint
+        self._word: int | None = 0  # the generation rank 0 saw published (None: not reduced yet this step)
+        self._grown = 0
+        self._failed_at: int | None = None
+        self._fault_at: float | None = None
+
+    def form(self) -> bool:
+        after, self._after, node = self._after, "done", self.ctx.node
+        gen: Generation | None
+        if after == "start":
+            gen = self.membership.next_generation(timeout_s=SPARE_WAIT_S)
+            assert gen is not None  # a process that was never a member waits on
+            self._first = gen.number
+        elif after == "fault":
+            gen = self.membership.next_generation()
+            if gen is None:
+                log.info("%s: left out of the next generation; exiting", node)
+        elif after == "grown":
+            self._release()  # the group's sockets close with its last reference (see ``_survive``)
+            self.membership.leave()
+            gen = self.membership.published(self._grown)
+            if gen is None:
+                log.info("%s: left out of generation %d; exiting", node, self._grown)
+            else:
+                log.info("%s: the world grows to generation %d at step %d", node, self._grown, self.step)
+                self._fault_at = None
+        else:
+            log.info("%s: finished at step %d in generation %d, params %s",
+                     node, self.step, self.number, params_digest(self.model))  # fmt: skip
+            return False
+        if gen is None:
+            self.left_out = True
+            return False
+        self._join(gen)
+        return True
+
+    def _join(self, gen: Generation) -> None:
+        """Form ``gen``'s group, wrap the model and agree on the committed step (sending the state behind)."""
+        ctx, member = self.ctx, self.membership
+        self.rank = member.form(gen)
+        self.number, self.world_size, self.micro_batch = gen.number, gen.world, gen.micro_batch
+        self.model = self.wrap()  # DDP broadcasts rank 0's parameters: rank 0 is a survivor (see sync_state)
+        if gen.number == self._first == 1:
+            self.step = load_latest(self.state, ctx=ctx)
+        elif ctx.node in gen.joiners:
+            self.step = -1
+        self.step = member.sync_state(self.state, self.step)
+        member.ready(self.step)
+        if gen.number > self._first or ctx.node in gen.joiners:
+            regrouped(gen.number, gen.micro_batch, self.step, gen.joiners, ctx=ctx)
+        since = f", {time.monotonic() - self._fault_at:.3f}s after the fault" if self._fault_at is not None else ""
+        log.info("%s: generation %d, rank %d of %d, micro batch %d, from step %d, params %s%s", ctx.node, gen.number,
+                 self.rank, gen.world, gen.micro_batch, self.step, params_digest(self.model), since)  # fmt: skip
+        self._word = 0
+
+    def steps(self) -> Iterator[int]:
+        for step in range(self.step + 1, self.ctx.max_steps + 1):
+            self._word = None
+            yield step
+            if self._word is None:  # the loop reduced nothing through the group: agree on the word alone
+                self.all_reduce(torch.zeros(()))
+            if self._word:  # a newer generation is published: every rank leaves after this same step
+                if self.step < self.ctx.max_steps:
+                    self._after, self._grown = "grown", self._word
+                return
+
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        # One collective for both: a second would cost a round trip per step.
+        news = float(self.membership.newer()) if self.rank == 0 else 0.0
+        word = torch.tensor([news], dtype=tensor.dtype, device=tensor.device)
+        both = torch.cat([tensor.reshape(-1), word])
+        dist.all_reduce(both)
+        self._word = int(both[-1].item())
+        return tensor.copy_(both[:-1].view_as(tensor))
+
+    def _survive(self, exc: BaseException, checkpoints: Checkpointer | None) -> bool:
+        """A failed collective: report it, let the broken group go and regroup (``form``); at most one step lost."""
+        if not isinstance(exc, Exception) or not is_collective_error(exc):
+            return False
+        failing = self.step + 1
+        if self._failed_at == failing:  # the redo failed too: more than one step would be lost
+            raise TrainingFailed(
+                f"step {failing} failed again after regrouping ({exc}); giving up in-place recovery",
+                kind="transient",
+            ) from exc
+        self._failed_at = failing
+        log.warning("%s: collective failed in step %d (%s); regrouping", self.ctx.node, failing, exc)
+        regrouping(self.step, self.ctx)  # the steps before the fault, while this rank's number still holds
+        self._fault_at = time.monotonic()
+        # Nothing may hold the broken group once it is destroyed: DDP (its reducer) does, and while anything
+        # does its sockets stay open and a peer blocked on this rank waits out the collective timeout instead
+        # of failing at once (measured: 20 s instead of 0.02 s).
+        self._release()
+        keep = checkpoints.abandon() if checkpoints is not None else None
+        self.membership.on_fault(exc, keep=[keep])
+        self._after = "fault"
+        return True
+
+    def _release(self) -> None:
+        """Detach the generation's wrapper from the parameters (the reducer's hooks would use the dead group)
+        and drop it: it holds the group alive."""
+        model, self.model = self.model, None
+        if model is not None and hasattr(model, "reducer"):
+            model.reducer._remove_autograd_hooks()

@@ -1,0 +1,130 @@
+"""A rank's progress: its heartbeat file and liveness pulse, and rank 0's ``step`` events at a bounded rate.
+
+Heartbeats are files rather than ledger events because the watcher needs the
+latest state of *every* rank cheaply (``trainyard.protocol.heartbeat``); rank 0
+folds its steps into one ``step`` event per ``TRAINYARD_PROGRESS_EVERY_S``
+(``trainyard.protocol.steps``), so a long run's ledger stays small.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from trainyard.protocol.heartbeat import write_beat
+from trainyard.protocol.steps import ProgressDigest
+from trainyard.runtime.process import RunContext, context, ledger_event, metric_fields, rank
+
+LIVENESS_S = 1.0
+_pulse: threading.Thread | None = None
+_pulse_path: Path | None = None
+"""This rank's ``rank-N.alive``: set by every heartbeat, since an in-place regroup renumbers the ranks."""
+_last_metrics: dict[str, Any] = {}
+"""The metrics of this process's last ``running`` heartbeat: a regrouping rank's heartbeat repeats them."""
+
+
+def _keep_alive() -> None:
+    """Touch ``_pulse_path`` every second from a daemon thread, whatever the training loop is doing.
+
+    A rank blocked in a collective still pulses (gloo waits without the GIL);
+    a stopped or frozen process does not. The supervisor tells the node that
+    hung from the ones merely waiting for it by this pulse.
+    """
+    while True:
+        if _pulse_path is not None:
+            _pulse_path.touch()
+        time.sleep(LIVENESS_S)
+
+
+def write_heartbeat(ctx: RunContext, step: int, metrics: dict[str, Any], status: str) -> None:
+    """This rank's heartbeat file (no heartbeat folder configured: no-op); starts its pulse the first time."""
+    global _pulse, _pulse_path
+    if ctx.heartbeat_dir is None:
+        return
+    ctx.heartbeat_dir.mkdir(parents=True, exist_ok=True)
+    me = rank()
+    _pulse_path = ctx.heartbeat_dir / f"rank-{me}.alive"
+    if _pulse is None:
+        _pulse_path.touch()
+        _pulse = threading.Thread(target=_keep_alive, daemon=True)
+        _pulse.start()
+    record = {
+        "rank": me, "node": ctx.node, "host": ctx.host, "pid": os.getpid(), "step": step, "time": time.time(),
+        "status": status, "metrics": metrics, "attempt": ctx.attempt, "run_id": ctx.run_id,
+    }  # fmt: skip
+    write_beat(ctx.heartbeat_dir, me, record)
+
+
+# Rank 0's steps not yet in the ledger: one digest per process (and context), flushed at exit too,
+# so the steps before a crash in user code are not lost (a killed process loses them; the
+# supervisor's ``attempt_end`` records the last step from the heartbeats).
+_progress: tuple[RunContext, ProgressDigest] | None = None
+_clock: Callable[[], float] = time.monotonic  # a test's fake clock replaces it
+
+
+def _flush_at_exit() -> None:
+    if _progress is not None:
+        flush_progress(_progress[0])
+
+
+def _digest(ctx: RunContext) -> ProgressDigest:
+    global _progress
+    if _progress is None or (_progress[0] is not ctx and _progress[0] != ctx):
+        if _progress is None:
+            atexit.register(_flush_at_exit)
+        else:
+            flush_progress(_progress[0])
+        _progress = (ctx, ProgressDigest(ctx.progress_every_s, _clock))
+    return _progress[1]
+
+
+def flush_progress(ctx: RunContext | None = None) -> None:
+    """Write the ``step`` event of the steps not yet in the ledger (rank 0; a no-op elsewhere)."""
+    ctx = ctx or context()
+    if ctx.events_dir is not None and rank() == 0 and (record := _digest(ctx).flush()) is not None:
+        ledger_event(ctx, "step", **record)
+
+
+def heartbeat(step: int, metrics: dict[str, Any], *, status: str = "running", ctx: RunContext | None = None) -> None:
+    """Record progress: this rank's heartbeat file, plus (rank 0) the ledger's ``step`` events at a bounded rate."""
+    global _last_metrics
+    ctx = ctx or context()
+    write_heartbeat(ctx, step, metrics, status)
+    if status == "running":
+        _last_metrics = metrics
+    if status == "running" and ctx.events_dir is not None and rank() == 0:
+        # A checkpoint step is written at once: the metric gate needs its exact loss.
+        for record in _digest(ctx).add(step, metric_fields(metrics), force=ctx.should_checkpoint(step)):
+            ledger_event(ctx, "step", **record)
+
+
+def regrouping(step: int, ctx: RunContext) -> None:
+    """This rank lost its group after ``step``: its heartbeat says so (with the last step's metrics), and the
+    steps before the fault go to the ledger while its rank number still holds (call it before regrouping)."""
+    heartbeat(step, _last_metrics, status="regrouping", ctx=ctx)
+    flush_progress(ctx)
+
+
+def regrouped(
+    generation: int, micro_batch: int, from_step: int, joiners: list[str], *, ctx: RunContext | None = None
+) -> None:
+    """A new generation formed in place: rank 0's ``regrouped`` event, and the next step's event at once.
+
+    Call it on every rank once the generation's group is formed (ranks and world size are the new ones)."""
+    ctx = ctx or context()
+    _digest(ctx).write_next()
+    ledger_event(ctx, "regrouped", generation=generation, micro_batch=micro_batch, from_step=from_step,
+                 joiners=list(joiners))  # fmt: skip
+
+
+def finish(step: int, metrics: dict[str, Any], *, ctx: RunContext | None = None) -> None:
+    """Mark this rank finished (heartbeat status "finished"); rank 0 logs a ``finished`` event."""
+    ctx = ctx or context()
+    write_heartbeat(ctx, step, metrics, "finished")
+    flush_progress(ctx)
+    ledger_event(ctx, "finished", **metric_fields(metrics), step=step)
