@@ -7,7 +7,3 @@ records every backend reports in (``LaunchPlan``, ``NodeStatus``,
 ``AttemptStatus``); ``registry.backend_for`` chooses the implementation
 ``nodes.backend`` names (``local/``, ``kubernetes/``).
 """
-
-from trainyard.backends.base import AttemptStatus, Launcher, LaunchPlan, NodeStatus
-
-__all__ = ["AttemptStatus", "LaunchPlan", "Launcher", "NodeStatus"]

@@ -32,7 +32,7 @@ from trainyard.recovery.watch import STARTUP_GRACE_S, detect, failed, last_step
 log = logging.getLogger(__name__)
 
 
-class AttemptFailed(TrainingFailed):
+class AttemptError(TrainingFailed):
     """An attempt ended badly (``run_attempt``); what the supervisor saw, for ``classify``."""
 
     def __init__(self, message: str, failure: Failure, detected_at: float):
@@ -123,7 +123,7 @@ def run_attempt(
     progress: ProgressLog | None = None,
     keep_alive: Callable[[], None] | None = None,
 ) -> AttemptResult:
-    """One attempt, no recovery: launch ``plan`` and block until it succeeds; ``AttemptFailed`` when it does not,
+    """One attempt, no recovery: launch ``plan`` and block until it succeeds; ``AttemptError`` when it does not,
     ``LineageBusy`` when ``keep_alive`` says the run lost its lineage. Every process ends either way."""
     started = time.time()
     handle = start_attempt(launcher, plan, ledger)
@@ -147,7 +147,7 @@ def run_attempt(
     if isinstance(seen, Failed):
         record = ended(seen)
         append_record(ledger, record)
-        raise AttemptFailed(record.log, seen.failure, seen.at)
+        raise AttemptError(record.log, seen.failure, seen.at)
     assert isinstance(seen, AttemptSucceeded)  # no ``ready_spares``: no spares to report
     result, record = succeeded(plan.attempt, started, seen)
     append_record(ledger, record)

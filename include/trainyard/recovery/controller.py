@@ -68,6 +68,7 @@ from trainyard.recovery.observations import (
 )
 from trainyard.recovery.policy import (
     Decision,
+    GiveUp,
     InPlace,
     Regroup,
     Rollback,
@@ -76,7 +77,6 @@ from trainyard.recovery.policy import (
     decide,
     fitting_micro_batch,
 )
-from trainyard.recovery.policy import Fail as GiveUp
 from trainyard.recovery.state import Attempt, Course, TrainState
 from trainyard.spec.models import FailureKind
 

@@ -1,6 +1,6 @@
 """Policy: what to do about a classified failure (DESIGN rule 4).
 
-``decide(history, failure, situation, policy) -> Regroup | Retry | ScaleDown | Rollback | Fail``
+``decide(history, failure, situation, policy) -> Regroup | Retry | ScaleDown | Rollback | GiveUp``
 is pure: no sleeps, no I/O, no API calls; the supervisor carries the decision
 out. The action for a failure kind comes from the spec (``recovery.actions``)
 or DESIGN's defaults (``spec.DEFAULT_ACTIONS``), both in the spec's ``Action``
@@ -89,7 +89,7 @@ class Rollback:
 
 
 @dataclass(frozen=True)
-class Fail:
+class GiveUp:
     reason: str
     action: ClassVar[Action] = "fail"
 
@@ -110,7 +110,7 @@ class Regroup:
     action: ClassVar[Literal["regroup"]] = "regroup"
 
 
-Decision = Regroup | Retry | ScaleDown | Rollback | Fail
+Decision = Regroup | Retry | ScaleDown | Rollback | GiveUp
 
 # ---------------------------------------------------------------- the input
 
@@ -205,10 +205,10 @@ def _retry(history: list[AttemptRecord], failure: Classified, s: Situation, dela
 
 def _smaller_micro_batch(failure: Classified, s: Situation, delay: float) -> Decision:
     if s.micro_batch <= 1:
-        return Fail(f"out of memory at micro-batch 1: {_what(failure, failure.culprits)}")
+        return GiveUp(f"out of memory at micro-batch 1: {_what(failure, failure.culprits)}")
     micro = fitting_micro_batch(s.global_batch, len(s.nodes) * s.procs_per_node, s.micro_batch // 2)
     if micro is None:  # the spec's cross-field check rules this out; kept for a hand-built Situation
-        return Fail(f"{_what(failure)}: global batch {s.global_batch} does not split over"
+        return GiveUp(f"{_what(failure)}: global batch {s.global_batch} does not split over"
                     f" {len(s.nodes)} x {s.procs_per_node} ranks")  # fmt: skip
     return Retry(delay, f"{_what(failure, failure.culprits)}: retry with micro-batch {s.micro_batch} -> {micro}"
                         f" ({_batch(s, len(s.nodes), micro)}) in {delay:g} s", micro)  # fmt: skip
@@ -236,7 +236,7 @@ def _scale_down(history: list[AttemptRecord], failure: Classified, s: Situation,
             joining = f" (spare {', '.join(spares)} joins)" if spares else ""
             return ScaleDown(pool[:world], delay, f"{what}: scale down {len(s.nodes)} -> {world} nodes{joining},"
                                                   f" {_batch(s, world, micro)}", micro)  # fmt: skip
-    return Fail(f"{what}: cannot scale down: no world size from {len(pool)} down to nodes.min {s.min_nodes}"
+    return GiveUp(f"{what}: cannot scale down: no world size from {len(pool)} down to nodes.min {s.min_nodes}"
                 f" x {s.procs_per_node} procs divides the global batch {s.global_batch}")  # fmt: skip
 
 
@@ -252,13 +252,13 @@ def _rollback(history: list[AttemptRecord], failure: Classified, s: Situation, d
         return Rollback(max(below), delay, f"{_what(failure)}: roll back to step {max(below)}, the newest valid"
                                            f" checkpoint{seen_at}")  # fmt: skip
     if not s.resumed_from:
-        return Fail(f"{_what(failure)}: a fresh start diverged and there is no valid checkpoint{seen_at} to roll"
+        return GiveUp(f"{_what(failure)}: a fresh start diverged and there is no valid checkpoint{seen_at} to roll"
                     f" back to")  # fmt: skip
     return Rollback(0, delay, f"{_what(failure)}: no valid checkpoint{seen_at}; start fresh")
 
 
 def _fail(history: list[AttemptRecord], failure: Classified, s: Situation, delay: float) -> Decision:
-    return Fail(f"{_what(failure)}: not retried (recovery action for {failure.kind} is fail)")
+    return GiveUp(f"{_what(failure)}: not retried (recovery action for {failure.kind} is fail)")
 
 
 ACTIONS: dict[Action, Act] = {"retry": _retry, "scale_down": _scale_down, "rollback": _rollback, "fail": _fail}
@@ -281,7 +281,7 @@ def _regroup(history: list[AttemptRecord], failure: Classified, s: Situation) ->
     if failure.kind == "hang" and not failure.culprits:
         return "the silent node of the hang is not known, so no survivor set can be chosen"
     world = _scale_down(history, failure, s, 0.0)
-    if isinstance(world, Fail):
+    if isinstance(world, GiveUp):
         return world.reason
     culprits = [n for n in s.nodes if n in failure.culprits]
     nodes, micro = (world.nodes, world.micro_batch) if isinstance(world, ScaleDown) else (s.nodes, s.micro_batch)
@@ -305,7 +305,7 @@ def decide(history: list[AttemptRecord], failure: Classified, situation: Situati
     if action == "fail":
         return _fail(history, failure, situation, 0.0)
     if sum(1 for h in history if h.decision != "regroup") + 1 >= policy.max_attempts:  # a regroup is no attempt
-        return Fail(f"attempt budget of {policy.max_attempts} exhausted: {failure.kind}:"
+        return GiveUp(f"attempt budget of {policy.max_attempts} exhausted: {failure.kind}:"
                     f" {_one_line(failure.evidence)}")  # fmt: skip
     why_not = ""
     if policy.in_place and situation.in_place is not None and failure.kind in IN_PLACE_KINDS:
@@ -317,7 +317,9 @@ def decide(history: list[AttemptRecord], failure: Classified, situation: Situati
         else:
             why_not = f"; relaunch, not in place: recovery action for {failure.kind} is {action}"
     decision = ACTIONS[action](history, failure, situation, backoff(history, failure.kind, policy))
-    # a Fail's reason already says why no world exists, in place or not
+    # a GiveUp's reason already says why no world exists, in place or not
     return (
-        replace(decision, reason=decision.reason + why_not) if why_not and not isinstance(decision, Fail) else decision
+        replace(decision, reason=decision.reason + why_not)
+        if why_not and not isinstance(decision, GiveUp)
+        else decision
     )

@@ -85,7 +85,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-class TrainState(Stateful):
+class ModelState(Stateful):
     """Model + optimizer as one DCP ``Stateful``, over the bare module (the wrapper belongs to a group).
 
     ``get_state_dict`` keys the optimizer state by parameter name (not by
@@ -219,7 +219,7 @@ def train(
     # Built before the first generation: a spare is ready to train the moment one lists it.
     module = GPT(cfg).to(placement.device)
     optimizer = build_optimizer(module, args)
-    state: dict[str, Any] = {"train": TrainState(module, optimizer)}
+    state: dict[str, Any] = {"train": ModelState(module, optimizer)}
     group = runtime.elastic_group(ctx, state, wrap=lambda: wrap(module, placement))
     drills = Drills(ctx)  # one for the process: what it already did stays done across generations
     checkpoints = runtime.Checkpointer(ctx, on_commit=drills.after_checkpoint)
