@@ -1,7 +1,7 @@
 """Files the orchestrator writes and reads in folders that training code can also write.
 
 Run, checkpoint and hot folders are shared with training processes and pods,
-which are untrusted (DESIGN rule 11): one of them may plant a symbolic link, a
+which are untrusted (docs/architecture.md, rule 11): one of them may plant a symbolic link, a
 hard link or a FIFO where the orchestrator is about to write or read. Every
 orchestrator write under such a folder goes through this module:
 

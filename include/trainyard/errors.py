@@ -1,4 +1,4 @@
-"""Errors named by what to do about them (DESIGN rule 9).
+"""Errors named by what to do about them (docs/architecture.md, rule 9).
 
 The Airflow layer maps each class to fail-fast or retry; the CLI prints them as
 one line. None of them should ever surface as a bare traceback.

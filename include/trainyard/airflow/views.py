@@ -8,7 +8,7 @@ UI's iframe sends) and the right to read that DAG's runs. Airflow's security
 module is imported on first request, not at import: every task process loads
 plugins, and none of them serves this app.
 
-A run folder is written by training code too (untrusted, DESIGN rule 11): the
+A run folder is written by training code too (untrusted, docs/architecture.md, rule 11): the
 view serves a file only if it is a regular file of that folder, never a link
 (``trainyard.atomic.open_regular``), and only from a folder that belongs to the
 DAG id in the URL (``trainyard.report.runs.belongs``). The report file holds

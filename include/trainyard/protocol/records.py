@@ -13,7 +13,7 @@ is a symptom, and ``classify`` lets the other evidence (a SIGKILLed peer, a
 Kubernetes reason) decide. Any other kind is a root cause ``classify`` takes
 before any log line.
 
-The file is written by training code, which is untrusted (DESIGN rule 11):
+The file is written by training code, which is untrusted (docs/architecture.md, rule 11):
 ``failure_records`` reads only regular files (never a link or FIFO), at most
 ``MAX_BYTES`` each, takes only known kinds and a rank matching the file name,
 truncates every string, and drops a record naming a node outside the attempt.

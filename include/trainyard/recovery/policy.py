@@ -1,9 +1,9 @@
-"""Policy: what to do about a classified failure (DESIGN rule 4).
+"""Policy: what to do about a classified failure (docs/architecture.md, rule 4).
 
 ``decide(history, failure, situation, policy) -> Regroup | Retry | ScaleDown | Rollback | GiveUp``
 is pure: no sleeps, no I/O, no API calls; the supervisor carries the decision
 out. The action for a failure kind comes from the spec (``recovery.actions``)
-or DESIGN's defaults (``spec.DEFAULT_ACTIONS``), both in the spec's ``Action``
+or the defaults (``spec.DEFAULT_ACTIONS``, docs/architecture.md), both in the spec's ``Action``
 vocabulary, which ``ACTIONS`` implements one function each; the attempt budget, the
 backoff, the micro-batch after an OOM, the world size of a scale-down and the
 rollback target are worked out here, so each is a row in a table test.

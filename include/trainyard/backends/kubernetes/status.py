@@ -157,7 +157,7 @@ def job_failure_reason(job: Any) -> str | None:
     """The reason of the Job's Failed condition (BackoffLimitExceeded, DeadlineExceeded, ...), if it failed.
 
     Not the provider's ``KubernetesHook.is_job_failed``: that one needs Airflow (this library
-    never imports it, DESIGN rule 2), takes a condition whose status is the string "False" for
+    never imports it, docs/architecture.md, rule 2), takes a condition whose status is the string "False" for
     a failure, and answers None (not failed) for a Failed condition without a reason.
     """
     if job is None or job.status is None:

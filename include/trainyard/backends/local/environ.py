@@ -1,6 +1,6 @@
 """The environment of the processes trainyard starts on this machine: an allow-list, not the worker's own.
 
-Training code and burn-in probes are untrusted (DESIGN rule 11), and the
+Training code and burn-in probes are untrusted (docs/architecture.md, rule 11), and the
 process that starts them is an Airflow worker: its environment holds the
 JWT secret, the Fernet key, the database URL (``AIRFLOW__*``), connections
 (``AIRFLOW_CONN_*``) and cloud credentials (``AWS_*``). A child gets only what
