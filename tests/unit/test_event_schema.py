@@ -16,7 +16,7 @@ CONSTRUCTORS = {kind.__name__: name for name, kind in schema.KINDS.items()}  # A
 
 def written() -> dict[str, set[str]]:
     """Every event kind the source writes (a literal kind given to ``append``, ``Record`` or the runtime's
-    ``_ledger_event``, or a typed constructor of the schema), with the field names its call spells out."""
+    ``ledger_event``, or a typed constructor of the schema), with the field names its call spells out."""
     found: dict[str, set[str]] = {}
     for path in [*(ROOT / "include" / "trainyard").rglob("*.py"), *(ROOT / "bench").rglob("*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
@@ -26,7 +26,7 @@ def written() -> dict[str, set[str]]:
             if name in CONSTRUCTORS:  # a typed constructor: its keywords are the fields
                 found.setdefault(CONSTRUCTORS[name], set()).update(k.arg for k in node.keywords if k.arg)
                 continue
-            at = {"append": 1, "Record": 0, "_ledger_event": 1, "event": 0}.get(str(name))  # event: bench/peers
+            at = {"append": 1, "Record": 0, "ledger_event": 1, "event": 0}.get(str(name))  # event: bench/peers
             if at is None or len(node.args) <= at:
                 continue
             kind = node.args[at]
