@@ -44,7 +44,7 @@ def expected_lines(run) -> list[str]:
 def test_every_fault_of_an_attempt_healed_twice_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     run = run_with(tmp_path, "[{fault: kill, node: node-0, step: 5}, {fault: hang, node: node-1, step: 25}]", spec=SPEC)
     result = stages.train(run, ["node-0", "node-1", "node-2"], spares=["node-3"])
-    assert result["attempts"] == 1
+    assert result.attempts == 1
     assert [(e["kind"], e["culprits"]) for e in events(run, "failure_classified")] == [
         ("node_lost", ["node-0"]),
         ("hang", ["node-1"]),
