@@ -13,6 +13,9 @@ orchestrator write under such a folder goes through this module:
 - ``open_append``: ``O_APPEND|O_NOFOLLOW``, and only a regular file with one link.
 - ``open_regular``: read a regular file, never a link; ``single_link`` also
   refuses hard links (what the view serves).
+- ``read_capped`` / ``read_json_capped``: THE reader of a small file a worker
+  wrote (a heartbeat, a failure record, a pointer): a regular file only, never
+  more than its cap read into memory. Each caller checks the schema of what it got.
 
 The folder written into must be a real folder, not a symbolic link (a pod may
 have swapped ``attempt-1/`` for a link to elsewhere); files are opened and
@@ -147,6 +150,28 @@ def open_regular(path: Path, single_link: bool = False) -> IO[bytes]:
             raise _refused(path, "a symbolic link") from None
         raise
     return os.fdopen(_checked(fd, path, single_link), "rb")
+
+
+class TooLarge(ValueError):
+    """A worker-written file larger than its reader's cap: evidence of a fault or an attack, never read whole."""
+
+
+def read_capped(path: Path, max_bytes: int) -> bytes:
+    """The content of the regular file ``path``, if it holds at most ``max_bytes``.
+
+    ``UnsafePath`` for a link, FIFO or device (never followed, never waited on); ``TooLarge`` past the cap,
+    after reading at most one byte more than it (a sparse file of gigabytes costs nothing).
+    """
+    with open_regular(path) as fh:
+        data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise TooLarge(f"{path} is larger than {max_bytes} bytes; a worker-written file this big is not read")
+    return data
+
+
+def read_json_capped(path: Path, max_bytes: int) -> Any:
+    """``read_capped``'s content as JSON (``ValueError`` if it is not UTF-8 JSON)."""
+    return json.loads(read_capped(path, max_bytes))
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from trainyard.atomic import open_regular, write_json_atomic
+from trainyard.atomic import read_capped, write_json_atomic
 from trainyard.errors import CheckpointInvalid, DataError, SpecError, TrainingFailed, TransientError
 from trainyard.protocol.signs import LOG_PATTERNS
 
@@ -141,7 +141,7 @@ def failure_records(heartbeat_dir: Path, nodes: Collection[str]) -> list[Failure
     records = []
     for path in paths:
         try:
-            record = parse_record(_read_capped(path), int(_NAME.match(path.name).group(1)))  # type: ignore[union-attr]
+            record = parse_record(read_capped(path, MAX_BYTES), int(_NAME.match(path.name).group(1)))  # type: ignore[union-attr]
         except (OSError, ValueError) as exc:
             log.warning("failure record %s skipped: %s", path, exc)
             continue
@@ -150,14 +150,6 @@ def failure_records(heartbeat_dir: Path, nodes: Collection[str]) -> list[Failure
             continue
         records.append(record)
     return sorted(records, key=lambda r: (r.time, r.rank))
-
-
-def _read_capped(path: Path) -> bytes:
-    with open_regular(path) as fh:  # a link or FIFO planted there is refused, not followed or waited on
-        data = fh.read(MAX_BYTES + 1)
-    if len(data) > MAX_BYTES:
-        raise ValueError(f"larger than {MAX_BYTES} bytes")
-    return data
 
 
 def parse_record(data: bytes, rank: int) -> FailureRecord:
