@@ -39,9 +39,10 @@ READ_CHUNK = 2**20
 """Bytes read from a ledger file at a time."""
 MAX_LINE = 2**20
 """The longest line read as an event; an event the orchestrator or the runtime writes is a few hundred bytes."""
-WORKER_FILE_BYTES = 256 * 2**20
-"""How far a writer's file in ``events.d`` is read: over a million step events (one per step); the runtime's
-rate-bounded writer makes about 2 MB for a million steps."""
+WORKER_FILE_BYTES = CACHE_BYTES
+"""How far a writer's file in ``events.d`` is read (so it is always kept parsed, never read through again):
+about 400,000 steps of one event per step; the runtime's rate-bounded writer makes about 2 MB for a million
+steps (``training.progress_every_s``)."""
 _HEAD = 64  # bytes that identify a file: its first event's time stamp is in them
 _QUOTED = 80  # characters of a skipped line quoted in its warning
 log = logging.getLogger("trainyard.events.ledger")  # the ledger's own warnings, wherever they are found
@@ -227,7 +228,7 @@ def read(path: Path, worker: bool = False) -> tuple[Events, Version]:
     except FileNotFoundError:
         return [], (0, 0)
     key = path.absolute()
-    if size > CACHE_BYTES:
+    if (min(size, WORKER_FILE_BYTES) if worker else size) > CACHE_BYTES:  # a writer is read only to its budget
         with _tails_lock:
             _tails.pop(key, None)
         return _stream(path, worker), None
