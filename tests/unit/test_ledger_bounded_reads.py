@@ -119,3 +119,16 @@ def test_warnings_quote_what_a_pod_wrote_as_one_printable_line(
         assert not any(ord(c) < 32 or 127 <= ord(c) < 160 for c in message), repr(message)
     assert "junk\\x1b[2K\\rprogress: attempt 1" in messages[1] + messages[2]
     assert "evil\\nprogress: step 999\\x1b[2K.jsonl" in messages[0]
+
+
+def test_many_sparse_writer_files_cost_at_most_the_runs_budget(tmp_path: Path) -> None:
+    ledger = run_with_writer(tmp_path, line(1e12, step=1))
+    for n in range(12):  # files a pod made: thousands would cost no more
+        planted = ledger.events_dir / f"x{n:02d}.jsonl"
+        planted.write_bytes(line(1e12 + n, "drill_fired", fault="hang"))
+        os.truncate(planted, 3 * GiB)
+    before = bytes_read()
+    with address_space(GiB):
+        got = [e["event"] for e in ledger.events()]
+    assert bytes_read() - before <= tail.WRITERS_BYTES + 16 * tail.READ_CHUNK
+    assert got == ["stage_start", "step"] + ["drill_fired"] * 4  # rank-0, then x00..x03: what lay in the budget

@@ -54,7 +54,7 @@ from typing import Any
 
 from trainyard.atomic import append_fd
 from trainyard.events import schema
-from trainyard.events.tail import Events, read
+from trainyard.events.tail import WORKER_FILE_BYTES, WRITERS_BYTES, Events, read
 from trainyard.text import printable
 
 LEDGER_FILE = "events.jsonl"
@@ -227,12 +227,13 @@ def _merged(path: Path, folder: Path) -> Events:
     files = _writer_files(folder)
     if not files:
         return own[0]
-    parts = [own]
+    parts, left = [own], WRITERS_BYTES
     for file in files:
         try:
-            parts.append(read(file, worker=True))
+            parts.append(read(file, worker=True, budget=left))
         except OSError as exc:  # a link, FIFO or hard link planted there by training code
             _refuse(file, str(exc))
+        left = max(0, left - max(0, min(_size_and_time(file)[0], WORKER_FILE_BYTES)))  # what it may have cost
     versions = tuple(version for _, version in parts)
     if any(version is None for version in versions):
         return heapq.merge(*(events for events, _ in parts), key=_ts)

@@ -12,7 +12,7 @@ Every read is bounded (docs/architecture.md, rule 14): a file is read
 a warning (its bytes dropped as they come, never held), and a writer's file is
 read no further than ``WORKER_FILE_BYTES`` (the rest is left out with a warning):
 a sparse file of gigabytes without a newline costs one chunk of memory and one
-bounded scan. Warnings quote what a writer wrote only through ``text.printable``.
+bounded scan (``ledger`` also reads no more than ``WRITERS_BYTES`` of a run's writers' files). Warnings quote what a writer wrote only through ``text.printable``.
 """
 
 from __future__ import annotations
@@ -43,6 +43,9 @@ WORKER_FILE_BYTES = CACHE_BYTES
 """How far a writer's file in ``events.d`` is read (so it is always kept parsed, never read through again):
 about 400,000 steps of one event per step; the runtime's rate-bounded writer makes about 2 MB for a million
 steps (``training.progress_every_s``)."""
+WRITERS_BYTES = 4 * WORKER_FILE_BYTES
+"""How much of all the writers' files of one run is read (by name order): thousands of sparse files cost no
+more than this."""
 _HEAD = 64  # bytes that identify a file: its first event's time stamp is in them
 _QUOTED = 80  # characters of a skipped line quoted in its warning
 log = logging.getLogger("trainyard.events.ledger")  # the ledger's own warnings, wherever they are found
@@ -161,7 +164,8 @@ class _Tail:
         self.events: list[dict[str, Any]] = []
         self.generation = next(_generations)
 
-    def refresh(self) -> list[dict[str, Any]]:
+    def refresh(self, budget: int = WORKER_FILE_BYTES) -> list[dict[str, Any]]:
+        """The file's events, after parsing what was appended since (a writer's file: to ``budget`` bytes)."""
         with self.lock:
             try:
                 fh = open_regular(self.path, single_link=self.worker)
@@ -176,7 +180,7 @@ class _Tail:
                 if identity != self.identity or st.st_size < self.offset or fh.read(len(self.head)) != self.head:
                     self._reset(identity)
                     self.warned = set()
-                stop = _stop(self.path, st.st_size, self.worker, self.warned)
+                stop = _stop(self.path, st.st_size, budget if self.worker else None, self.warned)
                 self._read(fh, stop)
                 if not self.head and self.offset:
                     fh.seek(0)
@@ -197,20 +201,22 @@ class _Tail:
         self.offset, self.skipping = lines.end, lines.pos if lines.dropping else None
 
 
-def _stop(path: Path, size: int, worker: bool, warned: set[int]) -> int:
-    """Where reading a file of ``size`` bytes stops: its end, or a writer's file's budget (warned once)."""
-    if not worker or size <= WORKER_FILE_BYTES:
+def _stop(path: Path, size: int, budget: int | None, warned: set[int]) -> int:
+    """Where reading a file of ``size`` bytes stops: its end, or a writer's file's ``budget`` (warned once)."""
+    if budget is None or size <= budget:
         return size
     if -1 not in warned:  # line numbers are positive and torn offsets below -1: -1 is free
         warned.add(-1)
         log.warning(
-            "%s holds %d bytes; a training process's events file is read only to byte %d, the events after"
-            " it are left out (write fewer step events: training.progress_every_s)",
+            "%s holds %d bytes; a training process's events file is read only to byte %d (%d per file, %d for"
+            " all of a run's), the events after it are left out (write fewer step events: training.progress_every_s)",
             printable(path, 4096),
             size,
+            budget,
             WORKER_FILE_BYTES,
+            WRITERS_BYTES,
         )
-    return WORKER_FILE_BYTES
+    return budget
 
 
 _tails: OrderedDict[Path, _Tail] = OrderedDict()
@@ -221,21 +227,24 @@ Version = tuple[int, int] | None
 """A cached file's (generation, events parsed); None for a file streamed each time."""
 
 
-def read(path: Path, worker: bool = False) -> tuple[Events, Version]:
-    """A file's events, from the parsed cache (or streamed, for a file above ``CACHE_BYTES``), and their version."""
+def read(path: Path, worker: bool = False, budget: int = WORKER_FILE_BYTES) -> tuple[Events, Version]:
+    """A file's events, from the parsed cache (or streamed, for a file above ``CACHE_BYTES``), and their version.
+
+    A writer's file (``worker``) is read to ``budget`` bytes at most (``WORKER_FILE_BYTES`` or less)."""
     try:
         size = path.lstat().st_size  # a link is refused when opened, whatever its target's size
     except FileNotFoundError:
         return [], (0, 0)
     key = path.absolute()
-    if (min(size, WORKER_FILE_BYTES) if worker else size) > CACHE_BYTES:  # a writer is read only to its budget
+    budget = min(budget, WORKER_FILE_BYTES)
+    if (min(size, budget) if worker else size) > CACHE_BYTES:  # a writer is read only to its budget
         with _tails_lock:
             _tails.pop(key, None)
-        return _stream(path, worker), None
+        return _stream(path, worker, budget), None
     with _tails_lock:
         tail = _tails.pop(key, None) or _Tail(key, worker)
         _tails[key] = tail  # most recently read last
-    events = tail.refresh()
+    events = tail.refresh(budget)
     version = (tail.generation, len(events))
     with _tails_lock:
         while len(_tails) > 1 and sum(t.offset for t in _tails.values()) > CACHE_BYTES:
@@ -243,10 +252,10 @@ def read(path: Path, worker: bool = False) -> tuple[Events, Version]:
     return events, version
 
 
-def _stream(path: Path, worker: bool = False) -> Iterator[dict[str, Any]]:
+def _stream(path: Path, worker: bool = False, budget: int = WORKER_FILE_BYTES) -> Iterator[dict[str, Any]]:
     warned = _streamed_warnings.setdefault(path.absolute(), set())
     with open_regular(path, single_link=worker) as fh:
-        lines = _Lines(fh, 0, _stop(path, os.fstat(fh.fileno()).st_size, worker, warned))
+        lines = _Lines(fh, 0, _stop(path, os.fstat(fh.fileno()).st_size, budget if worker else None, warned))
         for number, raw in enumerate(lines, 1):
             if (record := _parse(raw, path, number, warned)) is not None and _admitted(
                 record, worker, path, number, warned
