@@ -177,7 +177,8 @@ class _Tail:
                 stamp, identity = (st.st_size, st.st_mtime_ns), (st.st_dev, st.st_ino)
                 if stamp == self.stamp and identity == self.identity:
                     return self.events
-                if identity != self.identity or st.st_size < self.offset or fh.read(len(self.head)) != self.head:
+                shrunk = st.st_size < (self.offset if self.skipping is None else self.skipping)
+                if identity != self.identity or shrunk or fh.read(len(self.head)) != self.head:
                     self._reset(identity)
                     self.warned = set()
                 stop = _stop(self.path, st.st_size, budget if self.worker else None, self.warned)
