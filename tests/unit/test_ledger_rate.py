@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 from pathlib import Path
 
 import pytest
@@ -151,3 +152,41 @@ def test_the_rate_comes_from_the_spec_through_the_environment(tmp_path: Path) ->
     for bad in ("-1", "nan", "soon"):
         with pytest.raises(ValueError, match="TRAINYARD_PROGRESS_EVERY_S"):
             runtime.context({**env, "TRAINYARD_PROGRESS_EVERY_S": bad})
+
+
+def _reference(events: list[dict]) -> tuple[list[tuple[int, float]], list[int]]:
+    """loss_points and kept_stretches' counts the slow way: step by step, newest event first."""
+    owner: dict[int, int] = {}  # step -> the newest event covering it
+    for i, e in enumerate(events):
+        for s in range(min(e.get("first_step", e["step"]), e["step"]), e["step"] + 1):
+            owner[s] = i
+    points: dict[int, float] = {}
+    for i in reversed(range(len(events))):  # a point hidden by no newer event's range is kept
+        e = events[i]
+        seen = [(e["step"], e["loss"])]
+        if e.get("loss_max_step") not in (None, e["step"]):
+            seen.append((e["loss_max_step"], e["loss_max"]))
+        points.update((s, v) for s, v in seen if owner.get(s, -1) <= i)
+    counts = [sum(1 for j in owner.values() if j == i) for i in range(len(events))]
+    return sorted(points.items()), [c for c in counts if c > 0]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_step_ranges_in_any_order_match_the_step_by_step_reading(seed: int) -> None:
+    """Retrained, overlapping, out-of-order and hostile ranges (a peak outside its range) read as the
+    step-by-step reference does: the reading marks each stretch of steps once, whatever the order."""
+    rng = random.Random(seed)
+    events = []
+    for _ in range(rng.randint(1, 30)):
+        last = rng.randint(1, 60)
+        e: dict = {"step": last, "loss": rng.random()}
+        if rng.random() < 0.6:
+            e.update(first_step=rng.randint(max(1, last - 15), last), loss_max=9.0 + rng.random())
+            e["loss_max_step"] = rng.randint(e["first_step"] - 3, last)
+        events.append(e)
+    want_points, want_counts = _reference(events)
+    assert progress.loss_points(events) == want_points
+    assert [count for count, _ in progress.kept_stretches(events)] == want_counts
+    assert progress.steps_trained(events) == len(
+        {s for e in events for s in range(progress._first_step(e), e["step"] + 1)}
+    )

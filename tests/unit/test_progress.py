@@ -248,3 +248,33 @@ def test_a_rate_of_zero_gives_a_line_at_every_poll(tmp_path: Path) -> None:
         checkpoint_root=None,
     )
     assert [log.poll(t) is not None for t in (100.0, 100.5, 101.0)] == [True, True, True]
+
+
+FORGED = "step_000010\nprogress: attempt 1, world size 4, step 999 (908%), loss 0.0001 \x1b[2K\r\x9b31m"
+
+
+def test_a_forged_checkpoint_name_stays_one_line_with_its_escapes_visible() -> None:
+    line = progress({"rank-0": beat(30)}, checkpoint=FORGED, saved=FORGED + "\x7f").line()
+    assert len(line.splitlines()) == 1 and line.count("\n") == 0
+    assert not any(ord(c) < 32 or 127 <= ord(c) < 160 for c in line), repr(line)
+    shown = "step_000010\\nprogress: attempt 1, world size 4, step 999 (908%), loss 0.0001 \\x1b[2K\\r\\x9b31m"
+    assert f"last valid checkpoint {shown}, newest saved {shown}\\x7f (not yet validated)" in line
+
+
+def test_a_checkpoint_folder_named_to_forge_a_line_cannot(tmp_path: Path) -> None:
+    ckpts = tmp_path / "ckpt"
+    (ckpts / FORGED).mkdir(parents=True)
+    (ckpts / "LATEST").write_text(json.dumps({"path": FORGED}))  # the pointer a pod can write
+    pace = ProgressLog(
+        1.0,
+        0.0,
+        attempt=1,
+        world_size=4,
+        target=110,
+        tokens_per_step=None,
+        heartbeat_dir=tmp_path / "absent",
+        checkpoint_root=ckpts,
+    )
+    line = pace.poll(1.0)
+    assert line is not None and len(line.splitlines()) == 1 and line.startswith("progress: attempt 1,")
+    assert not any(ord(c) < 32 or 127 <= ord(c) < 160 for c in line), repr(line)

@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import json
+import math
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
 import pytest
 from fastapi.testclient import TestClient
+from test_ledger_bounded_reads import bytes_read
 from test_report_pages import RUN_ID, write_run
 
 from trainyard.airflow import views
+from trainyard.events import tail
 from trainyard.events.ledger import Ledger, run_dir
+from trainyard.protocol.steps import CURVE_POINTS
 from trainyard.report.summary import write_report
 
 
@@ -124,3 +129,29 @@ def test_a_dag_never_serves_another_dags_run_from_a_shared_folder(client: TestCl
         response = client.get(path)
         assert response.status_code == 404 and "0.123456" not in response.text
     assert "r2" not in client.get("/").text
+
+
+# ---------------------------------------------------------------- issue 29: a rank's 200,000-step events file
+
+
+def test_a_ranks_step_events_cost_the_page_at_most_the_writer_budget(
+    client: TestClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rank that writes an event per step (or a hostile one): the first visit reads its file only to the
+    writer budget (scaled down here), and the chart gets a bounded curve of what was read."""
+    monkeypatch.setattr(tail, "WORKER_FILE_BYTES", 2**20, raising=False)
+    ledger = Ledger.in_dir(_folder(tmp_path))
+    ledger.events_dir.mkdir()
+    now, steps = time.time(), 100_000
+    lines = (
+        f'{{"ts": {now + s * 1e-3}, "stage": "train", "event": "step", "step": {s}, "loss": {2 + 8 / math.sqrt(s)}}}\n'
+        for s in range(1, steps + 1)
+    )
+    (ledger.events_dir / "rank-0.jsonl").write_text("".join(lines))  # 8 MB
+    before = bytes_read()
+    page = client.get(RUN)
+    assert page.status_code == 200 and "steps trained" in page.text
+    assert bytes_read() - before < 2**20 + ledger.path.stat().st_size + 2**20  # budget, own ledger, the rest
+    summary = client.get(f"{RUN}/summary.json").json()
+    assert 10 < summary["last_step"] < steps  # the steps past the budget are left out
+    assert len(summary["loss_curve"]) <= CURVE_POINTS + 2

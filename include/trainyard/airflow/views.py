@@ -33,6 +33,7 @@ from trainyard.events.ledger import Ledger
 from trainyard.report import pages
 from trainyard.report.runs import RunNotFound, check_id, find_run, overview, run_folders, runs_root, servable
 from trainyard.report.summary import run_identity, summarize
+from trainyard.text import printable
 
 URL_PREFIX = pages.URL_PREFIX
 REPORT = "report.html"
@@ -139,7 +140,9 @@ def _rows() -> list[dict[str, Any]]:
         try:
             row = _overview(folder)
         except OSError as exc:  # a ledger replaced by a link or removed since the listing
-            log.warning("training-runs index: run folder %s left out: %s", folder, exc)
+            log.warning(
+                "training-runs index: run folder %s left out: %s", printable(folder, 4096), printable(exc, 4096)
+            )
             continue
         if row["owned"]:
             rows.append(row)

@@ -15,6 +15,8 @@ only regular files are read there (a link, FIFO or folder dropped into
 ``events.d`` is skipped with a warning, never followed or waited on), and only
 the ``train`` events a training process writes (``schema.WORKER_EVENTS``, their
 fields as declared) are taken from them, so a pod cannot forge the orchestrator's decisions.
+Each is read in bounded chunks and only so far (``trainyard.events.tail``), and a
+name or line a pod chose is quoted in a warning only as printable text (``trainyard.text``).
 
 Every append is checked against the event schema (``trainyard.events.schema``):
 an undeclared kind or a wrongly typed field raises ``EventSchemaError`` where
@@ -52,7 +54,8 @@ from typing import Any
 
 from trainyard.atomic import append_fd
 from trainyard.events import schema
-from trainyard.events.tail import Events, read
+from trainyard.events.tail import WORKER_FILE_BYTES, WRITERS_BYTES, Events, read
+from trainyard.text import printable
 
 LEDGER_FILE = "events.jsonl"
 EVENTS_DIR = "events.d"
@@ -224,12 +227,13 @@ def _merged(path: Path, folder: Path) -> Events:
     files = _writer_files(folder)
     if not files:
         return own[0]
-    parts = [own]
+    parts, left = [own], WRITERS_BYTES
     for file in files:
         try:
-            parts.append(read(file, worker=True))
+            parts.append(read(file, worker=True, budget=left))
         except OSError as exc:  # a link, FIFO or hard link planted there by training code
             _refuse(file, str(exc))
+        left = max(0, left - max(0, min(_size_and_time(file)[0], WORKER_FILE_BYTES)))  # what it may have cost
     versions = tuple(version for _, version in parts)
     if any(version is None for version in versions):
         return heapq.merge(*(events for events, _ in parts), key=_ts)
@@ -277,7 +281,7 @@ def _refuse(path: Path, why: str) -> None:
     """Warn once per file and reason: a reader reads the ledger again and again."""
     if (path, why) not in _refusals:
         _refusals.add((path, why))
-        log.warning("ledger: %s: %s", path, why)
+        log.warning("ledger: %s: %s", printable(path, 4096), printable(why, 4096))  # names a pod chose
 
 
 def _size_and_time(path: Path, strict: bool = False) -> tuple[int, int]:

@@ -150,8 +150,9 @@ def loss_points(events: Iterable[Mapping[str, Any]]) -> list[tuple[int, float]]:
     recovery replaces the earlier value.
     """
     points: dict[int, float] = {}
-    cover = _Cover()
-    for e in reversed(list(events)):  # newest first: a later event's range hides older points in it
+    events = list(events)
+    cover = _Cover(events)
+    for e in reversed(events):  # newest first: a later event's range hides older points in it
         if "loss" in e:
             seen = [(e["step"], e["loss"])]
             if e.get("loss_max_step") not in (None, e["step"]) and "loss_max" in e:
@@ -162,31 +163,47 @@ def loss_points(events: Iterable[Mapping[str, Any]]) -> list[tuple[int, float]]:
 
 
 class _Cover:
-    """Disjoint, sorted step ranges; ``take`` says how many steps of a range were not covered yet."""
+    """The steps of the events taken so far (newest first): whether a step is covered, and how many of an
+    event's steps were not yet.
 
-    def __init__(self) -> None:
-        self.starts: list[int] = []
-        self.ends: list[int] = []
+    The events' first and last steps cut the steps into stretches, known up front; ``take`` marks each stretch
+    of its range not marked before, jumping over marked runs (``_next``, halved as it is walked), so each
+    stretch is marked once and n events cost O(n log n) in any order. (Kept as a sorted list of ranges, each
+    event of a per-step ledger was one insertion at the front: quadratic, 20 s for 200,000 steps.)
+    """
+
+    def __init__(self, events: Iterable[Mapping[str, Any]]):
+        self.bounds = sorted({b for e in events for b in (_first_step(e), int(e["step"]) + 1)})
+        # Stretch i is [bounds[i], bounds[i + 1]); _next[i] == i: not marked. The last index never is.
+        self._next = list(range(len(self.bounds)))
+
+    def _unmarked(self, i: int) -> int:
+        """The first stretch at or after ``i`` not marked yet."""
+        nxt = self._next
+        while nxt[i] != i:
+            nxt[i] = nxt[nxt[i]]
+            i = nxt[i]
+        return i
 
     def covers(self, step: int) -> bool:
-        i = bisect.bisect_left(self.ends, step)
-        return i < len(self.starts) and self.starts[i] <= step
+        i = bisect.bisect_right(self.bounds, step) - 1
+        return 0 <= i < len(self.bounds) - 1 and self._unmarked(i) != i
 
     def take(self, first: int, last: int) -> int:
-        i = bisect.bisect_left(self.ends, first)  # the first range that may touch [first, last]
-        new, lo, hi, j = last - first + 1, first, last, i
-        while j < len(self.starts) and self.starts[j] <= last:
-            new -= min(last, self.ends[j]) - max(first, self.starts[j]) + 1
-            lo, hi = min(lo, self.starts[j]), max(hi, self.ends[j])
-            j += 1
-        self.starts[i:j], self.ends[i:j] = [lo], [hi]
+        """Mark the steps ``first..last`` (an event's range); how many of them were not marked before."""
+        end, new = bisect.bisect_left(self.bounds, last + 1), 0
+        i = self._unmarked(bisect.bisect_left(self.bounds, first))
+        while i < end:
+            new += self.bounds[i + 1] - self.bounds[i]
+            self._next[i] = i + 1
+            i = self._unmarked(i + 1)
         return new
 
 
 def kept_stretches(events: Sequence[Mapping[str, Any]]) -> list[tuple[int, float | None]]:
     """(steps that count, mean step time in ms) per step event; a step trained again counts once, at its
     latest time (the earlier event loses the steps a later one covers)."""
-    cover, kept = _Cover(), []
+    cover, kept = _Cover(events), []
     for e in reversed(events):
         count = cover.take(_first_step(e), int(e["step"]))
         if count > 0:

@@ -11,6 +11,11 @@ the few small file reads.
 Speed is measured between the times the ranks reported two different steps
 (the heartbeats' own ``time``), so a line that falls within one long step
 repeats the last measured speed instead of printing 0.
+
+Only numbers are taken from the heartbeats; the checkpoint names, which a pod
+chooses (a folder, the ``LATEST`` pointer), are printed through
+``text.printable``: a name holding a newline or an escape sequence stays one
+visible line and cannot forge another ``progress:`` line in the task log.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Any
 from trainyard.checkpoint import registry
 from trainyard.checkpoint.format import list_checkpoints, step_of
 from trainyard.protocol.heartbeat import read_heartbeats
+from trainyard.text import printable
 
 UNKNOWN = "-"
 
@@ -105,8 +111,8 @@ class Progress:
             f"progress: attempt {self.attempt}, world size {self.world_size}, step {step},"
             f" loss {_fmt(self.loss, '.4f')}, {_fmt(self.steps_per_s, '.3g')} steps/s,"
             f" {_fmt(self.tokens_per_s, ',.0f')} tokens/s, ETA {duration(self.eta_s)},"
-            f" last valid checkpoint {self.checkpoint or UNKNOWN}"
-            + (f", newest saved {self.saved} (not yet validated)" if self.saved else "")
+            f" last valid checkpoint {printable(self.checkpoint or UNKNOWN)}"
+            + (f", newest saved {printable(self.saved)} (not yet validated)" if self.saved else "")
         )
 
 

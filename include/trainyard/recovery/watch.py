@@ -14,6 +14,7 @@ readers, log tails from regular files only.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -26,6 +27,7 @@ from trainyard.protocol.records import FailureRecord, failure_records
 from trainyard.recovery.classify import Failure
 from trainyard.recovery.controller import node_failures
 from trainyard.recovery.observations import AttemptFailed, Checkpoints
+from trainyard.text import printable
 
 TAIL_LINES = 50
 STARTUP_GRACE_S = 120.0  # interpreter, torch import, rendezvous and data before a rank's first step
@@ -81,12 +83,29 @@ def silent_ranks(directory: Path, ranks: list[str], now: float, after_s: float =
     return silent
 
 
+TAIL_BYTES = 64 * 2**10
+"""The end of a node's log read for its tail: 50 lines of tracebacks fit; a log is never read whole."""
+TAIL_LINE_CHARS = 1000
+"""Characters of one log line quoted; a longer one is cut."""
+
+
 def tail(path: str, lines: int = TAIL_LINES) -> str:
+    """The last ``lines`` lines of a node's log, from its last ``TAIL_BYTES`` only, each one printable text.
+
+    The log is written by training code: it may be gigabytes (or a sparse file of them), so only its end is
+    read; a line may hold escape sequences meant to rewrite what the task log shows, so each is quoted
+    through ``text.printable`` (tabs as spaces), cut at ``TAIL_LINE_CHARS``.
+    """
     try:  # a node log training code replaced with a link to a secret is not quoted into the ledger
         with open_regular(Path(path)) as fh:
-            return "\n".join(fh.read().decode(errors="replace").splitlines()[-lines:])
+            start = max(0, os.fstat(fh.fileno()).st_size - TAIL_BYTES)
+            fh.seek(start)
+            rows = fh.read(TAIL_BYTES).decode(errors="replace").splitlines()
     except OSError:
         return ""
+    if start and len(rows) > 1:
+        rows = rows[1:]  # the first began before the part read
+    return "\n".join(printable(row.expandtabs(), TAIL_LINE_CHARS) for row in rows[-lines:])
 
 
 def detect(
