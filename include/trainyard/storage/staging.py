@@ -112,7 +112,7 @@ def stage(
         written = {"source": source.uri, "staged_at": time.time(), "files": entries}
         write_json_atomic(hot_dir / STAGED_MANIFEST, written if durable else {**written, BOOT_ID: boot_id})
         os.unlink(hot_dir / JOURNAL)
-        for stale in set(staged) - set(entries) - set(filter(reserved, staged)):
+        for stale in {k for k in set(staged) - set(entries) if not reserved(k)}:
             key_path(hot_dir, stale).unlink(missing_ok=True)  # gone at the source: not part of this dataset
     result = StageResult(
         hot_dir=hot_dir,

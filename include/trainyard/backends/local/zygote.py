@@ -164,12 +164,12 @@ class Zygote:
             if pid not in self._forked or pid in self._exits or child_of(self.proc.pid, pid):
                 return False
             self._exits[pid] = message["code"]
-        elif message["id"] == self._awaited and message["id"] not in self._replies:
+        elif (ident := str(message["id"])) == self._awaited and ident not in self._replies:
             if "pid" in message and not child_of(self.proc.pid, message["pid"]):
                 message = {"error": f"its answer names pid {message['pid']}, which it did not fork; refused"}
             elif "pid" in message:
                 self._forked.add(message["pid"])  # now, before its exit can be read
-            self._replies[self._awaited] = message
+            self._replies[ident] = message
         else:
             return False
         return True
