@@ -143,7 +143,8 @@ def tensor_problems(ckpt_dir: Path, bounded: bool = False) -> list[str]:
     if bounded:
         largest = max((info.length for info in md.storage_data.values()), default=0)
         total = sum(info.length for info in md.storage_data.values())
-        _limit(ENTRIES_CPU_S + int(CPU_S_PER_GB * total / 1e9), ENTRY_MEMORY + 4 * largest, final=True)
+        cpu_s = min(ENTRIES_CPU_S + int(CPU_S_PER_GB * total / 1e9), MAX_CPU_S)  # entries may share bytes
+        _limit(cpu_s, ENTRY_MEMORY + 4 * largest, final=True)
     counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for index, info in sorted(md.storage_data.items(), key=lambda kv: (kv[1].relative_path, kv[1].offset)):
         entry = md.state_dict_metadata.get(index.fqn)
@@ -177,6 +178,7 @@ METADATA_CPU_S = 30
 METADATA_MEMORY = 1 << 30
 ENTRIES_CPU_S = 60
 CPU_S_PER_GB = 30
+MAX_CPU_S = 3600  # twice validate's time limit for the answer (CHILD_TIMEOUT_S)
 ENTRY_MEMORY = (2 << 30) + (os.cpu_count() or 1) * (96 << 20)
 _PR_SET_PDEATHSIG = 1
 

@@ -12,6 +12,9 @@ or reboot since, which can take back unsynced copies) is not trusted: its
 objects are copied again (``storage.boot``). Elsewhere each copy, and each
 folder before its journal lines, is fsynced.
 
+A source key named like the hot folder's own files (``hot.RESERVED``: pins, the journal, a
+staged manifest, at any depth) was written by someone else: it is never staged, only named.
+
 ``storage.staged`` reads what a folder holds and plans the copy;
 ``storage.transfer`` copies and journals.
 """
