@@ -58,6 +58,7 @@ MAX_REPLY = 4096
 MAX_REQUEST = 16 << 20
 """Bytes of one request line (a node's environment): the zygote drops a longer one."""
 _PR_SET_DUMPABLE = 4
+MAX_WARNINGS = 20
 log = logging.getLogger(__name__)
 
 
@@ -139,6 +140,7 @@ class Zygote:
         self._awaited: str | None = None
         self._forked: set[int] = set()
         self._gone: str | None = None
+        self._refused = 0
         self._changed = threading.Condition()
         threading.Thread(target=self._read, name="trainyard-zygote", daemon=True).start()
 
@@ -150,7 +152,9 @@ class Zygote:
             message = parse_reply(line)
             with self._changed:
                 if message is None or not self._take(message):
-                    log.warning("zygote: refused a reply line that is not its answer: %r", line[:200])
+                    self._refused += 1
+                    if self._refused <= MAX_WARNINGS:  # a flood of forged lines must not flood the task log
+                        log.warning("zygote: refused a reply line that is not its answer: %r", line[:200])
                     continue
                 self._changed.notify_all()
         with self._changed:  # the zygote is gone: nothing more will come
