@@ -32,6 +32,7 @@ import secrets
 import shlex
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -43,6 +44,10 @@ START_TIMEOUT_S = 60
 # must survive a crash of the machine, so nothing needs to reach the disk before it goes on.
 FAST_SETTINGS = ("fsync=off", "synchronous_commit=off", "full_page_writes=off")
 _NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+_PASSWORD_FIX = (
+    "if you made it and trust it, `chown $(id -un) {path} && chmod 600 {path}`; else start over in a new"
+    " folder (or delete {folder})"
+)
 
 
 class PostgresUnavailable(RuntimeError):
@@ -116,10 +121,11 @@ def init(folder: Path, *, fast: bool = False) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     folder.chmod(0o700)  # the password and the socket's folder are inside
     password = folder / "password"
-    if not password.exists():
+    if not os.path.lexists(password):
         fd = os.open(password, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as out:
             out.write(secrets.token_hex(24))
+    read_password(folder)  # one found there is used only if it is this user's own, private file
     if (data / "PG_VERSION").exists():
         return
     _give_to_server_user(folder)
@@ -152,6 +158,30 @@ def init(folder: Path, *, fast: bool = False) -> None:
     ]
     _run(argv + (["--no-sync"] if fast else []), f"initdb of {data}")
     partial.rename(data)
+
+
+def read_password(folder: Path) -> str:
+    """The role's password, from a file that is this user's own, private and not a link; else refused.
+
+    Someone else's file (or one others may read) would give its writer the
+    database's login, or show it to every user of the machine.
+    """
+    path = folder.resolve() / "password"
+    fix = _PASSWORD_FIX.format(path=path, folder=folder.resolve())
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # a FIFO would block a plain open
+    except OSError as exc:
+        why = "is a link" if os.path.islink(path) else f"cannot be read ({exc.strerror})"
+        raise PostgresUnavailable(f"the password file {path} {why}: {fix}") from None
+    with os.fdopen(fd) as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            raise PostgresUnavailable(
+                f"the password file {path} is not a private file of this user (owner uid {st.st_uid}, mode"
+                f" {stat.filemode(st.st_mode)}; wanted uid {os.geteuid()}, -rw-------):"
+                f" {fix}"
+            )
+        return fh.read(4096).strip()
 
 
 def running_port(folder: Path) -> int | None:
@@ -235,7 +265,7 @@ def create_database(folder: Path, name: str = ROLE) -> str:
         from psycopg2 import sql
     except ImportError as exc:
         raise PostgresUnavailable("the psycopg2 driver is missing: pip install -r requirements.txt") from exc
-    password = (folder / "password").read_text().strip()
+    password = read_password(folder)
     conn = psycopg2.connect(host=str(folder / "run"), port=port, user=SUPERUSER, dbname="postgres")
     conn.autocommit = True  # CREATE DATABASE cannot run inside a transaction
     try:
@@ -261,7 +291,7 @@ def url(folder: Path, database: str = ROLE, port: int | None = None) -> str:
     port = port if port is not None else running_port(folder)
     if port is None:
         raise PostgresUnavailable(f"no PostgreSQL is running in {folder}")
-    password = (folder / "password").read_text().strip()
+    password = read_password(folder)
     return f"postgresql+psycopg2://{ROLE}:{password}@127.0.0.1:{port}/{database}"
 
 

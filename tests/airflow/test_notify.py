@@ -147,3 +147,27 @@ def _closed_port() -> int:
     with socket.socket() as s:  # bound, never listening: a connection is refused at once
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+RANK_TEXT = "loss {{ 7*7 }} then {{ conn.smtp_default.password }} and {% endfor %} {# x #} \udcff"
+
+
+@pytest.mark.parametrize("sender", ["spec", "connection"])
+def test_rank_text_in_a_notice_is_sent_verbatim_never_rendered(sender, smtp_server, tmp_path, monkeypatch) -> None:
+    """A rank's message reaches the failure mail as text: no template runs, no secret is read, and a
+    stray block tag or an unencodable character still lets the mail go."""
+    monkeypatch.setenv("AIRFLOW_CONN_MAIL", smtp_server.connection(from_email="conn@example.com"))
+    monkeypatch.setenv("AIRFLOW_CONN_SMTP_DEFAULT", smtp_server.connection())
+    path = write_spec(tmp_path, sender="trainyard@example.com" if sender == "spec" else "")
+    run = open_run(path, DAG_ID, f"manual__{time.monotonic_ns()}", "2026-11-28")
+    run.ledger.append("train", "stage_start")
+    run.ledger.append("train", "stage_failed", error="TrainingFailed", seconds=0.1, message=RANK_TEXT)
+    RunNotifier(str(run.spec_path), "failed")(context(run, task="train"))
+    [mail] = smtp_server.mails
+    body = smtp_server.text(mail)
+    assert "loss {{ 7*7 }}" in body and "loss 49" not in body
+    assert "{{ conn.smtp_default.password }}" in body and smtp_server.password not in body
+    assert "{% endfor %}" in body and "{# x #}" in body
+    assert mail["from"] == ("trainyard@example.com" if sender == "spec" else "conn@example.com")
+    [sent] = run.ledger.events(RUN_STAGE, "notified")
+    assert sent["kind"] == "failure"

@@ -277,3 +277,26 @@ def test_s3_interrupted_republish_leaves_the_published_copy_whole_and_pointed_to
 
     tier = S3Tier(f"s3://{bucket}/checkpoints/pipe", s3_server.settings, retry=FAST)
     assert cold.published(tier) == first.uri.rsplit("/", 1)[1]
+
+
+def test_bucket_keys_named_like_the_hot_tiers_own_files_are_never_staged(
+    s3_server, bucket: str, tmp_path: Path
+) -> None:
+    """As from a folder (tests/unit/test_staging.py), whatever the bucket's spelling of the key."""
+    from trainyard.storage.hot import staged_datasets
+
+    files = fill(s3_server, bucket, n=2)
+    client = s3_server.client()
+    planted = [".pins/someone", "deep/.pins/someone", JOURNAL, "sub/_staged.json", "sub//_staged.json"]
+    for key in planted:
+        put(client, bucket, "ds/" + key, b'{"files": {}}')
+    hot = tmp_path / "hot" / "tokens"
+    result = stage(tier(s3_server, bucket), hot)
+    assert (result.files, result.transferred) == (len(files), len(files))
+    assert {p.relative_to(hot).as_posix() for p in hot.rglob("*")} == {
+        *files,
+        STAGED_MANIFEST,
+        ".last_used",
+    }
+    [found] = staged_datasets(tmp_path / "hot")
+    assert found.pinned_by == ()

@@ -30,7 +30,10 @@ ARGV = ["-m", "trainyard.workload", "--seq-len", "16", "--d-model", "16", "--n-l
 def zygote() -> Iterator[Zygote]:
     os.environ["TRAINYARD_TEST_SECRET"] = "s3cr3t-of-the-task-process"  # the launcher's environment, not the zygote's
     try:
-        z = Zygote({"PATH": os.environ["PATH"], "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"})
+        shared = {"PATH": os.environ["PATH"], "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+        if "PYTHONPATH" in os.environ:  # the launcher passes it on too (backends.local.environ)
+            shared["PYTHONPATH"] = os.environ["PYTHONPATH"]
+        z = Zygote(shared)
     finally:
         del os.environ["TRAINYARD_TEST_SECRET"]
     yield z

@@ -205,3 +205,81 @@ def test_each_checkpoint_is_inspected_by_a_fresh_process(tmp_path: Path) -> None
     assert server.wait(timeout=30) == 0  # its stdin closed: it ends, no process is left behind
     assert [a["problems"] for a in answers] == [[], []]
     assert len({a["pid"] for a in answers} | {server.pid}) == 3
+
+
+def hostile_hash(path: Path) -> None:
+    """A ``.metadata`` with no global at all: a set holding a tuple nested 100 deep, each level the one below
+    twice (DUP, TUPLE2: 200 bytes), so adding it to the set hashes 2**100 tuples. Written by hand, as
+    building it here would hash it here."""
+    levels = pickle.DUP + pickle.TUPLE2
+    hostile = pickle.PROTO + b"\x04" + pickle.EMPTY_SET + pickle.MARK + pickle.EMPTY_TUPLE + levels * 100
+    (path / ".metadata").write_bytes(hostile + pickle.ADDITEMS + pickle.STOP)
+    rewrite_manifest(path)
+
+
+def _children(pid: int) -> set[int]:
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.add(int(stat.parent.name))
+    return found
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan that died may wait for a pid 1 that never reaps)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _forks_of(server: subprocess.Popen, seen: set[int], until: float, first: bool = False) -> None:
+    """Collect ``server``'s children until ``until``, it ends, or (``first``) one is seen."""
+    import time
+
+    while time.monotonic() < until and server.poll() is None and not (first and seen):
+        seen |= _children(server.pid)
+        time.sleep(0.05)
+
+
+def test_a_metadata_that_hashes_for_years_leaves_no_inspector_running(tmp_path: Path) -> None:
+    """Issue 29: the fork inspecting such a checkpoint dies with its server (killed, or its group stopped
+    after the time limit) and runs under CPU and memory limits; nothing is left spinning with parent 1."""
+    import signal
+    import threading
+    import time
+
+    hostile_hash(path := save(tmp_path / "a", 10))
+    own = validation.Inspector()
+    seen: set[int] = set()
+    try:
+        assert own.problems(save(tmp_path / "b", 10)) == []  # the server is up: torch imported
+        with own.asking(path, 30) as _answer:
+            _forks_of(own.proc, seen, time.monotonic() + 10, first=True)
+            [fork] = seen
+            limits = Path(f"/proc/{fork}/limits").read_text()
+            assert "Max cpu time              unlimited" not in limits
+            assert "Max address space         unlimited" not in limits
+            os.kill(own.proc.pid, signal.SIGKILL)  # the server alone: its fork must follow it
+            deadline = time.monotonic() + 5
+            while _running(fork) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not _running(fork), "the fork outlived its server"
+        validation.inspector().problems(save(tmp_path / "c", 10))  # warm the validator's own server
+        server = validation.inspector().proc
+        watch = threading.Thread(target=_forks_of, args=(server, seen, time.monotonic() + 20))
+        watch.start()
+        result = validate(path, timeout_s=2)
+        watch.join()
+        assert not result.valid
+        assert result.problems == ["the process inspecting the tensors failed: no answer within 2 s; it was stopped"]
+        assert len(seen) == 2 and not [pid for pid in seen if _running(pid)], "an inspector was left running"
+    finally:
+        own.stop()
+        for pid in seen:  # never leave one spinning, even where the test fails
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)

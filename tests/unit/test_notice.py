@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 from typing import Any
 
 import pytest
@@ -275,5 +276,21 @@ def test_long_messages_are_cut_and_evidence_keeps_its_end() -> None:
 def test_html_escapes_the_text_and_links_the_run_page() -> None:
     notice = Notice("failure", "s", ("Message: <script>alert(1)</script> & {{ ds }}", f"Run page: {LINK}"))
     page = notice.html()
-    assert "<script>" not in page and "&lt;script&gt;" in page and "{{ ds }}" in page
+    assert "<script>" not in page and "&lt;script&gt;" in page
+    assert "{{" not in page and "{{ ds }}" in html.unescape(page)  # text to the reader, nothing to a template
     assert f'<a href="{LINK}">{LINK}</a>' in page
+
+
+def test_the_body_is_inert_to_any_template_engine_that_renders_it_later() -> None:
+    """Rank text quoted in the body (issue 29): whoever renders it as a Jinja template gets it back unchanged."""
+    import jinja2
+
+    rank = "{{ 7*7 }} {{ conn.smtp_default.password }} {% endfor %} {# note #} \udcff"
+    notice = build_notice(failed("train", "TrainingFailed", rank), {}, facts(), ["failure"])
+    assert notice is not None
+    said = "{{ 7*7 }} {{ conn.smtp_default.password }} {% endfor %} {# note #}"
+    body = notice.html()
+    assert jinja2.Environment().from_string(body).render(conn="secret") == body and said in html.unescape(body)
+    subject, plain = notice.plain()  # the fallback when the HTML body cannot be encoded
+    assert jinja2.Environment().from_string(plain).render(conn="secret") == plain and said in html.unescape(plain)
+    assert "\\udcff" in html.unescape(plain) and (subject + plain).isascii()

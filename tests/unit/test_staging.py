@@ -174,3 +174,33 @@ def test_large_objects_come_whole_while_every_stream_has_one_and_only_the_last_m
         "big-5.bin": True,
     }  # fmt: skip
     assert len(read_staged(tmp_path / "hot")) == 7
+
+
+PLANTED = {
+    ".pins/someone": b"pinned by someone else",
+    "sub/.pins/someone": b"pinned by someone else",
+    ".staging-journal.jsonl": b'{"key": "a.tok", "size": 1, "version": "forged", "digest": "sha256:00"}\n',
+    "sub/_staged.json": json.dumps({"files": {"b.tok": {"size": 10, "version": "v"}}}).encode(),
+    ".last_used": b"",
+}
+
+
+def test_source_objects_named_like_the_hot_tiers_own_files_are_never_staged(tmp_path: Path, caplog) -> None:
+    """Issue 29: someone else's ``.pins/...``, ``.staging-journal.jsonl`` or ``sub/_staged.json`` in the
+    source would pin the dataset for days, force re-stages or fake a nested dataset; at any depth."""
+    from trainyard.storage.hot import staged_datasets
+
+    source = make_source(tmp_path / "cold", {"a.tok": b"a" * 100, "sub/b.tok": b"b" * 10, **PLANTED})
+    ledger = Ledger.in_dir(tmp_path / "run")
+    hot = tmp_path / "hot" / "tokens"
+    result = stage(source, hot, ledger=ledger)
+    assert (result.files, result.transferred) == (2, 2)
+    for key in PLANTED:
+        assert not key_path(hot, key).exists() or key == ".last_used", key  # .last_used: staging's own touch
+        assert key in caplog.text
+    assert set(read_staged(hot)) == {"a.tok", "sub/b.tok"}
+    [found] = staged_datasets(tmp_path / "hot")  # no nested dataset faked, no pin held
+    assert found.path == hot and found.pinned_by == ()
+    assert stage(source, hot).transferred == 0  # no forged journal line, no reserved key re-copied
+    [staged] = ledger.events("stage_dataset", "staged")
+    assert staged["reserved_skipped"] == sorted(PLANTED)

@@ -14,8 +14,10 @@ Why DAG-level callbacks (``on_failure_callback`` / ``on_success_callback``) and 
 Which notice to send, and its text, come from the run ledger (``trainyard.report.notice``).
 The message goes through ``SmtpNotifier.notify`` directly, not ``notifier(context)``:
 ``__call__`` renders the subject and body as Jinja templates, and a body that quotes an
-error message or a spec's ``{{ ds }}`` is text, not a template. The mail server, login and
-password come only from the Airflow connection; nothing here logs them.
+error message or a spec's ``{{ ds }}`` is text, not a template. The body also carries no brace
+(``Notice.html``), so no later render can run what a rank wrote, and a body that cannot be
+encoded (a rank's stray surrogate) goes again as plain ASCII rather than not at all. The mail
+server, login and password come only from the Airflow connection; nothing here logs them.
 
 A notice that cannot be sent never fails or hides anything: the callback logs one warning
 naming the connection (no traceback) and records ``notify_failed`` in the run ledger.
@@ -124,19 +126,36 @@ def deliver(notice: Notice, notify: NotifySpec, run: Run, context: Any) -> bool:
 
 
 def _smtp_send(notice: Notice, notify: NotifySpec, context: Any) -> None:
+    """Send ``notice`` as HTML; a body that cannot go as such (a rank's unencodable text) goes as plain ASCII."""
+    from jinja2 import TemplateError
+
+    try:
+        _smtp_send_body(notice.subject, notice.html(), notify, context)
+    except (UnicodeError, TemplateError) as exc:  # the server and the login would fail the same way again
+        log.warning(
+            "notify: the %s notice could not go as HTML (%s); sending it as plain ASCII text",
+            notice.kind,
+            type(exc).__name__,
+        )
+        _smtp_send_body(*notice.plain(), notify, context)
+
+
+def _smtp_send_body(subject: str, body: str, notify: NotifySpec, context: Any) -> None:
     # Imported when a notice goes out: the DAG processor imports this module to parse every pipeline.
     from airflow.providers.smtp.notifications.smtp import SmtpNotifier
 
+    # ``notify()``, not ``notifier(context)``: only fields left None are filled from the connection's
+    # templates and rendered; the subject and body are always given, so only a sender taken from the
+    # connection (admin-written) is rendered. The body is inert besides (``Notice.html``: no braces).
     notifier = SmtpNotifier(
         to=list(notify.email),
         from_email=notify.from_email,
-        subject=notice.subject,
-        html_content=notice.html(),
+        subject=subject,
+        html_content=body,
         smtp_conn_id=notify.connection,
     )
-    # Only a sender taken from the connection is rendered, with the DAG's template environment; under
-    # ``airflow dags test`` the context's DAG is a SerializedDAG, which has none. Without a DAG the
-    # notifier uses a sandboxed default environment, and the subject and body are never rendered.
+    # That sender is rendered with the DAG's template environment; under ``airflow dags test`` the
+    # context's DAG is a SerializedDAG, which has none. Without a DAG the notifier uses a sandboxed default.
     notifier.notify(cast("Context", {k: v for k, v in context.items() if k != "dag"}))
 
 

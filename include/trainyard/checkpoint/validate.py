@@ -10,15 +10,19 @@ Loading interprets bytes that training code wrote (untrusted: docs/architecture.
 so it never happens in this process, which may hold the worker's secrets: a
 child (``trainyard.checkpoint.tensors``, a fresh fork of one server per
 process for each checkpoint) does it with an allow-list environment, no file
-writes, a time limit, and answers in JSON. This module imports no torch.
+writes, a time limit, and answers in JSON. The server leads its own process
+group: stopping it kills its forks too (which also die with it, and run under
+CPU and memory limits of their own). This module imports no torch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import select
+import signal
 import subprocess
 import sys
 import threading
@@ -174,6 +178,7 @@ class Inspector:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
+                start_new_session=True,  # a process group of its own: its forks are stopped with it
             )
         return self.proc
 
@@ -193,8 +198,11 @@ class Inspector:
         return data.decode("utf-8", "replace").strip()
 
     def stop(self) -> None:
+        """Kill the server and its process group: a fork spinning on a hostile checkpoint goes with it."""
         if self.proc is not None:
             if self.proc.poll() is None:
+                with contextlib.suppress(OSError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.kill()
             self.proc.communicate()  # reap it and close its pipes
             self.proc = None
@@ -218,11 +226,13 @@ def validate(
     expect: MetricExpectations | None = None,
     history: History | None = None,
     after_step: int | None = None,
+    timeout_s: float = CHILD_TIMEOUT_S,
 ) -> Validation:
-    """Every check on ``ckpt_dir``; ``after_step`` is the latest valid step it must follow."""
+    """Every check on ``ckpt_dir``; ``after_step`` is the latest valid step it must follow; ``timeout_s``
+    bounds the inspecting child's answer."""
     started = time.monotonic()
     path = Path(ckpt_dir)
-    with inspector().asking(path) as inspection:  # the child loads while this process hashes
+    with inspector().asking(path, timeout_s) as inspection:  # the child loads while this process hashes
         problems = verify(path)  # manifest, version, sizes, hashes, unlisted files
         if problems:
             return Validation(path, None, problems, round(time.monotonic() - started, 3))

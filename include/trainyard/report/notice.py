@@ -65,7 +65,23 @@ class Notice:
             if line.startswith("Run page: http"):
                 url = line.removeprefix("Run page: ")
                 body = body.replace(html.escape(url), f'<a href="{html.escape(url)}">{html.escape(url)}</a>', 1)
-        return f'<pre style="font-family: monospace">{body}</pre>'
+        return f'<pre style="font-family: monospace">{_inert(body)}</pre>'
+
+    def plain(self) -> tuple[str, str]:
+        """Subject and body in ASCII (every other character escaped as ``\\uXXXX``), no link markup: what any
+        mail path can encode, for a body that could not go as :meth:`html` (rank text is not ours to clean)."""
+        text = html.escape(_ascii(self.text))
+        return _ascii(self.subject), f"<pre>{_inert(text)}</pre>"
+
+
+def _ascii(text: str) -> str:
+    return text.encode("ascii", "backslashreplace").decode("ascii")
+
+
+def _inert(markup: str) -> str:
+    """``markup`` with its braces as HTML entities: it reads the same in a mail client, and no template
+    engine (Jinja's ``{{``, ``{%``, ``{#``) finds anything to run in it, whoever renders it later."""
+    return markup.replace("{", "&#123;").replace("}", "&#125;")
 
 
 def notice_from_ledger(ledger: Ledger, facts: RunFacts, on: Collection[str]) -> Notice | None:

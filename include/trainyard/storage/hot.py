@@ -22,7 +22,7 @@ import os
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from trainyard.atomic import write_bytes_atomic, write_text_atomic
 from trainyard.errors import DataError
@@ -34,6 +34,9 @@ STAGED_MANIFEST = "_staged.json"
 PINS = ".pins"
 LAST_USED = ".last_used"
 JOURNAL = ".staging-journal.jsonl"  # what staging copied before its manifest (storage.staging)
+RESERVED = frozenset({STAGED_MANIFEST, PINS, LAST_USED, JOURNAL})
+"""trainyard's own names in a hot folder. A source key with one as any part (``.pins/x``, ``sub/_staged.json``:
+nested datasets have their own) is never staged: someone else's object would pin, re-stage or fake a dataset."""
 # A worker killed hard never unpins; after this long a pin no longer protects its dataset.
 PIN_TTL_S = 3 * 24 * 3600
 
@@ -54,6 +57,11 @@ class HotRoom:
     capacity_bytes: int | None
     holder: str
     """The run that pins what it stages (``dag_id/run_id``)."""
+
+
+def reserved(key: str) -> bool:
+    """Whether ``key`` names (or lies under) one of trainyard's own files of a hot folder, at any depth."""
+    return any(part in RESERVED for part in PurePosixPath(key).parts)
 
 
 def _size(folder: Path, nested: Collection[Path] = ()) -> int:
@@ -164,6 +172,9 @@ def staged_files(folder: Path) -> list[Path] | None:
         return None
     files = []
     for key in keys:
+        if isinstance(key, str) and reserved(key):
+            log.warning("%s lists %r, one of trainyard's own names; left alone", folder / STAGED_MANIFEST, key)
+            continue
         try:
             files.append(key_path(folder, key))
         except (DataError, TypeError):

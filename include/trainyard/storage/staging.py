@@ -12,6 +12,9 @@ or reboot since, which can take back unsynced copies) is not trusted: its
 objects are copied again (``storage.boot``). Elsewhere each copy, and each
 folder before its journal lines, is fsynced.
 
+A source key named like the hot folder's own files (``hot.RESERVED``: pins, the journal, a
+staged manifest, at any depth) was written by someone else: it is never staged, only named.
+
 ``storage.staged`` reads what a folder holds and plans the copy;
 ``storage.transfer`` copies and journals.
 """
@@ -30,7 +33,7 @@ from trainyard.atomic import write_json_atomic
 from trainyard.errors import DataError
 from trainyard.events.ledger import Ledger
 from trainyard.storage.boot import BOOT_ID, current_boot_id, trusted
-from trainyard.storage.hot import JOURNAL, STAGED_MANIFEST, HotRoom, make_room, pin, touch
+from trainyard.storage.hot import JOURNAL, RESERVED, STAGED_MANIFEST, HotRoom, make_room, pin, reserved, touch
 from trainyard.storage.keys import key_path
 from trainyard.storage.staged import plan, read_journal, read_manifest, recorded_digest
 from trainyard.storage.tier import Tier
@@ -60,7 +63,10 @@ def stage(
     room: HotRoom | None = None,
 ) -> StageResult:
     started = time.monotonic()
-    objects = [o for o in source.list() if o.key != STAGED_MANIFEST]
+    listed = source.list()
+    objects = [o for o in listed if not reserved(o.key)]
+    skipped = sorted(o.key for o in listed if reserved(o.key))
+    _say_reserved(source, skipped)
     if not objects:
         raise DataError(f"{source.uri} holds no objects to stage; check dataset.source and the partition date")
     boot_id = current_boot_id()
@@ -109,7 +115,7 @@ def stage(
         written = {"source": source.uri, "staged_at": time.time(), "files": entries}
         write_json_atomic(hot_dir / STAGED_MANIFEST, written if durable else {**written, BOOT_ID: boot_id})
         os.unlink(hot_dir / JOURNAL)
-        for stale in set(staged) - set(entries):
+        for stale in {k for k in set(staged) - set(entries) if not reserved(k)}:
             key_path(hot_dir, stale).unlink(missing_ok=True)  # gone at the source: not part of this dataset
     result = StageResult(
         hot_dir=hot_dir,
@@ -120,8 +126,22 @@ def stage(
         seconds=round(time.monotonic() - started, 3),
     )
     if ledger:
-        ledger.append("stage_dataset", "staged", **result.as_dict())
+        said = {"reserved_skipped": skipped[:20]} if skipped else {}  # the keys the warning names
+        ledger.append("stage_dataset", "staged", **result.as_dict(), **said)
     return result
+
+
+def _say_reserved(source: Tier, keys: list[str], shown: int = 20) -> None:
+    """Source objects named like trainyard's own files of a hot folder are never staged: say so, once per stage."""
+    if keys:
+        log.warning(
+            "%s: %d objects are named like trainyard's own files in the hot tier (%s); someone else wrote them,"
+            " and staged they would pin, re-stage or fake a dataset: not staged: %s",
+            source.uri,
+            len(keys),
+            ", ".join(sorted(RESERVED)),
+            ", ".join(keys[:shown]) + (" ..." if len(keys) > shown else ""),
+        )
 
 
 def _say_earlier_boot(

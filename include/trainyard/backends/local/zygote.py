@@ -16,18 +16,30 @@ then takes its node's own. Each child is a session of its own that dies with
 the zygote, which dies with the launcher (``PR_SET_PDEATHSIG``) or when the
 launcher closes its stdin.
 
-Protocol, one JSON object per line: the launcher writes ``{"argv", "env",
-"log"}``; the zygote answers ``{"pid"}`` for each (or ``{"error"}``) and
+Protocol, one JSON object per line: the launcher writes ``{"id", "argv", "env",
+"log"}``; the zygote answers ``{"id", "pid"}`` for each (or ``{"id", "error"}``) and
 ``{"exit": pid, "code": c}`` when a child ends (``c`` as ``Popen.returncode``:
 negative for a signal).
+
+Training code runs as the same user, so the zygote (it holds every node's
+environment, and the pipe the launcher trusts) is not dumpable: no ptrace, no
+``/proc/PID/mem``, ``environ`` or ``fd`` of it or its forks for that user. The
+launcher still trusts no line it reads: each must have the protocol's shape and
+length (``parse_reply``), answer the request it sent (a random ``id``), and name
+a pid whose parent is the zygote (``child_of``); an exit counts only for a node
+it forked that is no longer the zygote's live child. Anything else is refused
+with a warning.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import json
+import logging
 import os
+import secrets
 import select
 import subprocess
 import sys
@@ -40,6 +52,50 @@ from typing import IO, Any
 MODULE = "trainyard.workload"
 """The entry point the zygote has imported: a plan that runs anything else starts a fresh interpreter."""
 _REAP_S = 0.05
+_ANNOUNCED_S = 1.0  # a node stays the zygote's (unreaped) child this long: the launcher checks its pid by it
+MAX_REPLY = 4096
+"""Bytes of one reply line: ``{"id", "pid"}``, ``{"exit", "code"}`` or a short ``{"id", "error"}``."""
+MAX_REQUEST = 16 << 20
+"""Bytes of one request line (a node's environment): the zygote drops a longer one."""
+_PR_SET_DUMPABLE = 4
+MAX_WARNINGS = 20
+log = logging.getLogger(__name__)
+
+
+def _pid(value: Any) -> bool:
+    return type(value) is int and 0 < value < 1 << 22
+
+
+def parse_reply(line: bytes) -> dict[str, Any] | None:
+    """The zygote's reply if ``line`` has one of the protocol's shapes (bounded), else None."""
+    if len(line) > MAX_REPLY:
+        return None
+    try:
+        message = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(message, dict):
+        return None
+    keys, ident = set(message), message.get("id")
+    if keys == {"id", "pid"} and isinstance(ident, str) and _pid(message["pid"]):
+        return message
+    if keys == {"id", "error"} and isinstance(ident, str) and isinstance(message["error"], str):
+        return message
+    if keys == {"exit", "code"} and _pid(message["exit"]) and type(message["code"]) is int:
+        return message if -256 < message["code"] < 256 else None
+    return None
+
+
+def child_of(zygote: int, pid: int) -> bool:
+    """Whether ``pid`` is a child of ``zygote`` not yet reaped (running or a zombie), from ``/proc``.
+
+    A node's ``{"pid"}`` is sent before the zygote could reap it, so a true one is its child; an
+    ``{"exit"}`` is sent after the reap, so a true one is not (any more)."""
+    try:
+        ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+    except (OSError, IndexError):
+        return False
+    return ppid == str(zygote)
 
 
 class Forked:
@@ -66,9 +122,9 @@ class Forked:
 class Zygote:
     """The launcher's side: start the zygote, fork nodes from it, learn how they ended."""
 
-    def __init__(self, env: Mapping[str, str], preexec_fn: Any = None):
+    def __init__(self, env: Mapping[str, str], preexec_fn: Any = None, argv: list[str] | None = None):
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "trainyard.backends.local.zygote"],
+            argv or [sys.executable, "-m", "trainyard.backends.local.zygote"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=None,  # its own failure (an import error) reaches the task's log
@@ -80,39 +136,66 @@ class Zygote:
         self._out: IO[bytes] = self.proc.stdout
         self._lock = threading.Lock()  # one request at a time: the answers come back in order
         self._exits: dict[int, int] = {}
-        self._replies: list[dict[str, Any]] = []
+        self._replies: dict[str, dict[str, Any]] = {}  # the answer to the request awaited, by its id
+        self._awaited: str | None = None
+        self._forked: set[int] = set()
+        self._gone: str | None = None
+        self._refused = 0
         self._changed = threading.Condition()
         threading.Thread(target=self._read, name="trainyard-zygote", daemon=True).start()
 
     def _read(self) -> None:
-        for line in self._out:
-            message = json.loads(line)
+        while line := self._out.readline(MAX_REPLY + 1):
+            if not line.endswith(b"\n") and len(line) > MAX_REPLY:
+                while (rest := self._out.readline(MAX_REPLY)) and not rest.endswith(b"\n"):
+                    pass  # the rest of an overlong line: never held whole
+            message = parse_reply(line)
             with self._changed:
-                if "exit" in message:
-                    self._exits[message["exit"]] = message["code"]
-                else:
-                    self._replies.append(message)
+                if message is None or not self._take(message):
+                    self._refused += 1
+                    if self._refused <= MAX_WARNINGS:  # a flood of forged lines must not flood the task log
+                        log.warning("zygote: refused a reply line that is not its answer: %r", line[:200])
+                    continue
                 self._changed.notify_all()
         with self._changed:  # the zygote is gone: nothing more will come
-            self._replies.append({"error": f"the zygote exited ({self.proc.wait()})"})
+            self._gone = f"the zygote exited ({self.proc.wait()})"
             self._changed.notify_all()
+
+    def _take(self, message: dict[str, Any]) -> bool:
+        """Keep a parsed reply if it is true: an exit of a node it forked and reaped, or an answer awaited."""
+        if "exit" in message:
+            pid = message["exit"]
+            if pid not in self._forked or pid in self._exits or child_of(self.proc.pid, pid):
+                return False
+            self._exits[pid] = message["code"]
+        elif (ident := str(message["id"])) == self._awaited and ident not in self._replies:
+            if "pid" in message and not child_of(self.proc.pid, message["pid"]):
+                message = {"error": f"its answer names pid {message['pid']}, which it did not fork; refused"}
+            elif "pid" in message:
+                self._forked.add(message["pid"])  # now, before its exit can be read
+            self._replies[ident] = message
+        else:
+            return False
+        return True
 
     def spawn(self, argv: list[str], env: Mapping[str, str], log: Path, timeout_s: float = 60.0) -> Forked:
         """Fork a node running ``python <argv>`` (``argv`` starts with ``-m trainyard.workload``) with ``env``,
         its output appended to ``log``. ``RuntimeError`` if the zygote cannot."""
-        request = json.dumps({"argv": argv, "env": dict(env), "log": str(log)}) + "\n"
+        ident = secrets.token_hex(16)  # its answer must name it: a line written by anyone else cannot
+        request = json.dumps({"id": ident, "argv": argv, "env": dict(env), "log": str(log)}) + "\n"
         with self._lock, self._changed:
             assert self.proc.stdin is not None
+            self._awaited = ident
             try:
                 self.proc.stdin.write(request.encode())
                 self.proc.stdin.flush()
             except OSError as exc:
                 raise RuntimeError(f"the zygote is gone: {exc}") from exc
-            if not self._changed.wait_for(lambda: self._replies, timeout=timeout_s):
+            if not self._changed.wait_for(lambda: ident in self._replies or self._gone, timeout=timeout_s):
                 raise RuntimeError(f"the zygote did not answer within {timeout_s:.0f}s")
-            reply = self._replies.pop(0)
+            reply, self._awaited = self._replies.pop(ident, {"error": self._gone}), None
         if "pid" not in reply:
-            raise RuntimeError(f"the zygote could not start the node: {reply.get('error')}")
+            raise RuntimeError(f"the zygote could not start the node: {str(reply.get('error'))[:300]}")
         return Forked(self, reply["pid"])
 
     def exit_code(self, pid: int) -> int | None:
@@ -179,18 +262,44 @@ def _child(request: dict[str, Any]) -> None:
         os._exit(code)
 
 
+def _not_dumpable() -> None:
+    """No ptrace, ``/proc/PID/mem``, ``environ`` or ``fd`` of this process (and its forks) for its own user:
+    training code runs as that user, and this process holds every node's request and the launcher's pipe."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0)
+
+
 def _send(message: dict[str, Any]) -> None:
     os.write(1, (json.dumps(message) + "\n").encode())
 
 
-def _reap(children: set[int]) -> None:
-    """Report every child that ended (``waitpid`` without blocking)."""
-    while children:
-        pid, status = os.waitpid(-1, os.WNOHANG)
-        if pid == 0:
-            return
-        children.discard(pid)
-        _send({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+def _reap(children: dict[int, float]) -> None:
+    """Report every child that ended (``waitpid`` without blocking), once its pid is ``_ANNOUNCED_S`` old:
+    until it is reaped it stays the zygote's child, which is how the launcher knows its pid is true."""
+    now = time.monotonic()
+    for pid in [p for p, born in children.items() if now - born >= _ANNOUNCED_S]:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            del children[pid]
+            _send({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def _fork(line: bytes, children: dict[int, float]) -> None:
+    """Fork a node for one request line; answer with its pid (or why not) under the request's id."""
+    try:
+        request = json.loads(line)
+        ident = str(request["id"])
+    except (ValueError, KeyError, TypeError) as exc:
+        _send({"id": "", "error": f"a malformed request ({type(exc).__name__})"})
+        return
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        _send({"id": ident, "error": f"OSError: {exc}"})
+        return
+    if pid == 0:
+        _child(request)
+    children[pid] = time.monotonic()
+    _send({"id": ident, "pid": pid})
 
 
 def serve() -> None:
@@ -200,26 +309,20 @@ def serve() -> None:
     import trainyard.backends.local.procs
     import trainyard.workload.__main__  # noqa: F401
 
+    _not_dumpable()
     if threading.active_count() != 1:  # a fork copies only the forking thread: a lock another held stays held
         raise SystemExit(f"trainyard zygote: {threading.active_count()} threads after the imports; not forking")
-    children: set[int] = set()
+    children: dict[int, float] = {}  # pid -> when it was forked
     pending, reading = b"", True
     while reading or children:
         if reading and select.select([0], [], [], _REAP_S)[0]:
             chunk = os.read(0, 65536)
             reading, pending = bool(chunk), pending + chunk
+            if len(pending) > MAX_REQUEST and b"\n" not in pending:
+                pending = b""  # no request is this long; what follows its end is refused as malformed
             while b"\n" in pending:
                 line, pending = pending.split(b"\n", 1)
-                try:
-                    request = json.loads(line)
-                    pid = os.fork()
-                except (ValueError, OSError) as exc:
-                    _send({"error": f"{type(exc).__name__}: {exc}"})
-                    continue
-                if pid == 0:
-                    _child(request)
-                children.add(pid)
-                _send({"pid": pid})
+                _fork(line, children)
         elif not reading:
             time.sleep(_REAP_S)
         _reap(children)
