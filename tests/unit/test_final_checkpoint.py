@@ -23,7 +23,7 @@ from trainyard.checkpoint.format import latest_valid, read_manifest, verify
 from trainyard.checkpoint.validate import validate
 from trainyard.errors import CheckpointInvalid
 from trainyard.pipeline import stages
-from trainyard.pipeline.lineage import final_checkpoint, resume_point
+from trainyard.pipeline.lineage import resume_point
 from trainyard.pipeline.run import Run, open_run
 from trainyard.pipeline.train import _trained
 from trainyard.recovery.commands import AttemptResult
@@ -98,7 +98,7 @@ def test_a_checkpoint_folder_swapped_for_a_link_is_not_the_pipelines_own(tmp_pat
     final = run.checkpoint_root / "step_000020"
     os.replace(final, tmp_path / "moved-away")
     final.symlink_to(theirs, target_is_directory=True)  # LATEST still names step_000020, now a link to theirs
-    assert final_checkpoint(run) is None
+    assert _trained(run, ["node-0"], 0, 20, AttemptResult(attempt=1, seconds=1.0, last_step=20))["checkpoint"] is None
     with pytest.raises(CheckpointInvalid, match="not a checkpoint folder of this pipeline"):
         stages.check_checkpoint(run, str(final), 20)
     [refused] = run.ledger.events("train", "pointer_refused")
@@ -122,9 +122,9 @@ def test_after_a_fresh_start_the_next_latest_run_resumes_the_new_lineage(tmp_pat
 
     fresh = make_run(tmp_path, "manual__2", resume_from="none")
     train_to(fresh, [10, 20], loss=3.0)
-    assert registry.latest(root) == root / "step_000020"
     # A failed attempt of this run resumes "latest" in the ranks (the runtime's latest_valid): this lineage.
     assert latest_valid(root) == root / "step_000020"
+    assert registry.latest(root) == root / "step_000020"  # judged and promoted: new, not seen before
     lease.release(root, fresh.run_id)
 
     after = make_run(tmp_path, "nightly__3")

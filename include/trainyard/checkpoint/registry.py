@@ -83,8 +83,8 @@ def pointer(root: Path) -> tuple[Path | None, str]:
     if not isinstance(name, str) or not is_step_name(name):
         return None, f"{file} names {str(name)[:120]!r}, not a step_NNNNNN folder of {root}; ignored"
     target = in_root(root, root / name)
-    if target is None:
-        return None, f"{file} names {name}, which is not a folder in {root} (missing, or a link); ignored"
+    if target is None and os.path.lexists(root / name):  # gone (a re-save's instant, a rollback): no pointer
+        return None, f"{file} names {name}, which is a link or not a folder in {root}; ignored"
     return target, ""
 
 

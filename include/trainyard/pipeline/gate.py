@@ -60,7 +60,9 @@ def publish(run: Run, checkpoint: str) -> PublishResult:
     """
     src = Path(checkpoint)
     if src.is_symlink():  # swapped since the gate passed it: it would copy wherever the link leads
-        raise CheckpointInvalid(f"{checkpoint} is a symbolic link now; only the checkpoint folder the gate passed is published")
+        raise CheckpointInvalid(
+            f"{checkpoint} is a symbolic link now; only the checkpoint folder the gate passed is published"
+        )
     lease.renew_held(run.checkpoint_root, run.run_id, lease_ttl(run))  # retention must not take src meanwhile
     cold = run.tier(run.cold_checkpoint_uri, run.spec.checkpoint.connection)
     if run.spec.checkpoint.lifecycle:
