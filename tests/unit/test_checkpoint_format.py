@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -204,3 +205,86 @@ def test_commit_refuses_staging_without_manifest(tmp_path: Path) -> None:
         fmt.commit(staging, tmp_path, 5)
     assert fmt.verify(fmt.step_dir(tmp_path, 5)) == []  # the committed one is untouched
     assert not (tmp_path / "superseded").exists()
+
+
+# ---------------------------------------------------------------- names and files training code can plant
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "step_000040\n",  # a newline to forge a log line with
+        "step_000040\n\x1b[2Kprogress: forged",
+        "step_\u0660\u0660\u0660\u0660\u0664\u0660",  # Arabic-Indic digits: int() reads them, step_dir never writes them
+        "../step_000040",
+        "/elsewhere/step_000040",
+        "step_000040.tmp",
+        "step_00004",
+    ],
+)
+def test_only_a_plain_step_name_is_a_checkpoint_name(tmp_path: Path, name: str) -> None:
+    assert not fmt.is_step_name(name)
+    if "/" not in name:  # (a path's last part may well be a plain name)
+        assert fmt.step_of(tmp_path / name) is None
+    assert fmt.is_step_name("step_000040") and fmt.step_of("step_1234567") == 1234567
+
+
+def test_a_step_folder_that_is_a_link_is_not_a_checkpoint(tmp_path: Path) -> None:
+    root, elsewhere = tmp_path / "ckpt", tmp_path / "other"
+    own = make_checkpoint(root, 10)
+    theirs = make_checkpoint(elsewhere, 40)
+    (root / "step_000040").symlink_to(theirs, target_is_directory=True)
+    assert fmt.list_checkpoints(root) == [own]
+    assert fmt.latest_valid(root) == own
+
+
+def test_a_manifest_that_is_a_fifo_is_refused_without_waiting(tmp_path: Path) -> None:
+    import threading
+
+    ckpt = make_checkpoint(tmp_path, 10)
+    (ckpt / fmt.MANIFEST).unlink()
+    os.mkfifo(ckpt / fmt.MANIFEST)  # nobody ever writes it: a blocking open would wait forever
+    outcome: list[BaseException | None] = []
+
+    def read() -> None:
+        try:
+            fmt.read_manifest(ckpt)
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(10)
+    assert not reader.is_alive(), "read_manifest waited on a FIFO"
+    assert isinstance(outcome[0], CheckpointInvalid) and "not a regular file" in str(outcome[0])
+
+
+@pytest.mark.parametrize(
+    "plant,expected",
+    [
+        (lambda p: p.write_text("[" * 100_000), "not valid JSON"),  # nested past the parser's depth
+        (lambda p: os.truncate(p, fmt.MANIFEST_BYTES + 1), "larger than"),  # sparse: costs no disk
+        (lambda p: p.write_bytes(b'{"format": "\xff"}'), "not valid JSON"),  # not UTF-8
+    ],
+)
+def test_a_malformed_manifest_is_invalid_never_an_exception_of_another_kind(
+    tmp_path: Path, plant, expected: str
+) -> None:
+    ckpt = make_checkpoint(tmp_path, 10)
+    plant(ckpt / fmt.MANIFEST)
+    with pytest.raises(CheckpointInvalid, match=expected):
+        fmt.read_manifest(ckpt)
+    assert any(expected in p for p in fmt.verify(ckpt))
+
+
+def test_a_superseded_folder_that_is_a_link_is_never_moved_into(tmp_path: Path) -> None:
+    from trainyard.atomic import UnsafePath
+
+    root, elsewhere = tmp_path / "ckpt", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    ckpt = make_checkpoint(root, 10)
+    (root / fmt.SUPERSEDED).symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(UnsafePath):
+        fmt.supersede(ckpt)
+    assert fmt.verify(ckpt) == [] and list(elsewhere.iterdir()) == []

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
 import subprocess
 import sys
 import textwrap
@@ -147,3 +149,84 @@ def test_retention_removes_a_clean_checkpoint_whole_and_never_follows_a_link(tmp
     assert not clean.exists()
     assert (outside / ".metadata").read_bytes() == b"someone else's"
     assert [p.name for p in linked.iterdir()] == [".metadata"] and (linked / ".metadata").is_symlink()
+
+
+# ---------------------------------------------------------------- LATEST is written by pods too (issue 29, hole 4)
+
+
+def plant(how: str, root: Path, other: Path, tmp_path: Path) -> None:
+    latest, good = root / registry.LATEST, {"path": "step_000010", "step": 10}
+    if how == "absolute":
+        latest.write_text(json.dumps({"path": str(other / "step_000040"), "step": 40}))
+    elif how == "dot-dot":
+        latest.write_text(json.dumps({"path": "../other/step_000040", "step": 40}))
+    elif how == "a link":  # to a good pointer: a link is refused whatever it leads to
+        (tmp_path / "elsewhere.json").write_text(json.dumps(good))
+        latest.symlink_to(tmp_path / "elsewhere.json")
+    elif how == "a FIFO":  # nobody writes it: a blocking read would wait forever
+        os.mkfifo(latest)
+    elif how == "a folder link":
+        (root / "step_000040").symlink_to(other / "step_000040", target_is_directory=True)
+        latest.write_text(json.dumps({"path": "step_000040", "step": 40}))
+    elif how == "oversized":
+        latest.write_text(json.dumps({**good, "pad": "x" * 100_000}))
+    elif how == "nested":
+        latest.write_text("[" * 1020)
+    elif how == "a newline":
+        latest.write_text(json.dumps({"path": "step_000010\n"}))
+    elif how == "not an object":
+        latest.write_text(json.dumps("step_000010"))
+
+
+@pytest.mark.parametrize(
+    "how",
+    ["absolute", "dot-dot", "a link", "a FIFO", "a folder link", "oversized", "nested", "a newline", "not an object"],
+)
+def test_a_pointer_a_pod_planted_is_no_pointer_and_one_warning(
+    tmp_path: Path, how: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    root, other = tmp_path / "ckpt" / "p", tmp_path / "ckpt" / "other"
+    (root / "step_000010").mkdir(parents=True)
+    (other / "step_000040").mkdir(parents=True)
+    plant(how, root, other, tmp_path)
+    with caplog.at_level(logging.WARNING, logger=registry.__name__):
+        assert registry.latest(root) is None
+        assert registry.latest(root) is None  # asked again (every progress line): no second warning
+    assert len([r for r in caplog.records if "checkpoint pointer" in r.getMessage()]) == 1
+    # The next promotion replaces it by a rename, never writing through it.
+    assert registry.promote(root, root / "step_000010") and registry.latest(root) == root / "step_000010"
+    if how == "a link":
+        assert json.loads((tmp_path / "elsewhere.json").read_text()) == {"path": "step_000010", "step": 10}
+
+
+def test_in_root_takes_only_a_real_step_folder_directly_in_the_root(tmp_path: Path) -> None:
+    root, other = tmp_path / "p", tmp_path / "other"
+    (root / "step_000010").mkdir(parents=True)
+    (other / "step_000010").mkdir(parents=True)
+    (root / "step_000020").symlink_to(other / "step_000010", target_is_directory=True)
+    (root / "step_000030").write_text("a file")
+    assert registry.in_root(root, root / "step_000010") == root / "step_000010"
+    assert registry.in_root(root, str(root / "step_000010")) == root / "step_000010"
+    for path in (
+        other / "step_000010",
+        root / ".." / "other" / "step_000010",
+        root / "step_000020",  # a link
+        root / "step_000030",  # not a folder
+        root / "step_000040",  # not there
+        root / "sub" / "step_000010",
+        root / "step_000010.tmp",
+    ):
+        assert registry.in_root(root, path) is None, path
+
+
+def test_set_aside_moves_what_lies_beyond_a_lineages_start_and_deletes_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    ten, twenty, _ = save(root, 10), save(root, 20), save(root, 30)
+    [thirty] = registry.set_aside(root, twenty)
+    assert list_checkpoints(root) == [ten, twenty]
+    assert thirty.parent == root / "superseded" and thirty.name.startswith("step_000030-") and verify(thirty) == []
+    alias = tmp_path / "alias"
+    alias.symlink_to(root, target_is_directory=True)
+    assert registry.set_aside(root, alias / "step_000020") == []  # the start spelled another way stays
+    assert len(registry.set_aside(root, tmp_path / "shared" / "step_000050")) == 2  # another root's: all go
+    assert list_checkpoints(root) == [] and len(list((root / "superseded").iterdir())) == 3

@@ -8,7 +8,8 @@ This module owns what a checkpoint *is* on disk, independent of torch::
                                    size + sha256 of every other file
     <root>/step_000130.tmp/        a save in progress (never read)
     <root>/superseded/step_000120-1764450000/
-                                   an older save of the same step, moved aside
+                                   an older save of the same step, or a checkpoint
+                                   of a lineage that ended (restarted earlier), moved aside
 
 A directory without a manifest is not a checkpoint (docs/architecture.md, nothing is lost): the
 manifest is the commit record, so it is written after every tensor file and
@@ -31,7 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from trainyard.atomic import fsync_dir, write_json_atomic
+from trainyard.atomic import TooLarge, fsync_dir, open_dir, read_capped, write_json_atomic
 from trainyard.errors import CheckpointInvalid
 from trainyard.storage.hashing import sha256_file
 
@@ -39,8 +40,11 @@ FORMAT = "trainyard.checkpoint"
 VERSION = 1
 MANIFEST = "manifest.json"
 SUPERSEDED = "superseded"
-_STEP_DIR = re.compile(r"^step_(\d{6,})$")
+# ASCII digits to the very end: `$` would let "step_000040\n" through, `\d` any script's digits.
+_STEP_DIR = re.compile(r"step_([0-9]{6,})\Z")
 _REQUIRED = {"step": int, "world_size": int, "global_batch": int, "micro_batch": int, "files": dict}
+MANIFEST_BYTES = 64 << 20
+"""The cap on reading a manifest (about 150 bytes a file: far above any real checkpoint's)."""
 
 
 def step_dir(root: str | Path, step: int) -> Path:
@@ -57,6 +61,11 @@ def step_of(ckpt_dir: str | Path) -> int | None:
     """The step encoded in a final checkpoint directory's name, or None for any other name."""
     match = _STEP_DIR.match(Path(ckpt_dir).name)
     return int(match.group(1)) if match else None
+
+
+def is_step_name(name: str) -> bool:
+    """Whether ``name`` is exactly a final checkpoint folder's name (``step_NNNNNN``): no path, no other text."""
+    return _STEP_DIR.match(name) is not None
 
 
 def _payload_files(ckpt_dir: Path) -> list[str]:
@@ -105,14 +114,16 @@ def read_manifest(ckpt_dir: str | Path) -> dict[str, Any]:
     """The parsed manifest of ``ckpt_dir``; ``CheckpointInvalid`` says why it is unusable."""
     path = Path(ckpt_dir) / MANIFEST
     try:
-        text = path.read_text(encoding="utf-8")
+        data = read_capped(path, MANIFEST_BYTES)  # training code wrote it: never a FIFO, a link or gigabytes
     except FileNotFoundError:
         raise CheckpointInvalid(f"{ckpt_dir}: no {MANIFEST} (incomplete save or not a checkpoint)") from None
     except OSError as exc:
         raise CheckpointInvalid(f"{ckpt_dir}: cannot read {MANIFEST} ({exc.strerror or exc})") from exc
+    except TooLarge as exc:
+        raise CheckpointInvalid(f"{ckpt_dir}: {exc}") from exc
     try:
-        manifest = json.loads(text)
-    except json.JSONDecodeError as exc:
+        manifest = json.loads(data)
+    except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, or nested past the parser's depth
         raise CheckpointInvalid(f"{ckpt_dir}: {MANIFEST} is not valid JSON ({exc})") from exc
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
@@ -180,12 +191,14 @@ def verify(ckpt_dir: str | Path) -> list[str]:
 def list_checkpoints(root: str | Path) -> list[Path]:
     """Committed checkpoints under ``root`` (``step_NNNNNN`` with a manifest), oldest step first.
 
-    Having a manifest is not the same as being valid; see ``verify``.
+    Having a manifest is not the same as being valid; see ``verify``. A ``step_NNNNNN``
+    that is a symbolic link is not a checkpoint: a save commits by renaming a real
+    folder into place, and a link could lead to another pipeline's checkpoints.
     """
     root = Path(root)
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if step_of(p) is not None and (p / MANIFEST).is_file()]
+    found = [p for p in root.iterdir() if step_of(p) is not None and not p.is_symlink() and (p / MANIFEST).is_file()]
     return sorted(found, key=lambda p: step_of(p) or 0)
 
 
@@ -194,6 +207,12 @@ def latest_valid(root: str | Path, on_invalid: Callable[[Path, list[str]], None]
 
     ``on_invalid(path, problems)`` hears about every newer checkpoint skipped on
     the way down, so callers can record why a resume went further back.
+
+    The highest step is the lineage's newest because the orchestrator keeps it so:
+    whenever a lineage (re)starts at a step (a run's resume point, a rollback), the
+    checkpoints beyond it, of a lineage that ended there, are set aside to
+    ``superseded/`` first (``trainyard.checkpoint.registry.set_aside``). ``LATEST``
+    alone could not tell them apart from newer saves not yet promoted.
     """
     for ckpt in reversed(list_checkpoints(root)):
         problems = verify(ckpt)
@@ -217,17 +236,30 @@ def prepare_staging(root: str | Path, step: int) -> Path:
 
 
 def supersede(final: Path) -> Path:
-    """Move an existing checkpoint aside to ``<root>/superseded/`` (never deleted)."""
+    """Move an existing checkpoint aside to ``<root>/superseded/`` (never deleted).
+
+    The orchestrator moves checkpoints aside too, in a folder pods write: a ``superseded``
+    that is a link is refused (``UnsafePath``), never moved into.
+    """
     target_dir = final.parent / SUPERSEDED
-    target_dir.mkdir(exist_ok=True)
-    stamp = int(time.time())
-    target = target_dir / f"{final.name}-{stamp}"
-    suffix = 1
-    while target.exists():  # two re-saves within one second keep both old copies
-        target = target_dir / f"{final.name}-{stamp}.{suffix}"
-        suffix += 1
-    os.replace(final, target)
-    return target
+    folder = open_dir(target_dir)
+    try:
+        stamp = int(time.time())
+        name, suffix = f"{final.name}-{stamp}", 1
+        while _present(name, folder):  # two re-saves within one second keep both old copies
+            name, suffix = f"{final.name}-{stamp}.{suffix}", suffix + 1
+        os.replace(final, name, dst_dir_fd=folder)
+    finally:
+        os.close(folder)
+    return target_dir / name
+
+
+def _present(name: str, folder: int) -> bool:
+    try:
+        os.stat(name, dir_fd=folder, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def commit(staging: str | Path, root: str | Path, step: int) -> Path:

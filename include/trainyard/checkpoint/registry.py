@@ -1,13 +1,22 @@
-"""A pipeline's checkpoints over time: promote, quarantine, retain, tier.
+"""A pipeline's checkpoints over time: promote, quarantine, retain, set aside, tier.
 
 ``LATEST`` is the pointer to the latest valid checkpoint; it moves by one
-atomic rename, so a reader sees the old pointer or the new one. An invalid
-checkpoint moves to ``quarantine/`` with its reasons (a move: nothing is
-deleted). Retention deletes only valid checkpoints older than the newest
-``keep`` and never the pointer's target, and of each only what its manifest
-lists: a file someone else put in the folder stays, and so does the folder.
-Every decision is a ledger event. Which run may train on the lineage at all
-is ``trainyard.checkpoint.lease``.
+atomic rename, so a reader sees the old pointer or the new one. It lives in
+the lineage's folder, which training pods write, so it is read like anything
+a worker wrote (docs/architecture.md, rule 14): through the one bounded
+reader, and only a plain ``step_NNNNNN`` name of a real folder directly in the
+root is taken (``pointer``); anything else is no pointer, with a warning. It
+helps the watcher and the progress line; what the gate checks comes from the
+ledger (``trainyard.pipeline.lineage.final_checkpoint``), never from it.
+
+An invalid checkpoint moves to ``quarantine/`` with its reasons (a move:
+nothing is deleted). A lineage restarted at a step sets aside the checkpoints
+beyond it to ``superseded/`` (``set_aside``), so a later ``latest`` resume
+never picks up a lineage that ended. Retention deletes only valid checkpoints
+older than the newest ``keep`` and never the pointer's target, and of each
+only what its manifest lists: a file someone else put in the folder stays, and
+so does the folder. Every decision is a ledger event. Which run may train on
+the lineage at all is ``trainyard.checkpoint.lease``.
 """
 
 from __future__ import annotations
@@ -21,8 +30,15 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from trainyard.atomic import read_json, write_json_atomic
-from trainyard.checkpoint.format import MANIFEST, list_checkpoints, read_manifest, step_of
+from trainyard.atomic import read_json_capped, write_json_atomic
+from trainyard.checkpoint.format import (
+    MANIFEST,
+    is_step_name,
+    list_checkpoints,
+    read_manifest,
+    step_of,
+    supersede,
+)
 from trainyard.checkpoint.validate import Validation
 from trainyard.errors import CheckpointInvalid
 from trainyard.events.ledger import Ledger
@@ -32,15 +48,58 @@ LATEST = "LATEST"
 QUARANTINE = "quarantine"
 REASONS = "reasons.json"
 STAGE = "train"
+POINTER_BYTES = 1024
+"""The cap on reading ``LATEST`` (what trainyard writes there is about a hundred bytes)."""
+_warned: dict[str, str] = {}  # root -> the pointer problem last logged, so a poll loop warns once per change
+
+
+def in_root(root: Path, path: str | Path) -> Path | None:
+    """``path`` if it is a checkpoint folder directly in ``root``: named ``step_NNNNNN``, a real folder
+    (not a link, FIFO or file); None for anything else (another root, ``..``, a link out)."""
+    candidate = Path(path)
+    if candidate.parent != root or not is_step_name(candidate.name):
+        return None
+    try:
+        mode = os.lstat(candidate).st_mode
+    except OSError:
+        return None
+    return candidate if stat.S_ISDIR(mode) else None
+
+
+def pointer(root: Path) -> tuple[Path | None, str]:
+    """The checkpoint ``LATEST`` names and "", or None and why not ("" when there is no ``LATEST``).
+
+    Only ``{"path": "step_NNNNNN", ...}`` naming a real folder in ``root`` counts: an absolute
+    path, ``..``, a link, a FIFO, an oversized or malformed file is refused, never followed.
+    """
+    file = root / LATEST
+    try:
+        raw = read_json_capped(file, POINTER_BYTES)
+    except FileNotFoundError:
+        return None, ""
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: JSON nested a thousand deep
+        return None, f"{file} is refused: {exc}"
+    name = raw.get("path") if isinstance(raw, dict) else None
+    if not isinstance(name, str) or not is_step_name(name):
+        return None, f"{file} names {str(name)[:120]!r}, not a step_NNNNNN folder of {root}; ignored"
+    target = in_root(root, root / name)
+    if target is None and os.path.lexists(root / name):  # gone (a re-save's instant, a rollback): no pointer
+        return None, f"{file} names {name}, which is a link or not a folder in {root}; ignored"
+    return target, ""
 
 
 def latest(root: Path) -> Path | None:
-    """The checkpoint the pointer names, if it still exists."""
-    try:
-        target = root / read_json(root / LATEST)["path"]
-    except (OSError, ValueError, KeyError):
-        return None
-    return target if target.is_dir() else None
+    """The checkpoint the pointer names, if it is one of ``root``'s own; a bad pointer is a warning and None."""
+    target, problem = pointer(root)
+    key = str(root)
+    if problem and _warned.get(key) != problem:
+        if len(_warned) > 256:  # a process sees few roots; never grow without bound
+            _warned.clear()
+        _warned[key] = problem
+        log.warning("checkpoint pointer: %s", problem)
+    elif not problem:
+        _warned.pop(key, None)
+    return target
 
 
 def promote(root: Path, ckpt: Path, ledger: Ledger | None = None) -> bool:
@@ -54,14 +113,36 @@ def promote(root: Path, ckpt: Path, ledger: Ledger | None = None) -> bool:
     return True
 
 
-def reset(root: Path, ckpt: Path | None, ledger: Ledger | None = None) -> None:
-    """Start a lineage at ``ckpt`` (None: a fresh start): later saves must follow its step."""
+def set_aside(root: Path, start: Path | None) -> list[Path]:
+    """Move every checkpoint of ``root`` that is not of a lineage starting at ``start`` to ``superseded/``
+    (nothing is deleted); where the moved ones went.
+
+    ``start`` in ``root``: those beyond its step (a lineage that ended there). ``start`` None (a fresh
+    start) or elsewhere (resumed from another root): all of them. Call it before ``reset``, while the
+    run holds the lineage's lease.
+    """
+    real = start.resolve() if start is not None else None  # one folder may be spelled two ways
+    beyond = -1 if real is None or real.parent != root.resolve() else (step_of(real) or 0)
+    moved = []
+    for ckpt in list_checkpoints(root):
+        if (step_of(ckpt) or 0) > beyond and ckpt.resolve() != real:  # never the start itself
+            moved.append(supersede(ckpt))
+    if moved:
+        log.warning("set aside %d checkpoint(s) of an earlier lineage: %s", len(moved), ", ".join(map(str, moved)))
+    return moved
+
+
+def reset(root: Path, ckpt: Path | None, ledger: Ledger | None = None, moved: list[Path] | None = None) -> None:
+    """Start a lineage at ``ckpt`` (None: a fresh start): later saves must follow its step.
+
+    ``moved``: what ``set_aside`` moved out of its way, recorded with the reset.
+    """
     if ckpt is None or ckpt.parent != root:
         (root / LATEST).unlink(missing_ok=True)  # a pointer, not a checkpoint: nothing is lost
     else:
         write_json_atomic(root / LATEST, {"path": ckpt.name, "step": step_of(ckpt), "promoted_at": time.time()})
     if ledger:
-        ledger.append(STAGE, "lineage_reset", path=str(ckpt) if ckpt else None)
+        ledger.append(STAGE, "lineage_reset", path=str(ckpt) if ckpt else None, set_aside=[str(p) for p in moved or ()])
 
 
 def quarantine(root: Path, ckpt: Path, problems: list[str], ledger: Ledger | None = None) -> Path:

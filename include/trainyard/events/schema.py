@@ -380,8 +380,21 @@ class LineageHeld(Event):
 
 @dataclass(frozen=True)
 class LineageReset(Event):
+    """A lineage (re)started at ``path`` (None: fresh); ``set_aside``: where the checkpoints beyond it went."""
+
     event = "lineage_reset"
     path: str | None = None
+    set_aside: list[str] | None = None
+
+
+@dataclass(frozen=True)
+class PointerRefused(Event):
+    """``LATEST`` disagreed with the ledger when the run's final checkpoint was taken (evidence; the ledger won)."""
+
+    event = "pointer_refused"
+    path: str | None = None
+    problem: str | None = None
+    used: str | None = None
 
 
 @dataclass(frozen=True)
@@ -529,7 +542,7 @@ KINDS: dict[str, type[Event]] = {
         FailureClassified, DecisionMade, Grown, SparesWarm, Rejoining, RolledBack, LineageHeld, LineageReset,
         CheckpointValidated, CheckpointPromoted, CheckpointQuarantined, CheckpointRetired, CheckpointTiered,
         CheckpointChecked, Published, Step, Finished, CheckpointSaved, CheckpointSkipped, Resumed, Regrouped,
-        DrillFired,
+        DrillFired, PointerRefused,
     )
 }  # fmt: skip
 """Every event kind, by its name."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trainyard.checkpoint import cold as cold_copies
-from trainyard.checkpoint import lease
+from trainyard.checkpoint import lease, registry
 from trainyard.checkpoint.format import read_manifest
 from trainyard.checkpoint.validate import validate
 from trainyard.errors import CheckpointInvalid
@@ -24,6 +24,11 @@ def check_checkpoint(run: Run, checkpoint: str | None, target_step: int) -> Gate
     lease.renew_held(run.checkpoint_root, run.run_id, lease_ttl(run))  # the run's lineage until its report
     if not checkpoint:
         raise CheckpointInvalid(f"no valid checkpoint under {run.checkpoint_root}")
+    if registry.in_root(run.checkpoint_root, checkpoint) is None:  # what publish copies into this pipeline's name
+        raise CheckpointInvalid(
+            f"{checkpoint} is not a checkpoint folder of this pipeline ({run.checkpoint_root}/step_NNNNNN, not a"
+            " link): the gate checks and publishes only the pipeline's own; train again to make one"
+        )
     expect, history = run.spec.checkpoint.expectations, loss_history(run)
     result = validate(Path(checkpoint), expect, history)
     problems = list(result.problems)
@@ -54,6 +59,10 @@ def publish(run: Run, checkpoint: str) -> PublishResult:
     ``pointer`` names the object that always leads to the latest published copy.
     """
     src = Path(checkpoint)
+    if src.is_symlink():  # swapped since the gate passed it: it would copy wherever the link leads
+        raise CheckpointInvalid(
+            f"{checkpoint} is a symbolic link now; only the checkpoint folder the gate passed is published"
+        )
     lease.renew_held(run.checkpoint_root, run.run_id, lease_ttl(run))  # retention must not take src meanwhile
     cold = run.tier(run.cold_checkpoint_uri, run.spec.checkpoint.connection)
     if run.spec.checkpoint.lifecycle:

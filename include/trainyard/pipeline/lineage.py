@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,15 +14,16 @@ from trainyard.checkpoint.format import (
     read_manifest,
     step_dir,
     step_of,
-    supersede,
     verify,
 )
 from trainyard.checkpoint.validate import Validation, inspector, validate
 from trainyard.errors import CheckpointInvalid
-from trainyard.events.fold import TrainRun
+from trainyard.events.fold import TrainRun, fold
 from trainyard.pipeline.run import Run, check_resume, defers
 from trainyard.protocol.steps import loss_points
 from trainyard.recovery.observations import Checkpoints
+
+log = logging.getLogger(__name__)
 
 
 def lease_ttl(run: Run) -> float:
@@ -64,7 +66,10 @@ def resume_point(run: Run, held: lease.Lease | None = None) -> tuple[str, int]:
     start = read_manifest(path)["step"] if path else 0
     resume_from = str(path) if path else "none"
     held.renew()  # verifying can take long: still ours before the pointer moves
-    registry.reset(run.checkpoint_root, path, run.ledger)  # the lineage this run extends
+    # The lineage this run extends; what lies beyond its start belongs to one that ended, and a later
+    # "latest" must not resume from it (nor this run's next attempt, nor retention count it as newest).
+    moved = registry.set_aside(run.checkpoint_root, path)
+    registry.reset(run.checkpoint_root, path, run.ledger, moved)
     run.ledger.append("train", "resume_point", resume_from=resume_from, start_step=start)
     return resume_from, start
 
@@ -121,12 +126,30 @@ def hot_checkpoints(run: Run) -> Checkpoints:
     )
 
 
+def final_checkpoint(run: Run) -> Path | None:
+    """The run's final checkpoint as the orchestrator recorded it: the lineage's last promotion (or its
+    start) in the run's own ledger, through the fold, if that is a checkpoint folder directly in the
+    pipeline's root (``registry.in_root``); None otherwise.
+
+    Never ``LATEST``: the run's pods write the folder it lives in, and a pointer to another pipeline's
+    checkpoint would have the gate check and publish that one. A pointer that disagrees is a warning and
+    a ``pointer_refused`` event: evidence of whoever wrote it.
+    """
+    root = run.checkpoint_root
+    named = fold(run.ledger.events_since(0)[0]).latest_checkpoint  # the orchestrator's own file, no worker's
+    final = registry.in_root(root, named) if named else None
+    pointed, problem = registry.pointer(root)
+    if problem or pointed != final:
+        problem = problem or f"{root / registry.LATEST} names {pointed}, not the ledger's {final}; ignored"
+        log.warning("final checkpoint %s: %s", final, problem)
+        used = str(final) if final else None
+        run.ledger.append("train", "pointer_refused", path=str(root / registry.LATEST), problem=problem, used=used)
+    return final
+
+
 def rollback(run: Run, step: int) -> str:
     """Set the later checkpoints aside (never deleted) and restart the lineage at ``step`` (0: fresh)."""
-    for ckpt in list_checkpoints(run.checkpoint_root):
-        if (step_of(ckpt) or 0) > step:
-            supersede(ckpt)
     target = step_dir(run.checkpoint_root, step) if step else None
-    registry.reset(run.checkpoint_root, target, run.ledger)
+    registry.reset(run.checkpoint_root, target, run.ledger, registry.set_aside(run.checkpoint_root, target))
     run.ledger.append("train", "rolled_back", to_step=step, path=str(target) if target else None)
     return str(target) if target else "none"

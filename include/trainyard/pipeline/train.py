@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 from trainyard.backends.base import Launcher, LaunchPlan, RegroupingLauncher
 from trainyard.backends.registry import backend_for
-from trainyard.checkpoint import lease, registry
+from trainyard.checkpoint import lease
 from trainyard.errors import LineageBusy
-from trainyard.pipeline.lineage import hold_lineage, hot_checkpoints, resume_point, rollback, watcher
+from trainyard.pipeline.lineage import final_checkpoint, hold_lineage, hot_checkpoints, resume_point, rollback, watcher
 from trainyard.pipeline.recorder import StageRecorder
 from trainyard.pipeline.results import TrainResult
 from trainyard.pipeline.run import Run, defers
@@ -257,7 +257,7 @@ def _progress(run: Run, plan: LaunchPlan, target: int, every_s: float | None = N
 
 
 def _trained(run: Run, nodes: list[str], start: int, target: int, result: AttemptResult) -> dict[str, Any]:
-    final = registry.latest(run.checkpoint_root)
+    final = final_checkpoint(run)  # the ledger's, in the pipeline's own root: never the pods' LATEST
     figures = recovery_figures(run.ledger)
     run.ledger.append("train", "recovery_figures", **{k: v for k, v in figures.items() if k != "failures"})
     return {
