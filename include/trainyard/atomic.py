@@ -170,8 +170,13 @@ def read_capped(path: Path, max_bytes: int) -> bytes:
 
 
 def read_json_capped(path: Path, max_bytes: int) -> Any:
-    """``read_capped``'s content as JSON (``ValueError`` if it is not UTF-8 JSON)."""
-    return json.loads(read_capped(path, max_bytes))
+    """``read_capped``'s content as JSON (``ValueError`` if it is not UTF-8 JSON, or nested deeper than the
+    parser's recursion allows: a thousand brackets fit in any cap and must not escape as ``RecursionError``)."""
+    data = read_capped(path, max_bytes)
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError(f"{path} nests JSON deeper than it may; a worker-written file like this is not read") from None
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
