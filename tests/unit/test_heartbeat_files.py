@@ -24,7 +24,6 @@ import pytest
 from trainyard.backends.base import AttemptStatus, NodeStatus
 from trainyard.protocol import heartbeat
 from trainyard.protocol.heartbeat import MAX_BYTES, read_heartbeats, scan, write_beat
-from trainyard.recovery.progress import ProgressLog
 from trainyard.recovery.watch import detect, last_step, silent_ranks
 
 NODES = ["node-0", "node-1"]

@@ -105,7 +105,9 @@ def parse_beat(data: bytes, rank: int) -> dict[str, Any]:
     raw = json.loads(data)  # ValueError: not JSON or not UTF-8
     if not isinstance(raw, dict):
         raise ValueError("not a JSON object")
-    step, when, status = raw.get("step"), raw.get("time"), raw.get("status")
+    step: Any = raw.get("step")
+    when: Any = raw.get("time")
+    status: Any = raw.get("status")
     if not _number(when) or not math.isfinite(when):
         raise ValueError(f"time {str(when)[:40]!r} is not a finite number")
     if not isinstance(step, int) or not _number(step) or step < 0:

@@ -147,7 +147,7 @@ def detect(
     # peer went quiet at the same step, and the first poll past the timeout may see only one of them stale.
     # The pulse tells them apart (waiting ranks pulse; a stopped or frozen one does not).
     working = sorted({*stale, *(r for r, b in beats.items() if b.get("status") != "finished")})
-    silent = silent_ranks(heartbeat_dir, working, now, {r: b.get("folder", "") for r, b in beats.items()})
+    silent = silent_ranks(heartbeat_dir, working, now, folders={r: b.get("folder", "") for r, b in beats.items()})
     # Hosts, as everywhere recovery names nodes: where the beat's folder's node ran, never what a beat says.
     ran = where_nodes_ran(status)
     nodes = sorted({n for r in silent if r in beats and (n := _node_of(beats[r])) in ran})
@@ -168,9 +168,7 @@ def where_nodes_ran(status: AttemptStatus) -> list[str]:
     return sorted({n.where for n in status.nodes})
 
 
-def host_records(
-    heartbeat_dir: Path, status: AttemptStatus, refused: list[str] | None = None
-) -> list[FailureRecord]:
+def host_records(heartbeat_dir: Path, status: AttemptStatus, refused: list[str] | None = None) -> list[FailureRecord]:
     """The ranks' failure records, each from the folder of a node that ran (what recovery blames).
 
     ``failure_records`` takes a record only from the folder of the node it names, so a rank can blame

@@ -33,8 +33,7 @@ def attempt_paths(plan: LaunchPlan) -> list[PathMount]:
     orchestrator's ``events.jsonl``), not other pipelines' checkpoints or locks.
     """
     mounts = [
-        PathMount(str(p.path), not p.writable, per_node=p.name == HEARTBEAT_VARIABLE)
-        for p in plan.train_env.paths()
+        PathMount(str(p.path), not p.writable, per_node=p.name == HEARTBEAT_VARIABLE) for p in plan.train_env.paths()
     ]
     for m in mounts:
         if not m.path.startswith("/") or ".." in PurePosixPath(m.path).parts:
