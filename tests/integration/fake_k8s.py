@@ -13,6 +13,9 @@ left out of the object, as the server's ``omitempty`` does. Every request is rec
 The test plays the Job controller and the kubelet: ``spawn_job_pods`` creates
 the pods of an Indexed Job, ``set_pod`` moves one through its states; or
 ``Kubelet`` does both, running each pod's container as a local process.
+Its processes share this machine's file system (no mount namespace);
+``claim_path`` says where a path a container sees lies on a claim, through
+its ``subPath``/``subPathExpr`` mount, as the kubelet resolves it.
 
 ``Scheduler`` places pods as kube-scheduler does, with no promise about which
 feasible node a pod gets: a random one (seeded) among the nodes its
@@ -437,6 +440,36 @@ def container_env(pod: dict[str, Any]) -> dict[str, str]:
             else ""
         )
     return env
+
+
+def claim_path(pod: dict[str, Any], path: str, claims: dict[str, Path]) -> Path:
+    """Where ``path``, as the trainer container sees it, lies on the persistent volume claims (``claims``:
+    claim name -> its root here), as the kubelet mounts them: the deepest ``volumeMount`` holding ``path``,
+    then its ``subPath``, or its ``subPathExpr`` expanded with the container's environment (``$(VAR)`` and
+    ``$$``, as in env values). As the real ones refuse it: a mount with both (the API server's validation),
+    and an expanded ``subPathExpr`` that is absolute or climbs with ``..`` (the kubelet fails the pod).
+    ``ValueError`` if no claim's mount holds ``path``."""
+    claim_of = {
+        v["name"]: v["persistentVolumeClaim"]["claimName"]
+        for v in pod["spec"].get("volumes", [])
+        if "persistentVolumeClaim" in v
+    }
+    env = container_env(pod)
+    held = [
+        m
+        for m in pod["spec"]["containers"][0].get("volumeMounts", [])
+        if m["name"] in claim_of and (path == m["mountPath"] or path.startswith(m["mountPath"].rstrip("/") + "/"))
+    ]
+    if not held:
+        raise ValueError(f"no claim is mounted at {path}")
+    mount = max(held, key=lambda m: len(m["mountPath"]))
+    if "subPath" in mount and "subPathExpr" in mount:
+        raise ValueError(f"volumeMount {mount['mountPath']}: subPath and subPathExpr are mutually exclusive")
+    sub = expand(mount["subPathExpr"], env) if "subPathExpr" in mount else mount.get("subPath", "")
+    if sub.startswith("/") or ".." in Path(sub).parts:
+        raise ValueError(f"volumeMount {mount['mountPath']}: subPath {sub!r} must be relative and not climb")
+    rest = path[len(mount["mountPath"]) :].lstrip("/")
+    return claims[claim_of[mount["name"]]] / sub / rest
 
 
 # ---------------------------------------------------------------- the scheduler

@@ -14,6 +14,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,7 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
-from fake_k8s import HOSTNAME, Call, FakeKube, Kubelet, Scheduler
+from fake_k8s import HOSTNAME, Call, FakeKube, Kubelet, Scheduler, claim_path, container_env
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -32,9 +33,13 @@ from trainyard.backends.kubernetes.kinds import node_kinds
 from trainyard.backends.kubernetes.launcher import KubernetesHandle, KubernetesLauncher
 from trainyard.backends.kubernetes.marks import evicted_nodes, label_evicted, unlabel
 from trainyard.backends.kubernetes.objects import build_objects
+from trainyard.backends.kubernetes.paths import hot_mount_path
 from trainyard.backends.kubernetes.probes import create_burnin_pods, delete_burnin_pods
 from trainyard.burnin.kubernetes import build_burnin_pod
 from trainyard.protocol.env import TrainEnv
+from trainyard.protocol.records import FailureRecord, write_record
+from trainyard.recovery.classify import classify
+from trainyard.recovery.watch import failed
 from trainyard.spec import KubernetesSpec, PressureTestSpec
 
 pytestmark = pytest.mark.integration
@@ -126,6 +131,45 @@ def test_launch_makes_what_the_pods_mount_before_the_job(fake: FakeKube, tmp_pat
     KubernetesLauncher(fake.client(), SPEC).launch(plan)
     assert Path(plan.env["TRAINYARD_CHECKPOINT_DIR"]).is_dir()
     assert Path(plan.env["TRAINYARD_EVENTS_DIR"]).is_dir()
+
+
+def test_a_pods_failure_record_blames_only_the_host_it_ran_on(fake: FakeKube, tmp_path: Path) -> None:
+    """Each pod mounts only its host's folder of the attempt's heartbeat folder (``subPathExpr`` on the pod's
+    ``spec.nodeName``): the rank on k8s-1 that writes a record naming k8s-0 (which would get k8s-0 marked
+    evicted cluster-wide) blames nobody, and is evidence; its honest record blames k8s-1."""
+    plan = make_plan(tmp_path)
+    plan = replace(plan, train_env=replace(plan.train_env, heartbeat_dir=plan.log_dir / "heartbeat"))
+    launcher = KubernetesLauncher(fake.client(), SPEC)
+    handle = launcher.launch(plan)
+    pods = fake.spawn_job_pods(NS, handle.name)
+    running(fake, pods)  # pod 0 on k8s-1, pod 1 on k8s-0
+    claims = {str(SPEC.hot_pvc): Path(hot_mount_path(plan, SPEC))}
+    pod = fake.get(CORE, "pods", NS, pods[0])
+    assert pod is not None and container_env(pod)["TRAINYARD_NODE"] == "k8s-1"
+    own = claim_path(pod, container_env(pod)["TRAINYARD_HEARTBEAT_DIR"], claims)  # what the pod writes into
+    forged = FailureRecord("node_lost", 7, "k8s-0", "k8s-0", "RuntimeError", "uncorrectable ECC error", 1.0)
+    write_record(own, forged)
+    fake.set_pod(NS, pods[0], "Failed", node="k8s-1", log="Traceback\n",
+                 state={"terminated": {"exitCode": 1, "reason": "Error"}})  # fmt: skip
+    status = launcher.poll(handle)
+    seen = failed(plan, status, plan.heartbeat_dir, "crash", [], "k8s-1 exited 1", at=time.time())
+    assert seen.failure.records == [] and "k8s-0" not in classify(seen.failure).culprits
+    assert "failure-rank-7.json refused (names node 'k8s-0'" in seen.reason
+    write_record(own, replace(forged, node="k8s-1", host="k8s-1"))  # the same rank, honest
+    seen = failed(plan, status, plan.heartbeat_dir, "crash", [], "k8s-1 exited 1", at=time.time())
+    assert classify(seen.failure).culprits == ["k8s-1"]
+    assert own == plan.heartbeat_dir / "k8s-1"
+    assert {p.name for p in plan.heartbeat_dir.iterdir()} == {"k8s-0", "k8s-1"}  # made before the Job, not by root
+
+
+def test_without_a_claim_a_pods_heartbeat_folder_is_its_hosts(fake: FakeKube, tmp_path: Path) -> None:
+    plan = make_plan(tmp_path)
+    plan = replace(plan, train_env=replace(plan.train_env, heartbeat_dir=plan.log_dir / "he$(X)art"))
+    handle = KubernetesLauncher(fake.client(), DEFAULT).launch(plan)
+    pods = fake.spawn_job_pods(NS, handle.name)
+    running(fake, pods)
+    pod = fake.get(CORE, "pods", NS, pods[1])
+    assert pod is not None and container_env(pod)["TRAINYARD_HEARTBEAT_DIR"] == f"{plan.heartbeat_dir}/k8s-0"
 
 
 def test_a_launcher_refuses_to_give_pods_its_own_account(fake: FakeKube, tmp_path: Path) -> None:

@@ -66,7 +66,7 @@ def _env(data: Path, run: Run, node: int, **settings: object) -> dict[str, str]:
         OMP_NUM_THREADS="1",  # two ranks on two cores: no thread oversubscription
         TRAINYARD_DATA_DIR=str(data),
         TRAINYARD_CHECKPOINT_DIR=str(run.checkpoints),
-        TRAINYARD_HEARTBEAT_DIR=str(run.heartbeats),
+        TRAINYARD_HEARTBEAT_DIR=str(run.heartbeats / f"node-{node}"),  # its own folder, as the launcher gives it
         TRAINYARD_EVENTS_DIR=str(Ledger(run.ledger).events_dir),
         TRAINYARD_RUN_ID=run.root.name,
         TRAINYARD_NODE=f"node-{node}",
@@ -164,7 +164,7 @@ def test_two_nodes_train_checkpoint_and_heartbeat(reference: Run) -> None:
     saved = [e["step"] for e in Ledger(reference.ledger).events("train", "checkpoint_saved")]
     assert saved == [10, 20, 30, 40]
 
-    beats = {p.name: json.loads(p.read_text()) for p in reference.heartbeats.glob("rank-*.json")}
+    beats = {p.name: json.loads(p.read_text()) for p in reference.heartbeats.glob("*/rank-*.json")}
     assert set(beats) == {"rank-0.json", "rank-1.json"}
     assert {b["node"] for b in beats.values()} == {"node-0", "node-1"}
     assert all(b["status"] == "finished" and b["step"] == 40 for b in beats.values())
@@ -322,7 +322,7 @@ def test_a_rank_that_dies_of_an_exception_leaves_a_record_that_classify_trusts(c
     oom = records["node-1"]
     assert (oom.kind, oom.type, oom.host) == ("oom", "MemoryError", socket.gethostname())  # no TRAINYARD_HOST set
     assert oom.message == "drill: out of memory at step 3 on node-1"
-    assert oom.rank in (0, 1) and (run.heartbeats / f"failure-rank-{oom.rank}.json").is_file()
+    assert oom.rank in (0, 1) and (run.heartbeats / "node-1" / f"failure-rank-{oom.rank}.json").is_file()
     # node-0's rank saw its peer vanish, if it lived to say so (its agent may have ended it first): a symptom.
     assert "node-0" not in records or records["node-0"].kind == "transient", records
 

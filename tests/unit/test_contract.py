@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import get_args
 
@@ -97,7 +97,9 @@ def test_the_plan_carries_the_contract_and_each_node_gets_its_own_name(tmp_path:
     plan = LaunchPlan("r", 2, ["node-0", "node-1"], 1, "trainyard.workload", [], FULL.for_node(""), tmp_path)
     assert "TRAINYARD_NODE" not in plan.env and "TRAINYARD_LEDGER" not in plan.env
     env = node_env(plan, "node-1", {})
-    assert TrainEnv.from_env(env) == FULL.for_node("node-1")  # the local node is its own host
+    # The local node is its own host; its processes beat (and record failures) in a folder of their own.
+    own = Path("/runs/r/attempt-2/heartbeat/node-1")
+    assert TrainEnv.from_env(env) == replace(FULL.for_node("node-1"), heartbeat_dir=own)
     assert (env["TRAINYARD_NODE"], env["TRAINYARD_HOST"]) == ("node-1", "node-1")
 
 

@@ -456,6 +456,7 @@ def test_airflow_and_the_pods_share_a_group_that_writes_what_prepare_paths_makes
         os.umask(old)
     written = [(p.name, p.path) for p in plan.train_env.paths() if p.writable]
     assert len(written) == 3
+    written.append(("host n's heartbeat folder", plan.heartbeat_dir / "n"))  # what the pod on n mounts
     for key, path in written:
         st = os.stat(path)
         # Here the orchestrator's own group stands for AIRFLOW_GID (a test cannot chown to group 0).

@@ -14,10 +14,21 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from trainyard.backends.base import AttemptStatus, LaunchPlan, NodeStatus
+from trainyard.backends.local.launcher import node_env
 from trainyard.errors import CheckpointInvalid, DataError, SpecError, TrainingFailed
 from trainyard.protocol.env import TrainEnv
-from trainyard.protocol.records import MAX_BYTES, MAX_MESSAGE, FailureRecord, failure_records, reading, record_name
+from trainyard.protocol.records import (
+    MAX_BYTES,
+    MAX_MESSAGE,
+    FailureRecord,
+    failure_records,
+    reading,
+    record_name,
+    write_record,
+)
 from trainyard.recovery.classify import Failure, NodeFailure, classify
+from trainyard.recovery.watch import failed
 from trainyard.runtime import failures as runtime
 
 NODES = ["node-0", "node-1"]
@@ -83,17 +94,19 @@ def test_the_runtime_reads_its_own_exception(exc: BaseException, kind: str) -> N
 
 
 def _write(folder: Path, file_rank: int, **fields: object) -> Path:
+    """A record as a rank of node-1 writes it, into its node's folder ``folder`` (``<attempt hb>/node-1``)."""
     record = {"kind": "oom", "rank": file_rank, "node": "node-1", "host": "gpu-7", "type": "MemoryError",
               "message": "out of memory", "time": 100.0 + file_rank, **fields}  # fmt: skip
+    folder.mkdir(parents=True, exist_ok=True)
     path = folder / record_name(file_rank)
     path.write_text(json.dumps(record))
     return path
 
 
 def test_records_are_read_earliest_first(tmp_path: Path) -> None:
-    _write(tmp_path, 3, time=50.0, node="node-0", kind="transient")
-    _write(tmp_path, 1, message="x" * 5000)
-    (tmp_path / "rank-1.json").write_text("{}")  # a heartbeat, not a record
+    _write(tmp_path / "node-0", 3, time=50.0, node="node-0", kind="transient")
+    _write(tmp_path / "node-1", 1, message="x" * 5000)
+    (tmp_path / "node-1" / "rank-1.json").write_text("{}")  # a heartbeat, not a record
     got = failure_records(tmp_path, NODES)
     assert [(r.rank, r.kind) for r in got] == [(3, "transient"), (1, "oom")]
     assert got[1] == FailureRecord("oom", 1, "node-1", "gpu-7", "MemoryError", "x" * MAX_MESSAGE, 101.0)
@@ -109,8 +122,9 @@ def test_records_are_read_earliest_first(tmp_path: Path) -> None:
         (lambda p: _write(p.parent, 2, kind="meteor"), "kind 'meteor' is not one of"),
         (lambda p: _write(p.parent, 2, rank=0), "is not the file's rank 2"),
         (lambda p: _write(p.parent, 2, time="now"), "time is not a number"),
+        (lambda p: _write(p.parent, 2, time=10**400), "time is not a number"),  # not an OverflowError
         (lambda p: _write(p.parent, 2, message=["a"]), "message is not a string"),
-        (lambda p: _write(p.parent, 2, node="node-9"), "names node 'node-9', which is not in the attempt"),
+        (lambda p: _write(p.parent, 2, node="node-0"), "names node 'node-0' but lies in node-1's folder"),
         (lambda p: p.symlink_to(_write(p.parent, 4)), "is a symbolic link"),
         (lambda p: os.mkfifo(p), "not a regular file"),  # and the reader does not wait on it
     ],
@@ -118,7 +132,8 @@ def test_records_are_read_earliest_first(tmp_path: Path) -> None:
 def test_a_bad_record_is_skipped_with_a_warning(
     tmp_path: Path, plant: object, says: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    path = tmp_path / record_name(2)
+    path = tmp_path / "node-1" / record_name(2)
+    path.parent.mkdir()
     plant(path)  # type: ignore[operator]
     got = failure_records(tmp_path, NODES)
     assert all(r.rank != 2 for r in got)
@@ -170,12 +185,12 @@ def test_a_diverged_record_gives_the_step_and_blames_no_node() -> None:
 
 
 def test_record_failure_writes_once_and_never_raises(tmp_path: Path) -> None:
-    ctx = TrainEnv(tmp_path, tmp_path, 5, heartbeat_dir=tmp_path / "hb", node="node-1", host="gpu-7")
+    ctx = TrainEnv(tmp_path, tmp_path, 5, heartbeat_dir=tmp_path / "hb" / "node-1", node="node-1", host="gpu-7")
     saved = runtime._recorded
     try:
         runtime._recorded = False
         path = runtime.record_failure(DataError("shard 3 is empty"), ctx)
-        assert path == tmp_path / "hb" / "failure-rank-0.json"
+        assert path == tmp_path / "hb" / "node-1" / "failure-rank-0.json"
         assert runtime.record_failure(MemoryError("later"), ctx) is None  # the first failure is the one
         [record] = failure_records(tmp_path / "hb", ["node-1"])
         assert (record.kind, record.host, record.type, record.message) == ("data_error", "gpu-7", "DataError",
@@ -194,7 +209,8 @@ def test_a_script_using_the_runtime_leaves_a_record_when_an_exception_escapes(tm
         raise ValueError("bad shape in user code")
     """)
     env = {**os.environ, "TRAINYARD_DATA_DIR": str(tmp_path), "TRAINYARD_CHECKPOINT_DIR": str(tmp_path),
-           "TRAINYARD_MAX_STEPS": "3", "TRAINYARD_HEARTBEAT_DIR": str(tmp_path / "hb"), "TRAINYARD_NODE": "node-0",
+           "TRAINYARD_MAX_STEPS": "3", "TRAINYARD_HEARTBEAT_DIR": str(tmp_path / "hb" / "node-0"),
+           "TRAINYARD_NODE": "node-0",
            "RANK": "0"}  # fmt: skip
     result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 1 and "ValueError: bad shape in user code" in result.stderr  # the traceback as ever
@@ -203,3 +219,32 @@ def test_a_script_using_the_runtime_leaves_a_record_when_an_exception_escapes(tm
         "kind": "user_error", "rank": 0, "node": "node-0", "host": "", "type": "ValueError",
         "message": "bad shape in user code", "time": 0,
     }  # fmt: skip
+
+
+def _local_attempt(tmp_path: Path) -> tuple[LaunchPlan, AttemptStatus]:
+    plan = LaunchPlan("r", 1, NODES, 4, "trainyard.workload", [],
+                      TrainEnv(tmp_path, tmp_path, 5, heartbeat_dir=tmp_path / "hb"), tmp_path)  # fmt: skip
+    status = AttemptStatus([NodeStatus("node-0", "failed", 1, host="node-0"), NodeStatus("node-1", "running",
+                                                                                          host="node-1")])  # fmt: skip
+    return plan, status
+
+
+def test_a_rank_cannot_blame_another_node_with_its_record(tmp_path: Path) -> None:
+    """A rank of node-0 writes ``failure-rank-7.json`` naming node-1, where the launcher tells node-0's processes
+    to write: the record is refused (and is evidence), classify blames no one for it; node-1 is not excluded."""
+    plan, status = _local_attempt(tmp_path)
+    node0 = Path(node_env(plan, "node-0", {})["TRAINYARD_HEARTBEAT_DIR"])
+    forged = FailureRecord("node_lost", 7, "node-1", "node-1", "RuntimeError", "uncorrectable ECC error", 1.0)
+    write_record(node0, forged)
+    seen = failed(plan, status, plan.heartbeat_dir, "crash", [], "node-0 exited 1", at=2.0)
+    assert seen.failure.records == [] and "node-1" not in classify(seen.failure).culprits
+    assert "node-0/failure-rank-7.json refused (names node 'node-1'" in seen.reason
+
+
+def test_an_honest_record_still_blames_its_own_node(tmp_path: Path) -> None:
+    plan, status = _local_attempt(tmp_path)
+    node0 = Path(node_env(plan, "node-0", {})["TRAINYARD_HEARTBEAT_DIR"])
+    write_record(node0, FailureRecord("oom", 1, "node-0", "node-0", "MemoryError", "out of memory", 1.0))
+    seen = failed(plan, status, plan.heartbeat_dir, "crash", [], "node-0 exited 1", at=2.0)
+    assert [r.node for r in seen.failure.records] == ["node-0"] and seen.reason == "node-0 exited 1"
+    assert (classify(seen.failure).kind, classify(seen.failure).culprits) == ("oom", ["node-0"])

@@ -237,7 +237,9 @@ def test_the_env_contract_and_the_node_identity(setting: str) -> None:
     trainer = container(wire(build_objects(make_plan(), SETTINGS[setting]).job))
     env = {e["name"]: e for e in trainer["env"]}
     for name in CONTRACT:
-        assert env[name]["value"] == make_plan().env[name].replace("$", "$$")
+        # A pod's heartbeat folder is its host's: mounted alone there with a claim, else named by the variable.
+        own = "" if name != "TRAINYARD_HEARTBEAT_DIR" or SETTINGS[setting].hot_pvc else "/$(TRAINYARD_NODE)"
+        assert env[name]["value"] == make_plan().env[name].replace("$", "$$") + own
     assert env["TRAINYARD_NODE"] == {
         "name": "TRAINYARD_NODE",
         "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}},
@@ -413,10 +415,12 @@ def test_pods_mount_only_their_attempts_folders_and_the_dataset_read_only(settin
             "mountPath": env["TRAINYARD_CHECKPOINT_DIR"],
             "subPath": "checkpoints/tiny",
         },
+        # Only its host's folder of the attempt's (the kubelet expands the pod's spec.nodeName): a pod writes
+        # no other node's beats or failure records, so it can blame no other node.
         env["TRAINYARD_HEARTBEAT_DIR"]: {
             "name": "hot",
             "mountPath": env["TRAINYARD_HEARTBEAT_DIR"],
-            "subPath": env["TRAINYARD_HEARTBEAT_DIR"].removeprefix(HOME + "/"),
+            "subPathExpr": env["TRAINYARD_HEARTBEAT_DIR"].removeprefix(HOME + "/") + "/$(TRAINYARD_NODE)",
         },
         # The run's events folder, where each pod appends a file of its own; never the orchestrator's events.jsonl.
         env["TRAINYARD_EVENTS_DIR"]: {

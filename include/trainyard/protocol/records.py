@@ -1,7 +1,8 @@
 """Failure records: a rank's own word on why it died, written by the runtime and read by the supervisor.
 
 A rank of the training runtime that dies of an exception writes
-``<heartbeat dir>/failure-rank-<N>.json`` (atomically) before it exits::
+``<heartbeat dir>/failure-rank-<N>.json`` (atomically) before it exits (its heartbeat dir is its
+node's folder of the attempt's, ``<attempt hb>/<node>/``)::
 
     {"kind", "rank", "node", "host", "type", "message", "time"}
 
@@ -16,7 +17,9 @@ before any log line.
 The file is written by training code, which is untrusted (docs/architecture.md, rule 11):
 ``failure_records`` reads only regular files (never a link or FIFO), at most
 ``MAX_BYTES`` each, takes only known kinds and a rank matching the file name,
-truncates every string, and drops a record naming a node outside the attempt.
+truncates every string, and takes a record only from the folder of the node it names, for the
+nodes the orchestrator says ran the attempt: a rank cannot blame another node (on Kubernetes each pod
+mounts only its own folder; locally the folder is its writer's slot).
 
 Importing this module imports neither torch nor the spec: the runtime uses it.
 """
@@ -35,6 +38,7 @@ from typing import Any
 
 from trainyard.atomic import read_capped, write_json_atomic
 from trainyard.errors import CheckpointInvalid, DataError, SpecError, TrainingFailed, TransientError
+from trainyard.protocol.heartbeat import is_node_folder, names_in, node_folder, short_reason
 from trainyard.protocol.signs import LOG_PATTERNS
 
 log = logging.getLogger(__name__)
@@ -132,24 +136,34 @@ def write_record(heartbeat_dir: Path, record: FailureRecord) -> Path:
 # ---------------------------------------------------------------- the orchestrator's side
 
 
-def failure_records(heartbeat_dir: Path, nodes: Collection[str]) -> list[FailureRecord]:
-    """The failure records of an attempt's ranks on ``nodes``, earliest first; a bad one is skipped with a warning."""
-    try:
-        paths = sorted(p for p in heartbeat_dir.iterdir() if _NAME.match(p.name))
-    except OSError:  # no heartbeat folder: nothing was recorded
-        return []
+def failure_records(
+    heartbeat_dir: Path, nodes: Collection[str], refused: list[str] | None = None
+) -> list[FailureRecord]:
+    """The failure records of an attempt's ranks on ``nodes``, earliest first; a bad one is skipped with a warning.
+
+    Each node's records are read from its own folder (``heartbeat.node_folder``) and must name that node:
+    a rank may blame no node but its own. ``refused`` collects a line per record skipped (evidence)."""
     records = []
-    for path in paths:
-        try:
-            record = parse_record(read_capped(path, MAX_BYTES), int(_NAME.match(path.name).group(1)))  # type: ignore[union-attr]
-        except (OSError, ValueError) as exc:
-            log.warning("failure record %s skipped: %s", path, exc)
-            continue
-        if record.node not in nodes:
-            log.warning("failure record %s names node %r, which is not in the attempt; skipped", path, record.node)
-            continue
-        records.append(record)
+    for node in sorted(n for n in set(nodes) if is_node_folder(n)):
+        folder = node_folder(heartbeat_dir, node)
+        for name in sorted(n for n in names_in(folder) if _NAME.match(n)):
+            try:
+                records.append(_own_record(folder / name, node))
+            except FileNotFoundError:
+                continue  # replaced between listing and reading
+            except (OSError, ValueError) as exc:  # UnsafePath, TooLarge, malformed, another node's
+                log.warning("failure record %s skipped: %s", folder / name, exc)
+                if refused is not None:
+                    refused.append(f"{node}/{name} refused ({short_reason(exc, folder / name)})")
     return sorted(records, key=lambda r: (r.time, r.rank))
+
+
+def _own_record(path: Path, node: str) -> FailureRecord:
+    """The record at ``path`` in ``node``'s folder, if it is one and names ``node``; else ``ValueError``/``OSError``."""
+    record = parse_record(read_capped(path, MAX_BYTES), int(_NAME.match(path.name).group(1)))  # type: ignore[union-attr]
+    if record.node != node:
+        raise ValueError(f"names node {record.node[:40]!r} but lies in {node}'s folder: a rank blames only its own")
+    return record
 
 
 def parse_record(data: bytes, rank: int) -> FailureRecord:
@@ -162,7 +176,8 @@ def parse_record(data: bytes, rank: int) -> FailureRecord:
         raise ValueError(f"kind {str(kind)[:40]!r} is not one of {', '.join(KINDS)}")
     if raw.get("rank") != rank or isinstance(raw.get("rank"), bool):
         raise ValueError(f"rank {str(raw.get('rank'))[:20]!r} is not the file's rank {rank}")
-    if not isinstance(when, (int, float)) or isinstance(when, bool) or not math.isfinite(when):
+    # An int past what a float holds would raise OverflowError in isfinite, out of the supervisor.
+    if not isinstance(when, (int, float)) or isinstance(when, bool) or abs(when) > 2**53 or not math.isfinite(when):
         raise ValueError("time is not a number")
     return FailureRecord(
         kind=kind,

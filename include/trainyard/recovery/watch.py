@@ -9,20 +9,25 @@ look through here: the blocking watch (``recovery.attempt``) and the
 deferred one's trigger (``airflow.triggers``, ``recovery.deferred``).
 Everything read here was written by training code (docs/architecture.md,
 untrusted input): heartbeats and failure records through the protocol's
-readers, log tails from regular files only.
+readers, log tails from regular files only. Each node's processes write into
+a folder of their own (``protocol.heartbeat.node_folder``), so the folder a
+beat or record lies in, not what it says, names the node: the only nodes
+blamed are where the attempt's nodes ran (the launcher's word), and a
+beat's own ``node``/``host`` never names a suspect. Pulse files are only
+``lstat``ed, never opened.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from trainyard.atomic import open_regular
 from trainyard.backends.base import AttemptStatus, LaunchPlan
-from trainyard.protocol.heartbeat import read_heartbeats
+from trainyard.protocol.heartbeat import Owner, read_heartbeats, scan, warn_once
 from trainyard.protocol.records import FailureRecord, failure_records
 from trainyard.recovery.classify import Failure
 from trainyard.recovery.controller import node_failures
@@ -41,8 +46,20 @@ def group_beats(beats: dict[str, dict[str, Any]], members: list[str]) -> dict[st
     return {
         rank: beat
         for rank, beat in beats.items()
-        if (k := _rank_number(rank)) is not None and k < len(members) and beat.get("node") == members[k]
+        if (k := _rank_number(rank)) is not None and k < len(members) and _node_of(beat) == members[k]
     }
+
+
+def _members_folder(members: list[str] | None) -> Owner | None:
+    """Where rank ``k``'s beat must lie in a regrouped attempt: ``members[k]``'s folder (None: not regrouped)."""
+    if members is None:
+        return None
+    return lambda k: members[k] if k < len(members) else None
+
+
+def _node_of(beat: dict[str, Any]) -> Any:
+    """The node a beat is from: its folder's (the writer could not choose it), else what it says."""
+    return beat.get("folder") or beat.get("node")
 
 
 def _rank_number(name: str) -> int | None:
@@ -71,14 +88,26 @@ def first_beat_s(timeout_s: float, grace_s: float) -> float:
     return max(timeout_s, grace_s)
 
 
-def silent_ranks(directory: Path, ranks: list[str], now: float, after_s: float = 3.0) -> list[str]:
-    """Of ``ranks``, those whose liveness pulse (``rank-N.alive``, touched every second) stopped."""
+def silent_ranks(
+    directory: Path, ranks: list[str], now: float, after_s: float = 3.0, folders: dict[str, str] | None = None
+) -> list[str]:
+    """Of ``ranks``, those whose liveness pulse (``rank-N.alive``, touched every second) stopped.
+
+    ``folders``: the node folder of each rank's pulse (its beat's). A pulse is ``lstat``ed, never opened
+    or followed: a FIFO costs nothing, and a link (to a file something else keeps fresh) is no pulse."""
     silent = []
     for rank in ranks:
+        folder = (folders or {}).get(rank, "")
+        path = (directory / folder if folder else directory) / f"{rank}.alive"
         try:
-            if now - (directory / f"{rank}.alive").stat().st_mtime > after_s:
-                silent.append(rank)
-        except FileNotFoundError:
+            st = path.lstat()
+        except OSError:
+            silent.append(rank)
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            warn_once(str(path), "pulse", "pulse %s is not a regular file; counted as no pulse", path)
+            silent.append(rank)
+        elif now - st.st_mtime > after_s:
             silent.append(rank)
     return silent
 
@@ -125,7 +154,8 @@ def detect(
     """
     if status.state == "failed":
         return "crash", [], _crash_reason(status)
-    beats = read_heartbeats(heartbeat_dir)
+    seen = scan(heartbeat_dir, _members_folder(members))
+    beats = seen.beats
     if members is not None:  # regrouped at ``started``: every rank of the group has a full timeout from then
         beats = {r: {**b, "time": max(b["time"], started)} for r, b in group_beats(beats, members).items()}
     now = time.time()
@@ -136,11 +166,10 @@ def detect(
     # peer went quiet at the same step, and the first poll past the timeout may see only one of them stale.
     # The pulse tells them apart (waiting ranks pulse; a stopped or frozen one does not).
     working = sorted({*stale, *(r for r, b in beats.items() if b.get("status") != "finished")})
-    silent = silent_ranks(heartbeat_dir, working, now)
-    # Hosts, as everywhere recovery names nodes (a beat without one: a runtime older than the host field).
-    nodes = sorted(
-        {str(beats[r].get("host") or beats[r]["node"]) for r in silent if r in beats and beats[r].get("node")}
-    )
+    silent = silent_ranks(heartbeat_dir, working, now, folders={r: b.get("folder", "") for r, b in beats.items()})
+    # Hosts, as everywhere recovery names nodes: where the beat's folder's node ran, never what a beat says.
+    ran = where_nodes_ran(status)
+    nodes = sorted({n for r in silent if r in beats and (n := _node_of(beats[r])) in ran})
     # A rank that never beat is not one that stopped: say which it is (pods that never started look so).
     stopped, never = [r for r in stale if r in beats], [r for r in stale if r not in beats]
     said = [f"no progress for {timeout_s:.0f} s from {', '.join(stopped)}"] if stopped else []
@@ -148,16 +177,22 @@ def detect(
         said.append(
             f"no first heartbeat {first_beat_s(timeout_s, grace_s):.0f} s after the start from {', '.join(never)}"
         )
-    return "hang", nodes, f"{'; '.join(said)}; no pulse from {', '.join(silent) or 'none'}"
+    refused = [f"{name} refused ({why})" for name, why in sorted(seen.refused.items())[:4]]
+    return "hang", nodes, "; ".join([*said, f"no pulse from {', '.join(silent) or 'none'}", *refused])
 
 
-def host_records(heartbeat_dir: Path, status: AttemptStatus) -> list[FailureRecord]:
-    """The ranks' failure records, each renamed to the host its slot ran on (what recovery blames).
+def where_nodes_ran(status: AttemptStatus) -> list[str]:
+    """The node folders that count, by the launcher's word: each node's is named by its ``TRAINYARD_NODE``,
+    a local node's slot (its host) or a pod's host (``spec.nodeName``), which is what recovery blames."""
+    return sorted({n.where for n in status.nodes})
 
-    A record names its node as the process saw it (``TRAINYARD_NODE``: the slot of a local node, the host
-    of a pod); where a slot really ran is the launcher's word, not the record's (training code is untrusted)."""
-    hosts = {n.slot: n.where for n in status.nodes} | {n.where: n.where for n in status.nodes}
-    return [replace(r, node=hosts[r.node]) for r in failure_records(heartbeat_dir, list(hosts))]
+
+def host_records(heartbeat_dir: Path, status: AttemptStatus, refused: list[str] | None = None) -> list[FailureRecord]:
+    """The ranks' failure records, each from the folder of a node that ran (what recovery blames).
+
+    ``failure_records`` takes a record only from the folder of the node it names, so a rank can blame
+    no node but its own, and only a node the attempt ran on (``where_nodes_ran``)."""
+    return failure_records(heartbeat_dir, where_nodes_ran(status), refused)
 
 
 def last_step(heartbeat_dir: Path) -> int | None:
@@ -180,14 +215,17 @@ def failed(
 
     ``at``: when the failure was seen, before any evidence was gathered."""
     tails = {n.where: tail(n.log) for n in status.nodes}
+    refused: list[str] = []
+    records = host_records(heartbeat_dir, status, refused)
     failure = Failure(
         attempt=plan.attempt,
         trigger=trigger,
         stale_nodes=list(suspects),
         last_step=last_step(heartbeat_dir),
         nodes=node_failures(status.nodes, tails),
-        records=host_records(heartbeat_dir, status),
+        records=records,
     )
+    reason = "; ".join([reason, *refused[:4]])  # a forged or broken record is evidence, not a verdict
     return AttemptFailed(plan.attempt, at, failure, reason, checkpoints or Checkpoints())
 
 

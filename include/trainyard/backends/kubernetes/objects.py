@@ -48,9 +48,10 @@ from trainyard.backends.kubernetes.names import (
     object_name,
     rendezvous_endpoint,
 )
-from trainyard.backends.kubernetes.paths import attempt_paths, hot_mount_path
+from trainyard.backends.kubernetes.paths import HEARTBEAT_VARIABLE, attempt_paths, hot_mount_path
 from trainyard.backends.kubernetes.pods import (
     CONTAINER,
+    NODE_EXPR,
     container_security_context,
     pod_account,
     pod_security_context,
@@ -88,8 +89,14 @@ def torchrun_args(plan: LaunchPlan, endpoint: str) -> list[str]:
     ]
 
 
-def training_env(plan: LaunchPlan) -> list[k8s.V1EnvVar]:
-    """The plan's TRAINYARD_* contract, plus the node identity and index from the pod itself."""
+def training_env(plan: LaunchPlan, mounted_per_node: bool = False) -> list[k8s.V1EnvVar]:
+    """The plan's TRAINYARD_* contract, plus the node identity and index from the pod itself.
+
+    A pod's heartbeat folder is its node's folder of the attempt's (``<hb>/<spec.nodeName>``): its beats and
+    failure records name no other node. ``mounted_per_node`` (``hot_pvc``): the pod mounts only that folder,
+    at the attempt's path; otherwise the variable names it."""
+    beats = plan.env.get(HEARTBEAT_VARIABLE)
+    own = {HEARTBEAT_VARIABLE: _literal(beats) + ("" if mounted_per_node else f"/{NODE_EXPR}")} if beats else {}
     return [
         # Declared here so "$(JOB_COMPLETION_INDEX)" in args expands (the Job controller
         # injects the same variable, and leaves a declared one alone).
@@ -110,7 +117,7 @@ def training_env(plan: LaunchPlan) -> list[k8s.V1EnvVar]:
         ),
         k8s.V1EnvVar(name="PYTHONUNBUFFERED", value="1"),  # pod logs are the node's evidence
         *(
-            k8s.V1EnvVar(name=key, value=_literal(value))
+            k8s.V1EnvVar(name=key, value=own.get(key, _literal(value)))
             for key, value in plan.env.items()
             if key not in NODE_VARIABLES
         ),
@@ -130,7 +137,7 @@ def training_pod_template(
         image=spec.image,
         command=["python", "-m", "torch.distributed.run"],
         args=torchrun_args(plan, rendezvous_endpoint(name, spec.namespace, spec.cluster_domain)),
-        env=[*training_env(plan), *scratch_env()],
+        env=[*training_env(plan, bool(spec.hot_pvc)), *scratch_env()],
         resources=resources(spec),
         volume_mounts=mounts,
         ports=[k8s.V1ContainerPort(name="rdzv", container_port=RDZV_PORT, protocol="TCP")],

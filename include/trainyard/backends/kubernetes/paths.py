@@ -12,7 +12,10 @@ from pathlib import Path, PurePosixPath
 
 from trainyard.backends.base import LaunchPlan
 from trainyard.backends.kubernetes.pods import PathMount
+from trainyard.protocol.heartbeat import node_folder
 from trainyard.spec import KubernetesSpec
+
+HEARTBEAT_VARIABLE = "TRAINYARD_HEARTBEAT_DIR"
 
 # Folders the orchestrator makes for the pods: group-writable, setgid (new files keep SHARED_GID).
 SHARED_DIR_MODE = 0o2775
@@ -21,13 +24,17 @@ SHARED_DIR_MODE = 0o2775
 def attempt_paths(plan: LaunchPlan) -> list[PathMount]:
     """What an attempt's pods may see of the hot tier, and which of it they may write.
 
-    What the contract declares (``TrainEnv.paths``): its heartbeat folder, its
-    lineage's checkpoint folder and the run's events folder (``events.d``)
-    read-write; its dataset (and a ``resume_from`` path outside the checkpoint
-    folder) read-only. Nothing else: not the run folder (its pinned spec, report
-    and the orchestrator's ``events.jsonl``), not other pipelines' checkpoints or locks.
+    What the contract declares (``TrainEnv.paths``): its node's folder of the
+    attempt's heartbeat folder (``per_node``: a pod can write no other node's beats
+    or failure records, so its record can blame no other node), its lineage's
+    checkpoint folder and the run's events folder (``events.d``) read-write; its
+    dataset (and a ``resume_from`` path outside the checkpoint folder) read-only.
+    Nothing else: not the run folder (its pinned spec, report and the
+    orchestrator's ``events.jsonl``), not other pipelines' checkpoints or locks.
     """
-    mounts = [PathMount(str(p.path), not p.writable) for p in plan.train_env.paths()]
+    mounts = [
+        PathMount(str(p.path), not p.writable, per_node=p.name == HEARTBEAT_VARIABLE) for p in plan.train_env.paths()
+    ]
     for m in mounts:
         if not m.path.startswith("/") or ".." in PurePosixPath(m.path).parts:
             raise ValueError(f"launch plan: {m.path!r} must be an absolute path without '..' to be mounted in a pod")
@@ -35,10 +42,13 @@ def attempt_paths(plan: LaunchPlan) -> list[PathMount]:
 
 
 def _covering(mounts: list[PathMount]) -> list[PathMount]:
-    """Drop a mount another one already grants (inside a writable one, or read-only inside a read-only one)."""
+    """Drop a mount another one already grants (inside a writable one, or read-only inside a read-only one).
+
+    A per-node mount is kept, and grants nothing: what a pod sees there is only its node's folder."""
     keep: list[PathMount] = []
     for m in sorted(mounts, key=lambda m: (len(PurePosixPath(m.path).parts), m.read_only, m.path)):
-        if not any(PurePosixPath(m.path).is_relative_to(k.path) and (m.read_only or not k.read_only) for k in keep):
+        inside = [k for k in keep if not k.per_node and PurePosixPath(m.path).is_relative_to(k.path)]
+        if m.per_node or not any(m.read_only or not k.read_only for k in inside):
             keep.append(m)
     return keep
 
@@ -79,7 +89,8 @@ def prepare_paths(plan: LaunchPlan) -> None:
     """Create the folders the pods mount read-write, as the orchestrator's user, before the Job.
 
     The kubelet would create a missing ``subPath`` itself, owned by root (not
-    writable by the pods' user).
+    writable by the pods' user); so each host's folder of the heartbeat folder is made
+    here too (a pod mounts the one of the host it lands on).
     Each folder made here is ``SHARED_DIR_MODE`` (group-writable, setgid), so
     the pods (in ``SHARED_GID``) write there and what they create stays in
     the group the orchestrator reads and tidies as.
@@ -87,6 +98,9 @@ def prepare_paths(plan: LaunchPlan) -> None:
     for p in plan.train_env.paths():
         if p.writable and p.is_dir:
             shared_dirs(p.path)
+        if p.name == HEARTBEAT_VARIABLE:  # the kubelet would make a node's folder owned by root
+            for host in plan.nodes:  # the plan's hosts: every pod is pinned to one of them
+                shared_dirs(node_folder(p.path, host))
 
 
 def shared_dirs(path: Path) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 from kubernetes import client as k8s
 
 from trainyard.backends.kubernetes.names import HOSTNAME_KEY, LABEL_JOB
+from trainyard.protocol.env import NODE_VARIABLES
 from trainyard.spec import LAUNCHER_SERVICE_ACCOUNT, KubernetesSpec
 
 CONTAINER = "trainer"
@@ -51,6 +52,12 @@ class PathMount:
 
     path: str
     read_only: bool
+    per_node: bool = False
+    """Each pod mounts only its node's folder of it (``<path>/<spec.nodeName>``, by ``subPathExpr``) at ``path``."""
+
+
+NODE_EXPR = f"$({NODE_VARIABLES[0]})"
+"""The pod's node (``spec.nodeName`` through the downward API), as ``subPathExpr`` and env values expand it."""
 
 
 def resources(spec: KubernetesSpec) -> k8s.V1ResourceRequirements:
@@ -172,11 +179,14 @@ def volumes(
         )
         for m in paths:
             sub = str(PurePosixPath(m.path).relative_to(root))
+            # "$$" is a literal "$" where the kubelet expands $(VAR); the node's folder is expanded per pod.
+            expr = f"{sub.replace('$', '$$')}/{NODE_EXPR}" if m.per_node else None
             mounts.append(
                 k8s.V1VolumeMount(
                     name=HOT_VOLUME,
                     mount_path=m.path,
-                    sub_path=None if sub == "." else sub,
+                    sub_path=None if sub == "." or expr else sub,
+                    sub_path_expr=expr,
                     read_only=True if m.read_only else None,
                 )
             )

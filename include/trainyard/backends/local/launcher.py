@@ -23,7 +23,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import psutil
@@ -34,6 +34,8 @@ from trainyard.backends.local.environ import child_env
 from trainyard.backends.local.procs import die_with_parent
 from trainyard.backends.local.zygote import Forked, Zygote, usable
 from trainyard.errors import SpecError
+from trainyard.protocol.env import TrainEnv
+from trainyard.protocol.heartbeat import node_folder
 
 log = logging.getLogger(__name__)
 
@@ -107,12 +109,21 @@ def torchrun_argv(plan: LaunchPlan, port: int, node_index: int) -> list[str]:
     ]
 
 
+def node_contract(plan: LaunchPlan, node: str) -> TrainEnv:
+    """The contract as ``node`` sees it: its name, and its own folder of the attempt's heartbeat folder
+    (what its ranks write there names it: recovery reads each node's beats and records from its folder)."""
+    contract = plan.train_env.for_node(node)
+    if contract.heartbeat_dir is None:
+        return contract
+    return replace(contract, heartbeat_dir=node_folder(contract.heartbeat_dir, node))
+
+
 def node_env(plan: LaunchPlan, node: str, parent: Mapping[str, str] | None = None, gpus: str = "") -> dict[str, str]:
     """A node's agent environment: the allowed part of the worker's, the plan's contract as the node sees it,
     and its GPUs (``CUDA_VISIBLE_DEVICES``; "" hides them all)."""
     env = child_env(
         os.environ if parent is None else parent,
-        {"GLOO_SOCKET_IFNAME": "lo", **plan.train_env.for_node(node).to_env(), "CUDA_VISIBLE_DEVICES": gpus},
+        {"GLOO_SOCKET_IFNAME": "lo", **node_contract(plan, node).to_env(), "CUDA_VISIBLE_DEVICES": gpus},
         plan.pass_env,
     )
     # Local nodes share this machine's cores: one thread per rank unless told otherwise.
