@@ -112,7 +112,7 @@ def node_env(plan: LaunchPlan, node: str, parent: Mapping[str, str] | None = Non
     and its GPUs (``CUDA_VISIBLE_DEVICES``; "" hides them all)."""
     env = child_env(
         os.environ if parent is None else parent,
-        {"GLOO_SOCKET_IFNAME": "lo", **plan.train_env.for_node(node).to_env(), "CUDA_VISIBLE_DEVICES": gpus},
+        {"GLOO_SOCKET_IFNAME": "lo", **plan.for_node(node).to_env(), "CUDA_VISIBLE_DEVICES": gpus},
         plan.pass_env,
     )
     # Local nodes share this machine's cores: one thread per rank unless told otherwise.
