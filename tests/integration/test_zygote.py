@@ -31,7 +31,9 @@ ARGV = ["-m", "trainyard.workload", "--seq-len", "16", "--d-model", "16", "--n-l
 def zygote() -> Iterator[Zygote]:
     os.environ["TRAINYARD_TEST_SECRET"] = "s3cr3t-of-the-task-process"  # the launcher's environment, not the zygote's
     try:
-        z = Zygote({"PATH": os.environ["PATH"], "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"})
+        shared = {"PATH": os.environ["PATH"], "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+        # PYTHONPATH crosses the launcher's allow-list too: the forks run the code under test, not an installed copy
+        z = Zygote({**shared, **{k: v for k, v in os.environ.items() if k == "PYTHONPATH"}})
     finally:
         del os.environ["TRAINYARD_TEST_SECRET"]
     yield z
