@@ -214,6 +214,20 @@ def test_counters_anyone_can_add_to_bound_no_walk_of_the_supervisor() -> None:
     assert coord.formed(1)  # a poisoned counter pushes no honest report out of sight either
 
 
+def test_a_read_never_waits_on_a_key_someone_deleted() -> None:
+    """Each read is one non-blocking round trip: a check then a get waited out the store's timeout (and
+    raised out of the supervisor) when a key was deleted between the two."""
+    store, _ = storehost.serve()
+    assert coordstore.peek(store, "spare/node-1") is None and not store.check(["spare/node-1"])  # nothing created
+    store.set("spare/node-1", "x")
+    assert coordstore.peek(store, "spare/node-1") == b"x" and coordstore.peek(store, "spare/node-1") == b"x"
+    coord, keys, _ = keyed(store)
+    coordstore.announce_spare(store, "node-1", keys["node-1"], 1)
+    assert coord.spare_ready("node-1")
+    coord.forget(["node-1", "node-2"])  # node-2 announced nothing: no wait, no error
+    assert not coord.spare_ready("node-1")
+
+
 def test_a_node_cannot_speak_for_another() -> None:
     store = dist.HashStore()
     coord, keys, refused = keyed(store)

@@ -76,6 +76,7 @@ PURPOSE = "coordstore"  # what the node keys are derived for (a burn-in key of t
 POLL_S = 0.1  # store polling stays <= 10 Hz: 2 cores are shared by every rank and the supervisor
 FAULT_CHECK_S = 0.05  # the supervisor alone checks this often: one key, one round trip to its own store
 ERROR_CHARS = 500  # what a fault record's error keeps: the reporter's text, cut
+_ABSENT = "\0absent"  # what ``peek`` compares with: no sealed value starts with a NUL
 
 
 def current_key(node: str) -> str:
@@ -201,6 +202,13 @@ def _count(text: str) -> int:
     return int(value)
 
 
+def peek(store: Store, name: str) -> bytes | None:
+    """The value of ``name``, None when there is none: one round trip that never waits. A check then a get
+    would wait out the store's timeout (and raise) if someone deleted the key between the two."""
+    raw = store.compare_set(name, _ABSENT, _ABSENT)  # sets nothing: the key is absent, or holds another value
+    return None if raw == _ABSENT.encode() else raw
+
+
 def attempt_prefix(attempt: int) -> str:
     """The key prefix of one training attempt: each attempt numbers its generations from 1 again, and a
     process group's keys must never meet a dead attempt's (both sides wrap the served store in it)."""
@@ -249,7 +257,7 @@ class Coordinator:
         self.generation: Generation | None = None
         """The last generation published: the supervisor's own memory, never read back from the store."""
         self.refused: dict[str, str] = {}
-        self._looked: dict[int, int] = {}  # generation -> the fault count last looked at (``_faulted``)
+        self._looked: dict[int, bytes] = {}  # generation -> the fault count last looked at (``_faulted``)
         self._faulted_gens: set[int] = set()
 
     def publish(self, gen: Generation) -> None:
@@ -271,8 +279,7 @@ class Coordinator:
     def forget(self, nodes: list[str]) -> None:
         """Drop these nodes' spare announcements (they were listed, or their process is being replaced)."""
         for node in nodes:
-            if self.store.check([spare_key(node)]):
-                self.store.delete_key(spare_key(node))
+            self.store.delete_key(spare_key(node))  # False when there was none
 
     def current(self) -> Generation | None:
         return self.generation
@@ -287,10 +294,11 @@ class Coordinator:
 
     def _read(self, name: str, node: str, parse: Callable[[str], T]) -> T | None:
         """What ``node`` sealed under ``name``, parsed; None when there is nothing, or nothing authentic."""
-        if node not in self.keys or not self.store.check([name]):
+        raw = peek(self.store, name) if node in self.keys else None
+        if raw is None:
             return None
         try:
-            return parse(unseal(self.keys[node], name, self.store.get(name)))
+            return parse(unseal(self.keys[node], name, raw))
         except Forged as exc:
             self._refuse(name, f"{exc}: forged")
         except ValueError as exc:
@@ -345,10 +353,8 @@ class Coordinator:
         the records are read when it changed, so a count someone else adds to costs a read, never a loop."""
         if g in self._faulted_gens:
             return True
-        if not self.store.check([faulted_key(g)]):
-            return False
-        count = self.store.add(faulted_key(g), 0)
-        if self._looked.get(g) == count:
+        count = peek(self.store, faulted_key(g))
+        if count is None or self._looked.get(g) == count:
             return False
         self._looked[g] = count
         if any(record.generation == g for record in self.fault_records().values()):

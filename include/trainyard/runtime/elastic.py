@@ -212,7 +212,7 @@ class Membership:
         name = coordstore.current_key(self.node)
         while True:
             try:
-                gen = self._open(name, self.store.get(name)) if self.store.check([name]) else None
+                gen = self._open(name, coordstore.peek(self.store, name))
                 if gen is not None:
                     if gen.number > after and self.node in gen.members:
                         return gen
@@ -236,7 +236,7 @@ class Membership:
         one while this one trains: rank 0 asks each step and the commit all-reduce tells the others)."""
         name = coordstore.current_key(self.node)
         try:
-            gen = self._open(name, self.store.get(name))  # one read per step, as ever: a member's key exists
+            gen = self._open(name, coordstore.peek(self.store, name))  # one read per step, as ever
         except (RuntimeError, dist.DistError) as exc:
             raise TrainingFailed(f"lost the coordination store: {exc}", kind="transient") from exc
         current = self.generation.number if self.generation is not None else 0
@@ -250,7 +250,7 @@ class Membership:
         deadline = time.monotonic() + self.regroup_timeout_s
         while True:
             try:
-                gen = self._open(name, self.store.get(name)) if self.store.check([name]) else None
+                gen = self._open(name, coordstore.peek(self.store, name))
             except (RuntimeError, dist.DistError) as exc:
                 raise TrainingFailed(f"lost the coordination store: {exc}", kind="transient") from exc
             if gen is not None and gen.number == number:
@@ -262,8 +262,11 @@ class Membership:
                 )
             time.sleep(coordstore.POLL_S)
 
-    def _open(self, name: str, raw: bytes) -> Generation | None:
-        """The generation the supervisor sealed under ``name``; None (logged once) when it is forged or malformed."""
+    def _open(self, name: str, raw: bytes | None) -> Generation | None:
+        """The generation the supervisor sealed under ``name``; None when there is none, or (logged once) when it
+        is forged or malformed."""
+        if raw is None:
+            return None
         try:
             return coordstore.open_generation(self.key, name, raw)
         except ValueError as exc:  # Forged is one: neither may end or crash a healthy node
