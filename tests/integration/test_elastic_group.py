@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from trainyard.protocol.coordstore import Coordinator, Generation
+from trainyard.protocol.coordstore import Coordinator, Generation, node_keys
+from trainyard.protocol.sealing import new_secret
 from trainyard.protocol.shards import write_synthetic_corpus
 from trainyard.recovery import storehost
 
@@ -33,12 +34,13 @@ KILL_AT2 = 9
 WAIT_S = 60.0
 
 
-def _start(node: str, port: int, root: Path, drills: list[dict[str, object]]) -> subprocess.Popen[str]:
+def _start(node: str, port: int, key: str, root: Path, drills: list[dict[str, object]]) -> subprocess.Popen[str]:
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
         "TRAINYARD_STORE": f"127.0.0.1:{port}",
         "TRAINYARD_NODE": node,
+        "TRAINYARD_STORE_KEY": key,  # its own key only: what it writes is believed as its node's, no other
         "TRAINYARD_DATA_DIR": str(root / "data"),
         "TRAINYARD_CHECKPOINT_DIR": str(root / "ckpt"),
         "TRAINYARD_HEARTBEAT_DIR": str(root / "hb" / node),
@@ -99,15 +101,16 @@ def _formed(root: Path, node: str, g: int) -> tuple[int, str]:
 
 def test_survivors_regroup_in_place_and_a_joiner_gets_the_state(root: Path) -> None:
     store, port = storehost.serve()
-    coord = Coordinator(storehost.attempt_store(store, 1))  # TRAINYARD_ATTEMPT is unset: attempt 1
     nodes = ["node-0", "node-1", "node-2"]
+    keys = node_keys(new_secret(), [*nodes, "node-3"])  # an attempt's secret, as the train task draws it
+    coord = Coordinator(storehost.attempt_store(store, 1), keys)  # TRAINYARD_ATTEMPT is unset: attempt 1
     coord.publish(Generation(1, nodes, micro_batch=2))
     drills = [
         {"fault": "kill", "step": KILL_AT, "node": "node-1"},
         {"fault": "kill", "step": KILL_AT2, "node": "node-2"},
     ]
     # node-3 is a warm spare: listed in no generation yet, it waits for one that lists it.
-    procs = {n: _start(n, port, root, drills) for n in [*nodes, "node-3"]}
+    procs = {n: _start(n, port, keys[n], root, drills) for n in [*nodes, "node-3"]}
     try:
         _wait_for("the survivors' fault reports", lambda: {"node-0", "node-2"} <= set(coord.faults(1)), procs, root)
         assert procs["node-1"].wait(timeout=WAIT_S) == -9
@@ -139,10 +142,12 @@ def test_every_survivor_fails_at_once_not_after_the_collective_timeout(root: Pat
     when a neighbour's broken group closes its sockets. Anything that keeps that group alive (the DDP
     wrapper, the failed call's frames) leaves node-3 blocked for the whole collective timeout (20 s here)."""
     store, port = storehost.serve()
-    coord = Coordinator(storehost.attempt_store(store, 1))
     nodes = ["node-0", "node-1", "node-2", "node-3"]
+    keys = node_keys(new_secret(), nodes)
+    coord = Coordinator(storehost.attempt_store(store, 1), keys)
     coord.publish(Generation(1, nodes, micro_batch=1))  # global batch 12: accumulation 3
-    procs = {n: _start(n, port, root, [{"fault": "kill", "step": KILL_AT, "node": "node-1"}]) for n in nodes}
+    drills = [{"fault": "kill", "step": KILL_AT, "node": "node-1"}]
+    procs = {n: _start(n, port, keys[n], root, drills) for n in nodes}
     survivors = ["node-0", "node-2", "node-3"]
     seen: dict[str, float] = {}
 

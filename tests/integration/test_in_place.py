@@ -80,6 +80,7 @@ def test_a_node_started_again_grows_the_world_back_in_place(tmp_path: Path) -> N
     figures = recovery_figures(run.ledger)
     assert figures["world_path"] == "3 -> 2 -> 3" and figures["spares_joined"] == "node-1"
     assert figures["lost_steps"] <= 1 and figures["spares_idle"] is None
+    assert not events(run, "store_refused")  # every value the honest ranks wrote opened with their keys
 
 
 def test_a_warm_spare_started_with_the_attempt_replaces_the_lost_node(tmp_path: Path) -> None:
@@ -98,4 +99,5 @@ def test_a_warm_spare_started_with_the_attempt_replaces_the_lost_node(tmp_path: 
     assert not events(run, "grown")
     figures = recovery_figures(run.ledger)
     assert figures["spares_joined"] == "node-3" and figures["spares_idle"] == "node-1"
+    assert not events(run, "store_refused")
     assert figures["lost_steps"] <= 1

@@ -18,6 +18,7 @@ import pytest
 
 from trainyard.backends.local.zygote import Zygote, usable
 from trainyard.protocol import coordstore
+from trainyard.protocol.sealing import new_secret
 from trainyard.protocol.shards import write_synthetic_corpus
 from trainyard.recovery import storehost
 
@@ -52,11 +53,13 @@ def test_a_forked_node_runs_with_its_own_environment_log_and_exit_code(zygote: Z
 
 def test_a_killed_node_reports_the_signal_and_lives_in_a_session_of_its_own(zygote: Zygote, tmp_path: Path) -> None:
     store, port = storehost.serve()  # no generation lists node-7: it waits as a spare
+    keys = coordstore.node_keys(new_secret(), ["node-0", "node-7"])
     env = {
         "PATH": os.environ["PATH"],
         "OMP_NUM_THREADS": "1",
         "TRAINYARD_STORE": f"127.0.0.1:{port}",
         "TRAINYARD_NODE": "node-7",
+        "TRAINYARD_STORE_KEY": keys["node-7"],
         "TRAINYARD_DATA_DIR": str(tmp_path / "data"),
         "TRAINYARD_CHECKPOINT_DIR": str(tmp_path / "ckpt"),
         "TRAINYARD_MAX_STEPS": "4",
@@ -64,16 +67,18 @@ def test_a_killed_node_reports_the_signal_and_lives_in_a_session_of_its_own(zygo
     }
     write_synthetic_corpus(tmp_path / "data", shards=1, tokens_per_shard=1024)
     attempt = storehost.attempt_store(store, 1)
-    coordstore.Coordinator(attempt).publish(coordstore.Generation(1, ["node-0"], micro_batch=2))  # not node-7
+    coord = coordstore.Coordinator(attempt, keys)
+    coord.publish(coordstore.Generation(1, ["node-0"], micro_batch=2))  # not node-7
     node = zygote.spawn(ARGV, env, tmp_path / "node-7.log")
     deadline = time.monotonic() + 60
-    while not attempt.check([coordstore.spare_key("node-7")]) and time.monotonic() < deadline:
+    while not coord.spare_ready("node-7") and time.monotonic() < deadline:
         time.sleep(0.1)  # the node imported nothing: it connects, builds the model and announces itself
     assert node.poll() is None, (tmp_path / "node-7.log").read_text()
     # It announced itself as node-7: it runs with its node's environment, not the zygote's.
-    assert attempt.check([coordstore.spare_key("node-7")]), (tmp_path / "node-7.log").read_text()
+    assert coord.spare_ready("node-7"), (tmp_path / "node-7.log").read_text()
     # /proc/PID/environ shows the fork's original environment block: the zygote's, never the task's.
-    assert b"TRAINYARD_TEST_SECRET" not in Path(f"/proc/{node.pid}/environ").read_bytes()
+    environ = Path(f"/proc/{node.pid}/environ").read_bytes()
+    assert b"TRAINYARD_TEST_SECRET" not in environ and keys["node-7"].encode() not in environ  # nor its store key
     assert os.getsid(node.pid) == node.pid  # its own session: the launcher ends it with its whole tree
     os.kill(node.pid, signal.SIGKILL)
     assert node.wait(timeout=30) == -signal.SIGKILL

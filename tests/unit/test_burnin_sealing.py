@@ -30,3 +30,16 @@ def test_keys_differ_per_run_and_per_node_and_tampering_is_worth_a_retry() -> No
     assert node_key(secret, "n") == node_key(secret, "n") != node_key(secret, "m")
     assert len(node_key(secret, "n")) == 64
     assert issubclass(StoreTampered, TransientError)  # a retry draws new keys; no node is blamed
+
+
+def test_the_burn_in_and_the_coordination_store_seal_with_one_implementation() -> None:
+    from trainyard.burnin import sealing as burnin
+    from trainyard.protocol import coordstore, sealing
+
+    assert burnin.seal is sealing.seal and issubclass(sealing.Forged, ValueError)
+    secret = run_secret()
+    candidate, member = node_key(secret, "n"), coordstore.node_keys(secret, ["n"])["n"]
+    assert candidate != member  # derived for another purpose: a burn-in key opens nothing in the other store
+    with pytest.raises(sealing.Forged, match="'gen/now/n' is not sealed"):
+        sealing.unseal(candidate, "gen/now/n", sealing.seal(member, "gen/now/n", "{}"))
+    assert sealing.unseal(member, "gen/now/n", sealing.seal(member, "gen/now/n", "{}")) == "{}"

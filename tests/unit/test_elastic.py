@@ -12,8 +12,10 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainyard.errors import TrainingFailed
-from trainyard.protocol.coordstore import Coordinator, Generation
+from trainyard.protocol import coordstore
+from trainyard.protocol.coordstore import Coordinator, Generation, node_keys
 from trainyard.protocol.env import TrainEnv
+from trainyard.protocol.sealing import new_secret, seal
 from trainyard.runtime.elastic import Membership, broadcast_tree, is_collective_error, parse_address
 from trainyard.runtime.group import InPlaceGroup, elastic_group, params_digest
 from trainyard.workload import loop
@@ -42,7 +44,8 @@ def test_parse_address() -> None:
 
 def test_next_generation_lists_this_node_or_lets_it_go() -> None:
     store = dist.HashStore()
-    coord, group = Coordinator(store), Membership(store, "node-3", regroup_timeout_s=0.3)
+    keys = node_keys(new_secret(), ["node-0", "node-1", "node-3"])
+    coord, group = Coordinator(store, keys), Membership(store, "node-3", keys["node-3"], regroup_timeout_s=0.3)
     coord.publish(Generation(1, ["node-0", "node-1"], 2))
     # Never a member yet (a spare): a generation without it is not its end; it waits on, here until the timeout.
     with pytest.raises(TrainingFailed, match="node-3: no generation after 0 within") as caught:
@@ -59,6 +62,47 @@ def test_next_generation_lists_this_node_or_lets_it_go() -> None:
     group.generation, group.formed = gen, 1  # as ``form`` leaves it
     coord.publish(Generation(3, ["node-0"], 4))
     assert group.next_generation() is None  # a member left out exits
+
+
+def test_a_forged_generation_is_ignored_and_the_node_waits_for_the_supervisors(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = dist.HashStore()
+    keys = node_keys(new_secret(), ["node-0", "node-1"])
+    coord, member = Coordinator(store, keys), Membership(store, "node-0", keys["node-0"], regroup_timeout_s=0.3)
+    coord.publish(Generation(1, ["node-0", "node-1"], 2))
+    member.generation, member.formed = member.next_generation(), 1  # as ``form`` leaves it
+    without_me = Generation(2, ["node-1"], 2).to_json()  # a generation that would make node-0 exit
+    name = coordstore.current_key("node-0")
+    malformed = seal(keys["node-0"], name, '{"number": "x"}')  # sealed right, but not a generation
+    for forged in (without_me, seal(keys["node-1"], name, without_me), malformed, "\xff" * 64):
+        store.set(name, forged)
+        assert member.newer() == 0  # rank 0's per-step look: nothing newer, training goes on
+        with pytest.raises(TrainingFailed, match="node-0: no generation after 1 within"):
+            member.next_generation(timeout_s=0.3)  # no exit, no traceback: it waits on for an authentic one
+    assert caplog.text.count("node-0: refused gen/now/node-0") == 3  # logged once per refusal, not per poll
+    store.set(coordstore.gen_key(3, "node-0"), Generation(3, ["node-1"], 2).to_json())
+    with pytest.raises(TrainingFailed, match="generation 3 was not published for it"):
+        member.published(3)  # rank 0's word names 3: a forged copy of it is no reason to leave either
+    coord.publish(Generation(2, ["node-1"], 2))  # the supervisor's own word: node-0 is left out and goes
+    assert member.newer() == 2 and member.published(2) is None and member.next_generation() is None
+
+
+def test_a_node_holding_another_nodes_key_cannot_speak_for_it() -> None:
+    store = dist.HashStore()
+    keys = node_keys(new_secret(), ["node-0", "node-1"])
+    coord = Coordinator(store, keys)
+    coord.publish(Generation(1, ["node-1"], 2))  # node-0 waits as a spare
+    impostor = Membership(store, "node-0", keys["node-1"], regroup_timeout_s=0.3)  # claims node-0, holds node-1's key
+    with pytest.raises(TrainingFailed, match="no generation after 0"):
+        impostor.next_generation()  # what the supervisor sealed for node-0 does not open with node-1's key
+    impostor.generation = Generation(1, ["node-0"], 2)
+    impostor.ready(4)
+    impostor.on_fault(RuntimeError(RESET))
+    assert coord.faults() == {} and coord.ready(1) == [] and not coord.spare_ready("node-0")
+    assert set(coord.refused) == {"fault/node-0", "ready/1/node-0"}
+    with pytest.raises(ValueError, match="TRAINYARD_STORE_KEY must hold node-0's key"):
+        Membership(store, "node-0", "")
 
 
 def test_a_step_whose_last_collective_fails_changes_nothing(
@@ -115,10 +159,11 @@ def test_in_place_the_group_grows_at_a_step_boundary_regroups_after_a_fault_and_
     tmp_path: Path,
 ) -> None:
     store = dist.HashStore()
-    coord = Coordinator(store)
+    keys = node_keys(new_secret(), ["node-0", "node-1"])
+    coord = Coordinator(store, keys)
     ctx = TrainEnv(tmp_path, tmp_path / "ckpt", 6, node="node-0", store="127.0.0.1:1")
     module = torch.nn.Linear(2, 1)
-    group = InPlaceGroup(ctx, {"model": module}, lambda: DDP(module), Membership(store, "node-0"))
+    group = InPlaceGroup(ctx, {"model": module}, lambda: DDP(module), Membership(store, "node-0", keys["node-0"]))
     coord.publish(Generation(1, ["node-0"], 1))
     try:
         assert group.in_place and group.form() and (group.number, group.rank, group.step) == (1, 0, 0)
@@ -151,10 +196,11 @@ def test_in_place_the_group_grows_at_a_step_boundary_regroups_after_a_fault_and_
 
 def test_in_place_a_step_that_fails_again_after_regrouping_ends_the_process(tmp_path: Path) -> None:
     store = dist.HashStore()
-    coord = Coordinator(store)
+    keys = node_keys(new_secret(), ["node-0", "node-1"])
+    coord = Coordinator(store, keys)
     ctx = TrainEnv(tmp_path, tmp_path / "ckpt", 6, node="node-0", store="127.0.0.1:1")
     module = torch.nn.Linear(2, 1)
-    group = InPlaceGroup(ctx, {"model": module}, lambda: DDP(module), Membership(store, "node-0"))
+    group = InPlaceGroup(ctx, {"model": module}, lambda: DDP(module), Membership(store, "node-0", keys["node-0"]))
     try:
         for number in (1, 2):
             coord.publish(Generation(number, ["node-0"], 1))

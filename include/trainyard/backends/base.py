@@ -7,6 +7,7 @@ backend ran the attempt.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -30,11 +31,17 @@ class LaunchPlan:
     log_dir: Path
     pass_env: tuple[str, ...] = ()
     """Names of the worker's variables a local process may also see (``training.pass_env``)."""
+    store_keys: Mapping[str, str] = field(default_factory=dict, repr=False)
+    """Node -> its key to the attempt's coordination store (secrets: each node gets only its own, ``for_node``)."""
 
     @property
     def env(self) -> dict[str, str]:
         """The contract as TRAINYARD_* variables (without the per-node ones)."""
         return self.train_env.to_env()
+
+    def for_node(self, node: str, host: str | None = None) -> TrainEnv:
+        """The contract as ``node`` sees it: its name, host and its own store key (``TrainEnv.for_node``)."""
+        return self.train_env.for_node(node, host, self.store_keys.get(node))
 
     @property
     def heartbeat_dir(self) -> Path:

@@ -355,6 +355,16 @@ class SparesWarm(Event):
 
 
 @dataclass(frozen=True)
+class StoreRefused(Event):
+    """A value of the coordination store the supervisor refused (forged or malformed) and acted without."""
+
+    event = "store_refused"
+    attempt: int | None = None
+    key: str | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
 class Rejoining(Event):
     event = "rejoining"
     attempt: int | None = None
@@ -542,7 +552,7 @@ KINDS: dict[str, type[Event]] = {
         FailureClassified, DecisionMade, Grown, SparesWarm, Rejoining, RolledBack, LineageHeld, LineageReset,
         CheckpointValidated, CheckpointPromoted, CheckpointQuarantined, CheckpointRetired, CheckpointTiered,
         CheckpointChecked, Published, Step, Finished, CheckpointSaved, CheckpointSkipped, Resumed, Regrouped,
-        DrillFired, PointerRefused,
+        DrillFired, PointerRefused, StoreRefused,
     )
 }  # fmt: skip
 """Every event kind, by its name."""

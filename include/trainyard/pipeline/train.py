@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trainyard.backends.base import Launcher, LaunchPlan, RegroupingLauncher
 from trainyard.backends.registry import backend_for
@@ -21,7 +21,6 @@ from trainyard.pipeline.lineage import final_checkpoint, hold_lineage, hot_check
 from trainyard.pipeline.recorder import StageRecorder
 from trainyard.pipeline.results import TrainResult
 from trainyard.pipeline.run import Run, defers
-from trainyard.protocol.coordstore import Coordinator
 from trainyard.protocol.env import FaultDrill, TrainEnv
 from trainyard.recovery.commands import AttemptResult
 from trainyard.recovery.deferred import Deferral, Deferred, Done, Outcome
@@ -29,13 +28,10 @@ from trainyard.recovery.figures import recovery_figures
 from trainyard.recovery.observations import BackoffOver, Context, Reported
 from trainyard.recovery.progress import ProgressLog, tokens_per_step
 from trainyard.recovery.state import Course
-from trainyard.recovery.storehost import attempt_store, serve
+from trainyard.recovery.storehost import StoreHost
 from trainyard.recovery.supervisor import Hooks, StateReader, supervise
 from trainyard.spec.checks import REFERENCE_WORKLOAD
 from trainyard.storage.boot import ensure_this_boot
-
-if TYPE_CHECKING:
-    from torch.distributed import TCPStore
 
 STAGE = "train"
 # Only a process that stays can serve the store an attempt's ranks regroup on.
@@ -128,8 +124,8 @@ class TrainStage:
             target = start + run.spec.training.max_steps
             why_not = in_place_why_not(run, self.launcher)
             # The store the ranks regroup on lives here, in the task process: any node can die, this one cannot
-            # without ending the attempt anyway.
-            store = serve()[0] if not why_not else None
+            # without ending the attempt anyway. It listens on loopback only (the local backend's nodes).
+            store = StoreHost.serve(self._members(), on_refused=self._refused) if not why_not else None
             stage.note("recovery_path", in_place=not why_not, why_not=why_not)
             with watcher(run):
                 result = supervise(
@@ -228,16 +224,24 @@ class TrainStage:
             elastic=elastic,
         )
 
-    def _hooks(self, target: int, store: TCPStore | None = None, every_wake: bool = False) -> Hooks:
+    def _members(self) -> list[str]:
+        """Every node that may take part in an attempt (the store's nodes: each gets a key, no other is read)."""
+        return list(dict.fromkeys([*self.nodes, *self.spares]))
+
+    def _refused(self, attempt: int, key: str, why: str) -> None:
+        """A value of the coordination store the supervisor refused: evidence in the ledger (it was ignored)."""
+        self.run.ledger.append(STAGE, "store_refused", attempt=attempt, key=key, reason=why)
+
+    def _hooks(self, target: int, store: StoreHost | None = None, every_wake: bool = False) -> Hooks:
         """The drivers' hooks; ``every_wake``: a progress line at each wake of a deferred task, which
         sees its attempt only then, instead of every ``training.progress_every_s``."""
-        run, address = self.run, f"127.0.0.1:{store.port}" if store is not None else None
+        run = self.run
         return Hooks(
-            plan_for=lambda attempt, course: _plan(run, attempt, course, target, address),
+            plan_for=lambda attempt, course: _plan(run, attempt, course, target, store),
             rollback_to=lambda step: rollback(run, step),
             checkpoints=lambda: hot_checkpoints(run),
             progress_for=lambda plan: _progress(run, plan, target, 0 if every_wake else None),
-            coordinator_for=(lambda attempt: Coordinator(attempt_store(store, attempt))) if store is not None else None,
+            coordinator_for=store.coordinator if store is not None else None,
         )
 
 
@@ -270,7 +274,7 @@ def _trained(run: Run, nodes: list[str], start: int, target: int, result: Attemp
     }
 
 
-def _plan(run: Run, attempt: int, course: Course, target: int, store: str | None = None) -> LaunchPlan:
+def _plan(run: Run, attempt: int, course: Course, target: int, store: StoreHost | None = None) -> LaunchPlan:
     training = run.spec.training
     attempt_dir = run.dir / f"attempt-{attempt}"
     return LaunchPlan(
@@ -282,6 +286,7 @@ def _plan(run: Run, attempt: int, course: Course, target: int, store: str | None
         args=_cli_args(training.args),
         log_dir=attempt_dir,
         pass_env=tuple(training.pass_env),
+        store_keys=store.keys(attempt) if store is not None else {},
         train_env=TrainEnv(
             data_dir=run.hot_dataset_dir,
             checkpoint_dir=run.checkpoint_root,
@@ -297,10 +302,10 @@ def _plan(run: Run, attempt: int, course: Course, target: int, store: str | None
             checkpoint_async=training.checkpoint_async,
             seed=training.seed,
             progress_every_s=training.progress_every_s,
-            store=store,
+            store=store.address if store is not None else None,
             # Longer than the supervisor takes to see a hang and kill the silent node (whose closed sockets
             # then fail the survivors' collective at once): the survivors' own timeout is only the backstop.
-            collective_timeout_s=2 * training.heartbeat_timeout_s + 5 if store else None,
+            collective_timeout_s=2 * training.heartbeat_timeout_s + 5 if store is not None else None,
             drills=tuple(
                 FaultDrill(d.fault, d.step, d.node, d.factor, d.attempt)
                 for d in run.spec.drills

@@ -20,6 +20,8 @@ from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replac
 from pathlib import Path
 from typing import Any, Literal
 
+from trainyard.protocol.sealing import KEY_PATTERN
+
 Access = Literal["read", "write"]
 NODE_VARIABLES = ("TRAINYARD_NODE", "TRAINYARD_HOST")
 """Set per node by the launcher (``for_node``), not in the plan: the rest is the same on every node."""
@@ -84,6 +86,12 @@ def _float_from(minimum: float) -> Callable[[str, str], float]:
         return value
 
     return parse
+
+
+def _store_key(name: str, raw: str) -> str:
+    if not KEY_PATTERN.match(raw):  # the value is a secret: the message never quotes it
+        raise ValueError(f"{name} must be this node's key, 64 hex digits; {_SEE}")
+    return raw
 
 
 def _flag(name: str, raw: str) -> bool:
@@ -241,6 +249,16 @@ class TrainEnv:
             _text,
         ),
     )
+    store_key: str | None = field(
+        default=None,
+        repr=False,  # a secret: never in a log line or an error that prints the contract
+        metadata=_meta(
+            "TRAINYARD_STORE_KEY",
+            "with TRAINYARD_STORE: this node's key (64 hex digits) that seals what it writes there and opens what "
+            "the supervisor sealed for it; set per node, never on a command line",
+            _store_key,
+        ),
+    )
     collective_timeout_s: float | None = field(
         default=None,
         metadata=_meta(
@@ -269,9 +287,10 @@ class TrainEnv:
 
     # ------------------------------------------------------------ what a launcher asks of it
 
-    def for_node(self, node: str, host: str | None = None) -> TrainEnv:
-        """This contract as one node sees it; ``host`` defaults to ``node`` (a local node is its own host)."""
-        return replace(self, node=node, host=host if host is not None else node)
+    def for_node(self, node: str, host: str | None = None, store_key: str | None = None) -> TrainEnv:
+        """This contract as one node sees it; ``host`` defaults to ``node`` (a local node is its own host);
+        ``store_key``: the node's own key to the coordination store (the plan's ``store_keys``)."""
+        return replace(self, node=node, host=host if host is not None else node, store_key=store_key)
 
     def paths(self) -> list[ContractPath]:
         """Every path of the contract a training process uses, with the access it needs (all folders)."""
@@ -304,6 +323,8 @@ class TrainEnv:
                 values[f.name] = f.metadata["parse"](name, raw)
             elif f.default is MISSING:
                 raise ValueError(f"{name} is not set; {_SEE}")
+        if values.get("store") and not values.get("store_key"):  # nothing it wrote would be believed
+            raise ValueError(f"TRAINYARD_STORE is set but TRAINYARD_STORE_KEY is not; {_SEE}")
         return cls(**values)
 
 

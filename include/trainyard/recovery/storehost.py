@@ -1,29 +1,56 @@
 """The coordination store hosted by the train task: the server the ranks of an in-place attempt regroup on.
 
 The keys and values are the wire's (``trainyard.protocol.coordstore``); this is the orchestrator's side
-that owns the server, so the store outlives any node.
+that owns the server, so the store outlives any node, and the secrets that make its values believable:
+one per attempt, drawn here and never handed out (``StoreHost``), from which each node's key is derived.
+
+The server listens only where it is told (loopback for local nodes): torch's TCPStore master binds every
+interface whatever host it is given, so ``serve`` binds the socket itself and hands the store the bound,
+listening descriptor. The port is the kernel's pick on that socket (port 0): no other process can take it
+between the pick and the listen.
 """
 
 from __future__ import annotations
 
+import socket
+from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from trainyard.protocol.coordstore import attempt_prefix
+from trainyard.protocol.coordstore import Coordinator, attempt_prefix, node_keys
+from trainyard.protocol.sealing import new_secret
 
 if TYPE_CHECKING:
     from torch.distributed import Store, TCPStore
 
+LOCAL_HOST = "127.0.0.1"
 
-def serve(host: str = "127.0.0.1", port: int = 0) -> tuple[TCPStore, int]:
-    """Host the store in the calling process (the supervisor's); the store and the port it listens on.
+
+def serve(host: str = LOCAL_HOST, port: int = 0) -> tuple[TCPStore, int]:
+    """Host the store in the calling process (the supervisor's), listening on ``host`` only; the store and
+    the port it listens on.
 
     It must outlive every node, so never call this in a training process.
     """
     from torch.distributed import TCPStore
 
-    store = TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
-    return store, store.port
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.create_server((host, port), family=family, backlog=128)
+    bound = listener.getsockname()[1]
+    try:
+        store = TCPStore(
+            host,
+            bound,
+            is_master=True,
+            wait_for_workers=False,
+            timeout=timedelta(seconds=30),
+            master_listen_fd=listener.fileno(),
+        )
+    except BaseException:
+        listener.close()
+        raise
+    listener.detach()  # the store owns the descriptor now: closing the Python socket would close its listener
+    return store, bound
 
 
 def attempt_store(store: Store, attempt: int) -> Store:
@@ -31,3 +58,46 @@ def attempt_store(store: Store, attempt: int) -> Store:
     from torch.distributed import PrefixStore
 
     return PrefixStore(attempt_prefix(attempt), store)
+
+
+class StoreHost:
+    """The store of one train task, the nodes that may take part in its attempts (the plan's and the spares),
+    and each attempt's secret: ``keys`` go to the nodes (each its own), ``coordinator`` is the supervisor's
+    side. ``on_refused(attempt, key, why)`` hears of each value the supervisor refused."""
+
+    def __init__(
+        self,
+        store: TCPStore,
+        host: str,
+        port: int,
+        nodes: list[str],
+        on_refused: Callable[[int, str, str], None] | None = None,
+    ) -> None:
+        self.store, self.address, self.nodes, self.on_refused = store, f"{host}:{port}", list(nodes), on_refused
+        self._secrets: dict[int, bytes] = {}
+        self._coordinators: dict[int, Coordinator] = {}
+
+    @classmethod
+    def serve(
+        cls, nodes: list[str], host: str = LOCAL_HOST, on_refused: Callable[[int, str, str], None] | None = None
+    ) -> StoreHost:
+        store, port = serve(host)
+        return cls(store, host, port, nodes, on_refused)
+
+    def keys(self, attempt: int) -> dict[str, str]:
+        """Each node's key to ``attempt``'s keys: a fresh secret per attempt, so nothing sealed in one attempt
+        is believed in another."""
+        if attempt not in self._secrets:
+            self._secrets[attempt] = new_secret()
+        return node_keys(self._secrets[attempt], self.nodes)
+
+    def coordinator(self, attempt: int) -> Coordinator:
+        """The supervisor's side of ``attempt``: one per attempt, which remembers what it published."""
+        if attempt not in self._coordinators:
+            report = self.on_refused
+            self._coordinators[attempt] = Coordinator(
+                attempt_store(self.store, attempt),
+                self.keys(attempt),
+                (lambda key, why: report(attempt, key, why)) if report is not None else None,
+            )
+        return self._coordinators[attempt]

@@ -64,7 +64,8 @@ class Hooks:
     progress_for: Callable[[LaunchPlan], ProgressLog] | None = None
     """Paces an attempt's progress lines in the task log (None: none logged)."""
     coordinator_for: Callable[[int], Coordinator] | None = None
-    """An attempt's side of the coordination store its ranks group on (None: the attempt cannot regroup)."""
+    """An attempt's side of the coordination store its ranks group on (None: the attempt cannot regroup); the
+    same object at every call for one attempt: it remembers the generation it published, never reads it back."""
 
 
 class StateReader:

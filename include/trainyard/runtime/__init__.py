@@ -66,6 +66,9 @@ Environment (set by the launcher; ``trainyard.protocol.env`` declares it):
     TRAINYARD_DRILLS            JSON list of fault drills to act out (``trainyard.runtime.drills``); unset: none
     TRAINYARD_STORE             host:port of the supervisor's coordination store: the run recovers in place
                                 (``trainyard.runtime.elastic``); unset: torchrun's process group, as before
+    TRAINYARD_STORE_KEY         with TRAINYARD_STORE: this node's key (64 hex digits) that seals what it writes
+                                there and opens what the supervisor sealed for it; set per node, never on a
+                                command line
     TRAINYARD_COLLECTIVE_TIMEOUT_S with TRAINYARD_STORE: seconds a collective may wait for a silent peer before
                                 the node regroups (default 10)
 

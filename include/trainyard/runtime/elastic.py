@@ -27,6 +27,11 @@ process:
 The default process group of each generation is a fresh ``init_process_group``
 over the generation's store prefix, so everything built on ``torch.distributed``
 (DDP, ``runtime``'s rank-0 broadcasts, DCP) works unchanged.
+
+Everything this node writes to the store is sealed with its key
+(``TRAINYARD_STORE_KEY``), and it believes only a generation the supervisor
+sealed for it (``trainyard.protocol.coordstore``): a forged or malformed one is
+logged and ignored, and the node waits on for an authentic one.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 from trainyard.errors import TrainingFailed
 from trainyard.protocol import coordstore
 from trainyard.protocol.coordstore import Generation
+from trainyard.protocol.sealing import KEY_PATTERN
 
 log = logging.getLogger("trainyard.workload")
 
@@ -141,32 +147,41 @@ def broadcast_tree(tree: Any, src: int) -> Any:
 
 
 class Membership:
-    """This node's membership in the generations published on the coordination store."""
+    """This node's membership in the generations published on the coordination store.
+
+    ``key`` is this node's key (``TRAINYARD_STORE_KEY``): it seals what the node writes and opens what the
+    supervisor sealed for it."""
 
     def __init__(
         self,
         store: dist.Store,
         node: str,
+        key: str,
         collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S,
         regroup_timeout_s: float = DEFAULT_REGROUP_TIMEOUT_S,
     ):
-        self.store, self.node = store, node
+        if not KEY_PATTERN.match(key):
+            raise ValueError(f"{coordstore.KEY_ENV} must hold {node}'s key (64 hex digits); the supervisor sets it")
+        self.store, self.node, self.key = store, node, key
         self.collective_timeout_s, self.regroup_timeout_s = collective_timeout_s, regroup_timeout_s
         self.generation: Generation | None = None
         self.formed = 0  # generations this process has formed
         self.spare_announced = False
         self.graveyard: list[Any] = []  # groups a thread may still block in: never destructed (see module doc)
+        self._refused = ""  # the last refusal logged: a forged value polled at 10 Hz is logged once
 
     @classmethod
     def connect(
         cls,
         address: str,
         node: str,
+        key: str,
         collective_timeout_s: float | None = None,
         timeout_s: float = 30.0,
         attempt: int | None = None,
     ) -> Membership:
-        """Join the store at ``address``; ``attempt``: the keys of that attempt only (``coordstore.attempt_prefix``)."""
+        """Join the store at ``address`` as ``node`` holding ``key``; ``attempt``: the keys of that attempt only
+        (``coordstore.attempt_prefix``)."""
         host, port = parse_address(address)
         try:
             store: dist.Store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s))
@@ -176,7 +191,7 @@ class Membership:
             ) from exc
         if attempt is not None:
             store = dist.PrefixStore(coordstore.attempt_prefix(attempt), store)
-        return cls(store, node, collective_timeout_s or DEFAULT_COLLECTIVE_TIMEOUT_S)
+        return cls(store, node, key, collective_timeout_s or DEFAULT_COLLECTIVE_TIMEOUT_S)
 
     @property
     def rank(self) -> int:
@@ -194,16 +209,17 @@ class Membership:
         """
         after = self.generation.number if self.generation is not None else 0
         deadline = time.monotonic() + (self.regroup_timeout_s if timeout_s is None else timeout_s)
+        name = coordstore.current_key(self.node)
         while True:
             try:
-                if self.store.check([coordstore.GEN]):
-                    gen = Generation.from_json(self.store.get(coordstore.GEN))
+                gen = self._open(name, coordstore.peek(self.store, name))
+                if gen is not None:
                     if gen.number > after and self.node in gen.members:
                         return gen
                     if gen.number > after and self.formed:
                         return None
                     if not self.formed and not self.spare_announced:  # tell the supervisor a spare is ready
-                        self.store.set(coordstore.spare_key(self.node), str(gen.number))
+                        coordstore.announce_spare(self.store, self.node, self.key, gen.number)
                         self.spare_announced = True
             except (RuntimeError, dist.DistError) as exc:
                 raise TrainingFailed(f"lost the coordination store while regrouping: {exc}", kind="transient") from exc
@@ -218,17 +234,46 @@ class Membership:
     def newer(self) -> int:
         """The number of a generation published after the current one, else 0 (a world that grows publishes
         one while this one trains: rank 0 asks each step and the commit all-reduce tells the others)."""
+        name = coordstore.current_key(self.node)
         try:
-            number = Generation.from_json(self.store.get(coordstore.GEN)).number
+            gen = self._open(name, coordstore.peek(self.store, name))  # one read per step, as ever
         except (RuntimeError, dist.DistError) as exc:
             raise TrainingFailed(f"lost the coordination store: {exc}", kind="transient") from exc
         current = self.generation.number if self.generation is not None else 0
-        return number if number > current else 0
+        return gen.number if gen is not None and gen.number > current else 0
 
     def published(self, number: int) -> Generation | None:
-        """Generation ``number`` as published; None if it leaves this node out (it should exit)."""
-        gen = Generation.from_json(self.store.get(coordstore.gen_key(number)))
-        return gen if self.node in gen.members else None
+        """Generation ``number`` as the supervisor sealed it for this node; None if it leaves this node out (it
+        should exit). A forged copy is ignored: the node waits for the authentic one up to the regroup timeout
+        (``TrainingFailed``, kind ``transient``, as when no generation comes)."""
+        name = coordstore.gen_key(number, self.node)
+        deadline = time.monotonic() + self.regroup_timeout_s
+        while True:
+            try:
+                gen = self._open(name, coordstore.peek(self.store, name))
+            except (RuntimeError, dist.DistError) as exc:
+                raise TrainingFailed(f"lost the coordination store: {exc}", kind="transient") from exc
+            if gen is not None and gen.number == number:
+                return gen if self.node in gen.members else None
+            if time.monotonic() >= deadline:
+                raise TrainingFailed(
+                    f"{self.node}: generation {number} was not published for it within {self.regroup_timeout_s:.0f}s",
+                    kind="transient",
+                )
+            time.sleep(coordstore.POLL_S)
+
+    def _open(self, name: str, raw: bytes | None) -> Generation | None:
+        """The generation the supervisor sealed under ``name``; None when there is none, or (logged once) when it
+        is forged or malformed."""
+        if raw is None:
+            return None
+        try:
+            return coordstore.open_generation(self.key, name, raw)
+        except ValueError as exc:  # Forged is one: neither may end or crash a healthy node
+            if (why := f"{name}: {exc}") != self._refused:
+                self._refused = why
+                log.warning("%s: refused %s; waiting for the supervisor's own", self.node, why)
+            return None
 
     def leave(self) -> None:
         """Destroy the current group at a step boundary, healthy (every member leaves it at the same step)."""
@@ -256,7 +301,7 @@ class Membership:
         """
         g = self.generation.number if self.generation is not None else 0
         try:
-            coordstore.report_fault(self.store, self.node, g, f"{type(exc).__name__}: {exc}", suspect=None)
+            coordstore.report_fault(self.store, self.node, self.key, g, f"{type(exc).__name__}: {exc}", suspect=None)
         except Exception as problem:  # the supervisor still sees the death through its launcher
             log.warning("could not report the fault to the coordination store: %s", problem)
         self.graveyard.extend(group for group in keep or [] if group is not None)
@@ -296,4 +341,4 @@ class Membership:
     def ready(self, step: int) -> None:
         """Tell the supervisor this node formed the current generation and continues after ``step``."""
         if self.generation is not None:
-            coordstore.report_ready(self.store, self.generation.number, self.node, step)
+            coordstore.report_ready(self.store, self.generation.number, self.node, self.key, step)

@@ -158,8 +158,12 @@ class InPlaceGroup(ElasticGroup):
     ):
         super().__init__(ctx, state, wrap)
         assert ctx.store is not None, "an in-place group needs TRAINYARD_STORE"
+        if membership is None and ctx.store_key is None:
+            raise TrainingFailed(
+                "TRAINYARD_STORE is set but TRAINYARD_STORE_KEY is not: the supervisor sets both", kind="user_error"
+            )
         self.membership = membership or Membership.connect(
-            ctx.store, ctx.node, ctx.collective_timeout_s, attempt=ctx.attempt
+            ctx.store, ctx.node, ctx.store_key or "", ctx.collective_timeout_s, attempt=ctx.attempt
         )
         self.step = -1  # a joiner holds nothing
         self._after = "start"  # how the last generation ended: "start" (none yet), "done", "grown", "fault"

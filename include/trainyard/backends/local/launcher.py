@@ -110,9 +110,10 @@ def torchrun_argv(plan: LaunchPlan, port: int, node_index: int) -> list[str]:
 
 
 def node_contract(plan: LaunchPlan, node: str) -> TrainEnv:
-    """The contract as ``node`` sees it: its name, and its own folder of the attempt's heartbeat folder
-    (what its ranks write there names it: recovery reads each node's beats and records from its folder)."""
-    contract = plan.train_env.for_node(node)
+    """The contract as ``node`` sees it: its name, its own store key (``LaunchPlan.for_node``), and its own
+    folder of the attempt's heartbeat folder (what its ranks write there names it: recovery reads each node's
+    beats and records from its folder)."""
+    contract = plan.for_node(node)
     if contract.heartbeat_dir is None:
         return contract
     return replace(contract, heartbeat_dir=node_folder(contract.heartbeat_dir, node))
