@@ -7,6 +7,7 @@ what a retried task (a new process) would see.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -409,6 +410,21 @@ def test_an_elastic_attempt_regroups_in_place_and_runs_on() -> None:
     after = state.fold([ev(c.event, T0 + 51, **c.fields) for c in commands if isinstance(c, Record)])
     assert after.unfinished and after.last.course == course and after.last.generation == 2
     assert after.last.regroups == (("node_lost", 12),)
+
+
+def test_an_attempt_whose_ranks_never_grouped_relaunches_and_says_why() -> None:
+    """A script that does not train through the elastic group runs on the store's launch as a fixed world:
+    its failure is relaunched, with the reason in the decision and in the run's recovery_path."""
+    state = TrainState.of([RESUME, start(1)])
+    seen = replace(failed([node("n1", exit_code=-9), ok("n0"), ok("n2")]), ungrouped="its ranks never formed a group")
+    commands = step(state, seen, ctx(elastic=True))
+    decided = records(commands)["decision"]
+    assert decided["action"] == "scale_down" and "path" not in decided  # as without the store: n1 is dead
+    assert decided["reason"].endswith("; relaunch, not in place: its ranks never formed a group")
+    assert records(commands)["recovery_path"] == {"in_place": False, "why_not": "its ranks never formed a group"}
+    assert commands[0] == Cancel(1, COURSE) and not [c for c in commands if isinstance(c, Publish | KillNodes)]
+    # Not elastic at all: nothing to say beyond what the stage said at its start.
+    assert "recovery_path" not in records(step(state, seen, ctx()))
 
 
 def test_a_spare_joins_the_group_in_place() -> None:

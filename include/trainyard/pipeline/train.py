@@ -30,7 +30,6 @@ from trainyard.recovery.progress import ProgressLog, tokens_per_step
 from trainyard.recovery.state import Course
 from trainyard.recovery.storehost import StoreHost
 from trainyard.recovery.supervisor import Hooks, StateReader, supervise
-from trainyard.spec.checks import REFERENCE_WORKLOAD
 from trainyard.storage.boot import ensure_this_boot
 
 STAGE = "train"
@@ -51,14 +50,15 @@ def _cli_args(args: dict[str, Any]) -> list[str]:
 
 
 def in_place_why_not(run: Run, launcher: Launcher) -> str:
-    """Why this run's attempts cannot regroup in place ("" when they can): the runtime, backend and shape."""
+    """Why this run's attempts cannot regroup in place ("" when they can): the backend and the shape.
+
+    Any entrypoint may: whether its script trains through the elastic group shows only once its ranks run
+    (a failure before any group formed on the store is relaunched, and says so: ``supervisor.UNGROUPED``)."""
     spec = run.spec
     if not spec.recovery.in_place:
         return "recovery.in_place is false"
     if not isinstance(launcher, RegroupingLauncher):
         return f"the {spec.nodes.backend} backend relaunches (its nodes cannot change while an attempt runs)"
-    if spec.training.entrypoint != REFERENCE_WORKLOAD:
-        return f"training.entrypoint {spec.training.entrypoint} is not trainyard's runtime ({REFERENCE_WORKLOAD})"
     if spec.nodes.procs_per_node != 1 or spec.nodes.gpus_per_node:
         return "in place needs one CPU process per node (nodes.procs_per_node 1, nodes.gpus_per_node 0)"
     return ""

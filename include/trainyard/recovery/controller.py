@@ -35,7 +35,15 @@ from typing import Any
 
 from trainyard.backends.base import NodeStatus
 from trainyard.checkpoint.format import step_of
-from trainyard.events.schema import AttemptEnd, DecisionMade, FailureClassified, Grown, Rejoining, SparesWarm
+from trainyard.events.schema import (
+    AttemptEnd,
+    DecisionMade,
+    FailureClassified,
+    Grown,
+    RecoveryPath,
+    Rejoining,
+    SparesWarm,
+)
 from trainyard.recovery.classify import Classified, Failure, NodeFailure, classify
 from trainyard.recovery.commands import (
     AttemptResult,
@@ -109,7 +117,8 @@ def step(state: TrainState, observation: Observation, ctx: Context) -> list[Comm
             return _succeeded(current, observation)
         case Hang():
             failure = Failure(current.number, "hang", [], list(observation.suspects))
-            seen = AttemptFailed(current.number, observation.at, failure, observation.reason, observation.checkpoints)
+            seen = AttemptFailed(current.number, observation.at, failure, observation.reason, observation.checkpoints,
+                                 observation.ungrouped)  # fmt: skip
             return _failed(state, current, seen, ctx)
         case AttemptFailed():
             return _failed(state, current, observation, ctx)
@@ -227,7 +236,7 @@ def situation(state: TrainState, current: Attempt, ctx: Context, seen: AttemptFa
         micro_batch=course.micro_batch,
         valid_steps=list(checkpoints.valid_steps),
         resumed_from=resumed,
-        in_place=InPlace(True, regroups=list(current.regroups)) if ctx.elastic else None,
+        in_place=InPlace(not seen.ungrouped, seen.ungrouped, list(current.regroups)) if ctx.elastic else None,
         # A hang seen by a trigger has no node statuses: nothing known of who runs
         running=[n.node for n in seen.failure.nodes if n.state == "running"] if seen.failure.nodes else None,
     )
@@ -242,6 +251,7 @@ def _failed(state: TrainState, current: Attempt, seen: AttemptFailed, ctx: Conte
     commands: list[Command] = [
         Cancel(current.number, current.course),  # survivors of a dead collective would wait out its timeout
         ended(seen),
+        *_not_in_place(current.number, seen, ctx),
         Record.of(classified(current.number, found, seen)),
         Record.of(
             DecisionMade(
@@ -262,6 +272,14 @@ def _failed(state: TrainState, current: Attempt, seen: AttemptFailed, ctx: Conte
     if isinstance(decision, ScaleDown) and (dropped := [n for n in current.course.nodes if n not in decision.nodes]):
         commands.append(ExcludeNodes(current.number, dropped, found.kind))
     return [*commands, WaitUntil(seen.at + decision.delay_s)]
+
+
+def _not_in_place(attempt: int, seen: AttemptFailed, ctx: Context) -> list[Command]:
+    """The run's ``recovery_path`` once the attempt showed it cannot regroup in place (the stage's start could
+    not know: whether a script uses the elastic group shows only when its ranks run)."""
+    if not (ctx.elastic and seen.ungrouped):
+        return []
+    return [Record.of(RecoveryPath(in_place=False, why_not=seen.ungrouped), f"attempt {attempt}: {seen.ungrouped}")]
 
 
 def _regroup(

@@ -68,6 +68,9 @@ class AttemptFailed:
     failure: Failure
     reason: str
     checkpoints: Checkpoints = field(default_factory=Checkpoints)
+    ungrouped: str = ""
+    """Why the attempt's ranks cannot regroup in place though it runs on the store ("" when they can, or when it
+    does not): they never formed its first group there (the script does not use the elastic group)."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,8 @@ class Hang:
     suspects: list[str]
     reason: str
     checkpoints: Checkpoints = field(default_factory=Checkpoints)
+    ungrouped: str = ""
+    """As ``AttemptFailed.ungrouped``."""
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from trainyard.backends.base import AttemptStatus, Launcher, LaunchPlan, RegroupingLauncher
@@ -44,7 +44,14 @@ from trainyard.recovery.commands import (
 )
 from trainyard.recovery.commands import Launch as LaunchCommand
 from trainyard.recovery.controller import grown_world, step
-from trainyard.recovery.observations import BackoffOver, Checkpoints, Context, Observation, TaskStarted
+from trainyard.recovery.observations import (
+    AttemptFailed,
+    BackoffOver,
+    Checkpoints,
+    Context,
+    Observation,
+    TaskStarted,
+)
 from trainyard.recovery.progress import ProgressLog
 from trainyard.recovery.state import STAGE, Course, TrainState
 
@@ -176,6 +183,12 @@ def failure_error(fail: Fail) -> Exception:
     return TrainingFailed(fail.reason, kind=fail.kind, evidence=fail.evidence)
 
 
+UNGROUPED = (
+    "its ranks never formed a group on the coordination store: the training script does not train through"
+    " trainyard.runtime.elastic_group (or failed before its first group formed), so no survivor holds the state"
+)
+
+
 class Supervisor(Driver):
     """The blocking driver: polls the attempt, sleeps out backoffs (renewing the lease), returns the result."""
 
@@ -217,7 +230,7 @@ class Supervisor(Driver):
         assert handle is not None and last is not None and last.number == attempt, (attempt, last)
         progress = self.hooks.progress_for(plan) if self.hooks.progress_for else None
         on_store = self.hooks.coordinator_for is not None  # the attempt groups on the supervisor's store
-        return watch_attempt(
+        seen = watch_attempt(
             self.launcher,
             handle,
             plan,
@@ -233,6 +246,15 @@ class Supervisor(Driver):
             pause=self._pause(attempt, last.generation) if on_store else time.sleep,
             each_poll=(lambda: self._start_due(attempt)) if on_store else None,
         )
+        return self._ungrouped(attempt, seen) if on_store else seen
+
+    def _ungrouped(self, attempt: int, seen: Observation) -> Observation:
+        """A failure of an attempt whose ranks never formed its first group on the store: nothing to regroup
+        (a script that does not use the elastic group trains in the launch's fixed world)."""
+        assert self.hooks.coordinator_for is not None
+        if isinstance(seen, AttemptFailed) and not self.hooks.coordinator_for(attempt).ready(1):
+            return replace(seen, ungrouped=UNGROUPED)
+        return seen
 
     def _pause(self, attempt: int, generation: int) -> Callable[[float], None]:
         """Wait between polls on generation ``generation``'s fault report: a survivor's report wakes the watch

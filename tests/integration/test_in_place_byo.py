@@ -1,0 +1,137 @@
+"""In place for a script trainyard did not write the loop of: ``examples/byo_train.py`` trains through
+``runtime.elastic_group``, so losing a node costs it a regroup, not a relaunch, exactly as the reference
+workload. The node is killed by hand (SIGKILL of its process, as a person or the kernel would), not by a
+drill: a script need not act out trainyard's drills."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from test_recovery import events
+
+from trainyard.backends.local.launcher import LocalLauncher
+from trainyard.checkpoint.format import step_of
+from trainyard.pipeline import stages
+from trainyard.pipeline.run import open_run
+from trainyard.protocol.shards import write_synthetic_corpus
+from trainyard.recovery.figures import recovery_figures
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC = """\
+dataset: {{source: "file://{root}/cold", name: tokens, hot: "file://{root}/hot"}}
+runs_root: file://{root}/runs
+nodes: {{count: 3, min: 2}}
+pressure_test: {{enabled: false}}
+training:
+  entrypoint: {script}
+  args: {{}}
+  max_steps: {steps}
+  global_batch: 6
+  micro_batch: 2
+  checkpoint_every: 200
+  heartbeat_timeout_s: 10
+checkpoint: {{hot: "file://{root}/ckpt", cold: "file://{root}/coldckpt"}}
+recovery: {{max_attempts: 2, backoff_s: 0.2, in_place: true, rejoin: false}}
+"""
+
+
+def kill_when(launcher: LocalLauncher, node: str, root: Path, step: int, timeout_s: float = 120.0) -> threading.Thread:
+    """SIGKILL ``node``'s process once a checkpoint of ``step`` or later is in ``root`` (well under way)."""
+
+    def kill() -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            saved = [step_of(p) or 0 for p in root.glob("step_*")] if root.is_dir() else []
+            if max(saved, default=0) >= step and launcher.active and node in launcher.active[0].procs:
+                os.kill(launcher.active[0].procs[node].pid, signal.SIGKILL)
+                return
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=kill, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_script_that_trains_through_the_elastic_group_regroups_in_place(tmp_path: Path) -> None:
+    write_synthetic_corpus(tmp_path / "cold", shards=2, tokens_per_shard=1024)
+    spec = tmp_path / "byo.yaml"
+    spec.write_text(SPEC.format(root=tmp_path, script=ROOT / "examples" / "byo_train.py", steps=3000))
+    run = open_run(spec, "byo", f"byo-{time.monotonic_ns()}", "2026-12-03")
+    stages.stage_dataset(run)
+    launcher = LocalLauncher()
+    killer = kill_when(launcher, "node-1", run.checkpoint_root, 400)
+    result = stages.train(run, ["node-0", "node-1", "node-2"], launcher=launcher)
+    killer.join(timeout=1)
+    assert result.attempts == 1 and result.last_step == 3000  # no relaunch
+    [path] = events(run, "recovery_path")
+    assert path["in_place"] is True
+    [decision] = events(run, "decision")
+    assert decision["action"] == "regroup" and decision["path"] == "in_place"
+    assert decision["left_out"] == ["node-1"] and decision["new_nodes"] == ["node-0", "node-2"]
+    [regrouped] = events(run, "regrouped")
+    assert regrouped["generation"] == 2 and regrouped["world_size"] == 2
+    [failure] = recovery_figures(run.ledger)["failures"]
+    assert failure["path"] == "in_place" and failure["lost_steps"] <= 1
+    assert stages.check_checkpoint(run, result.checkpoint, 3000).step == 3000
+
+
+# The README's "Bring your own training script" loop: trainyard's helpers, torch's own world, no elastic group.
+FIXED_WORLD = """
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from trainyard import runtime
+
+ctx = runtime.context()
+dist.init_process_group("gloo")  # env://: the launch's RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+module = torch.nn.Linear(1, 1)
+optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
+state = {"model": module, "optimizer": optimizer}
+start = runtime.load_latest(state, ctx=ctx)
+model = DDP(module)
+checkpoints = runtime.Checkpointer(ctx)
+for step in range(start + 1, ctx.max_steps + 1):
+    x = torch.randn(32, 1, generator=torch.Generator().manual_seed(step * 101 + dist.get_rank()))
+    loss = torch.nn.functional.mse_loss(model(x), 3 * x + 1)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    runtime.heartbeat(step, {"loss": loss.item()})
+    if ctx.should_checkpoint(step):
+        checkpoints.save(step, state, {"loss": loss.item()})
+checkpoints.close()
+runtime.finish(ctx.max_steps, {"loss": loss.item()})
+del model
+dist.destroy_process_group()
+"""
+
+
+def test_a_script_without_the_elastic_group_is_relaunched_and_the_run_says_why(tmp_path: Path) -> None:
+    """It trains under the in-place launch as a fixed world; losing a node relaunches it from its checkpoint,
+    and the decision and the run's recovery_path name the reason."""
+    write_synthetic_corpus(tmp_path / "cold", shards=2, tokens_per_shard=1024)
+    script = tmp_path / "fixed_world.py"
+    script.write_text(FIXED_WORLD)
+    spec = tmp_path / "fixed.yaml"
+    spec.write_text(SPEC.format(root=tmp_path, script=script, steps=2000))
+    run = open_run(spec, "fixed", f"fixed-{time.monotonic_ns()}", "2026-12-03")
+    stages.stage_dataset(run)
+    launcher = LocalLauncher()
+    killer = kill_when(launcher, "node-1", run.checkpoint_root, 400)
+    result = stages.train(run, ["node-0", "node-1", "node-2"], launcher=launcher)
+    killer.join(timeout=1)
+    assert result.attempts == 2 and result.last_step == 2000
+    first, then = events(run, "recovery_path")
+    assert first["in_place"] is True and then["in_place"] is False
+    assert "trainyard.runtime.elastic_group" in then["why_not"]
+    [decision] = events(run, "decision")
+    assert decision["action"] in ("retry", "scale_down") and "path" not in decision
+    assert "relaunch, not in place: its ranks never formed a group" in decision["reason"]
+    [resumed] = [e for e in run.ledger.events("train", "resumed") if e.get("step")]
+    assert resumed["step"] >= 400
