@@ -59,8 +59,8 @@ def in_place_why_not(run: Run, launcher: Launcher) -> str:
         return f"the {spec.nodes.backend} backend relaunches (its nodes cannot change while an attempt runs)"
     if spec.training.entrypoint != REFERENCE_WORKLOAD:
         return f"training.entrypoint {spec.training.entrypoint} is not trainyard's runtime ({REFERENCE_WORKLOAD})"
-    if spec.nodes.procs_per_node != 1 or spec.nodes.gpus_per_node:
-        return "in place needs one CPU process per node (nodes.procs_per_node 1, nodes.gpus_per_node 0)"
+    if spec.nodes.gpus_per_node:
+        return "in place needs CPU nodes (nodes.gpus_per_node 0)"
     return ""
 
 
