@@ -6,6 +6,13 @@ port and train over gloo, or NCCL where they have GPUs. Node 0's agent hosts
 the rendezvous store. The agents get an allow-listed environment
 (``trainyard.backends.local.environ``), never the Airflow worker's secrets.
 
+In place (the plan names a coordination store), a node is no agent but its
+``procs_per_node`` ranks, each a process of its own (a fork of the zygote for the
+reference workload) with the world torchrun would give it (``rank_env``), so a
+script that forms its own group from it trains as a fixed world. The node stays
+the unit: it has failed when any of its ranks has, and it is killed, started
+again and cancelled with all of them.
+
 GPUs: the host's GPUs are split between the simulated nodes through
 ``CUDA_VISIBLE_DEVICES`` (node ``i`` gets ``[i * g, (i + 1) * g)`` for ``g`` =
 ``nodes.gpus_per_node``), so a node's ``cuda:LOCAL_RANK`` is a GPU of its own;
@@ -269,9 +276,9 @@ class LocalLauncher:
         others run on."""
         tree = [p for proc in handle.processes(nodes) for p in process_tree(proc.pid)]
         signal_all(tree, signal.SIGKILL)
-        psutil.wait_procs(tree, timeout=wait_s)
-        for proc in handle.processes(nodes):
+        for proc in handle.processes(nodes):  # reaped by their own handles first, which keep the code (-9)
             proc.wait(timeout=wait_s)
+        psutil.wait_procs(tree, timeout=wait_s)
 
     def poll(self, handle: LocalHandle) -> AttemptStatus:
         statuses = []
