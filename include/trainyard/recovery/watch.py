@@ -38,23 +38,29 @@ TAIL_LINES = 50
 STARTUP_GRACE_S = 120.0  # interpreter, torch import, rendezvous and data before a rank's first step
 
 
-def group_beats(beats: dict[str, dict[str, Any]], members: list[str]) -> dict[str, dict[str, Any]]:
-    """The beats of a regrouped attempt's current group: rank ``k`` is ``members[k]``'s, or not yet there.
+def group_beats(beats: dict[str, dict[str, Any]], members: list[str], per_node: int = 1) -> dict[str, dict[str, Any]]:
+    """The beats of a regrouped attempt's current group: rank ``k`` is ``members[k // per_node]``'s (each member
+    node has ``per_node`` ranks), or not yet there.
 
     A regroup renumbers the ranks: a file left by the node that held a rank before (a dead node's last
     beat, a survivor's beat under its old number) says nothing about the group that runs now."""
+    owner = _owner(members, per_node)
     return {
         rank: beat
         for rank, beat in beats.items()
-        if (k := _rank_number(rank)) is not None and k < len(members) and _node_of(beat) == members[k]
+        if (k := _rank_number(rank)) is not None and (node := owner(k)) is not None and _node_of(beat) == node
     }
 
 
-def _members_folder(members: list[str] | None) -> Owner | None:
-    """Where rank ``k``'s beat must lie in a regrouped attempt: ``members[k]``'s folder (None: not regrouped)."""
-    if members is None:
-        return None
-    return lambda k: members[k] if k < len(members) else None
+def _owner(members: list[str], per_node: int) -> Owner:
+    """The member node whose folder holds rank ``k``'s beat in a regrouped attempt (None: no such rank)."""
+    per = max(1, per_node)
+    return lambda k: members[k // per] if k < len(members) * per else None
+
+
+def _members_folder(members: list[str] | None, per_node: int = 1) -> Owner | None:
+    """Where rank ``k``'s beat must lie in a regrouped attempt (None: not regrouped)."""
+    return None if members is None else _owner(members, per_node)
 
 
 def _node_of(beat: dict[str, Any]) -> Any:
@@ -154,10 +160,11 @@ def detect(
     """
     if status.state == "failed":
         return "crash", [], _crash_reason(status)
-    seen = scan(heartbeat_dir, _members_folder(members))
+    per_node = max(1, world_size // len(members)) if members else 1  # a member node brings all its ranks
+    seen = scan(heartbeat_dir, _members_folder(members, per_node))
     beats = seen.beats
     if members is not None:  # regrouped at ``started``: every rank of the group has a full timeout from then
-        beats = {r: {**b, "time": max(b["time"], started)} for r, b in group_beats(beats, members).items()}
+        beats = {r: {**b, "time": max(b["time"], started)} for r, b in group_beats(beats, members, per_node).items()}
     now = time.time()
     stale = stale_ranks(beats, world_size, started, now, timeout_s, grace_s)
     if not stale:

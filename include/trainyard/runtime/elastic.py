@@ -4,8 +4,12 @@ A loop does not call this module; it calls the elastic group (``trainyard.runtim
 which is built on it. When ``TRAINYARD_STORE=host:port`` names the supervisor's coordination store
 (``trainyard.protocol.coordstore``), a training process does not take its
 process group from torchrun: it forms the gloo group of each *generation* the
-supervisor publishes (rank = its index in ``members``, a ``PrefixStore`` per
-generation, so two generations never share keys). When a collective fails
+supervisor publishes (a ``PrefixStore`` per generation, so two generations never
+share keys). Membership is per node: a node of ``L`` ranks (``LOCAL_WORLD_SIZE``)
+has ranks ``index * L + LOCAL_RANK`` of a world of ``len(members) * L``
+(``generation_rank``), so a node lost takes all its ranks out and a joiner node
+brings all of them; its local rank 0 alone tells the supervisor it is a spare or
+ready (the group's forming is a barrier of every rank), any rank reports a fault. When a collective fails
 (a peer died, or the ``TRAINYARD_COLLECTIVE_TIMEOUT_S`` backstop fired) the
 process:
 
@@ -146,8 +150,28 @@ def broadcast_tree(tree: Any, src: int) -> Any:
     return _fill(box[0], received)
 
 
+def local_ranks(env: Mapping[str, str]) -> tuple[int, int]:
+    """``(LOCAL_RANK, LOCAL_WORLD_SIZE)`` as the launcher set them ((0, 1) where it set neither: one rank per
+    node); ``ValueError`` names the variable that is malformed."""
+    raw_rank, raw_world = env.get("LOCAL_RANK", "0"), env.get("LOCAL_WORLD_SIZE", "1")
+    if not (raw_rank.isdigit() and raw_world.isdigit()) or not 0 <= int(raw_rank) < int(raw_world):
+        raise ValueError(
+            f"LOCAL_RANK={raw_rank!r}, LOCAL_WORLD_SIZE={raw_world!r}: need 0 <= LOCAL_RANK < LOCAL_WORLD_SIZE"
+            " (the launcher sets both)"
+        )
+    return int(raw_rank), int(raw_world)
+
+
+def generation_rank(gen: Generation, node: str, local_rank: int = 0, per_node: int = 1) -> int | None:
+    """The rank of ``node``'s local rank ``local_rank`` in ``gen``, whose nodes have ``per_node`` ranks each:
+    ``index * per_node + local_rank``; None when ``gen`` does not list ``node``."""
+    index = gen.rank_of(node)
+    return None if index is None else index * per_node + local_rank
+
+
 class Membership:
-    """This node's membership in the generations published on the coordination store.
+    """This process's membership in the generations published on the coordination store, as local rank
+    ``local_rank`` of its node's ``per_node``.
 
     ``key`` is this node's key (``TRAINYARD_STORE_KEY``): it seals what the node writes and opens what the
     supervisor sealed for it."""
@@ -159,10 +183,15 @@ class Membership:
         key: str,
         collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S,
         regroup_timeout_s: float = DEFAULT_REGROUP_TIMEOUT_S,
+        local_rank: int = 0,
+        per_node: int = 1,
     ):
         if not KEY_PATTERN.match(key):
             raise ValueError(f"{coordstore.KEY_ENV} must hold {node}'s key (64 hex digits); the supervisor sets it")
+        if not 0 <= local_rank < per_node:
+            raise ValueError(f"local rank {local_rank} of {per_node}: need 0 <= LOCAL_RANK < LOCAL_WORLD_SIZE")
         self.store, self.node, self.key = store, node, key
+        self.local_rank, self.per_node = local_rank, per_node
         self.collective_timeout_s, self.regroup_timeout_s = collective_timeout_s, regroup_timeout_s
         self.generation: Generation | None = None
         self.formed = 0  # generations this process has formed
@@ -179,9 +208,11 @@ class Membership:
         collective_timeout_s: float | None = None,
         timeout_s: float = 30.0,
         attempt: int | None = None,
+        local_rank: int = 0,
+        per_node: int = 1,
     ) -> Membership:
-        """Join the store at ``address`` as ``node`` holding ``key``; ``attempt``: the keys of that attempt only
-        (``coordstore.attempt_prefix``)."""
+        """Join the store at ``address`` as local rank ``local_rank`` of ``node``'s ``per_node``, holding ``key``;
+        ``attempt``: the keys of that attempt only (``coordstore.attempt_prefix``)."""
         host, port = parse_address(address)
         try:
             store: dist.Store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s))
@@ -191,15 +222,24 @@ class Membership:
             ) from exc
         if attempt is not None:
             store = dist.PrefixStore(coordstore.attempt_prefix(attempt), store)
-        return cls(store, node, key, collective_timeout_s or DEFAULT_COLLECTIVE_TIMEOUT_S)
+        timeout = collective_timeout_s or DEFAULT_COLLECTIVE_TIMEOUT_S
+        return cls(store, node, key, timeout, local_rank=local_rank, per_node=per_node)
 
     @property
     def rank(self) -> int:
         gen = self.generation
-        rank = gen.rank_of(self.node) if gen is not None else None
+        rank = self.rank_in(gen) if gen is not None else None
         if rank is None:
             raise RuntimeError(f"{self.node} is not a member of the current generation")
         return rank
+
+    def rank_in(self, gen: Generation) -> int | None:
+        """This process's rank in ``gen`` (None: it does not list this node)."""
+        return generation_rank(gen, self.node, self.local_rank, self.per_node)
+
+    def world(self, gen: Generation) -> int:
+        """The ranks of ``gen``: each member node brings all of its own."""
+        return gen.world * self.per_node
 
     def next_generation(self, timeout_s: float | None = None) -> Generation | None:
         """Wait for a generation newer than the current one; None if it leaves this node out (it should exit).
@@ -218,7 +258,7 @@ class Membership:
                         return gen
                     if gen.number > after and self.formed:
                         return None
-                    if not self.formed and not self.spare_announced:  # tell the supervisor a spare is ready
+                    if not self.formed and not self.spare_announced and self.local_rank == 0:  # a spare is ready
                         coordstore.announce_spare(self.store, self.node, self.key, gen.number)
                         self.spare_announced = True
             except (RuntimeError, dist.DistError) as exc:
@@ -281,13 +321,14 @@ class Membership:
             dist.destroy_process_group()
 
     def form(self, gen: Generation) -> int:
-        """Make ``gen``'s gloo group this process's default group (a store barrier of its members); the rank."""
-        rank = gen.rank_of(self.node)
+        """Make ``gen``'s gloo group this process's default group (a store barrier of its members' ranks); the
+        rank."""
+        rank = self.rank_in(gen)
         if rank is None:
             raise ValueError(f"generation {gen.number} does not list {self.node}: {gen.members}")
         prefix = dist.PrefixStore(f"g{gen.number}/pg", self.store)
         dist.init_process_group(
-            "gloo", store=prefix, rank=rank, world_size=gen.world,
+            "gloo", store=prefix, rank=rank, world_size=self.world(gen),
             timeout=timedelta(seconds=self.collective_timeout_s),
         )  # fmt: skip
         self.generation, self.formed = gen, self.formed + 1
@@ -339,6 +380,7 @@ class Membership:
         return newest
 
     def ready(self, step: int) -> None:
-        """Tell the supervisor this node formed the current generation and continues after ``step``."""
-        if self.generation is not None:
+        """Tell the supervisor this node formed the current generation and continues after ``step`` (its local
+        rank 0 alone: the group formed only once every rank of every member joined it)."""
+        if self.generation is not None and self.local_rank == 0:
             coordstore.report_ready(self.store, self.generation.number, self.node, self.key, step)

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -56,7 +57,7 @@ from trainyard.errors import TrainingFailed
 from trainyard.protocol.coordstore import Generation
 from trainyard.runtime import process
 from trainyard.runtime.checkpoints import Checkpointer, load_latest
-from trainyard.runtime.elastic import Membership, is_collective_error
+from trainyard.runtime.elastic import Membership, is_collective_error, local_ranks
 from trainyard.runtime.progress import regrouped, regrouping
 
 log = logging.getLogger("trainyard.workload")
@@ -162,9 +163,14 @@ class InPlaceGroup(ElasticGroup):
             raise TrainingFailed(
                 "TRAINYARD_STORE is set but TRAINYARD_STORE_KEY is not: the supervisor sets both", kind="user_error"
             )
-        self.membership = membership or Membership.connect(
-            ctx.store, ctx.node, ctx.store_key or "", ctx.collective_timeout_s, attempt=ctx.attempt
-        )
+        if membership is None:
+            try:
+                local_rank, per_node = local_ranks(os.environ)
+            except ValueError as exc:
+                raise TrainingFailed(str(exc), kind="user_error") from None
+            membership = Membership.connect(ctx.store, ctx.node, ctx.store_key or "", ctx.collective_timeout_s,
+                                            attempt=ctx.attempt, local_rank=local_rank, per_node=per_node)  # fmt: skip
+        self.membership = membership
         self.step = -1  # a joiner holds nothing
         self._after = "start"  # how the last generation ended: "start" (none yet), "done", "grown", "fault"
         self._first = 0  # this process's first generation: the attempt's first resumes from the checkpoint
@@ -207,7 +213,7 @@ class InPlaceGroup(ElasticGroup):
         """Form ``gen``'s group, wrap the model and agree on the committed step (sending the state behind)."""
         ctx, member = self.ctx, self.membership
         self.rank = member.form(gen)
-        self.number, self.world_size, self.micro_batch = gen.number, gen.world, gen.micro_batch
+        self.number, self.world_size, self.micro_batch = gen.number, member.world(gen), gen.micro_batch
         self.model = self.wrap()  # DDP broadcasts rank 0's parameters: rank 0 is a survivor (see sync_state)
         if gen.number == self._first == 1:
             self.step = load_latest(self.state, ctx=ctx)
@@ -219,7 +225,7 @@ class InPlaceGroup(ElasticGroup):
             regrouped(gen.number, gen.micro_batch, self.step, gen.joiners, ctx=ctx)
         since = f", {time.monotonic() - self._fault_at:.3f}s after the fault" if self._fault_at is not None else ""
         log.info("%s: generation %d, rank %d of %d, micro batch %d, from step %d, params %s%s", ctx.node, gen.number,
-                 self.rank, gen.world, gen.micro_batch, self.step, params_digest(self.model), since)  # fmt: skip
+                 self.rank, self.world_size, gen.micro_batch, self.step, params_digest(self.model), since)  # fmt: skip
         self._word = 0
 
     def steps(self) -> Iterator[int]:

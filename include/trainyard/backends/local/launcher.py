@@ -6,6 +6,13 @@ port and train over gloo, or NCCL where they have GPUs. Node 0's agent hosts
 the rendezvous store. The agents get an allow-listed environment
 (``trainyard.backends.local.environ``), never the Airflow worker's secrets.
 
+In place (the plan names a coordination store), a node is no agent but its
+``procs_per_node`` ranks, each a process of its own (a fork of the zygote for the
+reference workload) with the world torchrun would give it (``rank_env``), so a
+script that forms its own group from it trains as a fixed world. The node stays
+the unit: it has failed when any of its ranks has, and it is killed, started
+again and cancelled with all of them.
+
 GPUs: the host's GPUs are split between the simulated nodes through
 ``CUDA_VISIBLE_DEVICES`` (node ``i`` gets ``[i * g, (i + 1) * g)`` for ``g`` =
 ``nodes.gpus_per_node``), so a node's ``cuda:LOCAL_RANK`` is a GPU of its own;
@@ -83,12 +90,55 @@ def host_gpus(parent: Mapping[str, str]) -> list[str]:
     return visible_devices(parent, torch.cuda.device_count())
 
 
+Proc = subprocess.Popen | Forked
+WORLD_NAMES = ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+"""What torchrun gives each rank, which an in-place launch gives too (``rank_env``)."""
+
+
 @dataclass
 class LocalHandle:
     plan: LaunchPlan
     port: int
-    procs: dict[str, subprocess.Popen | Forked] = field(default_factory=dict)
+    ranks: dict[str, list[Proc]] = field(default_factory=dict)
+    """Node -> its processes: its torchrun agent, or (in place) one per local rank, in local rank order."""
     logs: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def procs(self) -> dict[str, Proc]:
+        """Node -> its first process (its torchrun agent, or its local rank 0)."""
+        return {node: procs[0] for node, procs in self.ranks.items() if procs}
+
+    def processes(self, nodes: list[str] | None = None) -> list[Proc]:
+        """Every process of ``nodes`` (default: of every node)."""
+        return [p for node in (self.ranks if nodes is None else nodes) for p in self.ranks.get(node, [])]
+
+
+def rank_env(node_index: int, local_rank: int, per_node: int, nodes: int, port: int) -> dict[str, str]:
+    """The world torchrun would give local rank ``local_rank`` of node ``node_index`` of ``nodes`` nodes of
+    ``per_node`` ranks each, meeting at ``127.0.0.1:port``: with it a script that forms its own group (env://)
+    trains as a fixed world under an in-place launch. The elastic group ignores ``RANK``/``WORLD_SIZE`` (each
+    generation renumbers) and keeps ``LOCAL_RANK``/``LOCAL_WORLD_SIZE``."""
+    if not (0 <= local_rank < per_node and 0 <= node_index and nodes >= 1):
+        raise ValueError(f"local rank {local_rank} of {per_node}, node {node_index} of {nodes}: out of range")
+    return {
+        "LOCAL_RANK": str(local_rank),
+        "LOCAL_WORLD_SIZE": str(per_node),
+        "RANK": str(node_index * per_node + local_rank),
+        "WORLD_SIZE": str(nodes * per_node),
+        "GROUP_RANK": str(node_index),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
+
+
+def node_state(codes: list[int | None]) -> tuple[NodeState, int | None]:
+    """A node's state and exit code from its processes' codes: failed when any failed (the node is the unit of
+    recovery), else running while any runs, else succeeded."""
+    if failed := [c for c in codes if c not in (None, 0)]:
+        return "failed", failed[0]
+    if any(c is None for c in codes):
+        return "running", None
+    return "succeeded", 0
 
 
 def torchrun_argv(plan: LaunchPlan, port: int, node_index: int) -> list[str]:
@@ -160,32 +210,43 @@ class LocalLauncher:
         for index, node in enumerate(plan.nodes):
             self._start(handle, node, index, gpus[index])
         if plan.train_env.store:
-            log.info(
-                "attempt %d: %d node(s) group on the store at %s", plan.attempt, len(plan.nodes), plan.train_env.store
-            )
+            log.info("attempt %d: %d node(s) x %d rank(s) group on the store at %s",
+                     plan.attempt, len(plan.nodes), plan.procs_per_node, plan.train_env.store)  # fmt: skip
         else:
             log.info("attempt %d: %d node(s) rendezvous on 127.0.0.1:%d", plan.attempt, len(plan.nodes), handle.port)
         return handle
 
     def _start(self, handle: LocalHandle, node: str, index: int, gpus: str = "") -> None:
         plan = handle.plan
-        # With a coordination store each node is one plain process that forms its groups there
-        # (``trainyard.runtime.elastic``): no torchrun agent and no rendezvous hosted by node 0, so any
-        # node can die and the others run on.
-        path = plan.log_dir / f"{node}.log"
+        path = plan.log_dir / f"{node}.log"  # a node's ranks append to its one log, as torchrun's do
         env = node_env(plan, node, gpus=gpus)
         handle.logs[node] = path
-        if plan.train_env.store and usable(plan.entry_argv()):
+        if not plan.train_env.store:
+            handle.ranks[node] = [self._popen(torchrun_argv(plan, handle.port, index), env, path)]
+            return
+        # With a coordination store each rank is one plain process that forms its groups there
+        # (``trainyard.runtime.elastic``): no torchrun agent and no rendezvous hosted by node 0, so any
+        # node can die and the others run on. Each gets torchrun's world environment all the same.
+        per_node, world = plan.procs_per_node, len(plan.nodes)
+        handle.ranks[node] = [
+            self._rank(plan, {**env, **rank_env(index, r, per_node, max(world, index + 1), handle.port)}, path)
+            for r in range(per_node)
+        ]
+
+    def _rank(self, plan: LaunchPlan, env: dict[str, str], path: Path) -> Proc:
+        """One rank of an in-place node: forked from the zygote for the reference workload, else a new process."""
+        if usable(plan.entry_argv()):
             # Forked from a process that imported torch already: no start-up, no import's CPU beside training.
             try:
-                handle.procs[node] = self._zygote(env).spawn(plan.entry_argv(), env, path)
-                return
+                return self._zygote(env).spawn(plan.entry_argv(), env, path)
             except RuntimeError as exc:
-                log.warning("%s: %s; starting it as a new process", node, exc)
+                log.warning("%s: %s; starting it as a new process", env.get("TRAINYARD_NODE", "a node"), exc)
                 self.zygote = None
-        argv = [sys.executable, *plan.entry_argv()] if plan.train_env.store else torchrun_argv(plan, handle.port, index)
+        return self._popen([sys.executable, *plan.entry_argv()], env, path)
+
+    def _popen(self, argv: list[str], env: dict[str, str], path: Path) -> subprocess.Popen:
         with open_append(path) as out:  # training code may have planted a link for the next attempt
-            handle.procs[node] = subprocess.Popen(
+            return subprocess.Popen(
                 argv,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -198,30 +259,31 @@ class LocalLauncher:
     def _zygote(self, env: Mapping[str, str]) -> Zygote:
         """The zygote, started with the part of a node's environment that every node shares."""
         if self.zygote is None or not self.zygote.alive():
-            shared = {k: v for k, v in env.items() if not k.startswith("TRAINYARD_")}
+            shared = {k: v for k, v in env.items() if not k.startswith("TRAINYARD_") and k not in WORLD_NAMES}
             self.zygote = Zygote(shared, preexec_fn=die_with_parent)
         return self.zygote
 
     def add_nodes(self, handle: LocalHandle, nodes: list[str]) -> None:
-        """Start ``nodes`` in the running attempt (joiners of an in-place regroup: they wait on the store)."""
+        """Start ``nodes``, all ranks of each, in the running attempt (joiners of an in-place regroup: they wait on
+        the store). A node whose processes are not all gone is left alone (``kill_nodes`` it first)."""
         for node in nodes:
-            if node not in handle.procs or handle.procs[node].poll() is not None:
-                self._start(handle, node, len(handle.procs))
+            if all(p.poll() is not None for p in handle.ranks.get(node, [])):
+                index = handle.plan.nodes.index(node) if node in handle.plan.nodes else len(handle.ranks)
+                self._start(handle, node, index)
 
     def kill_nodes(self, handle: LocalHandle, nodes: list[str], wait_s: float = 5.0) -> None:
-        """SIGKILL these nodes' process trees (a stopped process dies too, closing its sockets); the others run on."""
-        tree = [p for node in nodes if node in handle.procs for p in process_tree(handle.procs[node].pid)]
+        """SIGKILL these nodes' process trees, every rank's (a stopped process dies too, closing its sockets); the
+        others run on."""
+        tree = [p for proc in handle.processes(nodes) for p in process_tree(proc.pid)]
         signal_all(tree, signal.SIGKILL)
+        for proc in handle.processes(nodes):  # reaped by their own handles first, which keep the code (-9)
+            proc.wait(timeout=wait_s)
         psutil.wait_procs(tree, timeout=wait_s)
-        for node in nodes:
-            if node in handle.procs:
-                handle.procs[node].wait(timeout=wait_s)
 
     def poll(self, handle: LocalHandle) -> AttemptStatus:
         statuses = []
-        for node, proc in handle.procs.items():
-            code = proc.poll()
-            state: NodeState = "running" if code is None else "succeeded" if code == 0 else "failed"
+        for node, procs in handle.ranks.items():
+            state, code = node_state([proc.poll() for proc in procs])
             statuses.append(NodeStatus(node, state, code, str(handle.logs[node]), host=node))
         return AttemptStatus(statuses)
 
@@ -231,13 +293,13 @@ class LocalLauncher:
         torchrun starts its workers in sessions of their own, so killing the
         agent's process group is not enough: we collect the whole tree first.
         """
-        tree = [p for proc in handle.procs.values() for p in process_tree(proc.pid)]
+        tree = [p for proc in handle.processes() for p in process_tree(proc.pid)]
         signal_all(tree, signal.SIGTERM)
         signal_all(tree, signal.SIGCONT)  # a stopped (hung) process handles its SIGTERM only once resumed
         _, alive = psutil.wait_procs(tree, timeout=grace_s)
         signal_all(alive, signal.SIGKILL)
         psutil.wait_procs(alive, timeout=5)
-        for proc in handle.procs.values():
+        for proc in handle.processes():
             if proc.poll() is None:
                 proc.wait(timeout=5)
         if handle in self.active:
