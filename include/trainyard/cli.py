@@ -233,7 +233,9 @@ def parser() -> argparse.ArgumentParser:
     drill = sub.add_parser("drill", help="act out a fault in a real run and check the recovery")
     drill.add_argument("spec", type=Path)
     drill.add_argument(
-        "--fault", required=True, choices=["kill", "hang", "slow", "corrupt_checkpoint", "nan", "oom", "exception"]
+        "--fault",
+        required=True,
+        choices=["kill", "hang", "slow", "corrupt_checkpoint", "nan", "oom", "exception", "preempt"],
     )
     drill.add_argument("--step", type=int, required=True)
     drill.add_argument("--node", help="the node that acts it out (default: every node / node-0)")

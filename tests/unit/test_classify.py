@@ -383,8 +383,8 @@ CASES = [
     (
         "k8s-preempted",
         Failure(1, "crash", [node("node-1", exit_code=143, reason="PreemptionByScheduler")]),
-        "node_lost",
-        ["node-1"],
+        "preempted",
+        [],
         "PreemptionByScheduler",
     ),
     (
@@ -650,13 +650,13 @@ CASES = [
         [],
         "an illegal memory access",
     ),
-    # SIGTERM is how attempts are torn down, so it blames nobody
+    # A node that had failed by SIGTERM before the supervisor looked was given notice: preempted, nobody blamed
     (
         "sigterm-blames-nobody",
         Failure(1, "crash", [node("node-0", exit_code=-15, log=CANCELLED), node("node-1", log=peer_closed(1))]),
-        "transient",
+        "preempted",
         [],
-        "Connection closed by peer",
+        "node-0 exit -15",
     ),
     # ---- exit codes alone
     (
@@ -704,11 +704,11 @@ CASES = [
         "unclassified: ",
     ),
     (
-        "cancel-is-not-a-user-error",
+        "sigterm-is-not-a-user-error",
         Failure(1, "crash", [node("node-0", log=CANCELLED)]),
-        "transient",
+        "preempted",
         [],
-        "SignalException",
+        "got signal: 15",
     ),
     # a node that finished holds no root cause; its shutdown warnings are noise
     (
@@ -750,3 +750,82 @@ def test_the_first_failed_node_is_quoted_and_others_are_named() -> None:
 def test_a_long_line_is_clipped_to_one_line() -> None:
     found = classify(Failure(1, "crash", [node("node-0", log=worker_raised(0, "ValueError: " + "x" * 2000))]))
     assert found.kind == "user_error" and found.evidence.endswith("...") and len(found.evidence) <= 300
+
+
+# Notice (issue 30, preemption): which nodes leave, and that none is blamed; (id, failure, kind, leaving, evidence).
+PREEMPTION = [
+    (
+        "left-on-the-store",
+        Failure(
+            1, "preempted", [running("node-0"), running("node-1"), running("node-2")], leaving=["node-1"], last_step=12
+        ),
+        "preempted",
+        ["node-1"],
+        "node-1 given notice (SIGTERM): left at a step boundary after step 12",
+    ),
+    (
+        "k8s-pod-preempted",
+        Failure(1, "crash", [running("node-0"), node("node-1", exit_code=143, reason="PreemptionByScheduler")]),
+        "preempted",
+        ["node-1"],
+        "node-1: pod PreemptionByScheduler (exit 143)",
+    ),
+    (
+        "k8s-node-shutdown",  # a spot interruption drains the node: the kubelet's graceful shutdown
+        Failure(1, "crash", [node("node-2", exit_code=143, reason="TerminationByKubelet"), running("node-0")]),
+        "preempted",
+        ["node-2"],
+        "TerminationByKubelet",
+    ),
+    (
+        "sigterm-exit-peers-lost-it",
+        Failure(1, "crash", [node("node-1", exit_code=-15), node("node-0", log=peer_closed(0)), running("node-2")]),
+        "preempted",
+        ["node-1"],
+        "node-1 exit -15: terminated by SIGTERM",
+    ),
+    (
+        "torchrun-agent-got-sigterm",
+        Failure(1, "crash", [node("node-1", exit_code=1, log=CANCELLED), node("node-2", log=peer_closed(2))]),
+        "preempted",
+        ["node-1"],
+        "got signal: 15",
+    ),
+    (
+        "teardown-noise-on-running-nodes",  # the supervisor's own cancel, read after it: still the SIGKILL
+        Failure(1, "crash", [node("node-1", exit_code=-9), running("node-0", CANCELLED), running("node-2", CANCELLED)]),
+        "node_lost",
+        [],
+        "node-1 exit -9",
+    ),
+    (
+        "teardown-beside-a-root-cause",  # a failed Job's other pods get SIGTERM too: the OOM decides
+        Failure(1, "crash", [node("node-0", exit_code=143, log=CANCELLED), node("node-1", log=CUDA_OOM)]),
+        "oom",
+        [],
+        "out of memory",
+    ),
+    (
+        "teardown-beside-an-unexplained-exit",
+        Failure(1, "crash", [node("node-0", exit_code=143), node("node-1", exit_code=3, log=UNEXPLAINED)]),
+        "transient",
+        [],
+        "unclassified",
+    ),
+    (
+        "evicted-is-still-the-hosts",
+        Failure(1, "crash", [node("node-2", exit_code=137, reason="Evicted"), running("node-0")]),
+        "node_lost",
+        [],
+        "pod Evicted",
+    ),
+]
+
+
+@pytest.mark.parametrize("failure,kind,leaving,evidence", [c[1:] for c in PREEMPTION], ids=[c[0] for c in PREEMPTION])
+def test_notice_is_preempted_and_blames_no_host(failure: Failure, kind: str, leaving: list[str], evidence: str) -> None:
+    found = classify(failure)
+    assert (found.kind, found.leaving) == (kind, leaving), found.evidence
+    assert evidence in found.evidence
+    if kind == "preempted":
+        assert found.culprits == []  # no exclusion, no cool-down, no burn-in blame

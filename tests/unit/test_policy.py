@@ -31,11 +31,17 @@ EVIDENCE = {
     "diverged": "node-1: [rank1]: trainyard.errors.TrainingFailed: loss is nan at step 30",
     "user_error": "node-1: [rank1]: ValueError: bad shape for head: expected 64 got 48",
     "data_error": "node-0: [rank0]: trainyard.errors.DataError: shard tokens-0003.bin is truncated",
+    "preempted": "node-1 given notice (SIGTERM): left at a step boundary after step 40",
 }
 
 
 def failed(kind: str, *culprits: str, step: int | None = None) -> Classified:
     return Classified(kind, EVIDENCE[kind], list(culprits), step)
+
+
+def notice(*leaving: str, step: int | None = 40) -> Classified:
+    """A preemption as classify says it: the nodes given notice leave; no culprit."""
+    return Classified("preempted", EVIDENCE["preempted"], [], step, list(leaving))
 
 
 def world(count: int = 4, spares: int = 0, min_nodes: int = 1, procs: int = 1, global_batch: int = 12,
@@ -614,6 +620,72 @@ CASES += [
         GiveUp,
         {},
         "attempt budget of 2 exhausted",
+    ),
+]
+
+
+# ---- notice (preemption): the node leaves, in place or by a retry on the same nodes; never excluded
+CASES += [
+    (
+        "preempted-in-place",
+        [],
+        notice("node-1"),
+        world(in_place=CAN),
+        policy(),
+        Regroup,
+        {"nodes": ["node-0", "node-2", "node-3"], "joiners": [], "leave_out": ["node-1"], "micro_batch": 2},
+        "preempted on node-1 (node-1 given notice (SIGTERM): left at a step boundary after step 40): regroup in"
+        " place, 4 -> 3 nodes",
+    ),
+    (
+        "preempted-in-place-a-spare-joins",
+        [],
+        notice("node-3"),
+        world(spares=1, in_place=CAN),
+        policy(),
+        Regroup,
+        {"nodes": ["node-0", "node-1", "node-2", "node-4"], "joiners": ["node-4"], "leave_out": ["node-3"]},
+        "spare node-4 joins with the survivors' state, 4 nodes kept",
+    ),
+    (
+        "preempted-relaunch-same-nodes",  # no culprit: the next attempt may use the host again
+        [],
+        notice("node-1"),
+        world(),
+        policy(),
+        Retry,
+        {"micro_batch": None},
+        "preempted (node-1 given notice (SIGTERM): left at a step boundary after step 40): retry on the same 4 nodes",
+    ),
+    (
+        "preempted-in-place-off",
+        [],
+        notice("node-1"),
+        world(in_place=CAN),
+        policy(in_place=False),
+        Retry,
+        {},
+        "retry on the same 4 nodes",
+    ),
+    (
+        "preempted-in-place-refused",
+        [],
+        notice("node-1"),
+        world(in_place=InPlace(False, "the script does not use trainyard's elastic group")),
+        policy(),
+        Retry,
+        {},
+        "relaunch, not in place: the script does not use trainyard's elastic group",
+    ),
+    (
+        "preempted-below-min-nodes-relaunches",
+        [],
+        notice("node-1"),
+        world(count=2, min_nodes=2, in_place=CAN),
+        policy(),
+        Retry,
+        {},
+        "relaunch, not in place: preempted on node-1",
     ),
 ]
 

@@ -32,6 +32,7 @@ EXPECTED: dict[str, tuple[str | None, str]] = {
     "nan": ("rollback", "succeeded"),
     "oom": ("retry", "succeeded"),
     "exception": ("fail", "failed"),
+    "preempt": ("retry", "succeeded"),
 }
 
 

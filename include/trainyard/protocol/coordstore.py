@@ -44,6 +44,7 @@ Keys, below the attempt's prefix (``attempt_prefix``); values are text, sealed b
                          once it finds an authentic ``fault/<node>`` of generation g (worker)
     ready/<g>/<node>     the node formed generation g and holds the state of step ``value`` (worker)
     spare/<node>         a warm spare is waiting to be listed; the value: the generation it saw (worker)
+    leave/<node>         notice (SIGTERM): the node leaves generation ``value`` at a step boundary (worker)
 
 A generation lists its members in rank order (a member's rank is its index);
 ``joiners`` are members without the training state, which the others send them
@@ -99,6 +100,10 @@ def ready_key(g: int, node: str) -> str:
 
 def spare_key(node: str) -> str:
     return f"spare/{node}"
+
+
+def leave_key(node: str) -> str:
+    return f"leave/{node}"
 
 
 def faulted_key(g: int) -> str:
@@ -234,6 +239,12 @@ def announce_spare(store: Store, node: str, key: str, seen: int) -> None:
     store.set(spare_key(node), seal(key, spare_key(node), str(seen)))
 
 
+def report_leave(store: Store, node: str, key: str, generation: int) -> None:
+    """A node given notice leaves ``generation`` at this step boundary; the supervisor wakes as on a fault."""
+    store.set(leave_key(node), seal(key, leave_key(node), str(generation)))
+    store.add(faulted_key(generation), 1)
+
+
 def open_generation(key: str, name: str, raw: bytes) -> Generation:
     """The generation the supervisor sealed under ``name`` for the holder of ``key``; ``ValueError`` (``Forged``
     among them) when it is not authentic or malformed."""
@@ -349,7 +360,7 @@ class Coordinator:
         return {node: step for node, step in steps.items() if step is not None}
 
     def _faulted(self, g: int) -> bool:
-        """Whether a node reported an authentic fault of generation ``g``. The counter only says when to look:
+        """Whether a node reported an authentic fault of generation ``g``, or that it leaves it. The counter only says when to look:
         the records are read when it changed, so a count someone else adds to costs a read, never a loop."""
         if g in self._faulted_gens:
             return True
@@ -357,10 +368,14 @@ class Coordinator:
         if count is None or self._looked.get(g) == count:
             return False
         self._looked[g] = count
-        if any(record.generation == g for record in self.fault_records().values()):
+        if any(record.generation == g for record in self.fault_records().values()) or self.leaving(g):
             self._faulted_gens.add(g)
             return True
         return False
+
+    def leaving(self, g: int) -> list[str]:
+        """The nodes that reported (authentically) that they leave generation ``g`` on notice."""
+        return [node for node in self.keys if self._read(leave_key(node), node, _count) == g]
 
     def wait_fault(self, g: int, timeout_s: float) -> bool:
         """Whether a member of generation ``g`` reported a fault, waiting up to ``timeout_s`` for one.

@@ -52,4 +52,6 @@ LOG_PATTERNS: dict[str, tuple[str, ...]] = {
     ),
     # A torchrun agent reporting that one of its workers was SIGKILLed (the node, or its memory, went away).
     "sigkill": (r"Signals\.SIGKILL", r"exitcode\s*:\s*-9\b", r"Signal 9 \(SIGKILL\)"),
+    # A torchrun agent (or its worker) that got SIGTERM: notice, read only on a node that had already failed.
+    "sigterm": (r"got signal: 15\b", r"Signal 15 \(SIGTERM\)"),
 }

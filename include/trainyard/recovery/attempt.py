@@ -67,6 +67,7 @@ def watch_attempt(
     ready_spares: Callable[[AttemptStatus], list[str]] | None = None,
     pause: Callable[[float], None] = time.sleep,
     each_poll: Callable[[], None] | None = None,
+    leaving: Callable[[], list[str]] | None = None,
 ) -> AttemptSucceeded | Failed | LeaseLost | SparesReady:
     """Poll the attempt until it succeeds, fails or the run loses its lineage: what was seen.
 
@@ -77,7 +78,9 @@ def watch_attempt(
     nodes outside the group that wait ready to join it, from the launcher's full status; any ends the
     watch. Only the plan's nodes, the current group, are watched for success and failure then.
     ``pause`` waits between polls (at most ``poll_s``; an attempt on the store wakes on a fault report).
-    ``each_poll`` acts before each poll (nodes due to start once their generation formed).
+    ``each_poll`` acts before each poll (nodes due to start once their generation formed). ``leaving`` (an
+    attempt on the store): the group's nodes that reported they leave on notice; any is a ``preempted`` failure
+    to regroup without them, seen before their processes end.
     """
     members = list(plan.nodes) if regrouped else None
     while True:
@@ -91,6 +94,11 @@ def watch_attempt(
         if status.state == "succeeded":
             return AttemptSucceeded(plan.attempt, time.time(), last_step(heartbeat_dir))
         problem = detect(status, heartbeat_dir, plan.world_size, started, heartbeat_timeout_s, startup_grace_s, members)
+        if not problem and leaving is not None and (left := [n for n in leaving() if n in plan.nodes]):
+            at = time.time()
+            said = f"{', '.join(left)} given notice (SIGTERM), leaving at a step boundary"
+            scan = checkpoints() if checkpoints else None
+            return failed(plan, status, heartbeat_dir, "preempted", [], said, scan, at=at, leaving=left)
         if problem:
             at = time.time()
             return failed(plan, status, heartbeat_dir, *problem, checkpoints() if checkpoints else None, at=at)

@@ -2,7 +2,7 @@
 
 ``classify(failure) -> Classified`` is pure: it reads the node statuses and log
 tails the supervisor collected and returns a kind (``node_lost``, ``hang``,
-``transient``, ``oom``, ``diverged``, ``user_error``, ``data_error``), one line
+``transient``, ``oom``, ``diverged``, ``user_error``, ``data_error``, ``preempted``), one line
 of evidence a person can act on, and the nodes to blame. It sleeps, reads no
 file and calls no API; ``policy.decide`` turns its answer into an action.
 
@@ -18,6 +18,9 @@ from a cancel) are never root causes either.
 
 Precedence is the order of ``RULES``; the first rule that fires decides:
 
+P. ``trigger == "preempted"``: nodes given notice reported on the coordination store (sealed with their
+   own keys) that they leave at a step boundary -> preempted. Notice is no fault: no node is blamed
+   (``Classified.leaving`` names them, for a regroup to leave out, never ``culprits``).
 0. Failure records (``trainyard.protocol.records``): a rank of the training
    runtime that died of an exception said why before it exited. A root cause
    there (diverged, data_error, oom, node_lost, user_error, in that order)
@@ -25,7 +28,8 @@ Precedence is the order of ``RULES``; the first rule that fires decides:
    and leaves it to the rules below. Only records naming a node of the attempt
    count. The log rules below are for scripts that do not use the runtime.
 1. Kubernetes reasons (``trainyard.backends.kubernetes.reasons``, the one list): OOMKilled ->
-   oom; Evicted/NodeLost/preemption/node shutdown -> node_lost; image pull /
+   oom; the scheduler's preemption, a node's graceful shutdown -> preempted (no blame);
+   Evicted/NodeLost/taint eviction -> node_lost; image pull /
    container config errors, a pod no node fits (Unschedulable) -> user_error.
 2. Root causes in a log (any node): non-finite loss -> diverged; DataError ->
    data_error; SpecError -> user_error; out of memory (CUDA's, NCCL's, the
@@ -36,7 +40,9 @@ Precedence is the order of ``RULES``; the first rule that fires decides:
 3. ``trigger == "hang"`` -> hang, blaming the nodes whose ranks went silent.
    It comes before the symptoms below because the supervisor ends a hung
    attempt itself, and what the logs show afterwards is that ending.
-4. Connection / collective / rendezvous errors -> transient, unless some node
+4. A node that had already failed when the supervisor looked, by SIGTERM (exit -15 or 143, or its
+   torchrun agent's "got signal: 15") -> preempted, its peers' errors being symptoms; no node is
+   blamed. Connection / collective / rendezvous errors -> transient, unless some node
    was SIGKILLed (exit -9 or 137, or its agent reports a worker killed by
    SIGKILL): then that node is lost and its peers only saw it vanish. Among
    them, NCCL's watchdog timing out a collective -> hang, blaming no node:
@@ -55,9 +61,10 @@ Limits, knowingly accepted:
 - Root causes beat symptoms whatever the order nodes exited in; between two
   root causes on two nodes the earlier rule wins (diverged over data_error
   over ... over user_error).
-- SIGTERM (exit -15/143) blames no node: in practice it is the attempt being
-  torn down (the supervisor's cancel, Kubernetes ending a failed Job's other
-  pods), and Kubernetes' own evictions and preemptions carry a reason (rule 1).
+- SIGTERM (exit -15/143) blames no node. It counts as notice (rule 4) only on a node that had failed
+  when the supervisor looked, before its own cancel: the statuses are polled before it, the logs read
+  after it (where every node shows the teardown). A SIGTERM of a failed Job's other pods seen in the same
+  poll as a root cause loses to it (rules 1-2 come first).
 - A kernel OOM kill outside Kubernetes is only a SIGKILL to us: it reads as a
   lost node unless the log says "out of memory".
 - The patterns are the English messages of torch 2.x, gloo, NCCL and the
@@ -73,9 +80,10 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from trainyard.backends.kubernetes.reasons import CONFIG_REASONS, NODE_LOST_REASONS, OOM_REASONS
+from trainyard.backends.kubernetes.reasons import CONFIG_REASONS, NODE_LOST_REASONS, OOM_REASONS, PREEMPTED_REASONS
 from trainyard.protocol.records import FailureRecord
 from trainyard.protocol.signs import LOG_PATTERNS
+from trainyard.recovery.logread import Hit, best_line, last_words, split_streams, user_exception
 from trainyard.spec.models import FailureKind
 
 MAX_EVIDENCE = 300
@@ -109,6 +117,8 @@ class Failure:
     """Newest step any rank reported by heartbeat."""
     records: list[FailureRecord] = field(default_factory=list)
     """The ranks' failure records (``records.failure_records``), earliest first."""
+    leaving: list[str] = field(default_factory=list)
+    """Nodes that reported on the coordination store that they leave on notice (trigger ``preempted``)."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +131,8 @@ class Classified:
     """Nodes to blame (to exclude on scale-down); [] when no node is at fault."""
     step: int | None = None
     """Step the failure was seen at: a diverged loss's own step, else the last heartbeat step."""
+    leaving: list[str] = field(default_factory=list)
+    """``preempted``: the nodes given notice, which leave (a regroup leaves them out); never blamed."""
 
 
 @dataclass(frozen=True)
@@ -129,36 +141,14 @@ class Finding:
 
     evidence: str
     culprits: list[str] = field(default_factory=list)
+    leaving: list[str] = field(default_factory=list)
 
-
-# ---------------------------------------------------------------- what the words mean
-
-_COMPILED = {cat: re.compile("|".join(f"(?:{p})" for p in pats), re.IGNORECASE) for cat, pats in LOG_PATTERNS.items()}
-# Categories that name a root cause, in the order their rules are tried (user exceptions come after them).
-ROOT_CAUSES = ("diverged", "data", "spec", "oom", "hardware")
 
 SIGKILL_EXITS = frozenset({-9, 137})
-# torchrun's wrappers and the ways an attempt is ended from outside: never a root cause.
-NOT_ROOT_CAUSES = frozenset({"ChildFailedError", "SignalException", "KeyboardInterrupt", "SystemExit"})
-
-_RANK_PREFIX = re.compile(r"^\[([A-Za-z_]*\d+)\]:\s?")
-_EXCEPTION = re.compile(r"^(?P<name>(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Failed|Interrupt|Exit))(?::|$)")
-_CHAINED = re.compile(r"During handling of the above exception|The above exception was the direct cause")
+SIGTERM_EXITS = frozenset({-15, 143})
 _AT_STEP = re.compile(r"\bat step (\d+)")
-# glog headers of torch's C++ and elastic logs ("E1129 22:05:25.913000 26115 .../api.py:1002] ",
-# "[W1129 22:02:17.454685851 TCPStore.cpp:115] "): noise in a one-line evidence.
-_LOG_HEADER = re.compile(r"^\[?[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +(?:\d+ )?\S+:\d+\] ")
-_WORKER_EXIT = re.compile(r"failed \(exitcode: -?\d+\)")
 
-
-# ---------------------------------------------------------------- reading the logs
-
-
-@dataclass(frozen=True)
-class Hit:
-    node: str
-    line: str
-    """The matching log line, stripped (a rank prefix kept: it says which rank)."""
+# ---------------------------------------------------------------- what the logs show
 
 
 @dataclass(frozen=True)
@@ -170,67 +160,10 @@ class Seen:
     """Per category (``LOG_PATTERNS`` keys and ``user``), the best line of each node that shows it."""
     killed: dict[str, str]
     """SIGKILLed nodes and how we know (``exit -9``, or the agent's line)."""
+    terminated: dict[str, str]
+    """Nodes that had failed by SIGTERM when the supervisor looked, and how we know."""
     records: list[FailureRecord]
     """The failure records that name a node of the attempt, earliest first."""
-
-
-def _streams(log: str) -> dict[str, list[tuple[str, str]]]:
-    """Lines by rank prefix (``""`` for unprefixed ones): (text without the prefix, line to quote)."""
-    streams: dict[str, list[tuple[str, str]]] = {}
-    for raw in log.splitlines():
-        m = _RANK_PREFIX.match(raw)
-        quoted = _LOG_HEADER.sub("", raw.strip())
-        streams.setdefault(m.group(1) if m else "", []).append((raw[m.end() :] if m else raw, quoted))
-    return streams
-
-
-def _chains(stream: list[tuple[str, str]]) -> list[list[tuple[str, str]]]:
-    """The exception lines of one stream, grouped into chains of chained tracebacks."""
-    chains: list[list[tuple[str, str]]] = []
-    joined = False
-    for text, raw in stream:
-        if _CHAINED.search(text):
-            joined = True
-        elif _EXCEPTION.match(text):
-            if joined and chains:
-                chains[-1].append((text, raw))
-            else:
-                chains.append([(text, raw)])
-            joined = False
-    return chains
-
-
-def _raised_by_user_code(chain: list[tuple[str, str]]) -> bool:
-    """A chain a worker raised on its own: not a wrapper, not a peer's disappearance, not a known category."""
-    name = _EXCEPTION.match(chain[-1][0]).group("name").rsplit(".", 1)[-1]  # type: ignore[union-attr]
-    if name in NOT_ROOT_CAUSES:
-        return False
-    if any(_COMPILED["comm"].search(text) for text, _ in chain):
-        return False
-    return not any(_COMPILED[cat].search(chain[-1][0]) for cat in ROOT_CAUSES)
-
-
-Streams = dict[str, list[tuple[str, str]]]
-
-
-def _best_line(streams: Streams, category: str) -> str | None:
-    """The most telling line in ``category``: an exception line, else an unindented one, else any."""
-    best: tuple[int, str] | None = None
-    for text, raw in (line for stream in streams.values() for line in stream):
-        if not _COMPILED[category].search(text):
-            continue
-        score = 2 if _EXCEPTION.match(text) else 1 if not text[:1].isspace() else 0
-        if best is None or score > best[0]:
-            best = (score, raw)
-    return best[1] if best else None
-
-
-def _user_exception(streams: Streams) -> str | None:
-    for stream in streams.values():
-        for chain in _chains(stream):
-            if _raised_by_user_code(chain):
-                return chain[-1][1]
-    return None
 
 
 def gather(failure: Failure) -> Seen:
@@ -239,13 +172,14 @@ def gather(failure: Failure) -> Seen:
     nodes = sorted((n for n in failure.nodes if n.state != "succeeded"), key=lambda n: n.state != "failed")
     hits: dict[str, list[Hit]] = {cat: [] for cat in (*LOG_PATTERNS, "user")}
     killed: dict[str, str] = {}
+    terminated: dict[str, str] = {}
     for n in nodes:
-        streams = _streams(n.log_tail)
+        streams = split_streams(n.log_tail)
         for cat in LOG_PATTERNS:
-            line = _best_line(streams, cat)
+            line = best_line(streams, cat)
             if line is not None:
                 hits[cat].append(Hit(n.node, line))
-        user = _user_exception(streams)
+        user = user_exception(streams)
         if user is not None:
             hits["user"].append(Hit(n.node, user))
         agent_saw = next((h.line for h in hits["sigkill"] if h.node == n.node), None)
@@ -253,9 +187,13 @@ def gather(failure: Failure) -> Seen:
             killed[n.node] = f"exit {n.exit_code}"
         elif agent_saw is not None:
             killed[n.node] = f"worker SIGKILLed ({_clip(agent_saw, 100)})"
+        if n.state == "failed" and n.node not in killed:
+            termed = next((h.line for h in hits["sigterm"] if h.node == n.node), None)
+            if n.exit_code in SIGTERM_EXITS or termed is not None:
+                terminated[n.node] = f"exit {n.exit_code}" + (f" ({_clip(termed, 100)})" if termed else "")
     attempt_nodes = {n.node for n in failure.nodes}
     records = sorted((r for r in failure.records if r.node in attempt_nodes), key=lambda r: (r.time, r.rank))
-    return Seen(failure, hits, killed, records)
+    return Seen(failure, hits, killed, terminated, records)
 
 
 # ---------------------------------------------------------------- the rules
@@ -337,30 +275,51 @@ def _killed(seen: Seen) -> Finding | None:
     return Finding(f"{lost} (killed by SIGKILL, no error in its log)", list(seen.killed))
 
 
+def _left(seen: Seen) -> Finding | None:
+    failure = seen.failure
+    if failure.trigger != "preempted" or not failure.leaving:
+        return None
+    at = f" after step {failure.last_step}" if failure.last_step is not None else ""
+    said = f"{', '.join(failure.leaving)} given notice (SIGTERM): left at a step boundary{at}"
+    return Finding(said, [], list(failure.leaving))
+
+
+def _terminated(seen: Seen) -> Finding | None:
+    """Notice by SIGTERM, when every other failed node only lost its peers (a failed Job's teardown of the
+    other pods, seen beside an unexplained exit, is no preemption)."""
+    symptoms = {h.node for h in seen.hits["comm"]}
+    failed = [n.node for n in seen.failure.nodes if n.state == "failed" and n.node not in seen.terminated]
+    if not seen.terminated or seen.killed or any(node not in symptoms for node in failed):
+        return None
+    said = "; ".join(f"{node} {how}" for node, how in seen.terminated.items())
+    return Finding(f"{said}: terminated by SIGTERM (notice; not the host's fault)", [], list(seen.terminated))
+
+
+def _preempted_pods(seen: Seen) -> Finding | None:
+    found = _k8s(PREEMPTED_REASONS, blame=False)(seen)
+    return found and Finding(found.evidence, [], [n.node for n in seen.failure.nodes if n.reason in PREEMPTED_REASONS])
+
+
 def _unclassified(seen: Seen) -> Finding:
     failed = [n for n in seen.failure.nodes if n.state == "failed"] or list(seen.failure.nodes)
     parts = []
     for n in failed:
-        last = _last_words(n.log_tail)
+        last = last_words(n.log_tail)
         parts.append(f"{n.node} exited {n.exit_code}" + (f" ({n.reason})" if n.reason else "")
                      + (f", last line: {_clip(last)}" if last else ""))  # fmt: skip
     return Finding("unclassified: " + ("; ".join(parts) or f"{seen.failure.trigger} with no node status"), [])
 
 
-def _last_words(log: str) -> str:
-    """What to quote from a log nothing matched: the agent's word on its worker's exit, else the last real line."""
-    lines = [_LOG_HEADER.sub("", line.strip()) for line in log.splitlines() if line.strip(" =-\t")]
-    return next((line for line in reversed(lines) if _WORKER_EXIT.search(line)), lines[-1] if lines else "")
-
-
 # The precedence, top to bottom; the first rule that fires decides (see the module docstring).
 RULES: tuple[tuple[FailureKind, Callable[[Seen], Finding | None]], ...] = (
+    ("preempted", _left),
     ("diverged", _recorded("diverged", blame=False)),
     ("data_error", _recorded("data_error", blame=False)),
     ("oom", _recorded("oom", blame=True)),
     ("node_lost", _recorded("node_lost", blame=True)),
     ("user_error", _recorded("user_error", blame=False)),
     ("oom", _k8s(OOM_REASONS, blame=True)),
+    ("preempted", _preempted_pods),
     ("node_lost", _k8s(NODE_LOST_REASONS, blame=True)),
     ("user_error", _k8s(CONFIG_REASONS, blame=False)),
     ("diverged", _log("diverged", blame=False)),
@@ -371,6 +330,7 @@ RULES: tuple[tuple[FailureKind, Callable[[Seen], Finding | None]], ...] = (
     ("user_error", _log("user", blame=False)),
     ("hang", _hang),
     ("node_lost", _peer_killed),
+    ("preempted", _terminated),
     ("hang", _log("nccl_timeout", blame=False)),
     ("transient", _log("comm", blame=False)),
     ("node_lost", _killed),
@@ -384,7 +344,7 @@ def classify(failure: Failure) -> Classified:
     for kind, rule in RULES:
         found = rule(seen)
         if found is not None:
-            return Classified(kind, _clip(found.evidence), found.culprits, _step(kind, seen))
+            return Classified(kind, _clip(found.evidence), found.culprits, _step(kind, seen), found.leaving)
     raise AssertionError("the last rule always fires")  # pragma: no cover
 
 

@@ -310,7 +310,7 @@ def _regroup(
             ),
             f"attempt {current.number}: {found.kind} -> regroup in place (generation {generation}): {decision.reason}",
         ),
-        KillNodes(current.number, gone),
+        KillNodes(current.number, [n for n in gone if n not in found.leaving]),  # notice: it leaves on its own
         Publish(current.number, generation, list(decision.nodes), decision.micro_batch, list(decision.joiners)),
         *_rejoin(current.number, gone, found, ctx, generation),
         Watch(current.number, course),

@@ -20,8 +20,8 @@ Choices this module makes (each a line of the reason it returns):
   so the run keeps its size; the world never grows past the failed attempt's.
 - With no culprit to leave out (a hang whose silent node is unknown), the
   scale-down is a ``Retry`` on the same nodes: that is what would happen.
-- In place first (``Regroup``): a lost, hung or transient node whose survivors can
-  regroup (``Situation.in_place``: the runtime and launcher say they can) keeps them
+- In place first (``Regroup``): a lost, hung, transient or preempted node (one given
+  notice leaves: ``Classified.leaving``, never blamed) whose survivors can regroup (``Situation.in_place``: the runtime and launcher say they can) keeps them
   running: the world is the one a scale-down would pick (spares replace culprits
   first, the global batch kept), and nothing restarts. Each reason it cannot is a
   line of the relaunch decision's reason, so the ledger says which path and why.
@@ -53,7 +53,7 @@ MAX_DELAY_S = 3600.0
 """Longest pause before the next attempt, however often a kind recurs."""
 MAX_REGROUPS = 3
 """In-place regroups per failure kind in one attempt; the next failure of that kind relaunches."""
-IN_PLACE_KINDS: frozenset[FailureKind] = frozenset({"node_lost", "hang", "transient"})
+IN_PLACE_KINDS: frozenset[FailureKind] = frozenset({"node_lost", "hang", "transient", "preempted"})
 """Failures the survivors can heal by regrouping; the others keep their relaunch actions (an OOM needs a
 smaller micro-batch in fresh processes, a divergence a rollback, a user or data error a person)."""
 
@@ -280,6 +280,8 @@ def _regroup(history: list[AttemptRecord], failure: Classified, s: Situation) ->
         return f"{failure.kind} again at step {failure.step}, where the last regroup resumed: no progress in place"
     if failure.kind == "hang" and not failure.culprits:
         return "the silent node of the hang is not known, so no survivor set can be chosen"
+    if failure.kind == "preempted":  # the nodes given notice are left out, never blamed (nothing is excluded)
+        failure = replace(failure, culprits=list(failure.leaving))
     world = _scale_down(history, failure, s, 0.0)
     if isinstance(world, GiveUp):
         return world.reason

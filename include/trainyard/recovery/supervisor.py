@@ -245,6 +245,7 @@ class Supervisor(Driver):
             ready_spares=self._ready_spares(attempt, course) if on_store else None,
             pause=self._pause(attempt, last.generation) if on_store else time.sleep,
             each_poll=(lambda: self._start_due(attempt)) if on_store else None,
+            leaving=self._leaving(attempt, last.generation) if on_store else None,
         )
         return self._ungrouped(attempt, seen) if on_store else seen
 
@@ -255,6 +256,12 @@ class Supervisor(Driver):
         if isinstance(seen, AttemptFailed) and not self.hooks.coordinator_for(attempt).ready(1):
             return replace(seen, ungrouped=UNGROUPED)
         return seen
+
+    def _leaving(self, attempt: int, generation: int) -> Callable[[], list[str]]:
+        """The nodes that reported they leave generation ``generation`` on notice (SIGTERM)."""
+        assert self.hooks.coordinator_for is not None
+        coordinator = self.hooks.coordinator_for(attempt)
+        return lambda: coordinator.leaving(generation)
 
     def _pause(self, attempt: int, generation: int) -> Callable[[float], None]:
         """Wait between polls on generation ``generation``'s fault report: a survivor's report wakes the watch

@@ -217,10 +217,12 @@ def failed(
     checkpoints: Checkpoints | None = None,
     *,
     at: float,
+    leaving: list[str] | None = None,
 ) -> AttemptFailed:
     """The observation of a failed attempt, with its evidence: node statuses, their log tails, the last step.
 
-    ``at``: when the failure was seen, before any evidence was gathered."""
+    ``at``: when the failure was seen, before any evidence was gathered; ``leaving``: the nodes that reported
+    on the coordination store that they leave on notice (trigger ``preempted``)."""
     tails = {n.where: tail(n.log) for n in status.nodes}
     refused: list[str] = []
     records = host_records(heartbeat_dir, status, refused)
@@ -231,6 +233,7 @@ def failed(
         last_step=last_step(heartbeat_dir),
         nodes=node_failures(status.nodes, tails),
         records=records,
+        leaving=list(leaving or []),
     )
     reason = "; ".join([reason, *refused[:4]])  # a forged or broken record is evidence, not a verdict
     return AttemptFailed(plan.attempt, at, failure, reason, checkpoints or Checkpoints())

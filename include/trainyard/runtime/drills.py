@@ -4,7 +4,7 @@ The supervisor passes the drills of one attempt in ``TRAINYARD_DRILLS`` (JSON,
 ``TrainEnv.drills``); a drill fires on the ranks of its node (or every rank, for
 ``nan``) at its step, records ``drill_fired`` in the rank's own event file (the
 fault's time, for the recovery figures) and then does what a real fault does: a SIGKILLed or frozen node, a
-slow one, a corrupted checkpoint, a NaN loss, an out-of-memory error, a bug.
+slow one, a SIGTERM (preemption notice), a corrupted checkpoint, a NaN loss, an out-of-memory error, a bug.
 """
 
 from __future__ import annotations
@@ -58,6 +58,11 @@ class Drills:
                 if agent is not None:
                     os.killpg(agent, signal.SIGKILL)
                 os.kill(os.getpid(), signal.SIGKILL)
+            elif fault == "preempt":  # notice, as the kubelet gives it: the node's own handler decides
+                if agent is not None:
+                    os.killpg(agent, signal.SIGTERM)
+                else:
+                    os.kill(os.getpid(), signal.SIGTERM)
             elif fault == "hang":
                 if agent is not None:
                     os.killpg(agent, signal.SIGSTOP)

@@ -320,6 +320,15 @@ class Membership:
         if dist.is_initialized():
             dist.destroy_process_group()
 
+    def report_leave(self) -> None:
+        """Tell the supervisor this node was given notice and leaves the current generation at this step boundary
+        (a lost store: its peers wait for a generation that does not come, and the supervisor sees the exit)."""
+        g = self.generation.number if self.generation is not None else 0
+        try:
+            coordstore.report_leave(self.store, self.node, self.key, g)
+        except Exception as problem:
+            log.warning("%s: could not report its leave to the coordination store: %s", self.node, problem)
+
     def form(self, gen: Generation) -> int:
         """Make ``gen``'s gloo group this process's default group (a store barrier of its members' ranks); the
         rank."""

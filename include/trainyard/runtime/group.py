@@ -31,6 +31,14 @@ once: rank 0 reads the store in ``all_reduce`` and the step's one all-reduce
 carries its word to the others, so in place costs no extra collective per step
 (a loop that never calls ``all_reduce`` pays one small one: the group agrees alone).
 
+Notice (preemption: SIGTERM, which the kubelet sends on a pod deletion, or a spot interruption's drain)
+is taken the same way. The in-place group's SIGTERM handler only sets a flag while the node trains; the
+step's all-reduce carries it, so every rank leaves the generation after the same committed step. The
+node given notice reports ``leave/<node>`` on the store and exits cleanly (``left_out``); the others wait
+for the supervisor's next generation, which leaves it out, and go on from that step with their state:
+nothing is lost and no timeout is waited out. A SIGTERM while the node does not train (a spare waiting
+to be listed, a regroup in progress) ends it as before (the handler it replaced, or the default).
+
 ``state`` is what a joiner receives and a resume loads (``Stateful`` values over
 the bare module and the optimizer: nothing in it may hold the process group).
 ``wrap`` builds the model wrapper (DDP) for the current group; hold the wrapper
@@ -44,6 +52,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -178,11 +188,34 @@ class InPlaceGroup(ElasticGroup):
         self._grown = 0
         self._failed_at: int | None = None
         self._fault_at: float | None = None
+        self._notice = self._training = self._reported = False  # SIGTERM seen; in a generation; leave reported
+        self._noticed = 0  # ranks whose notice the step's all-reduce carried (this rank's own: ``_gave``)
+        self._gave = False
+        self._previous: Any = None
+        if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread only
+            self._previous = signal.signal(signal.SIGTERM, self._on_notice)
+
+    def _on_notice(self, signum: int, frame: Any) -> None:
+        """SIGTERM: while training, a flag (the next step boundary acts on it); otherwise end as before."""
+        if self._training:
+            self._notice = True
+            return
+        signal.signal(signal.SIGTERM, self._previous if self._previous is not None else signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
 
     def form(self) -> bool:
         after, self._after, node = self._after, "done", self.ctx.node
+        self._training = False
         gen: Generation | None
-        if after == "start":
+        if after == "leave":
+            self._release()
+            self.membership.leave()
+            gen = None if self._reported else self.membership.next_generation()
+            if gen is None:
+                log.info(
+                    "%s: %s at step %d", node, "given notice, leaving" if self._reported else "left out", self.step
+                )
+        elif after == "start":
             gen = self.membership.next_generation(timeout_s=SPARE_WAIT_S)
             assert gen is not None  # a process that was never a member waits on
             self._first = gen.number
@@ -212,6 +245,7 @@ class InPlaceGroup(ElasticGroup):
     def _join(self, gen: Generation) -> None:
         """Form ``gen``'s group, wrap the model and agree on the committed step (sending the state behind)."""
         ctx, member = self.ctx, self.membership
+        self._training = True  # notice from here on waits for a step boundary
         self.rank = member.form(gen)
         self.number, self.world_size, self.micro_batch = gen.number, member.world(gen), gen.micro_batch
         self.model = self.wrap()  # DDP broadcasts rank 0's parameters: rank 0 is a survivor (see sync_state)
@@ -230,10 +264,13 @@ class InPlaceGroup(ElasticGroup):
 
     def steps(self) -> Iterator[int]:
         for step in range(self.step + 1, self.ctx.max_steps + 1):
-            self._word = None
+            self._word, self._noticed = None, 0
             yield step
             if self._word is None:  # the loop reduced nothing through the group: agree on the word alone
                 self.all_reduce(torch.zeros(()))
+            if self._noticed and self.step < self.ctx.max_steps:  # notice: every rank leaves after this step
+                self._leave()
+                return
             if self._word:  # a newer generation is published: every rank leaves after this same step
                 if self.step < self.ctx.max_steps:
                     self._after, self._grown = "grown", self._word
@@ -242,11 +279,24 @@ class InPlaceGroup(ElasticGroup):
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         # One collective for both: a second would cost a round trip per step.
         news = float(self.membership.newer()) if self.rank == 0 else 0.0
-        word = torch.tensor([news], dtype=tensor.dtype, device=tensor.device)
+        self._gave = self._notice  # the flag as reduced: a later SIGTERM counts at the next step
+        word = torch.tensor([news, float(self._gave)], dtype=tensor.dtype, device=tensor.device)
         both = torch.cat([tensor.reshape(-1), word])
         dist.all_reduce(both)
-        self._word = int(both[-1].item())
-        return tensor.copy_(both[:-1].view_as(tensor))
+        self._word, self._noticed = int(both[-2].item()), int(both[-1].item())
+        return tensor.copy_(both[:-2].view_as(tensor))
+
+    def _leave(self) -> None:
+        """Leave the generation after this step because a node was given notice: that node reports it (the
+        supervisor publishes a generation without it); every rank then lets the group go, like a world that grows."""
+        if self._gave:
+            self.membership.report_leave()
+            self._reported = True
+            log.info("%s: given notice (SIGTERM); leaving generation %d after step %d", self.ctx.node, self.number,
+                     self.step)  # fmt: skip
+        regrouping(self.step, self.ctx)  # the steps so far reach the ledger while this rank's number holds
+        self._fault_at = time.monotonic()
+        self._after = "leave"  # ``form`` lets the group go, once ``guard`` committed the last save
 
     def _survive(self, exc: BaseException, checkpoints: Checkpointer | None) -> bool:
         """A failed collective: report it, let the broken group go and regroup (``form``); at most one step lost."""

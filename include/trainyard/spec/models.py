@@ -19,7 +19,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidato
 
 # ---------------------------------------------------------------- vocabularies
 
-FailureKind = Literal["node_lost", "hang", "transient", "oom", "diverged", "user_error", "data_error"]
+FailureKind = Literal[
+    "node_lost", "hang", "transient", "oom", "diverged", "user_error", "data_error", "preempted"
+]  # fmt: skip
 Action = Literal["retry", "scale_down", "rollback", "fail"]
 Probe = Literal["matmul_gflops", "membw_gbps", "disk_write_mbps", "disk_read_mbps", "bf16_tflops", "link_gbps"]
 NotifyOn = Literal["failure", "recovery"]
@@ -40,6 +42,8 @@ DEFAULT_ACTIONS: dict[FailureKind, Action] = {
     "diverged": "rollback",
     "user_error": "fail",
     "data_error": "fail",
+    # Notice, not a fault: in place the node leaves at a step boundary; else the same nodes again (no exclusion).
+    "preempted": "retry",
 }
 
 # The trainyard launcher's own service account (docker/k8s/launcher-rbac.yaml): training pods are
@@ -521,9 +525,10 @@ class RecoverySpec(_Model):
 
 
 class Drill(_Model):
-    fault: Literal["kill", "hang", "slow", "corrupt_checkpoint", "nan", "oom", "exception"]
+    fault: Literal["kill", "hang", "slow", "corrupt_checkpoint", "nan", "oom", "exception", "preempt"]
     """``kill``: SIGKILL a node; ``hang``: SIGSTOP it; ``slow``: make it a straggler; ``corrupt_checkpoint``:
-    flip a byte of the next checkpoint; ``nan``: NaN loss; ``oom``: out-of-memory error; ``exception``: a bug."""
+    flip a byte of the next checkpoint; ``nan``: NaN loss; ``oom``: out-of-memory error; ``exception``: a bug;
+    ``preempt``: SIGTERM the node (notice, as a pod deletion or a spot interruption gives it)."""
     step: Steps
     """Step at which the fault strikes (for ``corrupt_checkpoint``: the first checkpoint at or after it)."""
     node: str | None = None

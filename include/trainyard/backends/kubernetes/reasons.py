@@ -1,7 +1,7 @@
 """The one list of Kubernetes failure reasons: what each means to recovery, and which the launcher acts on.
 
 ``recovery.classify`` maps a ``NodeStatus.reason`` to a failure kind with the
-first three sets; ``kube.status`` ends an attempt on the last three. No
+first four sets; ``kube.status`` ends an attempt on the last three. No
 ``kubernetes`` SDK here: classify runs where the SDK may not be installed.
 """
 
@@ -9,11 +9,16 @@ from __future__ import annotations
 
 # A container the kernel killed for memory.
 OOM_REASONS = frozenset({"OOMKilled"})
-# The pod's node went away, or Kubernetes took the pod off it (preemption, eviction, node shutdown,
-# taint eviction, pod GC): the node is to blame, not the job.
+# Kubernetes gave the pod notice (SIGTERM, then its grace period) for reasons of its own: a higher
+# priority pod, the node shutting down gracefully (a spot interruption's drain): not the host's fault.
+PREEMPTED_REASONS = frozenset({
+    "Preempted", "Preempting", "PreemptionByScheduler", "PreemptionByKubeScheduler",
+    "Shutdown", "NodeShutdown", "TerminationByKubelet",
+})  # fmt: skip
+# The pod's node went away, or Kubernetes took the pod off it (eviction for pressure, taint eviction,
+# pod GC, a lost node): the node is to blame, not the job.
 NODE_LOST_REASONS = frozenset({
-    "Evicted", "NodeLost", "Preempted", "Preempting", "PreemptionByScheduler", "PreemptionByKubeScheduler",
-    "Shutdown", "NodeShutdown", "Terminated", "TerminationByKubelet", "DeletionByTaintManager",
+    "Evicted", "NodeLost", "Terminated", "DeletionByTaintManager",
     "EvictionByEvictionAPI", "DeletionByPodGC", "UnexpectedAdmissionError",
 })  # fmt: skip
 # The pod cannot run as configured (image, config, or no node that fits it): retrying the same
@@ -24,7 +29,7 @@ CONFIG_REASONS = frozenset({
 })  # fmt: skip
 
 # Reasons a pod carries in status.reason when Kubernetes itself ended it, whatever its phase says.
-POD_FAILURE_REASONS = NODE_LOST_REASONS | {"DeadlineExceeded"}
+POD_FAILURE_REASONS = NODE_LOST_REASONS | PREEMPTED_REASONS | {"DeadlineExceeded"}
 # Container waiting reasons that will not resolve by waiting: with backoffLimit 0 and restartPolicy
 # Never the attempt is lost, so it is reported now instead of after a timeout. ErrImagePull is left
 # out: the kubelet retries a pull once before it backs off.
