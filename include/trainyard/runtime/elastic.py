@@ -54,20 +54,13 @@ from trainyard.errors import TrainingFailed
 from trainyard.protocol import coordstore
 from trainyard.protocol.coordstore import Generation
 from trainyard.protocol.sealing import KEY_PATTERN
+from trainyard.runtime import collectives, device
+from trainyard.runtime.collectives import is_collective_error  # noqa: F401  (its home before NCCL)
 
 log = logging.getLogger("trainyard.workload")
 
 DEFAULT_COLLECTIVE_TIMEOUT_S = 10.0
 DEFAULT_REGROUP_TIMEOUT_S = 120.0
-# What gloo's failures say; a RuntimeError without them is the script's own bug, not a lost peer.
-_GLOO_SIGNS = ("gloo", "connection reset", "connection closed", "timed out", "broken pipe", "socket", "pair.cc")
-
-
-def is_collective_error(exc: BaseException) -> bool:
-    """Whether ``exc`` is a failed collective (a lost or silent peer) rather than an error of the script."""
-    if isinstance(exc, dist.DistError):
-        return True
-    return isinstance(exc, RuntimeError) and any(s in str(exc).lower() for s in _GLOO_SIGNS)
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -168,6 +161,8 @@ class Membership:
         self.formed = 0  # generations this process has formed
         self.spare_announced = False
         self.graveyard: list[Any] = []  # groups a thread may still block in: never destructed (see module doc)
+        self.backend = "gloo"  # the current generation's (``collectives.plan``)
+        self.watch: collectives.HangWatch | None = None  # NCCL: aborts a collective a lost peer hangs
         self._refused = ""  # the last refusal logged: a forged value polled at 10 Hz is logged once
 
     @classmethod
@@ -277,19 +272,20 @@ class Membership:
 
     def leave(self) -> None:
         """Destroy the current group at a step boundary, healthy (every member leaves it at the same step)."""
+        self._unwatch()
         if dist.is_initialized():
             dist.destroy_process_group()
 
     def form(self, gen: Generation) -> int:
-        """Make ``gen``'s gloo group this process's default group (a store barrier of its members); the rank."""
+        """Make ``gen``'s group (NCCL on a GPU, else gloo: ``collectives``) this process's default group (a store
+        barrier of its members); the rank."""
         rank = gen.rank_of(self.node)
         if rank is None:
             raise ValueError(f"generation {gen.number} does not list {self.node}: {gen.members}")
         prefix = dist.PrefixStore(f"g{gen.number}/pg", self.store)
-        dist.init_process_group(
-            "gloo", store=prefix, rank=rank, world_size=gen.world,
-            timeout=timedelta(seconds=self.collective_timeout_s),
-        )  # fmt: skip
+        group_plan = collectives.form(prefix, rank, gen.world, self.collective_timeout_s, device.current())
+        self.backend = group_plan.backend
+        self.watch = collectives.watch(group_plan, gen, self._newest, coordstore.POLL_S)
         self.generation, self.formed = gen, self.formed + 1
         return rank
 
@@ -307,12 +303,27 @@ class Membership:
         self.graveyard.extend(group for group in keep or [] if group is not None)
         began = time.monotonic()
         traceback.clear_frames(exc.__traceback__)  # the collective's frames hold the group in their locals
-        if dist.is_initialized():
-            # Its op failed: no wait; closing its sockets fails the peers still waiting on this process.
-            # It also unregisters the buried groups, whose objects the graveyard keeps alive.
-            dist.destroy_process_group()
+        self._unwatch()
+        # Its op failed: no wait. gloo: closing its sockets fails the peers still waiting on this process; NCCL:
+        # its communicators are aborted. Either unregisters the buried groups, which the graveyard keeps alive.
+        how = collectives.abort(self.backend)
         gc.collect()
-        log.info("%s: destroyed generation %d's group in %.3fs", self.node, g, time.monotonic() - began)
+        log.info("%s: %s generation %d's %s group in %.3fs", self.node, how, g, self.backend, time.monotonic() - began)
+
+    def _newest(self) -> Generation | None:
+        """The current generation as the supervisor sealed it for this node (the hang watch's one read)."""
+        name = coordstore.current_key(self.node)
+        return self._open(name, coordstore.peek(self.store, name))
+
+    def _unwatch(self) -> None:
+        watch, self.watch = self.watch, None
+        if watch is not None:
+            watch.stop()
+
+    def raise_if_aborted(self) -> None:
+        """A failed-collective error if the hang watch aborted this generation (its last results are void)."""
+        if self.watch is not None:
+            self.watch.raise_if_fired()
 
     def sync_state(self, state: Mapping[str, Stateful], step: int) -> int:
         """Agree on the last committed step; members behind it receive the state. The step, on every member.

@@ -145,7 +145,7 @@ class ElasticGroup:
 
 
 class InPlaceGroup(ElasticGroup):
-    """This process's generations on the supervisor's coordination store (``ctx.store``); CPU and gloo only."""
+    """This process's generations on the supervisor's coordination store (``ctx.store``): gloo on CPU, NCCL on a GPU."""
 
     in_place = True
 
@@ -239,7 +239,8 @@ class InPlaceGroup(ElasticGroup):
         word = torch.tensor([news], dtype=tensor.dtype, device=tensor.device)
         both = torch.cat([tensor.reshape(-1), word])
         dist.all_reduce(both)
-        self._word = int(both[-1].item())
+        self._word = int(both[-1].item())  # on a GPU: waits for the all-reduce, or for its abort
+        self.membership.raise_if_aborted()  # NCCL aborted for a lost peer: the sums are void, the step failed
         return tensor.copy_(both[:-1].view_as(tensor))
 
     def _survive(self, exc: BaseException, checkpoints: Checkpointer | None) -> bool:
