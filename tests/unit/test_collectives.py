@@ -224,3 +224,50 @@ def test_a_hang_watch_that_loses_the_store_stops_without_aborting() -> None:
     assert done.wait(timeout=30)
     watch.stop()
     assert calls == [] and watch.fired == []
+
+
+class _Backend:
+    def __init__(self, error: object) -> None:
+        self.error = error
+
+    def get_error(self) -> object:
+        return self.error
+
+
+class _Group:
+    """A group whose CUDA backend reports ``error`` (this torch has no NCCL to build a real one)."""
+
+    def __init__(self, error: object) -> None:
+        self.error = error
+
+    def _get_backend(self, device: torch.device) -> _Backend:
+        assert device.type == "cuda"
+        return _Backend(self.error)
+
+
+ErrorType = torch._C._distributed_c10d.ErrorType
+
+
+@pytest.mark.parametrize(
+    ("error", "reported"),
+    [
+        (ErrorType.SUCCESS, None),
+        (ErrorType.TIMEOUT, "TIMEOUT"),
+        (ErrorType.COMM_ERROR, "COMM_ERROR"),
+        (ErrorType.REMOTE_ERROR, "REMOTE_ERROR"),
+    ],
+)
+def test_what_the_nccl_backend_reports(error: object, reported: str | None) -> None:
+    assert collectives.backend_error(_Group(error)) == reported
+
+
+def test_a_gloo_group_reports_no_backend_error(world: GroupPlan) -> None:
+    assert collectives.backend_error(dist.group.WORLD) is None  # no CUDA backend: nothing to ask
+    assert collectives.backend_error(None) is None
+
+
+def test_a_backend_error_voids_the_step_even_when_no_peer_is_known_gone() -> None:
+    watch = HangWatch(lambda: [], lambda: None, poll_s=0.01, error=lambda: "REMOTE_ERROR")
+    with pytest.raises(dist.DistBackendError, match="REMOTE_ERROR") as raised:
+        watch.raise_if_fired()
+    assert is_collective_error(raised.value)

@@ -183,13 +183,32 @@ def abort_communicators(group: Any) -> bool:
     return True
 
 
+def backend_error(group: Any) -> str | None:
+    """What ``group``'s NCCL backend says went wrong (``TIMEOUT``, ``COMM_ERROR``, ``REMOTE_ERROR``: its watchdog
+    found an error and cleaned up), None when nothing did or the group has no NCCL backend (gloo raises at once)."""
+    try:
+        error = group._get_backend(torch.device("cuda")).get_error()
+    except (AttributeError, NotImplementedError, RuntimeError):  # no CUDA backend, or one without get_error
+        return None
+    name = str(getattr(error, "name", error))
+    return None if name == "SUCCESS" else name
+
+
 class HangWatch:
     """A thread that aborts a generation's communicators once ``lost()`` names a peer (polled every ``poll_s``).
 
-    ``abort`` runs at most once; ``fired`` tells the loop that the current step's collectives are void."""
+    ``abort`` runs at most once; ``fired`` tells the loop that the current step's collectives are void, as
+    does ``error()`` (the backend's own watchdog found an error: ``backend_error``)."""
 
-    def __init__(self, lost: Callable[[], list[str]], abort: Callable[[], object], poll_s: float, name: str = ""):
-        self._lost, self._abort, self.poll_s = lost, abort, poll_s
+    def __init__(
+        self,
+        lost: Callable[[], list[str]],
+        abort: Callable[[], object],
+        poll_s: float,
+        name: str = "",
+        error: Callable[[], str | None] = lambda: None,
+    ):
+        self._lost, self._abort, self.poll_s, self._error = lost, abort, poll_s, error
         self._stop = threading.Event()
         self.fired: list[str] = []
         self._thread = threading.Thread(target=self._run, name=f"trainyard-hang-watch{name}", daemon=True)
@@ -220,6 +239,8 @@ class HangWatch:
         """Raise a failed-collective error if the watch aborted the group (the step's results are void)."""
         if self.fired:
             raise dist.DistBackendError(f"NCCL communicator was aborted: peers {self.fired} are gone")
+        if error := self._error():  # without blocking wait, a step's sums come back even when NCCL failed them
+            raise dist.DistBackendError(f"NCCL communicator was aborted: the backend reports {error}")
 
 
 def form(store: dist.Store, rank: int, world: int, timeout_s: float, placement: Placement) -> GroupPlan:
@@ -239,5 +260,9 @@ def watch(
         return None
     world = dist.group.WORLD
     return HangWatch(
-        lambda: peers_lost(gen, newest()), lambda: abort_communicators(world), poll_s, f"-g{gen.number}"
+        lambda: peers_lost(gen, newest()),
+        lambda: abort_communicators(world),
+        poll_s,
+        f"-g{gen.number}",
+        error=lambda: backend_error(world),
     ).start()
