@@ -4,6 +4,7 @@ which errors are a failed collective, which abort a backend gets, and the hang w
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -11,9 +12,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from trainyard.protocol.coordstore import Generation
+from trainyard.protocol.coordstore import Coordinator, Generation, node_keys
+from trainyard.protocol.sealing import new_secret
 from trainyard.runtime import collectives, device
 from trainyard.runtime.collectives import GroupPlan, HangWatch, is_collective_error, peers_lost
+from trainyard.runtime.elastic import Membership
 from trainyard.runtime.elastic import is_collective_error as elastic_is_collective_error
 
 GPU0 = device.choose(True, 2, 0)
@@ -271,3 +274,41 @@ def test_a_backend_error_voids_the_step_even_when_no_peer_is_known_gone() -> Non
     with pytest.raises(dist.DistBackendError, match="REMOTE_ERROR") as raised:
         watch.raise_if_fired()
     assert is_collective_error(raised.value)
+
+
+def test_a_membership_forms_gloo_on_the_cpu_and_tears_it_down_safely_twice() -> None:
+    store = dist.HashStore()
+    keys = node_keys(new_secret(), ["node-0"])
+    Coordinator(store, keys).publish(_gen(1, ["node-0"]))
+    member = Membership(store, "node-0", keys["node-0"], regroup_timeout_s=0.3)
+    gen = member.next_generation()
+    assert gen is not None and member.form(gen) == 0
+    assert (member.backend, member.watch, dist.get_backend()) == ("gloo", None, "gloo")
+    member.raise_if_aborted()  # gloo: nothing watched, nothing to raise
+    member.on_fault(RuntimeError("Connection reset by peer"))
+    assert not dist.is_initialized()
+    member.on_fault(RuntimeError("Connection reset by peer"))  # nothing left: safe
+
+
+def test_the_hang_watch_reads_the_supervisors_sealed_generations(world: GroupPlan) -> None:
+    """The NCCL watch as ``Membership.form`` wires it, on a real store with sealed generations (the abort it
+    calls is the group's own; gloo's does nothing, which is all a CPU can show)."""
+    store = dist.HashStore()
+    keys = node_keys(new_secret(), ["node-0", "node-1", "node-2", "node-3"])
+    coord = Coordinator(store, keys)
+    coord.publish(NOW)
+    member = Membership(store, "node-0", keys["node-0"], regroup_timeout_s=0.3)
+    watch = collectives.watch(GroupPlan("nccl", 5.0, 0), NOW, member._newest, 0.01)
+    assert watch is not None
+    try:
+        coord.publish(_gen(4, ["node-0", "node-1", "node-2", "node-3"], joiners=["node-3"]))  # grows: no abort
+        coord.publish(_gen(5, ["node-0", "node-2"]))  # node-1 is gone
+        for _ in range(3000):  # the watch polls every 10 ms; 30 s at most under load
+            if watch.fired:
+                break
+            time.sleep(0.01)
+        assert watch.fired == ["node-1"]
+        with pytest.raises(dist.DistBackendError, match="node-1"):
+            watch.raise_if_fired()
+    finally:
+        watch.stop()
