@@ -73,7 +73,7 @@ def test_the_nonblocking_timeout_is_whole_seconds_and_never_zero() -> None:
 
 def test_an_nccl_group_is_formed_eagerly_on_its_device() -> None:
     kwargs = collectives.plan(GPU1, 9.0).init_kwargs()
-    assert kwargs["backend"] == "nccl"
+    assert kwargs["backend"] == "cpu:gloo,cuda:nccl"  # the committed steps and a joiner's state are CPU tensors
     assert kwargs["device_id"] == torch.device("cuda", 1)
     assert kwargs["timeout"] == timedelta(seconds=9.0)
     if dist.is_nccl_available():  # a CUDA build: non-blocking communicators in the options too

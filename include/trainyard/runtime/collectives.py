@@ -87,9 +87,15 @@ class GroupPlan:
     def nccl(self) -> bool:
         return self.backend == "nccl"
 
+    @property
+    def init_backend(self) -> str:
+        """What ``init_process_group`` is given. NCCL takes the GPU's tensors; the CPU's (the committed steps
+        and the state a joiner receives, ``elastic.sync_state``) go over gloo in the same group."""
+        return "cpu:gloo,cuda:nccl" if self.nccl else self.backend
+
     def init_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``dist.init_process_group`` beside the store, rank and world size."""
-        kwargs: dict[str, Any] = {"backend": self.backend, "timeout": timedelta(seconds=self.timeout_s)}
+        kwargs: dict[str, Any] = {"backend": self.init_backend, "timeout": timedelta(seconds=self.timeout_s)}
         if self.device_index is not None:
             kwargs["device_id"] = torch.device("cuda", self.device_index)  # eager init: fail at form, not step 1
             if (options := nccl_options()) is not None:

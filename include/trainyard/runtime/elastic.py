@@ -113,8 +113,9 @@ def _fill(tree: Any, tensors: list[torch.Tensor]) -> Any:
 
 
 def broadcast_tree(tree: Any, src: int) -> Any:
-    """``tree`` (nested dicts and lists of CPU tensors and plain values, as a ``state_dict``) from rank ``src``
-    to every rank of the default group; ``tree`` is only read on ``src``.
+    """``tree`` (nested dicts and lists of tensors and plain values, as a ``state_dict``) from rank ``src``
+    to every rank of the default group; ``tree`` is only read on ``src``. What is received is on the CPU (a
+    GPU's tensors travel over the group's gloo side); ``load_state_dict`` puts it where the module is.
 
     Its shape and plain values go as one object, its tensors as one flat buffer per dtype: pickling a
     model's and optimizer's tensors into an object broadcast copies and serialises every byte twice more.
@@ -129,7 +130,9 @@ def broadcast_tree(tree: Any, src: int) -> Any:
         group = [slot for slot in slots if slot.dtype == dtype]
         sizes = [math.prod(slot.shape) for slot in group]
         if sender:
-            flat = torch.cat([tensors[slot.index].detach().reshape(-1) for slot in group])
+            flat = torch.cat(
+                [tensors[slot.index].detach().reshape(-1) for slot in group]
+            ).cpu()  # on GPUs too: gloo's side
         else:
             flat = torch.empty(sum(sizes), dtype=dtype)
         dist.broadcast(flat, src=src)
