@@ -3,8 +3,8 @@
 A loop does not call this module; it calls the elastic group (``trainyard.runtime.group``),
 which is built on it. When ``TRAINYARD_STORE=host:port`` names the supervisor's coordination store
 (``trainyard.protocol.coordstore``), a training process does not take its
-process group from torchrun: it forms the gloo group of each *generation* the
-supervisor publishes (rank = its index in ``members``, a ``PrefixStore`` per
+process group from torchrun: it forms the group of each *generation* the
+supervisor publishes (gloo on the CPU, NCCL on a GPU: ``trainyard.runtime.collectives``) (rank = its index in ``members``, a ``PrefixStore`` per
 generation, so two generations never share keys). When a collective fails
 (a peer died, or the ``TRAINYARD_COLLECTIVE_TIMEOUT_S`` backstop fired) the
 process:
@@ -14,7 +14,9 @@ process:
 2. destroys the broken group: its only operation has failed, so the destructor
    does not block, and closing its sockets fails the peers still waiting on
    this process at once (measured: without it, a 4-rank world's non-neighbour
-   waits out the full timeout);
+   waits out the full timeout); an NCCL group's communicators are aborted
+   instead, by a hang watch as soon as the supervisor's next generation drops a
+   member, so no survivor waits out NCCL's timeout either;
 3. keeps any *other* group that a thread may still use (the background
    checkpoint group) in a graveyard, never destructed: a destructor would wait
    for that thread's collective with the dead peer;
