@@ -56,7 +56,10 @@ NCCL_SIGNS = (
 )
 
 # The NCCL environment of an in-place generation (read when ProcessGroupNCCL is built; set before it is).
-ASYNC_ERROR_CLEANUP_ONLY = "2"  # abort the communicators on error or timeout, keep the process (1 would kill it)
+# Abort the communicators on an error or at the timeout, keep the process (1, torchrun's, would kill it). Not 0,
+# which ``_abort_process_group``'s note suggests: a second abort is harmless (an aborted NCCLComm returns), and
+# the watchdog's still ends a hang that no generation announces, at the collective timeout.
+ASYNC_ERROR_CLEANUP_ONLY = "2"
 
 
 def nccl_env(timeout_s: float) -> dict[str, str]:
