@@ -7,7 +7,12 @@
 #   2. the burn-in's bf16 matmul probe (burnin/gpu.py gpu_checks) as a fraction of the
 #      device's dense bf16 peak (gpu.py PEAK_BF16_TFLOPS, by device name);
 #   3. one recovery drill: a training node SIGKILLed mid-run, which recovery must replace or
-#      scale down, after which the run must succeed.
+#      scale down, after which the run must succeed;
+#   4. the in-place kill drill (issue 30, "GPUs"): 2 nodes x 1 GPU (nodes.gpus_per_node: 1) of the
+#      reference workload with recovery.in_place, node-1 SIGKILLed mid-run: the survivor's NCCL
+#      generation must be aborted (runtime/collectives.py) and regrouped in place, not relaunched,
+#      without waiting out the collective timeout. Needs 2 CUDA devices; with fewer its object says
+#      so ("skipped") and the other checks still count.
 #
 #     bench/gpu_check.sh            # PYTHON=/path/to/python to choose the interpreter
 #
@@ -127,6 +132,54 @@ except Exception as exc:
     traceback.print_exc()
     result["drill"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
     problems.append("drill failed")
+
+# ---- 4. the in-place kill drill: 2 nodes x 1 GPU, node-1 killed, the survivor regroups in place on NCCL
+if gpus < 2:
+    result["in_place_drill"] = {"ok": False, "skipped": True, "reason": f"needs 2 CUDA devices, found {gpus}"}
+else:
+    from trainyard.events.fold import fold  # noqa: E402
+    from trainyard.events.ledger import Ledger  # noqa: E402
+
+    drilled = {**spec, "nodes": {"count": 2, "min": 1, "spare": 0, "procs_per_node": 1, "gpus_per_node": 1}}
+    drilled["training"] = {**spec["training"], "global_batch": 16}
+    drilled["recovery"] = {**spec.get("recovery", {}), "in_place": True}
+    heartbeat_timeout_s = float(drilled["training"].get("heartbeat_timeout_s", 60.0))
+    timeout_s = 2 * heartbeat_timeout_s + 5  # the collective timeout pipeline/train.py gives in-place ranks
+    drilled_path = spec_path.with_name("gpu_in_place.yaml")
+    drilled_path.write_text(yaml.safe_dump(drilled, sort_keys=False))
+    began = time.monotonic()
+    try:
+        report = run_drill(drilled_path, Drill(fault="kill", step=30, node="node-1"), DATE)
+        train = fold(list(Ledger.in_dir(report.run_dir).events("train"))).train
+        logs = "".join(p.read_text(errors="replace") for p in report.run_dir.glob("attempt-*/*.log"))
+        failure = (report.figures.get("failures") or [{}])[0]
+        resume = report.figures.get("resume_delay_s")
+        waited = "Watchdog caught collective operation timeout" in logs or (resume or 0) >= timeout_s
+        result["in_place_drill"] = {
+            "ok": False, "end": report.end, "path": failure.get("path"), "why_not": train.why_not or None,
+            "seconds": round(time.monotonic() - began, 1), "collective_timeout_s": timeout_s,
+            "detection_s": report.figures.get("detection_s"), "resume_delay_s": resume,
+            "lost_steps": report.figures.get("lost_steps"), "waited_out_timeout": waited,
+            "nccl_group_aborted": "generation 1's nccl group" in logs,  # elastic.Membership.on_fault's line
+            "aborted_by_hang_watch": "aborting this generation's communicators" in logs,
+        }  # fmt: skip
+        why = [
+            f"run {report.end}" if report.end != "succeeded" else "",
+            f"recovered by {failure.get('path')} ({train.why_not or 'no reason recorded'})"
+            if failure.get("path") != "in_place" else "",
+            "a survivor waited out the collective timeout" if waited else "",
+            "the survivor's NCCL group was not aborted" if "generation 1's nccl group" not in logs else "",
+        ]  # fmt: skip
+        if why := [w for w in why if w]:
+            problems.append("in_place_drill: " + "; ".join(why))
+        else:
+            result["in_place_drill"]["ok"] = True
+    except Exception as exc:
+        import traceback
+
+        traceback.print_exc()
+        result["in_place_drill"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
+        problems.append("in_place_drill failed")
 
 done({**result, "ok": not problems, "problems": problems}, 0 if not problems else 1)
 PY

@@ -16,7 +16,8 @@ from trainyard.protocol import coordstore
 from trainyard.protocol.coordstore import Coordinator, Generation, node_keys
 from trainyard.protocol.env import TrainEnv
 from trainyard.protocol.sealing import new_secret, seal
-from trainyard.runtime.elastic import Membership, broadcast_tree, is_collective_error, parse_address
+from trainyard.runtime.broadcast import broadcast_tree
+from trainyard.runtime.elastic import Membership, is_collective_error, parse_address
 from trainyard.runtime.group import InPlaceGroup, elastic_group, params_digest
 from trainyard.workload import loop
 from trainyard.workload.model import GPT, GPTConfig

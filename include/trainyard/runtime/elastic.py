@@ -3,9 +3,10 @@
 A loop does not call this module; it calls the elastic group (``trainyard.runtime.group``),
 which is built on it. When ``TRAINYARD_STORE=host:port`` names the supervisor's coordination store
 (``trainyard.protocol.coordstore``), a training process does not take its
-process group from torchrun: it forms the gloo group of each *generation* the
-supervisor publishes (a ``PrefixStore`` per generation, so two generations never
-share keys). Membership is per node: a node of ``L`` ranks (``LOCAL_WORLD_SIZE``)
+process group from torchrun: it forms the group of each *generation* the
+supervisor publishes (gloo on the CPU, NCCL on a GPU: ``trainyard.runtime.collectives``;
+a ``PrefixStore`` per generation, so two generations never share keys).
+Membership is per node: a node of ``L`` ranks (``LOCAL_WORLD_SIZE``)
 has ranks ``index * L + LOCAL_RANK`` of a world of ``len(members) * L``
 (``generation_rank``), so a node lost takes all its ranks out and a joiner node
 brings all of them; its local rank 0 alone tells the supervisor it is a spare or
@@ -18,7 +19,9 @@ process:
 2. destroys the broken group: its only operation has failed, so the destructor
    does not block, and closing its sockets fails the peers still waiting on
    this process at once (measured: without it, a 4-rank world's non-neighbour
-   waits out the full timeout);
+   waits out the full timeout); an NCCL group's communicators are aborted
+   instead, by a hang watch as soon as the supervisor's next generation drops a
+   member, so no survivor waits out NCCL's timeout either;
 3. keeps any *other* group that a thread may still use (the background
    checkpoint group) in a graveyard, never destructed: a destructor would wait
    for that thread's collective with the dead peer;
@@ -42,11 +45,9 @@ from __future__ import annotations
 
 import gc
 import logging
-import math
 import time
 import traceback
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -58,20 +59,14 @@ from trainyard.errors import TrainingFailed
 from trainyard.protocol import coordstore
 from trainyard.protocol.coordstore import Generation
 from trainyard.protocol.sealing import KEY_PATTERN
+from trainyard.runtime import collectives, device
+from trainyard.runtime.broadcast import broadcast_tree
+from trainyard.runtime.collectives import is_collective_error  # noqa: F401  (its home before NCCL)
 
 log = logging.getLogger("trainyard.workload")
 
 DEFAULT_COLLECTIVE_TIMEOUT_S = 10.0
 DEFAULT_REGROUP_TIMEOUT_S = 120.0
-# What gloo's failures say; a RuntimeError without them is the script's own bug, not a lost peer.
-_GLOO_SIGNS = ("gloo", "connection reset", "connection closed", "timed out", "broken pipe", "socket", "pair.cc")
-
-
-def is_collective_error(exc: BaseException) -> bool:
-    """Whether ``exc`` is a failed collective (a lost or silent peer) rather than an error of the script."""
-    if isinstance(exc, dist.DistError):
-        return True
-    return isinstance(exc, RuntimeError) and any(s in str(exc).lower() for s in _GLOO_SIGNS)
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -80,74 +75,6 @@ def parse_address(text: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit():
         raise ValueError(f"TRAINYARD_STORE={text!r} is not host:port; the supervisor sets it to its store's address")
     return host, int(port)
-
-
-@dataclass(frozen=True)
-class _Slot:
-    """Where a tensor was in a broadcast state tree: the tensors travel apart, one flat buffer per dtype."""
-
-    index: int
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-
-
-def _hollow(tree: Any, tensors: list[torch.Tensor]) -> Any:
-    """``tree`` with each tensor replaced by its ``_Slot`` (the tensor appended to ``tensors``)."""
-    if isinstance(tree, torch.Tensor):
-        tensors.append(tree)
-        return _Slot(len(tensors) - 1, tuple(tree.shape), tree.dtype)
-    if isinstance(tree, Mapping):
-        return {k: _hollow(v, tensors) for k, v in tree.items()}
-    if isinstance(tree, list | tuple):
-        return type(tree)(_hollow(v, tensors) for v in tree)
-    return tree
-
-
-def _slots(tree: Any) -> list[_Slot]:
-    if isinstance(tree, _Slot):
-        return [tree]
-    if isinstance(tree, Mapping):
-        return [s for v in tree.values() for s in _slots(v)]
-    if isinstance(tree, list | tuple):
-        return [s for v in tree for s in _slots(v)]
-    return []
-
-
-def _fill(tree: Any, tensors: list[torch.Tensor]) -> Any:
-    if isinstance(tree, _Slot):
-        return tensors[tree.index]
-    if isinstance(tree, Mapping):
-        return {k: _fill(v, tensors) for k, v in tree.items()}
-    if isinstance(tree, list | tuple):
-        return type(tree)(_fill(v, tensors) for v in tree)
-    return tree
-
-
-def broadcast_tree(tree: Any, src: int) -> Any:
-    """``tree`` (nested dicts and lists of CPU tensors and plain values, as a ``state_dict``) from rank ``src``
-    to every rank of the default group; ``tree`` is only read on ``src``.
-
-    Its shape and plain values go as one object, its tensors as one flat buffer per dtype: pickling a
-    model's and optimizer's tensors into an object broadcast copies and serialises every byte twice more.
-    """
-    sender = dist.get_rank() == src
-    tensors: list[torch.Tensor] = []
-    box: list[Any] = [_hollow(tree, tensors) if sender else None]
-    dist.broadcast_object_list(box, src=src)
-    slots = _slots(box[0])
-    received: list[torch.Tensor] = list(tensors) if sender else [torch.empty(0)] * len(slots)
-    for dtype in dict.fromkeys(slot.dtype for slot in slots):
-        group = [slot for slot in slots if slot.dtype == dtype]
-        sizes = [math.prod(slot.shape) for slot in group]
-        if sender:
-            flat = torch.cat([tensors[slot.index].detach().reshape(-1) for slot in group])
-        else:
-            flat = torch.empty(sum(sizes), dtype=dtype)
-        dist.broadcast(flat, src=src)
-        if not sender:
-            for slot, piece in zip(group, torch.split(flat, sizes), strict=True):
-                received[slot.index] = piece.view(slot.shape)
-    return _fill(box[0], received)
 
 
 def local_ranks(env: Mapping[str, str]) -> tuple[int, int]:
@@ -197,6 +124,8 @@ class Membership:
         self.formed = 0  # generations this process has formed
         self.spare_announced = False
         self.graveyard: list[Any] = []  # groups a thread may still block in: never destructed (see module doc)
+        self.backend = "gloo"  # the current generation's (``collectives.plan``)
+        self.watch: collectives.HangWatch | None = None  # NCCL: aborts a collective a lost peer hangs
         self._refused = ""  # the last refusal logged: a forged value polled at 10 Hz is logged once
 
     @classmethod
@@ -317,6 +246,7 @@ class Membership:
 
     def leave(self) -> None:
         """Destroy the current group at a step boundary, healthy (every member leaves it at the same step)."""
+        self._unwatch()
         if dist.is_initialized():
             dist.destroy_process_group()
 
@@ -330,16 +260,15 @@ class Membership:
             log.warning("%s: could not report its leave to the coordination store: %s", self.node, problem)
 
     def form(self, gen: Generation) -> int:
-        """Make ``gen``'s gloo group this process's default group (a store barrier of its members' ranks); the
-        rank."""
+        """Make ``gen``'s group (NCCL on a GPU, else gloo: ``collectives``) this process's default group (a store
+        barrier of its members' ranks); the rank."""
         rank = self.rank_in(gen)
         if rank is None:
             raise ValueError(f"generation {gen.number} does not list {self.node}: {gen.members}")
         prefix = dist.PrefixStore(f"g{gen.number}/pg", self.store)
-        dist.init_process_group(
-            "gloo", store=prefix, rank=rank, world_size=self.world(gen),
-            timeout=timedelta(seconds=self.collective_timeout_s),
-        )  # fmt: skip
+        group_plan = collectives.form(prefix, rank, self.world(gen), self.collective_timeout_s, device.current())
+        self.backend = group_plan.backend
+        self.watch = collectives.watch(group_plan, gen, self._newest, coordstore.POLL_S)
         self.generation, self.formed = gen, self.formed + 1
         return rank
 
@@ -357,12 +286,27 @@ class Membership:
         self.graveyard.extend(group for group in keep or [] if group is not None)
         began = time.monotonic()
         traceback.clear_frames(exc.__traceback__)  # the collective's frames hold the group in their locals
-        if dist.is_initialized():
-            # Its op failed: no wait; closing its sockets fails the peers still waiting on this process.
-            # It also unregisters the buried groups, whose objects the graveyard keeps alive.
-            dist.destroy_process_group()
+        self._unwatch()
+        # Its op failed: no wait. gloo: closing its sockets fails the peers still waiting on this process; NCCL:
+        # its communicators are aborted. Either unregisters the buried groups, which the graveyard keeps alive.
+        how = collectives.abort(self.backend)
         gc.collect()
-        log.info("%s: destroyed generation %d's group in %.3fs", self.node, g, time.monotonic() - began)
+        log.info("%s: %s generation %d's %s group in %.3fs", self.node, how, g, self.backend, time.monotonic() - began)
+
+    def _newest(self) -> Generation | None:
+        """The current generation as the supervisor sealed it for this node (the hang watch's one read)."""
+        name = coordstore.current_key(self.node)
+        return self._open(name, coordstore.peek(self.store, name))
+
+    def _unwatch(self) -> None:
+        watch, self.watch = self.watch, None
+        if watch is not None:
+            watch.stop()
+
+    def raise_if_aborted(self) -> None:
+        """A failed-collective error if the hang watch aborted this generation (its last results are void)."""
+        if self.watch is not None:
+            self.watch.raise_if_fired()
 
     def sync_state(self, state: Mapping[str, Stateful], step: int) -> int:
         """Agree on the last committed step; members behind it receive the state. The step, on every member.

@@ -156,7 +156,7 @@ class ElasticGroup:
 
 
 class InPlaceGroup(ElasticGroup):
-    """This process's generations on the supervisor's coordination store (``ctx.store``); CPU and gloo only."""
+    """This process's generations on the supervisor's coordination store (``ctx.store``): gloo on CPU, NCCL on a GPU."""
 
     in_place = True
 
@@ -283,7 +283,8 @@ class InPlaceGroup(ElasticGroup):
         word = torch.tensor([news, float(self._gave)], dtype=tensor.dtype, device=tensor.device)
         both = torch.cat([tensor.reshape(-1), word])
         dist.all_reduce(both)
-        self._word, self._noticed = int(both[-2].item()), int(both[-1].item())
+        self._word, self._noticed = int(both[-2].item()), int(both[-1].item())  # on a GPU: waits, or its abort
+        self.membership.raise_if_aborted()  # NCCL aborted for a lost peer: the sums are void, the step failed
         return tensor.copy_(both[:-2].view_as(tensor))
 
     def _leave(self) -> None:

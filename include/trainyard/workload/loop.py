@@ -282,13 +282,13 @@ def init_process_group() -> device.Placement:
     """Join torchrun's process group (env://), or form a one-process group when run directly.
 
     Binds the process to its GPU first, where it has one, and returns where it computes.
-    With ``TRAINYARD_STORE`` set no group is formed here: each generation forms its own, over gloo
-    on the CPU (``trainyard.runtime.group``).
+    With ``TRAINYARD_STORE`` set no group is formed here: each generation forms its own (gloo on the
+    CPU, NCCL on a GPU: ``trainyard.runtime.collectives``).
     """
     placement = device.current()
     device.prepare(placement)
     if os.environ.get(STORE_ENV, "").strip():
-        return device.CPU
+        return placement
     bound = torch.device(placement.device) if placement.cuda else None  # NCCL connects at once, on this GPU
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         dist.init_process_group(placement.backend, device_id=bound)
