@@ -17,7 +17,8 @@ from test_recovery import events
 from trainyard.backends.local.launcher import LocalLauncher
 from trainyard.checkpoint.format import step_of
 from trainyard.pipeline import stages
-from trainyard.pipeline.run import open_run
+from trainyard.pipeline.results import TrainResult
+from trainyard.pipeline.run import Run, open_run
 from trainyard.protocol.shards import write_synthetic_corpus
 from trainyard.recovery.figures import recovery_figures
 
@@ -59,16 +60,22 @@ def kill_when(launcher: LocalLauncher, node: str, root: Path, step: int, timeout
     return thread
 
 
-def test_a_script_that_trains_through_the_elastic_group_regroups_in_place(tmp_path: Path) -> None:
+def train_killing_node_1(tmp_path: Path, script: Path, steps: int) -> tuple[Run, TrainResult]:
+    """The train stage of ``script`` on 3 nodes, node-1 killed by hand once step 400 is saved."""
     write_synthetic_corpus(tmp_path / "cold", shards=2, tokens_per_shard=1024)
     spec = tmp_path / "byo.yaml"
-    spec.write_text(SPEC.format(root=tmp_path, script=ROOT / "examples" / "byo_train.py", steps=3000))
+    spec.write_text(SPEC.format(root=tmp_path, script=script, steps=steps))
     run = open_run(spec, "byo", f"byo-{time.monotonic_ns()}", "2026-12-03")
     stages.stage_dataset(run)
     launcher = LocalLauncher()
     killer = kill_when(launcher, "node-1", run.checkpoint_root, 400)
     result = stages.train(run, ["node-0", "node-1", "node-2"], launcher=launcher)
     killer.join(timeout=1)
+    return run, result
+
+
+def test_a_script_that_trains_through_the_elastic_group_regroups_in_place(tmp_path: Path) -> None:
+    run, result = train_killing_node_1(tmp_path, ROOT / "examples" / "byo_train.py", 3000)
     assert result.attempts == 1 and result.last_step == 3000  # no relaunch
     [path] = events(run, "recovery_path")
     assert path["in_place"] is True
@@ -115,17 +122,9 @@ dist.destroy_process_group()
 def test_a_script_without_the_elastic_group_is_relaunched_and_the_run_says_why(tmp_path: Path) -> None:
     """It trains under the in-place launch as a fixed world; losing a node relaunches it from its checkpoint,
     and the decision and the run's recovery_path name the reason."""
-    write_synthetic_corpus(tmp_path / "cold", shards=2, tokens_per_shard=1024)
     script = tmp_path / "fixed_world.py"
     script.write_text(FIXED_WORLD)
-    spec = tmp_path / "fixed.yaml"
-    spec.write_text(SPEC.format(root=tmp_path, script=script, steps=2000))
-    run = open_run(spec, "fixed", f"fixed-{time.monotonic_ns()}", "2026-12-03")
-    stages.stage_dataset(run)
-    launcher = LocalLauncher()
-    killer = kill_when(launcher, "node-1", run.checkpoint_root, 400)
-    result = stages.train(run, ["node-0", "node-1", "node-2"], launcher=launcher)
-    killer.join(timeout=1)
+    run, result = train_killing_node_1(tmp_path, script, 2000)
     assert result.attempts == 2 and result.last_step == 2000
     first, then = events(run, "recovery_path")
     assert first["in_place"] is True and then["in_place"] is False
