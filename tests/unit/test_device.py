@@ -36,9 +36,9 @@ class FakeCuda:
     "gpus,env,expected",
     [
         (0, {}, ("cpu", "gloo", None)),
-        (0, {"LOCAL_RANK": "3"}, ("cpu", "gloo", None)),
+        (0, {"LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "4"}, ("cpu", "gloo", None)),
         (1, {}, ("cuda:0", "nccl", torch.bfloat16)),  # python -m trainyard.workload without torchrun
-        (8, {"LOCAL_RANK": "5"}, ("cuda:5", "nccl", torch.bfloat16)),
+        (8, {"LOCAL_RANK": "5", "LOCAL_WORLD_SIZE": "8"}, ("cuda:5", "nccl", torch.bfloat16)),
     ],
 )
 def test_a_rank_takes_its_own_gpu_where_cuda_is_present(gpus: int, env: dict[str, str], expected: tuple) -> None:
@@ -49,8 +49,8 @@ def test_a_rank_takes_its_own_gpu_where_cuda_is_present(gpus: int, env: dict[str
 
 def test_a_rank_without_a_gpu_of_its_own_is_refused_naming_the_fields() -> None:
     with pytest.raises(ValueError, match=r"LOCAL_RANK 2 has no GPU of its own: 2 visible.*nodes.procs_per_node"):
-        device.current({"LOCAL_RANK": "2"}, FakeCuda(2))
-    with pytest.raises(ValueError, match="LOCAL_RANK='x' is not an integer"):
+        device.current({"LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "3"}, FakeCuda(2))
+    with pytest.raises(ValueError, match="LOCAL_RANK='x'.*the launcher sets both"):
         device.current({"LOCAL_RANK": "x"}, FakeCuda(2))
 
 

@@ -29,6 +29,19 @@ def test_a_leave_report_is_read_for_its_generation_and_wakes_the_supervisor() ->
     assert coordinator.faults() == {} and refused == []  # a leave is no fault
 
 
+def test_leave_reports_are_read_only_once_the_fault_count_moved() -> None:
+    """The supervisor asks at every poll: one round trip for the count, the reports only when it moved."""
+    store = dist.HashStore()
+    coordinator, keys, _ = keyed(store)
+    name = coordstore.leave_key("node-1")
+    store.set(name, seal(keys["node-1"], name, "1"))  # the report, before its writer adds to the count
+    assert coordinator.leaving(1) == []
+    store.add(coordstore.faulted_key(1), 1)
+    assert coordinator.leaving(1) == ["node-1"]
+    store.set(name, seal(keys["node-1"], name, "2"))  # unchanged count: the reading of it stands
+    assert coordinator.leaving(1) == ["node-1"]
+
+
 def test_a_leave_forged_for_another_node_is_refused() -> None:
     store = dist.HashStore()
     coordinator, keys, refused = keyed(store)

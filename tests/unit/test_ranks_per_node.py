@@ -10,7 +10,8 @@ from trainyard.backends.local.launcher import WORLD_NAMES, node_state, rank_env
 from trainyard.protocol.coordstore import Coordinator, Generation, node_keys
 from trainyard.protocol.sealing import new_secret
 from trainyard.recovery.watch import group_beats
-from trainyard.runtime.elastic import Membership, generation_rank, local_ranks
+from trainyard.runtime.device import local_ranks
+from trainyard.runtime.elastic import Membership, generation_rank
 
 
 @pytest.mark.parametrize(

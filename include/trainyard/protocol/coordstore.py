@@ -270,6 +270,7 @@ class Coordinator:
         self.refused: dict[str, str] = {}
         self._looked: dict[int, bytes] = {}  # generation -> the fault count last looked at (``_faulted``)
         self._faulted_gens: set[int] = set()
+        self._leavers: dict[int, tuple[bytes, list[str]]] = {}  # generation -> (fault count, leavers read at it)
 
     def publish(self, gen: Generation) -> None:
         """Make ``gen`` the current generation, sealed for every node (each copy of generation ``g`` first,
@@ -374,8 +375,18 @@ class Coordinator:
         return False
 
     def leaving(self, g: int) -> list[str]:
-        """The nodes that reported (authentically) that they leave generation ``g`` on notice."""
-        return [node for node in self.keys if self._read(leave_key(node), node, _count) == g]
+        """The nodes that reported (authentically) that they leave generation ``g`` on notice.
+
+        Asked at every poll of the supervisor: a leaver adds to ``faulted/<g>`` after its report, so the
+        reports are read only when that count moved (one round trip per poll, not one per node)."""
+        count = peek(self.store, faulted_key(g))
+        if count is None:
+            return []
+        seen = self._leavers.get(g)
+        if seen is None or seen[0] != count:
+            seen = count, [node for node in self.keys if self._read(leave_key(node), node, _count) == g]
+            self._leavers[g] = seen
+        return list(seen[1])
 
     def wait_fault(self, g: int, timeout_s: float) -> bool:
         """Whether a member of generation ``g`` reported a fault, waiting up to ``timeout_s`` for one.

@@ -76,13 +76,21 @@ def choose(cuda_available: bool, device_count: int, local_rank: int) -> Placemen
     return Placement(f"cuda:{local_rank}", "nccl", torch.bfloat16)
 
 
+def local_ranks(env: Mapping[str, str]) -> tuple[int, int]:
+    """``(LOCAL_RANK, LOCAL_WORLD_SIZE)`` as the launcher set them ((0, 1) where it set neither: one rank per
+    node); ``ValueError`` names the variable that is malformed."""
+    raw_rank, raw_world = env.get("LOCAL_RANK", "0"), env.get("LOCAL_WORLD_SIZE", "1")
+    if not (raw_rank.isdigit() and raw_world.isdigit()) or not 0 <= int(raw_rank) < int(raw_world):
+        raise ValueError(
+            f"LOCAL_RANK={raw_rank!r}, LOCAL_WORLD_SIZE={raw_world!r}: need 0 <= LOCAL_RANK < LOCAL_WORLD_SIZE"
+            " (the launcher sets both)"
+        )
+    return int(raw_rank), int(raw_world)
+
+
 def current(env: Mapping[str, str] | None = None, cuda: CudaInfo = torch.cuda) -> Placement:
     """This process's placement: torchrun's ``LOCAL_RANK`` (0 when run directly) and the visible GPUs."""
-    raw = (os.environ if env is None else env).get("LOCAL_RANK", "0")
-    try:
-        local_rank = int(raw)
-    except ValueError:
-        raise ValueError(f"LOCAL_RANK={raw!r} is not an integer (torchrun sets it)") from None
+    local_rank, _ = local_ranks(os.environ if env is None else env)
     available = cuda.is_available()
     return choose(available, cuda.device_count() if available else 0, local_rank)
 

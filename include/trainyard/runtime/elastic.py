@@ -77,18 +77,6 @@ def parse_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def local_ranks(env: Mapping[str, str]) -> tuple[int, int]:
-    """``(LOCAL_RANK, LOCAL_WORLD_SIZE)`` as the launcher set them ((0, 1) where it set neither: one rank per
-    node); ``ValueError`` names the variable that is malformed."""
-    raw_rank, raw_world = env.get("LOCAL_RANK", "0"), env.get("LOCAL_WORLD_SIZE", "1")
-    if not (raw_rank.isdigit() and raw_world.isdigit()) or not 0 <= int(raw_rank) < int(raw_world):
-        raise ValueError(
-            f"LOCAL_RANK={raw_rank!r}, LOCAL_WORLD_SIZE={raw_world!r}: need 0 <= LOCAL_RANK < LOCAL_WORLD_SIZE"
-            " (the launcher sets both)"
-        )
-    return int(raw_rank), int(raw_world)
-
-
 def generation_rank(gen: Generation, node: str, local_rank: int = 0, per_node: int = 1) -> int | None:
     """The rank of ``node``'s local rank ``local_rank`` in ``gen``, whose nodes have ``per_node`` ranks each:
     ``index * per_node + local_rank``; None when ``gen`` does not list ``node``."""

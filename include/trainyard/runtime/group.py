@@ -67,7 +67,8 @@ from trainyard.errors import TrainingFailed
 from trainyard.protocol.coordstore import Generation
 from trainyard.runtime import process
 from trainyard.runtime.checkpoints import Checkpointer, load_latest
-from trainyard.runtime.elastic import Membership, is_collective_error, local_ranks
+from trainyard.runtime.device import local_ranks
+from trainyard.runtime.elastic import Membership, is_collective_error
 from trainyard.runtime.progress import regrouped, regrouping
 
 log = logging.getLogger("trainyard.workload")
