@@ -572,6 +572,28 @@ CASES += [
         "relaunch, not in place: transient regrouped in place 3 times in this attempt already",
     ),
     (
+        "in-place-too-often-since-the-last-checkpoint",
+        [],
+        failed("transient", step=90),
+        world(valid=(20, 25), in_place=InPlace(True, regroups=[("transient", s) for s in (10, 30, 40, 60)])),
+        policy(),
+        Retry,
+        {},
+        "relaunch, not in place: transient regrouped in place 3 times since the checkpoint of step 25 already",
+    ),
+    (
+        "in-place-again-and-again-on-a-long-run-that-saves-between-faults",
+        [],
+        failed("node_lost", "node-2", step=900),
+        world(
+            spares=1, valid=(800,), in_place=InPlace(True, regroups=[("node_lost", s) for s in (100, 300, 500, 700)])
+        ),
+        policy(),
+        Regroup,
+        {"joiners": ["node-4"]},
+        "regroup in place",
+    ),
+    (
         "in-place-not-for-rollback",
         [],
         failed("hang", "node-1", step=40),

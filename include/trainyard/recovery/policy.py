@@ -26,8 +26,9 @@ Choices this module makes (each a line of the reason it returns):
   first, the global batch kept), and nothing restarts. Each reason it cannot is a
   line of the relaunch decision's reason, so the ledger says which path and why.
   The same kind failing again at the step of the last regroup (no progress since),
-  or more than ``MAX_REGROUPS`` times in one attempt, relaunches instead: what does
-  not heal in place is not tried in place forever.
+  or more than ``MAX_REGROUPS`` times since the newest valid checkpoint (in one attempt),
+  relaunches instead: what does not heal in place is not tried in place forever, while
+  a long run that saves between its faults heals each of them in place.
 - Rollback goes to the newest valid checkpoint below the step the divergence
   was seen at; if the failed attempt had itself resumed after an earlier
   divergence, that starting checkpoint is suspect too and the target is below
@@ -52,7 +53,8 @@ if TYPE_CHECKING:
 MAX_DELAY_S = 3600.0
 """Longest pause before the next attempt, however often a kind recurs."""
 MAX_REGROUPS = 3
-"""In-place regroups per failure kind in one attempt; the next failure of that kind relaunches."""
+"""In-place regroups per failure kind in one attempt since its newest valid checkpoint; the next failure of that
+kind relaunches."""
 IN_PLACE_KINDS: frozenset[FailureKind] = frozenset({"node_lost", "hang", "transient", "preempted"})
 """Failures the survivors can heal by regrouping; the others keep their relaunch actions (an OOM needs a
 smaller micro-batch in fresh processes, a divergence a rollback, a user or data error a person)."""
@@ -274,8 +276,13 @@ def _regroup(history: list[AttemptRecord], failure: Classified, s: Situation) ->
     if not in_place.ok:
         return in_place.why_not or "the attempt cannot regroup in place"
     same = [step for kind, step in in_place.regroups if kind == failure.kind]
-    if len(same) >= MAX_REGROUPS:
-        return f"{failure.kind} regrouped in place {len(same)} times in this attempt already"
+    # Counted since the newest valid checkpoint: a long run heals a fault every hour in place for days, but
+    # faults that come back before the run can even save again are not healing.
+    newest = max(s.valid_steps, default=None)
+    recent = [step for step in same if newest is None or step is None or step >= newest]
+    if len(recent) >= MAX_REGROUPS:
+        since = f" since the checkpoint of step {newest}" if newest is not None else " in this attempt"
+        return f"{failure.kind} regrouped in place {len(recent)} times{since} already"
     if same and failure.step is not None and same[-1] == failure.step:
         return f"{failure.kind} again at step {failure.step}, where the last regroup resumed: no progress in place"
     if failure.kind == "hang" and not failure.culprits:
