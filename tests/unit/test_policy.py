@@ -709,6 +709,47 @@ CASES += [
         {},
         "relaunch, not in place: preempted on node-1",
     ),
+    # ---- a notice to an attempt that trained on is a change of members, not a failure: no attempt spent
+    (
+        "notice-after-progress-spends-no-attempt",
+        before("node_lost", "node_lost"),
+        notice("node-1", step=40),
+        world(),
+        policy(max_attempts=3),
+        Retry,
+        {"delay_s": 5.0},
+        "retry on the same 4 nodes",
+    ),
+    (
+        "notices-that-trained-on-neither-spend-nor-back-off",
+        [AttemptRecord(i + 1, "preempted", "retry", NODES) for i in range(6)],
+        notice("node-1", step=400),
+        world(resumed=300),
+        policy(max_attempts=3),
+        Retry,
+        {"delay_s": 5.0},
+        "retry on the same 4 nodes",
+    ),
+    (
+        "notice-before-any-progress-spends",
+        before("node_lost", "node_lost"),
+        notice("node-1", step=300),
+        world(resumed=300),
+        policy(max_attempts=3),
+        GiveUp,
+        {},
+        "attempt budget of 3 exhausted: preempted",
+    ),
+    (
+        "notices-that-made-no-progress-run-out",
+        [AttemptRecord(i + 1, "preempted", "retry", NODES, progressed=False) for i in range(2)],
+        notice("node-1", step=None),
+        world(),
+        policy(max_attempts=3),
+        GiveUp,
+        {},
+        "attempt budget of 3 exhausted",
+    ),
 ]
 
 

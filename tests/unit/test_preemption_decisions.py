@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch.distributed as dist
-from test_controller import CONNECTION, RESUME, T0, ctx, failed, node, ok, others, records, start
+from test_controller import CONNECTION, RESUME, T0, ctx, decision, end, ev, failed, node, ok, others, records, start
 from test_coordstore import keyed
 from test_k8s_objects import NOW, pod, terminated
 
@@ -115,3 +115,22 @@ def test_on_the_relaunch_path_notice_retries_on_the_same_nodes_and_marks_none() 
     assert (decided["kind"], decided["action"]) == ("preempted", "retry")
     assert not any(isinstance(c, ExcludeNodes) for c in commands)
     assert records(commands)["failure_classified"]["culprits"] == []
+
+
+def test_notices_to_attempts_that_trained_on_spend_no_attempt_those_that_did_not_do() -> None:
+    """A spot fleet's notices are changes of members (the ledger says which attempts trained on before theirs)."""
+    trained = [RESUME]
+    for n in (1, 2, 3):
+        trained += [start(n, ts=T0 + 100 * n), ev("resumed", T0 + 100 * n + 1, attempt=n, step=10 * (n - 1)),
+                    end(n, ts=T0 + 100 * n + 50, last_step=10 * n), decision(n, "retry", "preempted", ts=T0 + 100 * n + 51)]  # fmt: skip
+    seen = failed([node("n1", exit_code=-15), ok("n0"), ok("n2")], last_step=45)
+    state = TrainState.of([*trained, start(4, ts=T0 + 400), ev("resumed", T0 + 401, attempt=4, step=30)])
+    commands = step(state, type(seen)(4, T0 + 450, seen.failure, seen.reason, seen.checkpoints), ctx(max_attempts=3))
+    assert records(commands)["decision"]["action"] == "retry"  # four notices, a budget of three: none spent one
+    stuck = [RESUME]
+    for n in (1, 2):
+        stuck += [start(n, ts=T0 + 100 * n), end(n, ts=T0 + 100 * n + 50), decision(n, "retry", "preempted", ts=T0 + 100 * n + 51)]  # fmt: skip
+    seen = failed([node("n1", exit_code=-15), ok("n0"), ok("n2")], last_step=0)
+    commands = step(TrainState.of([*stuck, start(3, ts=T0 + 300)]),
+                    type(seen)(3, T0 + 350, seen.failure, seen.reason, seen.checkpoints), ctx(max_attempts=3))  # fmt: skip
+    assert records(commands)["decision"]["action"] == "fail"  # notices before any step: the budget runs out

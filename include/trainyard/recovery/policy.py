@@ -125,6 +125,17 @@ class AttemptRecord:
     kind: FailureKind
     decision: Action | Literal["regroup"]
     nodes: list[str]
+    progressed: bool = True
+    """Whether the attempt trained past the step it started from before it ended (a notice that cut short an
+    attempt that made progress is a change of members, not a failure: ``spends``)."""
+
+
+def spends(record: AttemptRecord) -> bool:
+    """Whether an earlier decision used up an attempt of the budget and a step of the backoff: every relaunch
+    but a regroup (no new attempt) and a notice to an attempt that had trained on (torchelastic's rule too:
+    membership changes are not restarts). A notice before any progress spends, so a fleet that preempts every
+    attempt before its first step still runs out of attempts."""
+    return record.decision != "regroup" and not (record.kind == "preempted" and record.progressed)
 
 
 @dataclass(frozen=True)
@@ -168,7 +179,7 @@ class Situation:
 
 def backoff(history: list[AttemptRecord], kind: FailureKind, policy: RecoverySpec) -> float:
     """``backoff_s * 2**(n-1)``; n = earlier failures of ``kind`` + this one."""
-    n = sum(1 for h in history if h.kind == kind) + 1
+    n = sum(1 for h in history if h.kind == kind and spends(h)) + 1
     return float(min(policy.backoff_s * 2 ** (n - 1), max(MAX_DELAY_S, policy.backoff_s)))
 
 
@@ -313,7 +324,9 @@ def decide(history: list[AttemptRecord], failure: Classified, situation: Situati
     action = policy.action_for(failure.kind)
     if action == "fail":
         return _fail(history, failure, situation, 0.0)
-    if sum(1 for h in history if h.decision != "regroup") + 1 >= policy.max_attempts:  # a regroup is no attempt
+    # A regroup is no attempt; nor is a notice to an attempt that trained on (it ends, and spends, nothing).
+    notice = failure.kind == "preempted" and failure.step is not None and failure.step > (situation.resumed_from or 0)
+    if sum(map(spends, history)) + (0 if notice else 1) >= policy.max_attempts:
         return GiveUp(f"attempt budget of {policy.max_attempts} exhausted: {failure.kind}:"
                     f" {_one_line(failure.evidence)}")  # fmt: skip
     why_not = ""

@@ -139,8 +139,16 @@ class TrainState:
     @cached_property
     def history(self) -> tuple[AttemptRecord, ...]:
         """Every decision so far, for ``policy.decide``."""
+        started = {a.number: a.resumed_step or 0 for a in self.run.attempts}
+        last = {a.number: a.last_step for a in self.run.attempts}
         return tuple(
-            AttemptRecord(d.attempt, cast(FailureKind, d.kind), cast(Action, d.action), list(d.nodes))
+            AttemptRecord(
+                d.attempt,
+                cast(FailureKind, d.kind),
+                cast(Action, d.action),
+                list(d.nodes),
+                progressed=(last.get(d.attempt) or 0) > started.get(d.attempt, 0),
+            )
             for d in self.run.decisions
         )
 
