@@ -8,6 +8,7 @@ error. Every call here is collective.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
@@ -105,6 +106,7 @@ class Checkpointer:
         self._group: Any = None
         self._stager: DefaultStager | None = None
         self._pending: Future | None = None
+        self._thread: threading.Thread | None = None
 
     @property
     def group(self) -> Any:
@@ -150,7 +152,8 @@ class Checkpointer:
             except BaseException as exc:
                 pending.set_exception(exc)
 
-        threading.Thread(target=write, name=f"trainyard-checkpoint-{step}", daemon=True).start()
+        self._thread = threading.Thread(target=write, name=f"trainyard-checkpoint-{step}", daemon=True)
+        self._thread.start()
         self._pending = pending
 
     def wait(self) -> None:
@@ -177,7 +180,35 @@ class Checkpointer:
         """
         group, self._group, self._pending = self._group, None, None
         self._stager = None  # plain tensors (no pinned or shared memory): the collector frees them
+        if self._thread is not None and self._thread.is_alive():
+            outlive(self._thread)
         return group
+
+
+EXIT_WAIT_S = 10.0
+"""How long a process's exit waits for the threads of abandoned saves (``outlive``), all together."""
+_abandoned: list[threading.Thread] = []
+
+
+def outlive(thread: threading.Thread) -> None:
+    """Have this process's exit wait (up to ``EXIT_WAIT_S``) for ``thread``, a daemon blocked in a collective
+    with a peer of a buried group, before the interpreter finalizes.
+
+    The survivors of a regroup finish together, and a peer's exit closes the sockets the thread waits on: its
+    collective fails and it returns to Python. During finalization that return ends the thread by forced
+    unwinding through torch's C++ frames, which aborts the process (SIGABRT, "terminate called without an
+    active exception") after a run that finished. Waiting at ``atexit`` (before finalization) lets it end as
+    an ordinary failed save. The reference workload leaves by ``os._exit``; any script now may end normally.
+    """
+    if not _abandoned:
+        atexit.register(_wait_for_abandoned)
+    _abandoned.append(thread)
+
+
+def _wait_for_abandoned() -> None:
+    deadline = time.monotonic() + EXIT_WAIT_S
+    for thread in _abandoned:
+        thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
 def _resolve_resume(ctx: RunContext) -> tuple[Path, dict[str, Any]] | None:
