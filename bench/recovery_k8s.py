@@ -94,10 +94,20 @@ def _run(root: Path, settings: Settings, plan: dict[str, int], drills: str, lose
     for name in [*HOSTS, SPARE]:
         server.add_node(name)
     os.environ["AIRFLOW_CONN_FAKE_CLUSTER"] = airflow_connection(server, root, NS)
+    # The API client comes from the Airflow layer (the provider's hook and the connection), as in the task;
+    # an Airflow home of the bench's own unless one is set, so nothing lands in ~/airflow.
+    os.environ.setdefault("AIRFLOW_HOME", str(root.parent / "airflow"))
+    # The fake kubelet's containers inherit this process's environment and share this machine's cores, as
+    # the local backend's nodes do, which get one thread each (launcher.py): without it each of the 3 pods'
+    # torch would take every core, and a step here took 6-8 s instead of ~0.3 s.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    from trainyard.airflow.operators import launcher_for
+
     try:
         with Kubelet(server, NS, root / "kubelet", seed=0) as kubelet:
             loser = _lose_when(run, kubelet, "gpu-b", lose_at) if lose_at is not None else None
-            stages.train(run, HOSTS, spares=[SPARE])
+            stages.train(run, HOSTS, launcher=launcher_for(run.spec.nodes), spares=[SPARE])
             if loser is not None:
                 loser.join(timeout=1)
     finally:
