@@ -83,7 +83,7 @@ from pathlib import Path
 
 from peers.host import PEERS, peer_run  # bench/peers: this script's folder is first on sys.path
 from peers.versus import versus_best_peer
-from recovery_configs import CONFIGS, Settings, run_configs
+from recovery_configs import CONFIGS, print_lines, run_configs
 from recovery_runs import ARGS, calibrated_step_ms, fault_plan, trainyard_run
 
 from trainyard.backends.local.launcher import process_tree, signal_all
@@ -229,18 +229,6 @@ def _names(parser: argparse.ArgumentParser, flag: str, value: str, known: Collec
     return names
 
 
-def _configs(args: argparse.Namespace, tmp: Path, names: list[str], peers: list[str], step_ms: float | None,
-             default: dict) -> dict[str, dict]:  # fmt: skip
-    """The configurations' objects (``recovery_configs``), each printed to stderr as it ends."""
-    settings = Settings(args.config_train_s, args.heartbeat_timeout, not args.sync, peers, args.torchrun_grace,
-                        step_ms, default)  # fmt: skip
-    out = {}
-    for name in names:
-        out |= run_configs([name], tmp / "configs", settings)
-        print(f"{name}: {json.dumps(out[name])}", file=sys.stderr)
-    return out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     # ~3 minutes of training with the fault half way (one fault per 3 minutes); a save every ~30 s. The step
@@ -271,8 +259,9 @@ def main() -> None:
     peers, configs = _names(parser, "--peers", args.peers, PEERS), _names(parser, "--configs", args.configs, CONFIGS)
     if args.configs_only:
         with _workdir(args.keep) as tmp:
-            print(json.dumps({"bench": "recovery", "configs_only": True,
-                              **_configs(args, Path(tmp), configs, peers, None, {})}))  # fmt: skip
+            per_config = run_configs(args, Path(tmp) / "configs", configs, peers, None, {})
+        print_lines(per_config)
+        print(json.dumps({"bench": "recovery", "configs_only": True, **per_config}))
         return
     with _workdir(args.keep) as tmp:
         sized = sizing(Path(tmp) / "calibration", args)
@@ -313,7 +302,7 @@ def main() -> None:
         if "torchft" in others and others["torchft"].get("step_ms") and ours["step_ms"]:
             # torchft's cost without a fault: its per-step quorum and commit RPCs, against our plain DDP step
             others["torchft"]["step_overhead"] = round(others["torchft"]["step_ms"] / ours["step_ms"], 3)
-        per_config = _configs(args, Path(tmp), configs, peers, sized["step_ms_measured"], ours)
+        per_config = run_configs(args, Path(tmp) / "configs", configs, peers, sized["step_ms_measured"], ours)
     print(f"one fault in {ours['wall_s']:.0f} s of training")
     print(
         f"trainyard: detection {ours['detection_s']} s, resume delay {ours['resume_delay_s']} s,"
@@ -348,6 +337,7 @@ def main() -> None:
             )
         else:
             print(f"{peer}: not run ({figures['why']})")
+    print_lines(per_config)
     print(
         json.dumps(
             {

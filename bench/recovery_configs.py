@@ -25,7 +25,10 @@ and why not where one did not.
 
 from __future__ import annotations
 
+import argparse
+import json
 import signal
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,9 +40,10 @@ from recovery_runs import MODEL, ByHand, Workload, calibrated_step_ms, fault_pla
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ("two_ranks", "byo", "preempt", "kubernetes", "big_model")
-BIG_MODEL = {**MODEL, "d-model": 384}
-"""About 7 M parameters, ~50x the reference workload's default (d-model 64, 2 layers, ~0.13 M) and ~2x the
-default configuration's; Adam's state makes its checkpoint ~85 MB. A step costs ~2x the default one."""
+BIG_MODEL = {**MODEL, "d-model": 352}
+"""6.1 M parameters: 50x the reference workload's default (d-model 64, 2 layers: 0.12 M) and 1.9x the default
+configuration's (3.3 M); with Adam's state its checkpoint is ~74 MB (the default configuration's ~40 MB).
+A step costs ~2x the default one."""
 BYO = Workload(args={}, entrypoint=str(ROOT / "examples" / "byo_train.py"), global_batch=6, spike_check=False)
 BYO_CALIBRATION_STEPS = 400  # its steps take milliseconds: 40 would measure start-up noise
 FIGURES = ("resume_delay_s", "lost_steps", "ettr", "detection_s", "step_ms", "step_ms_from", "wall_s", "startup_s")
@@ -65,15 +69,26 @@ class Settings:
     default: Mapping[str, Any]  # the default configuration's figures (its checkpoint, for the size axis)
 
 
-def run_configs(names: list[str], root: Path, settings: Settings) -> dict[str, dict[str, Any]]:
-    """Each configuration named, one after another; one that fails reports why, not the bench's end."""
+def run_configs(args: argparse.Namespace, root: Path, names: list[str], peers: list[str], step_ms: float | None,
+                default: Mapping[str, Any]) -> dict[str, dict[str, Any]]:  # fmt: skip
+    """Each configuration named, one after another, with the bench's flags ``args``; each object printed to
+    stderr as it ends; one that fails reports why, not the bench's end."""
+    settings = Settings(args.config_train_s, args.heartbeat_timeout, not args.sync, peers, args.torchrun_grace,
+                        step_ms, default)  # fmt: skip
     out: dict[str, dict[str, Any]] = {}
     for name in names:
         try:
             out[name] = RUNNERS[name](root / name, settings)
         except Exception as exc:  # one configuration's failure must not lose the others' figures
             out[name] = {"ran": False, "why": f"{type(exc).__name__}: {exc}"}
+        print(f"{name}: {json.dumps(out[name])}", file=sys.stderr)
     return out
+
+
+def print_lines(objs: Mapping[str, Mapping[str, Any]]) -> None:
+    """The configurations' figures in words, for the bench's summary."""
+    for name, obj in objs.items():
+        print(f"{name}: " + (f"not run ({obj['why']})" if obj.get("ran") is False else config_line(obj)))
 
 
 def ettr_goal(train_s_per_fault: float | None) -> float | None:
@@ -109,6 +124,14 @@ def summary(run: Mapping[str, Any], plan: Mapping[str, int], fault: str) -> dict
         "fault": fault,
         "world_path": run.get("world_path"),
     }
+
+
+def config_line(obj: Mapping[str, Any]) -> str:
+    """A configuration's figures in words, for the bench's summary lines."""
+    return (
+        f"{obj['path']}, resume delay {obj['resume_delay_s']} s, lost steps {obj['lost_steps']}, ETTR {obj['ettr']}"
+        f" (one fault in {obj['train_s_per_fault']} s, start-up {obj['startup_s']} s), step {obj['step_ms']} ms"
+    )
 
 
 def finish(obj: dict[str, Any], peers: dict[str, Any], resume_goal_s: float = 2.0) -> dict[str, Any]:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
-from recovery_configs import ettr_goal, goals
+from recovery_configs import checkpoint_bytes, ettr_goal, goals, summary
 from recovery_runs import fault_plan, timed_steps
 
 
@@ -86,3 +88,25 @@ def test_step_times_from_gaps_between_a_writers_consecutive_steps() -> None:
 def test_step_events_that_have_a_step_time_keep_it() -> None:
     events = [step(1, 10.0, step_ms=7.0), step(2, 10.5, step_ms=8.0)]
     assert timed_steps(events) == events
+
+
+def test_a_configurations_object_names_its_one_faults_path_and_rate() -> None:
+    run = {"resume_delay_s": 0.5, "lost_steps": 0, "ettr": 0.9, "detection_s": 0.1, "step_ms": 250.0,
+           "step_ms_from": "events", "wall_s": 66.0, "startup_s": 6.0, "failures": [{}], "path": ["in_place"],
+           "world_path": "3 -> 2 -> 3"}  # fmt: skip
+    plan = {"steps": 240, "fault_at": 120, "checkpoint_every": 40}
+    obj = summary(run, plan, "drill")
+    assert obj["path"] == "in_place" and obj["train_s_per_fault"] == 66.0 and obj["fault_at"] == 120
+    assert summary({**run, "failures": [], "path": []}, plan, "drill")["path"] is None  # no fault was seen
+    two = summary({**run, "failures": [{}, {}], "path": ["in_place", "relaunch"]}, plan, "drill")
+    assert two["path"] == ["in_place", "relaunch"] and two["train_s_per_fault"] == 33.0
+
+
+def test_checkpoint_bytes_are_the_newest_step_folders(tmp_path: Path) -> None:
+    assert checkpoint_bytes(tmp_path) is None
+    for step, size in (("step_000010", 5), ("step_000020", 7)):
+        folder = tmp_path / "bench" / step
+        folder.mkdir(parents=True)
+        (folder / "0.distcp").write_bytes(b"x" * size)
+        (folder / "manifest.json").write_bytes(b"{}")
+    assert checkpoint_bytes(tmp_path) == 9
