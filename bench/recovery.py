@@ -261,7 +261,9 @@ def main() -> None:
         with _workdir(args.keep) as tmp:
             per_config = run_configs(args, Path(tmp) / "configs", configs, peers, None, {})
         print_lines(per_config)
-        print(json.dumps({"bench": "recovery", "configs_only": True, **per_config}))
+        print(
+            json.dumps({"bench": "recovery", "configs_only": True, "config_train_s": args.config_train_s, **per_config})
+        )
         return
     with _workdir(args.keep) as tmp:
         sized = sizing(Path(tmp) / "calibration", args)
@@ -376,6 +378,7 @@ def main() -> None:
                 "relaunch": {k: relaunch[k] for k in ("resume_delay_s", "lost_steps", "ettr", "detection_s", "path")},
                 **others,
                 **versus_best_peer(ours, {"torchrun": theirs, **others}),
+                "config_train_s": args.config_train_s,  # asked of each configuration; each says what it got
                 **per_config,
             }
         )

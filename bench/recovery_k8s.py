@@ -106,28 +106,32 @@ def _run(root: Path, settings: Settings, plan: dict[str, int], drills: str, lose
 
     try:
         with Kubelet(server, NS, root / "kubelet", seed=0) as kubelet:
-            loser = _lose_when(run, kubelet, "gpu-b", lose_at) if lose_at is not None else None
-            stages.train(run, HOSTS, launcher=launcher_for(run.spec.nodes), spares=[SPARE])
+            ended = threading.Event()  # a host not yet lost when the stage ends is never lost
+            loser = _lose_when(run, kubelet, "gpu-b", lose_at, ended) if lose_at is not None else None
+            try:
+                stages.train(run, HOSTS, launcher=launcher_for(run.spec.nodes), spares=[SPARE])
+            finally:
+                ended.set()
             if loser is not None:
-                loser.join(timeout=1)
+                loser.join(timeout=5)
     finally:
         server.stop()
     return run_figures(run)
 
 
-def _lose_when(run: Run, kubelet: Kubelet, host: str, step: int, timeout_s: float = 900.0) -> threading.Thread:
-    """A thread that records the fault and takes ``host`` away once attempt 1's heartbeats reach ``step``."""
+def _lose_when(run: Run, kubelet: Kubelet, host: str, step: int, ended: threading.Event) -> threading.Thread:
+    """A thread that records the fault and takes ``host`` away once attempt 1's heartbeats reach ``step`` (or
+    gives up when ``ended`` is set)."""
 
     def lose() -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        while not ended.is_set():
             beats = read_heartbeats(run.dir / "attempt-1" / "heartbeat")
             reached = max((int(b.get("step") or 0) for b in beats.values()), default=0)
             if reached >= step:
                 run.ledger.append("train", "drill_fired", fault="kill", node=host, step=reached)
                 kubelet.lose_node(host)
                 return
-            time.sleep(0.02)
+            ended.wait(0.02)
 
     thread = threading.Thread(target=lose, daemon=True)
     thread.start()

@@ -107,11 +107,15 @@ def trainyard_run(root: Path, steps: int, at: int | list[int], fault: str, node:
     run = open_run(spec, "bench", f"{fault}-{time.time_ns()}", "2026-11-28")
     stages.stage_dataset(run)
     launcher = LocalLauncher()
-    sender = _send_when(run, launcher, by_hand) if by_hand else None
-    stages.train(run, ["node-0", "node-1", "node-2"], launcher=launcher,
-                 spares=[f"node-{3 + i}" for i in range(spares)])  # fmt: skip
+    ended = threading.Event()  # a fault not yet sent when the stage ends is never sent
+    sender = _send_when(run, launcher, by_hand, ended) if by_hand else None
+    try:
+        stages.train(run, ["node-0", "node-1", "node-2"], launcher=launcher,
+                     spares=[f"node-{3 + i}" for i in range(spares)])  # fmt: skip
+    finally:
+        ended.set()
     if sender is not None:
-        sender.join(timeout=1)
+        sender.join(timeout=5)
     return run_figures(run)
 
 
@@ -159,16 +163,16 @@ def timed_steps(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _send_when(run: Run, launcher: LocalLauncher, hand: ByHand, timeout_s: float = 900.0) -> threading.Thread:
-    """A thread that records the fault and signals ``hand.node`` once attempt 1's heartbeats reach ``hand.step``."""
+def _send_when(run: Run, launcher: LocalLauncher, hand: ByHand, ended: threading.Event) -> threading.Thread:
+    """A thread that records the fault and signals ``hand.node`` once attempt 1's heartbeats reach ``hand.step``
+    (or gives up when ``ended`` is set)."""
 
     def reached() -> int:
         beats = read_heartbeats(run.dir / "attempt-1" / "heartbeat")
         return max((int(b.get("step") or 0) for b in beats.values()), default=0)
 
     def send() -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        while not ended.is_set():
             handle = launcher.active[0] if launcher.active else None
             if handle is not None and hand.node in handle.procs and reached() >= hand.step:
                 proc = handle.procs[hand.node]
@@ -178,7 +182,7 @@ def _send_when(run: Run, launcher: LocalLauncher, hand: ByHand, timeout_s: float
                 else:
                     proc.send_signal(hand.signal)
                 return
-            time.sleep(0.01)
+            ended.wait(0.01)
 
     thread = threading.Thread(target=send, daemon=True)
     thread.start()
