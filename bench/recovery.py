@@ -19,7 +19,7 @@ JSON says what was measured and chosen; ``--steps``, ``--kill-at``,
   hang node-2 (``hang_detection_s``, ``hang_resume_delay_s``); a run of ``--per-minute-steps`` with a
   warm spare kills node-1, node-2 and node-0 in turn, about one fault per minute of training
   (``ettr_fault_per_min``, ``fault_per_min``: the spare joins at the first); the runs themselves are
-  ``recovery_runs.trainyard_run``;
+  ``recovery_parts.runs.trainyard_run``;
 - torchrun: ``--nnodes=1:3 --max-restarts=3`` agents started by hand, which
   re-rendezvous the survivors and restart their workers from the latest checkpoint.
   Its survivors' agents sometimes never complete that re-rendezvous (seen here
@@ -43,7 +43,7 @@ figures under its own key, ``best_peer`` (the highest ETTR of torchrun and the
 peers that finished) with ``ettr_vs_best_peer``, and ``best_resume_peer`` with
 ``resume_delay_vs_best_peer``.
 
-Then the configurations (issue 30; ``--configs``, default all, ``none`` skips them; ``recovery_configs``
+Then the configurations (issue 30; ``--configs``, default all, ``none`` skips them; ``recovery_parts.configs``
 says what each runs): ``two_ranks`` (3 nodes x 2 ranks, node-1 killed), ``byo`` and ``preempt``
 (``examples/byo_train.py``: node-1 SIGKILLed, or given notice by SIGTERM), ``kubernetes`` (the fake
 cluster: a pod killed, and ``kubernetes.node_lost``: a host lost) and ``big_model`` (~50x the reference
@@ -83,8 +83,8 @@ from pathlib import Path
 
 from peers.host import PEERS, peer_run  # bench/peers: this script's folder is first on sys.path
 from peers.versus import versus_best_peer
-from recovery_configs import CONFIGS, print_lines, run_configs
-from recovery_runs import ARGS, calibrated_step_ms, fault_plan, trainyard_run
+from recovery_parts.configs import CONFIGS, print_lines, run_configs
+from recovery_parts.runs import ARGS, calibrated_step_ms, fault_plan, trainyard_run
 
 from trainyard.backends.local.launcher import process_tree, signal_all
 from trainyard.events.ledger import Ledger

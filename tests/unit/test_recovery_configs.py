@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from recovery_configs import checkpoint_bytes, ettr_goal, goals, summary
-from recovery_runs import fault_plan, timed_steps
+from recovery_parts.configs import checkpoint_bytes, ettr_goal, goals, summary
+from recovery_parts.runs import fault_plan, timed_steps
 
 
 @pytest.mark.parametrize(

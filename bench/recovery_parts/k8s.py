@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from recovery_configs import ROOT, Settings, finish, goals, not_here, summary
-from recovery_runs import MODEL, calibrated_step_ms, fault_plan, run_figures
+from recovery_parts.configs import ROOT, Settings, finish, goals, not_here, summary
+from recovery_parts.runs import MODEL, calibrated_step_ms, fault_plan, run_figures
 
 from trainyard.pipeline import stages
 from trainyard.pipeline.run import Run, open_run

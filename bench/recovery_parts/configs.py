@@ -3,7 +3,7 @@
 Each configuration trains about ``--config-train-s`` seconds (default 60) with one fault half way, its
 steps sized to its own step time, measured on this machine by a short run without a fault (the
 Kubernetes one uses the default workload's): a save every sixth of the run, the fault at the middle
-save's step (``recovery_runs.fault_plan``). So each reports one fault per ``train_s_per_fault``
+save's step (``recovery_parts.runs.fault_plan``). So each reports one fault per ``train_s_per_fault``
 seconds (its wall time, start-up included), not the 3 minutes of the default configuration: its ETTR
 goal (``ettr_goal``) is the one for that rate, or none for a run shorter than a minute.
 
@@ -11,7 +11,7 @@ goal (``ettr_goal``) is the one for that rate, or none for a run shorter than a 
 - ``byo``: ``examples/byo_train.py`` on 3 nodes, node-1's process tree SIGKILLed by the bench (a user's
   script acts out no drills);
 - ``preempt``: the same script, node-1 given notice (SIGTERM to its process, as the kubelet gives it);
-- ``kubernetes``: the reference workload on the fake cluster (``recovery_k8s``): a pod's processes
+- ``kubernetes``: the reference workload on the fake cluster (``recovery_parts.k8s``): a pod's processes
   killed, and in a second run a host lost with its pod; ``path`` is whichever the backend took;
 - ``big_model``: a model ~50x the reference workload's default size (``BIG_MODEL``), node-1 killed, in
   place and (``big_model.relaunch``) on the relaunch path, with its parameter count, checkpoint bytes
@@ -36,9 +36,9 @@ from typing import Any
 
 from peers.host import peer_run
 from peers.versus import versus_best_peer
-from recovery_runs import MODEL, ByHand, Workload, calibrated_step_ms, fault_plan, trainyard_run
+from recovery_parts.runs import MODEL, ByHand, Workload, calibrated_step_ms, fault_plan, trainyard_run
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ("two_ranks", "byo", "preempt", "kubernetes", "big_model")
 BIG_MODEL = {**MODEL, "d-model": 352}
 """6.1 M parameters: 50x the reference workload's default (d-model 64, 2 layers: 0.12 M) and 1.9x the default
@@ -229,7 +229,7 @@ def checkpoint_bytes(root: Path) -> int | None:
 
 
 def kubernetes(root: Path, settings: Settings) -> dict[str, Any]:
-    from recovery_k8s import kubernetes_runs  # the fake cluster's helpers come from tests/integration
+    from recovery_parts.k8s import kubernetes_runs  # the fake cluster's helpers come from tests/integration
 
     return kubernetes_runs(root, settings)
 
