@@ -1,6 +1,8 @@
 """Recovery from a lost node: trainyard in place and relaunched, torchrun's elastic restart, and the peers.
 
     python bench/recovery.py [--train-s-per-fault 180] [--steps N --kill-at K --checkpoint-every E] [--sync]
+                             [--configs two_ranks,byo,preempt,kubernetes,big_model|none] [--config-train-s 60]
+                             [--configs-only] [--peers torchft,nvrx|none] [--keep DIR]
 
 The same workload on 3 local nodes, node-1 SIGKILLed (agent and worker) at
 step ``--kill-at``, about 3 minutes of training with the fault half way. A step
@@ -16,7 +18,8 @@ JSON says what was measured and chosen; ``--steps``, ``--kill-at``,
   checkpoint) under ``relaunch``; shorter in-place runs kill node-0 (``node0_resume_delay_s``) and
   hang node-2 (``hang_detection_s``, ``hang_resume_delay_s``); a run of ``--per-minute-steps`` with a
   warm spare kills node-1, node-2 and node-0 in turn, about one fault per minute of training
-  (``ettr_fault_per_min``, ``fault_per_min``: the spare joins at the first);
+  (``ettr_fault_per_min``, ``fault_per_min``: the spare joins at the first); the runs themselves are
+  ``recovery_parts.runs.trainyard_run``;
 - torchrun: ``--nnodes=1:3 --max-restarts=3`` agents started by hand, which
   re-rendezvous the survivors and restart their workers from the latest checkpoint.
   Its survivors' agents sometimes never complete that re-rendezvous (seen here
@@ -39,6 +42,18 @@ instead, for ``hang_detection_s``. Prints one JSON line last: each peer's
 figures under its own key, ``best_peer`` (the highest ETTR of torchrun and the
 peers that finished) with ``ettr_vs_best_peer``, and ``best_resume_peer`` with
 ``resume_delay_vs_best_peer``.
+
+Then the configurations (issue 30; ``--configs``, default all, ``none`` skips them; ``recovery_parts.configs``
+says what each runs): ``two_ranks`` (3 nodes x 2 ranks, node-1 killed), ``byo`` and ``preempt``
+(``examples/byo_train.py``: node-1 SIGKILLed, or given notice by SIGTERM), ``kubernetes`` (the fake
+cluster: a pod killed, and ``kubernetes.node_lost``: a host lost) and ``big_model`` (~50x the reference
+workload's default size, in place and ``big_model.relaunch``, with its checkpoint's bytes and save cost).
+Each is one short run of its own (``--config-train-s`` of training, default 60 s, the fault half way:
+one fault per ``train_s_per_fault``, start-up included, not per 3 minutes), sized to its own step time,
+and reports ``resume_delay_s``, ``lost_steps``, ``ettr``, ``path``, ``step_ms``, ``wall_s``, what was
+measured, which goals it met (``goals``; the ETTR goal is the one for its fault rate) and which peer ran
+on it (``peers``: only ``big_model`` runs them; the others say why not). ``--configs-only`` skips the
+default configuration and torchrun: a short run, e.g. ``--configs-only --config-train-s 20 --peers none``.
 
 Goals (issue 17): first step at most 2 s after a killed node (node-0 too), at most one step lost, a hang
 resumed within the heartbeat timeout + 3 s; ETTR >= 0.95 with one fault per 3 minutes of training
@@ -63,73 +78,18 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 from peers.host import PEERS, peer_run  # bench/peers: this script's folder is first on sys.path
-from peers.versus import no_fault_step_ms, versus_best_peer
+from peers.versus import versus_best_peer
+from recovery_parts.configs import CONFIGS, print_lines, run_configs
+from recovery_parts.runs import ARGS, calibrated_step_ms, fault_plan, trainyard_run
 
 from trainyard.backends.local.launcher import process_tree, signal_all
 from trainyard.events.ledger import Ledger
-from trainyard.pipeline import stages
-from trainyard.pipeline.run import open_run
 from trainyard.protocol.shards import write_synthetic_corpus
 from trainyard.recovery.figures import recovery_figures
-
-# A model big enough that a step costs ~0.5 s on 2 cores: training time, not start-up, dominates.
-CALIBRATION_STEPS = 40
-ARGS = ["--seq-len", "128", "--d-model", "256", "--n-layers", "4", "--n-heads", "4", "--lr", "0.003"]
-SPEC = """\
-dataset: {{source: "file://{root}/cold", name: tokens, hot: "file://{root}/hot"}}
-runs_root: file://{root}/runs
-nodes: {{count: 3, min: 2, spare: {spare}}}
-pressure_test: {{enabled: false}}
-training:
-  args: {{seq-len: 128, d-model: 256, n-layers: 4, n-heads: 4, lr: 0.003, vocab-size: 256}}
-  max_steps: {steps}
-  global_batch: 12
-  micro_batch: 2
-  checkpoint_every: {every}
-  checkpoint_async: {background}
-  heartbeat_timeout_s: {hb}
-  progress_every_s: 0  # a step event per step, as the torchrun baseline gets: same ETTR definition on both
-checkpoint: {{hot: "file://{root}/ckpt", cold: "file://{root}/coldckpt"}}
-recovery: {{max_attempts: 3, backoff_s: 0, in_place: {in_place}}}
-drills: [{drills}]
-"""
-
-
-def trainyard_run(root: Path, steps: int, at: int | list[int], fault: str, node: str | list[str], hb: float,
-                  every: int, background: bool, in_place: bool = True, spares: int = 0) -> dict:  # fmt: skip
-    """One train stage; ``at``/``node``: a fault's step and node, or lists of them (a fault at each)."""
-    write_synthetic_corpus(root / "cold", shards=2, tokens_per_shard=16_384)
-    steps_at, nodes_at = (at, node) if isinstance(at, list) else ([at], [node])  # [] and []: no fault
-    drills = ", ".join(f"{{fault: {fault}, node: {n}, step: {a}}}" for a, n in zip(steps_at, nodes_at, strict=True))
-    spec = root / "bench.yaml"
-    spec.write_text(
-        SPEC.format(
-            root=root,
-            steps=steps,
-            drills=drills,
-            spare=spares,
-            hb=hb,
-            every=every,
-            background=str(background).lower(),
-            in_place=str(in_place).lower(),
-        )
-    )
-    run = open_run(spec, "bench", f"{fault}-{time.time_ns()}", "2026-11-28")
-    stages.stage_dataset(run)
-    stages.train(run, ["node-0", "node-1", "node-2"], spares=[f"node-{3 + i}" for i in range(spares)])
-    wall = next(e["seconds"] for e in run.ledger.events("train", "stage_end"))
-    blocked = [e["blocked_s"] for e in run.ledger.events("train", "checkpoint_saved")]
-    return {
-        **recovery_figures(run.ledger),
-        "wall_s": wall,
-        "save_blocked_s": round(sum(blocked) / len(blocked), 3),
-        "step_ms": _rounded(no_fault_step_ms(run.ledger.events("train"))),
-        "path": [f["path"] for f in recovery_figures(run.ledger)["failures"]],
-    }
 
 
 def sizing(root: Path, args: argparse.Namespace) -> dict:
@@ -137,24 +97,16 @@ def sizing(root: Path, args: argparse.Namespace) -> dict:
     time, measured by a short run without a fault (the same workload, 3 nodes, no save)."""
     measured = None
     if None in (args.steps, args.kill_at, args.checkpoint_every, args.per_minute_steps):
-        calibration = trainyard_run(root, CALIBRATION_STEPS, [], "kill", [], args.heartbeat_timeout,
-                                    CALIBRATION_STEPS, True)  # fmt: skip
-        measured = calibration["step_ms"]
-        if not measured:
-            raise SystemExit(f"the calibration run reported no step time; its folder: {root}")
+        measured = calibrated_step_ms(root, args.heartbeat_timeout)
         # A save every sixth of the time per fault, the fault at the third save's step: 6 saves per fault.
-        every = max(1, round(args.train_s_per_fault / 6 / (measured / 1000)))
-        args.checkpoint_every = args.checkpoint_every or every
+        plan = fault_plan(measured, args.train_s_per_fault)
+        args.checkpoint_every = args.checkpoint_every or plan["checkpoint_every"]
         args.steps = args.steps or 6 * args.checkpoint_every
         args.kill_at = args.kill_at or 3 * args.checkpoint_every
         args.per_minute_steps = args.per_minute_steps or args.steps
     return {"step_ms_measured": measured, "train_s_per_fault_asked": args.train_s_per_fault, "steps": args.steps,
             "kill_at": args.kill_at, "checkpoint_every": args.checkpoint_every,
             "per_minute_steps": args.per_minute_steps}  # fmt: skip
-
-
-def _rounded(ms: float | None) -> float | None:
-    return None if ms is None else round(ms, 1)
 
 
 def torchrun_run(root: Path, steps: int, at: int, every: int, background: bool, grace_s: float, limit_s: float) -> dict:
@@ -269,6 +221,14 @@ def resumed_after(ledger: Path, ts: float) -> bool:
     return any(e["ts"] > ts for e in Ledger(ledger).events("train", "resumed"))
 
 
+def _names(parser: argparse.ArgumentParser, flag: str, value: str, known: Collection[str]) -> list[str]:
+    """The comma-separated names of ``flag`` ('none': none), each one of ``known``."""
+    names = [] if value == "none" else [n.strip() for n in value.split(",") if n.strip()]
+    if unknown := sorted(set(names) - set(known)):
+        parser.error(f"{flag}: unknown {', '.join(unknown)}; choose from {', '.join(known)} or 'none'")
+    return names
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     # ~3 minutes of training with the fault half way (one fault per 3 minutes); a save every ~30 s. The step
@@ -288,10 +248,23 @@ def main() -> None:
     parser.add_argument(
         "--peers", default=",".join(PEERS), help=f"comma-separated, of {', '.join(PEERS)}; 'none': skip them"
     )
+    parser.add_argument(
+        "--configs", default=",".join(CONFIGS), help=f"comma-separated, of {', '.join(CONFIGS)}; 'none': skip them"
+    )
+    parser.add_argument("--config-train-s", type=float, default=60.0, help="seconds of training per configuration")
+    parser.add_argument(
+        "--configs-only", action="store_true", help="skip the default configuration (and torchrun): a short run"
+    )
     args = parser.parse_args()
-    peers = [] if args.peers == "none" else [p.strip() for p in args.peers.split(",") if p.strip()]
-    if unknown := sorted(set(peers) - set(PEERS)):
-        parser.error(f"--peers: unknown {', '.join(unknown)}; choose from {', '.join(PEERS)} or 'none'")
+    peers, configs = _names(parser, "--peers", args.peers, PEERS), _names(parser, "--configs", args.configs, CONFIGS)
+    if args.configs_only:
+        with _workdir(args.keep) as tmp:
+            per_config = run_configs(args, Path(tmp) / "configs", configs, peers, None, {})
+        print_lines(per_config)
+        print(
+            json.dumps({"bench": "recovery", "configs_only": True, "config_train_s": args.config_train_s, **per_config})
+        )
+        return
     with _workdir(args.keep) as tmp:
         sized = sizing(Path(tmp) / "calibration", args)
         print(f"sizing: {json.dumps(sized)}", file=sys.stderr)
@@ -331,6 +304,7 @@ def main() -> None:
         if "torchft" in others and others["torchft"].get("step_ms") and ours["step_ms"]:
             # torchft's cost without a fault: its per-step quorum and commit RPCs, against our plain DDP step
             others["torchft"]["step_overhead"] = round(others["torchft"]["step_ms"] / ours["step_ms"], 3)
+        per_config = run_configs(args, Path(tmp) / "configs", configs, peers, sized["step_ms_measured"], ours)
     print(f"one fault in {ours['wall_s']:.0f} s of training")
     print(
         f"trainyard: detection {ours['detection_s']} s, resume delay {ours['resume_delay_s']} s,"
@@ -365,6 +339,7 @@ def main() -> None:
             )
         else:
             print(f"{peer}: not run ({figures['why']})")
+    print_lines(per_config)
     print(
         json.dumps(
             {
@@ -403,6 +378,8 @@ def main() -> None:
                 "relaunch": {k: relaunch[k] for k in ("resume_delay_s", "lost_steps", "ettr", "detection_s", "path")},
                 **others,
                 **versus_best_peer(ours, {"torchrun": theirs, **others}),
+                "config_train_s": args.config_train_s,  # asked of each configuration; each says what it got
+                **per_config,
             }
         )
     )
