@@ -208,15 +208,13 @@ def _count(text: str) -> int:
 
 
 def peek(store: Store, name: str) -> bytes | None:
-    """The value of ``name``, None when there is none: one round trip that never waits. A check then a get
-    would wait out the store's timeout (and raise) if someone deleted the key between the two."""
+    """``name``'s value or None, in one round trip that never waits (a check then a get may wait out a timeout)."""
     raw = store.compare_set(name, _ABSENT, _ABSENT)  # sets nothing: the key is absent, or holds another value
     return None if raw == _ABSENT.encode() else raw
 
 
 def attempt_prefix(attempt: int) -> str:
-    """The key prefix of one training attempt: each attempt numbers its generations from 1 again, and a
-    process group's keys must never meet a dead attempt's (both sides wrap the served store in it)."""
+    """One attempt's key prefix (both sides wrap the store in it): no dead attempt's group keys are ever met."""
     return f"attempt-{attempt}"
 
 
@@ -270,14 +268,11 @@ class Coordinator:
         self.refused: dict[str, str] = {}
         self._looked: dict[int, bytes] = {}  # generation -> the fault count last looked at (``_faulted``)
         self._faulted_gens: set[int] = set()
-        self._leavers: dict[int, tuple[bytes, list[str]]] = {}  # generation -> (fault count, leavers read at it)
+        self._leavers: dict[int, list[str]] = {}  # generation -> its leavers, as read at the last look
 
     def publish(self, gen: Generation) -> None:
-        """Make ``gen`` the current generation, sealed for every node (each copy of generation ``g`` first,
-        so a node told of ``g`` by rank 0 finds its own).
-
-        Its members are no longer spares: their announcements go (a member that dies and is started again
-        must announce itself anew before it counts as ready)."""
+        """Make ``gen`` current, sealed for every node (each copy of ``gen`` first: a node told of it by rank 0
+        finds its own). Its members' spare announcements go (one started again must announce itself anew)."""
         if stray := [n for n in gen.members if n not in self.keys]:
             raise ValueError(f"generation {gen.number} lists {stray}, which hold no key of this attempt's store")
         text = gen.to_json()
@@ -361,32 +356,26 @@ class Coordinator:
         return {node: step for node, step in steps.items() if step is not None}
 
     def _faulted(self, g: int) -> bool:
-        """Whether a node reported an authentic fault of generation ``g``, or that it leaves it. The counter only says when to look:
-        the records are read when it changed, so a count someone else adds to costs a read, never a loop."""
-        if g in self._faulted_gens:
-            return True
-        count = peek(self.store, faulted_key(g))
-        if count is None or self._looked.get(g) == count:
-            return False
-        self._looked[g] = count
-        if any(record.generation == g for record in self.fault_records().values()) or self.leaving(g):
-            self._faulted_gens.add(g)
-            return True
-        return False
+        """Whether a node reported an authentic fault of generation ``g``, or that it leaves it."""
+        if g not in self._faulted_gens:
+            self._look(g)
+        return g in self._faulted_gens
 
     def leaving(self, g: int) -> list[str]:
-        """The nodes that reported (authentically) that they leave generation ``g`` on notice.
+        """The nodes that reported (authentically) that they leave generation ``g`` on notice."""
+        self._look(g)
+        return list(self._leavers.get(g, []))
 
-        Asked at every poll of the supervisor: a leaver adds to ``faulted/<g>`` after its report, so the
-        reports are read only when that count moved (one round trip per poll, not one per node)."""
+    def _look(self, g: int) -> None:
+        """Read ``g``'s fault and leave reports if ``faulted/<g>`` moved since the last look: asked at every poll
+        of the supervisor, it costs one round trip, and a count anyone adds to costs a read, never a loop."""
         count = peek(self.store, faulted_key(g))
-        if count is None:
-            return []
-        seen = self._leavers.get(g)
-        if seen is None or seen[0] != count:
-            seen = count, [node for node in self.keys if self._read(leave_key(node), node, _count) == g]
-            self._leavers[g] = seen
-        return list(seen[1])
+        if count is None or self._looked.get(g) == count:
+            return
+        self._looked[g] = count
+        self._leavers[g] = [node for node in self.keys if self._read(leave_key(node), node, _count) == g]
+        if self._leavers[g] or any(record.generation == g for record in self.fault_records().values()):
+            self._faulted_gens.add(g)
 
     def wait_fault(self, g: int, timeout_s: float) -> bool:
         """Whether a member of generation ``g`` reported a fault, waiting up to ``timeout_s`` for one.
