@@ -5,8 +5,8 @@ script is here: read the run context, resume, heartbeat every step, save
 checkpoints collectively, finish. It trains through the runtime's elastic group
 (``trainyard.runtime.group``), as the reference workload does: under torchrun
 that is torchrun's world and does nothing of its own; with ``TRAINYARD_STORE``
-the same loop regroups in place when a peer is lost (a spec's
-``recovery.in_place: true`` on the local backend). Point a spec at it with
+the same loop regroups in place when a peer is lost (``recovery.in_place``, the
+default, on the local backend). Point a spec at it with
 ``training.entrypoint: /abs/path/examples/byo_train.py``, or run it by hand::
 
     TRAINYARD_DATA_DIR=/tmp/unused TRAINYARD_CHECKPOINT_DIR=/tmp/byo/ckpt TRAINYARD_MAX_STEPS=50 \\

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.integration
 
 STEP_EVENTS = SPEC.replace("heartbeat_timeout_s: 6", "heartbeat_timeout_s: 6\n  progress_every_s: 0")
 IN_PLACE = STEP_EVENTS.replace("backoff_s: 0.2}}", "backoff_s: 0.2, in_place: true, rejoin: false}}")
+RELAUNCH = STEP_EVENTS.replace("backoff_s: 0.2}}", "backoff_s: 0.2, in_place: false}}")  # the path compared with
 NODES = ["node-0", "node-1", "node-2"]
 
 
@@ -30,7 +31,7 @@ def test_in_place_reproduces_the_loss_of_the_relaunch_path(tmp_path: Path) -> No
     drills = "[{fault: kill, node: node-1, step: 12}]"
     in_place = run_with(tmp_path / "in-place", drills, spec=IN_PLACE)
     assert stages.train(in_place, NODES).attempts == 1
-    relaunched = run_with(tmp_path / "relaunch", drills, spec=STEP_EVENTS)
+    relaunched = run_with(tmp_path / "relaunch", drills, spec=RELAUNCH)
     assert stages.train(relaunched, NODES).attempts == 2
     assert [d["action"] for d in events(in_place, "decision")] == ["regroup"]
     assert [d["action"] for d in events(relaunched, "decision")] == ["scale_down"]

@@ -179,8 +179,9 @@ def test_a_deferred_run_records_the_train_stage_as_a_blocking_one_does(fake: Fak
     with Kubelet(fake, NS, tmp_path / "kubelet", seed=SEED):
         result, seen = deferred_train(run)
     assert seen[-1] == "succeeded"
-    [path] = train_events(run, "recovery_path")  # the relaunch path, and why
-    assert path["in_place"] is False and path["why_not"] == "recovery.in_place is false"
+    [path] = train_events(run, "recovery_path")  # the relaunch path, and why: in place is the default, not here yet
+    assert path["in_place"] is False
+    assert path["why_not"] == "the kubernetes backend relaunches (its nodes cannot change while an attempt runs)"
     recorded = [e["event"] for e in run.ledger.events("train") if e["event"] in STAGE_RECORD]
     assert recorded == ["stage_start", "resume_point", "recovery_path", "recovery_figures", "stage_end"]
     [end] = train_events(run, "stage_end")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from test_elastic_group import KILL_AT, WAIT_S, _exit_cleanly, _finished, _kill_left, _start, _wait_for
 from test_in_place import IN_PLACE
-from test_recovery import events, finish, run_with
+from test_recovery import RELAUNCH, events, finish, run_with
 
 from trainyard.checkpoint.format import read_manifest
 from trainyard.pipeline import stages
@@ -60,7 +60,7 @@ def test_a_node_given_notice_leaves_at_a_step_boundary_in_place(tmp_path: Path) 
 def test_notice_on_the_relaunch_path_retries_on_the_same_nodes(tmp_path: Path) -> None:
     """torchrun's agent gets the SIGTERM (as a pod's first process does): the attempt ends, classified
     preempted; the next attempt runs on the same three nodes (nothing excluded) from the checkpoint."""
-    run = run_with(tmp_path, NOTICE)
+    run = run_with(tmp_path, NOTICE, spec=RELAUNCH)  # the relaunch path: in place (the default) regroups
     manifest = finish(run)
     [classified] = events(run, "failure_classified")
     assert classified["kind"] == "preempted" and classified["culprits"] == [], classified["evidence"]

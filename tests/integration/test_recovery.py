@@ -39,6 +39,12 @@ drills: {drills}
 """
 
 
+# The relaunch path (every node stopped, the next attempt resumed from a checkpoint): the tests of what it does
+# (scale down by relaunch, resume from the newest committed or valid checkpoint, the attempt budget) pin it,
+# since in place (the default) heals a lost node without a relaunch; test_in_place.py covers that path.
+RELAUNCH = SPEC.replace("backoff_s: 0.2}}", "backoff_s: 0.2, in_place: false}}")
+
+
 def run_with(tmp_path: Path, drills: str, attempts: int = 3, background: bool = False, spec: str = SPEC):
     write_synthetic_corpus(tmp_path / "cold", shards=2, tokens_per_shard=16_384)
     text = spec.format(root=tmp_path, drills=drills, attempts=attempts, background=str(background).lower())
@@ -63,7 +69,7 @@ def finish(run) -> dict:
 
 
 def test_a_killed_node_is_excluded_and_the_run_finishes_on_two(tmp_path: Path) -> None:
-    run = run_with(tmp_path, "[{fault: kill, node: node-1, step: 12}]")
+    run = run_with(tmp_path, "[{fault: kill, node: node-1, step: 12}]", spec=RELAUNCH)  # scale down by relaunch
     manifest = finish(run)
     [classified] = events(run, "failure_classified")
     assert classified["kind"] == "node_lost" and classified["culprits"] == ["node-1"]
@@ -78,7 +84,8 @@ def test_a_killed_node_is_excluded_and_the_run_finishes_on_two(tmp_path: Path) -
 
 
 def test_a_save_in_flight_at_the_fault_is_never_resumed_from(tmp_path: Path) -> None:
-    run = run_with(tmp_path, "[{fault: kill, node: node-1, step: 12}]", background=True)
+    # Which save a relaunch resumes from: the relaunch path (in place reads no checkpoint).
+    run = run_with(tmp_path, "[{fault: kill, node: node-1, step: 12}]", background=True, spec=RELAUNCH)
     manifest = finish(run)
     relaunched = events(run, "attempt_start")[1]["ts"]
     committed = [e["step"] for e in events(run, "checkpoint_saved") if e["ts"] < relaunched]
@@ -103,7 +110,9 @@ def test_a_hung_node_is_detected_within_the_heartbeat_timeout(tmp_path: Path) ->
 
 
 def test_a_corrupted_checkpoint_is_skipped_for_the_previous_valid_one(tmp_path: Path) -> None:
-    run = run_with(tmp_path, "[{fault: corrupt_checkpoint, step: 10}, {fault: kill, node: node-1, step: 12}]")
+    # The checkpoint a relaunch resumes from: the relaunch path (in place reads no checkpoint).
+    drills = "[{fault: corrupt_checkpoint, step: 10}, {fault: kill, node: node-1, step: 12}]"
+    run = run_with(tmp_path, drills, spec=RELAUNCH)
     finish(run)
     quarantined = [e for e in events(run, "checkpoint_quarantined")]
     assert [Path(e["path"]).name for e in quarantined] == ["step_000010"]
@@ -147,6 +156,7 @@ def test_the_attempt_budget_is_respected(tmp_path: Path) -> None:
         tmp_path,
         "[{fault: kill, node: node-1, step: 7}, {fault: kill, node: node-0, step: 12, attempt: 2}]",
         attempts=2,
+        spec=RELAUNCH,  # the budget counts relaunches: in place a lost node is a regroup, no attempt
     )
     with pytest.raises(TrainingFailed, match="budget"):
         stages.train(run, ["node-0", "node-1", "node-2"])

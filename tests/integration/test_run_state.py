@@ -51,7 +51,7 @@ def small(**changes: object) -> str:
     return yaml.safe_dump(spec, sort_keys=False)
 
 
-# Two nodes, one lost at step 3: recovery scales down and the run succeeds. Its edit (below) drops the drill.
+# Two nodes, one lost at step 3: recovery regroups in place and the run succeeds. Its edit (below) drops the drill.
 RECOVERS = {"nodes": {"count": 2, "min": 1, "procs_per_node": 1, "backend": "local"}, "training__micro_batch": 2}
 SPECS = {
     "pinned_night": small(**RECOVERS, drills=[{"fault": "kill", "step": 3, "node": "node-1"}]),
@@ -181,8 +181,9 @@ def test_a_spec_edited_mid_run_changes_only_the_next_run(env: dict[str, str], sm
     assert pinned["spec"]["checkpoint"]["expectations"]["max_loss"] == 10.0
     # It lost a node on the way: the recovery is mailed with what failed, what was done and the steps lost.
     subject, body = the_one_mail(env, smtp_server, "pinned_night", first, text)
-    assert subject.startswith("[trainyard] pinned_night succeeded after recovery: node_lost -> scale_down, ")
-    assert "attempt 1: node_lost on node-1 -> scale_down" in body and "Steps lost in all: " in body
+    # In place (the default): the survivor regroups without node-1, no relaunch.
+    assert subject.startswith("[trainyard] pinned_night succeeded after recovery: node_lost -> regroup, ")
+    assert "attempt 1: node_lost on node-1 -> regroup in place, generation 2" in body and "Steps lost in all: " in body
     smtp_server.mails.clear()
     smtp_server.logins.clear()
 

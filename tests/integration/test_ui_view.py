@@ -58,7 +58,9 @@ training:
   checkpoint_async: false   # the page's figures below count steps from the checkpoint before the kill
   heartbeat_timeout_s: 20
 checkpoint: {{hot: "file://{root}/ckpt", cold: "file://{root}/coldckpt"}}
-recovery: {{max_attempts: 3, backoff_s: 0.2}}
+# The relaunch path: the page's attempts table (two attempts, the scale-down) and the boundary where attempt 2
+# resumed are what it shows of a relaunch; a regroup in place is read by test_multi_fault_report.py.
+recovery: {{max_attempts: 3, backoff_s: 0.2, in_place: false}}
 drills: [{{fault: corrupt_checkpoint, step: 4}}, {{fault: kill, node: node-1, step: 10}}]
 """
 

@@ -164,6 +164,27 @@ def test_the_summary_has_every_section_from_the_ledger(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("paths", "line"),
+    [
+        ([], None),  # the train stage has not started: nothing to say
+        ([(True, "")], "in place"),
+        ([(False, "recovery.in_place is false")], "relaunch: recovery.in_place is false"),
+        # The first failure of a script that never formed the elastic group: the stage's later word wins.
+        ([(True, ""), (False, "its ranks never formed a group")], "relaunch: its ranks never formed a group"),
+    ],
+)
+def test_the_summary_says_how_a_lost_node_is_healed(tmp_path: Path, paths: list, line: str | None) -> None:
+    ledger = Ledger.in_dir(tmp_path)
+    ledger.append("train", "stage_start")
+    for in_place, why_not in paths:
+        ledger.append("train", "recovery_path", in_place=in_place, why_not=why_not)
+    summary = summarize(ledger)
+    assert summary["recovery_path"] == line
+    said = [t for t in format_summary(summary).splitlines() if t.startswith("  recovery path:")]
+    assert said == ([f"  recovery path:    {line}"] if line else [])
+
+
+@pytest.mark.parametrize(
     ("stages", "running", "state"),
     [
         ({}, ["stage_dataset"], "running"),

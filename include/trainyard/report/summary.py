@@ -66,6 +66,7 @@ def summarize(ledger: Ledger) -> dict[str, Any]:
         "attempts": len(state.train.attempts),
         "attempt_details": attempt_table(state.train),
         "world_path": state.train.world_path,
+        "recovery_path": _recovery_path(state.train),
         "timeline": [
             {k: e.get(k) for k in ("ts", "event", "attempt", "nodes", "kind", "action", "reason", "evidence")}
             for e in train
@@ -92,6 +93,14 @@ def stage_table(events: list[dict[str, Any]]) -> tuple[dict[str, dict[str, Any]]
     """Finished stages in the order they finished (a retried stage: its last try), and the unfinished ones (the fold's)."""
     state = fold(events)
     return state.stages, state.running
+
+
+def _recovery_path(train: TrainRun) -> str | None:
+    """How a lost node is healed, as the train stage's latest ``recovery_path`` says: in place (the default
+    where it applies), or a relaunch and why; None before the train stage starts."""
+    if train.in_place is None:
+        return None
+    return "in place" if train.in_place else f"relaunch: {train.why_not or 'no reason recorded'}"
 
 
 def run_state(stages: dict[str, dict[str, Any]], running: list[str]) -> str:
@@ -186,6 +195,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     for row in summary.get("attempt_details") or []:
         lines.append(f"  attempt {row['attempt']}:        {row['state']} on {', '.join(row.get('nodes') or []) or '-'}")
         lines += [f"    {line}" for line in attempt_lines(row)]
+    if summary.get("recovery_path"):
+        lines.append(f"  recovery path:    {summary['recovery_path']}")
     if summary.get("world_path"):
         lines.append(f"  world path:       {summary['world_path']}")
     lines.append(f"  valid checkpoint: {summary['checkpoint'] or '-'}")

@@ -508,12 +508,13 @@ class RecoverySpec(_Model):
     """Pause before a retry."""
     actions: dict[FailureKind, Action] = {}
     """Per-failure-kind action overriding the defaults (docs/architecture.md, failure kinds)."""
-    in_place: bool = False
-    """A lost, hung or flaky node whose action is ``retry`` or ``scale_down`` is healed in place where the
-    attempt can regroup (the local backend, a script that trains through ``runtime.elastic_group``, any
-    number of processes per node): the survivors keep their processes and state and form a new group on the
-    supervisor's store; otherwise, or when false, the attempt is relaunched. The ledger's ``recovery_path`` says which and why. Off by default
-    until the whole test suite has run with it on (its benchmark, bench/recovery.py, meets its goals)."""
+    in_place: bool = True
+    """A lost, hung, flaky or preempted node whose action is ``retry`` or ``scale_down`` is healed in place
+    where the attempt can regroup (the local backend without GPUs, a script that trains through
+    ``runtime.elastic_group``, any number of processes per node): the survivors keep their processes and
+    state and form a new group on the supervisor's store. Otherwise (Kubernetes, GPU nodes, a script that
+    never forms the group), or when false, the attempt is relaunched. The ledger's ``recovery_path`` says
+    which and why. False: always relaunch (the relaunch path: every node restarted from the checkpoint)."""
     rejoin: bool = True
     """In place: a node left out because its process died (``node_lost``, ``transient``) is started again at
     once, outside the group; reaching the store ready (started, data open, model built) is its re-test, and
