@@ -71,6 +71,8 @@ def trigger_for(run: Run, watch: AttemptWatch) -> KubernetesAttemptTrigger:
         tokens_per_step=tokens_per_step(training.global_batch, training.args),
         progress_every_s=training.progress_every_s,
         checkpoint_dir=str(run.checkpoint_root),
+        in_place=watch.in_place,
+        regrouped=watch.regrouped,
     )
 
 

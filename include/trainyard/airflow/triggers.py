@@ -58,6 +58,8 @@ _ARGUMENTS = (
     "tokens_per_step",
     "progress_every_s",
     "checkpoint_dir",
+    "in_place",
+    "regrouped",
 )
 
 
@@ -96,6 +98,9 @@ class KubernetesAttemptTrigger(BaseTrigger):
     :param tokens_per_step: tokens of one optimizer step where the spec knows them; None: from the heartbeats or unknown.
     :param progress_every_s: seconds between progress lines; None: none logged.
     :param checkpoint_dir: the pipeline's hot checkpoint root, for the last valid checkpoint; None: unknown.
+    :param in_place: the attempt regroups in place: bare pods per node and a coordinator pod, no Job; a node
+        without a pod failed (deleted), and so does every node once the coordinator is gone.
+    :param regrouped: it regrouped since its launch (``started``: the regroup's time); only ``nodes`` beat.
     """
 
     def __init__(
@@ -121,6 +126,8 @@ class KubernetesAttemptTrigger(BaseTrigger):
         tokens_per_step: int | None = None,
         progress_every_s: float | None = None,
         checkpoint_dir: str | None = None,
+        in_place: bool = False,
+        regrouped: bool = False,
     ) -> None:
         super().__init__()
         self.namespace = namespace
@@ -144,6 +151,8 @@ class KubernetesAttemptTrigger(BaseTrigger):
         self.tokens_per_step = tokens_per_step
         self.progress_every_s = progress_every_s
         self.checkpoint_dir = checkpoint_dir
+        self.in_place = in_place
+        self.regrouped = regrouped
         self._blind = False  # warned once that the heartbeats are out of sight
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -165,14 +174,14 @@ class KubernetesAttemptTrigger(BaseTrigger):
         # A client per poll: the hook reloads exec-plugin credentials (EKS, GKE tokens
         # that expire within the hour) on each connection, and attempts last longer.
         async with hook.get_conn() as client:
-            pods, reason = await aio.drive(aio.apis(client), api.look(self.namespace, self.job_name))
-        return attempt_status(pods, self.nodes, reason)
+            pods, reason = await aio.drive(aio.apis(client), api.look(self.namespace, self.job_name, self.in_place))
+        return attempt_status(pods, self.nodes, reason, in_place=self.in_place)
 
     async def on_kill(self) -> None:
         """The user marked the deferred task failed (or cleared it): end the attempt, as ``on_kill`` does
         in the worker. Not on a triggerer restart or a timeout: those leave the attempt running."""
         async with self.hook().get_conn() as client:
-            await aio.drive(aio.apis(client), api.delete(self.namespace, self.job_name, self.podgroup))
+            await aio.drive(aio.apis(client), api.delete(self.namespace, self.job_name, self.podgroup, self.in_place))
         self.log.info("task killed: deleted attempt %s/%s", self.namespace, self.job_name)
 
     async def hang(self, status: AttemptStatus) -> tuple[list[str], str] | None:
@@ -185,9 +194,11 @@ class KubernetesAttemptTrigger(BaseTrigger):
                 self._blind = True  # created before the launch: the triggerer does not mount the hot tier
                 self.log.warning("heartbeat folder %s is not visible here; the task checks hangs when it wakes", folder)
             return None
+        members = list(self.nodes) if self.regrouped else None
         problem = await asyncio.to_thread(
-            detect, status, folder, self.world_size, self.started, self.heartbeat_timeout_s, self.startup_grace_s
-        )
+            detect, status, folder, self.world_size, self.started, self.heartbeat_timeout_s, self.startup_grace_s,
+            members,
+        )  # fmt: skip
         return (problem[1], problem[2]) if problem and problem[0] == "hang" else None
 
     def progress_log(self) -> ProgressLog | None:

@@ -18,11 +18,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from trainyard.backends.base import AttemptStatus, Launcher
-from trainyard.recovery.commands import AttemptResult, Fail, Finish, WaitUntil, Watch
+from trainyard.protocol.coordstore import Coordinator, Generation
+from trainyard.recovery.commands import AttemptResult, Command, Fail, Finish, StartNodes, WaitUntil, Watch
 from trainyard.recovery.observations import (
     AttemptSucceeded,
     BackoffOver,
@@ -53,6 +54,10 @@ class AttemptWatch:
     world_size: int
     heartbeat_dir: str
     target_step: int
+    in_place: bool = False
+    """The attempt's nodes are bare pods that regroup on its store (a missing pod has failed)."""
+    regrouped: bool = False
+    """It regrouped since its launch (``started`` is then the regroup's time): only ``nodes``' beats count."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -94,6 +99,33 @@ class Deferred(Driver):
     ) -> None:
         super().__init__(launcher, reader, ctx, hooks)
         self.heartbeat_timeout_s, self.target_step, self.on_wake = heartbeat_timeout_s, target_step, on_wake
+        if hooks.coordinator_for is not None:
+            self.hooks = replace(hooks, coordinator_for=self._recalling(hooks.coordinator_for))
+
+    def _recalling(self, coordinator_for: Callable[[int], Coordinator]) -> Callable[[int], Coordinator]:
+        """Coordinators that know the generation the attempt runs in: a ``Coordinator`` remembers what it
+        published only in memory, and this process is new at every wake; the ledger says which (its nodes
+        and micro-batch are the attempt's course: every regroup and growth is an event)."""
+
+        def coordinator(attempt: int) -> Coordinator:
+            found = coordinator_for(attempt)
+            last = self.reader.state.last
+            if found.generation is None and last is not None and last.number == attempt and last.state == "running":
+                found.generation = Generation(last.generation, list(last.course.nodes), last.course.micro_batch)
+            return found
+
+        return coordinator
+
+    def execute(self, command: Command) -> None:
+        """As ``Driver.execute``, but nodes to start again start now: no process of this task stays to start
+        them once their generation formed, and on Kubernetes each is a host of its own (its start-up slows no
+        survivor, which is what ``StartNodes.once_formed`` spares the local backend's shared cores)."""
+        if isinstance(command, StartNodes) and command.nodes and command.attempt in self.handles:
+            assert self.hooks.coordinator_for is not None
+            self.hooks.coordinator_for(command.attempt).forget(command.nodes)  # ready once the new pod says so
+            self._regrouping().add_nodes(self.handles[command.attempt], command.nodes)
+            return
+        super().execute(command)
 
     def begin(self) -> Outcome:
         return self.run(TaskStarted(time.time()))
@@ -127,17 +159,26 @@ class Deferred(Driver):
         assert handle is not None and last is not None and last.number == attempt, (attempt, last)
         return AttemptWatch(
             attempt=attempt,
-            started=last.started,
+            started=last.regrouped_at or last.started,
             namespace=handle.namespace,
             job_name=handle.name,
             nodes=list(plan.nodes),
             world_size=plan.world_size,
             heartbeat_dir=str(plan.heartbeat_dir),
             target_step=self.target_step,
+            in_place=self.hooks.coordinator_for is not None,
+            regrouped=last.generation > 1,
         )
 
     def look(self, news: Reported) -> Observation:
         """The trigger's report, checked with a fresh look of our own, as an observation for the controller."""
+        seen = self._look(news)
+        state = self.reader.state
+        if self.hooks.coordinator_for is not None and state.last is not None and state.unfinished:
+            return self._ungrouped(state.last.number, seen)
+        return seen
+
+    def _look(self, news: Reported) -> Observation:
         now = time.time()
         state = self.reader.now()
         current = state.last if state.unfinished else None
@@ -158,9 +199,19 @@ class Deferred(Driver):
             return AttemptSucceeded(attempt, time.time(), last_step(beats))
         if news.status == "hang":
             return failed(plan, status, beats, "hang", news.suspects, news.message, self.hooks.checkpoints(), at=now)
-        problem = detect(status, beats, plan.world_size, current.started, self.heartbeat_timeout_s, STARTUP_GRACE_S)
+        # Regrouped in place: the group's nodes' beats only, each with a full timeout from the regroup.
+        members = list(plan.nodes) if current.generation > 1 else None
+        started = current.regrouped_at or current.started
+        problem = detect(status, beats, plan.world_size, started, self.heartbeat_timeout_s, STARTUP_GRACE_S, members)
         if problem:
             return failed(plan, status, beats, *problem, self.hooks.checkpoints(), at=now)
+        if self.hooks.coordinator_for is not None:
+            coordinator = self.hooks.coordinator_for(attempt)
+            if left := [n for n in coordinator.leaving(current.generation) if n in plan.nodes]:
+                said = f"{', '.join(left)} given notice (SIGTERM), leaving at a step boundary"
+                return failed(
+                    plan, status, beats, "preempted", [], said, self.hooks.checkpoints(), at=now, leaving=left
+                )
         if news.status == "failed":  # the pods went before this look: the trigger's record is the evidence
             evidence = AttemptStatus(list(news.nodes))
             return failed(plan, evidence, beats, "crash", [], news.message, self.hooks.checkpoints(), at=now)

@@ -1,0 +1,145 @@
+"""In-place recovery on the kubernetes backend, deferred, against the fake API server with real pod processes.
+
+Each attempt has a coordinator pod serving its store (``trainyard.runtime.storeserve``) behind a ClusterIP
+Service, and a bare pod per node pinned to its host; a warm spare's pod starts with the attempt. A pod dies
+(its container killed) or a host goes (``Kubelet.lose_node``): the deferred task wakes on the trigger's
+report, the survivors regroup with the spare as a joiner (the state broadcast to it), and the run finishes
+in one attempt, losing at most one step. The driver is the one Airflow drives (``deferred_train``: a fresh
+launcher, as a fresh process, at every wake).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from airflow_helpers import wait_until
+from fake_k8s import FakeKube, Kubelet, airflow_connection
+from test_k8s_training import NODES, NS, SEED, SPARE, deferred_train, run_with, train_events
+
+from trainyard.checkpoint.format import read_manifest
+from trainyard.pipeline import stages
+from trainyard.pipeline.run import Run
+from trainyard.protocol.heartbeat import read_heartbeats
+from trainyard.recovery.figures import recovery_figures
+
+pytestmark = pytest.mark.integration
+
+NODE_ANNOTATION = "trainyard.io/node"
+
+
+@pytest.fixture
+def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeKube]:
+    server = FakeKube().start()
+    for name in [*NODES, SPARE]:
+        server.add_node(name)
+    monkeypatch.setenv("AIRFLOW_CONN_FAKE_CLUSTER", airflow_connection(server, tmp_path, NS))
+    yield server
+    server.stop()
+
+
+def in_place_run(tmp_path: Path) -> Run:
+    # Without rejoin: the node left out would start again and wait for a wake to grow the world back.
+    run = run_with(tmp_path, "[]", in_place="true, rejoin: false")
+    return run
+
+
+def training_pods(fake: FakeKube) -> dict[str, dict[str, Any]]:
+    """The training pods by name (not the coordinator)."""
+    return {
+        p["metadata"]["name"]: p
+        for p in fake.items("api/v1", "pods", NS)
+        if NODE_ANNOTATION in p["metadata"].get("annotations", {})
+    }
+
+
+def trained_a_few_steps(run: Run) -> None:
+    beats = run.dir / "attempt-1" / "heartbeat"
+    wait_until(lambda: max((b.get("step", 0) for b in read_heartbeats(beats).values()), default=0) >= 3, 120,
+               "attempt 1 to train a few steps", every_s=0.1)  # fmt: skip
+
+
+def assert_healed_in_place(run: Run, result: Any, culprit: str, kind: str) -> None:
+    """One attempt, a regroup with the spare as the joiner, the run whole at its last step, 0-1 steps lost."""
+    (survivor,) = [n for n in NODES if n != culprit]
+    [path] = train_events(run, "recovery_path")
+    assert path["in_place"] is True and path["why_not"] == ""
+    [classified] = train_events(run, "failure_classified")
+    assert classified["kind"] == kind and classified["culprits"] == [culprit]
+    [decision] = train_events(run, "decision")
+    assert decision["action"] == "regroup" and decision["path"] == "in_place"
+    assert decision["new_nodes"] == [survivor, SPARE] and decision["joiners"] == [SPARE]
+    assert [e["attempt"] for e in train_events(run, "attempt_start")] == [1]  # survivors never restarted
+    [regrouped] = train_events(run, "regrouped")
+    assert regrouped["generation"] == 2 and regrouped["world_size"] == 2
+    assert result.attempts == 1 and result.last_step == 20
+    manifest = read_manifest(Path(result.checkpoint))
+    assert manifest["step"] == 20 and manifest["world_size"] == 2
+    assert stages.check_checkpoint(run, result.checkpoint, 20).step == 20
+    [failure] = recovery_figures(run.ledger)["failures"]
+    assert failure["path"] == "in_place" and failure["lost_steps"] <= 1
+    assert not train_events(run, "store_refused")  # every value the honest ranks wrote opened with their keys
+
+
+def test_a_killed_training_pod_is_healed_in_place_with_the_warm_spare_as_joiner(fake: FakeKube, tmp_path: Path) -> None:
+    run = in_place_run(tmp_path)
+    killed: dict[str, Any] = {}
+
+    def kill_a_pod(kubelet: Kubelet) -> None:
+        trained_a_few_steps(run)
+        pods = training_pods(fake)
+        members = sorted(n for n, p in pods.items() if p["metadata"]["annotations"][NODE_ANNOTATION] in NODES)
+        killed["pod"] = random.Random(SEED).choice(members)
+        killed["node"] = pods[killed["pod"]]["metadata"]["annotations"][NODE_ANNOTATION]
+        kubelet.kill_pod(killed["pod"])
+
+    with Kubelet(fake, NS, tmp_path / "kubelet", seed=SEED) as kubelet:
+        killer = threading.Thread(target=kill_a_pod, args=(kubelet,), daemon=True)
+        killer.start()
+        result, seen = deferred_train(run, [SPARE])
+        killer.join()
+        placed = dict(kubelet.placed)
+    assert seen[0] == "failed" and seen[-1] == "succeeded" and "backoff" not in seen
+    assert_healed_in_place(run, result, killed["node"], "node_lost")
+    # Every training pod ran on its own node's host: the spare's on the spare.
+    for name, host in placed.items():
+        if name.startswith(killed["pod"].rsplit("-", 1)[0]) and not name.endswith("-store"):
+            assert host in [*NODES, SPARE]
+    # The coordinator, its Service and the keys' Secret went with the attempt, as its pods did.
+    assert fake.items("api/v1", "pods", NS) == [] and fake.items("api/v1", "services", NS) == []
+    assert fake.items("api/v1", "secrets", NS) == []
+    # The attempt's secret stayed with the orchestrator: a file only its user reads, outside every pod's mounts.
+    [secret] = (run.dir / "store").iterdir()
+    assert secret.stat().st_mode & 0o077 == 0 and (run.dir / "store").stat().st_mode & 0o077 == 0
+
+
+def test_a_lost_host_is_healed_in_place_by_the_spare_pinned_to_its_host(fake: FakeKube, tmp_path: Path) -> None:
+    """The host of one training pod goes (NodeLost, chosen by the seed among the hosts that do not run the
+    coordinator: losing that one ends the attempt, as losing the task process does locally)."""
+    run = in_place_run(tmp_path)
+    lost: dict[str, Any] = {}
+
+    def lose_a_host(kubelet: Kubelet) -> None:
+        trained_a_few_steps(run)
+        pods = fake.items("api/v1", "pods", NS)
+        store_hosts = {
+            p["spec"].get("nodeName") for p in pods if NODE_ANNOTATION not in p["metadata"].get("annotations", {})
+        }
+        hosts = sorted(n for n in NODES if n not in store_hosts)
+        lost["host"] = random.Random(SEED).choice(hosts)
+        lost["pods"] = kubelet.lose_node(lost["host"])
+
+    with Kubelet(fake, NS, tmp_path / "kubelet", seed=SEED) as kubelet:
+        loser = threading.Thread(target=lose_a_host, args=(kubelet,), daemon=True)
+        loser.start()
+        result, seen = deferred_train(run, [SPARE])
+        loser.join()
+        placed = dict(kubelet.placed)
+    assert lost["pods"] and seen[0] == "failed" and seen[-1] == "succeeded"
+    assert_healed_in_place(run, result, lost["host"], "node_lost")
+    spare_pods = [name for name, host in placed.items() if host == SPARE and not name.endswith("-store")]
+    assert spare_pods  # the joiner ran on the spare it is pinned to
