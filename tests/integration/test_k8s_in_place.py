@@ -143,3 +143,26 @@ def test_a_lost_host_is_healed_in_place_by_the_spare_pinned_to_its_host(fake: Fa
     assert_healed_in_place(run, result, lost["host"], "node_lost")
     spare_pods = [name for name, host in placed.items() if host == SPARE and not name.endswith("-store")]
     assert spare_pods  # the joiner ran on the spare it is pinned to
+
+
+def test_a_pod_given_notice_leaves_at_a_step_boundary_and_the_trigger_wakes_on_its_report(
+    fake: FakeKube, tmp_path: Path
+) -> None:
+    """gpu-b's pod gets SIGTERM (the ``preempt`` drill signals its torchrun agent, as the kubelet does a pod's
+    first process on a deletion with grace); its rank reports the leave on the store, the trigger sees the
+    fault counter move and fires at once; the task reads the sealed report (``Coordinator.leaving``) and
+    regroups without gpu-b, blamed for nothing: one attempt, nothing lost."""
+    run = run_with(tmp_path, "[{fault: preempt, node: gpu-b, step: 8}]", in_place="true, rejoin: false")
+    with Kubelet(fake, NS, tmp_path / "kubelet", seed=SEED):
+        result, seen = deferred_train(run, [SPARE])
+    assert seen[0] == "fault" and seen[-1] == "succeeded" and "backoff" not in seen
+    [classified] = train_events(run, "failure_classified")
+    assert classified["kind"] == "preempted" and classified["culprits"] == []
+    assert "gpu-b given notice (SIGTERM)" in classified["evidence"]
+    [decision] = train_events(run, "decision")
+    assert decision["action"] == "regroup" and decision["path"] == "in_place" and "gpu-b" not in decision["new_nodes"]
+    assert [e["attempt"] for e in train_events(run, "attempt_start")] == [1]
+    assert not train_events(run, "nodes_marked")  # notice is not the host's fault
+    assert result.attempts == 1 and result.last_step == 20
+    [failure] = recovery_figures(run.ledger)["failures"]
+    assert failure["path"] == "in_place" and failure["lost_steps"] == 0

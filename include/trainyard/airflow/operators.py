@@ -73,6 +73,9 @@ def trigger_for(run: Run, watch: AttemptWatch) -> KubernetesAttemptTrigger:
         checkpoint_dir=str(run.checkpoint_root),
         in_place=watch.in_place,
         regrouped=watch.regrouped,
+        store=watch.store,
+        generation=watch.generation,
+        faults_seen=watch.faults_seen,
     )
 
 

@@ -20,6 +20,7 @@ import asyncio
 import os
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from trainyard.backends.base import AttemptStatus
 from trainyard.backends.kubernetes import aio, api
 from trainyard.backends.kubernetes.status import attempt_status, status_from_dicts, status_to_dicts
+from trainyard.protocol.coordstore import attempt_prefix, faulted_key, peek
 from trainyard.recovery.observations import Reported
 from trainyard.recovery.progress import ProgressLog
 from trainyard.recovery.watch import STARTUP_GRACE_S, detect
@@ -60,6 +62,9 @@ _ARGUMENTS = (
     "checkpoint_dir",
     "in_place",
     "regrouped",
+    "store",
+    "generation",
+    "faults_seen",
 )
 
 
@@ -101,6 +106,10 @@ class KubernetesAttemptTrigger(BaseTrigger):
     :param in_place: the attempt regroups in place: bare pods per node and a coordinator pod, no Job; a node
         without a pod failed (deleted), and so does every node once the coordinator is gone.
     :param regrouped: it regrouped since its launch (``started``: the regroup's time); only ``nodes`` beat.
+    :param store: in place, ``host:port`` of the attempt's coordination store: a change of generation
+        ``generation``'s fault counter from ``faults_seen`` (a rank's fault or notice to leave) is a ``fault``
+        event at once. The counter is only a wake-up (anyone on the pod network can add to it): the task
+        believes only the sealed records it then reads, and hands the next trigger the value it saw.
     """
 
     def __init__(
@@ -128,6 +137,9 @@ class KubernetesAttemptTrigger(BaseTrigger):
         checkpoint_dir: str | None = None,
         in_place: bool = False,
         regrouped: bool = False,
+        store: str = "",
+        generation: int = 0,
+        faults_seen: str = "",
     ) -> None:
         super().__init__()
         self.namespace = namespace
@@ -153,6 +165,10 @@ class KubernetesAttemptTrigger(BaseTrigger):
         self.checkpoint_dir = checkpoint_dir
         self.in_place = in_place
         self.regrouped = regrouped
+        self.store = store
+        self.generation = generation
+        self.faults_seen = faults_seen
+        self._counter: Any = None  # the store's client, once connected
         self._blind = False  # warned once that the heartbeats are out of sight
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -200,6 +216,27 @@ class KubernetesAttemptTrigger(BaseTrigger):
             members,
         )  # fmt: skip
         return (problem[1], problem[2]) if problem and problem[0] == "hang" else None
+
+    async def faulted(self) -> bool:
+        """Whether generation ``generation``'s fault counter changed since the task looked (read off the loop)."""
+        if not self.store or not self.generation:
+            return False
+        return await asyncio.to_thread(self._counter_changed)
+
+    def _counter_changed(self) -> bool:
+        from torch.distributed import PrefixStore, TCPStore
+
+        try:
+            if self._counter is None:
+                host, _, port = self.store.rpartition(":")
+                client = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=5))
+                self._counter = PrefixStore(attempt_prefix(self.attempt), client)
+            raw = peek(self._counter, faulted_key(self.generation))
+        except (RuntimeError, ValueError, OSError) as exc:  # the pods' status still tells a dead pod
+            self._counter = None
+            self.log.warning("coordination store %s unreadable: %s", self.store, exc)
+            return False
+        return (raw or b"").decode(errors="replace") != self.faults_seen
 
     def progress_log(self) -> ProgressLog | None:
         """Paces this trigger's progress lines, from now (each wake-up starts a new trigger)."""
@@ -263,6 +300,9 @@ class KubernetesAttemptTrigger(BaseTrigger):
                 if hung := await self.hang(last):
                     yield self._event("hang", last, hung[1], hung[0])
                     return
+                if await self.faulted():
+                    yield self._event("fault", last, "a rank reported a fault or a notice to leave on the store")
+                    return
                 await self.progress(pace)
             if errors >= self.max_api_errors:
                 yield self._event("error", None, message)
@@ -277,7 +317,7 @@ class KubernetesAttemptTrigger(BaseTrigger):
             await asyncio.sleep(self.poll_interval)
 
 
-_STATUSES = ("succeeded", "failed", "hang", "timeout", "error")
+_STATUSES = ("succeeded", "failed", "hang", "timeout", "error", "fault")
 
 
 def reported(payload: Mapping[str, Any]) -> Reported:

@@ -162,6 +162,10 @@ class CoordinationStore(Protocol):
 
     def coordinator(self, attempt: int) -> Any: ...
 
+    def reach(self, attempt: int) -> str | None:
+        """Where another process of the orchestrator (a trigger) dials the attempt's store; None: nowhere."""
+        ...
+
 
 @runtime_checkable
 class ServesStores(RegroupingLauncher, Protocol):

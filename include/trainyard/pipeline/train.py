@@ -259,6 +259,7 @@ class TrainStage:
             checkpoints=lambda: hot_checkpoints(run),
             progress_for=lambda plan: _progress(run, plan, target, 0 if every_wake else None),
             coordinator_for=store.coordinator if store is not None else None,
+            store_address=store.reach if store is not None else None,
         )
 
 

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from trainyard.backends.base import AttemptStatus, Launcher
-from trainyard.protocol.coordstore import Coordinator, Generation
+from trainyard.protocol.coordstore import Coordinator, Generation, faulted_key, peek
 from trainyard.recovery.commands import AttemptResult, Command, Fail, Finish, StartNodes, WaitUntil, Watch
 from trainyard.recovery.observations import (
     AttemptSucceeded,
@@ -58,6 +58,11 @@ class AttemptWatch:
     """The attempt's nodes are bare pods that regroup on its store (a missing pod has failed)."""
     regrouped: bool = False
     """It regrouped since its launch (``started`` is then the regroup's time): only ``nodes``' beats count."""
+    store: str = ""
+    """In place: where the trigger reads the store's fault counter of ``generation`` ("": no store to read)."""
+    generation: int = 0
+    faults_seen: str = ""
+    """That counter's value when the task last looked (it wakes for a change only: a counter is no proof)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -168,7 +173,19 @@ class Deferred(Driver):
             target_step=self.target_step,
             in_place=self.hooks.coordinator_for is not None,
             regrouped=last.generation > 1,
+            **self._fault_counter(attempt, last.generation),
         )
+
+    def _fault_counter(self, attempt: int, generation: int) -> dict[str, Any]:
+        """What the trigger needs to wake on a report of generation ``generation`` (a rank's fault, a node's
+        notice to leave): the store's address, and the counter's value now (the task already looked at it)."""
+        if self.hooks.store_address is None or self.hooks.coordinator_for is None:
+            return {}
+        address = self.hooks.store_address(attempt)
+        if not address:
+            return {}
+        seen = peek(self.hooks.coordinator_for(attempt).store, faulted_key(generation))
+        return {"store": address, "generation": generation, "faults_seen": (seen or b"").decode(errors="replace")}
 
     def look(self, news: Reported) -> Observation:
         """The trigger's report, checked with a fresh look of our own, as an observation for the controller."""

@@ -84,6 +84,10 @@ class StoreHost:
         store, port = serve(host)
         return cls(store, host, port, nodes, on_refused)
 
+    def reach(self, attempt: int) -> str | None:
+        """Nowhere outside this process: the store lives and dies with it (no trigger waits on it)."""
+        return None
+
     def address_for(self, attempt: int) -> str:
         """Where the ranks of any attempt dial: this task's one store."""
         return self.address

@@ -52,6 +52,7 @@ class PodStore:
         self.launcher, self.secrets_dir, self.nodes = launcher, secrets_dir, list(nodes)
         self.plan_for, self.on_refused = plan_for, on_refused
         self._coordinators: dict[int, Coordinator] = {}
+        self._reach: dict[int, str] = {}
 
     def _secret(self, attempt: int) -> bytes:
         """The attempt's secret: drawn once, then read back by every later process of the task."""
@@ -74,12 +75,19 @@ class PodStore:
         """Where the ranks of ``attempt`` dial its store (pure: the plan's names)."""
         return self.launcher.store_endpoint(self.plan_for(attempt))
 
+    def reach(self, attempt: int) -> str:
+        """``host:port`` where the orchestrator (task or trigger) dials ``attempt``'s store, served first if it
+        is not yet (the Service's cluster IP: stable while the Service lives)."""
+        if attempt not in self._reach:
+            self._reach[attempt] = self.launcher.serve_store(self.plan_for(attempt))
+        return self._reach[attempt]
+
     def coordinator(self, attempt: int) -> Coordinator:
         """The orchestrator's side of ``attempt``'s store, its store served first if it is not yet."""
         if attempt not in self._coordinators:
             from torch.distributed import PrefixStore, TCPStore
 
-            host, _, port = self.launcher.serve_store(self.plan_for(attempt)).rpartition(":")
+            host, _, port = self.reach(attempt).rpartition(":")
             client = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=CONNECT_S))
             client.set_timeout(timedelta(seconds=30))  # connected: each call answers at once
             report = self.on_refused
