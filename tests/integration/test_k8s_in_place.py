@@ -166,3 +166,38 @@ def test_a_pod_given_notice_leaves_at_a_step_boundary_and_the_trigger_wakes_on_i
     assert result.attempts == 1 and result.last_step == 20
     [failure] = recovery_figures(run.ledger)["failures"]
     assert failure["path"] == "in_place" and failure["lost_steps"] == 0
+
+
+def test_a_killed_pod_started_again_on_its_healthy_host_rejoins_at_a_wake(fake: FakeKube, tmp_path: Path) -> None:
+    """No spare: the survivor trains alone (2 -> 1), the killed node's new pod (pinned to its own host, which is
+    healthy) waits ready on the store, and the next wake (``GROW_WAKE_S``, the group being below its size)
+    grows the world back with it as the joiner (1 -> 2): one attempt, the last checkpoint of two nodes."""
+    run = run_with(tmp_path, "[]", in_place="true", max_steps=60)
+    killed: dict[str, Any] = {}
+
+    def kill_a_pod(kubelet: Kubelet) -> None:
+        trained_a_few_steps(run)
+        pods = training_pods(fake)
+        killed["pod"] = random.Random(SEED).choice(sorted(pods))
+        killed["node"] = pods[killed["pod"]]["metadata"]["annotations"][NODE_ANNOTATION]
+        kubelet.kill_pod(killed["pod"])
+
+    with Kubelet(fake, NS, tmp_path / "kubelet", seed=SEED) as kubelet:
+        killer = threading.Thread(target=kill_a_pod, args=(kubelet,), daemon=True)
+        killer.start()
+        result, seen = deferred_train(run)
+        killer.join(timeout=5)
+        placed = dict(kubelet.placed)
+    node = killed["node"]
+    assert seen[0] == "failed" and "timeout" in seen and seen[-1] == "succeeded"
+    [rejoining] = train_events(run, "rejoining")
+    assert rejoining["nodes"] == [node]
+    [grown] = train_events(run, "grown")
+    assert grown["joiners"] == [node] and sorted(grown["nodes"]) == sorted(NODES)
+    assert [e["world_size"] for e in train_events(run, "regrouped")] == [1, 2]
+    assert [e["attempt"] for e in train_events(run, "attempt_start")] == [1]
+    # The node's new pod ran on its own host: a pod of that node, placed after the killed one.
+    assert [host for name, host in placed.items() if name != killed["pod"] and host == node]
+    assert result.attempts == 1 and read_manifest(Path(result.checkpoint))["world_size"] == 2
+    figures = recovery_figures(run.ledger)
+    assert figures["world_path"] == "2 -> 1 -> 2" and figures["lost_steps"] <= 1

@@ -24,6 +24,7 @@ from typing import Any
 from trainyard.backends.base import AttemptStatus, Launcher
 from trainyard.protocol.coordstore import Coordinator, Generation, faulted_key, peek
 from trainyard.recovery.commands import AttemptResult, Command, Fail, Finish, StartNodes, WaitUntil, Watch
+from trainyard.recovery.controller import grown_world
 from trainyard.recovery.observations import (
     AttemptSucceeded,
     BackoffOver,
@@ -32,14 +33,19 @@ from trainyard.recovery.observations import (
     LostSight,
     Observation,
     Reported,
+    SparesReady,
     TaskStarted,
     Timeout,
 )
-from trainyard.recovery.state import STAGE, Course
+from trainyard.recovery.state import STAGE, Attempt, Course
 from trainyard.recovery.supervisor import Driver, Hooks, StateReader, failure_error
 from trainyard.recovery.watch import STARTUP_GRACE_S, detect, failed, last_step
 
 log = logging.getLogger(__name__)
+
+GROW_WAKE_S = 15.0
+"""How soon a task whose group is below its size wakes to look for nodes waiting ready to join (no trigger
+sees them: a ready node writes no counter)."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,9 @@ class AttemptWatch:
     generation: int = 0
     faults_seen: str = ""
     """That counter's value when the task last looked (it wakes for a change only: a counter is no proof)."""
+    wake_s: float | None = None
+    """Wake within this long even with no news (the group is smaller than it may grow back to: a node started
+    again may be waiting ready by then); None: the spec's ``wake_every_s``."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -173,6 +182,9 @@ class Deferred(Driver):
             target_step=self.target_step,
             in_place=self.hooks.coordinator_for is not None,
             regrouped=last.generation > 1,
+            wake_s=GROW_WAKE_S
+            if self.hooks.coordinator_for is not None and len(course.nodes) < len(self.ctx.nodes)
+            else None,
             **self._fault_counter(attempt, last.generation),
         )
 
@@ -238,4 +250,19 @@ class Deferred(Driver):
         # triggerer starts a new log file for each trigger and the earlier lines leave the UI's view.
         if self.hooks.progress_for is not None and (line := self.hooks.progress_for(plan).poll(time.time())):
             log.info("%s", line)
+        if ready := self._ready_spares(current):
+            return SparesReady(attempt, now, ready)
         return Timeout(attempt, now)
+
+    def _ready_spares(self, current: Attempt) -> list[str]:
+        """Nodes outside the group that wait ready on the store (a node started again, a warm spare), when they
+        can grow it: the blocking driver's rule (``Supervisor._ready_spares``), not before the group formed,
+        never past the first attempt's size. Read at each wake (``AttemptWatch.wake_s`` brings one sooner)."""
+        if self.hooks.coordinator_for is None or len(current.course.nodes) >= len(self.ctx.nodes):
+            return []
+        coordinator = self.hooks.coordinator_for(current.number)
+        if not coordinator.formed(current.generation):
+            return []
+        outside = [n for n in dict.fromkeys([*self.ctx.nodes, *self.ctx.spares]) if n not in current.course.nodes]
+        ready = coordinator.spares_ready(outside)
+        return ready if ready and grown_world(current, self.ctx, ready) is not None else []

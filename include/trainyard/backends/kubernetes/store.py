@@ -20,7 +20,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Protocol
 
-from trainyard.atomic import write_bytes_atomic
+from trainyard.atomic import read_capped, write_bytes_atomic
 from trainyard.backends.base import LaunchPlan
 from trainyard.protocol.coordstore import Coordinator, attempt_prefix, node_keys
 from trainyard.protocol.sealing import new_secret
@@ -57,10 +57,11 @@ class PodStore:
     def _secret(self, attempt: int) -> bytes:
         """The attempt's secret: drawn once, then read back by every later process of the task."""
         path = self.secrets_dir / f"attempt-{attempt}.secret"
-        if path.is_file() and not path.is_symlink():
-            data = path.read_bytes()
-            if len(data) == SECRET_BYTES:
-                return data
+        if path.exists() or path.is_symlink():
+            data = read_capped(path, SECRET_BYTES)  # a link or another kind of file is refused (UnsafePath)
+            if len(data) != SECRET_BYTES:  # never drawn again: the attempt's pods hold keys from this one
+                raise ValueError(f"{path}: {len(data)} bytes, not a secret of {SECRET_BYTES}; its attempt cannot go on")
+            return data
         self.secrets_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(self.secrets_dir, 0o700)
         secret = new_secret()
