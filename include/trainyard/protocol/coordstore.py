@@ -73,7 +73,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 KEY_ENV = "TRAINYARD_STORE_KEY"  # declared by ``TrainEnv.store_key``
-BIND_ENV = "TRAINYARD_STORE_BIND"  # where a coordinator pod's store listens (its pod IP: runtime.storeserve)
 PURPOSE = "coordstore"  # what the node keys are derived for (a burn-in key of the same node opens nothing here)
 POLL_S = 0.1  # store polling stays <= 10 Hz: 2 cores are shared by every rank and the supervisor
 FAULT_CHECK_S = 0.05  # the supervisor alone checks this often: one key, one round trip to its own store

@@ -24,7 +24,7 @@ import sys
 import threading
 from datetime import timedelta
 
-from trainyard.protocol.coordstore import BIND_ENV as BIND_VARIABLE
+from trainyard.protocol.env import STORE_BIND_VARIABLE as BIND_VARIABLE
 
 
 def serve(host: str, port: int) -> object:

@@ -51,7 +51,8 @@ from trainyard.backends.kubernetes.pods import (
     scratch_env,
     tolerations,
 )
-from trainyard.protocol.coordstore import BIND_ENV, KEY_ENV
+from trainyard.protocol.coordstore import KEY_ENV
+from trainyard.protocol.env import STORE_BIND_VARIABLE
 from trainyard.spec import KubernetesSpec
 
 STORE_RESOURCES = {"cpu": "250m", "memory": "512Mi"}  # a TCPStore and an imported torch; no GPU
@@ -121,7 +122,7 @@ def coordinator_pod(plan: LaunchPlan, spec: KubernetesSpec) -> k8s.V1Pod:
         command=["python", "-m", "trainyard.runtime.storeserve", f"--port={STORE_PORT}"],
         env=[
             k8s.V1EnvVar(
-                name=BIND_ENV,
+                name=STORE_BIND_VARIABLE,
                 value_from=k8s.V1EnvVarSource(field_ref=k8s.V1ObjectFieldSelector(field_path="status.podIP")),
             ),
             *scratch_env(),
