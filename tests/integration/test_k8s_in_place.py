@@ -30,6 +30,9 @@ from trainyard.recovery.figures import recovery_figures
 pytestmark = pytest.mark.integration
 
 NODE_ANNOTATION = "trainyard.io/node"
+# No test here is about a hang: a heartbeat timeout far from these runs' pauses (a save, a joiner's state) on a
+# machine whose cores other tests share, so a slow step is never taken for a hung node.
+QUIET_S = 30
 
 
 @pytest.fixture
@@ -44,8 +47,7 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeKube]:
 
 def in_place_run(tmp_path: Path) -> Run:
     # Without rejoin: the node left out would start again and wait for a wake to grow the world back.
-    run = run_with(tmp_path, "[]", in_place="true, rejoin: false")
-    return run
+    return run_with(tmp_path, "[]", in_place="true, rejoin: false", heartbeat_timeout_s=QUIET_S)
 
 
 def training_pods(fake: FakeKube) -> dict[str, dict[str, Any]]:
@@ -152,7 +154,12 @@ def test_a_pod_given_notice_leaves_at_a_step_boundary_and_the_trigger_wakes_on_i
     first process on a deletion with grace); its rank reports the leave on the store, the trigger sees the
     fault counter move and fires at once; the task reads the sealed report (``Coordinator.leaving``) and
     regroups without gpu-b, blamed for nothing: one attempt, nothing lost."""
-    run = run_with(tmp_path, "[{fault: preempt, node: gpu-b, step: 8}]", in_place="true, rejoin: false")
+    run = run_with(
+        tmp_path,
+        "[{fault: preempt, node: gpu-b, step: 8}]",
+        in_place="true, rejoin: false",
+        heartbeat_timeout_s=QUIET_S,
+    )
     with Kubelet(fake, NS, tmp_path / "kubelet", seed=SEED):
         result, seen = deferred_train(run, [SPARE])
     assert seen[0] == "fault" and seen[-1] == "succeeded" and "backoff" not in seen
@@ -172,7 +179,7 @@ def test_a_killed_pod_started_again_on_its_healthy_host_rejoins_at_a_wake(fake: 
     """No spare: the survivor trains alone (2 -> 1), the killed node's new pod (pinned to its own host, which is
     healthy) waits ready on the store, and the next wake (``GROW_WAKE_S``, the group being below its size)
     grows the world back with it as the joiner (1 -> 2): one attempt, the last checkpoint of two nodes."""
-    run = run_with(tmp_path, "[]", in_place="true", max_steps=60)
+    run = run_with(tmp_path, "[]", in_place="true", max_steps=60, heartbeat_timeout_s=QUIET_S)
     killed: dict[str, Any] = {}
 
     def kill_a_pod(kubelet: Kubelet) -> None:
