@@ -179,12 +179,13 @@ def read_json_capped(path: Path, max_bytes: int) -> Any:
         raise ValueError(f"{path} nests JSON deeper than it may; a worker-written file like this is not read") from None
 
 
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` whole: temporary name, fsync, rename, fsync of the folder."""
+def write_bytes_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Replace ``path`` with ``data`` whole: temporary name, fsync, rename, fsync of the folder. ``mode``: the
+    new file's (0o600 for a secret: it is never readable by others, not even before the rename)."""
     folder = open_dir(path.parent)
     tmp, renamed = temp_name(path), False
     try:
-        with os.fdopen(_open_in(folder, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "wb") as fh:
+        with os.fdopen(_open_in(folder, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())

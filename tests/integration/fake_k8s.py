@@ -29,6 +29,7 @@ message, and is tried again on each pass.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import random
@@ -54,6 +55,7 @@ _PATH = re.compile(
     r"(?:/(?P<name>[^/]+)(?:/(?P<sub>[^/]+))?)?$"
 )
 INDEX = "batch.kubernetes.io/job-completion-index"
+_ips = random.Random()  # cluster IPs: distinct across the fake clusters of tests that run at once
 HOSTNAME = "kubernetes.io/hostname"
 NOW = "2026-01-01T00:00:00Z"
 
@@ -276,6 +278,8 @@ class FakeKube:
             if node:
                 pod["spec"]["nodeName"] = node
             status: dict[str, Any] = {"phase": phase}
+            if ip := pod.get("status", {}).get("podIP"):
+                status["podIP"] = ip  # a pod keeps its IP for life
             if reason:
                 status["reason"] = reason
             if message:
@@ -351,6 +355,12 @@ class FakeKube:
         error = _metadata_error(data)
         if error:
             return 400, _status(400, "BadRequest", error)
+        spec = data.get("spec") or {}
+        if resource == "services" and spec.get("clusterIP") != "None":
+            # The API server allocates a ClusterIP Service its address. Here a loopback one of its own (all of
+            # 127/8 is this machine's), which the kubelet gives the Service's pod too: kube-proxy's part.
+            spec["clusterIP"] = f"127.{_ips.randint(1, 254)}.{_ips.randint(0, 255)}.{_ips.randint(1, 254)}"
+            data["spec"] = spec
         return 201, self.put(prefix, resource, ns, data)
 
     def _delete(self, key: tuple[str, str, str, str], options: dict[str, Any]) -> tuple[int, Any]:
@@ -423,14 +433,25 @@ def expand(text: str, env: dict[str, str]) -> str:
     return _VAR.sub(lambda m: "$" if m[0] == "$$" else env.get(m[1], m[0]), text)
 
 
-def container_env(pod: dict[str, Any]) -> dict[str, str]:
-    """The trainer container's environment as the kubelet builds it: values expanded, downward API resolved."""
+def container_env(pod: dict[str, Any], fake: FakeKube | None = None) -> dict[str, str]:
+    """The trainer container's environment as the kubelet builds it: values expanded, downward API resolved,
+    a Secret's key read from ``fake`` (``KeyError`` when it is not there: the kubelet does not start it)."""
     env: dict[str, str] = {}
     for item in pod["spec"]["containers"][0].get("env", []):
         if "value" in item:
             env[item["name"]] = expand(item["value"], env)
             continue
+        if "secretKeyRef" in item["valueFrom"]:
+            ref = item["valueFrom"]["secretKeyRef"]
+            secret = fake.get("api/v1", "secrets", pod["metadata"]["namespace"], ref["name"]) if fake else None
+            if secret is None or ref["key"] not in secret.get("data", {}):
+                raise KeyError(f"secret {ref['name']} has no key {ref['key']}")
+            env[item["name"]] = base64.b64decode(secret["data"][ref["key"]]).decode()
+            continue
         path = item["valueFrom"]["fieldRef"]["fieldPath"]
+        if path == "status.podIP":
+            env[item["name"]] = pod.get("status", {}).get("podIP", "")
+            continue
         field = _FIELD.match(path)
         env[item["name"]] = (
             pod["metadata"].get("annotations", {})[field["key"]]
@@ -751,9 +772,43 @@ class Kubelet:
             if name not in pods and proc is not None:
                 self._kill(proc)  # the pod was deleted
 
+    def _pod_ip(self, pod: dict[str, Any]) -> str:
+        """The pod's IP: the cluster IP of a ClusterIP Service that selects it (kube-proxy's part), else loopback."""
+        labels = pod["metadata"].get("labels", {})
+        for svc in self.fake.items("api/v1", "services", self.ns):
+            spec = svc.get("spec") or {}
+            wanted = spec.get("selector") or {}
+            if (
+                spec.get("clusterIP") not in (None, "None")
+                and wanted
+                and all(labels.get(k) == v for k, v in wanted.items())
+            ):
+                return spec["clusterIP"]
+        return "127.0.0.1"
+
+    def _dns(self, text: str) -> str:
+        """Cluster DNS: ``<service>.<ns>.svc.<domain>`` of a ClusterIP Service is its cluster IP."""
+        for svc in self.fake.items("api/v1", "services", self.ns):
+            ip = (svc.get("spec") or {}).get("clusterIP")
+            if ip not in (None, "None"):
+                text = re.sub(rf"\b{re.escape(svc['metadata']['name'])}\.{self.ns}\.svc\.[a-z.]+?(?=:|$)", ip, text)
+        return text
+
+    def kill_pod(self, name: str) -> None:
+        """The pod's container dies (SIGKILL of its process tree, as an OOM kill or a crash would): the pod
+        fails with exit code -9 on the next pass."""
+        with self.fake.lock:
+            proc = self.procs.get(name)
+            assert proc is not None, f"pod {name} runs no process"
+            signal_all(process_tree(proc.pid), signal.SIGKILL)
+
     def _start(self, name: str, pod: dict[str, Any]) -> None:
         node = pod["spec"]["nodeName"]
-        env = container_env(pod)
+        pod.setdefault("status", {})["podIP"] = self._pod_ip(pod)
+        try:
+            env = {k: self._dns(v) for k, v in container_env(pod, self.fake).items()}
+        except KeyError:
+            return  # CreateContainerConfigError: it stays pending until the Secret is there
         container = pod["spec"]["containers"][0]
         argv = [expand(a, env) for a in [*container["command"], *container.get("args", [])]]
         argv = [sys.executable if a == "python" else self._resolve(a) for a in argv]

@@ -560,6 +560,19 @@ def test_rbac_grants_exactly_the_calls_trainyard_makes(fake: FakeKube, tmp_path:
     )
     assert event["status"] == "succeeded"
     launcher.cancel(handle)
+    # In place: the store's objects, the nodes' pods, one killed and one added, all deleted with the attempt.
+    in_place = replace(
+        make_plan(tmp_path, attempt=2),
+        store_keys={"k8s-0": "a" * 64, "k8s-1": "b" * 64, "k8s-2": "c" * 64},
+    )
+    in_place = replace(in_place, train_env=replace(in_place.train_env, store=launcher.store_endpoint(in_place)))
+    assert launcher.serve_store(in_place).endswith(":29500")
+    regrouping = launcher.launch(in_place)
+    launcher.kill_nodes(regrouping, ["k8s-1"])
+    launcher.add_nodes(regrouping, ["k8s-2"])
+    assert launcher.poll(regrouping).nodes[1].reason == "PodDeleted"
+    launcher.cancel(regrouping)
+    assert fake.items(CORE, "pods", NS) == [] and fake.items(CORE, "secrets", NS) == []
     burnin = build_burnin_pod(
         "k8s-0",
         run_id="r",

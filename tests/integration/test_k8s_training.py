@@ -66,7 +66,7 @@ training:
   heartbeat_timeout_s: 6
   progress_every_s: 1
 checkpoint: {{hot: "file://{root}/ckpt", cold: "file://{root}/coldckpt"}}
-recovery: {{max_attempts: 3, backoff_s: {backoff}}}
+recovery: {{max_attempts: 3, backoff_s: {backoff}, in_place: {in_place}}}
 drills: {drills}
 """
 
@@ -87,10 +87,21 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 WAKE_S = 120
 
 
-def run_with(tmp_path: Path, drills: str, backoff_s: float = 0.2) -> Run:
+def run_with(
+    tmp_path: Path,
+    drills: str,
+    backoff_s: float = 0.2,
+    in_place: str = "false",
+    max_steps: int = 20,
+    heartbeat_timeout_s: int = 6,
+) -> Run:
+    """A run of ``SPEC``; ``in_place``: the recovery section's value (these tests are about the relaunch path
+    unless they say otherwise, whichever the default)."""
     write_synthetic_corpus(tmp_path / "cold", shards=2, tokens_per_shard=16_384)
     spec = tmp_path / "k8s.yaml"
-    spec.write_text(SPEC.format(root=tmp_path, ns=NS, drills=drills, backoff=backoff_s, wake=WAKE_S))
+    text = SPEC.format(root=tmp_path, ns=NS, drills=drills, backoff=backoff_s, wake=WAKE_S, in_place=in_place)
+    text = text.replace("heartbeat_timeout_s: 6", f"heartbeat_timeout_s: {heartbeat_timeout_s}")
+    spec.write_text(text.replace("max_steps: 20", f"max_steps: {max_steps}"))
     run = open_run(spec, "k8s", f"deferred-{time.monotonic_ns()}", "2026-11-28")
     stages.stage_dataset(run)
     return run
@@ -230,7 +241,7 @@ def test_the_train_task_defers_in_a_real_airflow_run(fake: FakeKube, tmp_path: P
     shutil.copy(ROOT / "dags" / "pipelines.py", dags)
     write_synthetic_corpus(tmp_path / "cold", shards=2, tokens_per_shard=16_384)
     (dags / "pipelines" / "k8s_train.yaml").write_text(
-        SPEC.format(root=tmp_path, ns=NS, drills="[]", backoff=0.2, wake=WAKE_S)
+        SPEC.format(root=tmp_path, ns=NS, drills="[]", backoff=0.2, wake=WAKE_S, in_place="false")
     )
     env = airflow_env(tmp_path / "home", dags, AIRFLOW_CONN_FAKE_CLUSTER=os.environ["AIRFLOW_CONN_FAKE_CLUSTER"])
     with Kubelet(fake, NS, tmp_path / "kubelet", seed=SEED):

@@ -911,6 +911,11 @@ def test_trigger_serialize_round_trips() -> None:
         tokens_per_step=4096,
         progress_every_s=30.0,
         checkpoint_dir="/hot/checkpoints/p",
+        in_place=True,
+        regrouped=True,
+        store="10.96.0.7:29500",
+        generation=2,
+        faults_seen="1",
     )
     classpath, kwargs = trigger.serialize()
     assert classpath == "trainyard.airflow.triggers.KubernetesAttemptTrigger"
@@ -939,6 +944,11 @@ def test_trigger_serialize_round_trips() -> None:
         "tokens_per_step": 4096,
         "progress_every_s": 30.0,
         "checkpoint_dir": "/hot/checkpoints/p",
+        "in_place": True,
+        "regrouped": True,
+        "store": "10.96.0.7:29500",
+        "generation": 2,
+        "faults_seen": "1",
     }
     assert json.loads(json.dumps(kwargs)) == kwargs  # what the triggerer stores must be plain JSON
     import inspect

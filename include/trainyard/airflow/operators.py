@@ -60,7 +60,7 @@ def trigger_for(run: Run, watch: AttemptWatch) -> KubernetesAttemptTrigger:
         nodes=list(watch.nodes),
         poll_interval=k8s.poll_s,
         kubernetes_conn_id=k8s.connection,
-        timeout_s=k8s.wake_every_s,
+        timeout_s=min(k8s.wake_every_s, watch.wake_s) if watch.wake_s else k8s.wake_every_s,
         heartbeat_dir=watch.heartbeat_dir,
         heartbeat_timeout_s=run.spec.training.heartbeat_timeout_s,
         world_size=watch.world_size,
@@ -71,6 +71,11 @@ def trigger_for(run: Run, watch: AttemptWatch) -> KubernetesAttemptTrigger:
         tokens_per_step=tokens_per_step(training.global_batch, training.args),
         progress_every_s=training.progress_every_s,
         checkpoint_dir=str(run.checkpoint_root),
+        in_place=watch.in_place,
+        regrouped=watch.regrouped,
+        store=watch.store,
+        generation=watch.generation,
+        faults_seen=watch.faults_seen,
     )
 
 

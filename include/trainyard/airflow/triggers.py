@@ -20,6 +20,7 @@ import asyncio
 import os
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from trainyard.backends.base import AttemptStatus
 from trainyard.backends.kubernetes import aio, api
 from trainyard.backends.kubernetes.status import attempt_status, status_from_dicts, status_to_dicts
+from trainyard.protocol.coordstore import attempt_prefix, faulted_key, peek
 from trainyard.recovery.observations import Reported
 from trainyard.recovery.progress import ProgressLog
 from trainyard.recovery.watch import STARTUP_GRACE_S, detect
@@ -58,6 +60,11 @@ _ARGUMENTS = (
     "tokens_per_step",
     "progress_every_s",
     "checkpoint_dir",
+    "in_place",
+    "regrouped",
+    "store",
+    "generation",
+    "faults_seen",
 )
 
 
@@ -96,6 +103,13 @@ class KubernetesAttemptTrigger(BaseTrigger):
     :param tokens_per_step: tokens of one optimizer step where the spec knows them; None: from the heartbeats or unknown.
     :param progress_every_s: seconds between progress lines; None: none logged.
     :param checkpoint_dir: the pipeline's hot checkpoint root, for the last valid checkpoint; None: unknown.
+    :param in_place: the attempt regroups in place: bare pods per node and a coordinator pod, no Job; a node
+        without a pod failed (deleted), and so does every node once the coordinator is gone.
+    :param regrouped: it regrouped since its launch (``started``: the regroup's time); only ``nodes`` beat.
+    :param store: in place, ``host:port`` of the attempt's coordination store: a change of generation
+        ``generation``'s fault counter from ``faults_seen`` (a rank's fault or notice to leave) is a ``fault``
+        event at once. The counter is only a wake-up (anyone on the pod network can add to it): the task
+        believes only the sealed records it then reads, and hands the next trigger the value it saw.
     """
 
     def __init__(
@@ -121,6 +135,11 @@ class KubernetesAttemptTrigger(BaseTrigger):
         tokens_per_step: int | None = None,
         progress_every_s: float | None = None,
         checkpoint_dir: str | None = None,
+        in_place: bool = False,
+        regrouped: bool = False,
+        store: str = "",
+        generation: int = 0,
+        faults_seen: str = "",
     ) -> None:
         super().__init__()
         self.namespace = namespace
@@ -144,6 +163,12 @@ class KubernetesAttemptTrigger(BaseTrigger):
         self.tokens_per_step = tokens_per_step
         self.progress_every_s = progress_every_s
         self.checkpoint_dir = checkpoint_dir
+        self.in_place = in_place
+        self.regrouped = regrouped
+        self.store = store
+        self.generation = generation
+        self.faults_seen = faults_seen
+        self._counter: Any = None  # the store's client, once connected
         self._blind = False  # warned once that the heartbeats are out of sight
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -165,14 +190,14 @@ class KubernetesAttemptTrigger(BaseTrigger):
         # A client per poll: the hook reloads exec-plugin credentials (EKS, GKE tokens
         # that expire within the hour) on each connection, and attempts last longer.
         async with hook.get_conn() as client:
-            pods, reason = await aio.drive(aio.apis(client), api.look(self.namespace, self.job_name))
-        return attempt_status(pods, self.nodes, reason)
+            pods, reason = await aio.drive(aio.apis(client), api.look(self.namespace, self.job_name, self.in_place))
+        return attempt_status(pods, self.nodes, reason, in_place=self.in_place)
 
     async def on_kill(self) -> None:
         """The user marked the deferred task failed (or cleared it): end the attempt, as ``on_kill`` does
         in the worker. Not on a triggerer restart or a timeout: those leave the attempt running."""
         async with self.hook().get_conn() as client:
-            await aio.drive(aio.apis(client), api.delete(self.namespace, self.job_name, self.podgroup))
+            await aio.drive(aio.apis(client), api.delete(self.namespace, self.job_name, self.podgroup, self.in_place))
         self.log.info("task killed: deleted attempt %s/%s", self.namespace, self.job_name)
 
     async def hang(self, status: AttemptStatus) -> tuple[list[str], str] | None:
@@ -185,10 +210,33 @@ class KubernetesAttemptTrigger(BaseTrigger):
                 self._blind = True  # created before the launch: the triggerer does not mount the hot tier
                 self.log.warning("heartbeat folder %s is not visible here; the task checks hangs when it wakes", folder)
             return None
+        members = list(self.nodes) if self.regrouped else None
         problem = await asyncio.to_thread(
-            detect, status, folder, self.world_size, self.started, self.heartbeat_timeout_s, self.startup_grace_s
-        )
+            detect, status, folder, self.world_size, self.started, self.heartbeat_timeout_s, self.startup_grace_s,
+            members,
+        )  # fmt: skip
         return (problem[1], problem[2]) if problem and problem[0] == "hang" else None
+
+    async def faulted(self) -> bool:
+        """Whether generation ``generation``'s fault counter changed since the task looked (read off the loop)."""
+        if not self.store or not self.generation:
+            return False
+        return await asyncio.to_thread(self._counter_changed)
+
+    def _counter_changed(self) -> bool:
+        from torch.distributed import PrefixStore, TCPStore
+
+        try:
+            if self._counter is None:
+                host, _, port = self.store.rpartition(":")
+                client = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=5))
+                self._counter = PrefixStore(attempt_prefix(self.attempt), client)
+            raw = peek(self._counter, faulted_key(self.generation))
+        except (RuntimeError, ValueError, OSError) as exc:  # the pods' status still tells a dead pod
+            self._counter = None
+            self.log.warning("coordination store %s unreadable: %s", self.store, exc)
+            return False
+        return (raw or b"").decode(errors="replace") != self.faults_seen
 
     def progress_log(self) -> ProgressLog | None:
         """Paces this trigger's progress lines, from now (each wake-up starts a new trigger)."""
@@ -252,6 +300,9 @@ class KubernetesAttemptTrigger(BaseTrigger):
                 if hung := await self.hang(last):
                     yield self._event("hang", last, hung[1], hung[0])
                     return
+                if await self.faulted():
+                    yield self._event("fault", last, "a rank reported a fault or a notice to leave on the store")
+                    return
                 await self.progress(pace)
             if errors >= self.max_api_errors:
                 yield self._event("error", None, message)
@@ -266,7 +317,7 @@ class KubernetesAttemptTrigger(BaseTrigger):
             await asyncio.sleep(self.poll_interval)
 
 
-_STATUSES = ("succeeded", "failed", "hang", "timeout", "error")
+_STATUSES = ("succeeded", "failed", "hang", "timeout", "error", "fault")
 
 
 def reported(payload: Mapping[str, Any]) -> Reported:

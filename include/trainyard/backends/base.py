@@ -7,7 +7,7 @@ backend ran the attempt.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -149,3 +149,33 @@ class RegroupingLauncher(Launcher, Protocol):
     def add_nodes(self, handle: Any, nodes: list[str]) -> None:
         """Start these nodes in the running attempt (joiners: they wait on the coordination store)."""
         ...
+
+
+class CoordinationStore(Protocol):
+    """The coordination stores of a run's in-place attempts, the orchestrator's side: the nodes' keys, the
+    address the ranks dial, the coordinator (``recovery.storehost.StoreHost``: served by the task process;
+    ``backends.kubernetes.store.PodStore``: by a pod per attempt)."""
+
+    def keys(self, attempt: int) -> dict[str, str]: ...
+
+    def address_for(self, attempt: int) -> str: ...
+
+    def coordinator(self, attempt: int) -> Any: ...
+
+    def reach(self, attempt: int) -> str | None:
+        """Where another process of the orchestrator (a trigger) dials the attempt's store; None: nowhere."""
+        ...
+
+
+@runtime_checkable
+class ServesStores(RegroupingLauncher, Protocol):
+    """A regrouping launcher whose attempts bring their own coordination store (no task process stays to serve
+    one: the deferred Kubernetes task). ``plan_for(attempt)``: a plan of that attempt, for its names."""
+
+    def coordination_store(
+        self,
+        secrets_dir: Path,
+        nodes: list[str],
+        plan_for: Callable[[int], LaunchPlan],
+        on_refused: Callable[[int, str, str], None] | None = None,
+    ) -> CoordinationStore: ...

@@ -10,10 +10,10 @@ is ``pipeline.run.defers``.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from trainyard.backends.base import Launcher, LaunchPlan, RegroupingLauncher
+from trainyard.backends.base import CoordinationStore, Launcher, LaunchPlan, RegroupingLauncher, ServesStores
 from trainyard.backends.registry import backend_for
 from trainyard.checkpoint import lease
 from trainyard.errors import LineageBusy
@@ -33,7 +33,7 @@ from trainyard.recovery.supervisor import Hooks, StateReader, supervise
 from trainyard.storage.boot import ensure_this_boot
 
 STAGE = "train"
-# Only a process that stays can serve the store an attempt's ranks regroup on.
+# Only a process that stays can serve the store an attempt's ranks regroup on, unless the backend serves one.
 DEFERRED_WHY_NOT = "the train task defers: no process of it stays to serve the store the ranks regroup on"
 
 
@@ -59,6 +59,8 @@ def in_place_why_not(run: Run, launcher: Launcher) -> str:
         return "recovery.in_place is false"
     if not isinstance(launcher, RegroupingLauncher):
         return f"the {spec.nodes.backend} backend relaunches (its nodes cannot change while an attempt runs)"
+    if defers(spec.nodes) and not isinstance(launcher, ServesStores):
+        return DEFERRED_WHY_NOT
     if spec.nodes.gpus_per_node:
         # The NCCL path (runtime.collectives) is built but has not yet run on a GPU: bench/gpu_check.sh's drill first.
         return "in place on GPU nodes awaits its first run on GPUs (bench/gpu_check.sh); nodes.gpus_per_node 0 regroups"
@@ -124,9 +126,7 @@ class TrainStage:
             _, start = resume_point(run, held)
             target = start + run.spec.training.max_steps
             why_not = in_place_why_not(run, self.launcher)
-            # The store the ranks regroup on lives here, in the task process: any node can die, this one cannot
-            # without ending the attempt anyway. It listens on loopback only (the local backend's nodes).
-            store = StoreHost.serve(self._members(), on_refused=self._refused) if not why_not else None
+            store = self._store(target) if not why_not else None
             stage.note("recovery_path", in_place=not why_not, why_not=why_not)
             with watcher(run):
                 result = supervise(
@@ -151,8 +151,8 @@ class TrainStage:
             reader = StateReader(run.ledger)
             held = self._hold(reader)
             _, start = resume_point(run, held)
-            why_not = in_place_why_not(run, self.launcher) or DEFERRED_WHY_NOT
-            stage.note("recovery_path", in_place=False, why_not=why_not)
+            why_not = in_place_why_not(run, self.launcher)
+            stage.note("recovery_path", in_place=not why_not, why_not=why_not)
             outcome = self._deferred(reader, start + run.spec.training.max_steps).begin()
             result = self._outcome(outcome, start)
         return self._ended(stage, result)
@@ -199,13 +199,29 @@ class TrainStage:
     def _result(self, start: int, target: int, result: AttemptResult) -> TrainResult:
         return TrainResult.from_dict(_trained(self.run, self.nodes, start, target, result))
 
+    def _store(self, target: int) -> CoordinationStore:
+        """The coordination stores of this run's in-place attempts. Served by the backend where it can (a pod
+        per attempt on Kubernetes: no process of a deferred task stays), else by this process: any node can
+        die, the task cannot without ending the attempt anyway; it listens on loopback only (local nodes)."""
+        if isinstance(self.launcher, ServesStores):
+            run, nodes = self.run, list(self.nodes)
+
+            def plan_for(attempt: int) -> LaunchPlan:  # the attempt's names and keys; its nodes do not matter
+                plan = _plan(run, attempt, Course(nodes, run.spec.training.micro_batch, "none"), target)
+                return replace(plan, store_keys=store.keys(attempt))
+
+            store = self.launcher.coordination_store(run.dir / "store", self._members(), plan_for, self._refused)
+            return store
+        return StoreHost.serve(self._members(), on_refused=self._refused)
+
     def _deferred(self, reader: StateReader, target: int, start: int | None = None) -> Deferred:
         run = self.run
+        store = self._store(target) if not in_place_why_not(run, self.launcher) else None
         return Deferred(
             self.launcher,
             reader,
-            self._context(),
-            self._hooks(target, every_wake=True),
+            self._context(elastic=store is not None),
+            self._hooks(target, store=store, every_wake=True),
             run.spec.training.heartbeat_timeout_s,
             target,
             on_wake=None if start is None else lambda: watcher(run).carry_on(start).sweep(),
@@ -233,7 +249,7 @@ class TrainStage:
         """A value of the coordination store the supervisor refused: evidence in the ledger (it was ignored)."""
         self.run.ledger.append(STAGE, "store_refused", attempt=attempt, key=key, reason=why)
 
-    def _hooks(self, target: int, store: StoreHost | None = None, every_wake: bool = False) -> Hooks:
+    def _hooks(self, target: int, store: CoordinationStore | None = None, every_wake: bool = False) -> Hooks:
         """The drivers' hooks; ``every_wake``: a progress line at each wake of a deferred task, which
         sees its attempt only then, instead of every ``training.progress_every_s``."""
         run = self.run
@@ -243,6 +259,7 @@ class TrainStage:
             checkpoints=lambda: hot_checkpoints(run),
             progress_for=lambda plan: _progress(run, plan, target, 0 if every_wake else None),
             coordinator_for=store.coordinator if store is not None else None,
+            store_address=store.reach if store is not None else None,
         )
 
 
@@ -275,7 +292,7 @@ def _trained(run: Run, nodes: list[str], start: int, target: int, result: Attemp
     }
 
 
-def _plan(run: Run, attempt: int, course: Course, target: int, store: StoreHost | None = None) -> LaunchPlan:
+def _plan(run: Run, attempt: int, course: Course, target: int, store: CoordinationStore | None = None) -> LaunchPlan:
     training = run.spec.training
     attempt_dir = run.dir / f"attempt-{attempt}"
     return LaunchPlan(
@@ -303,7 +320,7 @@ def _plan(run: Run, attempt: int, course: Course, target: int, store: StoreHost 
             checkpoint_async=training.checkpoint_async,
             seed=training.seed,
             progress_every_s=training.progress_every_s,
-            store=store.address if store is not None else None,
+            store=store.address_for(attempt) if store is not None else None,
             # Longer than the supervisor takes to see a hang and kill the silent node (whose closed sockets
             # then fail the survivors' collective at once): the survivors' own timeout is only the backstop.
             collective_timeout_s=2 * training.heartbeat_timeout_s + 5 if store is not None else None,

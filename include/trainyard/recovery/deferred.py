@@ -18,11 +18,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from trainyard.backends.base import AttemptStatus, Launcher
-from trainyard.recovery.commands import AttemptResult, Fail, Finish, WaitUntil, Watch
+from trainyard.protocol.coordstore import Coordinator, Generation, faulted_key, peek
+from trainyard.recovery.commands import AttemptResult, Command, Fail, Finish, StartNodes, WaitUntil, Watch
+from trainyard.recovery.controller import grown_world
 from trainyard.recovery.observations import (
     AttemptSucceeded,
     BackoffOver,
@@ -31,14 +33,19 @@ from trainyard.recovery.observations import (
     LostSight,
     Observation,
     Reported,
+    SparesReady,
     TaskStarted,
     Timeout,
 )
-from trainyard.recovery.state import STAGE, Course
+from trainyard.recovery.state import STAGE, Attempt, Course
 from trainyard.recovery.supervisor import Driver, Hooks, StateReader, failure_error
 from trainyard.recovery.watch import STARTUP_GRACE_S, detect, failed, last_step
 
 log = logging.getLogger(__name__)
+
+GROW_WAKE_S = 15.0
+"""How soon a task whose group is below its size wakes to look for nodes waiting ready to join (no trigger
+sees them: a ready node writes no counter)."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,18 @@ class AttemptWatch:
     world_size: int
     heartbeat_dir: str
     target_step: int
+    in_place: bool = False
+    """The attempt's nodes are bare pods that regroup on its store (a missing pod has failed)."""
+    regrouped: bool = False
+    """It regrouped since its launch (``started`` is then the regroup's time): only ``nodes``' beats count."""
+    store: str = ""
+    """In place: where the trigger reads the store's fault counter of ``generation`` ("": no store to read)."""
+    generation: int = 0
+    faults_seen: str = ""
+    """That counter's value when the task last looked (it wakes for a change only: a counter is no proof)."""
+    wake_s: float | None = None
+    """Wake within this long even with no news (the group is smaller than it may grow back to: a node started
+    again may be waiting ready by then); None: the spec's ``wake_every_s``."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -94,6 +113,33 @@ class Deferred(Driver):
     ) -> None:
         super().__init__(launcher, reader, ctx, hooks)
         self.heartbeat_timeout_s, self.target_step, self.on_wake = heartbeat_timeout_s, target_step, on_wake
+        if hooks.coordinator_for is not None:
+            self.hooks = replace(hooks, coordinator_for=self._recalling(hooks.coordinator_for))
+
+    def _recalling(self, coordinator_for: Callable[[int], Coordinator]) -> Callable[[int], Coordinator]:
+        """Coordinators that know the generation the attempt runs in: a ``Coordinator`` remembers what it
+        published only in memory, and this process is new at every wake; the ledger says which (its nodes
+        and micro-batch are the attempt's course: every regroup and growth is an event)."""
+
+        def coordinator(attempt: int) -> Coordinator:
+            found = coordinator_for(attempt)
+            last = self.reader.state.last
+            if found.generation is None and last is not None and last.number == attempt and last.state == "running":
+                found.generation = Generation(last.generation, list(last.course.nodes), last.course.micro_batch)
+            return found
+
+        return coordinator
+
+    def execute(self, command: Command) -> None:
+        """As ``Driver.execute``, but nodes to start again start now: no process of this task stays to start
+        them once their generation formed, and on Kubernetes each is a host of its own (its start-up slows no
+        survivor, which is what ``StartNodes.once_formed`` spares the local backend's shared cores)."""
+        if isinstance(command, StartNodes) and command.nodes and command.attempt in self.handles:
+            assert self.hooks.coordinator_for is not None
+            self.hooks.coordinator_for(command.attempt).forget(command.nodes)  # ready once the new pod says so
+            self._regrouping().add_nodes(self.handles[command.attempt], command.nodes)
+            return
+        super().execute(command)
 
     def begin(self) -> Outcome:
         return self.run(TaskStarted(time.time()))
@@ -127,17 +173,41 @@ class Deferred(Driver):
         assert handle is not None and last is not None and last.number == attempt, (attempt, last)
         return AttemptWatch(
             attempt=attempt,
-            started=last.started,
+            started=last.regrouped_at or last.started,
             namespace=handle.namespace,
             job_name=handle.name,
             nodes=list(plan.nodes),
             world_size=plan.world_size,
             heartbeat_dir=str(plan.heartbeat_dir),
             target_step=self.target_step,
+            in_place=self.hooks.coordinator_for is not None,
+            regrouped=last.generation > 1,
+            wake_s=GROW_WAKE_S
+            if self.hooks.coordinator_for is not None and len(course.nodes) < len(self.ctx.nodes)
+            else None,
+            **self._fault_counter(attempt, last.generation),
         )
+
+    def _fault_counter(self, attempt: int, generation: int) -> dict[str, Any]:
+        """What the trigger needs to wake on a report of generation ``generation`` (a rank's fault, a node's
+        notice to leave): the store's address, and the counter's value now (the task already looked at it)."""
+        if self.hooks.store_address is None or self.hooks.coordinator_for is None:
+            return {}
+        address = self.hooks.store_address(attempt)
+        if not address:
+            return {}
+        seen = peek(self.hooks.coordinator_for(attempt).store, faulted_key(generation))
+        return {"store": address, "generation": generation, "faults_seen": (seen or b"").decode(errors="replace")}
 
     def look(self, news: Reported) -> Observation:
         """The trigger's report, checked with a fresh look of our own, as an observation for the controller."""
+        seen = self._look(news)
+        state = self.reader.state
+        if self.hooks.coordinator_for is not None and state.last is not None and state.unfinished:
+            return self._ungrouped(state.last.number, seen)
+        return seen
+
+    def _look(self, news: Reported) -> Observation:
         now = time.time()
         state = self.reader.now()
         current = state.last if state.unfinished else None
@@ -158,9 +228,19 @@ class Deferred(Driver):
             return AttemptSucceeded(attempt, time.time(), last_step(beats))
         if news.status == "hang":
             return failed(plan, status, beats, "hang", news.suspects, news.message, self.hooks.checkpoints(), at=now)
-        problem = detect(status, beats, plan.world_size, current.started, self.heartbeat_timeout_s, STARTUP_GRACE_S)
+        # Regrouped in place: the group's nodes' beats only, each with a full timeout from the regroup.
+        members = list(plan.nodes) if current.generation > 1 else None
+        started = current.regrouped_at or current.started
+        problem = detect(status, beats, plan.world_size, started, self.heartbeat_timeout_s, STARTUP_GRACE_S, members)
         if problem:
             return failed(plan, status, beats, *problem, self.hooks.checkpoints(), at=now)
+        if self.hooks.coordinator_for is not None:
+            coordinator = self.hooks.coordinator_for(attempt)
+            if left := [n for n in coordinator.leaving(current.generation) if n in plan.nodes]:
+                said = f"{', '.join(left)} given notice (SIGTERM), leaving at a step boundary"
+                return failed(
+                    plan, status, beats, "preempted", [], said, self.hooks.checkpoints(), at=now, leaving=left
+                )
         if news.status == "failed":  # the pods went before this look: the trigger's record is the evidence
             evidence = AttemptStatus(list(news.nodes))
             return failed(plan, evidence, beats, "crash", [], news.message, self.hooks.checkpoints(), at=now)
@@ -170,4 +250,19 @@ class Deferred(Driver):
         # triggerer starts a new log file for each trigger and the earlier lines leave the UI's view.
         if self.hooks.progress_for is not None and (line := self.hooks.progress_for(plan).poll(time.time())):
             log.info("%s", line)
+        if ready := self._ready_spares(current):
+            return SparesReady(attempt, now, ready)
         return Timeout(attempt, now)
+
+    def _ready_spares(self, current: Attempt) -> list[str]:
+        """Nodes outside the group that wait ready on the store (a node started again, a warm spare), when they
+        can grow it: the blocking driver's rule (``Supervisor._ready_spares``), not before the group formed,
+        never past the first attempt's size. Read at each wake (``AttemptWatch.wake_s`` brings one sooner)."""
+        if self.hooks.coordinator_for is None or len(current.course.nodes) >= len(self.ctx.nodes):
+            return []
+        coordinator = self.hooks.coordinator_for(current.number)
+        if not coordinator.formed(current.generation):
+            return []
+        outside = [n for n in dict.fromkeys([*self.ctx.nodes, *self.ctx.spares]) if n not in current.course.nodes]
+        ready = coordinator.spares_ready(outside)
+        return ready if ready and grown_world(current, self.ctx, ready) is not None else []

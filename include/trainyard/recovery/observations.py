@@ -136,7 +136,7 @@ class Reported:
     """What an attempt's watcher (the Kubernetes trigger) reported, typed: the driver looks again before
     it becomes an ``Observation`` (a fresh poll has the pods' logs as evidence)."""
 
-    status: Literal["succeeded", "failed", "hang", "timeout", "error"]
+    status: Literal["succeeded", "failed", "hang", "timeout", "error", "fault"]
     message: str
     attempt: int | None = None
     """None: an event of a trigger that did not say (the ledger's last attempt)."""

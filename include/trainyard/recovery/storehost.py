@@ -84,6 +84,14 @@ class StoreHost:
         store, port = serve(host)
         return cls(store, host, port, nodes, on_refused)
 
+    def reach(self, attempt: int) -> str | None:
+        """Nowhere outside this process: the store lives and dies with it (no trigger waits on it)."""
+        return None
+
+    def address_for(self, attempt: int) -> str:
+        """Where the ranks of any attempt dial: this task's one store."""
+        return self.address
+
     def keys(self, attempt: int) -> dict[str, str]:
         """Each node's key to ``attempt``'s keys: a fresh secret per attempt, so nothing sealed in one attempt
         is believed in another."""

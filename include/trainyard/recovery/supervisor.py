@@ -70,9 +70,18 @@ class Hooks:
     """The hot checkpoints, for the policy."""
     progress_for: Callable[[LaunchPlan], ProgressLog] | None = None
     """Paces an attempt's progress lines in the task log (None: none logged)."""
+    store_address: Callable[[int], str] | None = None
+    """Where this side reaches an attempt's store from any process (a trigger reads its fault counter
+    there: a deferred task); None: only from this process."""
     coordinator_for: Callable[[int], Coordinator] | None = None
     """An attempt's side of the coordination store its ranks group on (None: the attempt cannot regroup); the
     same object at every call for one attempt: it remembers the generation it published, never reads it back."""
+
+
+UNGROUPED = (
+    "its ranks never formed a group on the coordination store: the training script does not train through"
+    " trainyard.runtime.elastic_group (or failed before its first group formed), so no survivor holds the state"
+)
 
 
 class StateReader:
@@ -165,6 +174,14 @@ class Driver:
         generation = Generation(command.generation, command.nodes, command.micro_batch, command.joiners)
         self.hooks.coordinator_for(command.attempt).publish(generation)
 
+    def _ungrouped(self, attempt: int, seen: Observation) -> Observation:
+        """A failure of an attempt whose ranks never formed its first group on the store: nothing to regroup
+        (a script that does not use the elastic group trains in the launch's fixed world)."""
+        assert self.hooks.coordinator_for is not None
+        if isinstance(seen, AttemptFailed) and not self.hooks.coordinator_for(attempt).ready(1):
+            return replace(seen, ungrouped=UNGROUPED)
+        return seen
+
     def commands(self, observation: Observation) -> list[Command]:
         """Step, and carry out every command but the last (the terminal one, returned alone)."""
         *steps, last = step(self.reader.now(), observation, self.ctx)
@@ -181,12 +198,6 @@ def failure_error(fail: Fail) -> Exception:
         return TransientError(fail.reason)  # a task retry re-attaches to the attempt
     log.error("training failed: %s\n%s", fail.reason, fail.evidence)  # the traceback, in the task log
     return TrainingFailed(fail.reason, kind=fail.kind, evidence=fail.evidence)
-
-
-UNGROUPED = (
-    "its ranks never formed a group on the coordination store: the training script does not train through"
-    " trainyard.runtime.elastic_group (or failed before its first group formed), so no survivor holds the state"
-)
 
 
 class Supervisor(Driver):
@@ -248,14 +259,6 @@ class Supervisor(Driver):
             leaving=self._leaving(attempt, last.generation) if on_store else None,
         )
         return self._ungrouped(attempt, seen) if on_store else seen
-
-    def _ungrouped(self, attempt: int, seen: Observation) -> Observation:
-        """A failure of an attempt whose ranks never formed its first group on the store: nothing to regroup
-        (a script that does not use the elastic group trains in the launch's fixed world)."""
-        assert self.hooks.coordinator_for is not None
-        if isinstance(seen, AttemptFailed) and not self.hooks.coordinator_for(attempt).ready(1):
-            return replace(seen, ungrouped=UNGROUPED)
-        return seen
 
     def _leaving(self, attempt: int, generation: int) -> Callable[[], list[str]]:
         """The nodes that reported they leave generation ``generation`` on notice (SIGTERM)."""

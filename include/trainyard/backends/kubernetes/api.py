@@ -19,7 +19,7 @@ from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
 
-from trainyard.backends.kubernetes.names import selector
+from trainyard.backends.kubernetes.names import LABEL_NODE, label_value, selector, store_name
 from trainyard.backends.kubernetes.status import job_failure_reason
 
 T = TypeVar("T")
@@ -150,11 +150,24 @@ def _delete(api: ApiName, method: str, *args: Any, **kwargs: Any) -> Request:
 # ---------------------------------------------------------------- operations
 
 
-def look(namespace: str, name: str) -> Operation[tuple[list[Any], str | None]]:
-    """The attempt's pods and its Job's failure reason: what ``status.attempt_status`` reads."""
+STORE_LOST = "CoordinatorLost"
+"""An in-place attempt's coordinator pod is gone or ended: no group can form again, every node fails."""
+
+
+def look(namespace: str, name: str, in_place: bool = False) -> Operation[tuple[list[Any], str | None]]:
+    """The attempt's pods and its Job's failure reason: what ``status.attempt_status`` reads. ``in_place``:
+    no Job; the reason is ``STORE_LOST`` when the coordinator pod is not running (or pending)."""
     pods = yield list_pods(namespace, name)
-    reason = yield job_reason(namespace, name)
-    return pods, reason
+    if not in_place:
+        reason = yield job_reason(namespace, name)
+        return pods, reason
+    store = yield list_pods(namespace, store_name(name))
+    alive = [p for p in store if p.metadata.deletion_timestamp is None and _phase(p) in ("Pending", "Running")]
+    return pods, None if alive else STORE_LOST
+
+
+def _phase(pod: Any) -> str:
+    return (pod.status.phase if pod.status is not None else None) or "Pending"
 
 
 def create(namespace: str, job: Any, service: Any, podgroup: Mapping[str, Any] | None) -> Operation[list[str]]:
@@ -172,16 +185,77 @@ def create(namespace: str, job: Any, service: Any, podgroup: Mapping[str, Any] |
     return adopted + ([] if made else ["Job"])
 
 
-def delete(namespace: str, name: str, podgroup: bool) -> Operation[None]:
-    """Delete Job (with its pods), Service and PodGroup; anything already gone is fine.
+def delete(namespace: str, name: str, podgroup: bool, in_place: bool = False) -> Operation[None]:
+    """Delete Job (with its pods), Service and PodGroup; anything already gone is fine. ``in_place``: the
+    attempt's bare pods, its coordinator pod, store Service and keys' Secret instead of a Job and its Service.
 
     Foreground propagation keeps the Job visible, marked for deletion, until
     its pods are gone, so nobody mistakes a still-draining attempt for none.
     """
-    yield _delete("batch", "delete_namespaced_job", name, namespace, propagation_policy="Foreground")
-    yield _delete("core", "delete_namespaced_service", name, namespace)
+    if in_place:
+        yield from kill_pods(namespace, name, None)
+        store = store_name(name)
+        yield _delete("core", "delete_namespaced_pod", store, namespace, grace_period_seconds=0)
+        yield _delete("core", "delete_namespaced_service", store, namespace)
+        yield _delete("core", "delete_namespaced_secret", store, namespace)
+    else:
+        yield _delete("batch", "delete_namespaced_job", name, namespace, propagation_policy="Foreground")
+        yield _delete("core", "delete_namespaced_service", name, namespace)
     if podgroup:
         yield _delete(
             "custom", "delete_namespaced_custom_object", PODGROUP_GROUP, PODGROUP_VERSION, namespace, PODGROUP_PLURAL,
             name,
         )  # fmt: skip
+
+
+def create_in_place(namespace: str, objects: Any) -> Operation[list[str]]:
+    """An in-place attempt (``regroup.InPlaceObjects``): PodGroup, the keys' Secret, the store's Service and
+    pod, then the nodes' pods (which find both); None for a part not to create. Returns the kinds adopted (a launch interrupted half-way)."""
+    adopted = []
+    if objects.podgroup is not None:
+        made = yield _create(
+            "custom", "create_namespaced_custom_object", PODGROUP_GROUP, PODGROUP_VERSION, namespace, PODGROUP_PLURAL,
+            objects.podgroup,
+        )  # fmt: skip
+        adopted += [] if made else ["PodGroup"]
+    for kind, method, body in (
+        ("Secret", "create_namespaced_secret", objects.secret),
+        ("Service", "create_namespaced_service", objects.service),
+        ("Pod", "create_namespaced_pod", objects.coordinator),
+        *(("Pod", "create_namespaced_pod", pod) for pod in objects.pods),
+    ):
+        if body is None:  # served already (``KubernetesLauncher.serve_store``)
+            continue
+        made = yield _create("core", method, namespace, body)
+        adopted += [] if made else [kind]
+    return adopted
+
+
+def create_pod(namespace: str, pod: Any) -> Operation[bool]:
+    """One more pod in a running in-place attempt (a joiner); True if made."""
+    made = yield _create("core", "create_namespaced_pod", namespace, pod)
+    return bool(made)
+
+
+def kill_pods(namespace: str, name: str, nodes: list[str] | None) -> Operation[list[str]]:
+    """Delete now (no grace: a hung rank must close its sockets) the pods of attempt ``name`` on ``nodes``
+    (None: every node's); returns the pods deleted."""
+    pods = yield list_pods(namespace, name)
+    wanted = None if nodes is None else {label_value(n) for n in nodes}
+    gone = []
+    for pod in pods:
+        if wanted is None or (pod.metadata.labels or {}).get(LABEL_NODE) in wanted:
+            yield _delete("core", "delete_namespaced_pod", pod.metadata.name, namespace, grace_period_seconds=0)
+            gone.append(pod.metadata.name)
+    return gone
+
+
+def service_address(namespace: str, name: str, port: int) -> Request:
+    """``clusterIP:port`` of Service ``name`` (what the orchestrator dials on the pod network); None if gone."""
+    return Request(
+        "core",
+        "read_namespaced_service",
+        (name, namespace),
+        answer=lambda svc: f"{svc.spec.cluster_ip}:{port}" if svc.spec and svc.spec.cluster_ip else None,
+        settled={404: None},
+    )

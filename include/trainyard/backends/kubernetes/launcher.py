@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from kubernetes import client as k8s
@@ -23,11 +25,21 @@ from trainyard.atomic import write_text_atomic
 from trainyard.backends.base import AttemptStatus, LaunchPlan, NodeStatus
 from trainyard.backends.kubernetes import api
 from trainyard.backends.kubernetes.marks import label_evicted
-from trainyard.backends.kubernetes.names import object_name, rendezvous_endpoint
+from trainyard.backends.kubernetes.names import (
+    LABEL_NODE,
+    STORE_PORT,
+    label_value,
+    object_name,
+    rendezvous_endpoint,
+    store_endpoint,
+    store_name,
+)
 from trainyard.backends.kubernetes.objects import build_objects
 from trainyard.backends.kubernetes.paths import prepare_paths
 from trainyard.backends.kubernetes.pods import CONTAINER, token_account
+from trainyard.backends.kubernetes.regroup import build_in_place, node_pod
 from trainyard.backends.kubernetes.status import attempt_status, pod_message, pods_by_index
+from trainyard.backends.kubernetes.store import PodStore
 from trainyard.spec import KubernetesSpec
 
 log = logging.getLogger(__name__)
@@ -39,6 +51,8 @@ class KubernetesHandle:
     namespace: str
     name: str
     podgroup: bool
+    in_place: bool = False
+    """Bare pods per node and a coordinator pod (``regroup``), not a Job: nodes can leave and join."""
     logs: dict[int, str] = field(default_factory=dict)
     """Evidence file written per completion index, once its pod finished."""
 
@@ -69,27 +83,38 @@ class KubernetesLauncher:
         An object that already exists is adopted: names are derived from the plan,
         so it is this attempt's own, left by a launch interrupted half-way.
         """
-        objects = build_objects(plan, self.spec, self.account)
-        ns = self.spec.namespace
-        handle = KubernetesHandle(plan, ns, objects.name, podgroup=objects.podgroup is not None)
+        ns, in_place = self.spec.namespace, bool(plan.train_env.store)
+        handle = KubernetesHandle(plan, ns, object_name(plan), podgroup=self.spec.scheduler == "volcano",
+                                  in_place=in_place)  # fmt: skip
         plan.log_dir.mkdir(parents=True, exist_ok=True)
         if self.spec.hot_pvc:
             prepare_paths(plan)
         self.active.append(handle)
         try:
-            adopted = api.drive(self, api.create(ns, objects.job, objects.service, objects.podgroup))
+            if in_place:
+                self.serve_store(plan)  # served before the first generation was published: kept
+                whole = build_in_place(plan, self.spec, self.account)
+                nodes_only = replace(whole, coordinator=None, service=None, secret=None)
+                adopted = api.drive(self, api.create_in_place(ns, nodes_only))
+            else:
+                objects = build_objects(plan, self.spec, self.account)
+                adopted = api.drive(self, api.create(ns, objects.job, objects.service, objects.podgroup))
         except Exception:
             self.cancel(handle)  # leave nothing half-made behind
             raise
         for kind in adopted:
-            log.info("%s %s already exists; adopted it", kind, objects.name)
+            log.info("a %s of %s already exists; adopted it", kind, handle.name)
+        if in_place:
+            log.info("attempt %d: %d pod(s) in place, grouping on the store at %s",
+                     plan.attempt, len(plan.nodes), plan.train_env.store)  # fmt: skip
+            return handle
         log.info(
             "attempt %d: Job %s/%s with %d pod(s), rendezvous on %s",
             plan.attempt,
             ns,
-            objects.name,
+            handle.name,
             len(plan.nodes),
-            rendezvous_endpoint(objects.name, ns, self.spec.cluster_domain),
+            rendezvous_endpoint(handle.name, ns, self.spec.cluster_domain),
         )
         return handle
 
@@ -98,16 +123,18 @@ class KubernetesLauncher:
         name = object_name(plan)
         known = next((h for h in self.active if (h.namespace, h.name) == (self.spec.namespace, name)), None)
         if known is not None:
+            known.plan = plan  # in place, the group's nodes change while the attempt runs: the latest plan's
             return known
-        handle = KubernetesHandle(plan, self.spec.namespace, name, podgroup=self.spec.scheduler == "volcano")
+        handle = KubernetesHandle(plan, self.spec.namespace, name, podgroup=self.spec.scheduler == "volcano",
+                                  in_place=bool(plan.train_env.store))  # fmt: skip
         self.active.append(handle)
         return handle
 
     def poll(self, handle: KubernetesHandle) -> AttemptStatus:
-        pods, job_reason = api.drive(self, api.look(handle.namespace, handle.name))
+        pods, job_reason = api.drive(self, api.look(handle.namespace, handle.name, handle.in_place))
         now = time.time()  # one clock for every pod of this look
         best = pods_by_index(pods, handle.plan.nodes, now)
-        status = attempt_status([pod for pod, _ in best.values()], handle.plan.nodes, job_reason, now)
+        status = attempt_status([p for p, _ in best.values()], handle.plan.nodes, job_reason, now, handle.in_place)
         nodes = [self._with_evidence(handle, i, best.get(i, (None, None))[0], s) for i, s in enumerate(status.nodes)]
         return AttemptStatus(nodes)
 
@@ -133,8 +160,9 @@ class KubernetesLauncher:
         return f"{head}\n{text}" if text.endswith("\n") else f"{head}\n{text}\n"
 
     def cancel(self, handle: KubernetesHandle) -> None:
-        """Delete the attempt's Job (with its pods), Service and PodGroup (``api.delete``); safe to call twice."""
-        api.drive(self, api.delete(handle.namespace, handle.name, handle.podgroup))
+        """Delete the attempt's Job (with its pods), Service and PodGroup, or its in-place pods, store and keys
+        (``api.delete``); safe to call twice."""
+        api.drive(self, api.delete(handle.namespace, handle.name, handle.podgroup, handle.in_place))
         if handle in self.active:
             self.active.remove(handle)
 
@@ -149,3 +177,54 @@ class KubernetesLauncher:
     def cancel_all(self) -> None:
         for handle in list(self.active):
             self.cancel(handle)
+
+    # ------------------------------------------------------------ in place (a ``RegroupingLauncher``)
+
+    def kill_nodes(self, handle: KubernetesHandle, nodes: list[str]) -> None:
+        """Delete these nodes' pods with no grace (a hung rank must close its sockets); the others run on."""
+        gone = api.drive(self, api.kill_pods(handle.namespace, handle.name, nodes))
+        log.info("attempt %d: deleted %s", handle.plan.attempt, ", ".join(gone) or "no pod (gone already)")
+
+    def add_nodes(self, handle: KubernetesHandle, nodes: list[str]) -> None:
+        """A new pod for each of ``nodes`` in the running attempt, pinned to its host (a joiner: it waits on the
+        store); a node whose pod still runs is left alone (``kill_nodes`` it first)."""
+        pods = api.call(self, api.list_pods(handle.namespace, handle.name))
+        live = {
+            (p.metadata.labels or {}).get(LABEL_NODE)
+            for p in pods
+            if p.metadata.deletion_timestamp is None
+            and (p.status is None or p.status.phase in (None, "Pending", "Running"))
+        }
+        for node in nodes:
+            if label_value(node) in live:
+                continue
+            pod = node_pod(handle.plan, self.spec, node, self.account, fresh=True)
+            api.drive(self, api.create_pod(handle.namespace, pod))
+            log.info("attempt %d: pod %s for %s", handle.plan.attempt, pod.metadata.name, node)
+
+    def coordination_store(
+        self,
+        secrets_dir: Path,
+        nodes: list[str],
+        plan_for: Callable[[int], LaunchPlan],
+        on_refused: Callable[[int, str, str], None] | None = None,
+    ) -> PodStore:
+        """The stores of a run's in-place attempts: a coordinator pod each (``base.ServesStores``)."""
+        return PodStore(self, secrets_dir, nodes, plan_for, on_refused)
+
+    def store_endpoint(self, plan: LaunchPlan) -> str:
+        """``host:port`` the ranks of ``plan``'s attempt dial: its store's Service by DNS name."""
+        return store_endpoint(object_name(plan), self.spec.namespace, self.spec.cluster_domain)
+
+    def serve_store(self, plan: LaunchPlan) -> str:
+        """Make sure ``plan``'s attempt has its store (keys' Secret, Service, coordinator pod; kept if there) and
+        return the address this process dials: the Service's cluster IP (no cluster DNS needed here)."""
+        ns, name = self.spec.namespace, object_name(plan)
+        address = api.call(self, api.service_address(ns, store_name(name), STORE_PORT))
+        if address is None:
+            whole = build_in_place(replace(plan, nodes=[]), self.spec, self.account)
+            api.drive(self, api.create_in_place(ns, replace(whole, podgroup=None)))  # the store's objects only
+            address = api.call(self, api.service_address(ns, store_name(name), STORE_PORT))
+        if address is None:
+            raise RuntimeError(f"Service {ns}/{store_name(name)} has no cluster IP; in-place recovery needs one")
+        return address

@@ -19,6 +19,12 @@ LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_JOB = "trainyard.io/job"
 LABEL_RUN = "trainyard.io/run"
 LABEL_ATTEMPT = "trainyard.io/attempt"
+LABEL_NODE = "trainyard.io/node"
+"""An in-place pod's node (its host too: each is pinned to its own): its slot in the attempt's group."""
+NODE_ANNOTATION = "trainyard.io/node"
+"""An in-place pod's node by its exact name (the label's value may be shortened): its slot."""
+STORE_PORT = 29500
+"""Where an in-place attempt's coordinator pod serves the coordination store (its Service's port too)."""
 HOSTNAME_KEY = "kubernetes.io/hostname"
 # Pod hostnames are "<job>-<index>" and must fit a 63-character DNS label; an index
 # has at most 3 digits (nodes.count <= 512), and pod names add a 6-character suffix.
@@ -53,6 +59,16 @@ def label_value(text: str) -> str:
 def object_name(plan: LaunchPlan) -> str:
     """Name of the attempt's Job, Service and PodGroup: run id and attempt, unique per run folder."""
     return dns_label(f"{plan.run_id}-a{plan.attempt}", f"{plan.log_dir}|{plan.run_id}|{plan.attempt}", MAX_JOB_NAME)
+
+
+def store_name(name: str) -> str:
+    """The coordinator pod, its Service and the node keys' Secret of attempt ``name`` (a Job name is <= 52)."""
+    return f"{name}-store"
+
+
+def store_endpoint(name: str, namespace: str, cluster_domain: str = "cluster.local") -> str:
+    """``host:port`` the ranks of attempt ``name`` dial: its coordinator's ClusterIP Service, by DNS name."""
+    return f"{store_name(name)}.{namespace}.svc.{cluster_domain}:{STORE_PORT}"
 
 
 def rendezvous_endpoint(name: str, namespace: str, cluster_domain: str = "cluster.local") -> str:

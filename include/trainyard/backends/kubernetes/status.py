@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from trainyard.backends.base import AttemptStatus, NodeStatus
-from trainyard.backends.kubernetes.names import INDEX_ANNOTATION
+from trainyard.backends.kubernetes.names import INDEX_ANNOTATION, NODE_ANNOTATION
 from trainyard.backends.kubernetes.reasons import (
     FAILED_WAITING_REASONS,
     POD_FAILURE_REASONS,
@@ -28,8 +28,16 @@ CONTAINER = "trainer"
 _STATE_RANK = {"running": 0, "succeeded": 1, "failed": 2}
 
 
-def pod_index(pod: Any) -> int | None:
+PodDeleted = "PodDeleted"
+"""An in-place node whose pod is gone: the launcher made every one itself, so someone deleted it."""
+
+
+def pod_index(pod: Any, nodes: list[str] | None = None) -> int | None:
+    """The pod's slot: its node's place in ``nodes`` (an in-place pod, by its node), else its completion index."""
     meta = pod.metadata
+    node = (meta.annotations or {}).get(NODE_ANNOTATION)
+    if node is not None:
+        return nodes.index(node) if nodes is not None and node in nodes else None
     raw = (meta.annotations or {}).get(INDEX_ANNOTATION) or (meta.labels or {}).get(INDEX_ANNOTATION)
     return int(raw) if raw is not None and str(raw).isdigit() else None
 
@@ -144,7 +152,7 @@ def pods_by_index(pods: Iterable[Any], nodes: list[str], now: float | None = Non
     """The telling pod of each completion index: a failed one over a succeeded one over a running one."""
     best: dict[int, tuple[Any, NodeStatus]] = {}
     for pod in pods:
-        index = pod_index(pod)
+        index = pod_index(pod, nodes)
         if index is None or not 0 <= index < len(nodes):
             continue
         status = pod_node_status(pod, nodes[index], now)
@@ -167,16 +175,22 @@ def job_failure_reason(job: Any) -> str | None:
 
 
 def attempt_status(
-    pods: Iterable[Any], nodes: list[str], job_reason: str | None = None, now: float | None = None
+    pods: Iterable[Any],
+    nodes: list[str],
+    job_reason: str | None = None,
+    now: float | None = None,
+    in_place: bool = False,
 ) -> AttemptStatus:
     """Statuses in slot order (completion index); a slot without a pod yet is running (pending, no host).
+    ``in_place``: a slot without a pod has failed (``PodDeleted``): the launcher made each before it watched.
 
     ``job_reason`` (the Job failed, or is gone) fails every unfinished node, but
     only when no pod says why: the pod that failed first is the evidence, and
     the survivors the Job controller then kills are not to blame.
     """
     best = pods_by_index(pods, nodes, now)
-    statuses = [best[i][1] if i in best else NodeStatus(node, "running") for i, node in enumerate(nodes)]
+    missing = NodeStatus("", "failed", reason=PodDeleted) if in_place else NodeStatus("", "running")
+    statuses = [best[i][1] if i in best else replace(missing, slot=node) for i, node in enumerate(nodes)]
     if job_reason and not any(s.state == "failed" for s in statuses):
         statuses = [s if s.state == "succeeded" else replace(s, state="failed", reason=job_reason) for s in statuses]
     return AttemptStatus(statuses)
