@@ -190,9 +190,8 @@ def test_a_deferred_run_records_the_train_stage_as_a_blocking_one_does(fake: Fak
     with Kubelet(fake, NS, tmp_path / "kubelet", seed=SEED):
         result, seen = deferred_train(run)
     assert seen[-1] == "succeeded"
-    [path] = train_events(run, "recovery_path")  # the relaunch path, and why: in place is the default, not here yet
-    assert path["in_place"] is False
-    assert path["why_not"] == "the kubernetes backend relaunches (its nodes cannot change while an attempt runs)"
+    [path] = train_events(run, "recovery_path")  # these tests pin the relaunch path (run_with's in_place)
+    assert path["in_place"] is False and path["why_not"] == "recovery.in_place is false"
     recorded = [e["event"] for e in run.ledger.events("train") if e["event"] in STAGE_RECORD]
     assert recorded == ["stage_start", "resume_point", "recovery_path", "recovery_figures", "stage_end"]
     [end] = train_events(run, "stage_end")
