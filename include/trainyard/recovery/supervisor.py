@@ -70,7 +70,7 @@ class Hooks:
     """The hot checkpoints, for the policy."""
     progress_for: Callable[[LaunchPlan], ProgressLog] | None = None
     """Paces an attempt's progress lines in the task log (None: none logged)."""
-    store_address: Callable[[int], str] | None = None
+    store_address: Callable[[int], str | None] | None = None
     """Where this side reaches an attempt's store from any process (a trigger reads its fault counter
     there: a deferred task); None: only from this process."""
     coordinator_for: Callable[[int], Coordinator] | None = None
