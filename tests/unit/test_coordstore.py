@@ -118,6 +118,20 @@ def test_the_store_listens_on_loopback_only() -> None:
     assert store.get("hello") == b"1"
 
 
+def test_the_pressure_tests_store_listens_on_loopback_only_too() -> None:
+    """The burn-in store of a local run: the same ``backends.store.serve`` (issue 29 said so; now it is)."""
+    from trainyard.burnin.protocol import host_store
+
+    outside = _outside_address()
+    if outside is None:
+        pytest.skip("this host has no non-loopback IPv4 address to connect from")
+    store = host_store()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection((outside, store.port), timeout=5).close()
+    dist.TCPStore("127.0.0.1", store.port, is_master=False).set("hello", "1")
+    assert store.get("hello") == b"1"
+
+
 def test_the_supervisor_wakes_on_a_fault_report_of_its_generation_only() -> None:
     store, port = storehost.serve()
     coord, keys, _ = keyed(storehost.attempt_store(store, 1))

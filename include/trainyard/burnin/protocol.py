@@ -21,11 +21,11 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any, Protocol, get_args
 
 import torch.distributed as dist
 
+from trainyard.backends.store import serve
 from trainyard.burnin.figures import combine
 from trainyard.burnin.sealing import StoreTampered, seal, unseal
 from trainyard.burnin.verdict import Recheck
@@ -130,8 +130,9 @@ def pair_rounds(
 
 
 def host_store(host: str = "127.0.0.1") -> dist.TCPStore:
-    """The store candidates meet at, on a free port of ``host`` (0.0.0.0: reachable from pods)."""
-    return dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+    """The store candidates meet at, on a free port of ``host`` alone (``backends.store.serve``: torch's own
+    master would listen on every interface; 0.0.0.0, which pods need, is the backend's explicit choice)."""
+    return serve(host)[0]
 
 
 def _wait(store: dist.Store, key: str, node: Candidate, deadline: float) -> bool:

@@ -4,53 +4,21 @@ The keys and values are the wire's (``trainyard.protocol.coordstore``); this is 
 that owns the server, so the store outlives any node, and the secrets that make its values believable:
 one per attempt, drawn here and never handed out (``StoreHost``), from which each node's key is derived.
 
-The server listens only where it is told (loopback for local nodes): torch's TCPStore master binds every
-interface whatever host it is given, so ``serve`` binds the socket itself and hands the store the bound,
-listening descriptor. The port is the kernel's pick on that socket (port 0): no other process can take it
-between the pick and the listen.
+The server listens only where it is told (loopback for local nodes): ``backends.store.serve``, the one way
+the orchestrator hosts a store (``serve`` is re-exported here for the tests that host one by hand).
 """
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable
-from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from trainyard.backends.store import LOCAL_HOST, serve
 from trainyard.protocol.coordstore import Coordinator, attempt_prefix, node_keys
 from trainyard.protocol.sealing import new_secret
 
 if TYPE_CHECKING:
     from torch.distributed import Store, TCPStore
-
-LOCAL_HOST = "127.0.0.1"
-
-
-def serve(host: str = LOCAL_HOST, port: int = 0) -> tuple[TCPStore, int]:
-    """Host the store in the calling process (the supervisor's), listening on ``host`` only; the store and
-    the port it listens on.
-
-    It must outlive every node, so never call this in a training process.
-    """
-    from torch.distributed import TCPStore
-
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    listener = socket.create_server((host, port), family=family, backlog=128)
-    bound = listener.getsockname()[1]
-    try:
-        store = TCPStore(
-            host,
-            bound,
-            is_master=True,
-            wait_for_workers=False,
-            timeout=timedelta(seconds=30),
-            master_listen_fd=listener.fileno(),
-        )
-    except BaseException:
-        listener.close()
-        raise
-    listener.detach()  # the store owns the descriptor now: closing the Python socket would close its listener
-    return store, bound
 
 
 def attempt_store(store: Store, attempt: int) -> Store:
