@@ -1,6 +1,6 @@
 """In-place recovery on the kubernetes backend, deferred, against the fake API server with real pod processes.
 
-Each attempt has a coordinator pod serving its store (``trainyard.runtime.storeserve``) behind a ClusterIP
+Each attempt has a coordinator pod serving its store (``trainyard.backends.store``) behind a ClusterIP
 Service, and a bare pod per node pinned to its host; a warm spare's pod starts with the attempt. A pod dies
 (its container killed) or a host goes (``Kubelet.lose_node``): the deferred task wakes on the trigger's
 report, the survivors regroup with the spare as a joiner (the state broadcast to it), and the run finishes

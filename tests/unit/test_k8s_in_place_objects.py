@@ -97,7 +97,7 @@ def test_the_coordinator_serves_on_its_pod_ip_behind_a_cluster_ip_service_that_s
     store = store_name(objects.name)
     assert pod["metadata"]["name"] == store and service["metadata"]["name"] == store
     [c] = pod["spec"]["containers"]
-    assert c["command"] == ["python", "-m", "trainyard.runtime.storeserve", f"--port={STORE_PORT}"]
+    assert c["command"] == ["python", "-m", "trainyard.backends.store", f"--port={STORE_PORT}"]
     assert env_of(pod)["TRAINYARD_STORE_BIND"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
     assert c["securityContext"]["runAsNonRoot"] is True and c["securityContext"]["readOnlyRootFilesystem"] is True
     assert pod["spec"]["automountServiceAccountToken"] is False and "serviceAccountName" not in pod["spec"]

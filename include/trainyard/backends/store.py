@@ -6,13 +6,28 @@ the store the bound, listening descriptor (``master_listen_fd``). The port is th
 (port 0): no other process can take it between the pick and the listen. Both stores the orchestrator hosts
 use it: the pressure test's (``burnin.protocol``) and in-place recovery's (``recovery.storehost``); each
 backend says which address its nodes reach (``ProbeSite.bind``: loopback locally, every interface for pods).
+
+It is also the program of an in-place Kubernetes attempt's coordinator pod, ``python -m
+trainyard.backends.store --port N``: a deferred train task keeps no process (every wake is a new one), so the
+store the attempt's ranks regroup on is served by a pod of its own, from the trainer image, which no training
+pod's loss takes down. It holds no secret and decides nothing (every value is sealed with the orchestrator's
+per-node keys, so a forged one is refused by its reader) and listens on the pod's own IP only
+(``TRAINYARD_STORE_BIND``, the downward API's ``status.podIP``): the pod network, through the attempt's
+ClusterIP Service, never a host port. It runs until its pod is deleted with the attempt (SIGTERM: exit 0).
 """
 
 from __future__ import annotations
 
+import argparse
+import os
+import signal
 import socket
+import sys
+import threading
 from datetime import timedelta
 from typing import TYPE_CHECKING
+
+from trainyard.protocol.env import STORE_BIND_VARIABLE
 
 if TYPE_CHECKING:
     from torch.distributed import TCPStore
@@ -44,3 +59,27 @@ def serve(host: str = LOCAL_HOST, port: int = 0, timeout_s: float = 30.0) -> tup
         raise
     listener.detach()  # the store owns the descriptor now: closing the Python socket would close its listener
     return store, bound
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The coordinator pod: serve on ``$TRAINYARD_STORE_BIND:--port`` until SIGTERM."""
+    parser = argparse.ArgumentParser(prog="python -m trainyard.backends.store", description=__doc__)
+    parser.add_argument("--port", type=int, required=True, help="the port to listen on (the Service's target)")
+    args = parser.parse_args(argv)
+    host = os.environ.get(STORE_BIND_VARIABLE, "").strip()
+    if not host:
+        print(f"{STORE_BIND_VARIABLE} is not set: the pod's IP (downward API status.podIP)", file=sys.stderr)
+        return 2
+    store, _ = serve(host, args.port)
+    print(f"coordination store on {host}:{args.port}", flush=True)
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    signal.signal(signal.SIGINT, lambda *_: done.set())
+    while not done.wait(1.0):  # a bounded wait: the signal handler runs between them
+        pass
+    del store
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

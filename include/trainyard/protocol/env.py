@@ -24,7 +24,7 @@ from trainyard.protocol.sealing import KEY_PATTERN
 
 Access = Literal["read", "write"]
 NODE_VARIABLES = ("TRAINYARD_NODE", "TRAINYARD_HOST")
-STORE_BIND_VARIABLE = "TRAINYARD_STORE_BIND"  # a coordinator pod's own IP, where it serves the store (storeserve)
+STORE_BIND_VARIABLE = "TRAINYARD_STORE_BIND"  # a coordinator pod's own IP, where it serves the store (backends.store)
 """Set per node by the launcher (``for_node``), not in the plan: the rest is the same on every node."""
 _SEE = "the trainyard launcher sets it (see trainyard.protocol.env)"
 

@@ -13,7 +13,7 @@ deletes itself (``api.kill_pods``, ``api.create_pod``), and a Job controller nev
   for its ``procs_per_node`` ranks: the pod is the unit (any rank failing ends it), and no rendezvous ties it
   to another pod, so any pod can go and the others run on. A replacement (a joiner, a node started again)
   is the same pod with a new name.
-- The coordinator pod (``coordinator_pod``) serves the store (``trainyard.runtime.storeserve``) from the
+- The coordinator pod (``coordinator_pod``) serves the store (``trainyard.backends.store``) from the
   trainer image, on its pod IP; ``store_service`` (ClusterIP) gives it a stable address on the pod network.
   It holds no secret: every value is sealed with the orchestrator's keys, and a forged one is refused.
 - ``key_secret``: each node's key (``coordstore.node_keys``; the attempt's secret stays with the
@@ -119,7 +119,7 @@ def coordinator_pod(plan: LaunchPlan, spec: KubernetesSpec) -> k8s.V1Pod:
     container = k8s.V1Container(
         name="store",
         image=spec.image,
-        command=["python", "-m", "trainyard.runtime.storeserve", f"--port={STORE_PORT}"],
+        command=["python", "-m", "trainyard.backends.store", f"--port={STORE_PORT}"],
         env=[
             k8s.V1EnvVar(
                 name=STORE_BIND_VARIABLE,
