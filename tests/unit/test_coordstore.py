@@ -148,6 +148,29 @@ def test_the_supervisor_wakes_on_a_fault_report_of_its_generation_only() -> None
     assert not coord.wait_fault(2, timeout_s=0.1)  # an older generation's report does not wake a newer one
 
 
+def test_a_notice_given_while_the_next_generation_is_published_is_read_in_that_generation() -> None:
+    """The race of a notice with growth: node-1 reports that it leaves generation 1 just as the supervisor
+    publishes generation 2, which still lists it (a spare joins). node-1 will never form 2; the supervisor,
+    watching 2 by then, must read it as leaving 2 (and wake on it), not wait for it to form 2."""
+    store = dist.HashStore()
+    coord, keys, _ = keyed(store)
+    coord.publish(Generation(1, ["node-0", "node-1"], 3))
+    assert not coord.wait_fault(1, timeout_s=0.0) and coord.leaving(1) == []
+    coord.publish(Generation(2, ["node-0", "node-1", "node-2"], 2, joiners=["node-2"]))
+    assert not coord.wait_fault(2, timeout_s=0.0)  # looked once before the report: the report must wake it
+    coordstore.report_leave(store, "node-1", keys["node-1"], 1)
+    assert coord.wait_fault(2, timeout_s=1.0)
+    assert coord.leaving(2) == ["node-1"]
+    # The regroup without it: generation 3 does not list node-1, whose old report now means nothing.
+    coord.publish(Generation(3, ["node-0", "node-2"], 3))
+    assert coord.leaving(3) == [] and not coord.wait_fault(3, timeout_s=0.0)
+    # Started again, it rejoins in 4 (having left 1): that report is no notice to leave 4, nor is one of 2
+    # by a node that was not in 3.
+    coord.publish(Generation(4, ["node-0", "node-1", "node-2"], 2, joiners=["node-1"]))
+    coordstore.report_leave(store, "node-3", keys["node-3"], 3)
+    assert coord.leaving(4) == []
+
+
 def test_spares_announce_themselves_and_are_forgotten_once_listed_and_formed_follows_the_newest() -> None:
     store = dist.HashStore()
     coord, keys, _ = keyed(store)

@@ -362,18 +362,23 @@ class Coordinator:
         return g in self._faulted_gens
 
     def leaving(self, g: int) -> list[str]:
-        """The nodes that reported (authentically) that they leave generation ``g`` on notice."""
+        """The nodes that reported (authentically) that they leave generation ``g`` on notice: a report of ``g``,
+        or of ``g - 1`` by a member of ``g``, who was given notice while ``g`` was being published (it left
+        ``g - 1`` and will never form ``g``; a node that left ``g - 1`` before is not listed in ``g``)."""
         self._look(g)
         return list(self._leavers.get(g, []))
 
     def _look(self, g: int) -> None:
-        """Read ``g``'s fault and leave reports if ``faulted/<g>`` moved since the last look: asked at every poll
-        of the supervisor, it costs one round trip, and a count anyone adds to costs a read, never a loop."""
-        count = peek(self.store, faulted_key(g))
-        if count is None or self._looked.get(g) == count:
+        """Read ``g``'s fault and leave reports if ``faulted/<g>`` or ``faulted/<g - 1>`` (a leave reported while
+        ``g`` was published) moved since the last look: asked at every poll of the supervisor, it costs two
+        round trips, and a count anyone adds to costs a read, never a loop."""
+        count = b"/".join(peek(self.store, faulted_key(h)) or b"" for h in (g, g - 1) if h >= 1)
+        if count.strip(b"/") == b"" or self._looked.get(g) == count:
             return
         self._looked[g] = count
-        self._leavers[g] = [node for node in self.keys if self._read(leave_key(node), node, _count) == g]
+        members = self.generation.members if self.generation is not None and self.generation.number == g else []
+        reports = {node: self._read(leave_key(node), node, _count) for node in self.keys}
+        self._leavers[g] = [n for n, r in reports.items() if r == g or (r == g - 1 and n in members)]
         if self._leavers[g] or any(record.generation == g for record in self.fault_records().values()):
             self._faulted_gens.add(g)
 
