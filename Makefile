@@ -25,7 +25,9 @@ help:
 	@echo "make airflow  - Airflow UI on http://127.0.0.1:8080 with the project's DAGs"
 	@echo "make bench    - benchmarks, results in bench/results/"
 
-# The venv is rebuilt when the pinned requirements change.
+# The venv is rebuilt when the pinned requirements change. pip compiles every module up front: where
+# PYTHONDONTWRITEBYTECODE is set (as on this project's machines) nothing compiled later is kept, and each process
+# would compile Airflow and torch again.
 $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "installing pinned requirements into $(VENV) (log: $(VENV)/pip.log)"
@@ -83,8 +85,11 @@ lint: venv
 
 # Lint first: a type error fails CI in a minute, not after the suite.
 # Two workers, a test file each at a time, then the tests marked `alone` (they measure the machine) by themselves.
+# Files go in their order (--no-loadscope-reorder): the long integration files start first and the many short unit
+# files fill in at the end; xdist's default starts the files with the most tests first, which left the longest
+# single test (backfill, ~3.5 min) for last, beside an idle worker.
 test: venv lint browser postgres
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=15 -n 2 --dist loadfile -m "not alone" tests
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=15 -n 2 --dist loadfile --no-loadscope-reorder -m "not alone" tests
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=5 -m alone tests
 
 test-unit: venv
