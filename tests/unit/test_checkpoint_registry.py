@@ -23,6 +23,38 @@ def judge(path: Path, after: int | None):
     return validate(path, after_step=after)
 
 
+def test_the_watcher_and_the_inspector_it_starts_yield_the_cpu_to_training(tmp_path: Path) -> None:
+    """On the local backend the watcher shares the ranks' cores: its judging (hashes, the tensors' inspector,
+    the cold copy) runs at a lower CPU priority than the process that trains or supervises."""
+    import threading
+    import time
+
+    from trainyard.checkpoint.validate import inspector
+
+    root, ledger = tmp_path / "ckpt", Ledger.in_dir(tmp_path)
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    seen: list[tuple[int, int]] = []
+
+    def judging(path: Path, after: int | None):
+        result = validate(path, after_step=after)
+        server = inspector().proc
+        assert server is not None
+        seen.append((os.getpriority(os.PRIO_PROCESS, threading.get_native_id()),
+                     os.getpriority(os.PRIO_PROCESS, server.pid)))  # fmt: skip
+        return result
+
+    with registry.Watcher(root, judging, ledger, keep=2, poll_s=0.05):
+        save(root, 10)
+        deadline = time.monotonic() + 30
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert seen, "the watcher never judged the checkpoint"
+    thread, server = seen[0]
+    assert thread == min(19, mine + registry.BACKGROUND_NICE)
+    assert server >= thread  # inherited from the thread that started it, and its own nice +10 on top
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine  # the caller's thread is untouched
+
+
 def test_watcher_promotes_quarantines_and_retains(tmp_path: Path) -> None:
     root, ledger = tmp_path / "ckpt", Ledger.in_dir(tmp_path)
     uploaded: list[str] = []

@@ -264,8 +264,24 @@ def _rmdir_at(ckpt: Path, folder: PurePosixPath) -> None:
         os.close(fd)
 
 
+BACKGROUND_NICE = 10
+"""How much lower the watcher thread's CPU priority is than the process's. On the local backend it shares the
+ranks' cores: a save's hashing, promotion and cold copy can wait a moment, a step cannot (every rank's step
+waits for the slowest rank's)."""
+
+
+def yield_cpu(by: int = BACKGROUND_NICE) -> None:
+    """Lower the calling thread's CPU priority by ``by`` (Linux: a thread's nice value is its own)."""
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + by))
+    except (OSError, AttributeError):
+        pass  # no per-thread priority here: the thread runs as before
+
+
 class Watcher:
-    """Validates each new checkpoint as soon as its manifest appears, on a background thread.
+    """Validates each new checkpoint as soon as its manifest appears, on a background thread (at a lower CPU
+    priority than training: ``yield_cpu``).
 
     ``validate(path, after_step)`` does the checking; valid checkpoints are
     promoted (and handed to ``on_valid``, e.g. to copy to the cold tier),
@@ -315,6 +331,7 @@ class Watcher:
         self.sweep()  # a checkpoint written in the last instant is judged too
 
     def _loop(self) -> None:
+        yield_cpu()
         while not self._stop.wait(self.poll_s):
             try:
                 self.sweep()

@@ -21,6 +21,7 @@ metadata, then sized by what the metadata says must be read (``_limit``).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import io
 import json
@@ -174,6 +175,7 @@ def tensor_problems(ckpt_dir: Path, bounded: bool = False) -> list[str]:
 # issue 29): its 20 kB metadata loads in 0.005 s of CPU and no new memory; the entries take 1.5 s of CPU
 # per GB and twice the largest entry in memory. The limits leave 20x that (a metadata of 100,000 chunks
 # stays within them too), and room for torch's threads (a stack and a malloc arena each) on many cores.
+INSPECT_NICE = 10  # the same as the checkpoint watcher's (registry.BACKGROUND_NICE)
 METADATA_CPU_S = 30
 METADATA_MEMORY = 1 << 30
 ENTRIES_CPU_S = 60
@@ -235,8 +237,13 @@ def inspect(ckpt_dir: Path, bounded: bool = False) -> list[str]:
 
 
 def serve() -> int:
-    """Answer each checkpoint folder read from stdin (one per line) with one JSON line, each from a fresh fork."""
+    """Answer each checkpoint folder read from stdin (one per line) with one JSON line, each from a fresh fork.
+
+    At a lower CPU priority than its caller (nice +10; its forks inherit it): beside a training run on the
+    local backend, a save's check can wait a moment, the ranks' steps cannot."""
     _no_writes()
+    with contextlib.suppress(OSError):
+        os.nice(INSPECT_NICE)
     for line in sys.stdin.buffer:
         answer = _in_fork(Path(line.decode("utf-8", "replace").rstrip("\n")))
         sys.stdout.write(json.dumps(answer) + "\n")
