@@ -34,7 +34,9 @@ KILL_AT2 = 9
 WAIT_S = 60.0
 
 
-def _start(node: str, port: int, key: str, root: Path, drills: list[dict[str, object]]) -> subprocess.Popen[str]:
+def _start(
+    node: str, port: int, key: str, root: Path, drills: list[dict[str, object]], **overrides: str
+) -> subprocess.Popen[str]:
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
@@ -50,6 +52,7 @@ def _start(node: str, port: int, key: str, root: Path, drills: list[dict[str, ob
         "TRAINYARD_CHECKPOINT_ASYNC": "1",  # a save in flight at the fault: its group goes to the graveyard
         "TRAINYARD_COLLECTIVE_TIMEOUT_S": "20",
         "TRAINYARD_DRILLS": json.dumps(drills),
+        **overrides,
     }
     cmd = [sys.executable, "-m", "trainyard.workload", *MODEL_ARGS]
     with open(root / f"{node}.log", "w") as log:  # the child keeps its own copy of the descriptor
@@ -167,3 +170,35 @@ def test_every_survivor_fails_at_once_not_after_the_collective_timeout(root: Pat
     finally:
         _kill_left(procs)
     assert len({_finished(root, node) for node in survivors}) == 1
+
+
+def test_a_generation_superseded_before_it_formed_is_given_up_for_the_newer_one(root: Path) -> None:
+    """Growth meets a notice: the supervisor publishes generation 2 listing node-2, which will never form it (it
+    was given notice while 2 was published, and left). The members leave 1 at a step boundary and wait to form
+    2; once the supervisor publishes 3 without node-2, they form 3 at once, not after the collective timeout
+    (20 s here) in the rendezvous of 2, and train on to the end from the step they had reached."""
+    store, port = storehost.serve()
+    nodes = ["node-0", "node-1"]
+    keys = node_keys(new_secret(), [*nodes, "node-2"])
+    coord = Coordinator(storehost.attempt_store(store, 1), keys)
+    coord.publish(Generation(1, nodes, micro_batch=2))  # global batch 12: accumulation 3
+    steps = {"TRAINYARD_MAX_STEPS": "400", "TRAINYARD_CHECKPOINT_EVERY": "100"}
+    procs = {n: _start(n, port, keys[n], root, [], **steps) for n in nodes}
+    try:
+        assert coord.wait_ready(1, nodes, timeout_s=WAIT_S)
+        coord.publish(Generation(2, [*nodes, "node-2"], micro_batch=2))
+        _wait_for("both to leave generation 1", lambda: all(
+            "the world grows to generation 2" in (root / f"{n}.log").read_text() for n in nodes), procs, root)  # fmt: skip
+        time.sleep(1.0)  # waiting to form 2, for node-2
+        began = time.monotonic()
+        coord.publish(Generation(3, nodes, micro_batch=2))
+        assert coord.wait_ready(3, nodes, timeout_s=WAIT_S)
+        formed_in = time.monotonic() - began
+        _exit_cleanly(procs, nodes, root)
+    finally:
+        _kill_left(procs)
+    assert formed_in < 10.0, f"generation 3 formed {formed_in:.1f}s after it was published"
+    assert not coord.ready(2)  # nobody formed 2
+    assert _formed(root, "node-0", 3) == _formed(root, "node-1", 3)
+    assert _formed(root, "node-0", 3)[0] > 0  # they went on from where they were, not from the start
+    assert _finished(root, "node-0") == _finished(root, "node-1") and _finished(root, "node-0")[0] == 400

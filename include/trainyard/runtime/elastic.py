@@ -65,6 +65,17 @@ from trainyard.runtime.collectives import is_collective_error  # noqa: F401  (it
 
 log = logging.getLogger("trainyard.workload")
 
+GATHER_POLL_S = 0.02  # a generation's ranks wait this long at most for the last one to arrive (see ``_gather``)
+
+
+class Superseded(Exception):
+    """The supervisor published a newer generation before every rank of the one being formed arrived."""
+
+    def __init__(self, number: int):
+        self.number = number
+        super().__init__(f"generation {number} was published before this one formed")
+
+
 DEFAULT_COLLECTIVE_TIMEOUT_S = 10.0
 DEFAULT_REGROUP_TIMEOUT_S = 120.0
 
@@ -253,12 +264,30 @@ class Membership:
         rank = self.rank_in(gen)
         if rank is None:
             raise ValueError(f"generation {gen.number} does not list {self.node}: {gen.members}")
+        self._gather(gen, rank)
         prefix = dist.PrefixStore(f"g{gen.number}/pg", self.store)
         group_plan = collectives.form(prefix, rank, self.world(gen), self.collective_timeout_s, device.current())
         self.backend = group_plan.backend
         self.watch = collectives.watch(group_plan, gen, self._newest, coordstore.POLL_S)
         self.generation, self.formed = gen, self.formed + 1
         return rank
+
+    def _gather(self, gen: Generation, rank: int) -> None:
+        """Wait until every rank of ``gen`` arrived to form it, or raise ``Superseded`` once the supervisor
+        publishes a newer generation first: a member it listed will not come (given notice while ``gen`` was
+        published, it left), and gloo's or NCCL's own rendezvous would wait the whole collective timeout for it.
+        An arrival is a plain key: a forged one only lets the ranks on into that rendezvous, as before."""
+        arrived = [f"g{gen.number}/arrived/{r}" for r in range(self.world(gen))]
+        self.store.set(arrived[rank], "1")
+        deadline = time.monotonic() + self.collective_timeout_s
+        try:
+            while not self.store.check(arrived) and time.monotonic() < deadline:
+                newest = self._newest()
+                if newest is not None and newest.number > gen.number:
+                    raise Superseded(newest.number)
+                time.sleep(GATHER_POLL_S)
+        except (RuntimeError, dist.DistError) as exc:
+            raise TrainingFailed(f"lost the coordination store while forming a group: {exc}", kind="transient") from exc
 
     def on_fault(self, exc: BaseException, keep: list[Any] | None = None) -> None:
         """Report the failed collective, bury ``keep`` (groups a thread may use) and destroy the broken group.

@@ -68,7 +68,7 @@ from trainyard.protocol.coordstore import Generation
 from trainyard.runtime import process
 from trainyard.runtime.checkpoints import Checkpointer, load_latest
 from trainyard.runtime.device import local_ranks
-from trainyard.runtime.elastic import Membership, is_collective_error
+from trainyard.runtime.elastic import Membership, Superseded, is_collective_error
 from trainyard.runtime.progress import regrouped, regrouping
 
 log = logging.getLogger("trainyard.workload")
@@ -237,20 +237,30 @@ class InPlaceGroup(ElasticGroup):
             log.info("%s: finished at step %d in generation %d, params %s",
                      node, self.step, self.number, params_digest(self.model))  # fmt: skip
             return False
-        if gen is None:
+        if gen is None or not self._join(gen):
             self.left_out = True
             return False
-        self._join(gen)
         return True
 
-    def _join(self, gen: Generation) -> None:
-        """Form ``gen``'s group, wrap the model and agree on the committed step (sending the state behind)."""
+    def _join(self, gen: Generation) -> bool:
+        """Form ``gen``'s group, wrap the model and agree on the committed step (sending the state behind).
+        False if the generation that superseded ``gen`` before it formed leaves this node out."""
         ctx, member = self.ctx, self.membership
         self._training = True  # notice from here on waits for a step boundary
-        self.rank = member.form(gen)
+        while True:
+            try:
+                self.rank = member.form(gen)
+                break
+            except Superseded as newer:
+                log.info("%s: %s; forming the newest instead", ctx.node, newer)
+                later = member.next_generation()
+                if later is None:
+                    log.info("%s: left out of generation %d; exiting", ctx.node, newer.number)
+                    return False
+                gen = later
         self.number, self.world_size, self.micro_batch = gen.number, member.world(gen), gen.micro_batch
         self.model = self.wrap()  # DDP broadcasts rank 0's parameters: rank 0 is a survivor (see sync_state)
-        if gen.number == self._first == 1:
+        if self._first == 1 and member.formed == 1 and ctx.node not in gen.joiners:  # the attempt's first group
             self.step = load_latest(self.state, ctx=ctx)
         elif ctx.node in gen.joiners:
             self.step = -1
@@ -262,6 +272,7 @@ class InPlaceGroup(ElasticGroup):
         log.info("%s: generation %d, rank %d of %d, micro batch %d, from step %d, params %s%s", ctx.node, gen.number,
                  self.rank, self.world_size, gen.micro_batch, self.step, params_digest(self.model), since)  # fmt: skip
         self._word = 0
+        return True
 
     def steps(self) -> Iterator[int]:
         for step in range(self.step + 1, self.ctx.max_steps + 1):
