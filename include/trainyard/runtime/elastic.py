@@ -73,7 +73,7 @@ class Superseded(Exception):
 
     def __init__(self, number: int):
         self.number = number
-        super().__init__(f"generation {number} was published before this one formed")
+        super().__init__(f"a generation newer than {number} was published before {number} formed")
 
 
 DEFAULT_COLLECTIVE_TIMEOUT_S = 10.0
@@ -276,16 +276,28 @@ class Membership:
         """Wait until every rank of ``gen`` arrived to form it, or raise ``Superseded`` once the supervisor
         publishes a newer generation first: a member it listed will not come (given notice while ``gen`` was
         published, it left), and gloo's or NCCL's own rendezvous would wait the whole collective timeout for it.
-        An arrival is a plain key: a forged one only lets the ranks on into that rendezvous, as before."""
+
+        Every rank must make the same choice, or some would wait in the rendezvous for one that left: the first
+        word on ``g<n>/fate`` (one atomic ``compare_set``) decides for all -- "go" from a rank that saw every
+        arrival, "abandon" from one that saw a newer generation first. An arrival is a plain key: a forged one
+        only lets the ranks on into that rendezvous, as before."""
         arrived = [f"g{gen.number}/arrived/{r}" for r in range(self.world(gen))]
-        self.store.set(arrived[rank], "1")
         deadline = time.monotonic() + self.collective_timeout_s
         try:
-            while not self.store.check(arrived) and time.monotonic() < deadline:
-                newest = self._newest()
-                if newest is not None and newest.number > gen.number:
-                    raise Superseded(newest.number)
-                time.sleep(GATHER_POLL_S)
+            self.store.set(arrived[rank], "1")
+            while True:
+                if self.store.check(arrived):
+                    want = "go"
+                elif (newest := self._newest()) is not None and newest.number > gen.number:
+                    want = "abandon"
+                elif time.monotonic() >= deadline:
+                    return  # the group's own rendezvous times out and reports, as before
+                else:
+                    time.sleep(GATHER_POLL_S)
+                    continue
+                if self.store.compare_set(f"g{gen.number}/fate", "", want) == b"abandon":
+                    raise Superseded(gen.number)
+                return
         except (RuntimeError, dist.DistError) as exc:
             raise TrainingFailed(f"lost the coordination store while forming a group: {exc}", kind="transient") from exc
 

@@ -255,7 +255,7 @@ class InPlaceGroup(ElasticGroup):
                 log.info("%s: %s; forming the newest instead", ctx.node, newer)
                 later = member.next_generation()
                 if later is None:
-                    log.info("%s: left out of generation %d; exiting", ctx.node, newer.number)
+                    log.info("%s: left out of the generation after %d; exiting", ctx.node, newer.number)
                     return False
                 gen = later
         self.number, self.world_size, self.micro_batch = gen.number, member.world(gen), gen.micro_batch
