@@ -36,8 +36,11 @@ def main() -> None:
 def train(ctx: runtime.RunContext) -> None:
     torch.manual_seed(ctx.seed)
     module = torch.nn.Linear(1, 1)
-    optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
-    state = {"model": module, "optimizer": optimizer}  # what a resume loads and a joiner receives
+    optimizer = torch.optim.AdamW(module.parameters(), lr=0.05)
+    # What a resume loads and a joiner receives. The runtime saves the optimizer's state by parameter name
+    # (get_state_dict/set_state_dict), so AdamW resumes with its moments; runtime.TrainState(module, optimizer)
+    # is the same, explicit.
+    state = {"model": module, "optimizer": optimizer}
     group = runtime.elastic_group(ctx, state, wrap=lambda: DDP(module))
     checkpoints = runtime.Checkpointer(ctx)
     loss = 0.0

@@ -5,6 +5,7 @@ drill: a script need not act out trainyard's drills."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -90,7 +91,10 @@ def test_a_script_that_trains_through_the_elastic_group_regroups_in_place(tmp_pa
 
 
 # The README's "Bring your own training script" loop: trainyard's helpers, torch's own world, no elastic group.
+# AdamW, handed over bare beside its model: the runtime saves and resumes its moments. Rank 0 writes the moments
+# it saved at each checkpoint and those it resumed with, and its first loss after a resume.
 FIXED_WORLD = """
+import json, pathlib
 import torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from trainyard import runtime
@@ -98,9 +102,22 @@ from trainyard import runtime
 ctx = runtime.context()
 dist.init_process_group("gloo")  # env://: the launch's RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
 module = torch.nn.Linear(1, 1)
-optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
+optimizer = torch.optim.AdamW(module.parameters(), lr=0.01)
 state = {"model": module, "optimizer": optimizer}
 start = runtime.load_latest(state, ctx=ctx)
+out = pathlib.Path(ctx.checkpoint_dir) / "moments"
+
+def record(name, value):
+    if dist.get_rank() == 0:
+        out.mkdir(exist_ok=True)
+        (out / f"{name}.json").write_text(json.dumps(value))
+
+def moments():
+    kept = [optimizer.state.get(p, {}) for p in module.parameters()]
+    return [[s[k].reshape(-1).tolist() for k in ("exp_avg", "exp_avg_sq")] if s else [] for s in kept]
+
+if start:
+    record(f"resumed-{start}", moments())
 model = DDP(module)
 checkpoints = runtime.Checkpointer(ctx)
 for step in range(start + 1, ctx.max_steps + 1):
@@ -110,8 +127,12 @@ for step in range(start + 1, ctx.max_steps + 1):
     loss.backward()
     optimizer.step()
     runtime.heartbeat(step, {"loss": loss.item()})
+    if start and step == start + 1:
+        record("first-loss", loss.item())
     if ctx.should_checkpoint(step):
         checkpoints.save(step, state, {"loss": loss.item()})
+        record(f"saved-{step}", moments())
+        record(f"loss-{step}", loss.item())
 checkpoints.close()
 runtime.finish(ctx.max_steps, {"loss": loss.item()})
 del model
@@ -134,3 +155,10 @@ def test_a_script_without_the_elastic_group_is_relaunched_and_the_run_says_why(t
     assert "relaunch, not in place: its ranks never formed a group" in decision["reason"]
     [resumed] = [e for e in run.ledger.events("train", "resumed") if e.get("step")]
     assert resumed["step"] >= 400
+    # AdamW resumed with the moments it saved (a bare optimizer's state_dict() would have resumed none), and
+    # its loss goes on from where the checkpoint left it.
+    moments = run.checkpoint_root / "moments"
+    saved = json.loads((moments / f"saved-{resumed['step']}.json").read_text())
+    assert saved and all(saved) and json.loads((moments / f"resumed-{resumed['step']}.json").read_text()) == saved
+    checkpoint_loss = json.loads((moments / f"loss-{resumed['step']}.json").read_text())
+    assert json.loads((moments / "first-loss.json").read_text()) < 3 * checkpoint_loss + 1e-6

@@ -94,11 +94,13 @@ from trainyard.runtime.failures import record_failure
 from trainyard.runtime.group import ElasticGroup, elastic_group
 from trainyard.runtime.process import RunContext, context, rank, share_with_group, world_size
 from trainyard.runtime.progress import finish, flush_progress, heartbeat, regrouped
+from trainyard.runtime.state import TrainState
 
 __all__ = [
     "Checkpointer",
     "ElasticGroup",
     "RunContext",
+    "TrainState",
     "context",
     "elastic_group",
     "finish",

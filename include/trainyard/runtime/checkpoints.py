@@ -26,6 +26,7 @@ from trainyard.checkpoint import format as ckpt_format
 from trainyard.errors import CheckpointInvalid
 from trainyard.runtime.process import RunContext, context, ledger_event, on_rank0, rank, world_size
 from trainyard.runtime.progress import flush_progress, write_heartbeat
+from trainyard.runtime.state import stateful
 
 log = logging.getLogger("trainyard.workload")
 
@@ -52,7 +53,7 @@ def save_checkpoint(
     flush_progress(ctx)  # the steps up to a checkpoint are in the ledger before it is
     write_heartbeat(ctx, step, metrics, "saving")  # a long save must not look like a hang
     staging = on_rank0(lambda: ckpt_format.prepare_staging(ctx.checkpoint_dir, step))
-    dcp.save(state_dict, checkpoint_id=staging)
+    dcp.save(stateful(state_dict), checkpoint_id=staging)
     if dist.is_initialized():
         dist.barrier()  # every rank's files are on disk before rank 0 hashes them
     return on_rank0(_committer(ctx, staging, step, metrics, micro_batch, started))
@@ -135,7 +136,7 @@ class Checkpointer:
             )
             self._group = dist.new_group(backend="gloo") if dist.is_initialized() else None
         staging = on_rank0(lambda: ckpt_format.prepare_staging(self.ctx.checkpoint_dir, step))
-        plain = {k: v.state_dict() if isinstance(v, Stateful) else v for k, v in state_dict.items()}
+        plain = {k: v.state_dict() if isinstance(v, Stateful) else v for k, v in stateful(state_dict).items()}
         copy = self._stager.stage(plain)
         commit = _committer(self.ctx, staging, step, metrics, micro_batch, started)
         blocked_s = time.monotonic() - started
@@ -248,7 +249,7 @@ def load_latest(state_dict: dict[str, Any], *, ctx: RunContext | None = None) ->
         return 0
     path, manifest = chosen
     started = time.monotonic()
-    dcp.load(state_dict, checkpoint_id=path)
+    dcp.load(stateful(state_dict), checkpoint_id=path)
     step = int(manifest["step"])
     if rank() == 0:
         log.info("resumed from %s at step %d (saved on %d ranks)", path, step, manifest["world_size"])

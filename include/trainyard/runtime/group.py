@@ -70,6 +70,7 @@ from trainyard.runtime.checkpoints import Checkpointer, load_latest
 from trainyard.runtime.device import local_ranks
 from trainyard.runtime.elastic import Membership, Superseded, is_collective_error
 from trainyard.runtime.progress import regrouped, regrouping
+from trainyard.runtime.state import stateful
 
 log = logging.getLogger("trainyard.workload")
 SPARE_WAIT_S = 24 * 3600.0  # a node not yet listed is a spare: it waits until used or killed with the attempt
@@ -104,7 +105,7 @@ class ElasticGroup:
     in_place = False
 
     def __init__(self, ctx: process.RunContext, state: dict[str, Stateful], wrap: Callable[[], torch.nn.Module]):
-        self.ctx, self.state, self.wrap = ctx, state, wrap
+        self.ctx, self.state, self.wrap = ctx, stateful(state), wrap  # a bare optimizer keeps its moments
         self.model: Any = None
         self.step = 0
         self.number = 0

@@ -55,8 +55,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.distributed.checkpoint.stateful import Stateful
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainyard import runtime
@@ -83,30 +81,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--grad-clip", type=float, default=1.0, help="max global grad norm (0: off)")
     return p.parse_args(argv)
-
-
-class ModelState(Stateful):
-    """Model + optimizer as one DCP ``Stateful``, over the bare module (the wrapper belongs to a group).
-
-    ``get_state_dict`` keys the optimizer state by parameter name (not by
-    position), the same names with or without DDP's ``module.`` prefix, so a
-    checkpoint is independent of the wrapper and the world size. DCP calls ``state_dict()``
-    only when it saves or loads, so a fresh run never materialises (and thereby
-    perturbs) optimizer state before its first step.
-    """
-
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
-        self.model = model
-        self.optimizer = optimizer
-
-    def state_dict(self) -> dict[str, Any]:
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        return {"model": model_sd, "optim": optim_sd}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        set_state_dict(
-            self.model, self.optimizer, model_state_dict=state_dict["model"], optim_state_dict=state_dict["optim"]
-        )
 
 
 def build_optimizer(model: torch.nn.Module, args: argparse.Namespace) -> torch.optim.Optimizer:
@@ -219,7 +193,7 @@ def train(
     # Built before the first generation: a spare is ready to train the moment one lists it.
     module = GPT(cfg).to(placement.device)
     optimizer = build_optimizer(module, args)
-    state: dict[str, Any] = {"train": ModelState(module, optimizer)}
+    state: dict[str, Any] = {"train": runtime.TrainState(module, optimizer)}
     group = runtime.elastic_group(ctx, state, wrap=lambda: wrap(module, placement))
     drills = Drills(ctx)  # one for the process: what it already did stays done across generations
     checkpoints = runtime.Checkpointer(ctx, on_commit=drills.after_checkpoint)
