@@ -212,7 +212,7 @@ def _wait_for_abandoned() -> None:
         thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
-def _resolve_resume(ctx: RunContext) -> tuple[Path, dict[str, Any]] | None:
+def resolve_resume(ctx: RunContext) -> tuple[Path, dict[str, Any]] | None:
     """Which checkpoint TRAINYARD_RESUME_FROM names, with its manifest; None for a fresh start."""
     mode = ctx.resume_from.strip()
     if mode.lower() in ("", "none"):
@@ -244,7 +244,7 @@ def load_latest(state_dict: dict[str, Any], *, ctx: RunContext | None = None) ->
     explicitly named checkpoint fails verification.
     """
     ctx = ctx or context()
-    chosen = on_rank0(lambda: _resolve_resume(ctx))
+    chosen = on_rank0(lambda: resolve_resume(ctx))
     if chosen is None:
         return 0
     path, manifest = chosen

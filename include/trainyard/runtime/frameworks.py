@@ -1,0 +1,113 @@
+"""What the framework adapters share (``trainyard.runtime.hf``, ``trainyard.runtime.lightning``): one optimizer
+step reported as trainyard's own loop reports it, and the checkpoint a framework resumes from.
+
+A framework owns its loop and its checkpoint files; trainyard adopts those files into its lineage when it sees a
+save complete (``trainyard.checkpoint.foreign``), validates them and picks the one a relaunch resumes from, named
+in ``TRAINYARD_RESUME_FROM``. ``resume_checkpoint`` turns that choice into the path the framework loads.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from trainyard.errors import TrainingFailed
+from trainyard.runtime.checkpoints import resolve_resume
+from trainyard.runtime.drills import Drills
+from trainyard.runtime.process import RunContext, context, ledger_event, on_rank0, rank, world_size
+from trainyard.runtime.progress import finish, flush_progress, heartbeat
+
+log = logging.getLogger("trainyard.workload")
+
+
+class StepReporter:
+    """Heartbeats, step events, the in-process drills and the last word of a framework's training loop.
+
+    ``before(step)`` at the start of an optimizer step, ``after(step, metrics)`` at its end, ``saving(step)``
+    when the framework starts a save (the steps before it reach the ledger first), ``done(step)`` when training
+    ends. A non-finite loss ends the run as ``diverged``: a framework would checkpoint a diverged model, and the
+    supervisor rolls back to the last valid checkpoint instead.
+    """
+
+    def __init__(self, ctx: RunContext | None = None):
+        self.ctx = ctx or context()  # also makes an uncaught exception leave a failure record
+        self.drills = Drills(self.ctx)
+        self.metrics: dict[str, float] = {}
+        self._started: float | None = None
+        self._step_s = 0.0
+
+    def before(self, step: int) -> None:
+        self.drills.at_rank(rank())
+        self._started = time.monotonic()
+        self.drills.before_step(step, self._step_s)
+
+    def after(self, step: int, metrics: dict[str, Any]) -> None:
+        if self._started is not None:
+            self._step_s = time.monotonic() - self._started
+        self.metrics.update({k: float(v) for k, v in metrics.items() if _number(v)})
+        if "loss" in self.metrics:
+            self.metrics["loss"] = self.drills.loss(step, self.metrics["loss"])
+        heartbeat(step, dict(self.metrics), ctx=self.ctx)
+        loss = self.metrics.get("loss", 0.0)
+        if not math.isfinite(loss):
+            raise TrainingFailed(f"loss is {loss} at step {step}", kind="diverged")
+
+    def saving(self, step: int) -> None:
+        flush_progress(self.ctx)
+
+    def done(self, step: int) -> None:
+        finish(step, dict(self.metrics), ctx=self.ctx)
+
+
+@dataclass(frozen=True)
+class Batch:  # TODO(merge): replaced by runtime.follow_batch
+    micro_batch: int
+    accumulation: int
+
+
+def follow_batch(ctx: RunContext) -> Batch:
+    world = world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
+    micro = ctx.micro_batch or ctx.global_batch // world
+    return Batch(micro, max(1, ctx.global_batch // (micro * world)))
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def resume_checkpoint(kind: str, ctx: RunContext | None = None) -> Path | None:
+    """What a framework of ``kind`` (``hf``, ``lightning``, ``torch``, ``dcp``) resumes from, per
+    ``TRAINYARD_RESUME_FROM``: the adopted checkpoint's folder (``hf``, ``dcp``) or its one file (``lightning``:
+    ``.ckpt``, ``torch``: ``.pt``); None for a fresh start, or when the checkpoint trainyard chose was written
+    by another format (a script changed its framework: it starts fresh rather than load what it cannot read)."""
+    ctx = ctx or context()
+    chosen = on_rank0(lambda: resolve_resume(ctx))
+    if chosen is None:
+        return None
+    path, manifest = chosen
+    written = manifest.get("format", "trainyard")
+    if written != kind:
+        log.warning("the checkpoint to resume, %s, was written as %r, not %r: starting fresh", path, written, kind)
+        return None
+    target = _target(path, kind)
+    if target is not None and rank() == 0:  # the framework loads it next: the step it resumes from, as load_latest
+        ledger_event(
+            ctx, "resumed", step=int(manifest["step"]), path=str(path),
+            from_world_size=manifest.get("world_size"), from_global_batch=manifest.get("global_batch"),
+        )  # fmt: skip
+    return target
+
+
+def _target(folder: Path, kind: str) -> Path | None:
+    if kind in ("hf", "dcp"):
+        return folder
+    suffixes = (".ckpt",) if kind == "lightning" else (".pt", ".pth")
+    files = sorted(p for p in folder.iterdir() if p.suffix in suffixes and p.is_file())
+    return files[0] if len(files) == 1 else None
