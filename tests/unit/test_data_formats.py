@@ -296,3 +296,26 @@ def test_an_empty_text_file_holds_no_documents(tmp_path: Path) -> None:
     (tmp_path / "cold" / "b.jsonl").write_text("\n\n")
     message = fails(staged(tmp_path, "jsonl"), expect=DataExpectations(), format="jsonl")
     assert "documents per file at least 1: b.jsonl (no documents)" in message, message
+
+
+# ---------------------------------------------------------------- the reference workload reads token arrays
+
+
+def test_the_reference_workload_reads_token_arrays_as_one_stream(tmp_path: Path) -> None:
+    from trainyard.workload.data import BatchPlan, TokenStream, micro_batches
+
+    write_bin(tmp_path / "a.bin", np.arange(100) % 50, "uint32")
+    np.save(tmp_path / "b.npy", np.arange(100, 160, dtype=np.uint32) % 50)
+    (tmp_path / "meta.pkl").write_bytes(b"\x80\x04never read")
+    stream = TokenStream.open(tmp_path, "uint32")
+    assert (len(stream), stream.vocab_size) == (160, None)
+    assert stream.window(95, 10).tolist() == [45, 46, 47, 48, 49, 0, 1, 2, 3, 4]  # across a.bin -> b.npy
+    plan = BatchPlan(global_batch=4, micro_batch=2, world_size=1, rank=0)
+    stream.id_limit = 50
+    assert len(micro_batches(stream, plan, step=1, seed=0, seq_len=8)) == 2
+    stream.id_limit = 40  # the model's --vocab-size is smaller than the data's ids
+    with pytest.raises(DataError, match=r"step 1: token id 4\d is not below the model's --vocab-size 40"):
+        micro_batches(stream, plan, step=1, seed=0, seq_len=8)
+    (tmp_path / "a.bin").write_bytes(b"\0" * 400 + b"\1")
+    with pytest.raises(DataError, match=r"token array .*a\.bin: size 401 bytes is not a multiple of 4 \(uint32"):
+        TokenStream.open(tmp_path, "uint32")
