@@ -10,6 +10,7 @@ import pytest
 
 from trainyard.errors import DataError
 from trainyard.events.ledger import Ledger
+from trainyard.spec import FORMAT_SUFFIXES
 from trainyard.storage import LocalTier
 from trainyard.storage.hot import STAGED_MANIFEST
 from trainyard.storage.keys import check_key, key_path
@@ -204,3 +205,43 @@ def test_source_objects_named_like_the_hot_tiers_own_files_are_never_staged(tmp_
     assert stage(source, hot).transferred == 0  # no forged journal line, no reserved key re-copied
     [staged] = ledger.events("stage_dataset", "staged")
     assert staged["reserved_skipped"] == sorted(PLANTED)
+
+
+@pytest.mark.parametrize(
+    ("format_", "picked"),
+    [
+        ("numpy", {"train.bin", "val.bin", "part/a.npy"}),
+        ("parquet", {"part-00000.parquet", "part/part-00001.parquet"}),
+        ("jsonl", {"docs.jsonl"}),
+    ],
+)
+def test_a_format_stages_only_its_own_files(tmp_path: Path, format_: str, picked: set[str]) -> None:
+    files = {
+        key: key.encode()
+        for key in (
+            "train.bin", "val.bin", "part/a.npy", "meta.pkl", "_SUCCESS", "part-00000.parquet",
+            "part/part-00001.parquet", ".part-00000.parquet.crc", "docs.jsonl", "docs.jsonl.gz", "README.md",
+        )
+    }  # fmt: skip
+    source = make_source(tmp_path / "cold", files)
+    result = stage(source, tmp_path / "hot", suffixes=FORMAT_SUFFIXES[format_])  # type: ignore[index]
+    assert result.files == len(picked)
+    assert set(read_staged(tmp_path / "hot")) == picked
+    on_disk = {str(p.relative_to(tmp_path / "hot")) for p in (tmp_path / "hot").rglob("*") if p.is_file()}
+    assert {key for key in on_disk if not key.startswith(("_", "."))} == picked  # not the hot folder's own files
+    # Without suffixes (the tok format) everything under the prefix is staged, as before formats existed.
+    assert stage(source, tmp_path / "all").files == len(files)
+
+
+def test_a_changed_format_leaves_the_other_files_behind(tmp_path: Path) -> None:
+    source = make_source(tmp_path / "cold", {"a.bin": b"\0\1" * 8, "b.jsonl": b'{"text": "x"}\n'})
+    stage(source, tmp_path / "hot", suffixes=(".jsonl",))
+    assert stage(source, tmp_path / "hot", suffixes=(".bin", ".npy")).transferred == 1
+    assert set(read_staged(tmp_path / "hot")) == {"a.bin"} and not (tmp_path / "hot" / "b.jsonl").exists()
+
+
+def test_no_file_of_the_format_names_the_suffixes_and_the_field(tmp_path: Path) -> None:
+    source = make_source(tmp_path / "cold", {"a.tok": b"x", "meta.pkl": b"y"})
+    with pytest.raises(DataError, match=r"holds no objects with a \.bin/\.npy suffix to stage; check dataset\.source"
+                       r" and dataset\.format"):  # fmt: skip
+        stage(source, tmp_path / "hot", suffixes=(".bin", ".npy"))

@@ -8,7 +8,7 @@ from trainyard.pipeline.recorder import recorded
 from trainyard.pipeline.results import DataCheckResult, StagingResult
 from trainyard.pipeline.run import Run
 from trainyard.quality.dataset import check_dataset as _check_dataset
-from trainyard.spec import Lifecycle, dataset_name_problems
+from trainyard.spec import FORMAT_SUFFIXES, Lifecycle, dataset_name_problems
 from trainyard.storage import S3Tier, Tier
 from trainyard.storage.boot import ensure_this_boot
 from trainyard.storage.hot import HotRoom
@@ -27,7 +27,11 @@ def stage_dataset(run: Run) -> StagingResult:
         set_lifecycle(source, ds.lifecycle, f"trainyard-{run.dag_id}-data")
     capacity = int(ds.hot_capacity_gb * 1e9) if ds.hot_capacity_gb else None
     room = HotRoom(run.hot_root, capacity, run.holder)
-    staged = stage(source, run.hot_dataset_dir, ledger=run.ledger, concurrency=ds.concurrency, room=room)
+    # tok stages the whole prefix, as before formats existed; the others only their own files.
+    suffixes = None if ds.format == "tok" else FORMAT_SUFFIXES[ds.format]
+    staged = stage(
+        source, run.hot_dataset_dir, ledger=run.ledger, concurrency=ds.concurrency, room=room, suffixes=suffixes
+    )
     return StagingResult.from_dict(staged.as_dict())
 
 
@@ -41,6 +45,10 @@ def set_lifecycle(tier: Tier, rule: Lifecycle, rule_id: str) -> None:
 def check_dataset(run: Run) -> DataCheckResult:
     """Fail fast (``DataError``) unless the staged shards meet the spec's expectations."""
     ensure_this_boot(run.hot_dataset_dir, run.ledger, "check_dataset")  # staged unsynced in an earlier boot?
-    report = _check_dataset(run.hot_dataset_dir, run.spec.dataset.expectations, result_dir=run.dir).as_dict()
+    ds = run.spec.dataset
+    report = _check_dataset(
+        run.hot_dataset_dir, ds.expectations, result_dir=run.dir, format=ds.format, dtype=ds.dtype,
+        text_column=ds.text_column,
+    ).as_dict()  # fmt: skip
     run.ledger.append("check_dataset", "dataset_checked", **report)
     return DataCheckResult.from_dict(report)

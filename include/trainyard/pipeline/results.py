@@ -55,6 +55,10 @@ class DataCheckResult(StageResult):
     seconds: float
     result: str | None
     """Where the validation result was saved, if anywhere."""
+    format: str = "tok"
+    """``dataset.format``: what ``shards`` counts (``*.tok`` shards, token arrays, text files)."""
+    documents: int = 0
+    """Text formats: the documents sampled and checked."""
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from trainyard.spec.load import (
 )
 from trainyard.spec.models import (
     DEFAULT_ACTIONS,
+    FORMAT_SUFFIXES,
     LAUNCHER_SERVICE_ACCOUNT,
     MAX_NODES,
     PROBES,
@@ -29,6 +30,7 @@ from trainyard.spec.models import (
     BurnInDrill,
     CheckpointSpec,
     DataExpectations,
+    DataFormat,
     DatasetSpec,
     Drill,
     DrillFault,
@@ -44,6 +46,7 @@ from trainyard.spec.models import (
     PressureTestSpec,
     Probe,
     RecoverySpec,
+    TokenDtype,
     TrainingSpec,
 )
 from trainyard.spec.resume import resume_problems, resume_root_fields, valid_resume
@@ -51,6 +54,7 @@ from trainyard.spec.resume import resume_problems, resume_root_fields, valid_res
 __all__ = [
     "CRON_PRESETS",
     "DEFAULT_ACTIONS",
+    "FORMAT_SUFFIXES",
     "LAUNCHER_SERVICE_ACCOUNT",
     "MAX_NODES",
     "PARAM_FIELDS",
@@ -60,6 +64,7 @@ __all__ = [
     "BurnInDrill",
     "CheckpointSpec",
     "DataExpectations",
+    "DataFormat",
     "DatasetSpec",
     "Drill",
     "DrillFault",
@@ -75,6 +80,7 @@ __all__ = [
     "PressureTestSpec",
     "Probe",
     "RecoverySpec",
+    "TokenDtype",
     "TrainingSpec",
     "check_files",
     "cross_field_problems",

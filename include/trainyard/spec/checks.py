@@ -18,7 +18,7 @@ from typing import TypeGuard
 from croniter import croniter
 
 from trainyard.spec.folders import dataset_name_problems
-from trainyard.spec.models import Lifecycle, PipelineSpec
+from trainyard.spec.models import TEXT_EXPECTATIONS, TEXT_FORMATS, TOKEN_EXPECTATIONS, Lifecycle, PipelineSpec
 from trainyard.spec.resume import resume_root_fields, resume_shape
 from trainyard.spec.templating import placeholder_problems
 
@@ -79,6 +79,55 @@ def _expectations(spec: PipelineSpec) -> list[str]:
             f" ({expect.min_tokens_per_shard})"
         )
     return problems
+
+
+def _format(spec: PipelineSpec) -> list[str]:
+    """Fields that belong to another format are a mistake to name, not to ignore."""
+    ds, problems = spec.dataset, []
+    text = ds.format in TEXT_FORMATS
+    if ds.format == "numpy" and ds.dtype is None:
+        problems.append(
+            "dataset.dtype: required with dataset.format: numpy; write uint16 or uint32, the dtype the token"
+            " arrays were written with (nanoGPT's .bin files: uint16)"
+        )
+    if ds.format != "numpy" and ds.dtype is not None:
+        problems.append(f"dataset.dtype: only for dataset.format: numpy (this dataset is {ds.format}); remove it")
+    if not text and "text_column" in ds.model_fields_set:
+        problems.append(
+            f"dataset.text_column: only for text formats (parquet, jsonl; this dataset is {ds.format}); remove it"
+        )
+    wrong, which = (
+        (TOKEN_EXPECTATIONS, "token formats (tok, numpy)") if text
+        else (TEXT_EXPECTATIONS, "text formats (parquet, jsonl)")
+    )  # fmt: skip
+    for name in sorted(wrong & ds.expectations.model_fields_set):
+        problems.append(
+            f"dataset.expectations.{name}: only checked for {which}; this dataset is {ds.format}: remove it"
+            " or set dataset.format"
+        )
+    expect = ds.expectations
+    if expect.max_chars is not None and expect.max_chars < expect.min_chars:
+        problems.append(f"dataset.expectations.max_chars: {expect.max_chars} must be >= min_chars ({expect.min_chars})")
+    return problems
+
+
+def _workload_format(spec: PipelineSpec) -> list[str]:
+    """The reference workload reads token formats; a raw ``.bin`` is read with its ``--data-dtype``."""
+    ds, training = spec.dataset, spec.training
+    if training.entrypoint != REFERENCE_WORKLOAD:
+        return []
+    if ds.format in TEXT_FORMATS:
+        return [
+            f"dataset.format: {ds.format} is text, which {REFERENCE_WORKLOAD} cannot train on (it reads token"
+            " ids); set training.entrypoint to your script, which tokenizes the text, or use tok or numpy"
+        ]
+    passed = training.args.get("data-dtype", "uint16")
+    if ds.format == "numpy" and ds.dtype is not None and passed != ds.dtype:
+        return [
+            f"training.args.data-dtype: {passed!r} but dataset.dtype is {ds.dtype!r}; {REFERENCE_WORKLOAD} reads"
+            f" .bin files with --data-dtype (default uint16): set training.args.data-dtype: {ds.dtype}"
+        ]
+    return []
 
 
 def _batch(spec: PipelineSpec) -> list[str]:
@@ -221,6 +270,8 @@ CHECKS: tuple[tuple[tuple[str, ...], Check], ...] = (
     (("nodes",), _nodes),
     (("nodes", "training.entrypoint"), _gpus),
     (("dataset.expectations",), _expectations),
+    (("dataset.format", "dataset.dtype", "dataset.text_column", "dataset.expectations"), _format),
+    (("dataset.format", "dataset.dtype", "training.entrypoint", "training.args"), _workload_format),
     (("training.global_batch", "training.micro_batch", "nodes.count", "nodes.procs_per_node"), _batch),
     (("training.entrypoint",), _entrypoint),
     (("training.resume_from",), _resume_from),

@@ -25,6 +25,19 @@ FailureKind = Literal[
 Action = Literal["retry", "scale_down", "rollback", "fail"]
 Probe = Literal["matmul_gflops", "membw_gbps", "disk_write_mbps", "disk_read_mbps", "bf16_tflops", "link_gbps"]
 NotifyOn = Literal["failure", "recovery"]
+DataFormat = Literal["tok", "numpy", "parquet", "jsonl"]
+"""How a dataset's files are written: trainyard's ``*.tok`` shards, numpy token arrays (``.bin``/``.npy``),
+or text in Parquet or JSON Lines."""
+TokenDtype = Literal["uint16", "uint32"]
+TEXT_FORMATS: tuple[DataFormat, ...] = ("parquet", "jsonl")
+FORMAT_SUFFIXES: dict[DataFormat, tuple[str, ...]] = {
+    "tok": (".tok",),
+    "numpy": (".bin", ".npy"),
+    "parquet": (".parquet",),
+    "jsonl": (".jsonl",),
+}
+"""The files of each format, the ones its gate checks. Staging copies only these, except for ``tok``,
+which stages the whole prefix as it always has (a tokenizer file beside the shards comes along)."""
 ParamName = Literal["nodes", "min_nodes", "max_steps", "micro_batch", "lr", "resume_from"]
 
 PROBES: tuple[Probe, ...] = get_args(Probe)
@@ -254,10 +267,26 @@ class DataExpectations(_Model):
     """Most tokens a shard may hold; null: no bound."""
     max_vocab: int | None = Field(None, ge=1, le=1 << 32)
     """Largest vocabulary a shard header may declare (the model's embedding size, at most a uint32's range); null: no bound."""
-    dtypes: list[Literal["uint16", "uint32"]] = ["uint16", "uint32"]
+    dtypes: list[TokenDtype] = ["uint16", "uint32"]
     """Token dtypes a shard may use."""
     unique_shards: bool = True
-    """No two shards may have the same content (sha256)."""
+    """No two shards (files, in any format) may have the same content (their staged digest)."""
+    min_chars: int = Field(1, ge=0, le=1 << 30)
+    """Text formats: fewest characters a document's text may have (1: no empty texts)."""
+    max_chars: int | None = Field(1_000_000, ge=1, le=1 << 30)
+    """Text formats: most characters a document's text may have (a longer one is usually documents run
+    together); null: no bound."""
+    max_duplicate_ratio: float = Field(0.1, ge=0, le=1)
+    """Text formats: the largest share of sampled texts that may repeat an earlier one (0: every text unique)."""
+    sample_rows: int = Field(100_000, ge=1, le=10_000_000)
+    """Text formats: how many documents the check reads, shared evenly among the files (the first rows of
+    each, so memory stays bounded on any corpus); a malformed line or row group inside them fails the check."""
+
+
+TOKEN_EXPECTATIONS = frozenset({"min_tokens_per_shard", "max_tokens_per_shard", "max_vocab", "dtypes"})
+"""``DataExpectations`` fields that only token formats (``tok``, ``numpy``) check."""
+TEXT_EXPECTATIONS = frozenset({"min_chars", "max_chars", "max_duplicate_ratio", "sample_rows"})
+"""``DataExpectations`` fields that only text formats (``parquet``, ``jsonl``) check."""
 
 
 class Lifecycle(_Model):
@@ -280,6 +309,15 @@ class DatasetSpec(_Model):
     within one path part)."""
     connection: str | None = None
     """Airflow connection id (type aws, ``endpoint_url`` in extra) for an ``s3://`` source."""
+    format: DataFormat = "tok"
+    """How the files are written: ``tok`` (trainyard's shards, the whole prefix is staged), ``numpy``
+    (token arrays: raw ``.bin`` as nanoGPT writes them, or ``.npy``), ``parquet`` or ``jsonl`` (text,
+    one document per row or line; the training script tokenizes it)."""
+    dtype: TokenDtype | None = None
+    """Format ``numpy`` only, and required there: the token dtype the files were written with (a raw
+    ``.bin`` has no header to say it; nanoGPT writes uint16). A ``.npy`` file's header must agree."""
+    text_column: str = Field("text", min_length=1, max_length=256)
+    """Text formats only: the column (Parquet) or field (JSON Lines) that holds each document's text."""
     expectations: DataExpectations = DataExpectations()
     """Checks the staged data must pass before any node is spent on it."""
     hot_capacity_gb: float | None = Field(None, gt=0, le=1_000_000)

@@ -61,14 +61,24 @@ def stage(
     ledger: Ledger | None = None,
     concurrency: int = 4,
     room: HotRoom | None = None,
+    suffixes: tuple[str, ...] | None = None,
 ) -> StageResult:
+    """Stage ``source`` into ``hot_dir``: every object, or with ``suffixes`` only the keys ending in one."""
     started = time.monotonic()
     listed = source.list()
     objects = [o for o in listed if not reserved(o.key)]
     skipped = sorted(o.key for o in listed if reserved(o.key))
     _say_reserved(source, skipped)
+    if suffixes is not None:
+        others = [o.key for o in objects if not o.key.endswith(suffixes)]
+        objects = [o for o in objects if o.key.endswith(suffixes)]
+        _say_other_files(source, others, suffixes)
     if not objects:
-        raise DataError(f"{source.uri} holds no objects to stage; check dataset.source and the partition date")
+        which = f" with a {'/'.join(suffixes)} suffix" if suffixes is not None else ""
+        hint = " and dataset.format" if suffixes is not None else ""
+        raise DataError(
+            f"{source.uri} holds no objects{which} to stage; check dataset.source{hint} and the partition date"
+        )
     boot_id = current_boot_id()
     durable = boot_id is None  # no boot to record: each copy is fsynced instead
     manifest = read_manifest(hot_dir)
@@ -141,6 +151,18 @@ def _say_reserved(source: Tier, keys: list[str], shown: int = 20) -> None:
             len(keys),
             ", ".join(sorted(RESERVED)),
             ", ".join(keys[:shown]) + (" ..." if len(keys) > shown else ""),
+        )
+
+
+def _say_other_files(source: Tier, keys: list[str], suffixes: tuple[str, ...], shown: int = 20) -> None:
+    """Objects of another format (a Spark ``_SUCCESS``, nanoGPT's ``meta.pkl``) stay cold: say so, once per stage."""
+    if keys:
+        log.info(
+            "%s: %d objects are not %s files of the dataset's format; not staged: %s",
+            source.uri,
+            len(keys),
+            "/".join(suffixes),
+            ", ".join(sorted(keys)[:shown]) + (" ..." if len(keys) > shown else ""),
         )
 
 

@@ -1,4 +1,4 @@
-"""Deterministic, world-size-independent batches over a directory of token shards.
+"""Deterministic, world-size-independent batches over a directory of token shards or token arrays.
 
 This module owns *which tokens a step trains on*. Step ``s`` draws
 ``global_batch`` random windows of ``seq_len + 1`` tokens from
@@ -21,30 +21,49 @@ import numpy as np
 import torch
 
 from trainyard.errors import DataError
-from trainyard.protocol import shards
+from trainyard.protocol import arrays, shards
 
 
 class TokenStream:
-    """All shards of a dataset directory, read as one long token array (memory-mapped)."""
+    """All shards (or token arrays) of a dataset directory, read as one long token array (memory-mapped)."""
 
-    def __init__(self, parts: list[np.ndarray], vocab_size: int):
+    def __init__(self, parts: list[np.ndarray], vocab_size: int | None):
         self.parts = parts
         self.vocab_size = vocab_size
+        """What the shards' headers declare; None for token arrays, which declare none."""
+        self.id_limit: int | None = None
+        """Where no header declares a vocabulary: the model's, which every batch's ids must stay below."""
         # starts[i] is the global index of parts[i][0]; the last entry is the total length.
         self.starts = np.cumsum([0] + [len(p) for p in parts])
 
     @classmethod
-    def open(cls, directory: str | Path) -> TokenStream:
-        """Map every ``*.tok`` in ``directory`` (sorted); ``DataError`` if there are none or they disagree."""
+    def open(cls, directory: str | Path, dtype: str = "uint16") -> TokenStream:
+        """Map every ``*.tok`` in ``directory`` (sorted), else every ``.bin``/``.npy`` token array.
+
+        ``dtype`` is a raw ``.bin``'s (it has no header). ``DataError`` if there are none or they disagree.
+        """
         paths = shards.list_shards(directory)
         if not paths:
-            raise DataError(f"no {shards.SHARD_SUFFIX} shards in {directory}")
+            return cls._arrays(directory, dtype)
         headers = [shards.read_header(p) for p in paths]
         vocabs = {h.vocab_size for h in headers}
         if len(vocabs) > 1:
             detail = ", ".join(f"{p.name}={h.vocab_size}" for p, h in zip(paths, headers))
             raise DataError(f"shards in {directory} disagree on vocab_size ({detail})")
         return cls([shards.open_tokens(p) for p in paths], vocabs.pop())
+
+    @classmethod
+    def _arrays(cls, directory: str | Path, dtype: str) -> TokenStream:
+        paths = arrays.list_arrays(directory)
+        if not paths:
+            raise DataError(f"no {shards.SHARD_SUFFIX} shards or .bin/.npy token arrays in {directory}")
+        parts = []
+        for path in paths:
+            try:
+                parts.append(arrays.open_array(path, dtype))
+            except arrays.ArrayError as exc:
+                raise DataError(f"token array {path}: {exc}") from None
+        return cls(parts, None)
 
     def __len__(self) -> int:
         return int(self.starts[-1])
@@ -116,7 +135,13 @@ def micro_batches(
     """This rank's (inputs, targets) micro-batches for ``step``, each (micro_batch, seq_len) int64 on ``device``."""
     starts = global_starts(step, seed, len(stream), seq_len + 1, plan.global_batch)
     mine = starts[plan.rank * plan.per_rank : (plan.rank + 1) * plan.per_rank]
-    windows = torch.from_numpy(np.stack([stream.window(int(s), seq_len + 1) for s in mine]))
+    stacked = np.stack([stream.window(int(s), seq_len + 1) for s in mine])
+    if stream.id_limit is not None and stacked.size and int(stacked.max()) >= stream.id_limit:
+        raise DataError(
+            f"step {step}: token id {int(stacked.max())} is not below the model's --vocab-size {stream.id_limit};"
+            " raise it, or set dataset.expectations.max_vocab so that check_dataset finds such ids first"
+        )
+    windows = torch.from_numpy(stacked)
     if torch.device(device).type == "cuda":
         # One copy per step from pinned memory; the micro-batches are views of it on the device.
         windows = windows.pin_memory().to(device, non_blocking=True)

@@ -76,6 +76,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n-layers", type=int, default=2)
     p.add_argument("--n-heads", type=int, default=4)
     p.add_argument("--vocab-size", type=int, default=256)
+    p.add_argument(
+        "--data-dtype", choices=("uint16", "uint32"), default="uint16",
+        help="token dtype of raw .bin arrays (dataset.format: numpy; nanoGPT: uint16); .tok and .npy say their own",
+    )  # fmt: skip
     p.add_argument("--lr", type=float, default=1e-2, help="peak learning rate (AdamW)")
     p.add_argument("--warmup-steps", type=int, default=5, help="linear warmup; constant afterwards")
     p.add_argument("--weight-decay", type=float, default=0.1)
@@ -136,7 +140,9 @@ def train_step(
 
 
 def _check_vocab(stream: data.TokenStream, cfg: GPTConfig) -> None:
-    if stream.vocab_size > cfg.vocab_size:
+    if stream.vocab_size is None:  # token arrays declare no vocabulary: each step's ids are checked instead
+        stream.id_limit = cfg.vocab_size
+    elif stream.vocab_size > cfg.vocab_size:
         raise DataError(f"shards use vocab_size {stream.vocab_size} but the model has --vocab-size {cfg.vocab_size}")
 
 
@@ -188,7 +194,7 @@ def train(
     torch.manual_seed(ctx.seed)  # seeds CUDA too; the weights are drawn on the CPU, so both paths start equal
     # Some CUDA kernels (NLLLoss's) have no deterministic variant: warn there rather than fail the run.
     torch.use_deterministic_algorithms(True, warn_only=placement.cuda)
-    stream = data.TokenStream.open(ctx.data_dir)
+    stream = data.TokenStream.open(ctx.data_dir, args.data_dtype)
     _check_vocab(stream, cfg)
     # Built before the first generation: a spare is ready to train the moment one lists it.
     module = GPT(cfg).to(placement.device)
