@@ -276,6 +276,17 @@ def settled(found: Found, previous: dict[str, str], now_ns: int, settle_s: float
     return previous.get(found.source) == found.signature or now_ns - found.newest_ns >= settle_s * 1e9
 
 
+def unsettled(root: Path, found: list[Found], previous: dict[str, str], now_ns: int, since_ns: int = 0,
+              settle_s: float = SETTLE_S) -> bool:  # fmt: skip
+    """Whether a complete save that could be adopted is still too fresh to call done (a final sweep waits)."""
+    newest = max((step_of(c) or 0 for c in list_checkpoints(root)), default=-1)
+    return any(
+        f.complete and (f.step is None or f.step > newest) and f.newest_ns >= since_ns
+        and not settled(f, previous, now_ns, settle_s)
+        for f in found
+    )  # fmt: skip
+
+
 @dataclass(frozen=True)
 class RunShape:
     """What an adopted checkpoint's manifest records of the run that wrote it (the framework does not say).
@@ -495,4 +506,5 @@ __all__ = [
     "resume_file",
     "scan",
     "settled",
+    "unsettled",
 ]

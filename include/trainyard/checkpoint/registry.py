@@ -389,24 +389,25 @@ class Watcher:
         once after that long (unchanged between the two looks is settled)."""
         if self.adoption is None:
             return []
-        made = self._adopt_once()
-        if wait_s > 0 and not made and any(f.complete for f in foreign.scan(self.root)):
+        made, pending = self._adopt_once()
+        if wait_s > 0 and pending:
             time.sleep(wait_s)
-            made = self._adopt_once()
+            made += self._adopt_once()[0]
         return made
 
-    def _adopt_once(self) -> list[Path]:
-        assert self.adoption is not None
-        found = foreign.scan(self.root)
-        reader = self._step_reader() if self.adoption.step_reader else None
-        chosen = foreign.adoptable(
-            self.root, found, self.scanned, time.time_ns(), self.adoption.since_ns, reader, self.adoption.settle_s
-        )
+    def _adopt_once(self) -> tuple[list[Path], bool]:
+        """The checkpoints adopted, and whether a save was left for being too fresh."""
+        a = self.adoption
+        assert a is not None
+        found, now = foreign.scan(self.root), time.time_ns()
+        reader = self._step_reader() if a.step_reader else None
+        chosen = foreign.adoptable(self.root, found, self.scanned, now, a.since_ns, reader, a.settle_s)
+        pending = foreign.unsettled(self.root, found, self.scanned, now, a.since_ns, a.settle_s)
         self.scanned = {f.source: f.signature for f in found}
         made = []
         for save in chosen:
             try:
-                ckpt = foreign.adopt(self.root, save, self.adoption.shape())
+                ckpt = foreign.adopt(self.root, save, a.shape())
             except (CheckpointInvalid, OSError) as exc:  # changed meanwhile or a step taken: the next sweep looks
                 log.warning("cannot adopt %s: %s", save.source, exc)
                 self.scanned.pop(save.source, None)
@@ -415,7 +416,7 @@ class Watcher:
                 STAGE, "checkpoint_adopted", path=str(ckpt), step=save.step, framework=save.kind, source=save.source
             )
             made.append(ckpt)
-        return made
+        return made, pending
 
     def _step_reader(self) -> Callable[[Path], int | None]:
         assert self.adoption is not None and self.adoption.step_reader is not None
