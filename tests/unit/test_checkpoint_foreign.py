@@ -293,14 +293,16 @@ def test_the_watcher_adopts_lightning_saves_once_each_and_promotes_them(made: Pa
     ledger = Ledger(tmp_path / "events.jsonl")
     adoption = registry.Adoption(shape=lambda: SHAPE, step_reader=inspector().step_of)
     with registry.Watcher(
-        root, lambda p, after: validate(p, after_step=after), ledger, keep=5, poll_s=3600, adoption=adoption
+        root, lambda p, after: validate(p, after_step=after), ledger, keep=1, poll_s=3600, adoption=adoption
     ) as watcher:
         watcher.sweep()
-        watcher.sweep()
+        watcher.sweep()  # step_000001 retired (keep 1) by now: its save is older than the lineage, not new
     adopted = [(e["source"], e["step"]) for e in ledger.events("train", "checkpoint_adopted")]
     # last.ckpt holds step 2, as epoch=0-step=2.ckpt does: the name that carries the step is the one taken.
     assert adopted == [("lightning/epoch=0-step=1.ckpt", 1), ("lightning/epoch=0-step=2.ckpt", 2)]
     assert all(r.valid for r in watcher.results) and registry.latest(root) == root / "step_000002"
+    assert [e["step"] for e in ledger.events("train", "checkpoint_retired")] == [1]
+    assert not (root / "step_000001").exists() and (root / "lightning" / "epoch=0-step=1.ckpt").is_file()
     rows = {r.name: r for r in fold(ledger.events()).checkpoints}
     assert rows["step_000002"].saved_at is not None and "promoted" in rows["step_000002"].fate
     assert rows["step_000002"].fate[0] == "adopted from lightning/epoch=0-step=2.ckpt (lightning)"
@@ -343,3 +345,16 @@ def test_the_next_night_resumes_from_the_adopted_save(made: Path, tmp_path: Path
     assert foreign.resume_file(Path(resumed)) == Path(resumed)  # Hugging Face resumes from the folder
     [adopted] = run.ledger.events("train", "checkpoint_adopted")
     assert adopted["framework"] == "hf"
+
+
+def test_a_file_rewritten_in_place_is_copied_not_linked(tmp_path: Path) -> None:
+    """``latest.pt`` (no step in its name) is rewritten by the next save: a link would change the adopted bytes."""
+    root = tmp_path / "pipe"
+    saved = torch_save(root / "latest.pt", {"w": torch.ones(2), "step": 4})
+    [found] = foreign.adoptable(root, foreign.scan(root), {}, time.time_ns(), step_reader=inspector().step_of)
+    ckpt = foreign.adopt(root, found, SHAPE)
+    assert ckpt == root / "step_000004"
+    assert (ckpt / "latest.pt").stat().st_ino != saved.stat().st_ino
+    torch.save({"w": torch.zeros(2), "step": 5}, saved)  # the framework's next save, over the same name
+    assert verify(ckpt) == []
+    assert foreign.resume_file(ckpt) == ckpt / "latest.pt"
