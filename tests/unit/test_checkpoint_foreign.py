@@ -118,7 +118,8 @@ def test_each_format_is_recognized_with_its_step(made: Path, tmp_path: Path) -> 
     (root / "step_000001").mkdir()  # trainyard's own folders are never foreign saves
     torch_save(root / "superseded" / "step_000003-1" / "x_000003.pt", {"w": torch.ones(1)})
     torch_save(root / "step_000009.tmp" / "y_000009.pt", {"w": torch.ones(1)})
-    torch_save(root / "a" / "b" / "c" / "deep_000011.pt", {"w": torch.ones(1)})  # three folders deep: not searched
+    torch_save(root / "a" / "b" / "c" / "d" / "deep_000011.pt", {"w": torch.ones(1)})  # four deep: not searched
+    torch_save(root / "lightning_logs" / "version_0" / "checkpoints" / "epoch=0-step=3.ckpt", {"global_step": 3})
 
     found = {f.source: f for f in foreign.scan(root)}
     assert {s: (f.kind, f.step, f.complete) for s, f in found.items()} == {
@@ -127,6 +128,7 @@ def test_each_format_is_recognized_with_its_step(made: Path, tmp_path: Path) -> 
         "lightning/epoch=0-step=2.ckpt": ("lightning", 2, True),
         "lightning/last.ckpt": ("lightning", None, True),  # its step is inside it: the inspector reads it
         "ckpt_000007.pt": ("torch", 7, True),
+        "lightning_logs/version_0/checkpoints/epoch=0-step=3.ckpt": ("lightning", 3, True),  # Lightning's default
         "dcp/step-5": ("dcp", 5, True),
     }
     assert set(found["hf/checkpoint-2"].metrics) == {"loss"}  # the last logged loss, from trainer_state.json

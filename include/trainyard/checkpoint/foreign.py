@@ -1,7 +1,7 @@
 """Checkpoints that frameworks write, recognized and adopted into trainyard's own format.
 
 A user's script saves the way its framework does, somewhere under ``TRAINYARD_CHECKPOINT_DIR`` (the lineage
-root, or a folder of it up to ``MAX_DEPTH`` deep)::
+root, or a folder of it up to ``MAX_DEPTH`` deep: ``<root>/lightning_logs/version_0/checkpoints/``)::
 
     <root>/hf/checkpoint-120/          "hf": Hugging Face Trainer (trainer_state.json + *.safetensors or
                                              pytorch_model*.bin; optimizer.pt, scheduler.pt, rng_state*.pth)
@@ -53,8 +53,9 @@ from trainyard.errors import CheckpointInvalid
 
 FRAMEWORKS = ("hf", "lightning", "torch", "dcp")
 """The manifest's ``framework`` of an adopted checkpoint; absent: trainyard's own (DCP)."""
-MAX_DEPTH = 2
-"""How many folders below the root are searched: ``<root>/a/b/checkpoint-120`` is found, one deeper is not."""
+MAX_DEPTH = 3
+"""How many folders below the root are searched: ``<root>/a/b/c/x.ckpt`` is found, one deeper is not. Three,
+not two: Lightning's default with a logger is ``lightning_logs/version_0/checkpoints/epoch=0-step=120.ckpt``."""
 SETTLE_S = 5.0
 """A save whose files have not changed for this long is complete (at a final sweep, or the first scan of it)."""
 STATE_BYTES = 16 << 20
