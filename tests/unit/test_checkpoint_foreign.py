@@ -293,7 +293,7 @@ def test_the_watcher_adopts_lightning_saves_once_each_and_promotes_them(made: Pa
     root = tmp_path / "pipe"
     lightning_saves(made, root)
     ledger = Ledger(tmp_path / "events.jsonl")
-    adoption = registry.Adoption(shape=lambda: SHAPE, step_reader=inspector().step_of)
+    adoption = foreign.Adoption(shape=lambda: SHAPE, step_reader=inspector().step_of)
     with registry.Watcher(
         root, lambda p, after: validate(p, after_step=after), ledger, keep=1, poll_s=3600, adoption=adoption
     ) as watcher:

@@ -27,12 +27,12 @@ import stat
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from trainyard.atomic import read_json_capped, write_json_atomic
 from trainyard.checkpoint import foreign
+from trainyard.checkpoint.foreign import Adoption
 from trainyard.checkpoint.format import (
     MANIFEST,
     is_step_name,
@@ -281,19 +281,6 @@ def yield_cpu(by: int = BACKGROUND_NICE) -> None:
         pass  # no per-thread priority here: the thread runs as before
 
 
-@dataclass(frozen=True)
-class Adoption:
-    """How a watcher adopts framework saves (``checkpoint.foreign``): the manifest's run fields (``shape``,
-    asked at each adoption: the attempt's world size changes), only saves written since ``since_ns`` (the
-    lineage's start: a fresh run does not take last night's ``checkpoint-120``), and who reads the step of a
-    file whose name does not say it (the sandboxed inspector; None: such files are not adopted)."""
-
-    shape: Callable[[], foreign.RunShape]
-    since_ns: int = 0
-    step_reader: Callable[[Path], int | None] | None = None
-    settle_s: float = foreign.SETTLE_S
-
-
 class Watcher:
     """Validates each new checkpoint as soon as its manifest appears, on a background thread (at a lower CPU
     priority than training: ``yield_cpu``).
@@ -317,9 +304,8 @@ class Watcher:
         adoption: Adoption | None = None,
     ):
         self.root, self.validate, self.ledger, self.keep = root, validate, ledger, keep
-        self.on_valid, self.poll_s, self.adoption = on_valid, poll_s, adoption
-        self.scanned: dict[str, str] = {}  # source -> signature at the last scan: unchanged since is complete
-        self.steps: dict[str, int | None] = {}  # signature -> the inspector's step, asked once per version
+        self.on_valid, self.poll_s = on_valid, poll_s
+        self.adopter = foreign.Adopter(root, adoption, self._adopted) if adoption is not None else None
         self.seen: set[str] = set()
         self.valid: set[str] = set()
         self.pinned: set[str] = set()
@@ -383,52 +369,10 @@ class Watcher:
         retain(self.root, self.keep, self.valid, self.pinned, self.ledger)
 
     def adopt(self, wait_s: float = 0.0) -> list[Path]:
-        """Adopt the framework saves that are complete now (``foreign.adoptable``); the checkpoints made.
+        """Adopt the framework saves that are complete now (``foreign.Adopter``); the checkpoints made."""
+        return self.adopter.adopt(wait_s) if self.adopter is not None else []
 
-        ``wait_s`` (a final sweep): if a complete save is still too fresh to call settled, look again
-        once after that long (unchanged between the two looks is settled)."""
-        if self.adoption is None:
-            return []
-        made, pending = self._adopt_once()
-        if wait_s > 0 and pending:
-            time.sleep(wait_s)
-            made += self._adopt_once()[0]
-        return made
-
-    def _adopt_once(self) -> tuple[list[Path], bool]:
-        """The checkpoints adopted, and whether a save was left for being too fresh."""
-        a = self.adoption
-        assert a is not None
-        found, now = foreign.scan(self.root), time.time_ns()
-        reader = self._step_reader() if a.step_reader else None
-        chosen = foreign.adoptable(self.root, found, self.scanned, now, a.since_ns, reader, a.settle_s)
-        pending = foreign.unsettled(self.root, found, self.scanned, now, a.since_ns, a.settle_s)
-        self.scanned = {f.source: f.signature for f in found}
-        made = []
-        for save in chosen:
-            try:
-                ckpt = foreign.adopt(self.root, save, a.shape())
-            except (CheckpointInvalid, OSError) as exc:  # changed meanwhile or a step taken: the next sweep looks
-                log.warning("cannot adopt %s: %s", save.source, exc)
-                self.scanned.pop(save.source, None)
-                continue
-            self.ledger.append(
-                STAGE, "checkpoint_adopted", path=str(ckpt), step=save.step, framework=save.kind, source=save.source
-            )
-            made.append(ckpt)
-        return made, pending
-
-    def _step_reader(self) -> Callable[[Path], int | None]:
-        assert self.adoption is not None and self.adoption.step_reader is not None
-        ask = self.adoption.step_reader
-
-        def step(path: Path) -> int | None:
-            st = os.lstat(path)
-            key = f"{path}:{st.st_size}:{st.st_mtime_ns}"
-            if key not in self.steps:
-                if len(self.steps) > 1024:  # a file rewritten at every save (last.ckpt): never grow without bound
-                    self.steps.clear()
-                self.steps[key] = ask(path)
-            return self.steps[key]
-
-        return step
+    def _adopted(self, ckpt: Path, save: foreign.Found) -> None:
+        self.ledger.append(
+            STAGE, "checkpoint_adopted", path=str(ckpt), step=save.step, framework=save.kind, source=save.source
+        )

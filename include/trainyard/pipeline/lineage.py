@@ -129,8 +129,8 @@ def _lineage_start_ns(run: Run) -> int:
     return int(stamps[-1] * 1e9) if stamps else 0
 
 
-def adoption(run: Run, since_ns: int | None = None) -> registry.Adoption:
-    return registry.Adoption(
+def adoption(run: Run, since_ns: int | None = None) -> foreign.Adoption:
+    return foreign.Adoption(
         shape=lambda: run_shape(run),
         since_ns=_lineage_start_ns(run) if since_ns is None else since_ns,
         step_reader=inspector().step_of,
