@@ -83,11 +83,14 @@ def write_manifest(
     micro_batch: int,
     metrics: dict[str, Any],
     run_id: str,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Hash every file in ``ckpt_dir`` and write ``manifest.json`` atomically; return it.
 
     Call this after all tensor files are written and synced: the manifest is
-    the checkpoint's commit record.
+    the checkpoint's commit record. ``extra``: fields of an adopted framework save
+    (``framework``, ``source``, ``source_signature``: ``checkpoint.foreign``); they
+    never replace the fields above.
     """
     ckpt_dir = Path(ckpt_dir)
     files = {
@@ -106,6 +109,7 @@ def write_manifest(
         "run_id": str(run_id),
         "files": files,
     }
+    manifest = {**(extra or {}), **manifest}
     write_json_atomic(ckpt_dir / MANIFEST, manifest)
     return manifest
 

@@ -31,6 +31,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from trainyard.atomic import read_json_capped, write_json_atomic
+from trainyard.checkpoint import foreign
+from trainyard.checkpoint.foreign import Adoption
 from trainyard.checkpoint.format import (
     MANIFEST,
     is_step_name,
@@ -286,6 +288,9 @@ class Watcher:
     ``validate(path, after_step)`` does the checking; valid checkpoints are
     promoted (and handed to ``on_valid``, e.g. to copy to the cold tier),
     invalid ones quarantined, and retention applied after each decision.
+    With ``adoption``, each sweep first adopts the framework saves that completed
+    (``adopt``): a user's Hugging Face, Lightning, torch.save or DCP checkpoint
+    becomes a ``step_NNNNNN`` that the same sweep then judges.
     """
 
     def __init__(
@@ -296,9 +301,11 @@ class Watcher:
         keep: int,
         on_valid: Callable[[Path], None] | None = None,
         poll_s: float = 0.5,
+        adoption: Adoption | None = None,
     ):
         self.root, self.validate, self.ledger, self.keep = root, validate, ledger, keep
         self.on_valid, self.poll_s = on_valid, poll_s
+        self.adopter = foreign.Adopter(root, adoption, self._adopted) if adoption is not None else None
         self.seen: set[str] = set()
         self.valid: set[str] = set()
         self.pinned: set[str] = set()
@@ -339,6 +346,7 @@ class Watcher:
                 log.exception("checkpoint watcher failed; will retry")
 
     def sweep(self) -> None:
+        self.adopt()
         for ckpt in list_checkpoints(self.root):
             if ckpt.name not in self.seen:
                 self.seen.add(ckpt.name)
@@ -359,3 +367,12 @@ class Watcher:
         elif latest(self.root) != ckpt:
             quarantine(self.root, ckpt, result.problems, self.ledger)
         retain(self.root, self.keep, self.valid, self.pinned, self.ledger)
+
+    def adopt(self, wait_s: float = 0.0) -> list[Path]:
+        """Adopt the framework saves that are complete now (``foreign.Adopter``); the checkpoints made."""
+        return self.adopter.adopt(wait_s) if self.adopter is not None else []
+
+    def _adopted(self, ckpt: Path, save: foreign.Found) -> None:
+        self.ledger.append(
+            STAGE, "checkpoint_adopted", path=str(ckpt), step=save.step, framework=save.kind, source=save.source
+        )

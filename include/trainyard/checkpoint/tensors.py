@@ -224,16 +224,99 @@ def _no_writes() -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
-def inspect(ckpt_dir: Path, bounded: bool = False) -> list[str]:
-    """``tensor_problems``, with any failure as a reason instead of a traceback."""
+def inspect(ckpt_dir: Path, bounded: bool = False, fmt: str | None = None) -> dict[str, Any]:
+    """The answer for one request: ``{"problems": [...]}``, with ``notes`` (files accepted uninspected) for a
+    framework save and ``step`` for a step request; any failure is a reason instead of a traceback.
+
+    ``fmt``: None or "dcp" (trainyard's own, torchtitan's): ``tensor_problems``; "hf", "lightning", "torch":
+    ``file_problems``; "step": the ``global_step`` a Lightning file holds (``file_step``)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            return tensor_problems(ckpt_dir, bounded)
+            if fmt == "step":
+                return {"problems": [], "step": file_step(ckpt_dir, bounded)}
+            if fmt in ("hf", "lightning", "torch"):
+                problems, notes = file_problems(ckpt_dir, bounded, fmt)
+                return {"problems": problems, "notes": notes}
+            return {"problems": tensor_problems(ckpt_dir, bounded)}
         except MemoryError:
-            return ["checkpoint could not be inspected: it needs more memory than its inspector's limit"]
+            return {"problems": ["checkpoint could not be inspected: it needs more memory than its inspector's limit"]}
         except Exception as exc:
-            return [f"checkpoint could not be inspected: {type(exc).__name__}: {str(exc)[:300]}"]
+            return {"problems": [f"checkpoint could not be inspected: {type(exc).__name__}: {str(exc)[:300]}"]}
+
+
+# Globals whose call runs code or reaches the system: a file that names one is refused, never accepted as
+# "not inspectable" (torch's weights-only unpickler would refuse to call them anyway; this names the reason).
+CODE_MODULES = (
+    "builtins", "__builtin__", "os", "posix", "nt", "sys", "subprocess", "shutil", "socket", "importlib",
+    "runpy", "pty", "code", "codeop", "pickle", "_pickle", "marshal", "types", "ctypes", "functools",
+    "operator", "webbrowser", "multiprocessing", "asyncio", "io", "_io", "pathlib", "tempfile", "signal",
+)  # fmt: skip
+TORCH_FILES = (".pt", ".pth", ".bin", ".ckpt")
+
+
+def _code_global(name: str) -> bool:
+    return name.split(".")[0] in CODE_MODULES
+
+
+# What must be finite in a Lightning checkpoint: the model and the optimizer. Its callbacks' bookkeeping holds
+# infinities by design (ModelCheckpoint's ``kth_value`` starts at inf when nothing is monitored).
+LIGHTNING_FINITE = ("state_dict", "optimizer_states")
+
+
+def file_problems(folder: Path, bounded: bool = False, fmt: str | None = None) -> tuple[list[str], list[str]]:
+    """Every torch.save file of an adopted framework save (``.pt``, ``.pth``, ``.bin``, ``.ckpt``): loads
+    with ``torch.load(weights_only=True)`` and holds only finite floating-point tensors.
+
+    A file that needs globals beyond torch's weights-only allow-list is never unpickled: if any of them can
+    run code (``CODE_MODULES``) it is a problem; otherwise (numpy's RNG state in ``rng_state.pth``, the
+    ``TrainingArguments`` in ``training_args.bin``) it is a note, accepted on its zip structure and hash.
+    A Lightning file's model and optimizer must be finite (``LIGHTNING_FINITE``), not its callbacks' state."""
+    files = sorted(p for p in folder.rglob("*") if p.suffix in TORCH_FILES and p.is_file() and not p.is_symlink())
+    if bounded:
+        largest = max((_size(p) for p in files), default=0)
+        total = sum(_size(p) for p in files)
+        _limit(min(ENTRIES_CPU_S + int(CPU_S_PER_GB * total / 1e9), MAX_CPU_S), ENTRY_MEMORY + 4 * largest, True)
+    problems: list[str] = []
+    notes: list[str] = []
+    for path in files:
+        rel = path.relative_to(folder).as_posix()
+        try:
+            unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
+        except Exception as exc:
+            problems.append(f"{rel}: not a readable torch.save file ({type(exc).__name__}: {str(exc)[:200]})")
+            continue
+        if code := [g for g in unsafe if _code_global(g)]:
+            problems.append(f"{rel}: its pickle calls {', '.join(code[:5])} (code, not data); refused, never loaded")
+            continue
+        if unsafe:
+            notes.append(f"{rel}: not inspectable weights-only (needs {', '.join(unsafe[:5])}); accepted on its hash")
+            continue
+        try:
+            value = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+        except Exception as exc:
+            reason = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+            problems.append(f"{rel}: does not load weights-only: {type(exc).__name__}: {reason}")
+            continue
+        if fmt == "lightning" and isinstance(value, dict):
+            value = {key: value[key] for key in LIGHTNING_FINITE if key in value}
+        for name, tensor in _tensors(value, rel):
+            nan, inf = _non_finite(tensor)
+            if nan or inf:
+                problems.append(f"tensor {name} has {nan} NaN and {inf} Inf value(s)")
+    return problems, notes
+
+
+def file_step(path: Path, bounded: bool = False) -> int | None:
+    """The ``global_step`` (Lightning) or ``step`` a torch.save file holds at its top, loaded weights-only."""
+    if bounded:
+        _limit(ENTRIES_CPU_S, ENTRY_MEMORY + 4 * _size(path), True)
+    value = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+    for key in ("global_step", "step"):
+        step = value.get(key) if isinstance(value, dict) else None
+        if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
+            return step
+    return None
 
 
 def serve() -> int:
@@ -245,13 +328,25 @@ def serve() -> int:
     with contextlib.suppress(OSError):
         os.nice(INSPECT_NICE)
     for line in sys.stdin.buffer:
-        answer = _in_fork(Path(line.decode("utf-8", "replace").rstrip("\n")))
+        path, fmt = request(line.decode("utf-8", "replace").rstrip("\n"))
+        answer = _in_fork(path, fmt)
         sys.stdout.write(json.dumps(answer) + "\n")
         sys.stdout.flush()
     return 0  # stdin closed: the process that started this server is gone or done
 
 
-def _in_fork(ckpt_dir: Path) -> dict[str, Any]:
+def request(line: str) -> tuple[Path, str | None]:
+    """A request line: a folder's path (trainyard's own checkpoint), or ``{"path": ..., "format": ...}``."""
+    if line.startswith("{"):
+        try:
+            asked = json.loads(line)
+            return Path(str(asked["path"])), str(asked["format"]) if asked.get("format") else None
+        except (ValueError, KeyError, TypeError):
+            return Path(line), None
+    return Path(line), None
+
+
+def _in_fork(ckpt_dir: Path, fmt: str | None = None) -> dict[str, Any]:
     read_end, write_end = os.pipe()
     server = os.getpid()
     pid = os.fork()
@@ -262,7 +357,7 @@ def _in_fork(ckpt_dir: Path) -> dict[str, Any]:
             devnull = os.open(os.devnull, os.O_RDWR)
             os.dup2(devnull, 0)
             os.dup2(devnull, 1)
-            answer = {"problems": inspect(ckpt_dir, bounded=True), "pid": os.getpid()}
+            answer = {**inspect(ckpt_dir, bounded=True, fmt=fmt), "pid": os.getpid()}
             with os.fdopen(write_end, "w") as out:
                 out.write(json.dumps(answer))
         finally:
@@ -296,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m trainyard.checkpoint.tensors CHECKPOINT_DIR | --serve", file=sys.stderr)
         return 2
     _no_writes()
-    print(json.dumps({"problems": inspect(Path(args[0]))}))
+    print(json.dumps(inspect(Path(args[0]))))
     return 0
 
 

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import trainyard
+from trainyard.checkpoint import foreign, safetensor
 from trainyard.checkpoint.format import read_manifest, verify
 from trainyard.quality.metrics import History, metric_problems
 from trainyard.spec import MetricExpectations
@@ -62,6 +63,8 @@ class Validation:
     step: int | None
     problems: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+    """Files accepted without inspecting their tensors (a framework's pickled RNG state, its arguments)."""
 
     @property
     def valid(self) -> bool:
@@ -74,6 +77,7 @@ class Validation:
             "valid": self.valid,
             "problems": self.problems,
             "seconds": self.seconds,
+            **({"notes": self.notes} if self.notes else {}),
         }
 
 
@@ -108,19 +112,32 @@ class Inspector:
         self.argv = argv
         self.proc: subprocess.Popen[bytes] | None = None
         self.lock = threading.Lock()
+        self.last: dict[str, Any] = {}
+        """The last answer whole: its ``notes`` (framework saves) and ``step`` (a step request)."""
 
-    def problems(self, ckpt_dir: Path, timeout_s: float = CHILD_TIMEOUT_S) -> list[str]:
-        with self.asking(ckpt_dir, timeout_s) as answer:
+    def problems(self, ckpt_dir: Path, timeout_s: float = CHILD_TIMEOUT_S, fmt: str | None = None) -> list[str]:
+        with self.asking(ckpt_dir, timeout_s, fmt) as answer:
             return answer()
 
+    def step_of(self, file: Path, timeout_s: float = 300.0) -> int | None:
+        """The step a framework's torch.save file holds (``global_step``), read weights-only by the child."""
+        with self.asking(file, timeout_s, "step") as answer:
+            if answer():
+                return None
+            step = self.last.get("step")
+            return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
+
     @contextmanager
-    def asking(self, ckpt_dir: Path, timeout_s: float = CHILD_TIMEOUT_S) -> Iterator[Callable[[], list[str]]]:
+    def asking(
+        self, ckpt_dir: Path, timeout_s: float = CHILD_TIMEOUT_S, fmt: str | None = None
+    ) -> Iterator[Callable[[], list[str]]]:
         """Send ``ckpt_dir`` now, take the answer when called: the caller hashes while the child loads.
 
+        ``fmt``: an adopted save's framework (``checkpoint.foreign``), or "step"; None: a DCP folder.
         An answer not taken is still read before the next request, so each request reads its own.
         """
         with self.lock:
-            failed = self._send(ckpt_dir)
+            failed = self._send(ckpt_dir, fmt)
             taken = False
 
             def answer() -> list[str]:
@@ -142,11 +159,14 @@ class Inspector:
             except OSError:
                 pass  # the first request says why
 
-    def _send(self, ckpt_dir: Path) -> list[str]:
+    def _send(self, ckpt_dir: Path, fmt: str | None = None) -> list[str]:
+        self.last = {}
+        path = str(ckpt_dir.resolve())
+        line = json.dumps({"path": path, "format": fmt}) if fmt or path.startswith("{") else path
         try:
             proc = self._running()
             assert proc.stdin is not None
-            proc.stdin.write(str(ckpt_dir.resolve()).encode() + b"\n")
+            proc.stdin.write(line.encode() + b"\n")
             proc.stdin.flush()
             return []
         except OSError as exc:
@@ -165,6 +185,11 @@ class Inspector:
         except ValueError:
             answer = None
         if isinstance(answer, dict) and isinstance(answer.get("problems"), list):
+            notes = answer.get("notes")
+            self.last = {
+                "step": answer.get("step"),
+                "notes": [str(n)[:1000] for n in notes[:100]] if isinstance(notes, list) else [],
+            }
             return [str(p)[:1000] for p in answer["problems"]]
         self.stop()
         return [f"the process inspecting the tensors failed: it answered {line[:200]!r}, not JSON"]
@@ -229,10 +254,17 @@ def validate(
     timeout_s: float = CHILD_TIMEOUT_S,
 ) -> Validation:
     """Every check on ``ckpt_dir``; ``after_step`` is the latest valid step it must follow; ``timeout_s``
-    bounds the inspecting child's answer."""
+    bounds the inspecting child's answer.
+
+    An adopted framework save (``checkpoint.foreign``; its manifest's ``framework``) is checked by its
+    format: DCP (torchtitan) like trainyard's own; Hugging Face's ``*.safetensors`` here, without torch
+    (``checkpoint.safetensor``), and every torch.save file (HF's ``optimizer.pt``, ``pytorch_model*.bin``,
+    a Lightning ``.ckpt``, a ``.pt``) in the child, weights-only."""
     started = time.monotonic()
     path = Path(ckpt_dir)
-    with inspector().asking(path, timeout_s) as inspection:  # the child loads while this process hashes
+    fw = foreign.framework(path) if path.is_dir() else None
+    notes: list[str] = []
+    with inspector().asking(path, timeout_s, None if fw == "dcp" else fw) as inspection:  # the child loads meanwhile
         problems = verify(path)  # manifest, version, sizes, hashes, unlisted files
         if problems:
             return Validation(path, None, problems, round(time.monotonic() - started, 3))
@@ -243,8 +275,17 @@ def validate(
             problems.append(f"rank files up to {max(ranks)} but the manifest says world size {manifest['world_size']}")
         if after_step is not None and step <= after_step:
             problems.append(f"step {step} does not follow the latest valid step {after_step}")
+        if fw == "hf":
+            for rel in sorted(r for r in manifest["files"] if r.endswith(".safetensors")):
+                problems += safetensor.problems(path / rel)
         problems += inspection()
+        notes = list(inspector().last.get("notes") or [])
     if expect is not None:
         loss = manifest.get("metrics", {}).get("loss")
-        problems += metric_problems(history or [(step, loss)], step, loss, expect)
-    return Validation(path, step, problems, round(time.monotonic() - started, 3))
+        if loss is None and fw is not None:  # a framework's save: the loss the run's step events logged, if any
+            loss = dict(history or []).get(step)
+        if loss is None and fw is not None:
+            notes.append(f"no loss known at step {step} (a {fw} save, no step events): loss expectations not checked")
+        else:
+            problems += metric_problems(history or [(step, loss)], step, loss, expect)
+    return Validation(path, step, problems, round(time.monotonic() - started, 3), notes)

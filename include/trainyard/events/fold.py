@@ -304,6 +304,10 @@ def _checkpoints(events: list[Event]) -> tuple[list[CheckpointRow], str | None]:
         elif kind == "checkpoint_saved":
             r = row(path, e.get("step"))
             r.attempt, r.saved_at, r.valid, r.problems = e.get("attempt"), e["ts"], None, []
+        elif kind == "checkpoint_adopted":  # a framework's save, made a checkpoint by the orchestrator
+            r = row(path, e.get("step"))
+            r.saved_at, r.valid, r.problems = e["ts"], None, []
+            r.fate.append(f"adopted from {e.get('source')} ({e.get('framework')})")
         elif kind == "checkpoint_validated":
             r = row(path, e.get("step"))
             r.valid, r.problems = bool(e.get("valid")), list(e.get("problems") or [])

@@ -419,6 +419,19 @@ class CheckpointValidated(Event):
 
 
 @dataclass(frozen=True)
+class CheckpointAdopted(Event):
+    """A framework's save (``source``, relative to the lineage root) became the trainyard checkpoint ``path``
+    (``checkpoint.foreign``): its files linked in, a manifest written. Validation and promotion follow as
+    for any checkpoint; the fold counts it as saved."""
+
+    event = "checkpoint_adopted"
+    path: str | None = None
+    step: int | None = None
+    framework: str | None = None
+    source: str | None = None
+
+
+@dataclass(frozen=True)
 class CheckpointPromoted(Event):
     event = "checkpoint_promoted"
     path: str | None = None
@@ -550,7 +563,7 @@ KINDS: dict[str, type[Event]] = {
         EarlierBootReverified, TrustOnFirstFetch, Evicted, DatasetChecked, SittingOut, NodesMarked, NodesRetested,
         NodeVerdict, Thresholds, ResumePoint, RecoveryPath, RecoveryFigures, AttemptStart, AttemptEnd, AttemptEvent,
         FailureClassified, DecisionMade, Grown, SparesWarm, Rejoining, RolledBack, LineageHeld, LineageReset,
-        CheckpointValidated, CheckpointPromoted, CheckpointQuarantined, CheckpointRetired, CheckpointTiered,
+        CheckpointAdopted, CheckpointValidated, CheckpointPromoted, CheckpointQuarantined, CheckpointRetired, CheckpointTiered,
         CheckpointChecked, Published, Step, Finished, CheckpointSaved, CheckpointSkipped, Resumed, Regrouped,
         DrillFired, PointerRefused, StoreRefused,
     )

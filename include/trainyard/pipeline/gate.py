@@ -10,7 +10,7 @@ from trainyard.checkpoint.format import read_manifest
 from trainyard.checkpoint.validate import validate
 from trainyard.errors import CheckpointInvalid
 from trainyard.pipeline.data import set_lifecycle
-from trainyard.pipeline.lineage import lease_ttl, loss_history
+from trainyard.pipeline.lineage import final_checkpoint, final_sweep, lease_ttl, loss_history, why_none
 from trainyard.pipeline.recorder import recorded
 from trainyard.pipeline.results import GateResult, PublishResult
 from trainyard.pipeline.run import Run
@@ -22,8 +22,11 @@ def check_checkpoint(run: Run, checkpoint: str | None, target_step: int) -> Gate
     """The gate: the run's final checkpoint is whole, loadable, finite, at the final step, and its
     loss history passes the metric expectations (great-expectations; result saved in the run folder)."""
     lease.renew_held(run.checkpoint_root, run.run_id, lease_ttl(run))  # the run's lineage until its report
+    if final_sweep(run):  # a framework's last save (Hugging Face, Lightning, torch.save, DCP), adopted now
+        final = final_checkpoint(run)
+        checkpoint = str(final) if final else checkpoint
     if not checkpoint:
-        raise CheckpointInvalid(f"no valid checkpoint under {run.checkpoint_root}")
+        raise CheckpointInvalid(why_none(run))
     if registry.in_root(run.checkpoint_root, checkpoint) is None:  # what publish copies into this pipeline's name
         raise CheckpointInvalid(
             f"{checkpoint} is not a checkpoint folder of this pipeline ({run.checkpoint_root}/step_NNNNNN, not a"

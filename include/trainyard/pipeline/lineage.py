@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from trainyard.checkpoint import cold as cold_copies
-from trainyard.checkpoint import lease, registry
+from trainyard.checkpoint import foreign, lease, registry
 from trainyard.checkpoint.format import (
     latest_valid,
     list_checkpoints,
@@ -58,6 +59,8 @@ def resume_point(run: Run, held: lease.Lease | None = None) -> tuple[str, int]:
     held = held or hold_lineage(run)
     check_resume(run)  # open_run checked it too; the pinned spec lives in a folder pods can write
     choice = run.spec.training.resume_from
+    if choice == "latest":
+        adopt_newest(run)  # a framework's newest save (last night's checkpoint-120) becomes the lineage's newest
     path = latest_valid(run.checkpoint_root) if choice == "latest" else None  # latest_valid verified its choice
     if choice not in ("latest", "none"):
         path = Path(choice)
@@ -111,10 +114,76 @@ def _to_cold(run: Run) -> Callable[[Path], None] | None:
     return upload
 
 
+def run_shape(run: Run) -> foreign.RunShape:
+    """What an adopted save's manifest records of this run: the latest attempt's (or group's) world size,
+    else the spec's nodes x procs; the spec's global and micro batch."""
+    worlds = TrainRun.of(run.ledger.events("train")).worlds
+    nodes, training = run.spec.nodes, run.spec.training
+    world = worlds[-1][1] if worlds else nodes.count * nodes.procs_per_node
+    return foreign.RunShape(int(world), training.global_batch, training.micro_batch, run.run_id)
+
+
+def _lineage_start_ns(run: Run) -> int:
+    """When this run decided its resume point: framework saves older than that are not this run's."""
+    stamps = [e["ts"] for e in run.ledger.events("train", "resume_point")]
+    return int(stamps[-1] * 1e9) if stamps else 0
+
+
+def adoption(run: Run, since_ns: int | None = None) -> foreign.Adoption:
+    return foreign.Adoption(
+        shape=lambda: run_shape(run),
+        since_ns=_lineage_start_ns(run) if since_ns is None else since_ns,
+        step_reader=inspector().step_of,
+    )
+
+
 def watcher(run: Run) -> registry.Watcher:
     cfg = run.spec.checkpoint
     inspector().start()  # its torch import runs while training starts, not when the first checkpoint waits
-    return registry.Watcher(run.checkpoint_root, _validator(run), run.ledger, cfg.keep_hot, _to_cold(run))
+    return registry.Watcher(
+        run.checkpoint_root, _validator(run), run.ledger, cfg.keep_hot, _to_cold(run), adoption=adoption(run)
+    )
+
+
+def adopt_newest(run: Run) -> Path | None:
+    """Before a resume point is chosen: adopt the newest complete framework save beyond the lineage's newest
+    checkpoint (any age: last night's counts) and judge it as the watcher would; the checkpoint if valid.
+
+    An invalid one is quarantined (its reasons in the ledger), so ``latest_valid`` goes further back."""
+    root = run.checkpoint_root
+    chosen = foreign.adoptable(root, foreign.scan(root), {}, time.time_ns(), 0, inspector().step_of)
+    if not chosen:
+        return None
+    newest = chosen[-1]  # the older ones would only be retired again
+    try:
+        ckpt = foreign.adopt(root, newest, run_shape(run))
+    except (CheckpointInvalid, OSError) as exc:
+        log.warning("cannot adopt %s to resume from it: %s", newest.source, exc)
+        return None
+    run.ledger.append(
+        "train", "checkpoint_adopted", path=str(ckpt), step=newest.step, framework=newest.kind, source=newest.source
+    )
+    judge = registry.Watcher(root, _validator(run), run.ledger, run.spec.checkpoint.keep_hot)
+    judge.seen = {c.name for c in list_checkpoints(root)} - {ckpt.name}  # judge only this one
+    judge.valid = set()  # nothing else is retired on the way
+    judge.sweep()
+    return ckpt if ckpt.name in judge.valid else None
+
+
+def final_sweep(run: Run) -> list[Path]:
+    """The gate's last look: adopt the framework saves this run wrote that the train stage's watcher did not
+    (written in its last instant, or too fresh then), and judge them; the checkpoints adopted."""
+    start = TrainRun.of(run.ledger.events("train")).start_step
+    if start is None:
+        return []
+    inspector().start()
+    w = registry.Watcher(
+        run.checkpoint_root, _validator(run), run.ledger, run.spec.checkpoint.keep_hot, None, adoption=adoption(run)
+    ).carry_on(start)
+    made = w.adopt(wait_s=1.0)
+    if made:
+        w.sweep()
+    return made
 
 
 def hot_checkpoints(run: Run) -> Checkpoints:
@@ -153,3 +222,21 @@ def rollback(run: Run, step: int) -> str:
     registry.reset(run.checkpoint_root, target, run.ledger, registry.set_aside(run.checkpoint_root, target))
     run.ledger.append("train", "rolled_back", to_step=step, path=str(target) if target else None)
     return str(target) if target else "none"
+
+
+def why_none(run: Run) -> str:
+    """The gate's message when the run has no valid checkpoint: what a valid checkpoint is, how to write
+    one, and what was found under the root and why it was not taken."""
+    root = run.checkpoint_root
+    lines = [f"no valid checkpoint under {root}.", foreign.FORMATS_HELP]
+    refused = [
+        f"{Path(r.path).name}: " + "; ".join(r.problems[:3])
+        for r in fold(run.ledger.events_since(0)[0]).checkpoints
+        if r.valid is False and r.problems
+    ]
+    found = foreign.explain(root)
+    if found or refused:
+        lines.append("Found: " + " | ".join([*found[:20], *refused[:20]]))
+    else:
+        lines.append("Found nothing that looks like a checkpoint (did the script save into TRAINYARD_CHECKPOINT_DIR?)")
+    return " ".join(lines)

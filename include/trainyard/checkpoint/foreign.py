@@ -1,0 +1,350 @@
+"""Framework checkpoints adopted into trainyard's own format, and what a framework loads to resume.
+
+``checkpoint.saves`` recognizes a complete Hugging Face, Lightning, torch.save or DCP save under the
+lineage root. ``adopt`` makes one an ordinary trainyard checkpoint ``step_NNNNNN/`` through the usual
+staging -> manifest -> commit path: its files hard-linked in (copied across file systems, or when the
+framework rewrites that name in place, e.g. ``last.ckpt``), and the manifest names the ``framework`` and
+the ``source``. Nothing of the user's is moved or deleted: when a framework rotates its own folders
+away (``save_total_limit``) the links keep the adopted bytes. From then on validation, promotion,
+retention, the cold copy, publishing and the lineage treat it like any other checkpoint. Each save is
+adopted once (``adopted``: by the signature of its files, wherever its checkpoint went since).
+``Adopter`` is what the checkpoint watcher runs at every sweep.
+
+Torch-free and never unpickling (docs/architecture.md, rule 11): training processes import it for
+``resume_file``. What a file holds is judged by ``checkpoint.validate`` and its sandboxed inspector.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainyard.checkpoint.format import (
+    MANIFEST,
+    SUPERSEDED,
+    commit,
+    list_checkpoints,
+    prepare_staging,
+    read_manifest,
+    step_dir,
+    step_of,
+    write_manifest,
+)
+from trainyard.checkpoint.saves import FRAMEWORKS, MAX_DEPTH, SETTLE_S, Found, scan, settled
+from trainyard.errors import CheckpointInvalid
+
+log = logging.getLogger(__name__)
+
+
+def _lstat(path: Path) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except OSError:
+        return None
+
+
+def unsettled(root: Path, found: list[Found], previous: dict[str, str], now_ns: int, since_ns: int = 0,
+              settle_s: float = SETTLE_S) -> bool:  # fmt: skip
+    """Whether a complete save that could be adopted is still too fresh to call done (a final sweep waits)."""
+    newest = max((step_of(c) or 0 for c in list_checkpoints(root)), default=-1)
+    return any(
+        f.complete and (f.step is None or f.step > newest) and f.newest_ns >= since_ns
+        and not settled(f, previous, now_ns, settle_s)
+        for f in found
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """What an adopted checkpoint's manifest records of the run that wrote it (the framework does not say).
+
+    ``world_size``: the attempt's; ``global_batch``/``micro_batch``: the spec's training batch. For DCP the
+    world size is at least one more than the highest rank file, so validation's rank check holds.
+    """
+
+    world_size: int
+    global_batch: int
+    micro_batch: int
+    run_id: str
+
+
+def adopted(root: Path) -> dict[str, tuple[int, bool]]:
+    """signature -> (step, whether it was quarantined) of every save adopted into ``root``: its checkpoints and
+    those set aside or quarantined (a save adopted once is never adopted again, even after a rollback)."""
+    out: dict[str, tuple[int, bool]] = {}
+    folders = [(c, False) for c in [*list_checkpoints(root), *_aside(root / SUPERSEDED)]]
+    folders += [(c, True) for c in _aside(root / "quarantine")]
+    for ckpt, refused in folders:
+        try:
+            manifest = read_manifest(ckpt)
+        except CheckpointInvalid:
+            continue
+        if isinstance(manifest.get("source_signature"), str):
+            out[manifest["source_signature"]] = (manifest["step"], refused)
+    return out
+
+
+def _aside(folder: Path) -> list[Path]:
+    st = _lstat(folder)
+    if st is None or not stat.S_ISDIR(st.st_mode):
+        return []
+    return [p for p in folder.iterdir() if not p.is_symlink() and p.is_dir() and (p / MANIFEST).is_file()]
+
+
+def adoptable(
+    root: Path,
+    found: list[Found],
+    previous: dict[str, str],
+    now_ns: int,
+    since_ns: int = 0,
+    step_reader: Callable[[Path], int | None] | None = None,
+    settle_s: float = SETTLE_S,
+) -> list[Found]:
+    """The complete saves to adopt now, lowest step first: settled, written since ``since_ns`` (this run's
+    lineage start), beyond the root's newest checkpoint, not adopted before, one per step (a name that
+    carries the step wins over ``last.ckpt``), not of a step whose adopted save was quarantined. ``step_reader`` asks the sandboxed inspector for the step of a
+    file whose name does not say it; without one such files wait."""
+    newest = max((step_of(c) or 0 for c in list_checkpoints(root)), default=-1)
+    candidates = [
+        f
+        for f in found
+        if (f.step is None or f.step > newest) and f.newest_ns >= since_ns and settled(f, previous, now_ns, settle_s)
+    ]
+    if not candidates:  # the usual poll: nothing new, no manifest read
+        return []
+    done = adopted(root)
+    refused = {step for step, quarantined in done.values() if quarantined}  # last.ckpt: the same save again
+    chosen: dict[int, Found] = {}
+    for f in candidates:
+        if f.signature in done:
+            continue
+        if f.step is None and step_reader is not None:
+            f = Found(f.kind, f.path, f.source, step_reader(f.path), f.files, f.problem, f.metrics)
+        if f.step is None or f.step <= newest or f.step in refused:
+            continue
+        if f.step not in chosen or (f.step_named and not chosen[f.step].step_named):
+            chosen[f.step] = f
+    return [chosen[s] for s in sorted(chosen)]
+
+
+def adopt(root: Path, found: Found, shape: RunShape, metrics: dict[str, Any] | None = None) -> Path:
+    """Commit ``found`` as ``<root>/step_NNNNNN/`` (its files linked in, manifest written last); its path.
+
+    Idempotent: a save already adopted under that step is returned as it is. ``CheckpointInvalid`` if it is
+    not complete, its step is unknown, another checkpoint holds that step, or a file changed meanwhile.
+    """
+    root = Path(root)
+    if not found.complete or found.step is None:
+        raise CheckpointInvalid(f"{found.describe()}: not adoptable")
+    final = step_dir(root, found.step)
+    if final.is_dir() and not final.is_symlink():
+        try:
+            manifest = read_manifest(final)
+        except CheckpointInvalid:
+            manifest = {}
+        if manifest.get("source_signature") == found.signature:
+            return final
+        raise CheckpointInvalid(f"{found.source}: step {found.step} already has a checkpoint, {final}")
+    staging = prepare_staging(root, found.step)
+    folder = found.path if found.kind in ("hf", "dcp") else found.path.parent
+    link = found.step_named  # a name written once; ``last.ckpt`` is rewritten in place: a copy
+    for rel, size, mtime in found.files:
+        _bring(folder / rel, staging / rel, size, mtime, link)
+    world = shape.world_size
+    if found.kind == "dcp":
+        ranks = [int(m.group(1)) for rel, _, _ in found.files if (m := re.match(r"__(\d+)_\d+\.distcp\Z", rel))]
+        world = max(world, max(ranks, default=-1) + 1)
+    write_manifest(
+        staging,
+        step=found.step,
+        world_size=world,
+        global_batch=shape.global_batch,
+        micro_batch=shape.micro_batch,
+        metrics={**found.metrics, **(metrics or {})},
+        run_id=shape.run_id,
+        extra={"framework": found.kind, "source": found.source, "source_signature": found.signature},
+    )
+    return commit(staging, root, found.step)
+
+
+def _bring(src: Path, dst: Path, size: int, mtime_ns: int, link: bool) -> None:
+    """Link (or copy) the regular file ``src`` to ``dst``: the file opened without following links is the one
+    linked, and it must still be the size and age the scan saw."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        raise CheckpointInvalid(f"{src}: cannot open ({exc.strerror or exc}); a link or gone") from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != size or st.st_mtime_ns != mtime_ns:
+            raise CheckpointInvalid(f"{src}: changed since it was scanned (not a regular file, or written again)")
+        if link and _link(fd, src, dst):
+            return
+        with open(dst, "wb") as out, os.fdopen(os.dup(fd), "rb") as data:
+            copied = _copy(data, out, size)
+        if copied != size:
+            raise CheckpointInvalid(f"{src}: {copied} bytes read, {size} expected (written meanwhile)")
+    finally:
+        os.close(fd)
+
+
+def _link(fd: int, src: Path, dst: Path) -> bool:
+    """Hard-link ``src`` to ``dst`` if it is still the file open as ``fd`` (same device and inode: a file
+    swapped in meanwhile, or a link, is never what gets linked); False where linking cannot be done
+    (another file system) or the name now leads elsewhere."""
+    try:
+        os.link(src, dst, follow_symlinks=False)
+    except OSError as exc:
+        if exc.errno in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES):
+            return False
+        raise
+    opened, linked = os.fstat(fd), os.lstat(dst)
+    if (opened.st_dev, opened.st_ino) == (linked.st_dev, linked.st_ino):
+        return True
+    dst.unlink()
+    return False
+
+
+def _copy(data: Any, out: Any, size: int) -> int:
+    copied = 0
+    while copied <= size:
+        chunk = data.read(min(1 << 24, size - copied + 1))
+        if not chunk:
+            break
+        out.write(chunk)
+        copied += len(chunk)
+    out.flush()
+    os.fsync(out.fileno())
+    return copied
+
+
+@dataclass(frozen=True)
+class Adoption:
+    """How a watcher adopts framework saves: the manifest's run fields (``shape``, asked at each adoption: the
+    attempt's world size changes), only saves written since ``since_ns`` (the lineage's start: a fresh run
+    does not take last night's ``checkpoint-120``), and who reads the step of a file whose name does not say
+    it (the sandboxed inspector; None: such files are not adopted)."""
+
+    shape: Callable[[], RunShape]
+    since_ns: int = 0
+    step_reader: Callable[[Path], int | None] | None = None
+    settle_s: float = SETTLE_S
+
+
+class Adopter:
+    """Adopts, at each look, the saves under ``root`` that completed since the last (``adoptable``), and hands
+    each checkpoint made to ``on_adopted(ckpt, save)`` (the watcher's ledger event)."""
+
+    def __init__(self, root: Path, adoption: Adoption, on_adopted: Callable[[Path, Found], None]):
+        self.root, self.adoption, self.on_adopted = root, adoption, on_adopted
+        self.scanned: dict[str, str] = {}  # source -> signature at the last look: unchanged since is complete
+        self.steps: dict[str, int | None] = {}  # a file's version -> the inspector's step, asked once
+
+    def adopt(self, wait_s: float = 0.0) -> list[Path]:
+        """The checkpoints made. ``wait_s`` (a final sweep): if a save it could adopt is still too fresh to
+        call settled, look again once after that long (unchanged between the two looks is settled)."""
+        made, pending = self._once()
+        if wait_s > 0 and pending:
+            time.sleep(wait_s)
+            made += self._once()[0]
+        return made
+
+    def _once(self) -> tuple[list[Path], bool]:
+        a = self.adoption
+        found, now = scan(self.root), time.time_ns()
+        reader = self._step if a.step_reader else None
+        chosen = adoptable(self.root, found, self.scanned, now, a.since_ns, reader, a.settle_s)
+        pending = unsettled(self.root, found, self.scanned, now, a.since_ns, a.settle_s)
+        self.scanned = {f.source: f.signature for f in found}
+        made = []
+        for save in chosen:
+            try:
+                ckpt = adopt(self.root, save, a.shape())
+            except (CheckpointInvalid, OSError) as exc:  # changed meanwhile or a step taken: the next look tries
+                log.warning("cannot adopt %s: %s", save.source, exc)
+                self.scanned.pop(save.source, None)
+                continue
+            self.on_adopted(ckpt, save)
+            made.append(ckpt)
+        return made, pending
+
+    def _step(self, path: Path) -> int | None:
+        assert self.adoption.step_reader is not None
+        st = os.lstat(path)
+        key = f"{path}:{st.st_size}:{st.st_mtime_ns}"
+        if key not in self.steps:
+            if len(self.steps) > 1024:  # a file rewritten at every save (last.ckpt): never grow without bound
+                self.steps.clear()
+            self.steps[key] = self.adoption.step_reader(path)
+        return self.steps[key]
+
+
+def framework(ckpt_dir: Path) -> str | None:
+    """The framework an adopted checkpoint came from (None: trainyard's own, or not readable)."""
+    try:
+        kind = read_manifest(ckpt_dir).get("framework")
+    except CheckpointInvalid:
+        return None
+    return kind if kind in FRAMEWORKS else None
+
+
+def resume_file(step_dir: Path, kind: str | None = None) -> Path:
+    """What a framework loads to resume from the adopted checkpoint ``step_dir`` (``TRAINYARD_RESUME_FROM``):
+    the folder itself for hf, dcp and trainyard's own; the one ``.ckpt``/``.pt``/``.pth`` inside it for
+    lightning and torch. ``kind`` defaults to the manifest's ``framework``. Torch-free: workers call it."""
+    step_dir = Path(step_dir)
+    kind = kind if kind is not None else framework(step_dir)
+    if kind not in ("lightning", "torch"):
+        return step_dir
+    suffixes = (".ckpt",) if kind == "lightning" else (".pt", ".pth")
+    files = sorted(p for p in step_dir.iterdir() if p.suffix in suffixes and p.is_file() and not p.is_symlink())
+    if len(files) != 1:
+        raise CheckpointInvalid(
+            f"{step_dir}: expected one {'/'.join(suffixes)} file of a {kind} save, found {len(files)}"
+        )
+    return files[0]
+
+
+FORMATS_HELP = (
+    "trainyard understands: its own saves (trainyard.runtime's checkpointer: step_NNNNNN/ with manifest.json);"
+    " Hugging Face Trainer checkpoint-N/ folders (trainer_state.json + *.safetensors or pytorch_model*.bin);"
+    " Lightning ModelCheckpoint *.ckpt files; torch.save *.pt/*.pth files (zip format, tensors in plain"
+    " dicts and lists: loadable with torch.load(weights_only=True)); torch.distributed.checkpoint step-N/"
+    " folders (.metadata, as torchtitan writes them). Save them under TRAINYARD_CHECKPOINT_DIR (or a folder"
+    f" of it, up to {MAX_DEPTH} deep), with the step in the name (step=120, _000120, checkpoint-120)."
+)
+
+
+def explain(root: Path) -> list[str]:
+    """One line per foreign save under ``root``: what it is and, if it was not taken, why (for the gate)."""
+    return [f.describe() for f in scan(root)]
+
+
+__all__ = [
+    "FORMATS_HELP",
+    "FRAMEWORKS",
+    "MAX_DEPTH",
+    "SETTLE_S",
+    "Adopter",
+    "Adoption",
+    "Found",
+    "RunShape",
+    "adopt",
+    "adoptable",
+    "adopted",
+    "explain",
+    "framework",
+    "resume_file",
+    "scan",
+    "settled",
+    "unsettled",
+]

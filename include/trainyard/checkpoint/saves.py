@@ -1,0 +1,256 @@
+"""What frameworks' checkpoints look like on disk, and whether one is a complete save.
+
+A user's script saves the way its framework does, somewhere under ``TRAINYARD_CHECKPOINT_DIR`` (the lineage
+root, or a folder of it up to ``MAX_DEPTH`` deep: ``<root>/lightning_logs/version_0/checkpoints/``)::
+
+    <root>/hf/checkpoint-120/          "hf": Hugging Face Trainer (trainer_state.json + *.safetensors or
+                                             pytorch_model*.bin; optimizer.pt, scheduler.pt, rng_state*.pth)
+    <root>/lightning/epoch=0-step=120.ckpt   "lightning": a ModelCheckpoint file (torch.save zip)
+    <root>/ckpt_000120.pt              "torch": a plain torch.save file (.pt, .pth)
+    <root>/dcp/step-120/               "dcp": torch.distributed.checkpoint as torchtitan writes them (.metadata)
+
+``scan`` finds them (never following a link, never entering trainyard's own ``step_NNNNNN/``, ``.tmp``,
+``superseded/`` or ``quarantine/``) and says of each why it is not a complete save, if it is not;
+``settled`` whether it is done being written. Only names, sizes, times, a bounded ``trainer_state.json``
+and zip trailers are read: nothing is unpickled (docs/architecture.md, rules 11 and 14), and no torch is
+imported. ``checkpoint.foreign`` adopts what this module finds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import stat
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainyard.atomic import TooLarge, read_json_capped
+from trainyard.checkpoint.format import MANIFEST, SUPERSEDED, is_step_name
+
+FRAMEWORKS = ("hf", "lightning", "torch", "dcp")
+"""The manifest's ``framework`` of an adopted checkpoint; absent: trainyard's own (DCP)."""
+MAX_DEPTH = 3
+"""How many folders below the root are searched: ``<root>/a/b/c/x.ckpt`` is found, one deeper is not. Three,
+not two: Lightning's default with a logger is ``lightning_logs/version_0/checkpoints/epoch=0-step=120.ckpt``."""
+SETTLE_S = 5.0
+"""A save whose files have not changed for this long is complete (at a final sweep, or the first scan of it)."""
+STATE_BYTES = 16 << 20
+"""The cap on reading ``trainer_state.json`` (its log history grows with the run: kilobytes to a few MB)."""
+FILE_BYTES = 1 << 40
+"""The cap on one adopted file (1 TiB): a sparse file of petabytes is evidence, not a checkpoint."""
+MAX_FILES = 10_000
+"""The most files one foreign save may hold (a sharded HF model holds tens; DCP one per rank)."""
+SKIP = frozenset({SUPERSEDED, "quarantine", MANIFEST, "__pycache__"})
+HF_STATE = "trainer_state.json"
+DCP_METADATA = ".metadata"
+TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
+_HF_DIR = re.compile(r"checkpoint-([0-9]+)\Z")
+_DCP_DIR = re.compile(r"step-([0-9]+)\Z")
+_STEP_WORD = re.compile(r"step[=_-]?([0-9]+)")
+_LAST_INT = re.compile(r"([0-9]+)(?!.*[0-9])")
+_EOCD = b"PK\x05\x06"
+_EOCD_SPAN = 22 + 65535  # the end-of-central-directory record and the longest zip comment
+
+
+@dataclass(frozen=True)
+class Found:
+    """One foreign save: what it is, where, its step (None: unknown from its name), its files, and why it is
+    not complete (``problem``; "" when it is)."""
+
+    kind: str
+    path: Path
+    source: str
+    """``path`` relative to the root (POSIX): what the manifest records and messages name."""
+    step: int | None
+    files: tuple[tuple[str, int, int], ...] = ()
+    """(name relative to ``path``'s folder for hf/dcp, the file's own name for lightning/torch, size, mtime_ns)."""
+    problem: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        return not self.problem
+
+    @property
+    def signature(self) -> str:
+        """Changes whenever any of its files is written: the same save is adopted once."""
+        return hashlib.sha256(json.dumps([self.kind, self.source, self.files]).encode()).hexdigest()[:32]
+
+    @property
+    def newest_ns(self) -> int:
+        return max((mtime for _, _, mtime in self.files), default=0)
+
+    @property
+    def step_named(self) -> bool:
+        """Whether its name carries the step (a framework writes such a name once; ``last.ckpt`` it rewrites)."""
+        return self.kind in ("hf", "dcp") or _name_step(self.path.stem) is not None
+
+    def describe(self) -> str:
+        step = "step unknown" if self.step is None else f"step {self.step}"
+        return f"{self.source} ({self.kind}, {step}): {self.problem or 'complete'}"
+
+
+def _name_step(stem: str) -> int | None:
+    """The step in a file's name: ``step=120``/``step_120`` wins, else the last integer (``ckpt_000120``)."""
+    match = _STEP_WORD.search(stem) or _LAST_INT.search(stem)
+    return int(match.group(1)) if match else None
+
+
+def _lstat(path: Path) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except OSError:
+        return None
+
+
+def _skipped(name: str) -> bool:
+    """trainyard's own entries and hidden ones: a checkpoint, a save in progress, set-aside or quarantined ones."""
+    return name in SKIP or name.startswith(".") or name.endswith(".tmp") or is_step_name(name)
+
+
+def scan(root: Path) -> list[Found]:
+    """Every foreign save under ``root`` (complete or not), lowest step first (unknown steps last)."""
+    found: list[Found] = []
+    _scan_folder(Path(root), Path(root), 0, found)
+    return sorted(found, key=lambda f: (f.step is None, f.step or 0, f.source))
+
+
+def _scan_folder(root: Path, folder: Path, depth: int, found: list[Found]) -> None:
+    try:
+        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+    except OSError:
+        return
+    for entry in entries:
+        if _skipped(entry.name) or entry.is_symlink():  # a link is never followed, whatever it names
+            continue
+        path = Path(entry.path)
+        if entry.is_dir(follow_symlinks=False):
+            if _HF_DIR.match(entry.name):
+                found.append(_hf(root, path))
+            elif _DCP_DIR.match(entry.name):
+                found.append(_dcp(root, path))
+            elif depth < MAX_DEPTH:
+                _scan_folder(root, path, depth + 1, found)
+        elif entry.is_file(follow_symlinks=False) and entry.name.endswith((".ckpt", ".pt", ".pth")):
+            found.append(_torch_file(root, path))
+
+
+def _files(folder: Path) -> tuple[tuple[tuple[str, int, int], ...], str]:
+    """The regular files of a save's folder (one level of subfolders) and a problem if it holds anything else."""
+    out: list[tuple[str, int, int]] = []
+    stack = [(folder, "")]
+    while stack:
+        here, prefix = stack.pop()
+        try:
+            entries = list(os.scandir(here))
+        except OSError as exc:
+            return (), f"cannot list {prefix or '.'} ({exc.strerror or exc})"
+        for entry in entries:
+            rel = prefix + entry.name
+            st = _lstat(Path(entry.path))
+            if st is None:
+                return (), f"{rel} vanished while it was listed (a save or rotation in progress?)"
+            if stat.S_ISDIR(st.st_mode) and not prefix:
+                stack.append((Path(entry.path), rel + "/"))
+            elif not stat.S_ISREG(st.st_mode):
+                return (), f"{rel} is a link or not a regular file; a checkpoint holds regular files only"
+            # (a folder two deep counts as "not a regular file": no framework nests its save deeper)
+            elif st.st_size > FILE_BYTES:
+                return (), f"{rel} holds {st.st_size} bytes, past the cap of {FILE_BYTES}"
+            else:
+                out.append((rel, st.st_size, st.st_mtime_ns))
+            if len(out) > MAX_FILES:
+                return (), f"more than {MAX_FILES} files"
+    return tuple(sorted(out)), ""
+
+
+def _hf(root: Path, path: Path) -> Found:
+    files, problem = _files(path)
+    source = path.relative_to(root).as_posix()
+    step: int | None = int(_HF_DIR.match(path.name).group(1))  # type: ignore[union-attr]
+    names = {rel for rel, _, _ in files}
+    metrics: dict[str, float] = {}
+    if not problem and HF_STATE not in names:
+        problem = f"no {HF_STATE} (save incomplete?)"
+    elif not problem and not any(n.endswith(".safetensors") or _hf_bin_weights(n) for n in names):
+        problem = "no model weights (*.safetensors or pytorch_model*.bin)"
+    if not problem:
+        state_step, metrics, problem = _trainer_state(path / HF_STATE)
+        step = state_step if state_step is not None else step
+    if not problem:
+        problem = _zip_problems(path, [n for n in names if n.endswith(TORCH_SUFFIXES)])
+    return Found("hf", path, source, step, files, problem, metrics)
+
+
+def _hf_bin_weights(name: str) -> bool:
+    return name.startswith("pytorch_model") and name.endswith(".bin")
+
+
+def _trainer_state(path: Path) -> tuple[int | None, dict[str, float], str]:
+    """``global_step`` and the last logged losses of a ``trainer_state.json``, read bounded and schema-checked."""
+    try:
+        state = read_json_capped(path, STATE_BYTES)
+    except (OSError, ValueError, TooLarge) as exc:  # a link, a FIFO, oversized, not JSON
+        return None, {}, f"{HF_STATE} is unreadable ({exc})"
+    if not isinstance(state, dict):
+        return None, {}, f"{HF_STATE} is not a JSON object"
+    step = state.get("global_step")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        return None, {}, f"{HF_STATE} has no integer global_step"
+    metrics: dict[str, float] = {}
+    history = state.get("log_history")
+    for entry in history if isinstance(history, list) else []:
+        if not isinstance(entry, dict):
+            continue
+        for key in ("loss", "eval_loss"):
+            value = entry.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                metrics[key] = float(value)  # the last logged value wins
+    return step, metrics, ""
+
+
+def _dcp(root: Path, path: Path) -> Found:
+    files, problem = _files(path)
+    if not problem and DCP_METADATA not in {rel for rel, _, _ in files}:
+        problem = f"no {DCP_METADATA} (save incomplete?)"
+    step = int(_DCP_DIR.match(path.name).group(1))  # type: ignore[union-attr]
+    return Found("dcp", path, path.relative_to(root).as_posix(), step, files, problem)
+
+
+def _torch_file(root: Path, path: Path) -> Found:
+    kind = "lightning" if path.suffix == ".ckpt" else "torch"
+    st = _lstat(path)
+    source = path.relative_to(root).as_posix()
+    if st is None or not stat.S_ISREG(st.st_mode):
+        return Found(kind, path, source, None, (), "vanished or not a regular file")
+    files = ((path.name, st.st_size, st.st_mtime_ns),)
+    problem = f"{st.st_size} bytes, past the cap of {FILE_BYTES}" if st.st_size > FILE_BYTES else ""
+    return Found(kind, path, source, _name_step(path.stem), files, problem or _zip_problems(path.parent, [path.name]))
+
+
+def _zip_problems(folder: Path, names: Iterable[str]) -> str:
+    """A torch.save file is whole when its zip's end-of-central-directory record is there (written last)."""
+    for name in sorted(names):
+        try:
+            fd = os.open(folder / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError as exc:
+            return f"{name}: cannot open ({exc.strerror or exc})"
+        try:
+            size = os.fstat(fd).st_size
+            tail = os.pread(fd, min(size, _EOCD_SPAN), max(0, size - _EOCD_SPAN))
+        finally:
+            os.close(fd)
+        if _EOCD not in tail:
+            return f"{name}: no zip end record (a torch.save cut short, still being written, or the legacy format)"
+    return ""
+
+
+def settled(found: Found, previous: dict[str, str], now_ns: int, settle_s: float = SETTLE_S) -> bool:
+    """Complete, and done being written: unchanged since the previous scan (``previous``: source ->
+    signature), or untouched for ``settle_s``."""
+    if not found.complete:
+        return False
+    return previous.get(found.source) == found.signature or now_ns - found.newest_ns >= settle_s * 1e9
