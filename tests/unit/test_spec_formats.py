@@ -42,6 +42,10 @@ def test_the_default_is_the_tok_format_with_its_expectations(tmp_path: Path) -> 
 )
 def test_valid_format_sections(tmp_path: Path, dataset: str, training: str) -> None:
     assert check_files([write(tmp_path, dataset, training)]) == []
+    # A run pins the whole spec, every default written out (pipeline.run's spec.json); it loads as it was.
+    pinned = tmp_path / "spec.json"
+    pinned.write_text(load_spec(write(tmp_path, dataset, training)).model_dump_json())
+    assert load_spec(pinned) == load_spec(write(tmp_path, dataset, training))
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ from pathlib import PurePosixPath
 from typing import TypeGuard
 
 from croniter import croniter
+from pydantic import BaseModel
 
 from trainyard.spec.folders import dataset_name_problems
 from trainyard.spec.models import TEXT_EXPECTATIONS, TEXT_FORMATS, TOKEN_EXPECTATIONS, Lifecycle, PipelineSpec
@@ -81,6 +82,13 @@ def _expectations(spec: PipelineSpec) -> list[str]:
     return problems
 
 
+def _changed(model: BaseModel) -> set[str]:
+    """The fields given a value other than their default. Not ``model_fields_set``: a run's pinned spec is the
+    whole model, defaults written out, and must load again as the spec it was."""
+    fields = type(model).model_fields
+    return {name for name in model.model_fields_set if getattr(model, name) != fields[name].get_default(call_default_factory=True)}
+
+
 def _format(spec: PipelineSpec) -> list[str]:
     """Fields that belong to another format are a mistake to name, not to ignore."""
     ds, problems = spec.dataset, []
@@ -92,7 +100,7 @@ def _format(spec: PipelineSpec) -> list[str]:
         )
     if ds.format != "numpy" and ds.dtype is not None:
         problems.append(f"dataset.dtype: only for dataset.format: numpy (this dataset is {ds.format}); remove it")
-    if not text and "text_column" in ds.model_fields_set:
+    if not text and "text_column" in _changed(ds):
         problems.append(
             f"dataset.text_column: only for text formats (parquet, jsonl; this dataset is {ds.format}); remove it"
         )
@@ -100,7 +108,7 @@ def _format(spec: PipelineSpec) -> list[str]:
         (TOKEN_EXPECTATIONS, "token formats (tok, numpy)") if text
         else (TEXT_EXPECTATIONS, "text formats (parquet, jsonl)")
     )  # fmt: skip
-    for name in sorted(wrong & ds.expectations.model_fields_set):
+    for name in sorted(wrong & _changed(ds.expectations)):
         problems.append(
             f"dataset.expectations.{name}: only checked for {which}; this dataset is {ds.format}: remove it"
             " or set dataset.format"
