@@ -50,7 +50,7 @@ def resumed_event(ledger: Ledger, run: Path) -> int:
     """The adapters name the checkpoint they resume from (one trainyard adopted from the framework's save)."""
     [resumed] = ledger.events("train", "resumed")
     manifest = read_manifest(Path(resumed["path"]))
-    assert manifest["format"] in ("hf", "lightning") and manifest["step"] == resumed["step"], manifest
+    assert manifest["framework"] in ("hf", "lightning") and manifest["step"] == resumed["step"], manifest
     return int(resumed["step"])
 
 
@@ -82,6 +82,7 @@ def test_a_users_script_recovers_from_its_own_checkpoint_and_is_published(env: d
     done = airflow(env, "dags", "test", dag_id, DATE)
     out = done.stdout + done.stderr
     states = {t: s for t, (s, _) in task_states(env, dag_id, DATE).items()}
+    (Path(env["AIRFLOW_HOME"]) / f"{dag_id}.out").write_text(out)
     assert run_state(env, dag_id, DATE) == "success", (states, out[-4000:])
     ledger = Ledger.in_dir(run_folder(env, dag_id, DATE))
     [fired] = ledger.events("train", "drill_fired")

@@ -312,6 +312,7 @@ class Watcher:
         self.results: list[Validation] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="checkpoint-watcher", daemon=True)
+        self._sweeping = threading.RLock()  # the thread's sweeps and a driver's catch_up take turns
 
     def __enter__(self) -> Watcher:
         self.seen = {c.name for c in list_checkpoints(self.root)}  # earlier runs' checkpoints were judged then
@@ -346,11 +347,20 @@ class Watcher:
                 log.exception("checkpoint watcher failed; will retry")
 
     def sweep(self) -> None:
-        self.adopt()
-        for ckpt in list_checkpoints(self.root):
-            if ckpt.name not in self.seen:
-                self.seen.add(ckpt.name)
-                self._judge(ckpt)
+        with self._sweeping:
+            self.adopt()
+            for ckpt in list_checkpoints(self.root):
+                if ckpt.name not in self.seen:
+                    self.seen.add(ckpt.name)
+                    self._judge(ckpt)
+
+    def catch_up(self, wait_s: float = 1.0) -> None:
+        """Judge everything saved up to now before a recovery decision reads the lineage: a framework's save
+        written just before a fault is adopted once it stops changing (``wait_s`` more at most), so the relaunch
+        resumes from it rather than from the one before."""
+        with self._sweeping:
+            self.adopt(wait_s)
+            self.sweep()
 
     def _judge(self, ckpt: Path) -> None:
         current = latest(self.root)

@@ -10,6 +10,7 @@ is ``pipeline.run.defers``.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -25,7 +26,7 @@ from trainyard.protocol.env import FaultDrill, TrainEnv
 from trainyard.recovery.commands import AttemptResult
 from trainyard.recovery.deferred import Deferral, Deferred, Done, Outcome
 from trainyard.recovery.figures import recovery_figures
-from trainyard.recovery.observations import BackoffOver, Context, Reported
+from trainyard.recovery.observations import BackoffOver, Checkpoints, Context, Reported
 from trainyard.recovery.progress import ProgressLog, tokens_per_step
 from trainyard.recovery.state import Course
 from trainyard.recovery.storehost import StoreHost
@@ -128,12 +129,12 @@ class TrainStage:
             why_not = in_place_why_not(run, self.launcher)
             store = self._store(target) if not why_not else None
             stage.note("recovery_path", in_place=not why_not, why_not=why_not)
-            with watcher(run):
+            with watcher(run) as judged:
                 result = supervise(
                     self.launcher,
                     run.ledger,
                     self._context(elastic=store is not None),
-                    self._hooks(target, store=store),
+                    self._hooks(target, store=store, catch_up=judged.catch_up),
                     run.spec.training.heartbeat_timeout_s,
                     keep_alive=held.keep,
                 )
@@ -224,7 +225,7 @@ class TrainStage:
             self._hooks(target, store=store, every_wake=True),
             run.spec.training.heartbeat_timeout_s,
             target,
-            on_wake=None if start is None else lambda: watcher(run).carry_on(start).sweep(),
+            on_wake=None if start is None else lambda: watcher(run).carry_on(start).catch_up(),
         )
 
     def _context(self, elastic: bool = False) -> Context:
@@ -249,14 +250,24 @@ class TrainStage:
         """A value of the coordination store the supervisor refused: evidence in the ledger (it was ignored)."""
         self.run.ledger.append(STAGE, "store_refused", attempt=attempt, key=key, reason=why)
 
-    def _hooks(self, target: int, store: CoordinationStore | None = None, every_wake: bool = False) -> Hooks:
+    def _hooks(
+        self, target: int, store: CoordinationStore | None = None, every_wake: bool = False,
+        catch_up: Callable[[], None] | None = None,
+    ) -> Hooks:  # fmt: skip
         """The drivers' hooks; ``every_wake``: a progress line at each wake of a deferred task, which
-        sees its attempt only then, instead of every ``training.progress_every_s``."""
+        sees its attempt only then, instead of every ``training.progress_every_s``; ``catch_up``: judge the
+        saves up to now before a decision reads the lineage (the blocking driver's watcher)."""
         run = self.run
+
+        def checkpoints() -> Checkpoints:
+            if catch_up is not None:
+                catch_up()
+            return hot_checkpoints(run)
+
         return Hooks(
             plan_for=lambda attempt, course: _plan(run, attempt, course, target, store),
             rollback_to=lambda step: rollback(run, step),
-            checkpoints=lambda: hot_checkpoints(run),
+            checkpoints=checkpoints,
             progress_for=lambda plan: _progress(run, plan, target, 0 if every_wake else None),
             coordinator_for=store.coordinator if store is not None else None,
             store_address=store.reach if store is not None else None,

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from trainyard.checkpoint import foreign
 from trainyard.errors import TrainingFailed
 from trainyard.runtime.checkpoints import resolve_resume
 from trainyard.runtime.drills import Drills
@@ -92,22 +93,14 @@ def resume_checkpoint(kind: str, ctx: RunContext | None = None) -> Path | None:
     if chosen is None:
         return None
     path, manifest = chosen
-    written = manifest.get("format", "trainyard")
+    written = manifest.get("framework", "trainyard")
     if written != kind:
         log.warning("the checkpoint to resume, %s, was written as %r, not %r: starting fresh", path, written, kind)
         return None
-    target = _target(path, kind)
-    if target is not None and rank() == 0:  # the framework loads it next: the step it resumes from, as load_latest
+    target = foreign.resume_file(path, kind)
+    if rank() == 0:  # the framework loads it next: the step it resumes from, as load_latest
         ledger_event(
             ctx, "resumed", step=int(manifest["step"]), path=str(path),
             from_world_size=manifest.get("world_size"), from_global_batch=manifest.get("global_batch"),
         )  # fmt: skip
     return target
-
-
-def _target(folder: Path, kind: str) -> Path | None:
-    if kind in ("hf", "dcp"):
-        return folder
-    suffixes = (".ckpt",) if kind == "lightning" else (".pt", ".pth")
-    files = sorted(p for p in folder.iterdir() if p.suffix in suffixes and p.is_file())
-    return files[0] if len(files) == 1 else None
