@@ -86,7 +86,11 @@ def _changed(model: BaseModel) -> set[str]:
     """The fields given a value other than their default. Not ``model_fields_set``: a run's pinned spec is the
     whole model, defaults written out, and must load again as the spec it was."""
     fields = type(model).model_fields
-    return {name for name in model.model_fields_set if getattr(model, name) != fields[name].get_default(call_default_factory=True)}
+    return {
+        name
+        for name in model.model_fields_set
+        if getattr(model, name) != fields[name].get_default(call_default_factory=True)
+    }
 
 
 def _format(spec: PipelineSpec) -> list[str]:
