@@ -59,6 +59,8 @@ class TrainRun:
     """Nodes that joined a group in place, in order."""
     in_place: bool | None = None
     why_not: str | None = None
+    hang_detection_off: str | None = None
+    """Why hang detection is off (the script writes no heartbeats: ``hang_detection_off``); None: on."""
 
     @classmethod
     def of(cls, events: Iterable[Event]) -> TrainRun:
@@ -214,6 +216,7 @@ _TRAIN = {
     "resumed": _resumed,
     "drill_fired": _drill,
     "recovery_path": lambda s, e: replace(s, in_place=e.get("in_place"), why_not=e.get("why_not")),
+    "hang_detection_off": lambda s, e: replace(s, hang_detection_off=str(e.get("reason") or "no heartbeats")),
 }
 
 

@@ -267,6 +267,18 @@ class RecoveryPath(Event):
 
 
 @dataclass(frozen=True)
+class HangDetectionOff(Event):
+    """The training script writes no heartbeats: nothing is called hung until its first beat (once a run)."""
+
+    event = "hang_detection_off"
+    attempt: int | None = None
+    reason: str | None = None
+    """What was seen (no beat from any rank so long after the start)."""
+    fix: str | None = None
+    """How to turn hang detection on (``protocol.heartbeat.HOW_TO_BEAT``)."""
+
+
+@dataclass(frozen=True)
 class RecoveryFigures(Event):
     event = "recovery_figures"
     open = True
@@ -548,7 +560,7 @@ KINDS: dict[str, type[Event]] = {
     for kind in (
         StageStart, StageEnd, StageFailed, Params, Notified, NotifyFailed, Progress, Plan, Staged, EarlierBoot,
         EarlierBootReverified, TrustOnFirstFetch, Evicted, DatasetChecked, SittingOut, NodesMarked, NodesRetested,
-        NodeVerdict, Thresholds, ResumePoint, RecoveryPath, RecoveryFigures, AttemptStart, AttemptEnd, AttemptEvent,
+        NodeVerdict, Thresholds, ResumePoint, RecoveryPath, HangDetectionOff, RecoveryFigures, AttemptStart, AttemptEnd, AttemptEvent,
         FailureClassified, DecisionMade, Grown, SparesWarm, Rejoining, RolledBack, LineageHeld, LineageReset,
         CheckpointValidated, CheckpointPromoted, CheckpointQuarantined, CheckpointRetired, CheckpointTiered,
         CheckpointChecked, Published, Step, Finished, CheckpointSaved, CheckpointSkipped, Resumed, Regrouped,

@@ -40,10 +40,12 @@ from trainyard.events.schema import (
     DecisionMade,
     FailureClassified,
     Grown,
+    HangDetectionOff,
     RecoveryPath,
     Rejoining,
     SparesWarm,
 )
+from trainyard.protocol.heartbeat import HOW_TO_BEAT
 from trainyard.recovery.classify import Classified, Failure, NodeFailure, classify
 from trainyard.recovery.commands import (
     AttemptResult,
@@ -65,6 +67,7 @@ from trainyard.recovery.observations import (
     AttemptFailed,
     AttemptSucceeded,
     BackoffOver,
+    Beatless,
     Context,
     Hang,
     LeaseLost,
@@ -111,6 +114,8 @@ def step(state: TrainState, observation: Observation, ctx: Context) -> list[Comm
     match observation:
         case Timeout():
             return [Watch(current.number, current.course)]
+        case Beatless(reason=reason):
+            return [*_hang_detection_off(state, current.number, reason), Watch(current.number, current.course)]
         case LostSight(message=message):
             return [Fail(f"lost sight of attempt {current.number}: {message}", "lost_sight")]
         case AttemptSucceeded():
@@ -182,6 +187,18 @@ def grown_world(current: Attempt, ctx: Context, ready: Iterable[str]) -> tuple[l
         if micro is not None:
             return nodes + fresh[: world - len(nodes)], micro
     return None
+
+
+def _hang_detection_off(state: TrainState, attempt: int, seen: str) -> list[Command]:
+    """Say once a run that the script writes no heartbeats, so nothing is called hung, and how to change that."""
+    if state.run.hang_detection_off is not None:
+        return []
+    off = HangDetectionOff(
+        attempt=attempt, reason=f"the training script writes no heartbeats ({seen})", fix=HOW_TO_BEAT
+    )
+    said = (f"attempt {attempt}: hang detection is off: {off.reason}; a stuck rank is noticed only when a process"
+            f" exits. To turn it on, {HOW_TO_BEAT}")  # fmt: skip
+    return [Record.of(off, said)]
 
 
 def _grow(current: Attempt, ctx: Context, ready: list[str]) -> list[Command]:

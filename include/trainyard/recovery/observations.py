@@ -87,6 +87,16 @@ class Hang:
 
 
 @dataclass(frozen=True)
+class Beatless:
+    """No rank of the attempt has beaten by the time one that did would have been called hung: the script
+    writes no heartbeats, so hang detection is off for it (its liveness is its processes' exits)."""
+
+    attempt: int
+    at: float
+    reason: str
+
+
+@dataclass(frozen=True)
 class Timeout:
     """The watcher woke without news: the attempt runs on."""
 
@@ -127,7 +137,16 @@ class LeaseLost:
 
 
 Observation = (
-    TaskStarted | AttemptSucceeded | AttemptFailed | Hang | Timeout | LostSight | BackoffOver | LeaseLost | SparesReady
+    TaskStarted
+    | AttemptSucceeded
+    | AttemptFailed
+    | Hang
+    | Beatless
+    | Timeout
+    | LostSight
+    | BackoffOver
+    | LeaseLost
+    | SparesReady
 )
 
 

@@ -257,6 +257,7 @@ class Supervisor(Driver):
             pause=self._pause(attempt, last.generation) if on_store else time.sleep,
             each_poll=(lambda: self._start_due(attempt)) if on_store else None,
             leaving=self._leaving(attempt, last.generation) if on_store else None,
+            beatless_said=self.reader.now().run.hang_detection_off is not None,
         )
         return self._ungrouped(attempt, seen) if on_store else seen
 

@@ -192,12 +192,15 @@ def checkpoints_section(summary: Mapping[str, Any]) -> str:
 
 def recovery_section(summary: Mapping[str, Any]) -> str:
     figures = summary.get("recovery")
+    off = summary.get("hang_detection")
+    said = f"<p>Hang detection: {esc(off)}</p>" if off else ""
     if not figures:
-        return '<h2>Recovery figures</h2><p class="empty">No recovery figures recorded (training did not finish).</p>'
+        return ('<h2>Recovery figures</h2><p class="empty">No recovery figures recorded (training did not finish).</p>'
+                + said)  # fmt: skip
     rows = [[esc(label), esc("-" if figures.get(key) is None else figures[key])] for key, label in RECOVERY_FIGURES]
     return (
         f"<h2>Recovery figures</h2>{_table(['figure', 'value'], rows, 'recovery')}"
-        f"<p>Attempts: {esc(summary.get('attempts'))}</p>"
+        f"<p>Attempts: {esc(summary.get('attempts'))}</p>{said}"
     )
 
 

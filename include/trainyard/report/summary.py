@@ -17,6 +17,7 @@ from trainyard.events.fold import TrainRun, fold
 from trainyard.events.ledger import Ledger
 from trainyard.events.records import DecisionTaken, FailureSeen, Growth
 from trainyard.protocol import steps as progress
+from trainyard.protocol.heartbeat import HOW_TO_BEAT
 from trainyard.report.faults import attempt_lines
 from trainyard.report.pages import report_html
 
@@ -67,6 +68,7 @@ def summarize(ledger: Ledger) -> dict[str, Any]:
         "attempt_details": attempt_table(state.train),
         "world_path": state.train.world_path,
         "recovery_path": _recovery_path(state.train),
+        "hang_detection": _hang_detection(state.train),
         "timeline": [
             {k: e.get(k) for k in ("ts", "event", "attempt", "nodes", "kind", "action", "reason", "evidence")}
             for e in train
@@ -101,6 +103,13 @@ def _recovery_path(train: TrainRun) -> str | None:
     if train.in_place is None:
         return None
     return "in place" if train.in_place else f"relaunch: {train.why_not or 'no reason recorded'}"
+
+
+def _hang_detection(train: TrainRun) -> str | None:
+    """``off: why, and how to turn it on`` where the script writes no heartbeats (``hang_detection_off``); else None."""
+    if train.hang_detection_off is None:
+        return None
+    return f"off: {train.hang_detection_off}; to turn it on, {HOW_TO_BEAT}"
 
 
 def run_state(stages: dict[str, dict[str, Any]], running: list[str]) -> str:
@@ -199,6 +208,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         lines.append(f"  recovery path:    {summary['recovery_path']}")
     if summary.get("world_path"):
         lines.append(f"  world path:       {summary['world_path']}")
+    if summary.get("hang_detection"):
+        lines.append(f"  hang detection:   {summary['hang_detection']}")
     lines.append(f"  valid checkpoint: {summary['checkpoint'] or '-'}")
     lines.append(f"  published to:     {summary['published'] or '-'}")
     if summary.get("report"):
