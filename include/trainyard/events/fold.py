@@ -59,6 +59,8 @@ class TrainRun:
     """Nodes that joined a group in place, in order."""
     in_place: bool | None = None
     why_not: str | None = None
+    batch_followed: bool = False
+    """The script applies the batch settings (a ``batch_followed`` of any attempt: the same script runs them all)."""
     hang_detection_off: str | None = None
     """Why hang detection is off (the script writes no heartbeats: ``hang_detection_off``); None: on."""
 
@@ -216,6 +218,7 @@ _TRAIN = {
     "resumed": _resumed,
     "drill_fired": _drill,
     "recovery_path": lambda s, e: replace(s, in_place=e.get("in_place"), why_not=e.get("why_not")),
+    "batch_followed": lambda s, e: replace(s, batch_followed=True),
     "hang_detection_off": lambda s, e: replace(s, hang_detection_off=str(e.get("reason") or "no heartbeats")),
 }
 

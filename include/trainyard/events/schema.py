@@ -549,6 +549,16 @@ class Regrouped(WorkerEvent):
 
 
 @dataclass(frozen=True)
+class BatchFollowed(WorkerEvent):
+    """Rank 0 applies the batch settings (``runtime.follow_batch``): the global batch survives a change of world."""
+
+    event = "batch_followed"
+    global_batch: int | None = None
+    micro_batch: int | None = None
+    accumulation: int | None = None
+
+
+@dataclass(frozen=True)
 class DrillFired(WorkerEvent):
     event = "drill_fired"
     fault: str | None = None
@@ -564,7 +574,7 @@ KINDS: dict[str, type[Event]] = {
         FailureClassified, DecisionMade, Grown, SparesWarm, Rejoining, RolledBack, LineageHeld, LineageReset,
         CheckpointValidated, CheckpointPromoted, CheckpointQuarantined, CheckpointRetired, CheckpointTiered,
         CheckpointChecked, Published, Step, Finished, CheckpointSaved, CheckpointSkipped, Resumed, Regrouped,
-        DrillFired, PointerRefused, StoreRefused,
+        DrillFired, BatchFollowed, PointerRefused, StoreRefused,
     )
 }  # fmt: skip
 """Every event kind, by its name."""

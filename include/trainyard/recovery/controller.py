@@ -256,6 +256,7 @@ def situation(state: TrainState, current: Attempt, ctx: Context, seen: AttemptFa
         in_place=InPlace(not seen.ungrouped, seen.ungrouped, list(current.regroups)) if ctx.elastic else None,
         # A hang seen by a trigger has no node statuses: nothing known of who runs
         running=[n.node for n in seen.failure.nodes if n.state == "running"] if seen.failure.nodes else None,
+        batch_followed=state.batch_followed,
     )
 
 
