@@ -44,7 +44,8 @@ def summarize(ledger: Ledger) -> dict[str, Any]:
         "ended": events[-1]["ts"] if events else None,
         "stages": stages,
         "running": running,
-        "nodes_used": ends.get("train", {}).get("nodes", []),
+        # The final attempt's group (after a scale-down or a regroup), not the nodes the stage started on.
+        "nodes_used": list(last.nodes) if (last := state.train.last) else ends.get("train", {}).get("nodes", []),
         # .get: the view also shows ledgers written by older versions of the stages.
         "node_verdicts": {
             n: {k: v.get(k) for k in ("figures", "again", "suspect", "verdict", "reason", "collective")}
@@ -199,7 +200,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     if summary["attempts"] > 1 and recovery:
         lines.append(
             f"  attempts:         {summary['attempts']} (detection {recovery.get('detection_s')} s, resume delay"
-            f" {recovery.get('resume_delay_s')} s, lost steps {recovery.get('lost_steps')}, ETTR {recovery.get('ettr')})"
+            f" {_known(recovery, 'resume_delay_s', ' s')}, lost steps {_known(recovery, 'lost_steps')},"
+            f" ETTR {recovery.get('ettr')})"
         )
     for row in summary.get("attempt_details") or []:
         lines.append(f"  attempt {row['attempt']}:        {row['state']} on {', '.join(row.get('nodes') or []) or '-'}")
@@ -215,6 +217,15 @@ def format_summary(summary: dict[str, Any]) -> str:
     if summary.get("report"):
         lines.append(f"  report:           {summary['report']}")
     return "\n".join(lines)
+
+
+def _known(figures: dict[str, Any], name: str, unit: str = "") -> str:
+    """A recovery figure with its unit, or ``unknown (why)`` where the run could not know it (never 0)."""
+    value = figures.get(name)
+    if value is not None:
+        return f"{value}{unit}"
+    why = figures.get(name.removesuffix("_s") + "_why")
+    return f"unknown ({why})" if why else "-"
 
 
 def write_report(run_dir: Path, ledger: Ledger) -> dict[str, Any]:
