@@ -279,6 +279,18 @@ class HangDetectionOff(Event):
 
 
 @dataclass(frozen=True)
+class DrillRefused(Event):
+    """A drill the supervisor could not act out for this script, and why (``recovery.drills``)."""
+
+    event = "drill_refused"
+    attempt: int | None = None
+    fault: str | None = None
+    node: str | None = None
+    step: int | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
 class RecoveryFigures(Event):
     event = "recovery_figures"
     open = True
@@ -570,7 +582,7 @@ KINDS: dict[str, type[Event]] = {
     for kind in (
         StageStart, StageEnd, StageFailed, Params, Notified, NotifyFailed, Progress, Plan, Staged, EarlierBoot,
         EarlierBootReverified, TrustOnFirstFetch, Evicted, DatasetChecked, SittingOut, NodesMarked, NodesRetested,
-        NodeVerdict, Thresholds, ResumePoint, RecoveryPath, HangDetectionOff, RecoveryFigures, AttemptStart, AttemptEnd, AttemptEvent,
+        NodeVerdict, Thresholds, ResumePoint, RecoveryPath, HangDetectionOff, DrillRefused, RecoveryFigures, AttemptStart, AttemptEnd, AttemptEvent,
         FailureClassified, DecisionMade, Grown, SparesWarm, Rejoining, RolledBack, LineageHeld, LineageReset,
         CheckpointValidated, CheckpointPromoted, CheckpointQuarantined, CheckpointRetired, CheckpointTiered,
         CheckpointChecked, Published, Step, Finished, CheckpointSaved, CheckpointSkipped, Resumed, Regrouped,
