@@ -527,11 +527,11 @@ def test_a_script_without_heartbeats_is_not_hung_and_the_run_says_so_once(ledger
                                      for c in commands if isinstance(c, Record)]]).run.hang_detection_off  # fmt: skip
 
 
-def test_the_scale_down_says_the_global_batch_is_kept_only_after_the_script_said_it_follows_it() -> None:
+def test_the_scale_down_says_the_global_batch_is_kept_only_where_the_script_said_it_follows_it() -> None:
     lost = failed([node("n1", exit_code=-9), ok("n0"), ok("n2")])
-    bare = records(step(TrainState.of([RESUME, start(1)]), lost, ctx()))["decision"]
+    state = TrainState.of([RESUME, start(1)])
+    bare = records(step(state, lost, ctx()))["decision"]
     assert bare["action"] == "scale_down" and "global batch changes from 12 to 8" in bare["reason"]
     assert "trainyard.runtime.follow_batch()" in bare["reason"]
-    followed = ev("batch_followed", T0 + 2, attempt=1, global_batch=12, micro_batch=2, accumulation=2)
-    said = records(step(TrainState.of([RESUME, start(1), followed]), lost, ctx()))["decision"]
+    said = records(step(state, replace(lost, batch_followed=True), ctx()))["decision"]
     assert "global batch 12 kept" in said["reason"] and "follow_batch" not in said["reason"]

@@ -123,7 +123,7 @@ def step(state: TrainState, observation: Observation, ctx: Context) -> list[Comm
         case Hang():
             failure = Failure(current.number, "hang", [], list(observation.suspects))
             seen = AttemptFailed(current.number, observation.at, failure, observation.reason, observation.checkpoints,
-                                 observation.ungrouped)  # fmt: skip
+                                 observation.ungrouped, observation.batch_followed)  # fmt: skip
             return _failed(state, current, seen, ctx)
         case AttemptFailed():
             return _failed(state, current, observation, ctx)
@@ -256,7 +256,7 @@ def situation(state: TrainState, current: Attempt, ctx: Context, seen: AttemptFa
         in_place=InPlace(not seen.ungrouped, seen.ungrouped, list(current.regroups)) if ctx.elastic else None,
         # A hang seen by a trigger has no node statuses: nothing known of who runs
         running=[n.node for n in seen.failure.nodes if n.state == "running"] if seen.failure.nodes else None,
-        batch_followed=state.batch_followed,
+        batch_followed=seen.batch_followed,
     )
 
 

@@ -153,11 +153,6 @@ class TrainState:
         )
 
     @property
-    def batch_followed(self) -> bool:
-        """The script applies the batch settings (``batch_followed``): a decision may say the global batch is kept."""
-        return self.run.batch_followed
-
-    @property
     def used(self) -> frozenset[str]:
         """Nodes any attempt ran on or a decision took (a spare used once is no longer spare)."""
         return self.run.used

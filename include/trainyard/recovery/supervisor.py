@@ -52,6 +52,7 @@ from trainyard.recovery.observations import (
     BackoffOver,
     Checkpoints,
     Context,
+    Hang,
     Observation,
     TaskStarted,
 )
@@ -189,9 +190,17 @@ class Driver:
             return replace(seen, ungrouped=UNGROUPED)
         return seen
 
+    def followed(self, observation: Observation) -> Observation:
+        """A failure with whether the script said it applies the batch settings: its rank 0's ``batch_followed``,
+        in the writers' files (what the policy's decision may claim about the global batch)."""
+        if isinstance(observation, (AttemptFailed, Hang)) and not observation.batch_followed:
+            said = next(iter(self.ledger.events(STAGE, "batch_followed")), None) is not None
+            return replace(observation, batch_followed=said) if said else observation
+        return observation
+
     def commands(self, observation: Observation) -> list[Command]:
         """Step, and carry out every command but the last (the terminal one, returned alone)."""
-        *steps, last = step(self.reader.now(), observation, self.ctx)
+        *steps, last = step(self.reader.now(), self.followed(observation), self.ctx)
         for command in steps:
             self.execute(command)
         return [last]
