@@ -39,6 +39,7 @@ def test_who_acts_out_a_drill(fault: str, entrypoint: str, backend: str, says: s
         (KILL, Progress({}, checkpoint=5), None),
         (KILL, Progress({"node-0": 3}, checkpoint=20), None),  # beats count first; node-1 has not beaten
         (FaultDrill("hang", 4), Progress({"node-0": 4}), (4, "heartbeats")),  # no node: node-0
+        (FaultDrill("hang", 4), Progress({}, checkpoint=10), None),  # a hang waits for beats: only they find it
     ],
 )
 def test_a_drill_strikes_once_its_node_reached_its_step(

@@ -163,3 +163,12 @@ def test_after_a_regroup_only_the_current_groups_beats_count() -> None:
 def test_hang_detection_needs_a_first_heartbeat(beats: dict, now: float, stale: list[str], quiet: bool) -> None:
     assert stale_ranks(beats, expected=2, started=0.0, now=now, timeout_s=20.0, grace_s=120.0) == stale
     assert beatless(beats, started=0.0, now=now, timeout_s=20.0, grace_s=120.0) is quiet
+
+
+def test_an_attempt_of_a_script_that_beat_before_is_hung_without_a_beat_not_quiet() -> None:
+    """An earlier attempt beat: an attempt stuck before its loop (a rendezvous that never forms) is a hang."""
+    assert stale_ranks({}, 2, started=0.0, now=1000.0, timeout_s=20.0, grace_s=120.0, beats_known=True) == [
+        "rank-0",
+        "rank-1",
+    ]
+    assert stale_ranks({}, 2, started=0.0, now=100.0, timeout_s=20.0, grace_s=120.0, beats_known=True) == []

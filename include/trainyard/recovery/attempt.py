@@ -69,6 +69,7 @@ def watch_attempt(
     each_poll: Callable[[], None] | None = None,
     leaving: Callable[[], list[str]] | None = None,
     beatless_said: bool = True,
+    beats_known: bool = False,
 ) -> AttemptSucceeded | Failed | LeaseLost | SparesReady | Beatless:
     """Poll the attempt until it succeeds, fails or the run loses its lineage: what was seen.
 
@@ -83,7 +84,8 @@ def watch_attempt(
     attempt on the store): the group's nodes that reported they leave on notice; any is a ``preempted`` failure
     to regroup without them, seen before their processes end. ``beatless_said`` False: an attempt without a
     single heartbeat past the first beat's grace ends the watch with ``Beatless`` (the run has not said yet
-    that hang detection is off); the attempt runs on.
+    that hang detection is off); the attempt runs on. ``beats_known``: an earlier attempt of the run beat
+    (``watch.detect``).
     """
     members = list(plan.nodes) if regrouped else None
     while True:
@@ -97,7 +99,7 @@ def watch_attempt(
         if status.state == "succeeded":
             return AttemptSucceeded(plan.attempt, time.time(), last_step(heartbeat_dir))
         problem = detect(status, heartbeat_dir, plan.world_size, started, heartbeat_timeout_s, startup_grace_s, members,
-                         beatless_said)  # fmt: skip
+                         beatless_said, beats_known)  # fmt: skip
         if problem and problem[0] == "beatless":
             return Beatless(plan.attempt, time.time(), problem[2])
         if not problem and leaving is not None and (left := [n for n in leaving() if n in plan.nodes]):

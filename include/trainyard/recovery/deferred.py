@@ -233,8 +233,9 @@ class Deferred(Driver):
         members = list(plan.nodes) if current.generation > 1 else None
         started = current.regrouped_at or current.started
         told = self.reader.now().run.hang_detection_off is not None  # a script without beats: said once a run
+        known = any(a.last_step is not None for a in state.run.attempts)  # an earlier attempt beat: hung, not quiet
         problem = detect(status, beats, plan.world_size, started, self.heartbeat_timeout_s, STARTUP_GRACE_S, members,
-                         told)  # fmt: skip
+                         told, known)  # fmt: skip
         if problem and problem[0] == "beatless":
             return Beatless(attempt, now, problem[2])
         if problem:

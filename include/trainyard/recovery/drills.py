@@ -59,6 +59,8 @@ def due(drills: list[FaultDrill], nodes: list[str], seen: Progress) -> list[tupl
         node = target(drill, nodes)
         if seen.steps:
             reached, source = seen.steps.get(node), "heartbeats"
+        elif drill.fault == "hang":  # only a script that beats has its frozen node found: wait for its beats
+            continue
         else:
             reached, source = seen.checkpoint, "checkpoints"
         if reached is not None and reached >= drill.step:

@@ -287,6 +287,7 @@ class Supervisor(Driver):
             each_poll=each_poll if on_store or actor is not None else None,
             leaving=self._leaving(attempt, last.generation) if on_store else None,
             beatless_said=self.reader.now().run.hang_detection_off is not None,
+            beats_known=any(a.last_step is not None for a in self.reader.now().run.attempts),
         )
         if actor is not None and isinstance(seen, (AttemptSucceeded, AttemptFailed)):
             actor.ended(failed=isinstance(seen, AttemptFailed))
