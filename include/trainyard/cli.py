@@ -163,6 +163,8 @@ def cmd_drill(args: argparse.Namespace) -> int:
         f"drill {report.fault} at step {args.step}{' on ' + args.node if args.node else ''}: "
         f"actions {report.actions or ['none']}, run {report.end}"
     )
+    for why in report.refused:
+        print(f"not acted out: {why}")
     print(f"expected: {action or 'no recovery needed'}, run {end} -> {'OK' if report.ok else 'UNEXPECTED'}")
     figures = {k: v for k, v in report.figures.items() if k != "failures"}
     print("recovery figures: " + ", ".join(f"{k} {v}" for k, v in figures.items()))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import psutil
@@ -12,6 +13,7 @@ from trainyard.backends.local.launcher import LocalHandle, LocalLauncher
 from trainyard.errors import LineageBusy, TrainingFailed
 from trainyard.events.ledger import Ledger
 from trainyard.protocol.env import TrainEnv
+from trainyard.protocol.heartbeat import write_beat
 from trainyard.recovery.attempt import run_attempt
 
 pytestmark = pytest.mark.integration
@@ -63,10 +65,17 @@ def test_a_crashed_node_fails_the_attempt_and_ends_the_others(tmp_path: Path) ->
     assert end["state"] == "failed" and end["trigger"] == "crash"
 
 
-def test_a_silent_rank_is_a_hang_and_every_process_ends(tmp_path: Path) -> None:
+def test_a_silent_rank_of_a_script_that_beats_is_a_hang_and_every_process_ends(tmp_path: Path) -> None:
+    """rank-0 beat once and stopped, rank-1 never beat: the script beats, so both are hung (one that never beats
+    at all is not: test_byo_supervision.py)."""
     launcher = Recording()
+    node0 = tmp_path / "hb" / "node-0"
+    node0.mkdir(parents=True)
+    write_beat(node0, 0, {"rank": 0, "step": 1, "time": time.time(), "status": "running"})
     with pytest.raises(
-        TrainingFailed, match=r"\(hang\): no first heartbeat 3 s after the start from rank-0, rank-1"
+        TrainingFailed,
+        match=r"\(hang\): no progress for 3 s from rank-0; no first heartbeat 3 s after the start from rank-1 though"
+        r" other ranks beat \(each rank must call trainyard.runtime.heartbeat\(step, metrics\)",
     ) as err:
         run_attempt(
             launcher,

@@ -75,6 +75,7 @@ def test_a_killed_node_is_excluded_and_the_run_finishes_on_two(tmp_path: Path) -
     assert classified["kind"] == "node_lost" and classified["culprits"] == ["node-1"]
     [decision] = events(run, "decision")
     assert decision["action"] == "scale_down" and decision["new_nodes"] == ["node-0", "node-2"]
+    assert "global batch 12 kept" in decision["reason"]  # the workload said it follows the batch settings
     [path] = events(run, "recovery_path")  # the relaunch path, and why
     assert path["in_place"] is False and path["why_not"] == "recovery.in_place is false"
     assert manifest["world_size"] == 2  # the global batch of 12 kept by accumulation

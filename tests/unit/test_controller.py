@@ -35,6 +35,7 @@ from trainyard.recovery.observations import (
     AttemptFailed,
     AttemptSucceeded,
     BackoffOver,
+    Beatless,
     Checkpoints,
     Context,
     Hang,
@@ -484,3 +485,53 @@ def test_ready_nodes_grow_the_world_back_in_place_with_the_global_batch_kept() -
     assert after.history == state.history  # growing is no decision about a failure: no attempt spent
     # At the first attempt's size already: nothing to grow, the attempt is watched on.
     assert step(after, SparesReady(1, T0 + 50, ["s0"]), ctx(elastic=True)) == [Watch(1, course)]
+
+
+# ---------------------------------------------------------------- a script that writes no heartbeats
+
+QUIET = Beatless(1, T0 + 130, "no heartbeat from any rank 120 s after the start")
+
+
+@pytest.mark.parametrize(
+    ("ledger", "said"),
+    [
+        ([RESUME, start(1)], True),  # first time in the run: said, with the fix
+        ([RESUME, start(1), ev("hang_detection_off", T0 + 130, attempt=1, reason="r")], False),  # said already
+        (
+            [
+                RESUME,
+                start(1),
+                end(1),
+                decision(1, "retry", "node_lost"),
+                start(2),
+                ev("hang_detection_off", T0 + 2, attempt=1, reason="r"),
+            ],
+            False,
+        ),  # once a run, not once an attempt
+    ],
+)
+def test_a_script_without_heartbeats_is_not_hung_and_the_run_says_so_once(ledger: list[dict], said: bool) -> None:
+    state = TrainState.of(ledger)
+    seen = replace(QUIET, attempt=state.last.number)
+    commands = step(state, seen, ctx())
+    assert others(commands) == [Watch(state.last.number, state.last.course)]  # it runs on: no failure, no cancel
+    off = records(commands).get("hang_detection_off")
+    assert (off is not None) is said
+    if off:
+        assert "writes no heartbeats" in off["reason"] and "trainyard.runtime.heartbeat(step, metrics)" in off["fix"]
+        assert "trainyard.runtime.hf.TrainyardCallback" in off["fix"]
+        assert "trainyard.runtime.lightning.TrainyardCallback" in off["fix"]
+        [line] = [c.log for c in commands if isinstance(c, Record)]
+        assert "hang detection is off" in line and "trainyard.runtime.heartbeat(step, metrics)" in line
+    assert TrainState.of([*ledger, *[{"ts": T0, "stage": "train", "event": c.event, **c.fields}
+                                     for c in commands if isinstance(c, Record)]]).run.hang_detection_off  # fmt: skip
+
+
+def test_the_scale_down_says_the_global_batch_is_kept_only_where_the_script_said_it_follows_it() -> None:
+    lost = failed([node("n1", exit_code=-9), ok("n0"), ok("n2")])
+    state = TrainState.of([RESUME, start(1)])
+    bare = records(step(state, lost, ctx()))["decision"]
+    assert bare["action"] == "scale_down" and "global batch changes from 12 to 8" in bare["reason"]
+    assert "trainyard.runtime.follow_batch()" in bare["reason"]
+    said = records(step(state, replace(lost, batch_followed=True), ctx()))["decision"]
+    assert "global batch 12 kept" in said["reason"] and "follow_batch" not in said["reason"]

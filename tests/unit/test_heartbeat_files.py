@@ -133,7 +133,10 @@ def test_a_malformed_beat_is_no_beat_and_never_raises(
     with caplog.at_level(logging.WARNING):
         # A rank writing only garbage is, once the grace is over, a rank that never beat: not silently healthy.
         found = detect(RUNNING, hb, 2, time.time() - 100, 10.0, 10.0)
-        assert found is not None and "no first heartbeat 10 s after the start from rank-1;" in found[2]
+        assert (
+            found is not None
+            and "no first heartbeat 10 s after the start from rank-1 though other ranks beat" in found[2]
+        )
         assert f"{where} refused (" in found[2] and says in found[2]
         assert set(read_heartbeats(hb)) == {"rank-0"}
         assert last_step(hb) == 7  # the deferred driver's read

@@ -46,7 +46,7 @@ def notice(*leaving: str, step: int | None = 40) -> Classified:
 
 def world(count: int = 4, spares: int = 0, min_nodes: int = 1, procs: int = 1, global_batch: int = 12,
           micro: int = 3, valid: tuple[int, ...] = (), resumed: int | None = None,
-          in_place: InPlace | None = None) -> Situation:  # fmt: skip
+          in_place: InPlace | None = None, followed: bool = True) -> Situation:  # fmt: skip
     return Situation(
         nodes=[f"node-{i}" for i in range(count)],
         spares=[f"node-{count + i}" for i in range(spares)],
@@ -57,6 +57,7 @@ def world(count: int = 4, spares: int = 0, min_nodes: int = 1, procs: int = 1, g
         valid_steps=list(valid),
         resumed_from=resumed,
         in_place=in_place,
+        batch_followed=followed,
     )
 
 
@@ -795,3 +796,32 @@ def test_decisions_name_their_action() -> None:
         "fail",
         "regroup",
     ]
+
+
+# The batch claim: "kept" only where the script applies the settings (its batch_followed event); else what a
+# script that keeps its own per-rank batch trains with, and the fix.
+NOT_READ = "(the script does not read TRAINYARD_GLOBAL_BATCH or TRAINYARD_MICRO_BATCH"
+FIX = "call trainyard.runtime.follow_batch()"
+
+
+@pytest.mark.parametrize(
+    ("failure", "situation", "says", "never"),
+    [
+        (failed("node_lost", "node-1"), world(2, global_batch=16, micro=4),
+         "scale down 2 -> 1 nodes, micro-batch 4 x 4 accumulation, global batch 16 kept", NOT_READ),
+        (failed("node_lost", "node-1"), world(2, global_batch=16, micro=4, followed=False),
+         f"scale down 2 -> 1 nodes, global batch changes from 16 to 8 {NOT_READ}", "kept"),
+        (failed("node_lost", "node-1"), world(4, global_batch=12, micro=3, followed=False),
+         "scale down 4 -> 3 nodes, global batch changes from 12 to 9", "kept"),
+        (failed("oom", "node-0"), world(2, global_batch=16, micro=4, followed=False),
+         f"retry with micro-batch 4 -> 2 (global batch stays 16 {NOT_READ}", "kept"),
+    ],
+)  # fmt: skip
+def test_a_decision_says_the_global_batch_is_kept_only_where_the_script_applies_it(
+    failure: Classified, situation: Situation, says: str, never: str
+) -> None:
+    decision = decide([], failure, situation, policy(in_place=False))
+    assert says in decision.reason
+    assert never not in decision.reason
+    if not situation.batch_followed:
+        assert FIX in decision.reason

@@ -79,7 +79,7 @@ def progress(
             {},
             None,
             512,
-            "progress: attempt 2, world size 4, step -/110, loss -, - steps/s, - tokens/s, ETA -, last valid checkpoint step_000010",
+            "progress: attempt 2, world size 4, step -/110 (no heartbeats), loss -, - steps/s, - tokens/s, ETA -, last valid checkpoint step_000010",
         ),
         # Done: ETA 0 whatever the rate.
         (
@@ -232,7 +232,7 @@ def test_progress_log_says_none_when_no_checkpoint_is_valid_yet(tmp_path: Path) 
         checkpoint_root=tmp_path / "ckpt",
     )
     assert pace.poll(1.0) == (
-        "progress: attempt 3, world size 1, step -/10, loss -, - steps/s, - tokens/s, ETA -, last valid checkpoint none"
+        "progress: attempt 3, world size 1, step -/10 (no heartbeats), loss -, - steps/s, - tokens/s, ETA -, last valid checkpoint none"
     )
 
 

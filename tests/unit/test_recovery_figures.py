@@ -130,3 +130,24 @@ def test_a_regroup_that_never_formed_is_one_fault_judged_with_the_relaunch_that_
     assert first["path"] == "in_place_unformed" and first["lost_steps"] is None and first["detection_s"] == 0.5
     assert second["path"] == "relaunch" and second["fault_at"] == 110.0 and second["resume_delay_s"] == 21.0
     assert recovery_figures(ledger)["lost_steps"] == 4
+
+
+def test_a_script_that_reports_no_steps_has_unknown_lost_steps_and_resume_delay(tmp_path: Path) -> None:
+    """No step events at all (a script without trainyard calls): unknown, with why, never 0."""
+    ledger = Ledger(tmp_path / "events.jsonl")
+    at(ledger, 100.0, "attempt_start", attempt=1, nodes=["node-0", "node-1"], world_size=2)
+    at(ledger, 106.0, "attempt_end", attempt=1, state="failed", trigger="crash")
+    at(ledger, 106.5, "failure_classified", attempt=1, kind="node_lost", detected_at=106.4)
+    at(ledger, 106.6, "decision", attempt=1, kind="node_lost", action="scale_down", new_nodes=["node-0"])
+    at(ledger, 108.0, "attempt_start", attempt=2, nodes=["node-0"], world_size=1)
+    at(ledger, 119.0, "stage_end", seconds=20.0)
+    figures = recovery_figures(ledger)
+    assert figures["lost_steps"] is None and "reports no steps" in figures["lost_steps_why"]
+    assert figures["resume_delay_s"] is None and "reports no steps" in figures["resume_delay_why"]
+    [failure] = figures["failures"]
+    assert failure["lost_steps"] is None and failure["resume_delay_s"] is None
+
+
+def test_figures_that_are_known_carry_no_why(ledger: Ledger) -> None:
+    figures = recovery_figures(ledger)
+    assert figures["lost_steps_why"] is None and figures["resume_delay_why"] is None

@@ -337,3 +337,26 @@ def test_the_burn_in_section_shows_both_rounds_and_a_cleared_suspect() -> None:
     assert page.count("<i>again</i>") == 2 and "<i>reference</i>" in page
     assert "suspect, cleared by the second round: straggler: matmul_gflops 95.00" in page
     assert "117.00" in page or "117.0" in page
+
+
+def test_the_summary_names_the_final_nodes_and_never_calls_unknown_figures_0(tmp_path: Path) -> None:
+    """A scale-down of a script that reports no steps and writes no heartbeats (issue 31)."""
+    ledger = Ledger.in_dir(tmp_path)
+    ledger.append("train", "stage_start")
+    ledger.append("train", "attempt_start", attempt=1, nodes=["node-0", "node-1"], world_size=2, micro_batch=4)
+    ledger.append("train", "hang_detection_off", attempt=1, reason="the training script writes no heartbeats (x)")
+    ledger.append("train", "attempt_end", attempt=1, state="failed", trigger="crash")
+    ledger.append("train", "decision", attempt=1, kind="node_lost", action="scale_down", new_nodes=["node-0"])
+    ledger.append("train", "attempt_start", attempt=2, nodes=["node-0"], world_size=1, micro_batch=4)
+    ledger.append("train", "attempt_end", attempt=2, state="succeeded", seconds=3.0)
+    ledger.append("train", "recovery_figures", detection_s=0.7, resume_delay_s=None, resume_delay_why="no steps",
+                  lost_steps=None, lost_steps_why="no steps", ettr=None)  # fmt: skip
+    ledger.append("train", "stage_end", seconds=9.0, result={"nodes": ["node-0", "node-1"]})
+    summary = summarize(ledger)
+    assert summary["nodes_used"] == ["node-0"]
+    text = format_summary(summary)
+    assert "  nodes used:       node-0\n" in text
+    assert "resume delay unknown (no steps), lost steps unknown (no steps)" in text
+    assert "hang detection:   off: the training script writes no heartbeats (x); to turn it on, call" in text
+    html = report_html(summary, {"dag_id": "d", "run_id": "r", "ds": None})
+    assert "unknown (no steps)" in html and "Hang detection: off" in html

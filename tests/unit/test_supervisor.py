@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from trainyard.backends.base import AttemptStatus, LaunchPlan, NodeStatus
 from trainyard.backends.local.launcher import torchrun_argv
 from trainyard.events.ledger import Ledger
@@ -12,7 +14,7 @@ from trainyard.protocol.env import TrainEnv
 from trainyard.recovery.observations import Checkpoints, Context
 from trainyard.recovery.state import Course
 from trainyard.recovery.supervisor import Hooks, supervise
-from trainyard.recovery.watch import group_beats, stale_ranks
+from trainyard.recovery.watch import beatless, group_beats, stale_ranks
 from trainyard.spec import RecoverySpec
 
 
@@ -146,3 +148,27 @@ def test_after_a_regroup_only_the_current_groups_beats_count() -> None:
     assert group_beats(beats, ["node-0", "node-2"]) == {"rank-0": beats["rank-0"]}
     beats["rank-1"] = {"node": "node-2", "time": 11.0}  # node-2 beats as rank 1 now
     assert group_beats(beats, ["node-0", "node-2"]) == {"rank-0": beats["rank-0"], "rank-1": beats["rank-1"]}
+
+
+@pytest.mark.parametrize(
+    ("beats", "now", "stale", "quiet"),
+    [
+        ({}, 100.0, [], False),  # within the grace: nothing to say
+        ({}, 1000.0, [], True),  # no rank ever beat: no hang, hang detection is off
+        ({"rank-0": beat(990.0)}, 1000.0, ["rank-1"], False),  # the script beats: a rank that never did is hung
+        ({"rank-0": beat(200.0), "rank-1": beat(990.0)}, 1000.0, ["rank-0"], False),  # beat once, then stopped
+        ({"rank-0": beat(995.0), "rank-1": beat(990.0)}, 1000.0, [], False),  # both beat: alive
+    ],
+)
+def test_hang_detection_needs_a_first_heartbeat(beats: dict, now: float, stale: list[str], quiet: bool) -> None:
+    assert stale_ranks(beats, expected=2, started=0.0, now=now, timeout_s=20.0, grace_s=120.0) == stale
+    assert beatless(beats, started=0.0, now=now, timeout_s=20.0, grace_s=120.0) is quiet
+
+
+def test_an_attempt_of_a_script_that_beat_before_is_hung_without_a_beat_not_quiet() -> None:
+    """An earlier attempt beat: an attempt stuck before its loop (a rendezvous that never forms) is a hang."""
+    assert stale_ranks({}, 2, started=0.0, now=1000.0, timeout_s=20.0, grace_s=120.0, beats_known=True) == [
+        "rank-0",
+        "rank-1",
+    ]
+    assert stale_ranks({}, 2, started=0.0, now=100.0, timeout_s=20.0, grace_s=120.0, beats_known=True) == []

@@ -151,6 +151,17 @@ class RegroupingLauncher(Launcher, Protocol):
         ...
 
 
+@runtime_checkable
+class SignalsNodes(Protocol):
+    """A launcher that can act a drill out on a node's processes from outside them (the local backend): for a
+    script that does not act out trainyard's drills itself (``recovery.drills``)."""
+
+    def signal_nodes(self, handle: Any, nodes: list[str], fault: str, factor: float = 1.0) -> None:
+        """``kill``: SIGKILL the nodes' processes; ``hang``: SIGSTOP them; ``slow``: stop them ``factor`` times as
+        long as they run, until the attempt ends."""
+        ...
+
+
 class CoordinationStore(Protocol):
     """The coordination stores of a run's in-place attempts, the orchestrator's side: the nodes' keys, the
     address the ranks dial, the coordinator (``recovery.storehost.StoreHost``: served by the task process;

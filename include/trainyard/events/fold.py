@@ -59,6 +59,12 @@ class TrainRun:
     """Nodes that joined a group in place, in order."""
     in_place: bool | None = None
     why_not: str | None = None
+    batch_followed: bool = False
+    """The script applies the batch settings (a ``batch_followed`` of any attempt: the same script runs them all)."""
+    drills_refused: tuple[tuple[str, str], ...] = ()
+    """``(fault, why)`` of every drill the supervisor could not act out (``drill_refused``), in order."""
+    hang_detection_off: str | None = None
+    """Why hang detection is off (the script writes no heartbeats: ``hang_detection_off``); None: on."""
 
     @classmethod
     def of(cls, events: Iterable[Event]) -> TrainRun:
@@ -214,6 +220,11 @@ _TRAIN = {
     "resumed": _resumed,
     "drill_fired": _drill,
     "recovery_path": lambda s, e: replace(s, in_place=e.get("in_place"), why_not=e.get("why_not")),
+    "batch_followed": lambda s, e: replace(s, batch_followed=True),
+    "drill_refused": lambda s, e: replace(
+        s, drills_refused=(*s.drills_refused, (str(e.get("fault")), str(e.get("reason") or "")))
+    ),
+    "hang_detection_off": lambda s, e: replace(s, hang_detection_off=str(e.get("reason") or "no heartbeats")),
 }
 
 

@@ -267,6 +267,30 @@ class RecoveryPath(Event):
 
 
 @dataclass(frozen=True)
+class HangDetectionOff(Event):
+    """The training script writes no heartbeats: nothing is called hung until its first beat (once a run)."""
+
+    event = "hang_detection_off"
+    attempt: int | None = None
+    reason: str | None = None
+    """What was seen (no beat from any rank so long after the start)."""
+    fix: str | None = None
+    """How to turn hang detection on (``protocol.heartbeat.HOW_TO_BEAT``)."""
+
+
+@dataclass(frozen=True)
+class DrillRefused(Event):
+    """A drill the supervisor could not act out for this script, and why (``recovery.drills``)."""
+
+    event = "drill_refused"
+    attempt: int | None = None
+    fault: str | None = None
+    node: str | None = None
+    step: int | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
 class RecoveryFigures(Event):
     event = "recovery_figures"
     open = True
@@ -550,6 +574,16 @@ class Regrouped(WorkerEvent):
 
 
 @dataclass(frozen=True)
+class BatchFollowed(WorkerEvent):
+    """Rank 0 applies the batch settings (``runtime.follow_batch``): the global batch survives a change of world."""
+
+    event = "batch_followed"
+    global_batch: int | None = None
+    micro_batch: int | None = None
+    accumulation: int | None = None
+
+
+@dataclass(frozen=True)
 class DrillFired(WorkerEvent):
     event = "drill_fired"
     fault: str | None = None
@@ -561,11 +595,11 @@ KINDS: dict[str, type[Event]] = {
     for kind in (
         StageStart, StageEnd, StageFailed, Params, Notified, NotifyFailed, Progress, Plan, Staged, EarlierBoot,
         EarlierBootReverified, TrustOnFirstFetch, Evicted, DatasetChecked, SittingOut, NodesMarked, NodesRetested,
-        NodeVerdict, Thresholds, ResumePoint, RecoveryPath, RecoveryFigures, AttemptStart, AttemptEnd, AttemptEvent,
+        NodeVerdict, Thresholds, ResumePoint, RecoveryPath, HangDetectionOff, DrillRefused, RecoveryFigures, AttemptStart, AttemptEnd, AttemptEvent,
         FailureClassified, DecisionMade, Grown, SparesWarm, Rejoining, RolledBack, LineageHeld, LineageReset,
         CheckpointAdopted, CheckpointValidated, CheckpointPromoted, CheckpointQuarantined, CheckpointRetired, CheckpointTiered,
         CheckpointChecked, Published, Step, Finished, CheckpointSaved, CheckpointSkipped, Resumed, Regrouped,
-        DrillFired, PointerRefused, StoreRefused,
+        DrillFired, BatchFollowed, PointerRefused, StoreRefused,
     )
 }  # fmt: skip
 """Every event kind, by its name."""

@@ -3,7 +3,9 @@
 ``trainyard drill SPEC --fault kill --node node-1 --step 10`` runs the spec's
 stages in this process (no Airflow) with the fault acted out in the first
 training attempt, then compares what the supervisor did with what it should
-do, and prints the recovery figures.
+do, and prints the recovery figures. A drill that cannot be acted out for the spec's script is refused with
+the reason: before the run by the spec check (``spec.checks.drill_refusal``), or during it by the supervisor
+(``recovery.drills``: a ``drill_refused`` event), and the report says so instead of a bare "UNEXPECTED".
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,11 +46,14 @@ class DrillReport:
     expected: tuple[str | None, str]
     figures: dict[str, Any]
     run_dir: Path
+    refused: list[str] = field(default_factory=list)
+    """Why the drill was not acted out (``drill_refused``); empty: it was, or nothing said otherwise."""
 
     @property
     def ok(self) -> bool:
         action, end = self.expected
-        return self.end == end and (self.actions == [] if action is None else action in self.actions)
+        acted = self.end == end and (self.actions == [] if action is None else action in self.actions)
+        return acted and not self.refused
 
 
 def run_drill(spec_path: Path, drill: Drill, ds: str | None = None, run_id: str | None = None) -> DrillReport:
@@ -91,8 +96,11 @@ def run_drill(spec_path: Path, drill: Drill, ds: str | None = None, run_id: str 
         stages.report(run)  # releases the staged dataset's pin and writes the drill's report
     finally:
         shutil.rmtree(path.parent, ignore_errors=True)
-    actions = [d.action for d in fold(run.ledger.events("train")).train.decisions]
-    return DrillReport(drill.fault, actions, end, EXPECTED[drill.fault], recovery_figures(run.ledger), run.dir)
+    train = fold(run.ledger.events("train")).train
+    actions = [d.action for d in train.decisions]
+    refused = [why for fault, why in train.drills_refused if fault == drill.fault]
+    return DrillReport(drill.fault, actions, end, EXPECTED[drill.fault], recovery_figures(run.ledger), run.dir,
+                       refused)  # fmt: skip
 
 
 def _yaml(data: dict[str, Any]) -> str:

@@ -14,7 +14,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from trainyard.backends.base import CoordinationStore, Launcher, LaunchPlan, RegroupingLauncher, ServesStores
+from trainyard.backends.base import (
+    CoordinationStore,
+    Launcher,
+    LaunchPlan,
+    RegroupingLauncher,
+    ServesStores,
+    SignalsNodes,
+)
 from trainyard.backends.registry import backend_for
 from trainyard.checkpoint import lease
 from trainyard.errors import LineageBusy
@@ -31,6 +38,8 @@ from trainyard.recovery.progress import ProgressLog, tokens_per_step
 from trainyard.recovery.state import Course
 from trainyard.recovery.storehost import StoreHost
 from trainyard.recovery.supervisor import Hooks, StateReader, supervise
+from trainyard.spec import Drill
+from trainyard.spec.checks import OUTSIDE_FAULTS, acts_drills
 from trainyard.storage.boot import ensure_this_boot
 
 STAGE = "train"
@@ -137,6 +146,7 @@ class TrainStage:
                     self._hooks(target, store=store, catch_up=judged.catch_up),
                     run.spec.training.heartbeat_timeout_s,
                     keep_alive=held.keep,
+                    startup_grace_s=run.spec.training.startup_grace_s,
                 )
             trained = self._result(start, target, result)
         stage.end(trained)
@@ -271,7 +281,20 @@ class TrainStage:
             progress_for=lambda plan: _progress(run, plan, target, 0 if every_wake else None),
             coordinator_for=store.coordinator if store is not None else None,
             store_address=store.reach if store is not None else None,
+            drills_for=lambda attempt: _outside_drills(run, attempt) if isinstance(self.launcher, SignalsNodes) else [],
         )
+
+
+def _outside_drills(run: Run, attempt: int) -> list[FaultDrill]:
+    """The attempt's drills the supervisor acts out from outside: those of a script that does not act them out
+    itself (``spec.checks.acts_drills``; the spec check refused the others)."""
+    if acts_drills(run.spec.training.entrypoint):
+        return []
+    return [_drill(d) for d in run.spec.drills if d.attempt == attempt and d.fault in OUTSIDE_FAULTS]
+
+
+def _drill(d: Drill) -> FaultDrill:
+    return FaultDrill(d.fault, d.step, d.node, d.factor, d.attempt)
 
 
 def _progress(run: Run, plan: LaunchPlan, target: int, every_s: float | None = None) -> ProgressLog:
@@ -335,10 +358,9 @@ def _plan(run: Run, attempt: int, course: Course, target: int, store: Coordinati
             # Longer than the supervisor takes to see a hang and kill the silent node (whose closed sockets
             # then fail the survivors' collective at once): the survivors' own timeout is only the backstop.
             collective_timeout_s=2 * training.heartbeat_timeout_s + 5 if store is not None else None,
-            drills=tuple(
-                FaultDrill(d.fault, d.step, d.node, d.factor, d.attempt)
-                for d in run.spec.drills
-                if d.attempt == attempt
-            ),
+            # Only a script that acts out drills itself is told them (the others are the supervisor's).
+            drills=tuple(_drill(d) for d in run.spec.drills if d.attempt == attempt)
+            if acts_drills(training.entrypoint)
+            else (),
         ),
     )

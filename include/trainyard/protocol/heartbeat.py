@@ -38,6 +38,12 @@ MAX_BYTES = 4096
 """A beat's cap: the runtime's beats are a few hundred bytes; the writer drops metrics that would pass it."""
 STATUSES = ("running", "saving", "regrouping", "finished")
 """What the runtime writes (``runtime.progress``, ``runtime.checkpoints``); only "finished" is never stale."""
+HOW_TO_BEAT = (
+    "call trainyard.runtime.heartbeat(step, metrics) every step on every rank, or train with"
+    " trainyard.runtime.hf.TrainyardCallback (Hugging Face Trainer) or trainyard.runtime.lightning.TrainyardCallback"
+    " (Lightning)"
+)
+"""What a script adds to write heartbeats: the words every message about missing beats ends with."""
 MAX_NAME = 253  # a DNS name: the longest node or host name
 MAX_METRICS = 32
 MAX_METRIC_NAME = 64

@@ -24,7 +24,7 @@ from trainyard.recovery.classify import Failure
 from trainyard.recovery.commands import AttemptResult, Record
 from trainyard.recovery.controller import ended, succeeded
 from trainyard.recovery.observations import AttemptFailed as Failed
-from trainyard.recovery.observations import AttemptSucceeded, Checkpoints, LeaseLost, SparesReady
+from trainyard.recovery.observations import AttemptSucceeded, Beatless, Checkpoints, LeaseLost, SparesReady
 from trainyard.recovery.progress import ProgressLog
 from trainyard.recovery.state import STAGE
 from trainyard.recovery.watch import STARTUP_GRACE_S, detect, failed, last_step
@@ -68,7 +68,9 @@ def watch_attempt(
     pause: Callable[[float], None] = time.sleep,
     each_poll: Callable[[], None] | None = None,
     leaving: Callable[[], list[str]] | None = None,
-) -> AttemptSucceeded | Failed | LeaseLost | SparesReady:
+    beatless_said: bool = True,
+    beats_known: bool = False,
+) -> AttemptSucceeded | Failed | LeaseLost | SparesReady | Beatless:
     """Poll the attempt until it succeeds, fails or the run loses its lineage: what was seen.
 
     ``progress`` paces the progress lines this loop logs (the train task's log is all a person watching sees).
@@ -80,7 +82,10 @@ def watch_attempt(
     ``pause`` waits between polls (at most ``poll_s``; an attempt on the store wakes on a fault report).
     ``each_poll`` acts before each poll (nodes due to start once their generation formed). ``leaving`` (an
     attempt on the store): the group's nodes that reported they leave on notice; any is a ``preempted`` failure
-    to regroup without them, seen before their processes end.
+    to regroup without them, seen before their processes end. ``beatless_said`` False: an attempt without a
+    single heartbeat past the first beat's grace ends the watch with ``Beatless`` (the run has not said yet
+    that hang detection is off); the attempt runs on. ``beats_known``: an earlier attempt of the run beat
+    (``watch.detect``).
     """
     members = list(plan.nodes) if regrouped else None
     while True:
@@ -93,7 +98,10 @@ def watch_attempt(
             status = AttemptStatus([n for n in status.nodes if n.slot in plan.nodes])
         if status.state == "succeeded":
             return AttemptSucceeded(plan.attempt, time.time(), last_step(heartbeat_dir))
-        problem = detect(status, heartbeat_dir, plan.world_size, started, heartbeat_timeout_s, startup_grace_s, members)
+        problem = detect(status, heartbeat_dir, plan.world_size, started, heartbeat_timeout_s, startup_grace_s, members,
+                         beatless_said, beats_known)  # fmt: skip
+        if problem and problem[0] == "beatless":
+            return Beatless(plan.attempt, time.time(), problem[2])
         if not problem and leaving is not None and (left := [n for n in leaving() if n in plan.nodes]):
             at = time.time()
             said = f"{', '.join(left)} given notice (SIGTERM), leaving at a step boundary"

@@ -40,10 +40,12 @@ from trainyard.events.schema import (
     DecisionMade,
     FailureClassified,
     Grown,
+    HangDetectionOff,
     RecoveryPath,
     Rejoining,
     SparesWarm,
 )
+from trainyard.protocol.heartbeat import HOW_TO_BEAT
 from trainyard.recovery.classify import Classified, Failure, NodeFailure, classify
 from trainyard.recovery.commands import (
     AttemptResult,
@@ -65,6 +67,7 @@ from trainyard.recovery.observations import (
     AttemptFailed,
     AttemptSucceeded,
     BackoffOver,
+    Beatless,
     Context,
     Hang,
     LeaseLost,
@@ -111,6 +114,8 @@ def step(state: TrainState, observation: Observation, ctx: Context) -> list[Comm
     match observation:
         case Timeout():
             return [Watch(current.number, current.course)]
+        case Beatless(reason=reason):
+            return [*_hang_detection_off(state, current.number, reason), Watch(current.number, current.course)]
         case LostSight(message=message):
             return [Fail(f"lost sight of attempt {current.number}: {message}", "lost_sight")]
         case AttemptSucceeded():
@@ -118,7 +123,7 @@ def step(state: TrainState, observation: Observation, ctx: Context) -> list[Comm
         case Hang():
             failure = Failure(current.number, "hang", [], list(observation.suspects))
             seen = AttemptFailed(current.number, observation.at, failure, observation.reason, observation.checkpoints,
-                                 observation.ungrouped)  # fmt: skip
+                                 observation.ungrouped, observation.batch_followed)  # fmt: skip
             return _failed(state, current, seen, ctx)
         case AttemptFailed():
             return _failed(state, current, observation, ctx)
@@ -184,6 +189,18 @@ def grown_world(current: Attempt, ctx: Context, ready: Iterable[str]) -> tuple[l
     return None
 
 
+def _hang_detection_off(state: TrainState, attempt: int, seen: str) -> list[Command]:
+    """Say once a run that the script writes no heartbeats, so nothing is called hung, and how to change that."""
+    if state.run.hang_detection_off is not None:
+        return []
+    off = HangDetectionOff(
+        attempt=attempt, reason=f"the training script writes no heartbeats ({seen})", fix=HOW_TO_BEAT
+    )
+    said = (f"attempt {attempt}: hang detection is off: {off.reason}; a stuck rank is noticed only when a process"
+            f" exits. To turn it on, {HOW_TO_BEAT}")  # fmt: skip
+    return [Record.of(off, said)]
+
+
 def _grow(current: Attempt, ctx: Context, ready: list[str]) -> list[Command]:
     """Grow the running group in place: the ready nodes join at the next step boundary with the state."""
     world = grown_world(current, ctx, ready)
@@ -239,6 +256,7 @@ def situation(state: TrainState, current: Attempt, ctx: Context, seen: AttemptFa
         in_place=InPlace(not seen.ungrouped, seen.ungrouped, list(current.regroups)) if ctx.elastic else None,
         # A hang seen by a trigger has no node statuses: nothing known of who runs
         running=[n.node for n in seen.failure.nodes if n.state == "running"] if seen.failure.nodes else None,
+        batch_followed=seen.batch_followed,
     )
 
 

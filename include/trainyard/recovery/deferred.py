@@ -28,6 +28,7 @@ from trainyard.recovery.controller import grown_world
 from trainyard.recovery.observations import (
     AttemptSucceeded,
     BackoffOver,
+    Beatless,
     Context,
     LeaseLost,
     LostSight,
@@ -231,7 +232,12 @@ class Deferred(Driver):
         # Regrouped in place: the group's nodes' beats only, each with a full timeout from the regroup.
         members = list(plan.nodes) if current.generation > 1 else None
         started = current.regrouped_at or current.started
-        problem = detect(status, beats, plan.world_size, started, self.heartbeat_timeout_s, STARTUP_GRACE_S, members)
+        told = self.reader.now().run.hang_detection_off is not None  # a script without beats: said once a run
+        known = any(a.last_step is not None for a in state.run.attempts)  # an earlier attempt beat: hung, not quiet
+        problem = detect(status, beats, plan.world_size, started, self.heartbeat_timeout_s, STARTUP_GRACE_S, members,
+                         told, known)  # fmt: skip
+        if problem and problem[0] == "beatless":
+            return Beatless(attempt, now, problem[2])
         if problem:
             return failed(plan, status, beats, *problem, self.hooks.checkpoints(), at=now)
         if self.hooks.coordinator_for is not None:

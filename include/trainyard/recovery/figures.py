@@ -10,6 +10,9 @@ attempts, failures, drills, the groups formed in place, the spares) and the run'
   events and the heartbeats' step in the attempt's ``attempt_end``, or in place
   in the ``failure_classified``) minus the
   step resumed from (``resumed``, or the regroup's ``from_step``);
+- unknown, and why (``resume_delay_why``, ``lost_steps_why``), where the script reports no steps (it makes
+  no ``trainyard.runtime.heartbeat`` calls, so the run has no step events): neither the first step after a
+  fault nor the steps lost are known, and they are not shown as 0;
 - path: ``in_place`` or ``relaunch``, per failure; ``in_place_unformed`` for a regroup decided in place
   whose group never formed before the attempt failed again: that next failure carries its fault's time
   on and its resumption and lost steps count once, there;
@@ -47,6 +50,10 @@ def _train_seconds(events: list[dict[str, Any]]) -> float | None:
     """The train stage's wall time: its last end (or failure)."""
     end = next((e for e in reversed(events) if e["event"] in ("stage_end", "stage_failed")), None)
     return end["seconds"] if end else None
+
+
+NO_STEPS = "the script reports no steps (it writes no heartbeats: trainyard.runtime.heartbeat is never called)"
+"""Why the figures that count steps are unknown for a script that makes no trainyard calls."""
 
 
 def figures_of(train: TrainRun, steps: list[dict[str, Any]], wall: float | None) -> dict[str, Any]:
@@ -94,11 +101,19 @@ def figures_of(train: TrainRun, steps: list[dict[str, Any]], wall: float | None)
                 "fault_at": fault_at,
                 "detection_s": round(failure.at - fault_at, 3),
                 "resume_delay_s": round(first_step["ts"] - fault_at, 3) if first_step else None,
-                "lost_steps": max(reached) - resumed_from if reached and resumed_from is not None else None,
+                "lost_steps": max(reached) - resumed_from if steps and reached and resumed_from is not None else None,
             }
         )
-    kept = [(n, (ms or 0.0) / 1000) for n, ms in kept_stretches(steps)]
-    productive = sum(n for n, _ in kept) * (weighted_median(kept) or 0.0)
+    return {**_failures_figures(train, failures, steps), **_training_figures(steps, wall)}
+
+
+def _failures_figures(train: TrainRun, failures: list[dict[str, Any]], steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """The figures of the faults: unknown (None, with why) rather than 0 where the script reports no steps."""
+    delays = [f["resume_delay_s"] for f in failures if f["resume_delay_s"] is not None]
+    blind = bool(failures) and not steps
+    delay_why = None
+    if failures and not delays:
+        delay_why = NO_STEPS if blind else "no step was recorded after a resume"
     return {
         "failures": failures,
         "world_sizes": list(train.worlds),
@@ -106,8 +121,18 @@ def figures_of(train: TrainRun, steps: list[dict[str, Any]], wall: float | None)
         "spares_joined": ", ".join(dict.fromkeys(train.joined)) or None,
         "spares_idle": ", ".join(train.waiting) or None,
         "detection_s": max((f["detection_s"] for f in failures), default=None),
-        "resume_delay_s": max((f["resume_delay_s"] for f in failures if f["resume_delay_s"] is not None), default=None),
-        "lost_steps": sum(f["lost_steps"] or 0 for f in failures),
+        "resume_delay_s": max(delays, default=None),
+        "resume_delay_why": delay_why,
+        "lost_steps": None if blind else sum(f["lost_steps"] or 0 for f in failures),
+        "lost_steps_why": NO_STEPS if blind else None,
+    }
+
+
+def _training_figures(steps: list[dict[str, Any]], wall: float | None) -> dict[str, Any]:
+    """Productive time and ETTR from the step events."""
+    kept = [(n, (ms or 0.0) / 1000) for n, ms in kept_stretches(steps)]
+    productive = sum(n for n, _ in kept) * (weighted_median(kept) or 0.0)
+    return {
         "productive_s": round(productive, 3),
         "ettr": round(productive / wall, 4) if wall else None,
     }

@@ -71,6 +71,9 @@ class AttemptFailed:
     ungrouped: str = ""
     """Why the attempt's ranks cannot regroup in place though it runs on the store ("" when they can, or when it
     does not): they never formed its first group there (the script does not use the elastic group)."""
+    batch_followed: bool = False
+    """The script said it applies the batch settings (a ``batch_followed`` of its rank 0, in the writers' files
+    the controller's fold does not read: the driver looks when a failure is judged)."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,18 @@ class Hang:
     checkpoints: Checkpoints = field(default_factory=Checkpoints)
     ungrouped: str = ""
     """As ``AttemptFailed.ungrouped``."""
+    batch_followed: bool = False
+    """As ``AttemptFailed.batch_followed``."""
+
+
+@dataclass(frozen=True)
+class Beatless:
+    """No rank of the attempt has beaten by the time one that did would have been called hung: the script
+    writes no heartbeats, so hang detection is off for it (its liveness is its processes' exits)."""
+
+    attempt: int
+    at: float
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -127,7 +142,16 @@ class LeaseLost:
 
 
 Observation = (
-    TaskStarted | AttemptSucceeded | AttemptFailed | Hang | Timeout | LostSight | BackoffOver | LeaseLost | SparesReady
+    TaskStarted
+    | AttemptSucceeded
+    | AttemptFailed
+    | Hang
+    | Beatless
+    | Timeout
+    | LostSight
+    | BackoffOver
+    | LeaseLost
+    | SparesReady
 )
 
 

@@ -172,6 +172,9 @@ class Situation:
     """None: in-place recovery is not offered at all (nothing said about it)."""
     running: list[str] | None = None
     """Hosts whose processes still ran when the failure was seen; None: not known (assumed running)."""
+    batch_followed: bool = True
+    """The script applies ``TRAINYARD_GLOBAL_BATCH``/``TRAINYARD_MICRO_BATCH`` (it said so: ``batch_followed``);
+    False: it keeps its own batch size, so a change of world changes its global batch."""
 
 
 # ---------------------------------------------------------------- arithmetic
@@ -200,9 +203,21 @@ def _what(failure: Classified, culprits: list[str] | None = None) -> str:
     return f"{failure.kind}{where} ({_one_line(failure.evidence)})"
 
 
+FOLLOW_BATCH = "call trainyard.runtime.follow_batch() and train with the micro-batch and accumulation it returns"
+"""The fix a decision names for a script that does not apply the batch settings."""
+
+
 def _batch(s: Situation, nodes: int, micro: int) -> str:
-    accum = s.global_batch // (nodes * s.procs_per_node * micro)
-    return f"micro-batch {micro} x {accum} accumulation, global batch {s.global_batch} kept"
+    """The batch after a change to ``nodes`` nodes at micro-batch ``micro``: kept where the script applies the
+    settings; else what a script that keeps its own per-rank batch trains with, and the fix."""
+    ranks = nodes * s.procs_per_node
+    if s.batch_followed:
+        accum = s.global_batch // (ranks * micro)
+        return f"micro-batch {micro} x {accum} accumulation, global batch {s.global_batch} kept"
+    after = s.global_batch * ranks // max(1, len(s.nodes) * s.procs_per_node)
+    change = f"changes from {s.global_batch} to {after}" if after != s.global_batch else f"stays {s.global_batch}"
+    return (f"global batch {change} (the script does not read TRAINYARD_GLOBAL_BATCH or TRAINYARD_MICRO_BATCH:"
+            f" no batch_followed event, so micro-batch {micro} is not applied; {FOLLOW_BATCH})")  # fmt: skip
 
 
 # ---------------------------------------------------------------- actions

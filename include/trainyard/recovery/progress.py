@@ -104,7 +104,7 @@ class Progress:
         )
 
     def line(self) -> str:
-        step = f"{UNKNOWN}/{self.target}"
+        step = f"{UNKNOWN}/{self.target} (no heartbeats)"  # not stuck: the script may write none
         if self.step is not None:
             step = f"{self.step}/{self.target} ({100 * self.step / self.target:.0f}%)"
         return (

@@ -22,10 +22,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from trainyard.backends.base import AttemptStatus, Launcher, LaunchPlan, RegroupingLauncher
+from trainyard.backends.base import AttemptStatus, Launcher, LaunchPlan, RegroupingLauncher, SignalsNodes
 from trainyard.errors import LineageBusy, TrainingFailed, TransientError
 from trainyard.events.ledger import Ledger
 from trainyard.protocol.coordstore import Coordinator, Generation
+from trainyard.protocol.env import FaultDrill
 from trainyard.recovery.attempt import append_record, kept, start_attempt, watch_attempt
 from trainyard.recovery.commands import (
     AttemptResult,
@@ -44,16 +45,20 @@ from trainyard.recovery.commands import (
 )
 from trainyard.recovery.commands import Launch as LaunchCommand
 from trainyard.recovery.controller import grown_world, step
+from trainyard.recovery.drills import Actor
 from trainyard.recovery.observations import (
     AttemptFailed,
+    AttemptSucceeded,
     BackoffOver,
     Checkpoints,
     Context,
+    Hang,
     Observation,
     TaskStarted,
 )
 from trainyard.recovery.progress import ProgressLog
 from trainyard.recovery.state import STAGE, Course, TrainState
+from trainyard.recovery.watch import STARTUP_GRACE_S
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +81,9 @@ class Hooks:
     coordinator_for: Callable[[int], Coordinator] | None = None
     """An attempt's side of the coordination store its ranks group on (None: the attempt cannot regroup); the
     same object at every call for one attempt: it remembers the generation it published, never reads it back."""
+    drills_for: Callable[[int], list[FaultDrill]] | None = None
+    """The drills of an attempt the blocking driver acts out from outside its processes (``recovery.drills``);
+    None: none (the script acts out its own, or the launcher cannot signal nodes)."""
 
 
 UNGROUPED = (
@@ -182,9 +190,17 @@ class Driver:
             return replace(seen, ungrouped=UNGROUPED)
         return seen
 
+    def followed(self, observation: Observation) -> Observation:
+        """A failure with whether the script said it applies the batch settings: its rank 0's ``batch_followed``,
+        in the writers' files (what the policy's decision may claim about the global batch)."""
+        if isinstance(observation, (AttemptFailed, Hang)) and not observation.batch_followed:
+            said = next(iter(self.ledger.events(STAGE, "batch_followed")), None) is not None
+            return replace(observation, batch_followed=said) if said else observation
+        return observation
+
     def commands(self, observation: Observation) -> list[Command]:
         """Step, and carry out every command but the last (the terminal one, returned alone)."""
-        *steps, last = step(self.reader.now(), observation, self.ctx)
+        *steps, last = step(self.reader.now(), self.followed(observation), self.ctx)
         for command in steps:
             self.execute(command)
         return [last]
@@ -212,9 +228,13 @@ class Supervisor(Driver):
         heartbeat_timeout_s: float,
         poll_s: float = 0.5,
         keep_alive: Callable[[], None] | None = None,
+        startup_grace_s: float = STARTUP_GRACE_S,
     ) -> None:
         super().__init__(launcher, reader, ctx, hooks)
+        self.startup_grace_s = startup_grace_s
         self.heartbeat_timeout_s, self.poll_s, self.keep_alive = heartbeat_timeout_s, poll_s, keep_alive
+        self.actors: dict[int, Actor] = {}
+        """Each attempt's outside drills (kept across watches of one attempt: a drill strikes once)."""
 
     def run(self) -> AttemptResult:
         observation: Observation = TaskStarted(time.time())
@@ -241,6 +261,14 @@ class Supervisor(Driver):
         assert handle is not None and last is not None and last.number == attempt, (attempt, last)
         progress = self.hooks.progress_for(plan) if self.hooks.progress_for else None
         on_store = self.hooks.coordinator_for is not None  # the attempt groups on the supervisor's store
+        actor = self._actor(attempt, plan, last.started)
+
+        def each_poll() -> None:
+            if on_store:
+                self._start_due(attempt)
+            if actor is not None:
+                actor(handle)
+
         seen = watch_attempt(
             self.launcher,
             handle,
@@ -249,16 +277,31 @@ class Supervisor(Driver):
             plan.heartbeat_dir,
             self.heartbeat_timeout_s,
             self.poll_s,
+            self.startup_grace_s,
             progress=progress,
             keep_alive=self.keep_alive,
             checkpoints=lambda: self.end_then_scan(attempt, handle),
             regrouped=last.generation > 1,
             ready_spares=self._ready_spares(attempt, course) if on_store else None,
             pause=self._pause(attempt, last.generation) if on_store else time.sleep,
-            each_poll=(lambda: self._start_due(attempt)) if on_store else None,
+            each_poll=each_poll if on_store or actor is not None else None,
             leaving=self._leaving(attempt, last.generation) if on_store else None,
+            beatless_said=self.reader.now().run.hang_detection_off is not None,
+            beats_known=any(a.last_step is not None for a in self.reader.now().run.attempts),
         )
+        if actor is not None and isinstance(seen, (AttemptSucceeded, AttemptFailed)):
+            actor.ended(failed=isinstance(seen, AttemptFailed))
         return self._ungrouped(attempt, seen) if on_store else seen
+
+    def _actor(self, attempt: int, plan: LaunchPlan, started: float) -> Actor | None:
+        """The attempt's outside drills (None: none, or a launcher that cannot act them out)."""
+        if attempt not in self.actors:
+            drills = self.hooks.drills_for(attempt) if self.hooks.drills_for else []
+            if not drills or not isinstance(self.launcher, SignalsNodes):
+                return None
+            self.actors[attempt] = Actor(drills, plan, self.launcher, self.ledger, started, self.heartbeat_timeout_s,
+                                         self.startup_grace_s)  # fmt: skip
+        return self.actors[attempt]
 
     def _leaving(self, attempt: int, generation: int) -> Callable[[], list[str]]:
         """The nodes that reported they leave generation ``generation`` on notice (SIGTERM)."""
@@ -326,6 +369,7 @@ def supervise(
     heartbeat_timeout_s: float,
     poll_s: float = 0.5,
     keep_alive: Callable[[], None] | None = None,
+    startup_grace_s: float = STARTUP_GRACE_S,
 ) -> AttemptResult:
     """Attempts until success; ``TrainingFailed`` (with the kind) once the policy says fail.
 
@@ -333,4 +377,6 @@ def supervise(
     ``keep_alive`` is called at every poll and backoff slice; ``LineageBusy``
     from it ends the attempt and the task.
     """
-    return Supervisor(launcher, StateReader(ledger), ctx, hooks, heartbeat_timeout_s, poll_s, keep_alive).run()
+    supervisor = Supervisor(launcher, StateReader(ledger), ctx, hooks, heartbeat_timeout_s, poll_s, keep_alive,
+                            startup_grace_s)  # fmt: skip
+    return supervisor.run()

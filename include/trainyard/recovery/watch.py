@@ -2,7 +2,13 @@
 
 A node whose agent exits non-zero has crashed; a rank whose heartbeat is
 older than the timeout (or that never beat within it) is hung, and of the
-hung ranks those whose liveness pulse stopped are the suspects. ``failed``
+hung ranks those whose liveness pulse stopped are the suspects. Hang
+detection needs heartbeats: while no rank of an attempt has beaten, nothing
+is called hung (a script that makes no trainyard calls never beats, and its
+liveness is its processes' own: exits, the launcher's view); past the first
+beat's grace that is ``beatless`` (the run says once that hang detection is
+off, and how to turn it on: ``protocol.heartbeat.HOW_TO_BEAT``). Once any rank
+beat, the script beats: a rank that never did, or stopped, is hung as before. ``failed``
 turns what was seen into the controller's observation, with its evidence
 (node statuses, log tails, failure records, the last step). Both drivers
 look through here: the blocking watch (``recovery.attempt``) and the
@@ -27,7 +33,7 @@ from typing import Any
 
 from trainyard.atomic import open_regular
 from trainyard.backends.base import AttemptStatus, LaunchPlan
-from trainyard.protocol.heartbeat import Owner, read_heartbeats, scan, warn_once
+from trainyard.protocol.heartbeat import HOW_TO_BEAT, Owner, read_heartbeats, scan, warn_once
 from trainyard.protocol.records import FailureRecord, failure_records
 from trainyard.recovery.classify import Failure
 from trainyard.recovery.controller import node_failures
@@ -80,12 +86,23 @@ def stale_ranks(
     now: float,
     timeout_s: float,
     grace_s: float = STARTUP_GRACE_S,
+    beats_known: bool = False,
 ) -> list[str]:
-    """Ranks without progress for longer than ``timeout_s``; a rank that never beat gets ``grace_s`` to start."""
+    """Ranks without progress for longer than ``timeout_s``; a rank that never beat gets ``grace_s`` to start.
+
+    No beat at all is no hang: the script may write none (``beatless``); its ranks are judged by their exits.
+    ``beats_known``: the script beat in an earlier attempt of the run, so ranks that never beat are hung."""
     stale = [rank for rank, b in beats.items() if b.get("status") != "finished" and now - b["time"] > timeout_s]
-    if len(beats) < expected and now - started > first_beat_s(timeout_s, grace_s):
+    if (beats or beats_known) and len(beats) < expected and now - started > first_beat_s(timeout_s, grace_s):
         stale += [f"rank-{r}" for r in range(expected) if f"rank-{r}" not in beats]
     return stale
+
+
+def beatless(beats: dict[str, dict[str, Any]], started: float, now: float, timeout_s: float,
+             grace_s: float = STARTUP_GRACE_S) -> bool:  # fmt: skip
+    """Whether the attempt's script looks like one that writes no heartbeats: no rank beat by the time one
+    that did would have been called hung. Hang detection is off for it until a first beat."""
+    return not beats and now - started > first_beat_s(timeout_s, grace_s)
 
 
 def first_beat_s(timeout_s: float, grace_s: float) -> float:
@@ -151,12 +168,17 @@ def detect(
     timeout_s: float,
     grace_s: float = STARTUP_GRACE_S,
     members: list[str] | None = None,
+    beatless_said: bool = True,
+    beats_known: bool = False,
 ) -> tuple[str, list[str], str] | None:
     """What is wrong with a running attempt, if anything: ``(trigger, suspect nodes, reason)``.
 
     A failed node is a crash. A rank without progress past the timeout is a
     hang; of those, ranks whose liveness pulse stopped are the suspects --
-    ranks stuck behind a hung peer still pulse.
+    ranks stuck behind a hung peer still pulse. ``beatless_said`` False: an
+    attempt without a single beat past the first beat's grace is news too
+    (trigger ``beatless``, no failure: the driver tells the controller once). ``beats_known``: an earlier
+    attempt of the run beat, so an attempt without a beat is stuck before its loop (hung), not beatless.
     """
     if status.state == "failed":
         return "crash", [], _crash_reason(status)
@@ -166,7 +188,9 @@ def detect(
     if members is not None:  # regrouped at ``started``: every rank of the group has a full timeout from then
         beats = {r: {**b, "time": max(b["time"], started)} for r, b in group_beats(beats, members, per_node).items()}
     now = time.time()
-    stale = stale_ranks(beats, world_size, started, now, timeout_s, grace_s)
+    if not beatless_said and not beats_known and beatless(beats, started, now, timeout_s, grace_s):
+        return "beatless", [], f"no heartbeat from any rank {first_beat_s(timeout_s, grace_s):.0f} s after the start"
+    stale = stale_ranks(beats, world_size, started, now, timeout_s, grace_s, beats_known)
     if not stale:
         return None
     # Every rank still at work is a suspect, not only those past the timeout: the ranks waiting on a hung
@@ -180,9 +204,11 @@ def detect(
     # A rank that never beat is not one that stopped: say which it is (pods that never started look so).
     stopped, never = [r for r in stale if r in beats], [r for r in stale if r not in beats]
     said = [f"no progress for {timeout_s:.0f} s from {', '.join(stopped)}"] if stopped else []
-    if never:
+    if never:  # others beat (or did in an earlier attempt): these never started their loop, or skip the call
+        others = "other ranks beat" if beats else "earlier attempts beat"
         said.append(
             f"no first heartbeat {first_beat_s(timeout_s, grace_s):.0f} s after the start from {', '.join(never)}"
+            f" though {others} (each rank must {HOW_TO_BEAT})"
         )
     refused = [f"{name} refused ({why})" for name, why in sorted(seen.refused.items())[:4]]
     return "hang", nodes, "; ".join([*said, f"no pulse from {', '.join(silent) or 'none'}", *refused])

@@ -149,8 +149,9 @@ def _recovery(
             if f["failure"] and f["decision"]
         )
     )
-    lost = figures.get("lost_steps") or 0
-    subject = f"[trainyard] {facts.dag_id} succeeded after recovery: {kinds or 'recovery acted'}, {lost} step(s) lost"
+    lost = figures.get("lost_steps")
+    steps = "steps lost unknown" if lost is None and figures.get("lost_steps_why") else f"{lost or 0} step(s) lost"
+    subject = f"[trainyard] {facts.dag_id} succeeded after recovery: {kinds or 'recovery acted'}, {steps}"
     lines = [
         f"Pipeline {facts.dag_id}: run {facts.run_id} succeeded, but recovery acted in train.",
         *_where(facts),
@@ -204,7 +205,10 @@ def _recovery_lines(recovered: list[dict[str, Any]], figures: dict[str, Any]) ->
         lines += [line for _, said in sorted(dated, key=lambda d: d[0]) for line in said]
     if figures.get("world_path"):
         lines.append(f"World path: {figures['world_path']}")
-    lines.append(f"Steps lost in all: {figures.get('lost_steps') or 0}")
+    if figures.get("lost_steps") is None and figures.get("lost_steps_why"):
+        lines.append(f"Steps lost in all: unknown ({figures['lost_steps_why']})")
+    else:
+        lines.append(f"Steps lost in all: {figures.get('lost_steps') or 0}")
     return lines
 
 

@@ -190,14 +190,25 @@ def checkpoints_section(summary: Mapping[str, Any]) -> str:
     return "<h2>Checkpoints</h2>" + table + "<p>" + "<br>".join(lines) + "</p>"
 
 
+def _figure(figures: Mapping[str, Any], key: str) -> Any:
+    """A figure, or ``unknown (why)`` where the run could not know it (a script that reports no steps)."""
+    if figures.get(key) is not None:
+        return figures[key]
+    why = figures.get(key.removesuffix("_s") + "_why")
+    return f"unknown ({why})" if why else "-"
+
+
 def recovery_section(summary: Mapping[str, Any]) -> str:
     figures = summary.get("recovery")
+    off = summary.get("hang_detection")
+    said = f"<p>Hang detection: {esc(off)}</p>" if off else ""
     if not figures:
-        return '<h2>Recovery figures</h2><p class="empty">No recovery figures recorded (training did not finish).</p>'
-    rows = [[esc(label), esc("-" if figures.get(key) is None else figures[key])] for key, label in RECOVERY_FIGURES]
+        return ('<h2>Recovery figures</h2><p class="empty">No recovery figures recorded (training did not finish).</p>'
+                + said)  # fmt: skip
+    rows = [[esc(label), esc(_figure(figures, key))] for key, label in RECOVERY_FIGURES]
     return (
         f"<h2>Recovery figures</h2>{_table(['figure', 'value'], rows, 'recovery')}"
-        f"<p>Attempts: {esc(summary.get('attempts'))}</p>"
+        f"<p>Attempts: {esc(summary.get('attempts'))}</p>{said}"
     )
 
 

@@ -17,6 +17,7 @@ from trainyard.events.fold import TrainRun, fold
 from trainyard.events.ledger import Ledger
 from trainyard.events.records import DecisionTaken, FailureSeen, Growth
 from trainyard.protocol import steps as progress
+from trainyard.protocol.heartbeat import HOW_TO_BEAT
 from trainyard.report.faults import attempt_lines
 from trainyard.report.pages import report_html
 
@@ -43,7 +44,8 @@ def summarize(ledger: Ledger) -> dict[str, Any]:
         "ended": events[-1]["ts"] if events else None,
         "stages": stages,
         "running": running,
-        "nodes_used": ends.get("train", {}).get("nodes", []),
+        # The final attempt's group (after a scale-down or a regroup), not the nodes the stage started on.
+        "nodes_used": list(last.nodes) if (last := state.train.last) else ends.get("train", {}).get("nodes", []),
         # .get: the view also shows ledgers written by older versions of the stages.
         "node_verdicts": {
             n: {k: v.get(k) for k in ("figures", "again", "suspect", "verdict", "reason", "collective")}
@@ -67,6 +69,7 @@ def summarize(ledger: Ledger) -> dict[str, Any]:
         "attempt_details": attempt_table(state.train),
         "world_path": state.train.world_path,
         "recovery_path": _recovery_path(state.train),
+        "hang_detection": _hang_detection(state.train),
         "timeline": [
             {k: e.get(k) for k in ("ts", "event", "attempt", "nodes", "kind", "action", "reason", "evidence")}
             for e in train
@@ -101,6 +104,13 @@ def _recovery_path(train: TrainRun) -> str | None:
     if train.in_place is None:
         return None
     return "in place" if train.in_place else f"relaunch: {train.why_not or 'no reason recorded'}"
+
+
+def _hang_detection(train: TrainRun) -> str | None:
+    """``off: why, and how to turn it on`` where the script writes no heartbeats (``hang_detection_off``); else None."""
+    if train.hang_detection_off is None:
+        return None
+    return f"off: {train.hang_detection_off}; to turn it on, {HOW_TO_BEAT}"
 
 
 def run_state(stages: dict[str, dict[str, Any]], running: list[str]) -> str:
@@ -190,7 +200,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     if summary["attempts"] > 1 and recovery:
         lines.append(
             f"  attempts:         {summary['attempts']} (detection {recovery.get('detection_s')} s, resume delay"
-            f" {recovery.get('resume_delay_s')} s, lost steps {recovery.get('lost_steps')}, ETTR {recovery.get('ettr')})"
+            f" {_known(recovery, 'resume_delay_s', ' s')}, lost steps {_known(recovery, 'lost_steps')},"
+            f" ETTR {recovery.get('ettr')})"
         )
     for row in summary.get("attempt_details") or []:
         lines.append(f"  attempt {row['attempt']}:        {row['state']} on {', '.join(row.get('nodes') or []) or '-'}")
@@ -199,11 +210,22 @@ def format_summary(summary: dict[str, Any]) -> str:
         lines.append(f"  recovery path:    {summary['recovery_path']}")
     if summary.get("world_path"):
         lines.append(f"  world path:       {summary['world_path']}")
+    if summary.get("hang_detection"):
+        lines.append(f"  hang detection:   {summary['hang_detection']}")
     lines.append(f"  valid checkpoint: {summary['checkpoint'] or '-'}")
     lines.append(f"  published to:     {summary['published'] or '-'}")
     if summary.get("report"):
         lines.append(f"  report:           {summary['report']}")
     return "\n".join(lines)
+
+
+def _known(figures: dict[str, Any], name: str, unit: str = "") -> str:
+    """A recovery figure with its unit, or ``unknown (why)`` where the run could not know it (never 0)."""
+    value = figures.get(name)
+    if value is not None:
+        return f"{value}{unit}"
+    why = figures.get(name.removesuffix("_s") + "_why")
+    return f"unknown ({why})" if why else "-"
 
 
 def write_report(run_dir: Path, ledger: Ledger) -> dict[str, Any]:

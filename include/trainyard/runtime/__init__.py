@@ -6,6 +6,7 @@ and reports through a few calls::
 
     ctx = runtime.context()                 # the TRAINYARD_* environment, validated
     start = runtime.load_latest(state)      # resume (or 0 for a fresh run)
+    micro, accumulation = runtime.follow_batch(ctx)  # TRAINYARD_GLOBAL_BATCH on this world: a scale-down keeps it
     checkpoints = runtime.Checkpointer(ctx) # saves in the background if TRAINYARD_CHECKPOINT_ASYNC=1
     for step in range(start + 1, ctx.max_steps + 1):
         ...
@@ -89,6 +90,7 @@ failure it saw, which the supervisor's classifier trusts before any log line.
 exception; a script that catches its exceptions itself calls ``record_failure``.
 """
 
+from trainyard.runtime.batch import Batch, follow_batch
 from trainyard.runtime.checkpoints import Checkpointer, load_latest, save_checkpoint
 from trainyard.runtime.failures import record_failure
 from trainyard.runtime.group import ElasticGroup, elastic_group
@@ -97,6 +99,7 @@ from trainyard.runtime.progress import finish, flush_progress, heartbeat, regrou
 from trainyard.runtime.state import TrainState
 
 __all__ = [
+    "Batch",
     "Checkpointer",
     "ElasticGroup",
     "RunContext",
@@ -105,6 +108,7 @@ __all__ = [
     "elastic_group",
     "finish",
     "flush_progress",
+    "follow_batch",
     "heartbeat",
     "load_latest",
     "rank",

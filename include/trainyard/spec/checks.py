@@ -160,6 +160,45 @@ def _entrypoint(spec: PipelineSpec) -> list[str]:
     return []
 
 
+OUTSIDE_FAULTS = frozenset({"kill", "hang", "slow"})
+"""Drills a launcher can act out from outside any process: SIGKILL, SIGSTOP, a SIGSTOP/SIGCONT duty cycle."""
+DRILLING_ENTRYPOINTS = frozenset({"trainyard.workload", "trainyard.train"})
+"""Entrypoints that act out trainyard's drills themselves (``trainyard.runtime.drills``), exactly at their step;
+for any other script the supervisor acts out ``OUTSIDE_FAULTS`` and the others cannot be acted out."""
+
+
+def acts_drills(entrypoint: str) -> bool:
+    """Whether the training process acts out its drills itself (``TRAINYARD_DRILLS``): the reference workload."""
+    return entrypoint in DRILLING_ENTRYPOINTS
+
+
+def drill_refusal(fault: str, entrypoint: str, backend: str) -> str | None:
+    """Why a drill cannot be acted out for this entrypoint on this backend (None: it can)."""
+    if acts_drills(entrypoint):
+        return None
+    if fault not in OUTSIDE_FAULTS:
+        return (
+            f"{fault} is acted out inside the training process by trainyard.runtime.drills, which"
+            f" {entrypoint} does not run (the reference workload does); kill, hang and slow are acted out from"
+            " outside for any script"
+        )
+    if backend != "local":
+        return (
+            f"the {backend} backend cannot signal a node's processes from outside, and {entrypoint} does not act"
+            " out drills itself (the reference workload does)"
+        )
+    return None
+
+
+def _drills(spec: PipelineSpec) -> list[str]:
+    entry, backend = spec.training.entrypoint, spec.nodes.backend
+    return [
+        f"drills[{i}]: {why}; drop the drill"
+        for i, drill in enumerate(spec.drills)
+        if (why := drill_refusal(drill.fault, entry, backend))
+    ]
+
+
 def _resume_from(spec: PipelineSpec) -> list[str]:
     return resume_shape(spec.training.resume_from)
 
@@ -286,6 +325,7 @@ CHECKS: tuple[tuple[tuple[str, ...], Check], ...] = (
     (("dataset.format", "dataset.dtype", "training.entrypoint", "training.args"), _workload_format),
     (("training.global_batch", "training.micro_batch", "nodes.count", "nodes.procs_per_node"), _batch),
     (("training.entrypoint",), _entrypoint),
+    (("drills", "training.entrypoint", "nodes.backend"), _drills),
     (("training.resume_from",), _resume_from),
     (("training.allowed_resume_roots",), _resume_roots),
     (("training.pass_env", "nodes.backend"), _pass_env),

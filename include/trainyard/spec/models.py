@@ -491,6 +491,10 @@ class TrainingSpec(_Model):
     saving often costs little and a fault loses fewer steps. The manifest still comes last."""
     heartbeat_timeout_s: float = Field(60.0, gt=0, le=DAY_S)
     """A rank silent for this long is hung."""
+    startup_grace_s: float = Field(120.0, gt=0, le=DAY_S)
+    """Seconds a rank may take to its first heartbeat (interpreter, imports, rendezvous, data), or
+    ``heartbeat_timeout_s`` where that is longer. A script with no beat from any rank by then writes none:
+    hang detection stays off for it (the run says so once), and its processes' exits are its liveness."""
     progress_every_s: float = Field(30.0, ge=0, le=DAY_S)
     """Seconds between progress records: a line in the ``train`` task's log (step, loss, speed, ETA, last
     checkpoint) and a ledger ``step`` event with the min/mean/max loss and step time since the last one

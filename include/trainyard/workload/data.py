@@ -14,7 +14,6 @@ state needs to be checkpointed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +21,9 @@ import torch
 
 from trainyard.errors import DataError
 from trainyard.protocol import arrays, shards
+from trainyard.runtime.batch import BatchPlan
+
+__all__ = ["BatchPlan", "TokenStream", "global_starts", "micro_batches"]
 
 
 class TokenStream:
@@ -80,45 +82,6 @@ class TokenStream:
             filled += len(chunk)
             part, offset = part + 1, 0
         return out
-
-
-@dataclass(frozen=True)
-class BatchPlan:
-    """How one step's global batch is split across ranks and micro-batches."""
-
-    global_batch: int
-    micro_batch: int
-    world_size: int
-    rank: int
-
-    def __post_init__(self) -> None:
-        if min(self.global_batch, self.micro_batch, self.world_size) < 1:
-            raise ValueError(f"global_batch, micro_batch and world_size must be >= 1: {self}")
-        if not 0 <= self.rank < self.world_size:
-            raise ValueError(f"rank {self.rank} is outside world size {self.world_size}")
-        if self.global_batch % (self.micro_batch * self.world_size):
-            raise ValueError(
-                f"global_batch ({self.global_batch}) must be divisible by micro_batch ({self.micro_batch}) "
-                f"x world_size ({self.world_size}) = {self.micro_batch * self.world_size}"
-            )
-
-    @classmethod
-    def for_world(cls, global_batch: int, micro_batch: int | None, world_size: int, rank: int) -> BatchPlan:
-        """A plan where ``micro_batch=None`` means no accumulation (global / world per rank)."""
-        if micro_batch is None:
-            if global_batch % world_size:
-                raise ValueError(f"global_batch ({global_batch}) must be divisible by world_size ({world_size})")
-            micro_batch = global_batch // world_size
-        return cls(global_batch, micro_batch, world_size, rank)
-
-    @property
-    def accumulation(self) -> int:
-        """Micro-batches per rank per step (gradient accumulation steps)."""
-        return self.global_batch // (self.micro_batch * self.world_size)
-
-    @property
-    def per_rank(self) -> int:
-        return self.global_batch // self.world_size
 
 
 def global_starts(step: int, seed: int, total_tokens: int, window: int, global_batch: int) -> np.ndarray:

@@ -60,6 +60,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from trainyard import runtime
 from trainyard.errors import DataError, SpecError, TrainingFailed
 from trainyard.runtime import device
+from trainyard.runtime.batch import BatchPlan, batch_plan
 from trainyard.runtime.drills import Drills
 from trainyard.workload import data
 from trainyard.workload.model import GPT, GPTConfig
@@ -161,13 +162,14 @@ def _model_config(args: argparse.Namespace) -> GPTConfig:
         raise SpecError([str(exc)]) from exc
 
 
-def _plan(ctx: runtime.RunContext, micro_batch: int | None) -> data.BatchPlan:
+def _plan(ctx: runtime.RunContext, micro_batch: int | None) -> BatchPlan:
     """The batch split over the current group, or a one-line ``SpecError``.
 
     ``micro_batch`` is the generation's (None: the context's); the global batch is kept.
     """
     try:
-        return data.BatchPlan.for_world(ctx.global_batch, micro_batch, dist.get_world_size(), dist.get_rank())
+        runtime.follow_batch(ctx, micro_batch=micro_batch)  # the supervisor may say the global batch is kept
+        return batch_plan(ctx, micro_batch)
     except ValueError as exc:
         raise SpecError([str(exc)]) from exc
 
@@ -238,7 +240,7 @@ def _after_step(
     args: argparse.Namespace,
     ctx: runtime.RunContext,
     cfg: GPTConfig,
-    plan: data.BatchPlan,
+    plan: BatchPlan,
     checkpoints: runtime.Checkpointer,
     state: dict[str, Any],
 ) -> dict[str, float]:

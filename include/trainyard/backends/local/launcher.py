@@ -29,6 +29,8 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -102,6 +104,8 @@ class LocalHandle:
     ranks: dict[str, list[Proc]] = field(default_factory=dict)
     """Node -> its processes: its torchrun agent, or (in place) one per local rank, in local rank order."""
     logs: dict[str, Path] = field(default_factory=dict)
+    over: threading.Event = field(default_factory=threading.Event)
+    """Set once the attempt is cancelled: a ``slow`` drill's duty cycle stops."""
 
     @property
     def procs(self) -> dict[str, Proc]:
@@ -280,6 +284,18 @@ class LocalLauncher:
             proc.wait(timeout=wait_s)
         psutil.wait_procs(tree, timeout=wait_s)
 
+    def signal_nodes(self, handle: LocalHandle, nodes: list[str], fault: str, factor: float = 1.0) -> None:
+        """Act a drill out on these nodes' process trees from outside (``backends.base.SignalsNodes``)."""
+        tree = [p for proc in handle.processes(nodes) for p in process_tree(proc.pid)]
+        if fault == "kill":
+            signal_all(tree, signal.SIGKILL)
+        elif fault == "hang":
+            signal_all(tree, signal.SIGSTOP)
+        elif fault == "slow":
+            threading.Thread(target=duty_cycle, args=(tree, factor, handle.over), daemon=True).start()
+        else:
+            raise ValueError(f"drill {fault!r} cannot be acted out from outside a process")
+
     def poll(self, handle: LocalHandle) -> AttemptStatus:
         statuses = []
         for node, procs in handle.ranks.items():
@@ -293,6 +309,7 @@ class LocalLauncher:
         torchrun starts its workers in sessions of their own, so killing the
         agent's process group is not enough: we collect the whole tree first.
         """
+        handle.over.set()  # before the SIGCONT below: a slow drill's cycle must not stop them again
         tree = [p for proc in handle.processes() for p in process_tree(proc.pid)]
         signal_all(tree, signal.SIGTERM)
         signal_all(tree, signal.SIGCONT)  # a stopped (hung) process handles its SIGTERM only once resumed
@@ -329,6 +346,20 @@ def process_tree(pid: int) -> list[psutil.Process]:
         return [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
         return []
+
+
+SLOW_PERIOD_S = 0.2
+"""A slow drill's running time per cycle; each is followed by ``factor`` times as long stopped."""
+
+
+def duty_cycle(procs: list[psutil.Process], factor: float, over: threading.Event) -> None:
+    """Stop and continue ``procs`` in turn (a straggler: each step takes ``1 + factor`` times as long) until
+    ``over`` is set or they are gone; they are left running."""
+    while not over.is_set() and any(p.is_running() for p in procs):
+        signal_all(procs, signal.SIGSTOP)
+        over.wait(SLOW_PERIOD_S * factor)
+        signal_all(procs, signal.SIGCONT)
+        time.sleep(SLOW_PERIOD_S)
 
 
 def signal_all(procs: list[psutil.Process], sig: signal.Signals) -> None:

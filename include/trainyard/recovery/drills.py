@@ -1,0 +1,158 @@
+"""Drills acted out from outside the training processes, for any script: when, on whom, or why not.
+
+Who acts each drill is decided once, by the entrypoint (``spec.checks.acts_drills``): the reference
+workload acts out every drill itself, exactly at its step (``runtime.drills``, its ``TRAINYARD_DRILLS``);
+for any other script the blocking driver acts out ``kill`` (SIGKILL of the node's processes), ``hang``
+(SIGSTOP) and ``slow`` (a SIGSTOP/SIGCONT duty cycle) through a launcher that signals nodes
+(``backends.base.SignalsNodes``), and the spec check refuses the faults that need the process. So no
+drill is acted twice and none is silently dropped.
+
+A drill strikes at the first look where the node's progress reached its step: the step its ranks' heartbeats
+report, or, for a script that writes none, the newest checkpoint folder (``step_NNNNNN``) that appeared in the
+checkpoint root since the attempt started. Looks are a poll apart, so the fault may come a few steps late.
+``due`` and ``refused`` decide (pure); ``Actor`` looks and carries them out, recording ``drill_fired`` and
+``drill_refused`` in the ledger.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainyard.backends.base import LaunchPlan, SignalsNodes
+from trainyard.checkpoint.format import step_of
+from trainyard.events.ledger import Ledger
+from trainyard.events.schema import DrillRefused
+from trainyard.protocol.env import FaultDrill
+from trainyard.protocol.heartbeat import HOW_TO_BEAT, scan
+from trainyard.recovery.state import STAGE
+from trainyard.recovery.watch import STARTUP_GRACE_S, beatless
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What is known of an attempt's progress at one look."""
+
+    steps: dict[str, int]
+    """Node -> the furthest step its ranks' heartbeats report (empty: no beat yet)."""
+    checkpoint: int | None = None
+    """The newest checkpoint step saved since the attempt started (None: none)."""
+    beatless: bool = False
+    """No rank beat by the time one that did would have been called hung: the script writes no heartbeats."""
+
+
+def target(drill: FaultDrill, nodes: list[str]) -> str:
+    """The node a drill strikes: its own, else the attempt's first (``Drill.node``: null is node-0)."""
+    return drill.node or nodes[0]
+
+
+def due(drills: list[FaultDrill], nodes: list[str], seen: Progress) -> list[tuple[FaultDrill, str, int, str]]:
+    """The drills whose node reached their step: ``(drill, node, step reached, what said so)``."""
+    out = []
+    for drill in drills:
+        node = target(drill, nodes)
+        if seen.steps:
+            reached, source = seen.steps.get(node), "heartbeats"
+        elif drill.fault == "hang":  # only a script that beats has its frozen node found: wait for its beats
+            continue
+        else:
+            reached, source = seen.checkpoint, "checkpoints"
+        if reached is not None and reached >= drill.step:
+            out.append((drill, node, reached, source))
+    return out
+
+
+def refused(drill: FaultDrill, nodes: list[str], seen: Progress) -> str | None:
+    """Why a drill cannot be acted out in this attempt (None: it can, or it is not known yet)."""
+    node = target(drill, nodes)
+    if node not in nodes:
+        return f"{node} is not a node of the attempt ({', '.join(nodes)})"
+    if drill.fault == "hang" and seen.beatless:
+        # A frozen node of a script without heartbeats is never found: the run would wait forever.
+        return (
+            f"the script writes no heartbeats, so hang detection is off and a frozen node is never found; {HOW_TO_BEAT}"
+        )
+    return None
+
+
+def unreached(drill: FaultDrill, seen: Progress) -> str:
+    """Why a drill never struck in an attempt that ended: its node's progress never showed its step."""
+    if seen.steps or not seen.beatless:
+        return f"its node's heartbeats never reported step {drill.step}"
+    return (
+        f"the script reports no step (no heartbeats) and saved no checkpoint of step {drill.step} or later in the"
+        f" checkpoint root; {HOW_TO_BEAT}"
+    )
+
+
+def newest_checkpoint(root: Path, since: float) -> int | None:
+    """The newest step folder in ``root`` made since ``since``: names and ``lstat`` only, nothing is opened."""
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return None
+    steps = []
+    for name in names:
+        step = step_of(name)
+        try:
+            if step is not None and (root / name).lstat().st_mtime >= since:
+                steps.append(step)
+        except OSError:
+            continue
+    return max(steps, default=None)
+
+
+class Actor:
+    """One attempt's outside drills, carried out at each poll of the blocking watch (``each_poll``)."""
+
+    def __init__(self, drills: list[FaultDrill], plan: LaunchPlan, launcher: SignalsNodes, ledger: Ledger,
+                 started: float, timeout_s: float, grace_s: float = STARTUP_GRACE_S) -> None:  # fmt: skip
+        self.left, self.plan, self.launcher, self.ledger = list(drills), plan, launcher, ledger
+        self.started, self.timeout_s, self.grace_s = started, timeout_s, grace_s
+        self.seen = Progress({})
+
+    def look(self) -> Progress:
+        beats = scan(self.plan.heartbeat_dir).beats
+        steps: dict[str, int] = {}
+        for beat in beats.values():
+            node = str(beat.get("folder") or beat.get("node") or "")
+            steps[node] = max(steps.get(node, 0), int(beat.get("step") or 0))
+        quiet = beatless(beats, self.started, time.time(), self.timeout_s, self.grace_s)
+        return Progress(steps, newest_checkpoint(self.plan.train_env.checkpoint_dir, self.started), quiet)
+
+    def __call__(self, handle: Any) -> None:
+        if not self.left:
+            return
+        self.seen = seen = self.look()
+        for drill in list(self.left):
+            if why := refused(drill, self.plan.nodes, seen):
+                self._refuse(drill, why)
+        for drill, node, step, source in due(self.left, self.plan.nodes, seen):
+            self.left.remove(drill)
+            self.ledger.append(STAGE, "drill_fired", attempt=self.plan.attempt, fault=drill.fault, node=node,
+                               step=step)  # fmt: skip
+            log.warning("attempt %d: drill %s on %s at step %d (by its %s), acted out from outside",
+                        self.plan.attempt, drill.fault, node, step, source)  # fmt: skip
+            self.launcher.signal_nodes(handle, [node], drill.fault, drill.factor)
+
+    def ended(self, failed: bool) -> None:
+        """The attempt ended: a drill that never struck is refused, with why (never silently dropped)."""
+        for drill in list(self.left):
+            self._refuse(
+                drill, f"the attempt failed before step {drill.step}" if failed else unreached(drill, self.seen)
+            )
+
+    def _refuse(self, drill: FaultDrill, why: str) -> None:
+        self.left.remove(drill)
+        record = DrillRefused(attempt=self.plan.attempt, fault=drill.fault, node=target(drill, self.plan.nodes),
+                              step=drill.step, reason=why)  # fmt: skip
+        self.ledger.append(STAGE, record.event, **record.fields())
+        log.warning(
+            "attempt %d: drill %s at step %d not acted out: %s", self.plan.attempt, drill.fault, drill.step, why
+        )

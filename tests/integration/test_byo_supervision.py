@@ -1,0 +1,80 @@
+"""Issue 31: a torchrun script that makes no trainyard calls at all (``scripts/plain_ddp.py``: plain DDP, its own
+``torch.save`` checkpoints, its own batch size) under the blocking supervisor on 2 local nodes.
+
+It writes no heartbeats, so it is never called hung, and the run says once that hang detection is off; a ``kill``
+drill is acted out from outside (the supervisor SIGKILLs node-1's processes once the script's own checkpoints
+show the step: the only progress it reports); the run scales down and the script resumes from its own
+checkpoint. The gate is not asserted: adopting its checkpoints is another change."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from test_recovery import events
+
+from trainyard.pipeline import stages
+from trainyard.pipeline.run import open_run
+from trainyard.protocol.shards import write_synthetic_corpus
+from trainyard.report.summary import format_summary, summarize
+
+pytestmark = pytest.mark.integration
+
+SCRIPT = Path(__file__).resolve().parent / "scripts" / "plain_ddp.py"
+SPEC = """\
+dataset: {{source: "file://{root}/cold", name: tokens, hot: "file://{root}/hot"}}
+runs_root: file://{root}/runs
+nodes: {{count: 2, min: 1}}
+pressure_test: {{enabled: false}}
+training:
+  entrypoint: {script}
+  args: {{}}
+  max_steps: 120
+  global_batch: 2
+  micro_batch: 1
+  checkpoint_every: 10
+  heartbeat_timeout_s: 1
+  startup_grace_s: 2
+checkpoint: {{hot: "file://{root}/ckpt", cold: "file://{root}/coldckpt"}}
+recovery: {{max_attempts: 3, backoff_s: 0.2, in_place: false}}
+drills: [{{fault: kill, node: node-1, step: 30}}]
+"""
+
+
+def test_a_script_without_trainyard_calls_is_supervised_and_drilled_from_outside(tmp_path: Path) -> None:
+    write_synthetic_corpus(tmp_path / "cold", shards=1, tokens_per_shard=1024)
+    spec = tmp_path / "byo.yaml"
+    spec.write_text(SPEC.format(root=tmp_path, script=SCRIPT))
+    run = open_run(spec, "byo", f"byo-{time.monotonic_ns()}", "2026-12-03")
+    stages.stage_dataset(run)
+    result = stages.train(run, ["node-0", "node-1"])
+
+    # Trained for far longer than the 1 s timeout and the 2 s grace without a beat: never called hung.
+    assert [e["kind"] for e in events(run, "failure_classified")] == ["node_lost"]
+    [off] = events(run, "hang_detection_off")  # once a run, not once an attempt
+    assert "writes no heartbeats" in off["reason"] and "trainyard.runtime.heartbeat(step, metrics)" in off["fix"]
+
+    # The kill was acted out from outside, by the script's own checkpoints' step.
+    [fired] = events(run, "drill_fired")
+    assert (fired["fault"], fired["node"], fired["attempt"]) == ("kill", "node-1", 1) and fired["step"] >= 30
+    assert events(run, "drill_refused") == []
+    [end, _] = events(run, "attempt_end")
+    assert end["trigger"] == "crash" and "node-1 exited" in end["reason"]
+
+    # Scaled down; the decision does not claim a global batch the script never read.
+    [decision] = events(run, "decision")
+    assert decision["action"] == "scale_down" and decision["new_nodes"] == ["node-0"]
+    assert "global batch changes from 2 to 1" in decision["reason"] and "kept" not in decision["reason"]
+    assert result.attempts == 2
+
+    # The script resumed from its own checkpoint at or after the drill's step.
+    log = (run.dir / "attempt-2" / "node-0.log").read_text()
+    started = int(log.split("starting at step ")[1].split()[0])
+    assert started > 30, log[-2000:]
+
+    summary = summarize(run.ledger)
+    assert summary["nodes_used"] == ["node-0"]
+    text = format_summary(summary)
+    assert "lost steps unknown (the script reports no steps" in text
+    assert "hang detection:   off: the training script writes no heartbeats" in text

@@ -1,0 +1,62 @@
+"""The local launcher acts drills out from outside a node's processes (``LocalLauncher.signal_nodes``): what any
+script gets, whatever it runs, since it need not act out trainyard's drills itself."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from trainyard.backends.base import LaunchPlan, SignalsNodes
+from trainyard.backends.local.launcher import LocalLauncher
+from trainyard.protocol.env import TrainEnv
+
+pytestmark = pytest.mark.integration
+
+
+def launched(tmp_path: Path) -> tuple[LocalLauncher, object]:
+    """Two nodes of one plain process each (an in-place launch: no torchrun agent), that sleep."""
+    entry = tmp_path / "entry.py"
+    entry.write_text("import time\nwhile True:\n    time.sleep(0.01)\n")
+    plan = LaunchPlan(run_id="t", attempt=1, nodes=["node-0", "node-1"], procs_per_node=1, entrypoint=str(entry),
+                      args=[], log_dir=tmp_path / "attempt-1",
+                      train_env=TrainEnv(data_dir=tmp_path, checkpoint_dir=tmp_path / "ckpt", max_steps=1,
+                                         store="127.0.0.1:1"))  # fmt: skip
+    launcher = LocalLauncher()
+    return launcher, launcher.launch(plan)
+
+
+def states(handle, node: str) -> set[str]:
+    return {psutil.Process(p.pid).status() for p in handle.ranks[node]}
+
+
+def seen(check, within_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_kill_hang_and_slow_reach_only_the_node_named(tmp_path: Path) -> None:
+    launcher, handle = launched(tmp_path)
+    assert isinstance(launcher, SignalsNodes)
+    try:
+        launcher.signal_nodes(handle, ["node-1"], "hang")
+        assert seen(lambda: states(handle, "node-1") == {psutil.STATUS_STOPPED})
+        assert states(handle, "node-0") != {psutil.STATUS_STOPPED}
+        launcher.signal_nodes(handle, ["node-0"], "slow", factor=2.0)  # stopped and continued in turn
+        assert seen(lambda: states(handle, "node-0") == {psutil.STATUS_STOPPED})
+        assert seen(lambda: states(handle, "node-0") != {psutil.STATUS_STOPPED})
+        launcher.signal_nodes(handle, ["node-1"], "kill")
+        assert seen(lambda: launcher.poll(handle).failed() != [])
+        [dead] = launcher.poll(handle).failed()
+        assert (dead.slot, dead.exit_code) == ("node-1", -9)
+        with pytest.raises(ValueError, match="cannot be acted out from outside"):
+            launcher.signal_nodes(handle, ["node-0"], "nan")
+    finally:
+        launcher.cancel(handle)  # the slow node's cycle stops first: cancel ends it, stopped or not
+    assert all(p.poll() is not None for p in handle.processes())

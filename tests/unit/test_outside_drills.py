@@ -1,0 +1,74 @@
+"""Drills for any script: who acts each one (the spec check), and when the supervisor acts one out from outside."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainyard.protocol.env import FaultDrill
+from trainyard.recovery.drills import Progress, due, refused, unreached
+from trainyard.spec.checks import drill_refusal
+
+NODES = ["node-0", "node-1"]
+KILL = FaultDrill("kill", 10, "node-1")
+
+
+@pytest.mark.parametrize(
+    ("fault", "entrypoint", "backend", "says"),
+    [
+        ("kill", "trainyard.workload", "kubernetes", None),  # the reference workload acts every drill itself
+        ("nan", "trainyard.workload", "local", None),
+        ("kill", "/opt/train.py", "local", None),  # any script: the local launcher signals its processes
+        ("hang", "/opt/train.py", "local", None),
+        ("slow", "my.trainer", "local", None),
+        ("nan", "/opt/train.py", "local", "nan is acted out inside the training process by trainyard.runtime.drills"),
+        ("oom", "/opt/train.py", "local", "kill, hang and slow are acted out from outside for any script"),
+        ("kill", "/opt/train.py", "kubernetes", "the kubernetes backend cannot signal a node's processes"),
+    ],
+)
+def test_who_acts_out_a_drill(fault: str, entrypoint: str, backend: str, says: str | None) -> None:
+    why = drill_refusal(fault, entrypoint, backend)
+    assert (why is None) if says is None else (why is not None and says in why)
+
+
+@pytest.mark.parametrize(
+    ("drill", "seen", "struck"),
+    [
+        (KILL, Progress({"node-0": 12, "node-1": 9}), None),  # its node is behind the step
+        (KILL, Progress({"node-0": 9, "node-1": 11}), (11, "heartbeats")),  # a poll late: the step reached
+        (KILL, Progress({}, checkpoint=10), (10, "checkpoints")),  # no heartbeats: the checkpoints' steps
+        (KILL, Progress({}, checkpoint=5), None),
+        (KILL, Progress({"node-0": 3}, checkpoint=20), None),  # beats count first; node-1 has not beaten
+        (FaultDrill("hang", 4), Progress({"node-0": 4}), (4, "heartbeats")),  # no node: node-0
+        (FaultDrill("hang", 4), Progress({}, checkpoint=10), None),  # a hang waits for beats: only they find it
+    ],
+)
+def test_a_drill_strikes_once_its_node_reached_its_step(
+    drill: FaultDrill, seen: Progress, struck: tuple | None
+) -> None:
+    found = due([drill], NODES, seen)
+    assert [(step, source) for _, _, step, source in found] == ([struck] if struck else [])
+    if struck:
+        assert found[0][1] == (drill.node or "node-0")
+
+
+@pytest.mark.parametrize(
+    ("drill", "seen", "says"),
+    [
+        (KILL, Progress({}, beatless=True), None),  # a kill needs no heartbeats: the checkpoints may do
+        (FaultDrill("hang", 5, "node-1"), Progress({}, beatless=False), None),  # not known yet
+        (FaultDrill("hang", 5, "node-1"), Progress({}, beatless=True), "hang detection is off"),
+        (FaultDrill("kill", 5, "node-7"), Progress({}), "node-7 is not a node of the attempt"),
+    ],
+)
+def test_a_drill_that_cannot_be_acted_out_is_refused_with_why(
+    drill: FaultDrill, seen: Progress, says: str | None
+) -> None:
+    why = refused(drill, NODES, seen)
+    assert (why is None) if says is None else (why is not None and says in why)
+    if drill.fault == "hang" and says:
+        assert "trainyard.runtime.heartbeat(step, metrics)" in why
+
+
+def test_a_drill_that_never_struck_says_what_progress_was_missing() -> None:
+    assert "saved no checkpoint of step 10" in unreached(KILL, Progress({}, beatless=True))
+    assert "heartbeats never reported step 10" in unreached(KILL, Progress({"node-1": 3}))
