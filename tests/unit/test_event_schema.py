@@ -52,7 +52,7 @@ def test_every_event_kind_the_code_writes_is_declared_with_its_fields() -> None:
 
 def test_the_worker_kinds_are_the_train_events_a_training_process_writes() -> None:
     assert schema.WORKER_EVENTS == {"step", "finished", "checkpoint_saved", "checkpoint_skipped", "resumed",
-                                    "regrouped", "drill_fired", "batch_followed"}  # fmt: skip
+                                    "regrouped", "drills_acted", "drill_fired", "batch_followed"}  # fmt: skip
 
 
 @pytest.mark.parametrize(

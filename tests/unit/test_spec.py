@@ -196,15 +196,6 @@ BAD = [
         "notify.email[1]: 'a@example.com' is listed twice",
     ),
     (
-        "drill-a-script-cannot-act",
-        spec_text(
-            training="{entrypoint: /opt/train.py, max_steps: 10, global_batch: 8, micro_batch: 2, checkpoint_every: 5}",
-            drills="[{fault: nan, step: 3}]",
-        ),
-        "drills[0]: nan is acted out inside the training process by trainyard.runtime.drills, which /opt/train.py"
-        " does not run",
-    ),
-    (
         "notify-unknown-key",
         spec_text(notify="{email: [a@example.com], slack: '#ml'}"),
         "notify.slack: unknown field; allowed here: connection, email, from_email, on",

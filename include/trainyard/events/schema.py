@@ -494,6 +494,7 @@ class CheckpointChecked(Event):
     valid: bool | None = None
     problems: list[str] | None = None
     seconds: float | None = None
+    notes: list[str] | None = None  # what the gate could not check, and why (a script that reports no loss)
 
 
 @dataclass(frozen=True)
@@ -584,6 +585,15 @@ class BatchFollowed(WorkerEvent):
 
 
 @dataclass(frozen=True)
+class DrillsActed(WorkerEvent):
+    """A training process acts out its drills itself (``runtime.drills``: the reference loop, the framework
+    callbacks), exactly at their step: the supervisor leaves them to it and only checks they fired."""
+
+    event = "drills_acted"
+    faults: list[str] | None = None
+
+
+@dataclass(frozen=True)
 class DrillFired(WorkerEvent):
     event = "drill_fired"
     fault: str | None = None
@@ -599,7 +609,7 @@ KINDS: dict[str, type[Event]] = {
         FailureClassified, DecisionMade, Grown, SparesWarm, Rejoining, RolledBack, LineageHeld, LineageReset,
         CheckpointAdopted, CheckpointValidated, CheckpointPromoted, CheckpointQuarantined, CheckpointRetired, CheckpointTiered,
         CheckpointChecked, Published, Step, Finished, CheckpointSaved, CheckpointSkipped, Resumed, Regrouped,
-        DrillFired, BatchFollowed, PointerRefused, StoreRefused,
+        DrillsActed, DrillFired, BatchFollowed, PointerRefused, StoreRefused,
     )
 }  # fmt: skip
 """Every event kind, by its name."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from trainyard.checkpoint import cold as cold_copies
@@ -14,7 +15,10 @@ from trainyard.pipeline.lineage import final_checkpoint, final_sweep, lease_ttl,
 from trainyard.pipeline.recorder import recorded
 from trainyard.pipeline.results import GateResult, PublishResult
 from trainyard.pipeline.run import Run
+from trainyard.protocol.heartbeat import HOW_TO_BEAT
 from trainyard.quality.metrics import check_metrics
+
+log = logging.getLogger(__name__)
 
 
 @recorded("check_checkpoint")
@@ -37,8 +41,11 @@ def check_checkpoint(run: Run, checkpoint: str | None, target_step: int) -> Gate
     problems = list(result.problems)
     if result.step is not None and result.step != target_step:
         problems.append(f"step {result.step} is not the run's final step {target_step}")
-    if result.step is not None:
+    notes = []
+    if result.step is not None and history:
         problems += [p for p in check_metrics(history, result.step, expect, run.dir) if p not in problems]
+    elif result.step is not None:  # a script that reports no loss at all: nothing to hold the loss to
+        notes.append(f"loss expectations not checked: the training script reports no loss; to have them, {HOW_TO_BEAT}")
     run.ledger.append(
         "check_checkpoint",
         "checkpoint_checked",
@@ -46,7 +53,10 @@ def check_checkpoint(run: Run, checkpoint: str | None, target_step: int) -> Gate
         valid=not problems,
         problems=problems,
         seconds=result.seconds,
+        **({"notes": notes} if notes else {}),
     )
+    for note in notes:
+        log.warning("%s", note)
     if problems:
         raise CheckpointInvalid(f"{checkpoint}: " + "; ".join(problems))
     return GateResult(

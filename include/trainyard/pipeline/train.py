@@ -39,7 +39,7 @@ from trainyard.recovery.state import Course
 from trainyard.recovery.storehost import StoreHost
 from trainyard.recovery.supervisor import Hooks, StateReader, supervise
 from trainyard.spec import Drill
-from trainyard.spec.checks import OUTSIDE_FAULTS, acts_drills
+from trainyard.spec.checks import acts_drills
 from trainyard.storage.boot import ensure_this_boot
 
 STAGE = "train"
@@ -286,11 +286,12 @@ class TrainStage:
 
 
 def _outside_drills(run: Run, attempt: int) -> list[FaultDrill]:
-    """The attempt's drills the supervisor acts out from outside: those of a script that does not act them out
-    itself (``spec.checks.acts_drills``; the spec check refused the others)."""
+    """The attempt's drills the supervisor looks after for a script not known to act out its drills itself
+    (``spec.checks.acts_drills``): it acts out kill, hang and slow unless the script says it does, and checks
+    that the others were."""
     if acts_drills(run.spec.training.entrypoint):
         return []
-    return [_drill(d) for d in run.spec.drills if d.attempt == attempt and d.fault in OUTSIDE_FAULTS]
+    return [_drill(d) for d in run.spec.drills if d.attempt == attempt]
 
 
 def _drill(d: Drill) -> FaultDrill:
@@ -358,9 +359,8 @@ def _plan(run: Run, attempt: int, course: Course, target: int, store: Coordinati
             # Longer than the supervisor takes to see a hang and kill the silent node (whose closed sockets
             # then fail the survivors' collective at once): the survivors' own timeout is only the backstop.
             collective_timeout_s=2 * training.heartbeat_timeout_s + 5 if store is not None else None,
-            # Only a script that acts out drills itself is told them (the others are the supervisor's).
-            drills=tuple(_drill(d) for d in run.spec.drills if d.attempt == attempt)
-            if acts_drills(training.entrypoint)
-            else (),
+            # Every script is told its drills: one that acts them out says so; for the others the supervisor
+            # acts out kill, hang and slow (``recovery.drills``).
+            drills=tuple(_drill(d) for d in run.spec.drills if d.attempt == attempt),
         ),
     )

@@ -31,8 +31,15 @@ from trainyard.protocol.env import FaultDrill
 from trainyard.protocol.heartbeat import HOW_TO_BEAT, scan
 from trainyard.recovery.state import STAGE
 from trainyard.recovery.watch import STARTUP_GRACE_S, beatless
+from trainyard.spec.checks import OUTSIDE_FAULTS
 
 log = logging.getLogger(__name__)
+
+INSIDE_WHY = (
+    "{fault} at step {step} is acted out inside the training process, and the script did not: train with"
+    " trainyard.runtime's drills (the reference loop), or add the Hugging Face / Lightning TrainyardCallback"
+    " (trainyard.runtime.hf, trainyard.runtime.lightning); kill, hang and slow are acted out from outside"
+)
 
 
 @dataclass(frozen=True)
@@ -116,6 +123,7 @@ class Actor:
         self.left, self.plan, self.launcher, self.ledger = list(drills), plan, launcher, ledger
         self.started, self.timeout_s, self.grace_s = started, timeout_s, grace_s
         self.seen = Progress({})
+        self.acting = False
 
     def look(self) -> Progress:
         beats = scan(self.plan.heartbeat_dir).beats
@@ -127,13 +135,15 @@ class Actor:
         return Progress(steps, newest_checkpoint(self.plan.train_env.checkpoint_dir, self.started), quiet)
 
     def __call__(self, handle: Any) -> None:
-        if not self.left:
+        outside = [d for d in self.left if d.fault in OUTSIDE_FAULTS]
+        if not outside or self._self_acting():
             return
         self.seen = seen = self.look()
-        for drill in list(self.left):
+        for drill in outside:
             if why := refused(drill, self.plan.nodes, seen):
                 self._refuse(drill, why)
-        for drill, node, step, source in due(self.left, self.plan.nodes, seen):
+                outside.remove(drill)
+        for drill, node, step, source in due(outside, self.plan.nodes, seen):
             self.left.remove(drill)
             self.ledger.append(STAGE, "drill_fired", attempt=self.plan.attempt, fault=drill.fault, node=node,
                                step=step)  # fmt: skip
@@ -141,12 +151,28 @@ class Actor:
                         self.plan.attempt, drill.fault, node, step, source)  # fmt: skip
             self.launcher.signal_nodes(handle, [node], drill.fault, drill.factor)
 
+    def _self_acting(self) -> bool:
+        """The script said it acts out its drills itself (``drills_acted``, written as its processes start):
+        then every drill is its own, exactly at its step, and none is acted twice."""
+        if not self.acting:
+            self.acting = any(e.get("attempt") == self.plan.attempt for e in self.ledger.events(STAGE, "drills_acted"))
+        return self.acting
+
     def ended(self, failed: bool) -> None:
-        """The attempt ended: a drill that never struck is refused, with why (never silently dropped)."""
+        """The attempt ended: a drill that never struck is refused, with why (never silently dropped). One acted
+        out inside the process struck if the process said so (its ``drill_fired``)."""
+        fired = {(e.get("fault"), e.get("step")) for e in self.ledger.events(STAGE, "drill_fired")}
         for drill in list(self.left):
-            self._refuse(
-                drill, f"the attempt failed before step {drill.step}" if failed else unreached(drill, self.seen)
-            )
+            if (drill.fault, drill.step) in fired:
+                self.left.remove(drill)
+                continue
+            if drill.fault in OUTSIDE_FAULTS and not self._self_acting():
+                why = f"the attempt failed before step {drill.step}" if failed else unreached(drill, self.seen)
+            elif self._self_acting():
+                why = f"the script acts out its drills itself and did not reach step {drill.step}"
+            else:
+                why = INSIDE_WHY.format(fault=drill.fault, step=drill.step)
+            self._refuse(drill, why)
 
     def _refuse(self, drill: FaultDrill, why: str) -> None:
         self.left.remove(drill)

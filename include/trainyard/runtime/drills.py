@@ -37,6 +37,9 @@ class Drills:
         self.rank = rank
         if self.events is None and self.ctx.events_dir:
             self.events = EventWriter.in_dir(self.ctx.events_dir, self.ctx.writer_name(rank))
+            if self.items:  # the supervisor leaves these to this process (``recovery.drills``)
+                self.events.append("train", "drills_acted", attempt=self.ctx.attempt, node=self.node,
+                                   faults=[d.fault for d in self.items])  # fmt: skip
 
     def _fired(self, drill: FaultDrill, step: int) -> None:
         if self.events is not None and (self.rank == 0 or drill.node):

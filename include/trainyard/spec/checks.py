@@ -163,31 +163,26 @@ def _entrypoint(spec: PipelineSpec) -> list[str]:
 OUTSIDE_FAULTS = frozenset({"kill", "hang", "slow"})
 """Drills a launcher can act out from outside any process: SIGKILL, SIGSTOP, a SIGSTOP/SIGCONT duty cycle."""
 DRILLING_ENTRYPOINTS = frozenset({"trainyard.workload", "trainyard.train"})
-"""Entrypoints that act out trainyard's drills themselves (``trainyard.runtime.drills``), exactly at their step;
-for any other script the supervisor acts out ``OUTSIDE_FAULTS`` and the others cannot be acted out."""
+"""Entrypoints known to act out every drill themselves (``trainyard.runtime.drills``), exactly at their step.
+Any other script is told its drills too (``TRAINYARD_DRILLS``): a loop on trainyard's runtime or the Hugging Face
+/ Lightning ``TrainyardCallback`` acts them out and says so (``drills_acted``); for one that does not, the
+supervisor acts out ``OUTSIDE_FAULTS`` and records the others as not acted out, with why."""
 
 
 def acts_drills(entrypoint: str) -> bool:
-    """Whether the training process acts out its drills itself (``TRAINYARD_DRILLS``): the reference workload."""
+    """Whether the training process is known to act out all its drills itself: the reference workload."""
     return entrypoint in DRILLING_ENTRYPOINTS
 
 
 def drill_refusal(fault: str, entrypoint: str, backend: str) -> str | None:
-    """Why a drill cannot be acted out for this entrypoint on this backend (None: it can)."""
-    if acts_drills(entrypoint):
+    """Why a drill cannot be acted out for this entrypoint on this backend (None: it can, or only the script
+    can tell: a drill it does not act out is refused when the attempt ends)."""
+    if acts_drills(entrypoint) or backend == "local" or fault not in OUTSIDE_FAULTS:
         return None
-    if fault not in OUTSIDE_FAULTS:
-        return (
-            f"{fault} is acted out inside the training process by trainyard.runtime.drills, which"
-            f" {entrypoint} does not run (the reference workload does); kill, hang and slow are acted out from"
-            " outside for any script"
-        )
-    if backend != "local":
-        return (
-            f"the {backend} backend cannot signal a node's processes from outside, and {entrypoint} does not act"
-            " out drills itself (the reference workload does)"
-        )
-    return None
+    return (
+        f"the {backend} backend cannot signal a node's processes from outside, and {entrypoint} is not known to"
+        " act out kill, hang or slow itself (the reference workload does)"
+    )
 
 
 def _drills(spec: PipelineSpec) -> list[str]:
