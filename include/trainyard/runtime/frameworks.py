@@ -10,19 +10,15 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import torch.distributed as dist
 
 from trainyard.checkpoint import foreign
 from trainyard.errors import TrainingFailed
 from trainyard.runtime.checkpoints import resolve_resume
 from trainyard.runtime.drills import Drills
-from trainyard.runtime.process import RunContext, context, ledger_event, on_rank0, rank, world_size
+from trainyard.runtime.process import RunContext, context, ledger_event, on_rank0, rank
 from trainyard.runtime.progress import finish, flush_progress, heartbeat
 
 log = logging.getLogger("trainyard.workload")
@@ -65,18 +61,6 @@ class StepReporter:
 
     def done(self, step: int) -> None:
         finish(step, dict(self.metrics), ctx=self.ctx)
-
-
-@dataclass(frozen=True)
-class Batch:  # TODO(merge): replaced by runtime.follow_batch
-    micro_batch: int
-    accumulation: int
-
-
-def follow_batch(ctx: RunContext) -> Batch:
-    world = world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
-    micro = ctx.micro_batch or ctx.global_batch // world
-    return Batch(micro, max(1, ctx.global_batch // (micro * world)))
 
 
 def _number(value: Any) -> bool:

@@ -24,7 +24,8 @@ from typing import Any
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from trainyard.runtime import frameworks
-from trainyard.runtime.frameworks import StepReporter, follow_batch
+from trainyard.runtime.batch import follow_batch
+from trainyard.runtime.frameworks import StepReporter
 from trainyard.runtime.process import RunContext, context
 
 KIND = "hf"

@@ -26,8 +26,9 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from trainyard.runtime import frameworks
+from trainyard.runtime.batch import follow_batch
 from trainyard.runtime.failures import record_failure
-from trainyard.runtime.frameworks import StepReporter, follow_batch
+from trainyard.runtime.frameworks import StepReporter
 from trainyard.runtime.process import RunContext, context
 
 KIND = "lightning"
