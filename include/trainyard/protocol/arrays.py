@@ -21,6 +21,7 @@ from typing import BinaryIO
 import numpy as np
 
 from trainyard.errors import DataError
+from trainyard.protocol.shards import map_tokens
 
 ARRAY_SUFFIXES = (".bin", ".npy")
 DTYPES: dict[str, np.dtype] = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
@@ -121,12 +122,7 @@ def scan_tokens(path: str | Path, array: TokenArray, chunk: int = SCAN_TOKENS) -
 def open_array(path: str | Path, dtype: str) -> np.ndarray:
     """The file's tokens as a read-only memory map (no copy; pages load on demand)."""
     array = read_array(path, dtype)
-    if array.tokens == 0:
-        # mmap cannot map zero bytes; an empty read-only array behaves the same for callers.
-        empty = np.empty(0, dtype=array.dtype)
-        empty.flags.writeable = False
-        return empty
-    return np.memmap(path, dtype=array.dtype, mode="r", offset=array.offset, shape=(array.tokens,))
+    return map_tokens(path, array.dtype, array.offset, array.tokens)
 
 
 def list_arrays(directory: str | Path) -> list[Path]:

@@ -122,12 +122,18 @@ def read_header(path: str | Path) -> ShardHeader:
 def open_tokens(path: str | Path) -> np.ndarray:
     """The shard's tokens as a read-only memory map (no copy; pages load on demand)."""
     header = read_header(path)
-    if header.tokens == 0:
+    return map_tokens(path, header.dtype, HEADER.size, header.tokens)
+
+
+def map_tokens(path: str | Path, dtype: np.dtype | type, offset: int, tokens: int) -> np.ndarray:
+    """``tokens`` tokens of ``dtype`` at ``offset`` in the file, as a read-only memory map (every token format's
+    reader: shards here, numpy arrays in ``arrays``)."""
+    if tokens == 0:
         # mmap cannot map zero bytes; an empty read-only array behaves the same for callers.
-        empty = np.empty(0, dtype=header.dtype)
+        empty = np.empty(0, dtype=dtype)
         empty.flags.writeable = False
         return empty
-    return np.memmap(path, dtype=header.dtype, mode="r", offset=HEADER.size, shape=(header.tokens,))
+    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=(tokens,))
 
 
 def list_shards(directory: str | Path) -> list[Path]:
