@@ -296,7 +296,8 @@ def _chain_words(profile: str | None) -> str:
         [
             *(["the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)"] if not profile else []),
             f"profile {name!r} of {files[0]} and {files[1]} (keys, role_arn, SSO, credential_process)",
-            "web identity (AWS_WEB_IDENTITY_TOKEN_FILE)",
+            # An explicit profile makes botocore read web identity from the profile alone, not the environment.
+            "web identity (its web_identity_token_file)" if profile else "web identity (AWS_WEB_IDENTITY_TOKEN_FILE)",
             "container credentials (AWS_CONTAINER_CREDENTIALS_*)",
             imds_words,
         ]
