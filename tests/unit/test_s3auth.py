@@ -249,6 +249,96 @@ def test_a_profile_role_is_assumed_with_its_source_profile_and_refreshed_before_
     assert chain.found == "an assumed role"
 
 
+def test_eks_pod_identity_container_credentials_are_fetched_with_the_token_and_refreshed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The container endpoint as EKS Pod Identity sets it up (a full URI and a token file), served on 127.0.0.1."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    answers = [("ASIAPODFIRST", in_(300)), ("ASIAPODSECOND", in_(3600))]
+    seen: list[str] = []
+
+    class Agent(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.headers.get("Authorization", ""))
+            key, expires = answers.pop(0) if len(answers) > 1 else answers[0]
+            body = json.dumps(
+                {"AccessKeyId": key, "SecretAccessKey": SECRET, "Token": "t", "Expiration": expires.isoformat()}
+            ).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Agent)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        (tmp_path / "eks-pod-identity-token").write_text("pod-identity-token")
+        url = f"http://127.0.0.1:{server.server_port}/v1/credentials"
+        monkeypatch.setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", url)
+        monkeypatch.setenv("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE", str(tmp_path / "eks-pod-identity-token"))
+        chain = credential_chain()
+        # The first keys expire within botocore's refresh window: they are fetched again before any request.
+        assert [chain.retrieve().access_key for _ in range(3)] == ["ASIAPODSECOND"] * 3
+        assert seen == ["pod-identity-token", "pod-identity-token"]  # twice, then kept
+        assert chain.found == "container credentials (ECS, EKS Pod Identity)"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_sso_profile_with_a_cached_login_gets_role_credentials_from_sso(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """As after ``aws sso login``: the token in ~/.aws/sso/cache, exchanged at the SSO portal (stubbed)."""
+    import hashlib
+    import json
+
+    import botocore.credentials
+    import botocore.session
+    from botocore.stub import Stubber
+
+    start = "https://example.awsapps.com/start"
+    cache = tmp_path / "home" / ".aws" / "sso" / "cache"
+    cache.mkdir(parents=True)
+    token = {
+        "startUrl": start,
+        "region": "eu-west-1",
+        "accessToken": "sso-access-token",
+        "expiresAt": "2099-01-01T00:00:00Z",
+    }
+    (cache / f"{hashlib.sha1(start.encode()).hexdigest()}.json").write_text(json.dumps(token))
+    config = f"[profile ml]\nsso_start_url = {start}\nsso_region = eu-west-1\nsso_account_id = 123456789012\n"
+    write_aws_files(tmp_path, monkeypatch, "", config + "sso_role_name = datasets\n")
+    asked: list[dict[str, Any]] = []
+    real = botocore.session.Session.create_client
+
+    def create_client(self: Any, service_name: str, *args: Any, **kwargs: Any) -> Any:
+        client = real(self, service_name, *args, **kwargs)
+        if service_name == "sso":
+            stubber = Stubber(client)
+            expires = int(in_(3600).timestamp() * 1000)
+            answer = {"accessKeyId": "ASIASSO", "secretAccessKey": SECRET, "sessionToken": "t", "expiration": expires}
+            stubber.add_response("get_role_credentials", {"roleCredentials": answer})
+            client.meta.events.register(
+                "provide-client-params.sso.GetRoleCredentials", lambda params, **_: asked.append(dict(params))
+            )
+            stubber.activate()
+        return client
+
+    monkeypatch.setattr(botocore.session.Session, "create_client", create_client)
+    # botocore expands ~/.aws/sso/cache once, at import, before this test's HOME.
+    monkeypatch.setattr(botocore.credentials.SSOProvider, "_SSO_TOKEN_CACHE_DIR", str(cache))
+    chain = credential_chain(profile="ml")
+    assert chain.retrieve().access_key == "ASIASSO" and chain.found == "SSO (IAM Identity Center)"
+    assert asked == [{"roleName": "datasets", "accountId": "123456789012", "accessToken": "sso-access-token"}]
+
+
 def test_no_credentials_anywhere_is_one_error_that_lists_the_chain_and_the_fix() -> None:
     chain = credential_chain(profile="ml", context="connection 'cold' has no login")
     with pytest.raises(CredentialsNotFound) as caught:
