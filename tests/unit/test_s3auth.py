@@ -378,6 +378,19 @@ def test_an_unreachable_sts_is_transient_and_reported_without_the_web_identity_t
     assert token not in message and "c2VjcmV0" not in message
 
 
+def test_an_unreadable_web_identity_token_file_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("AWS_WEB_IDENTITY_TOKEN_FILE", str(tmp_path / "no-token"))
+    monkeypatch.setenv("AWS_ROLE_ARN", "arn:aws:iam::123456789012:role/trainyard")
+    with pytest.raises(CredentialsNotFound, match=r"No such file or directory: '.*no-token'"):
+        credential_chain(region="us-east-1").retrieve()
+
+
+def test_connection_extras_that_are_not_objects_are_refused_naming_them() -> None:
+    extra = {"role_arn": "arn:aws:iam::1:role/r", "assume_role_kwargs": "DurationSeconds=900"}
+    with pytest.raises(SpecError, match=r"connection 'cold': extra 'assume_role_kwargs' must be a JSON object"):
+        settings_for(connection(extra=extra))
+
+
 def test_unreachable_instance_metadata_is_named_in_the_error(monkeypatch: pytest.MonkeyPatch) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

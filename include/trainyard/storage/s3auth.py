@@ -173,7 +173,7 @@ def settings_for(connection: Any) -> S3Settings:
     """
     extra = connection.extra_dejson or {}
     conn_id = connection.conn_id
-    services = extra.get("service_config") or {}
+    services = _mapping(extra, "service_config", conn_id)
     region = extra.get("region_name") or region_from(os.environ)
     url = (services.get("s3") or {}).get("endpoint_url") or extra.get("endpoint_url")
     url = url or _host_url(connection.host, connection.port)
@@ -195,13 +195,13 @@ def settings_for(connection: Any) -> S3Settings:
             profile=profile,
             region=region,
             sts_endpoint=(services.get("sts") or {}).get("endpoint_url"),
-            extra_args={"RoleSessionName": _session_name(conn_id), **(extra.get("assume_role_kwargs") or {})},
+            extra_args={"RoleSessionName": _session_name(conn_id), **_mapping(extra, "assume_role_kwargs", conn_id)},
             context=f"connection {conn_id!r}",
         )
         source = f"role {role_arn} assumed with {by} (connection {conn_id!r})"
     elif keys:
         provider = StaticProvider(*keys)
-        source = f"connection {conn_id!r} (its login)"
+        source = f"connection {conn_id!r} (its keys)"
     else:
         provider = credential_chain(region=region, profile=profile, context=f"connection {conn_id!r} has no login")
         source = f"the AWS credential chain (connection {conn_id!r} has no login)"
@@ -224,6 +224,13 @@ def _connection_keys(connection: Any, extra: Mapping[str, Any]) -> tuple[str, st
     else:
         login, password = extra.get("aws_access_key_id"), extra.get("aws_secret_access_key")
     return (login, password, extra.get("aws_session_token")) if login and password else None
+
+
+def _mapping(extra: Mapping[str, Any], key: str, conn_id: str) -> Mapping[str, Any]:
+    value = extra.get(key) or {}
+    if not isinstance(value, Mapping):
+        raise SpecError([f"connection {conn_id!r}: extra {key!r} must be a JSON object, not {type(value).__name__}"])
+    return value
 
 
 def _session_name(conn_id: str) -> str:
@@ -276,7 +283,8 @@ def assumed_role(
         return DeferredRefreshableCredentials(fetcher.fetch_credentials, "assume-role")
 
     by = "the connection's keys" if keys else _chain_words(profile)
-    return ChainProvider(resolve, f"role {role_arn} assumed at STS {sts_endpoint or 'of AWS'} with {by}", context)
+    sts_words = sts_endpoint or "(AWS_ENDPOINT_URL_STS, else AWS's)"
+    return ChainProvider(resolve, f"role {role_arn} assumed at STS {sts_words} with {by}", context)
 
 
 def _chain_words(profile: str | None) -> str:
@@ -327,7 +335,8 @@ class ChainProvider(Provider):
     def retrieve(self) -> Credentials:
         try:
             frozen = self._botocore().get_frozen_credentials()
-        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError, OSError) as exc:
+            # OSError: a web identity or container token file that cannot be read.
             if _transient(exc):
                 raise TransientError(f"s3 credentials from {self._what}: {redact(exc)}") from None
             raise self._error(redact(exc)) from None
