@@ -10,7 +10,7 @@ from minio.credentials import StaticProvider
 
 from trainyard.airflow.tasks import _s3_settings
 from trainyard.errors import FAIL_FAST, SpecError
-from trainyard.storage.s3auth import CredentialChain
+from trainyard.storage.s3auth import ChainProvider
 
 
 def test_a_connection_without_a_login_gives_its_endpoint_and_the_credential_chain(
@@ -20,7 +20,7 @@ def test_a_connection_without_a_login_gives_its_endpoint_and_the_credential_chai
     monkeypatch.setenv("AIRFLOW_CONN_COLD_CHAIN", json.dumps({"conn_type": "aws", "extra": extra}))
     s = _s3_settings("cold_chain")
     assert (s.endpoint, s.secure, s.region) == ("127.0.0.1:9000", False, "eu-west-1")
-    assert isinstance(s.credentials, CredentialChain) and "profile 'datasets'" in repr(s.credentials)
+    assert isinstance(s.credentials, ChainProvider) and "profile 'datasets'" in repr(s.credentials)
 
 
 def test_a_connection_with_a_login_uses_it(monkeypatch: pytest.MonkeyPatch) -> None:

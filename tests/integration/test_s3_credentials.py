@@ -7,6 +7,8 @@ show which credentials the chain picked.
 
 from __future__ import annotations
 
+import io
+import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,6 +19,7 @@ from urllib.parse import parse_qs
 
 import pytest
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+from sts_helpers import in_, stub_sts
 from werkzeug.serving import make_server
 
 from trainyard.storage.s3 import S3Tier
@@ -51,6 +54,11 @@ def serving(app: Any) -> Iterator[Recorded]:
 
     def recording(environ: dict[str, Any], start_response: Any) -> Any:
         query = parse_qs(environ.get("QUERY_STRING", ""))
+        if environ.get("CONTENT_TYPE", "").startswith("application/x-www-form-urlencoded"):
+            # botocore sends STS's Action in a form body; read it and hand the app the same bytes.
+            body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+            environ["wsgi.input"] = io.BytesIO(body)
+            query = {**query, **parse_qs(body.decode())}
         recorded.requests.append(
             {
                 "method": environ["REQUEST_METHOD"],
@@ -82,8 +90,7 @@ def s3(s3_server: Any) -> Iterator[Recorded]:
 
 @pytest.fixture
 def sts() -> Iterator[Recorded]:
-    """moto's STS on a port of its own: minio sends AssumeRoleWithWebIdentity unsigned, its parameters in
-    the query string, which moto's all-services dispatcher cannot tell from an S3 request."""
+    """moto's STS on a port of its own: its all-services dispatcher may take an STS call for an S3 request."""
     with serving(create_backend_app("sts")) as recorded:
         yield recorded
 
@@ -210,3 +217,163 @@ def test_missing_credentials_fail_the_stage_with_the_one_line_that_says_how_to_f
         stage(tier, tmp_path / "hot")
     assert "AWS_ACCESS_KEY_ID" in str(caught.value) and "AWS_PROFILE" in str(caught.value)
     assert not list(tmp_path.glob("hot/*.bin"))
+
+
+# ---------------------------------------------------------------- profiles and assumed roles, fixture keys only
+# These use only the S3 fixture's interface (url, client(), access_key, secret_key), so they hold against any
+# real S3 server: the keys that reach the bucket are the server's own, found through a profile or an assumed role,
+# while every other key in play is one the server does not know.
+
+
+def aws_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, credentials: str, config: str) -> None:
+    """A shared credentials file and config file of our own, as ``aws configure`` writes them."""
+    (tmp_path / "aws-credentials").write_text(credentials)
+    (tmp_path / "aws-config").write_text(config)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "aws-credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "aws-config"))
+
+
+def test_a_profile_of_the_shared_files_reaches_a_real_bucket(
+    s3_server: Any, bucket: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    files = fill(s3_server, bucket)
+    aws_files(
+        tmp_path,
+        monkeypatch,
+        "[default]\naws_access_key_id = AKIANOTKNOWNHERE\naws_secret_access_key = not-known\n\n"
+        f"[datasets]\naws_access_key_id = {s3_server.access_key}\naws_secret_access_key = {s3_server.secret_key}\n",
+        "[profile datasets]\nregion = us-east-1\n",
+    )
+    monkeypatch.setenv("AWS_PROFILE", "datasets")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_server.url)
+    settings = S3Settings.from_env()
+    assert staged(settings, bucket, tmp_path / "hot") == files
+    assert settings.credentials.retrieve().access_key == s3_server.access_key
+    assert getattr(settings.credentials, "found", "") == "the shared credentials file"
+
+
+ROLE_SESSION = "nightly-staging"
+
+
+def test_a_profile_role_assumed_with_its_source_profile_reaches_a_real_bucket(
+    s3_server: Any, bucket: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``role_arn`` + ``source_profile`` in the config file, assumed by botocore, the keys handed to minio.
+
+    STS is botocore's ``Stubber`` on the very client botocore's AssumeRoleProvider creates
+    (``sts_helpers``): SeaweedFS has no STS, and moto's STS issues keys no other S3 server accepts.
+    The stub answers with the S3 server's own keys (and no session token, which a server that issued
+    none would refuse), so the assumed keys reach the real bucket; the source profile's keys are
+    unknown to the server, so they could not have. The test asserts the AssumeRole request carried
+    the role and session name and was signed with the source profile's keys.
+    """
+    files = fill(s3_server, bucket)
+    aws_files(
+        tmp_path,
+        monkeypatch,
+        "[base]\naws_access_key_id = AKIABASESOURCE00\naws_secret_access_key = base-secret\n",
+        f"[profile staging]\nrole_arn = {ROLE}\nsource_profile = base\nrole_session_name = {ROLE_SESSION}\n",
+    )
+    monkeypatch.setenv("AWS_PROFILE", "staging")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_server.url)
+    sts = stub_sts(monkeypatch, (s3_server.access_key, s3_server.secret_key, "", in_(3600)))
+    settings = S3Settings.from_env()
+    assert staged(settings, bucket, tmp_path / "hot") == files
+    assert sts.calls == [{"RoleArn": ROLE, "RoleSessionName": ROLE_SESSION}]  # once: botocore keeps the keys
+    assert [c["access_key"] for c in sts.clients] == ["AKIABASESOURCE00"]
+    assert getattr(settings.credentials, "found", "") == "an assumed role"
+
+
+def test_an_airflow_connection_role_arn_reaches_a_real_bucket(
+    s3_server: Any, bucket: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A connection's ``role_arn`` extra, assumed with its login and password at its ``service_config``
+    STS endpoint (STS stubbed as in the test above, for the same reasons)."""
+    import json
+
+    from airflow.sdk import Connection
+
+    files = fill(s3_server, bucket)
+    sts = stub_sts(monkeypatch, (s3_server.access_key, s3_server.secret_key, "", in_(3600)))
+    extra = {
+        "endpoint_url": s3_server.url,
+        "region_name": "us-east-1",
+        "role_arn": ROLE,
+        "service_config": {"sts": {"endpoint_url": "https://sts.example.internal"}},
+    }
+    conn = Connection(
+        conn_id="trainyard_cold",
+        conn_type="aws",
+        login="AKIACONNSOURCE00",
+        password="connection-source-secret",
+        extra=json.dumps(extra),
+    )
+    settings = settings_for(conn)
+    assert staged(settings, bucket, tmp_path / "hot") == files
+    assert sts.calls == [{"RoleArn": ROLE, "RoleSessionName": "Airflow_trainyard_cold"}]
+    assert sts.clients == [
+        {"endpoint_url": "https://sts.example.internal", "region": "us-east-1", "access_key": "AKIACONNSOURCE00"}
+    ]
+
+
+@contextmanager
+def debug_logs(*names: str) -> Iterator[list[str]]:
+    """Every record of these loggers at DEBUG, formatted with its arguments, in a list.
+
+    A handler of our own on each logger, not caplog's on the root: importing Airflow's SDK
+    reconfigures the root logger's handlers, and a test must see what a deployment's handlers would.
+    """
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(f"{record.name} {record.getMessage()} {record.exc_text or ''}")
+
+    handler = Keep(logging.DEBUG)
+    handler.setFormatter(logging.Formatter())
+    saved = [(logging.getLogger(n), logging.getLogger(n).level) for n in names]
+    for logger, _ in saved:
+        logger.setLevel(logging.DEBUG)
+        logger.addHandler(handler)
+    try:
+        yield lines
+    finally:
+        for logger, level in saved:
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+
+
+def test_assumed_keys_from_a_real_sts_stay_out_of_debug_logs_and_reprs(
+    sts: Recorded, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """moto's STS over HTTP, so botocore's DEBUG dumps of the request and of the answer (which carries the
+    assumed secret and session token) really happen; none of the secrets reaches a log record."""
+    import json
+
+    from airflow.sdk import Connection
+
+    from trainyard.storage.s3auth import CredentialsNotFound
+
+    extra = {
+        "endpoint_url": "http://127.0.0.1:9",
+        "role_arn": ROLE,
+        "service_config": {"sts": {"endpoint_url": sts.url}},
+    }
+    source_secret = "connection-source-secret-never-seen"
+    conn = Connection(
+        conn_id="cold", conn_type="aws", login="AKIACONNSOURCE00", password=source_secret, extra=json.dumps(extra)
+    )
+    refused_conn = Connection(conn_id="cold", conn_type="aws", extra=json.dumps({"profile_name": "nowhere"}))
+    with debug_logs("botocore", "trainyard", "minio", "urllib3") as lines:
+        settings = settings_for(conn)
+        creds = settings.credentials.retrieve()
+        refused = settings_for(refused_conn)
+        with pytest.raises(CredentialsNotFound) as caught:
+            refused.credentials.retrieve()
+    assert [r["action"] for r in sts.requests] == ["AssumeRole"] and creds.session_token
+    secrets = (source_secret, creds.secret_key, creds.session_token)
+    assert any(line.startswith("botocore.") for line in lines) and any("s3 credentials from" in x for x in lines)
+    assert not any(secret in line for secret in secrets for line in lines)
+    for text in (repr(settings), str(settings), repr(settings.credentials), settings.source):
+        assert not any(secret in text for secret in secrets)
+    assert not any(secret in f"{caught.value!s} {caught.value!r}" for secret in secrets)

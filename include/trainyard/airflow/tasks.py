@@ -71,7 +71,7 @@ def dagrun_state(dag_id: str, run_id: str) -> str | None:
 
 
 def _s3_settings(conn_id: str) -> S3Settings:
-    """S3 endpoint and credentials from an Airflow connection (type aws): its login, else the AWS chain."""
+    """S3 endpoint and credentials from an Airflow connection (type aws): its keys, else the AWS chain; its role_arn assumed."""
     from airflow.sdk.exceptions import AirflowNotFoundException
 
     try:
