@@ -212,7 +212,8 @@ def start(folder: Path | None = None) -> Seaweed:
             server.start()
             return server
         except SeaweedUnavailable as exc:
-            if "address already in use" not in str(exc) or attempt == 2:
+            taken = "is not available" in str(exc) or "address already in use" in str(exc)
+            if not taken or attempt == 2:
                 raise
     raise AssertionError("unreachable")
 
@@ -229,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tools.seaweed: {exc}", file=sys.stderr)
         return 1
     try:
-        _make_buckets(server, args.bucket)
+        make_buckets(server, args.bucket)
         if args.env:
             _write_env(server, args.env)
         print(f"SeaweedFS S3 on {server.endpoint} (folder {server.folder}); keys in", args.env or "the process only")
@@ -248,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
             server.discard()
 
 
-def _make_buckets(server: Seaweed, names: list[str]) -> None:
+def make_buckets(server: Seaweed, names: list[str]) -> None:
+    """Create these buckets unless they exist."""
     from minio import Minio  # only here: the module itself needs nothing beyond the standard library
 
     client = Minio(f"127.0.0.1:{server.port}", server.access_key, server.secret_key, secure=False, region=REGION)
