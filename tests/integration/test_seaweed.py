@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import signal
+import socket
 from pathlib import Path
 
 import psutil
@@ -66,8 +67,61 @@ def test_a_server_that_ignores_sigterm_is_killed_and_its_sockets_removed(monkeyp
     assert not psutil.pid_exists(pid) and not leftovers(server) and not server.folder.exists()
 
 
-def test_a_server_that_cannot_start_says_why_with_its_log(tmp_path: Path) -> None:
-    server = seaweed.Seaweed(tmp_path, dict.fromkeys(seaweed.SERVICES, 1))  # all on one port: they cannot all bind
-    with pytest.raises(seaweed.SeaweedUnavailable, match=r"(?s)exited with .*within .*\n.+"):
-        server.start()
-    assert server.process is None
+def test_a_server_that_cannot_start_says_why_with_its_log_and_leaves_nothing(tmp_path: Path) -> None:
+    server = seaweed.Seaweed(tmp_path, dict(zip(seaweed.SERVICES, seaweed.free_ports(5), strict=True)))
+    with socket.socket() as taken:  # its S3 port taken after it was chosen: the others bind, then it fails
+        taken.bind(("127.0.0.1", server.port))
+        taken.listen()
+        with pytest.raises(
+            seaweed.SeaweedUnavailable, match=r"(?s)exited with .*\n.*port \d+ for S3 .* is not available"
+        ):
+            server.start()
+    assert server.process is None and not leftovers(server)
+
+
+def test_start_chooses_ports_again_when_one_is_taken_before_it_binds(monkeypatch: pytest.MonkeyPatch) -> None:
+    real, tries = seaweed.free_ports, []
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+
+        def choose(count: int) -> list[int]:  # the first choice loses its S3 port to another process
+            tries.append(real(count))
+            if len(tries) == 1:
+                tries[0][seaweed.SERVICES.index("s3")] = taken.getsockname()[1]
+            return tries[-1]
+
+        monkeypatch.setattr(seaweed, "free_ports", choose)
+        server = seaweed.start()
+        try:
+            assert len(tries) == 2 and server.ports == dict(zip(seaweed.SERVICES, tries[1], strict=True))
+        finally:
+            server.discard()
+
+
+def test_the_demo_s3_environment_reaches_the_server_with_no_secret_in_the_connection(
+    s3_server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """What ``make demo-s3`` hands Airflow: a connection with the endpoint only; the keys through the chain."""
+    import json
+
+    from airflow.sdk import Connection
+
+    from tools import demo_s3
+    from trainyard.storage.s3 import S3Tier
+    from trainyard.storage.s3auth import CHAIN_VARS, settings_for
+
+    for name in CHAIN_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    seaweed.make_buckets(s3_server.server, [demo_s3.BUCKET])
+    dags = demo_s3.dags_folder(tmp_path)
+    assert (dags / "pipelines" / "s3_pretrain.yaml").read_text() == demo_s3.SPEC.read_text()
+    env = demo_s3.environment(s3_server.server, dags)
+    conn_env = env["AIRFLOW_CONN_TRAINYARD_COLD"]
+    assert s3_server.secret_key not in conn_env
+    for name in ("AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION"):
+        monkeypatch.setenv(name, env[name])
+    conn = json.loads(conn_env)
+    settings = settings_for(Connection(conn_id="trainyard_cold", conn_type="aws", extra=json.dumps(conn["extra"])))
+    assert S3Tier(f"s3://{demo_s3.BUCKET}/tokens", settings).list() == []
