@@ -136,6 +136,7 @@ class Seaweed:
         self._write_identity()
         log = self.folder / "log"
         env = {**os.environ, "TMPDIR": str(self.folder / "tmp")}  # its glog files land there, not in /tmp
+        # In the caller's process group: a Ctrl-C, or CI killing a stuck test run's group, stops it too.
         with open(log, "ab") as out:
             self.process = subprocess.Popen(
                 self.argv(),
@@ -143,7 +144,6 @@ class Seaweed:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=env,
-                start_new_session=True,  # a Ctrl-C meant for the tests or the demo is not its to take
             )
         deadline = time.monotonic() + START_TIMEOUT_S
         while not self._answers():
