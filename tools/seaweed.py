@@ -48,6 +48,7 @@ STOP_TIMEOUT_S = 15
 GRPC_OFFSET = 10_000  # SeaweedFS's default gRPC port is its HTTP port + 10000
 SERVICES = ("master", "volume", "filer", "s3", "admin")
 REGION = "us-east-1"
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # 127.0.0.1, never through an http_proxy
 
 
 class SeaweedUnavailable(RuntimeError):
@@ -173,7 +174,7 @@ class Seaweed:
     def _answers(self) -> bool:
         """Its S3 gateway answers an anonymous request with S3's own refusal (so identities are loaded)."""
         try:
-            urllib.request.urlopen(f"{self.endpoint}/", timeout=1).close()
+            _DIRECT.open(f"{self.endpoint}/", timeout=1).close()
         except urllib.error.HTTPError as exc:
             return exc.code == 403
         except OSError:
