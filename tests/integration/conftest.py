@@ -13,7 +13,6 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 import pytest
 from airflow_helpers import sqlite_service_settings
@@ -26,26 +25,22 @@ from trainyard.storage.s3auth import S3Settings
 logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one access-log line per request otherwise
 
 
-class _S3Base(Protocol):
+class _Endpoint:
+    """What the tests use of either server: its URL, trainyard's settings for it and a minio client."""
+
     port: int
     access_key: str
     secret_key: str
 
-
-class _Endpoint:
-    """What the tests use of either server: its URL, trainyard's settings for it and a minio client."""
-
     @property
-    def url(self: _S3Base) -> str:
+    def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     @property
-    def settings(self: _S3Base) -> S3Settings:
-        return S3Settings.from_endpoint_url(
-            f"http://127.0.0.1:{self.port}", self.access_key, self.secret_key, "us-east-1"
-        )
+    def settings(self) -> S3Settings:
+        return S3Settings.from_endpoint_url(self.url, self.access_key, self.secret_key, "us-east-1")
 
-    def client(self: _S3Base) -> Minio:
+    def client(self) -> Minio:
         return Minio(f"127.0.0.1:{self.port}", self.access_key, self.secret_key, secure=False, region="us-east-1")
 
 
