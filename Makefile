@@ -16,10 +16,11 @@ DEMO_DATE ?= 2026-11-28
 # `make airflow`'s PostgreSQL cluster (metadata DB); delete the folder to start from an empty DB.
 PGDATA_DIR := $(CURDIR)/.pgdata
 
-.PHONY: help venv airflow-db demo lint test test-unit airflow bench bench-peers clean clean-pg browser postgres rclone
+.PHONY: help venv airflow-db demo demo-s3 lint test test-unit airflow bench bench-peers clean clean-pg browser postgres rclone
 
 help:
 	@echo "make demo     - install, set up Airflow, run the demo pipeline on 2 local nodes"
+	@echo "make demo-s3  - the same with the S3 example spec, its cold tier in a local SeaweedFS (started and stopped)"
 	@echo "make test     - lint, then the whole test suite (what CI runs)"
 	@echo "make lint     - ruff (lint and format check), mypy and the import layers (config in pyproject.toml)"
 	@echo "make airflow  - Airflow UI on http://127.0.0.1:8080 with the project's DAGs"
@@ -51,6 +52,11 @@ demo: airflow-db
 	airflow dags test nightly_pretrain $(DEMO_DATE) > $(TRAINYARD_HOME)/demo-dags-test.log 2>&1 \
 	  || (tail -60 $(TRAINYARD_HOME)/demo-dags-test.log; exit 1)
 	$(BIN)/trainyard summary --dag-id nightly_pretrain --latest
+
+# examples/specs/s3_pretrain.yaml end to end, its cold tier (data and published checkpoints) in a SeaweedFS
+# that tools/demo_s3.py starts on free ports of 127.0.0.1 and deletes after; the keys travel in its environment.
+demo-s3: airflow-db
+	$(BIN)/python -m tools.demo_s3 --date $(DEMO_DATE)
 
 # Headless Chromium for tests/integration/test_ui_view.py (Debian package; needs root, as in CI).
 # Where it cannot be installed the rest of the suite still runs and that test says why it skipped.

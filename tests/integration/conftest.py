@@ -1,5 +1,7 @@
-"""Servers the integration tests share: an S3 server over HTTP on 127.0.0.1 (moto's), reached with
-the real ``minio`` client, and a PostgreSQL cluster for the metadata DBs of Airflow deployments."""
+"""Servers the integration tests share: a real S3 server (SeaweedFS, ``tools.seaweed``) over HTTP on
+127.0.0.1, reached with the real ``minio`` client; moto's S3 for the few tests that need what a real
+server will not do (``moto_server``); and a PostgreSQL cluster for the metadata DBs of Airflow
+deployments."""
 
 from __future__ import annotations
 
@@ -17,18 +19,18 @@ from airflow_helpers import sqlite_service_settings
 from minio import Minio
 from moto.server import ThreadedMotoServer
 
-from tools import localpg
+from tools import localpg, seaweed
 from trainyard.storage.s3auth import S3Settings
 
 logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one access-log line per request otherwise
 
 
-@dataclass
-class S3Server:
-    server: ThreadedMotoServer
+class _Endpoint:
+    """What the tests use of either server: its URL, trainyard's settings for it and a minio client."""
+
     port: int
-    access_key: str = "testing-key"
-    secret_key: str = "testing-secret"
+    access_key: str
+    secret_key: str
 
     @property
     def url(self) -> str:
@@ -39,32 +41,84 @@ class S3Server:
         return S3Settings.from_endpoint_url(self.url, self.access_key, self.secret_key, "us-east-1")
 
     def client(self) -> Minio:
-        s = self.settings
-        return Minio(s.endpoint, self.access_key, self.secret_key, secure=False, region=s.region)
+        return Minio(f"127.0.0.1:{self.port}", self.access_key, self.secret_key, secure=False, region="us-east-1")
+
+
+@dataclass
+class S3Server(_Endpoint):
+    """The session's SeaweedFS: it checks every signature against its one identity (these keys)."""
+
+    server: seaweed.Seaweed
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    @property
+    def access_key(self) -> str:
+        return self.server.access_key
+
+    @property
+    def secret_key(self) -> str:
+        return self.server.secret_key
 
     def stop(self) -> None:
         self.server.stop()
 
     def start(self) -> None:
-        """Start again on the same port; moto keeps its buckets in this process."""
-        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+        """Start again on the same ports and folder: its buckets and objects are kept."""
         self.server.start()
 
 
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[S3Server]:
+    """SeaweedFS for the session (one per xdist worker: free ports, a folder of its own), deleted after."""
+    server = seaweed.start()
+    try:
+        yield S3Server(server)
+    finally:
+        server.discard()
+
+
+@dataclass
+class MotoServer(_Endpoint):
+    """moto's S3, for what a real server will not do: accept any signature (so a test records which key
+    the credential chain chose, with temporary keys from moto's STS or instance metadata that no real
+    server knows), or keep a checksum that does not match the bytes (a real server refuses the PUT)."""
+
+    server: ThreadedMotoServer
+    port: int
+    access_key: str = "testing-key"
+    secret_key: str = "testing-secret"
+
+
+@pytest.fixture(scope="session")
+def moto_server() -> Iterator[MotoServer]:
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
-    s3 = S3Server(server, server._server.server_address[1])
-    yield s3
-    s3.server.stop()
+    yield MotoServer(server, server._server.server_address[1])
+    server.stop()
+
+
+def _bucket_named(request: pytest.FixtureRequest) -> str:
+    return "t-" + re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower())[:40].strip("-")
 
 
 @pytest.fixture
 def bucket(s3_server: S3Server, request: pytest.FixtureRequest) -> str:
     """A fresh bucket per test, named after it."""
-    name = "t-" + request.node.name.lower().replace("_", "-")[:40].strip("-")
+    name = _bucket_named(request)
     client = s3_server.client()
+    if not client.bucket_exists(name):
+        client.make_bucket(name)
+    return name
+
+
+@pytest.fixture
+def moto_bucket(moto_server: MotoServer, request: pytest.FixtureRequest) -> str:
+    """A fresh bucket per test in moto's S3."""
+    name = _bucket_named(request)
+    client = moto_server.client()
     if not client.bucket_exists(name):
         client.make_bucket(name)
     return name

@@ -1,8 +1,12 @@
-"""The standard credential chain against real servers: moto's S3 (and its instance metadata) and moto's STS.
+"""The standard credential chain against real servers: SeaweedFS's S3, and moto's S3, STS and instance metadata.
 
-Each S3 request is recorded as it arrives, so a test sees whose access key
-signed it: moto's S3 accepts any signature, and "it worked" alone would not
-show which credentials the chain picked.
+SeaweedFS checks every signature against its one identity, so a stage that
+works there was signed with the keys the chain should have picked (a test
+offers wrong keys beside them, so picking those would fail). Temporary keys
+(from STS for a web identity token, from instance metadata) are issued by moto
+and no real server here knows them: those tests use moto's S3, which accepts
+any signature, and record each request as it arrives to see whose access key
+signed it.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 import pytest
+from minio.error import S3Error
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
 from sts_helpers import in_, stub_sts
 from werkzeug.serving import make_server
@@ -82,8 +87,8 @@ def serving(app: Any) -> Iterator[Recorded]:
 
 
 @pytest.fixture
-def s3(s3_server: Any) -> Iterator[Recorded]:
-    """moto's S3 (the same in-process buckets as ``s3_server``), every request recorded."""
+def s3(moto_server: Any) -> Iterator[Recorded]:
+    """moto's S3 (the same in-process buckets as ``moto_server``), every request recorded."""
     with serving(DomainDispatcherApplication(create_backend_app)) as recorded:
         yield recorded
 
@@ -123,21 +128,22 @@ def staged(settings: S3Settings, bucket: str, hot: Path) -> dict[str, bytes]:
 
 
 def test_environment_credentials_without_a_login_stage_and_list(
-    s3_server: Any, s3: Recorded, bucket: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    s3_server: Any, bucket: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     files = fill(s3_server, bucket)
-    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3.url)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAFROMTHEENV")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "env-secret")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_server.url)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_server.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_server.secret_key)
     settings = S3Settings.from_env()
     assert staged(settings, bucket, tmp_path / "hot") == files
-    assert s3.access_keys() == {"AKIAFROMTHEENV"}
+    assert settings.credentials.retrieve().access_key == s3_server.access_key
 
 
 def test_a_web_identity_token_is_exchanged_at_sts_and_its_temporary_keys_sign_s3(
-    s3_server: Any, s3: Recorded, sts: Recorded, bucket: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    moto_server: Any, s3: Recorded, sts: Recorded, moto_bucket: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    files = fill(s3_server, bucket)
+    bucket = moto_bucket
+    files = fill(moto_server, bucket)
     (tmp_path / "token").write_text(JWT)
     monkeypatch.setenv("AWS_WEB_IDENTITY_TOKEN_FILE", str(tmp_path / "token"))  # as IRSA sets them in a pod
     monkeypatch.setenv("AWS_ROLE_ARN", ROLE)
@@ -155,27 +161,30 @@ def test_a_web_identity_token_is_exchanged_at_sts_and_its_temporary_keys_sign_s3
 
 
 def test_a_named_profile_of_the_shared_credentials_file(
-    s3_server: Any, s3: Recorded, bucket: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    s3_server: Any, bucket: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     files = fill(s3_server, bucket)
     path = tmp_path / "aws-credentials"
-    path.write_text(
+    path.write_text(  # the default profile's keys are refused by the server: only the named one works
         "[default]\naws_access_key_id = AKIADEFAULT\naws_secret_access_key = d\n\n"
-        "[datasets]\naws_access_key_id = AKIADATASETS\naws_secret_access_key = p\n"
+        f"[datasets]\naws_access_key_id = {s3_server.access_key}\naws_secret_access_key = {s3_server.secret_key}\n"
     )
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(path))
     monkeypatch.setenv("AWS_PROFILE", "datasets")
-    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.url)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.url)
     assert staged(S3Settings.from_env(), bucket, tmp_path / "hot") == files
-    assert s3.access_keys() == {"AKIADATASETS"}
+    monkeypatch.setenv("AWS_PROFILE", "default")
+    with pytest.raises(S3Error, match="AccessDenied|InvalidAccessKeyId|SignatureDoesNotMatch"):
+        S3Tier(f"s3://{bucket}/ds", S3Settings.from_env()).list()
 
 
 def test_instance_metadata_when_nothing_else_answers(
-    s3_server: Any, s3: Recorded, bucket: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    moto_server: Any, s3: Recorded, moto_bucket: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    files = fill(s3_server, bucket)
+    bucket = moto_bucket
+    files = fill(moto_server, bucket)
     monkeypatch.delenv("AWS_EC2_METADATA_DISABLED")
-    monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", s3_server.url)  # moto serves /latest/meta-data too
+    monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", moto_server.url)  # moto serves /latest/meta-data too
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3.url)
     settings = S3Settings.from_env()
     assert staged(settings, bucket, tmp_path / "hot") == files
@@ -184,7 +193,7 @@ def test_instance_metadata_when_nothing_else_answers(
 
 
 def test_an_airflow_connection_with_endpoint_url_and_no_login_uses_the_chain(
-    s3_server: Any, s3: Recorded, bucket: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    s3_server: Any, bucket: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     import json
 
@@ -192,17 +201,17 @@ def test_an_airflow_connection_with_endpoint_url_and_no_login_uses_the_chain(
 
     files = fill(s3_server, bucket)
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:9")  # the connection's endpoint wins
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIACHAIN")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "chain-secret")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_server.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_server.secret_key)
     conn = Connection(
         conn_id="trainyard_cold",
         conn_type="aws",
-        extra=json.dumps({"endpoint_url": s3.url, "region_name": "us-east-1"}),
+        extra=json.dumps({"endpoint_url": s3_server.url, "region_name": "us-east-1"}),
     )
     settings = settings_for(conn)
-    assert settings.endpoint == s3.url.removeprefix("http://") and not settings.secure
+    assert settings.endpoint == s3_server.url.removeprefix("http://") and not settings.secure
     assert staged(settings, bucket, tmp_path / "hot") == files
-    assert s3.access_keys() == {"AKIACHAIN"}
+    assert settings.credentials.retrieve().access_key == s3_server.access_key
 
 
 def test_missing_credentials_fail_the_stage_with_the_one_line_that_says_how_to_fix_it(

@@ -1,6 +1,6 @@
 """Objects written by other tools (boto3, as `aws s3 cp` writes them) stage and verify.
 
-Real boto3 writes to moto's S3 server over HTTP with path-style addressing; trainyard reads with its
+Real boto3 writes to SeaweedFS's S3 over HTTP with path-style addressing; trainyard reads with its
 own minio client. Each object is checked by the best thing it carries (S3 checksum, sha256 metadata,
 MD5 ETag, multipart ETag), or trusted on its first fetch and checked against that record later.
 """
@@ -141,26 +141,42 @@ def test_trainyard_writes_sha256_metadata_and_an_s3_checksum(s3_server, bucket: 
     assert head["ChecksumSHA256"] == b64_sha256(data)
 
 
-@pytest.mark.parametrize(
-    "claim",
-    [
-        {"Metadata": {"sha256": sha256(b"the old content")}},
-        # moto keeps a checksum that S3 would check on PUT (and refuse)
-        {"ChecksumAlgorithm": "SHA256", "ChecksumSHA256": b64_sha256(b"the old content")},
-    ],
-)
-def test_an_object_whose_claim_does_not_match_its_bytes_is_refused(
-    s3_server, bucket: str, tmp_path: Path, claim: dict[str, Any]
-) -> None:
-    prefix = "meta" if "Metadata" in claim else "sum"
-    boto(s3_server, request_checksum_calculation="when_required").put_object(
-        Bucket=bucket, Key=f"{prefix}/bad.tok", Body=b"replaced content", **claim
+CLAIMS = {
+    "meta": {"Metadata": {"sha256": sha256(b"the old content")}},
+    "sum": {"ChecksumAlgorithm": "SHA256", "ChecksumSHA256": b64_sha256(b"the old content")},
+}
+
+
+def refused_on_staging(server, bucket: str, tmp_path: Path, prefix: str) -> None:
+    boto(server, request_checksum_calculation="when_required").put_object(
+        Bucket=bucket, Key=f"{prefix}/bad.tok", Body=b"replaced content", **CLAIMS[prefix]
     )
     hot = tmp_path / "hot"
     with pytest.raises(DataError, match=rf"s3://{bucket}/{prefix}/bad\.tok: failed verification: .* says sha256:"):
-        stage(tier(s3_server, bucket, prefix), hot)
+        stage(tier(server, bucket, prefix), hot)
     assert not (hot / "bad.tok").exists() and not (hot / STAGED_MANIFEST).exists()
     assert sorted(p.name for p in hot.iterdir()) == [".last_used", JOURNAL]  # no temporary file left either
+
+
+def test_an_object_whose_sha256_metadata_does_not_match_its_bytes_is_refused(
+    s3_server, bucket: str, tmp_path: Path
+) -> None:
+    refused_on_staging(s3_server, bucket, tmp_path, "meta")
+
+
+def test_an_object_whose_s3_checksum_does_not_match_its_bytes_is_refused(
+    s3_server, bucket: str, moto_server, moto_bucket: str, tmp_path: Path
+) -> None:
+    """A real server checks the checksum on PUT and refuses the object (as SeaweedFS does here), so only
+    moto, which keeps whatever checksum it is sent, can serve a stored object whose checksum is wrong
+    (a store's corruption after the write)."""
+    from botocore.exceptions import ClientError
+
+    with pytest.raises(ClientError, match="BadDigest"):
+        boto(s3_server, request_checksum_calculation="when_required").put_object(
+            Bucket=bucket, Key="sum/bad.tok", Body=b"replaced content", **CLAIMS["sum"]
+        )
+    refused_on_staging(moto_server, moto_bucket, tmp_path, "sum")
 
 
 def test_an_object_with_nothing_to_check_is_trusted_once_then_checked_against_the_record(
@@ -208,11 +224,12 @@ def test_ranged_downloads_verify_foreign_objects_larger_than_a_part(s3_server, b
     assert result.transferred == 4
     assert {k: (hot / k).read_bytes() == v for k, v in objects.items()} == dict.fromkeys(objects, True)
     checks = {k: e["check"] for k, e in staged(hot).items()}
-    # moto's HEAD gives a multipart object's checksum without its type: the ETag is used instead
+    # The server's HEAD gives the multipart object's composite sha256 with its type (COMPOSITE, -N), so it is
+    # checked by it; an object whose parts carry no checksum, by its multipart ETag.
     assert checks == {
         "put.tok": "etag-md5",
         "multi.tok": "etag-multipart",
-        "multi-sha.tok": "etag-multipart",
+        "multi-sha.tok": "s3-checksum",
         "raw.tok": "first-fetch",
     }
     (hot / "raw.tok").unlink()

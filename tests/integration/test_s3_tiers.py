@@ -1,4 +1,4 @@
-"""S3 tiers over HTTP (moto's server on 127.0.0.1, the real minio client)."""
+"""S3 tiers over HTTP (SeaweedFS on 127.0.0.1, the real minio client)."""
 
 from __future__ import annotations
 
@@ -104,21 +104,38 @@ def test_a_corrupt_object_fails_verification_and_leaves_nothing(s3_server, bucke
     assert not (tmp_path / "hot" / "bad.tok").exists() and not (tmp_path / "hot" / STAGED_MANIFEST).exists()
 
 
-def test_escaping_keys_are_refused_and_nothing_lands_outside(s3_server, bucket: str, tmp_path: Path) -> None:
-    # minio's client refuses to write such a key; any other client may, so write it with boto3.
+def test_escaping_keys_are_refused_and_nothing_lands_outside(moto_server, moto_bucket: str, tmp_path: Path) -> None:
+    # AWS S3 stores such a key, so a bucket may hold one. SeaweedFS refuses to write it (InvalidRequest), so
+    # the object is put in moto's S3, which stores it as AWS does. minio's client refuses it too: boto3 writes it.
     import boto3
 
-    s = s3_server.settings
+    s = moto_server.settings
     boto3.client(
         "s3",
         endpoint_url=f"http://{s.endpoint}",
+        aws_access_key_id=moto_server.access_key,
+        aws_secret_access_key=moto_server.secret_key,
+        region_name=s.region,
+    ).put_object(Bucket=moto_bucket, Key="ds/../../escape.tok", Body=b"evil")
+    with pytest.raises(DataError, match="would escape the tier root"):
+        stage(tier(moto_server, moto_bucket), tmp_path / "root" / "hot")
+    assert not list(tmp_path.rglob("escape.tok"))
+
+
+def test_the_s3_server_refuses_to_store_an_escaping_key(s3_server, bucket: str) -> None:
+    """Why the test above writes to moto: the real server here will not store such a key at all."""
+    import boto3
+    from botocore.exceptions import ClientError
+
+    client = boto3.client(
+        "s3",
+        endpoint_url=s3_server.url,
         aws_access_key_id=s3_server.access_key,
         aws_secret_access_key=s3_server.secret_key,
-        region_name=s.region,
-    ).put_object(Bucket=bucket, Key="ds/../../escape.tok", Body=b"evil")
-    with pytest.raises(DataError, match="would escape the tier root"):
-        stage(tier(s3_server, bucket), tmp_path / "root" / "hot")
-    assert not list(tmp_path.rglob("escape.tok"))
+        region_name="us-east-1",
+    )
+    with pytest.raises(ClientError, match="InvalidRequest"):
+        client.put_object(Bucket=bucket, Key="ds/../../escape.tok", Body=b"evil")
 
 
 def test_missing_bucket_is_a_clear_error(s3_server, tmp_path: Path) -> None:
@@ -168,7 +185,9 @@ def test_a_killed_stage_resumes_without_repeating_finished_shards(s3_server, buc
         from trainyard.storage.s3 import S3Tier
         from trainyard.storage.s3auth import S3Settings
         from trainyard.storage.staging import stage
-        s = S3Settings.from_endpoint_url("http://127.0.0.1:{s3_server.port}", "k", "s", "us-east-1")
+        s = S3Settings.from_endpoint_url(
+            "http://127.0.0.1:{s3_server.port}", os.environ["KEY"], os.environ["SECRET"], "us-east-1"
+        )
         tier = S3Tier("s3://{bucket}/ds", s)
         real, count = tier.download, [0]
         def download(key, dest, expect=None, durable=True, split=True):
@@ -179,7 +198,8 @@ def test_a_killed_stage_resumes_without_repeating_finished_shards(s3_server, buc
         tier.download = download
         stage(tier, Path({str(hot)!r}), concurrency=1)
     """)
-    killed = subprocess.run([sys.executable, "-c", script], capture_output=True)
+    keys = {"KEY": s3_server.access_key, "SECRET": s3_server.secret_key}  # never on a command line
+    killed = subprocess.run([sys.executable, "-c", script], capture_output=True, env={**os.environ, **keys})
     assert killed.returncode == -9
     assert not (hot / STAGED_MANIFEST).exists()
     finished = [json.loads(line)["key"] for line in (hot / JOURNAL).read_text().splitlines()]

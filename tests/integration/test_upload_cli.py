@@ -1,4 +1,4 @@
-"""``trainyard upload`` and ``trainyard ls`` through the command's entry point, against moto's S3 over HTTP."""
+"""``trainyard upload`` and ``trainyard ls`` through the command's entry point, against SeaweedFS's S3 over HTTP."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from trainyard.storage.s3 import S3Tier
 from trainyard.storage.upload import PlainProgress, progress_for
 
 pytestmark = pytest.mark.integration
-SECRET = "upload-secret-never-printed"
 
 
 @pytest.fixture(autouse=True)
@@ -26,8 +25,8 @@ def aws_env(s3_server: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_server.url)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAUPLOAD")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_server.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_server.secret_key)
     monkeypatch.setenv("AWS_REGION", "us-east-1")
 
 
@@ -144,14 +143,14 @@ def test_ls_prints_size_sha256_and_key_per_object(
     ],
 )
 def test_bad_input_is_one_line_and_exit_code_2(
-    bucket: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], says: str
+    s3_server: Any, bucket: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], says: str
 ) -> None:
     corpus(tmp_path / "src")
     filled = [a.format(src=tmp_path / "src", tmp=tmp_path, bucket=bucket) for a in argv]
     assert main(filled) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and says in err, err
-    assert "Traceback" not in err and SECRET not in err
+    assert "Traceback" not in err and s3_server.secret_key not in err
 
 
 def test_no_credentials_is_one_line_naming_the_fix(
