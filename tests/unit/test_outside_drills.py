@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
+
 import pytest
 
+from trainyard.backends.base import LaunchPlan, SignalsNodes
+from trainyard.events.ledger import Ledger
 from trainyard.protocol.env import FaultDrill
-from trainyard.recovery.drills import Progress, due, refused, unreached
+from trainyard.recovery.drills import Actor, Progress, due, refused, unreached
 from trainyard.spec.checks import drill_refusal
 
 NODES = ["node-0", "node-1"]
@@ -74,3 +80,40 @@ def test_a_drill_that_cannot_be_acted_out_is_refused_with_why(
 def test_a_drill_that_never_struck_says_what_progress_was_missing() -> None:
     assert "saved no checkpoint of step 10" in unreached(KILL, Progress({}, beatless=True))
     assert "heartbeats never reported step 10" in unreached(KILL, Progress({"node-1": 3}))
+
+
+def actor_of(tmp_path: Path, drills: list[FaultDrill]) -> tuple[Actor, Ledger]:
+    """An attempt's drill actor over a real ledger (the launcher is never called at an attempt's end)."""
+    ledger = Ledger.in_dir(tmp_path)
+    plan = cast(LaunchPlan, SimpleNamespace(attempt=1, nodes=NODES))
+    return Actor(drills, plan, cast(SignalsNodes, None), ledger, started=0.0, timeout_s=10.0), ledger
+
+
+@pytest.mark.parametrize(
+    ("fired_by_the_script", "says"),
+    [
+        (True, None),  # a framework callback or the runtime's loop acted it out: nothing to say
+        (False, "nan at step 3 is acted out inside the training process, and the script did not"),
+    ],
+)
+def test_a_drill_the_script_must_act_out_is_said_not_acted_out_when_it_did_not(
+    tmp_path: Path, fired_by_the_script: bool, says: str | None
+) -> None:
+    actor, ledger = actor_of(tmp_path, [FaultDrill("nan", 3)])
+    if fired_by_the_script:
+        ledger.writer("attempt-1.node-0.rank-0").append("train", "drill_fired", fault="nan", node="node-0", step=3)
+    actor.ended(failed=True)
+    refused = list(ledger.events("train", "drill_refused"))
+    if says is None:
+        assert refused == [] and actor.left == []
+    else:
+        [why] = [r["reason"] for r in refused]
+        assert says in why and "TrainyardCallback" in why
+
+
+def test_a_script_that_acts_out_its_drills_is_left_its_kill(tmp_path: Path) -> None:
+    """It said so as it started (drills_acted): the supervisor never signals its node, so nothing is acted twice."""
+    actor, ledger = actor_of(tmp_path, [KILL])
+    ledger.writer("attempt-1.node-1.rank-1").append("train", "drills_acted", attempt=1, node="node-1", faults=["kill"])
+    actor(handle=None)  # the launcher is None: a signal would raise
+    assert actor.left == [KILL] and not list(ledger.events("train", "drill_fired"))
