@@ -104,7 +104,7 @@ test: venv lint browser postgres
 # The staging, publish and upload S3 tests against Ceph RGW (tools/rgw.py) instead of SeaweedFS: a second S3
 # implementation, one without flexible checksums. Needs Debian's radosgw, ceph-mon and ceph-osd (installed here
 # as root); about 12 s to start the cluster. CI does not run it.
-S3_TESTS := tests/integration/test_s3_foreign.py tests/integration/test_s3_tiers.py tests/integration/test_s3_pipeline.py tests/integration/test_upload_cli.py
+S3_TESTS := tests/integration/test_rgw.py tests/integration/test_s3_foreign.py tests/integration/test_s3_tiers.py tests/integration/test_s3_pipeline.py tests/integration/test_upload_cli.py
 test-rgw: venv
 	command -v radosgw >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq radosgw ceph-mon ceph-osd > $(VENV)/apt-ceph.log 2>&1) \
 	  || (tail -5 $(VENV)/apt-ceph.log; exit 1)

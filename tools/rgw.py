@@ -67,6 +67,7 @@ fsid = {fsid}
 mon host = v2:127.0.0.1:{mon_port}
 mon initial members = a
 public addr = 127.0.0.1
+cluster addr = 127.0.0.1
 ms bind ipv6 = false
 auth cluster required = cephx
 auth service required = cephx
