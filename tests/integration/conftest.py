@@ -1,11 +1,13 @@
 """Servers the integration tests share: a real S3 server (SeaweedFS, ``tools.seaweed``) over HTTP on
 127.0.0.1, reached with the real ``minio`` client; moto's S3 for the few tests that need what a real
 server will not do (``moto_server``); and a PostgreSQL cluster for the metadata DBs of Airflow
-deployments."""
+deployments. ``TRAINYARD_TEST_S3=rgw`` (``make test-rgw``) puts Ceph RGW (``tools.rgw``) behind ``s3_server``
+instead: a second S3 implementation, one that keeps no flexible checksums."""
 
 from __future__ import annotations
 
 import logging
+import os
 import re
 import shutil
 import tempfile
@@ -19,7 +21,7 @@ from airflow_helpers import sqlite_service_settings
 from minio import Minio
 from moto.server import ThreadedMotoServer
 
-from tools import localpg, seaweed
+from tools import localpg, rgw, seaweed
 from trainyard.storage.s3auth import S3Settings
 
 logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one access-log line per request otherwise
@@ -31,6 +33,8 @@ class _Endpoint:
     port: int
     access_key: str
     secret_key: str
+    keeps_checksums = True
+    """Whether it stores and returns flexible checksums (``x-amz-checksum-*``); Ceph RGW Pacific does not."""
 
     @property
     def url(self) -> str:
@@ -70,9 +74,45 @@ class S3Server(_Endpoint):
         self.server.start()
 
 
+@dataclass
+class RgwServer(_Endpoint):
+    """The session's Ceph RGW (``TRAINYARD_TEST_S3=rgw``): ``stop()`` and ``start()`` act on its gateway."""
+
+    server: rgw.Rgw
+    keeps_checksums = False
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    @property
+    def access_key(self) -> str:
+        return self.server.access_key
+
+    @property
+    def secret_key(self) -> str:
+        return self.server.secret_key
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    def start(self) -> None:
+        self.server.start()
+
+
+ON_RGW = os.environ.get("TRAINYARD_TEST_S3", "seaweed") == "rgw"
+
+
 @pytest.fixture(scope="session")
-def s3_server() -> Iterator[S3Server]:
-    """SeaweedFS for the session (one per xdist worker: free ports, a folder of its own), deleted after."""
+def s3_server() -> Iterator[S3Server | RgwServer]:
+    """SeaweedFS (or Ceph RGW, ``TRAINYARD_TEST_S3=rgw``) for the session, one per xdist worker, deleted after."""
+    if ON_RGW:
+        cluster = rgw.start()
+        try:
+            yield RgwServer(cluster)
+        finally:
+            cluster.discard()
+        return
     server = seaweed.start()
     try:
         yield S3Server(server)

@@ -124,6 +124,8 @@ def test_escaping_keys_are_refused_and_nothing_lands_outside(moto_server, moto_b
 
 def test_the_s3_server_refuses_to_store_an_escaping_key(s3_server, bucket: str) -> None:
     """Why the test above writes to moto: the real server here will not store such a key at all."""
+    if not s3_server.keeps_checksums:
+        pytest.skip("Ceph RGW stores keys with '..' segments; trainyard's own refusal is the test above (moto)")
     import boto3
     from botocore.exceptions import ClientError
 

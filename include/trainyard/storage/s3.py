@@ -29,7 +29,7 @@ from minio.lifecycleconfig import Expiration, LifecycleConfig, Rule, Transition
 
 from trainyard.atomic import open_new, temp_name
 from trainyard.errors import DataError
-from trainyard.storage.checksums import Check, available_algorithms, choose_check, parts_to_infer
+from trainyard.storage.checksums import Check, Digester, available_algorithms, choose_check, parts_to_infer
 from trainyard.storage.hashing import BLOCK, digest_file, settle, sha256_file, write_verified
 from trainyard.storage.keys import check_key
 from trainyard.storage.s3auth import S3Settings
@@ -245,7 +245,7 @@ class S3Tier:
                 part_size=part_size,
                 num_parallel_uploads=self.parallel_parts,
             )
-            self._verify_stored(key, size, sha)
+            self._verify_stored(key, size, sha, src, part_size if size > part_size else None)
             return size, sha
 
         return self.retry.call(f"upload {self._name(key)}", put)
@@ -259,12 +259,20 @@ class S3Tier:
             self.client.put_object(
                 self.bucket, self._name(key), io.BytesIO(data), len(data), metadata=_put_headers(sha)
             )
-            self._verify_stored(key, len(data), sha)
+            self._verify_stored(key, len(data), sha, data)
 
         self.retry.call(f"write {self._name(key)}", put)
 
-    def _verify_stored(self, key: str, size: int, sha: str) -> None:
-        """The stored object has the size, sha256 metadata and (if the store keeps one) sha256 checksum written."""
+    def _verify_stored(
+        self, key: str, size: int, sha: str, written: Path | bytes, part_size: int | None = None
+    ) -> None:
+        """The stored object has the size, sha256 metadata and (if the store keeps one) sha256 checksum written,
+        and the bytes written give the digest the store answers with, as a download would check them.
+
+        The sha256 metadata only echoes what was sent; the store's own digest of what it received is its
+        checksum, else its ETag (MD5, or MD5 of part MD5s with ``part_size``). Ceph RGW Pacific keeps no
+        checksum and answers CompleteMultipartUpload with an empty ETag, so the ETag comes from this HEAD.
+        """
         st = self.client.stat_object(self.bucket, self._name(key), extra_headers=dict(CHECKSUM_MODE))
         meta = {k.lower(): v for k, v in (st.metadata or {}).items()}
         stored_sum = meta.get("x-amz-checksum-sha256")
@@ -275,6 +283,8 @@ class S3Tier:
             problems.append(f"sha256 metadata {meta.get(f'x-amz-meta-{SHA_META}')}, wrote {sha}")
         if stored_sum and "-" not in stored_sum and stored_sum != _b64(sha):
             problems.append(f"x-amz-checksum-sha256 {stored_sum}, wrote {_b64(sha)}")
+        elif not problems:
+            problems += _store_digest_problems(meta, st.etag, size, written, part_size)
         if problems:
             raise DataError(f"{self.uri}/{key}: the stored object differs from what was written: {'; '.join(problems)}")
 
@@ -325,6 +335,25 @@ class S3Tier:
             transition_days,
             storage_class,
         )
+
+
+def _store_digest_problems(
+    headers: dict[str, str], etag: str | None, size: int, written: Path | bytes, part_size: int | None
+) -> list[str]:
+    """What the store's own digest (a checksum, else the ETag) says that the bytes written do not give."""
+    unechoed = {k: v for k, v in headers.items() if k != f"x-amz-meta-{SHA_META}"}
+    check = choose_check(unechoed, etag, size, None, part_size, available_algorithms())
+    if check.expected is None:  # nothing of the store's own (an SSE-KMS ETag): the metadata is all there is
+        return []
+    if isinstance(written, Path):
+        found = digest_file(written, check).digests()
+    else:
+        digester = Digester(check)
+        digester.update(written)
+        found = digester.digests()
+    if check.expected in found:
+        return []
+    return [f"{check.source} says {check.expected}, the bytes written give {' or '.join(found)}"]
 
 
 def _b64(sha_hex: str) -> str:
