@@ -118,28 +118,25 @@ def moto_server() -> Iterator[MotoServer]:
     server.stop()
 
 
-def _bucket_named(request: pytest.FixtureRequest) -> str:
-    return "t-" + re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower())[:40].strip("-")
+def _bucket_for(server: _Endpoint, request: pytest.FixtureRequest) -> str:
+    """A bucket on ``server`` named after the test (made if missing)."""
+    name = "t-" + re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower())[:40].strip("-")
+    client = server.client()
+    if not client.bucket_exists(name):
+        client.make_bucket(name)
+    return name
 
 
 @pytest.fixture
 def bucket(s3_server: S3Server, request: pytest.FixtureRequest) -> str:
     """A fresh bucket per test, named after it."""
-    name = _bucket_named(request)
-    client = s3_server.client()
-    if not client.bucket_exists(name):
-        client.make_bucket(name)
-    return name
+    return _bucket_for(s3_server, request)
 
 
 @pytest.fixture
 def moto_bucket(moto_server: MotoServer, request: pytest.FixtureRequest) -> str:
     """A fresh bucket per test in moto's S3."""
-    name = _bucket_named(request)
-    client = moto_server.client()
-    if not client.bucket_exists(name):
-        client.make_bucket(name)
-    return name
+    return _bucket_for(moto_server, request)
 
 
 @dataclass
