@@ -45,10 +45,14 @@ class StepReporter:
         self._started = time.monotonic()
         self.drills.before_step(step, self._step_s)
 
+    def log(self, metrics: dict[str, Any]) -> None:
+        """Keep the numbers of ``metrics`` for the next heartbeat (a framework logs apart from its steps)."""
+        self.metrics.update({k: float(v) for k, v in metrics.items() if _number(v)})
+
     def after(self, step: int, metrics: dict[str, Any]) -> None:
         if self._started is not None:
             self._step_s = time.monotonic() - self._started
-        self.metrics.update({k: float(v) for k, v in metrics.items() if _number(v)})
+        self.log(metrics)
         if "loss" in self.metrics:
             self.metrics["loss"] = self.drills.loss(step, self.metrics["loss"])
         heartbeat(step, dict(self.metrics), ctx=self.ctx)

@@ -47,8 +47,7 @@ class TrainyardCallback(TrainerCallback):
         **kw: Any,
     ) -> None:  # fmt: skip
         if logs:
-            renamed = {"lr" if k == "learning_rate" else k: v for k, v in logs.items()}
-            self.reporter.metrics.update({k: float(v) for k, v in renamed.items() if isinstance(v, int | float)})
+            self.reporter.log({"lr" if k == "learning_rate" else k: v for k, v in logs.items()})
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
         self.reporter.after(state.global_step, {})
