@@ -98,7 +98,10 @@ def test_a_node_slow_only_once_is_a_suspect_the_confirmation_round_clears(tmp_pa
 
 
 def test_a_slow_link_is_found_by_position(tmp_path: Path) -> None:
-    run = run_for(tmp_path, count=2, spare=2, drills="[{node: node-2, fault: slow_link, factor: 0.5}]")
+    # Three quarters of the link lost: on two shared cores a throttled rank's sleeps hand the CPU to the others,
+    # so half a link (factor 0.5) measured 0.76 of the reference, beside an unthrottled node at 0.88: a
+    # coin toss against the bar, which failed this test in about one run in five (CI included).
+    run = run_for(tmp_path, count=2, spare=2, drills="[{node: node-2, fault: slow_link, factor: 0.75}]")
     result = burn_in(run)
     assert list(result["evicted"]) == ["node-2"], result
     assert "link_gbps" in result["evicted"]["node-2"] and result["evicted"]["node-2"].endswith("confirmed")
