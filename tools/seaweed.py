@@ -42,6 +42,7 @@ import urllib.request
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 START_TIMEOUT_S = 30
 STOP_TIMEOUT_S = 15
@@ -129,7 +130,7 @@ class Seaweed:
         ]
 
     def start(self) -> None:
-        """Start the server (a running one is kept) and wait until its S3 port answers S3."""
+        """Start the server (a running one is kept) and wait until its S3 port answers S3 and its objects can be read."""
         if self.process is not None and self.process.poll() is None:
             return
         (self.folder / "data").mkdir(parents=True, exist_ok=True)
@@ -147,7 +148,7 @@ class Seaweed:
                 env=env,
             )
         deadline = time.monotonic() + START_TIMEOUT_S
-        while not self._answers():
+        while not (self._answers() and self._volumes_registered()):
             if self.process.poll() is not None or time.monotonic() > deadline:
                 what = f"exited with {self.process.returncode}" if self.process.poll() is not None else "did not answer"
                 self.stop()
@@ -180,6 +181,30 @@ class Seaweed:
         except OSError:
             return False
         return False  # anonymous access granted: not the server this module configured
+
+    def _volumes_registered(self) -> bool:
+        """The master knows every volume the volume server has loaded. Started again on its data, the S3 port
+        answers before the volume server has reported its volumes, and reads of the objects in them fail with
+        500 until it has (a test's rerun after an outage gave up on three such answers in a loaded CI run)."""
+        try:
+            loaded = self._json("volume", "/status").get("Volumes") or []
+            topology = self._json("master", "/dir/status")["Topology"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+        known = sum(
+            node.get("Volumes", 0)
+            for center in topology.get("DataCenters") or []
+            for rack in center.get("Racks") or []
+            for node in rack.get("DataNodes") or []
+        )
+        return known >= len(loaded)
+
+    def _json(self, service: str, path: str) -> dict[str, Any]:
+        with _DIRECT.open(f"http://127.0.0.1:{self.ports[service]}{path}", timeout=1) as response:
+            answer = json.loads(response.read())
+        if not isinstance(answer, dict):
+            raise ValueError(f"{service} {path}: not a JSON object")
+        return answer
 
     def stop(self) -> None:
         """Stop it (terminate, then kill after ``STOP_TIMEOUT_S``) and remove the sockets it left in /tmp."""
