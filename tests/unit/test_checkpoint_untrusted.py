@@ -237,6 +237,17 @@ def _running(pid: int) -> bool:
         return False
 
 
+def _still_running(pids: set[int], within_s: float = 5) -> list[int]:
+    """The ``pids`` still running after ``within_s`` at most: a SIGKILLed process is gone only once the kernel
+    has torn it down, which a loaded machine takes a moment to do."""
+    import time
+
+    deadline = time.monotonic() + within_s
+    while (running := [pid for pid in pids if _running(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return running
+
+
 def _forks_of(server: subprocess.Popen, seen: set[int], until: float, first: bool = False) -> None:
     """Collect ``server``'s children until ``until``, it ends, or (``first``) one is seen."""
     import time
@@ -265,10 +276,7 @@ def test_a_metadata_that_hashes_for_years_leaves_no_inspector_running(tmp_path: 
             assert "Max cpu time              unlimited" not in limits
             assert "Max address space         unlimited" not in limits
             os.kill(own.proc.pid, signal.SIGKILL)  # the server alone: its fork must follow it
-            deadline = time.monotonic() + 5
-            while _running(fork) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert not _running(fork), "the fork outlived its server"
+            assert not _still_running({fork}), "the fork outlived its server"
         validation.inspector().problems(save(tmp_path / "c", 10))  # warm the validator's own server
         server = validation.inspector().proc
         watch = threading.Thread(target=_forks_of, args=(server, seen, time.monotonic() + 20))
@@ -277,11 +285,7 @@ def test_a_metadata_that_hashes_for_years_leaves_no_inspector_running(tmp_path: 
         watch.join()
         assert not result.valid
         assert result.problems == ["the process inspecting the tensors failed: no answer within 2 s; it was stopped"]
-        # SIGKILLed with its group: gone as soon as the kernel has torn it down (a loaded machine takes a moment).
-        deadline = time.monotonic() + 5
-        while [pid for pid in seen if _running(pid)] and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(seen) == 2 and not [pid for pid in seen if _running(pid)], "an inspector was left running"
+        assert len(seen) == 2 and not _still_running(seen), "an inspector was left running"  # SIGKILLed with its group
     finally:
         own.stop()
         for pid in seen:  # never leave one spinning, even where the test fails
