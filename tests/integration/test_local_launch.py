@@ -112,11 +112,11 @@ def _alive(pids: list[int]) -> list[int]:
     return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
 
 
-def _wait_for_step(hb: Path, step: int, timeout: float = 60) -> None:
+def _wait_for_step(hb: Path, step: int, timeout: float = 60, nodes: int = 2) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         beats = read_heartbeats(hb)
-        if len(beats) == 2 and min(b["step"] for b in beats.values()) >= step:
+        if len(beats) == nodes and min(b["step"] for b in beats.values()) >= step:
             return
         time.sleep(0.1)
     raise AssertionError(f"no heartbeat at step {step} in {hb}")
@@ -128,6 +128,14 @@ def test_cancel_leaves_no_process_behind(tmp_path: Path, data: Path) -> None:
     _wait_for_step(tmp_path / "hb-1", 2)
     pids = [pid for proc in handle.procs.values() for pid in _tree(proc.pid)]
     assert len(pids) >= 4  # two agents and their workers
+    # Each agent is a fork of the zygote, and so is its worker: of the agent's own fork server, so the node's
+    # process tree holds it as a torchrun worker's would be.
+    assert launcher.zygote is not None
+    for proc in handle.procs.values():
+        agent = psutil.Process(proc.pid)
+        assert agent.ppid() == launcher.zygote.proc.pid and agent.cmdline()[-1] == "trainyard.backends.local.zygote"
+        [worker] = [w for server in agent.children() for w in server.children()]
+        assert worker.cmdline() == agent.cmdline()  # a fork, not a new interpreter
     groups = {os.getpgid(proc.pid) for proc in handle.procs.values()}
     launcher.cancel_all()
     assert _alive(pids) == [] and launcher.active == []
@@ -161,6 +169,14 @@ def test_killing_the_launching_process_takes_the_nodes_with_it(tmp_path: Path, d
 
 def test_a_user_script_is_a_first_class_entrypoint(tmp_path: Path, data: Path) -> None:
     script = str(ROOT / "examples" / "byo_train.py")
+    launcher = LocalLauncher()
+    handle = launcher.launch(plan(tmp_path / "tree", data, nodes=1, max_steps=100_000, entrypoint=script, args=[]))
+    _wait_for_step(tmp_path / "tree" / "hb-1", 1, nodes=1)
+    # The agent is torch's code, forked from the zygote; the user's script runs in a new interpreter of its own.
+    [worker] = psutil.Process(handle.procs["node-0"].pid).children()
+    assert worker.cmdline()[1:] == ["-u", script]
+    launcher.cancel_all()
+
     supervise(plan(tmp_path, data, nodes=2, max_steps=8, entrypoint=script, args=[]))
     run = losses(tmp_path)
     assert sorted(run) == list(range(1, 9)) and run[8] < run[1]

@@ -193,6 +193,12 @@ def test_spares_announce_themselves_and_are_forgotten_once_listed_and_formed_fol
     assert coord.formed(2) and coord.formed(3) and not coord.formed(4)
 
 
+def landed(store: dist.Store) -> None:
+    """Return once the server has applied every ``set`` sent through ``store``'s connection: a TCPStore ``set``
+    gets no reply, so a read on another connection may overtake it; a round trip on this one may not."""
+    coordstore.peek(store, "landed")
+
+
 def test_values_forged_with_the_raw_store_api_are_refused_recorded_and_decide_nothing() -> None:
     store, port = storehost.serve()
     coord, keys, refused = keyed(storehost.attempt_store(store, 1))
@@ -209,6 +215,7 @@ def test_values_forged_with_the_raw_store_api_are_refused_recorded_and_decide_no
     # A value node-3 really sealed, moved under another key: the key's name is sealed with it.
     coordstore.announce_spare(forger, "node-3", keys["node-3"], 2)
     forger.set(coordstore.spare_key("node-2"), forger.get(coordstore.spare_key("node-3")))
+    landed(forger)
     assert coord.faults() == {} and not coord.wait_fault(2, timeout_s=0.2)  # the forged count woke nothing
     assert coord.ready(2) == [] and not coord.formed(2) and coord.ready_steps(2) == {}
     assert coord.spares_ready(["node-2", "node-3"]) == ["node-3"]
@@ -216,6 +223,7 @@ def test_values_forged_with_the_raw_store_api_are_refused_recorded_and_decide_no
     assert "forged" in coord.refused["fault/node-1"] and len(refused) == len(set(refused))  # once per key
     coordstore.report_ready(forger, 2, "node-0", keys["node-0"], 7)  # the nodes themselves still get through
     coordstore.report_ready(forger, 2, "node-1", keys["node-1"], 7)
+    landed(forger)
     assert coord.formed(2) and coord.ready_steps(2) == {"node-0": 7, "node-1": 7}
 
 

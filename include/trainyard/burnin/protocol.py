@@ -21,15 +21,16 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, get_args
-
-import torch.distributed as dist
+from typing import TYPE_CHECKING, Any, Protocol, get_args
 
 from trainyard.backends.store import serve
 from trainyard.burnin.figures import combine
 from trainyard.burnin.sealing import StoreTampered, seal, unseal
 from trainyard.burnin.verdict import Recheck
 from trainyard.spec import DrillFault, PressureTestSpec
+
+if TYPE_CHECKING:  # torch only where a store is hosted (``serve``): an Airflow task that stages data never pays for it
+    import torch.distributed as dist
 
 FAULTS = get_args(DrillFault)
 TURNS = 5

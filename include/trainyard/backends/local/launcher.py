@@ -5,6 +5,9 @@ and log file; the agents meet through c10d rendezvous on a free 127.0.0.1
 port and train over gloo, or NCCL where they have GPUs. Node 0's agent hosts
 the rendezvous store. The agents get an allow-listed environment
 (``trainyard.backends.local.environ``), never the Airflow worker's secrets.
+Each agent is a fork of a zygote that imported torch once, and so is each
+worker of the reference workload (``trainyard.backends.local.zygote``): a
+node starts without two imports of torch.
 
 In place (the plan names a coordination store), a node is no agent but its
 ``procs_per_node`` ranks, each a process of its own (a fork of the zygote for the
@@ -196,7 +199,7 @@ class LocalLauncher:
         self.active: list[LocalHandle] = []
         """Attempts launched and not yet cancelled, so ``cancel_all`` can end them on a kill."""
         self.zygote: Zygote | None = None
-        """Elastic nodes of the reference workload are forks of it (``trainyard.backends.local.zygote``)."""
+        """Torchrun agents and in-place ranks of the reference workload are forks of it (``backends.local.zygote``)."""
 
     def gpu_split(self, nodes: int, parent: Mapping[str, str] | None = None) -> list[str]:
         """Each node's ``CUDA_VISIBLE_DEVICES``; ``SpecError`` when the host has too few GPUs."""
@@ -226,27 +229,30 @@ class LocalLauncher:
         env = node_env(plan, node, gpus=gpus)
         handle.logs[node] = path
         if not plan.train_env.store:
-            handle.ranks[node] = [self._popen(torchrun_argv(plan, handle.port, index), env, path)]
+            handle.ranks[node] = [self._process(torchrun_argv(plan, handle.port, index)[1:], env, path)]
             return
         # With a coordination store each rank is one plain process that forms its groups there
         # (``trainyard.runtime.elastic``): no torchrun agent and no rendezvous hosted by node 0, so any
         # node can die and the others run on. Each gets torchrun's world environment all the same.
         per_node, world = plan.procs_per_node, len(plan.nodes)
         handle.ranks[node] = [
-            self._rank(plan, {**env, **rank_env(index, r, per_node, max(world, index + 1), handle.port)}, path)
+            self._process(
+                plan.entry_argv(), {**env, **rank_env(index, r, per_node, max(world, index + 1), handle.port)}, path
+            )
             for r in range(per_node)
         ]
 
-    def _rank(self, plan: LaunchPlan, env: dict[str, str], path: Path) -> Proc:
-        """One rank of an in-place node: forked from the zygote for the reference workload, else a new process."""
-        if usable(plan.entry_argv()):
+    def _process(self, argv: list[str], env: dict[str, str], path: Path) -> Proc:
+        """A node's process running ``python <argv>``: forked from the zygote where the zygote has imported what it
+        runs (a torchrun agent, a rank of the reference workload), else a new process."""
+        if usable(argv):
             # Forked from a process that imported torch already: no start-up, no import's CPU beside training.
             try:
-                return self._zygote(env).spawn(plan.entry_argv(), env, path)
+                return self._zygote(env).spawn(argv, env, path)
             except RuntimeError as exc:
                 log.warning("%s: %s; starting it as a new process", env.get("TRAINYARD_NODE", "a node"), exc)
                 self.zygote = None
-        return self._popen([sys.executable, *plan.entry_argv()], env, path)
+        return self._popen([sys.executable, *argv], env, path)
 
     def _popen(self, argv: list[str], env: dict[str, str], path: Path) -> subprocess.Popen:
         with open_append(path) as out:  # training code may have planted a link for the next attempt

@@ -9,6 +9,13 @@ reference workload (``trainyard.workload``) and nothing else runs in it: no
 thread, no torch operation (an OpenMP pool or CUDA context must not exist
 across a fork), so each child is as fresh as a new interpreter.
 
+On the relaunch path a node is a torchrun agent (``torch.distributed.run``, torch's
+code whatever the entry point): it is forked too, and forks the workers of the
+reference workload in turn from a fork server of its own, forked before the
+agent starts its threads (``_agent``); any other worker is started as torchrun
+starts it, a new interpreter. A node on the relaunch path thus costs two
+imports of torch less (~3 s and ~5 s of CPU each here) at every attempt.
+
 Its environment is the part every node shares (allow-listed by the launcher,
 never the Airflow worker's secrets, since training code is untrusted and a
 fork keeps the zygote's original environment block in memory); each child
@@ -41,16 +48,19 @@ import logging
 import os
 import secrets
 import select
+import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 MODULE = "trainyard.workload"
 """The entry point the zygote has imported: a plan that runs anything else starts a fresh interpreter."""
+TORCHRUN = ["-m", "torch.distributed.run"]
+"""A node's torchrun agent, which the zygote has imported too."""
 _REAP_S = 0.05
 _ANNOUNCED_S = 1.0  # a node stays the zygote's (unreaped) child this long: the launcher checks its pid by it
 MAX_REPLY = 4096
@@ -119,19 +129,47 @@ class Forked:
         return code
 
 
+class ForkServer(Protocol):
+    """What ``Zygote`` needs of the process it talks to: a ``subprocess.Popen`` or a ``Forked`` server."""
+
+    pid: int
+
+    @property
+    def stdin(self) -> IO[bytes] | None: ...
+
+    @property
+    def stdout(self) -> IO[bytes] | None: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
 class Zygote:
     """The launcher's side: start the zygote, fork nodes from it, learn how they ended."""
 
     def __init__(self, env: Mapping[str, str], preexec_fn: Any = None, argv: list[str] | None = None):
-        self.proc = subprocess.Popen(
-            argv or [sys.executable, "-m", "trainyard.backends.local.zygote"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=None,  # its own failure (an import error) reaches the task's log
-            env=dict(env),
-            start_new_session=True,
-            preexec_fn=preexec_fn,
+        self._attach(
+            subprocess.Popen(
+                argv or [sys.executable, "-m", "trainyard.backends.local.zygote"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=None,  # its own failure (an import error) reaches the task's log
+                env=dict(env),
+                start_new_session=True,
+                preexec_fn=preexec_fn,
+            )
         )
+
+    @classmethod
+    def over(cls, proc: ForkServer) -> Zygote:
+        """The side that talks to a server already running (a torchrun agent's, ``_agent``)."""
+        zygote = cls.__new__(cls)
+        zygote._attach(proc)
+        return zygote
+
+    def _attach(self, proc: ForkServer) -> None:
+        self.proc = proc
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self._out: IO[bytes] = self.proc.stdout
         self._lock = threading.Lock()  # one request at a time: the answers come back in order
@@ -200,6 +238,8 @@ class Zygote:
 
     def exit_code(self, pid: int) -> int | None:
         with self._changed:
+            if pid in self._forked and pid not in self._exits and self._gone:
+                return -signal.SIGKILL  # its children die with it (``die_with_parent``): no exit will come
             return self._exits.get(pid)
 
     def alive(self) -> bool:
@@ -213,8 +253,9 @@ class Zygote:
 
 
 def usable(argv: list[str]) -> bool:
-    """Whether a node's ``argv`` (after the interpreter) runs what the zygote has imported."""
-    return argv[:2] == ["-m", MODULE]
+    """Whether a node's ``argv`` (after the interpreter) runs what the zygote has imported: the reference
+    workload, or a torchrun agent (torch's code, whatever its workers run)."""
+    return argv[:2] in (["-m", MODULE], TORCHRUN)
 
 
 # --- the zygote process ---
@@ -242,12 +283,18 @@ def _child(request: dict[str, Any]) -> None:
         sys.argv = [sys.executable, *request["argv"]]
         sys.stdout = open(1, "w", buffering=1, closefd=False)  # the log, line by line
         sys.stderr = open(2, "w", buffering=1, closefd=False)
-        import torch
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a fork server's children: it ignores them (``_agent``)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if request["argv"][:2] == TORCHRUN:
+            _agent(request["argv"][2:], Path(request["log"]))
+            code = 0
+        else:
+            import torch
 
-        torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
-        from trainyard.workload.__main__ import main
+            torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+            from trainyard.workload.__main__ import main
 
-        code = main(request["argv"][2:])
+            code = main(request["argv"][2:])
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:
@@ -302,9 +349,81 @@ def _fork(line: bytes, children: dict[int, float]) -> None:
     _send({"id": ident, "pid": pid})
 
 
+def _agent(argv: list[str], log: Path) -> None:
+    """Run a torchrun agent (``torch.distributed.run`` with ``argv``) whose workers of the reference workload are
+    forks: of a server forked first, while this process has one thread (the agent starts threads for its
+    rendezvous). The server is the agent's child, so the node's process tree holds every worker as before; it
+    ignores SIGTERM (the agent ends the workers itself, and the server must report how they ended) and exits
+    once the agent has (its stdin closes) and its children have."""
+    server = Zygote.over(_fork_server())
+    from torch.distributed.elastic.multiprocessing import api
+    from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
+    from torch.distributed.run import main
+
+    class Handler(SubprocessHandler):
+        def _popen(self, args: tuple, env: dict[str, str]) -> Any:
+            if self._stdout is None and self._stderr is None and args[:2] == (sys.executable, "-u"):
+                if usable(worker := [str(a) for a in args[2:]]) and worker[:2] != TORCHRUN:
+                    try:
+                        return server.spawn(worker, env, log)
+                    except RuntimeError as exc:
+                        print(f"trainyard zygote: {exc}; starting the worker as a new process", file=sys.stderr)
+            return super()._popen(args, env)
+
+    # How torchrun's SubprocessContext makes each worker's handler (by keyword, as the class takes them).
+    api.get_subprocess_handler = Handler  # type: ignore[assignment]
+    main(argv)
+
+
+class _Forked:
+    """A fork server forked by this process, as ``Zygote`` talks to it (``ForkServer``)."""
+
+    def __init__(self, pid: int, stdin: IO[bytes], stdout: IO[bytes]):
+        self.pid, self.stdin, self.stdout = pid, stdin, stdout
+        self.returncode: int | None = None
+        self._lock = threading.Lock()  # the reader thread waits while the agent polls
+
+    def poll(self) -> int | None:
+        with self._lock:
+            if self.returncode is None and (done := os.waitpid(self.pid, os.WNOHANG))[0]:
+                self.returncode = os.waitstatus_to_exitcode(done[1])
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        while (code := self.poll()) is None:
+            time.sleep(_REAP_S)
+        return code
+
+
+def _fork_server() -> _Forked:
+    """Fork a server of forks of this process (``_serve`` on a pair of pipes); never returns in the child."""
+    requests, replies = os.pipe(), os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.dup2(requests[0], 0)
+            os.dup2(replies[1], 1)
+            for fd in (*requests, *replies):
+                os.close(fd)
+            from trainyard.backends.local.procs import die_with_parent
+
+            die_with_parent()
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            _serve()
+        finally:
+            os._exit(0)
+    os.close(requests[0])
+    os.close(replies[1])
+    return _Forked(pid, os.fdopen(requests[1], "wb"), os.fdopen(replies[0], "rb"))
+
+
 def serve() -> None:
     """Read requests on stdin, fork a node for each, report each child's end; exit at EOF once none is left."""
-    # The point of the zygote: torch and the workload imported once, and what each fork needs (``_child``).
+    # The point of the zygote: torch, the workload and torchrun imported once, and what each fork needs.
+    import torch.distributed.elastic.multiprocessing.api
+    import torch.distributed.run  # noqa: F401
+
     import trainyard.atomic
     import trainyard.backends.local.procs
     import trainyard.workload.__main__  # noqa: F401
@@ -312,6 +431,10 @@ def serve() -> None:
     _not_dumpable()
     if threading.active_count() != 1:  # a fork copies only the forking thread: a lock another held stays held
         raise SystemExit(f"trainyard zygote: {threading.active_count()} threads after the imports; not forking")
+    _serve()
+
+
+def _serve() -> None:
     children: dict[int, float] = {}  # pid -> when it was forked
     pending, reading = b"", True
     while reading or children:
