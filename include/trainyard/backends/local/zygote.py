@@ -130,7 +130,7 @@ class Forked:
 
 
 class ForkServer(Protocol):
-    """What ``Zygote`` needs of the process it talks to: a ``subprocess.Popen`` or a ``Forked`` server."""
+    """What ``Zygote`` needs of the process it talks to: a ``subprocess.Popen`` or a ``_ServerProcess``."""
 
     pid: int
 
@@ -354,11 +354,17 @@ def _agent(argv: list[str], log: Path) -> None:
     forks: of a server forked first, while this process has one thread (the agent starts threads for its
     rendezvous). The server is the agent's child, so the node's process tree holds every worker as before; it
     ignores SIGTERM (the agent ends the workers itself, and the server must report how they ended) and exits
-    once the agent has (its stdin closes) and its children have."""
-    server = Zygote.over(_fork_server())
+    once the agent has (its stdin closes) and its children have. An agent of any other entry point runs as
+    torchrun's own, with no server."""
     from torch.distributed.elastic.multiprocessing import api
     from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
-    from torch.distributed.run import main
+    from torch.distributed.run import main, parse_args
+
+    entry = parse_args(argv)
+    if not (entry.module and entry.training_script == MODULE):
+        main(argv)
+        return
+    server = Zygote.over(_fork_server())
 
     class Handler(SubprocessHandler):
         def _popen(self, args: tuple, env: dict[str, str]) -> Any:
@@ -375,7 +381,7 @@ def _agent(argv: list[str], log: Path) -> None:
     main(argv)
 
 
-class _Forked:
+class _ServerProcess:
     """A fork server forked by this process, as ``Zygote`` talks to it (``ForkServer``)."""
 
     def __init__(self, pid: int, stdin: IO[bytes], stdout: IO[bytes]):
@@ -395,7 +401,7 @@ class _Forked:
         return code
 
 
-def _fork_server() -> _Forked:
+def _fork_server() -> _ServerProcess:
     """Fork a server of forks of this process (``_serve`` on a pair of pipes); never returns in the child."""
     requests, replies = os.pipe(), os.pipe()
     pid = os.fork()
@@ -415,7 +421,7 @@ def _fork_server() -> _Forked:
             os._exit(0)
     os.close(requests[0])
     os.close(replies[1])
-    return _Forked(pid, os.fdopen(requests[1], "wb"), os.fdopen(replies[0], "rb"))
+    return _ServerProcess(pid, os.fdopen(requests[1], "wb"), os.fdopen(replies[0], "rb"))
 
 
 def serve() -> None:
