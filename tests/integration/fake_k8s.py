@@ -36,7 +36,6 @@ import random
 import re
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -48,7 +47,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from trainyard.backends.local import zygote
+import forks
+
 from trainyard.backends.local.launcher import process_tree, signal_all
 
 _PATH = re.compile(
@@ -817,7 +817,8 @@ class Kubelet:
             now = self.fake.get("api/v1", "pods", self.ns, name)
             if now is None or now.get("status", {}).get("phase", "Pending") != "Pending" or name in self.procs:
                 return
-            self.procs[name] = _container(argv, {**os.environ, **env}, self.log_dir / f"{name}.log")
+            # A container running torchrun is a fork of a zygote that imported torch once for every pod (``forks``).
+            self.procs[name] = forks.start(argv, {**os.environ, **env}, self.log_dir / f"{name}.log")
             self.fake.set_pod(self.ns, name, "Running", node=node, state={"running": {"startedAt": NOW}})
 
     def _report(self, name: str, phase: str, **status: Any) -> None:
@@ -837,30 +838,3 @@ class Kubelet:
                 s.bind(("127.0.0.1", 0))
                 self.ports[host] = s.getsockname()[1]
         return f"{prefix}127.0.0.1:{self.ports[host]}"
-
-
-_zygote: zygote.Zygote | None = None
-_zygote_lock = threading.Lock()
-
-
-def _container(argv: list[str], env: dict[str, str], log: Path) -> Any:
-    """A pod's container as a local process in a session of its own, its output in ``log``.
-
-    A container of the training image that runs torchrun (every training pod) is a fork of the local backend's
-    zygote, which imported torch once for every pod of this test process: the same command, environment and
-    process tree (torchrun and its workers), without two imports of torch per pod (~8 s of CPU on these cores,
-    the better part of the Kubernetes tests' time). Any other container (the store, a probe) is a new process.
-    """
-    global _zygote
-    log.write_bytes(b"")
-    if argv[0] == sys.executable and zygote.usable(argv[1:]):
-        with _zygote_lock:
-            if _zygote is None or not _zygote.alive():
-                _zygote = zygote.Zygote(os.environ)
-            forks = _zygote
-        try:
-            return forks.spawn(argv[1:], env, log)
-        except RuntimeError as exc:
-            print(f"fake kubelet: {exc}; starting the container as a new process", file=sys.stderr)
-    with open(log, "ab") as out:
-        return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)

@@ -12,11 +12,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
+import signal
 import sys
 import time
 from pathlib import Path
 
+import forks
 import pytest
 
 from trainyard.protocol.coordstore import Coordinator, Generation, node_keys
@@ -36,7 +37,7 @@ WAIT_S = 60.0
 
 def _start(
     node: str, port: int, key: str, root: Path, drills: list[dict[str, object]], **overrides: str
-) -> subprocess.Popen[str]:
+) -> forks.Process:
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
@@ -55,11 +56,10 @@ def _start(
         **overrides,
     }
     cmd = [sys.executable, "-m", "trainyard.workload", *MODEL_ARGS]
-    with open(root / f"{node}.log", "w") as log:  # the child keeps its own copy of the descriptor
-        return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return forks.start(cmd, env, root / f"{node}.log")  # a fork of the zygote, as the launcher starts a node
 
 
-def _wait_for(what: str, check: object, procs: dict[str, subprocess.Popen[str]], root: Path) -> None:
+def _wait_for(what: str, check: object, procs: dict[str, forks.Process], root: Path) -> None:
     deadline = time.monotonic() + WAIT_S
     while not check():  # type: ignore[operator]
         if time.monotonic() > deadline:
@@ -68,15 +68,15 @@ def _wait_for(what: str, check: object, procs: dict[str, subprocess.Popen[str]],
         time.sleep(0.05)
 
 
-def _exit_cleanly(procs: dict[str, subprocess.Popen[str]], nodes: list[str], root: Path) -> None:
+def _exit_cleanly(procs: dict[str, forks.Process], nodes: list[str], root: Path) -> None:
     for node in nodes:
         assert procs[node].wait(timeout=WAIT_S) == 0, (root / f"{node}.log").read_text()[-3000:]
 
 
-def _kill_left(procs: dict[str, subprocess.Popen[str]]) -> None:
+def _kill_left(procs: dict[str, forks.Process]) -> None:
     for proc in procs.values():
         if proc.poll() is None:
-            proc.kill()
+            os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
 
 

@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import forks
 import pytest
 
 from trainyard.checkpoint import format as fmt
@@ -89,24 +90,16 @@ def _torchrun_args(nodes: int, node: int, port: int, rdzv_id: str) -> list[str]:
     ]  # fmt: skip
 
 
-def start(data: Path, run: Run, nodes: int, **settings: object) -> tuple[list[subprocess.Popen], list[Path]]:
+def start(data: Path, run: Run, nodes: int, **settings: object) -> tuple[list[forks.Process], list[Path]]:
     """Start the workload on ``nodes`` local torchrun agents; their processes and log files."""
     run.root.mkdir(parents=True, exist_ok=True)
     port = _free_port()
     rdzv_id = f"{run.root.name}-{port}"
     logs = [run.root / f"node-{i}.{port}.log" for i in range(nodes)]
-    procs = []
-    for node, log in enumerate(logs):
-        with log.open("wb") as out:
-            procs.append(
-                subprocess.Popen(
-                    _torchrun_args(nodes, node, port, rdzv_id),
-                    env=_env(data, run, node, **settings),
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,  # so a hung run can be killed with its workers
-                )
-            )
+    # Each agent in a session of its own (so a hung run can be killed with its workers), forked as the launcher
+    # forks a node (``forks``).
+    procs = [forks.start(_torchrun_args(nodes, node, port, rdzv_id), _env(data, run, node, **settings), log)
+             for node, log in enumerate(logs)]  # fmt: skip
     return procs, logs
 
 
@@ -123,7 +116,7 @@ def train(data: Path, run: Run, nodes: int, **settings: object) -> list[str]:
     return outputs
 
 
-def _wait(proc: subprocess.Popen, timeout: float = RUN_TIMEOUT_S) -> int | None:
+def _wait(proc: forks.Process, timeout: float = RUN_TIMEOUT_S) -> int | None:
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
