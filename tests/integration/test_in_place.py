@@ -19,14 +19,16 @@ pytestmark = pytest.mark.integration
 
 # Without rejoin: these runs are over before a killed node could start again and grow the world back.
 IN_PLACE = SPEC.replace("backoff_s: 0.2}}", "backoff_s: 0.2, in_place: true, rejoin: false}}")
-# A model whose step takes ~0.4 s here, 80 of them: a node started again at step 5 has time to rejoin.
+# A model whose step takes ~0.4 s here, 30 of them: a node started again at step 5 (a fork of the zygote, in
+# milliseconds) has time to rejoin; it did ~2 s after the kill, at step 8, on a quiet machine.
+GROWING_STEPS = 30
 GROWING = (
     SPEC.replace("backoff_s: 0.2}}", "backoff_s: 0.2, in_place: true}}")
     .replace(
         "{{seq-len: 32, d-model: 32, n-heads: 2, lr: 0.01}}", "{{seq-len: 128, d-model: 256, n-layers: 4, n-heads: 4}}"
     )
-    .replace("max_steps: 20", "max_steps: 80")
-    .replace("checkpoint_every: 5", "checkpoint_every: 20")
+    .replace("max_steps: 20", f"max_steps: {GROWING_STEPS}")
+    .replace("checkpoint_every: 5", "checkpoint_every: 10")
 )
 
 
@@ -69,7 +71,7 @@ def test_a_node_started_again_grows_the_world_back_in_place(tmp_path: Path) -> N
     waits ready, and joins at a step boundary with the state by broadcast: 3 nodes again, one attempt."""
     run = run_with(tmp_path, "[{fault: kill, node: node-1, step: 5}]", spec=GROWING)
     result = stages.train(run, ["node-0", "node-1", "node-2"])
-    assert result.attempts == 1 and result.last_step == 80
+    assert result.attempts == 1 and result.last_step == GROWING_STEPS
     [rejoining] = events(run, "rejoining")
     assert rejoining["nodes"] == ["node-1"]
     [grown] = events(run, "grown")
@@ -89,7 +91,7 @@ def test_a_warm_spare_started_with_the_attempt_replaces_the_lost_node(tmp_path: 
     spec = GROWING.replace("nodes: {{count: 3, min: 2}}", "nodes: {{count: 3, min: 2, spare: 1}}")
     run = run_with(tmp_path, "[{fault: kill, node: node-1, step: 5}]", spec=spec)
     result = stages.train(run, ["node-0", "node-1", "node-2"], spares=["node-3"])
-    assert result.attempts == 1 and result.last_step == 80
+    assert result.attempts == 1 and result.last_step == GROWING_STEPS
     [warm] = events(run, "spares_warm")
     assert warm["nodes"] == ["node-3"]
     [decision] = events(run, "decision")

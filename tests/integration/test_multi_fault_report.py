@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 import pytest
-from test_in_place import GROWING
+from test_in_place import GROWING, GROWING_STEPS
 from test_recovery import events, run_with
 
 from trainyard import cli
@@ -25,7 +25,7 @@ from trainyard.report.notice import RunFacts, notice_from_ledger
 pytestmark = [pytest.mark.integration, pytest.mark.alone]  # a hang is judged by the clock
 
 SPEC = GROWING.replace("nodes: {{count: 3, min: 2}}", "nodes: {{count: 3, min: 2, spare: 1}}").replace(
-    "max_steps: 80", "max_steps: 45"
+    f"max_steps: {GROWING_STEPS}", "max_steps: 45"
 )
 
 
