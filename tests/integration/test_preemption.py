@@ -7,6 +7,7 @@ same nodes: the node given notice is not excluded.
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
 
@@ -94,7 +95,7 @@ def test_the_worker_side_every_rank_leaves_after_the_same_step_and_a_spare_given
         assert coord.ready_steps(2) == dict.fromkeys(survivors, KILL_AT)  # left after step 6: nothing redone
         assert procs["node-1"].wait(timeout=WAIT_S) == 0  # left out, cleanly
         _wait_for("node-4 waiting as a spare", lambda: coord.spare_ready("node-4"), procs, tmp_path)
-        procs["node-4"].send_signal(signal.SIGTERM)
+        os.kill(procs["node-4"].pid, signal.SIGTERM)
         assert procs["node-4"].wait(timeout=WAIT_S) == -signal.SIGTERM
         _exit_cleanly(procs, survivors, tmp_path)
     finally:
