@@ -75,10 +75,15 @@ def _refused(path: Path, what: str) -> UnsafePath:
 
 def open_dir(folder: Path, create: bool = True) -> int:
     """A descriptor of ``folder`` (made if missing), refused if ``folder`` itself is a symbolic link."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW
     try:
-        if create:
-            folder.mkdir(parents=True, exist_ok=True)
-        return os.open(folder, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW)
+        try:
+            return os.open(folder, flags)
+        except FileNotFoundError:  # made only when missing: one syscall per file in the usual case, not three
+            if not create:
+                raise
+        folder.mkdir(parents=True, exist_ok=True)
+        return os.open(folder, flags)
     except OSError as exc:  # FileExistsError from mkdir: a dangling link
         if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EEXIST):
             raise _refused(folder, "a symbolic link or not a folder") from None

@@ -59,11 +59,10 @@ def write_verified(
     nothing is left under ``final``. ``durable``: fsynced before the rename
     (staging passes False when it records the boot instead: ``storage.boot``).
     """
-    final.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_name(final)
-    digester, size = Digester(check), 0
+    digester, size, replaced = Digester(check), 0, False
     try:
-        with open_new(tmp) as out:
+        with open_new(tmp) as out:  # makes the folder if missing
             while block := stream.read(BLOCK):
                 digester.update(block)
                 out.write(block)
@@ -73,9 +72,11 @@ def write_verified(
                 os.fsync(out.fileno())
         landed = settle(check, digester, size, expect_size, where or str(final))
         os.replace(tmp, final)
+        replaced = True
         return landed
     finally:
-        tmp.unlink(missing_ok=True)
+        if not replaced:  # thousands of small objects a stage: no failing unlink after each that landed
+            tmp.unlink(missing_ok=True)
 
 
 def digest_file(path: Path, check: Check) -> Digester:

@@ -17,6 +17,7 @@ import hashlib
 import io
 import logging
 import os
+import ssl
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -33,13 +34,13 @@ from trainyard.storage.checksums import Check, Digester, available_algorithms, c
 from trainyard.storage.hashing import BLOCK, digest_file, settle, sha256_file, write_verified
 from trainyard.storage.keys import check_key
 from trainyard.storage.s3auth import S3Settings
+from trainyard.storage.s3get import CHECKSUM_MODE, SMALL_GET, SmallGet
 from trainyard.storage.s3retry import Retry
 from trainyard.storage.tier import Landed, ObjectInfo
 
 log = logging.getLogger(__name__)
 SHA_META = "sha256"
 DEFAULT_RETRY = Retry()  # frozen: one shared default
-CHECKSUM_MODE = {"x-amz-checksum-mode": "ENABLED"}
 Metadata = dict[str, str | list[str] | tuple[str]]
 """What minio's ``metadata=`` takes: user metadata, and x-amz-* headers sent as they are."""
 
@@ -79,6 +80,8 @@ class S3Tier:
             region=settings.region,
             http_client=http,
         )
+        # The TLS settings urllib3 gives the pool above (the system's CAs, certificates required).
+        self.small = SmallGet(self.client, bucket, ssl.create_default_context() if settings.secure else None)
 
     def _name(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
@@ -119,6 +122,15 @@ class S3Tier:
         check_key(key)
         if split and expect is not None and expect.size > self.part_size:
             return self._ranged(key, dest, expect, durable)
+        if expect is not None and expect.size <= SMALL_GET:  # one request, no retry machinery unless it fails
+            name = self._name(key)
+
+            def check(headers: Mapping[str, str], etag: str | None, size: int) -> Check:
+                return self._check(name, headers, etag, size, expect.digest)
+
+            landed = self.small.download(name, dest, check, expect.size, f"{self.uri}/{key}", durable)
+            if landed is not None:
+                return landed
         return self.retry.call(f"download {self._name(key)}", lambda: self._whole(key, dest, expect, durable))
 
     def _check(self, name: str, headers: Mapping[str, str], etag: str | None, size: int, recorded: str | None) -> Check:
