@@ -88,14 +88,14 @@ class SmallGet:
                 date=date,
             )
         sent = {k: v if isinstance(v, str) else ",".join(v) for k, v in headers.items()}  # each one value here
-        for fresh in (False, True):  # a kept connection the server has since closed: once more on a new one
+        for _ in range(2):
             conn, reused = self._connection(url.scheme, url.netloc)
             try:
                 conn.request("GET", url.path + (f"?{url.query}" if url.query else ""), headers=sent)
                 response = conn.getresponse()
             except (OSError, http.client.HTTPException):
                 self._drop()
-                if reused and not fresh:
+                if reused:  # a kept connection the server has since closed: once more, on a new one
                     continue
                 return None
             if response.status == 200:
