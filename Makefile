@@ -27,20 +27,22 @@ help:
 	@echo "make airflow  - Airflow UI on http://127.0.0.1:8080 with the project's DAGs"
 	@echo "make bench    - benchmarks, results in bench/results/"
 
-# The venv is rebuilt when the pinned requirements change. Every installed module is compiled up front, on every
-# core (pip compiles on one: a clean build took 112 s, now 84 s): where PYTHONDONTWRITEBYTECODE
-# is set (as on this project's machines) nothing compiled later is kept, and each process would compile
-# Airflow and torch again. A module that does not compile (a package's Python 2 test data) is left as it is.
-# Compiling on first import instead (make's commands without PYTHONDONTWRITEBYTECODE) was measured on a clean CI
-# run and lost: venv -19 s, but lint +16 s and the suite +50 s or more, as processes that start together each compile
-# torch and Airflow before any of them has written the cache.
+# The venv is rebuilt when the pinned requirements change. uv (pinned in requirements-dev.txt, bootstrapped with the
+# venv's pip) installs them: it downloads in parallel and compiles every installed module on every core. A clean
+# build took 135-152 s with pip and compileall, 76 s with uv. Compiled up front because where
+# PYTHONDONTWRITEBYTECODE is set (as on this project's machines) nothing compiled later is kept, and each process
+# would compile Airflow and torch again (compiling on first import was measured on a clean CI run and lost: processes
+# that start together each compile torch and Airflow before any of them has written the cache). uv does not read
+# pip's configuration: a machine whose pip finds wheels in a local folder (PIP_FIND_LINKS: here, torch's CPU build)
+# hands the folder on.
+UV = $(BIN)/uv pip install --python $(BIN)/python
 $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "installing pinned requirements into $(VENV) (log: $(VENV)/pip.log)"
-	($(BIN)/pip install --upgrade pip \
-	  && $(BIN)/pip install --no-compile -r requirements.txt -r requirements-dev.txt -c constraints.txt \
-	  && $(BIN)/pip install --no-deps -e .) > $(VENV)/pip.log 2>&1 || (tail -30 $(VENV)/pip.log; exit 1)
-	$(BIN)/python -m compileall -q -j 0 $(VENV)/lib > $(VENV)/compile.log 2>&1 || true
+	($(BIN)/pip install --no-compile "$$(grep -x 'uv==[0-9.]*' requirements-dev.txt)" \
+	  && $(UV) --compile-bytecode $${PIP_FIND_LINKS:+--find-links "$$PIP_FIND_LINKS"} \
+	       -r requirements.txt -r requirements-dev.txt -c constraints.txt \
+	  && $(UV) --no-deps -e .) > $(VENV)/pip.log 2>&1 || (tail -30 $(VENV)/pip.log; exit 1)
 	touch $@
 
 venv: $(VENV)/.installed
