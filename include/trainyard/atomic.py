@@ -184,20 +184,27 @@ def read_json_capped(path: Path, max_bytes: int) -> Any:
         raise ValueError(f"{path} nests JSON deeper than it may; a worker-written file like this is not read") from None
 
 
-def write_bytes_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
+def write_bytes_atomic(path: Path, data: bytes | memoryview, mode: int = 0o644, durable: bool = True) -> None:
     """Replace ``path`` with ``data`` whole: temporary name, fsync, rename, fsync of the folder. ``mode``: the
-    new file's (0o600 for a secret: it is never readable by others, not even before the rename)."""
+    new file's (0o600 for a secret: it is never readable by others, not even before the rename). Without
+    ``durable`` no fsync: whole for every reader, but not across a crash (staging records the boot instead)."""
     folder = open_dir(path.parent)
     tmp, renamed = temp_name(path), False
     try:
-        with os.fdopen(_open_in(folder, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
+        fd = _open_in(folder, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
         # A link planted at ``path`` is replaced by the rename, not followed.
         os.replace(tmp.name, path.name, src_dir_fd=folder, dst_dir_fd=folder)
         renamed = True
-        os.fsync(folder)
+        if durable:
+            os.fsync(folder)
     finally:
         try:
             if not renamed:  # a failed write leaves no temporary behind

@@ -175,6 +175,21 @@ def test_an_error_answer_to_a_small_get_is_minios_error(
     assert not (tmp_path / "a").exists()
 
 
+def test_a_small_object_grown_since_its_listing_is_refused_unread_and_the_connection_is_not_reused(
+    s3_server, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = fill(s3_server, bucket, n=2, size=4096)
+    source = tier(s3_server, bucket)
+    listed = {o.key: o for o in source.list()}
+    s3_server.client().put_object(bucket, "ds/shard_000.tok", io.BytesIO(b"x" * 65536), 65536)  # after the LIST
+    connections = Connections(monkeypatch)
+    with pytest.raises(DataError, match=r"shard_000\.tok: failed verification: 4097 bytes arrived, 4096 expected"):
+        source.download("shard_000.tok", tmp_path / "hot" / "a", listed["shard_000.tok"])
+    assert not (tmp_path / "hot").exists()  # checked in memory: not even a temporary file was written
+    source.download("shard_001.tok", tmp_path / "hot" / "b", listed["shard_001.tok"])  # its 60 KB left unread
+    assert (tmp_path / "hot" / "b").read_bytes() == files["shard_001.tok"] and connections.opened == 2
+
+
 def test_escaping_keys_are_refused_and_nothing_lands_outside(moto_server, moto_bucket: str, tmp_path: Path) -> None:
     # AWS S3 stores such a key, so a bucket may hold one. SeaweedFS refuses to write it (InvalidRequest), so
     # the object is put in moto's S3, which stores it as AWS does. minio's client refuses it too: boto3 writes it.

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from trainyard.atomic import open_new, temp_name
+from trainyard.atomic import open_new, temp_name, write_bytes_atomic
 from trainyard.errors import DataError
 from trainyard.storage.checksums import FIRST_FETCH, Check, Digester, Hasher, encode, new_hasher
 from trainyard.storage.tier import Landed
@@ -77,6 +77,18 @@ def write_verified(
     finally:
         if not replaced:  # thousands of small objects a stage: no failing unlink after each that landed
             tmp.unlink(missing_ok=True)
+
+
+def land_bytes(
+    data: bytes, final: Path, check: Check, expect_size: int | None, where: str, durable: bool = True
+) -> Landed:
+    """``write_verified`` for bytes already in memory (a small object's whole body): verified first, so a body
+    that fails leaves not even a temporary file; then written whole under ``final`` (``atomic.write_bytes_atomic``)."""
+    digester = Digester(check)
+    digester.update(data)
+    landed = settle(check, digester, len(data), expect_size, where)
+    write_bytes_atomic(final, data, durable=durable)
+    return landed
 
 
 def digest_file(path: Path, check: Check) -> Digester:

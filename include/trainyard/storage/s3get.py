@@ -12,7 +12,8 @@ Only the plain case is taken here: a 200 answer on a connection that works. Anyt
 (an error status, a redirect, a connection the server closed, a timeout) returns ``None``
 and the caller fetches the object through minio's path, whose errors (``S3Error``) and
 retries (``s3retry``) are the ones every other request has. The bytes are verified the
-same way on both paths (``write_verified`` with the check ``choose_check`` picks).
+same way on both paths (the check ``choose_check`` picks; here over the body in memory, before
+anything is written: ``land_bytes``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from minio import Minio
 from minio.signer import sign_v4_s3
 
 from trainyard.storage.checksums import Check
-from trainyard.storage.hashing import write_verified
+from trainyard.storage.hashing import land_bytes
 from trainyard.storage.tier import Landed
 
 SMALL_GET = 1 << 20
@@ -61,14 +62,15 @@ class SmallGet:
             return None
         try:
             headers = {k.lower(): v for k, v in response.getheaders()}
-            check = check_for(headers, headers.get("etag"), expect_size)
-            return write_verified(response, dest, check, expect_size=expect_size, where=where, durable=durable)
+            # One read, verified in memory before anything is written. A byte more than listed is enough to refuse
+            # it (the object changed): a body bigger than the listing said is never read whole.
+            body = response.read(expect_size + 1)
         except (OSError, http.client.HTTPException):  # the body cut short: minio's path fetches it again
             self._drop()
             return None
-        finally:
-            if not response.isclosed():  # a verification that failed midway: the rest of the body is unread
-                self._drop()
+        if not response.isclosed():  # its rest unread: the connection cannot carry another request
+            self._drop()
+        return land_bytes(body, dest, check_for(headers, headers.get("etag"), expect_size), expect_size, where, durable)
 
     def _get(self, name: str) -> http.client.HTTPResponse | None:
         """The 200 answer to a signed GET of ``name``, its body unread; None on anything else."""
