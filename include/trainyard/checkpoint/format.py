@@ -26,7 +26,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
@@ -84,19 +84,27 @@ def write_manifest(
     metrics: dict[str, Any],
     run_id: str,
     extra: dict[str, Any] | None = None,
+    hashed: Mapping[str, tuple[int, str]] | None = None,
 ) -> dict[str, Any]:
-    """Hash every file in ``ckpt_dir`` and write ``manifest.json`` atomically; return it.
+    """Record the size and sha256 of every file in ``ckpt_dir`` and write ``manifest.json`` atomically; return it.
 
     Call this after all tensor files are written and synced: the manifest is
-    the checkpoint's commit record. ``extra``: fields of an adopted framework save
+    the checkpoint's commit record. ``hashed``: ``name -> (size, sha256)`` of the files as their writers
+    hashed them while writing (``runtime.dcpwriter``); a file of that size is not read again, any other
+    file is hashed here. ``extra``: fields of an adopted framework save
     (``framework``, ``source``, ``source_signature``: ``checkpoint.foreign``); they
     never replace the fields above.
     """
     ckpt_dir = Path(ckpt_dir)
-    files = {
-        rel: {"size": (ckpt_dir / rel).stat().st_size, "sha256": sha256_file(ckpt_dir / rel)}
-        for rel in _payload_files(ckpt_dir)
-    }
+    known = hashed or {}
+    files = {}
+    for rel in _payload_files(ckpt_dir):
+        size = (ckpt_dir / rel).stat().st_size
+        written = known.get(rel)
+        files[rel] = {
+            "size": size,
+            "sha256": written[1] if written and written[0] == size else sha256_file(ckpt_dir / rel),
+        }
     manifest = {
         "format": FORMAT,
         "version": VERSION,

@@ -1,7 +1,7 @@
 """Checkpoints as every rank saves and resumes them: the blocking save, the background ``Checkpointer``, resume.
 
-All ranks write their DCP shards; rank 0 hashes them into the manifest and
-renames the folder into place (``trainyard.checkpoint.format``), and broadcasts
+All ranks write their DCP shards, hashing them as they write (``runtime.dcpwriter``); rank 0
+assembles the manifest from the digests DCP gathered, reading nothing back, and renames the folder into place (``trainyard.checkpoint.format``), and broadcasts
 its outcome (``process.on_rank0``), so ranks never disagree or deadlock on an
 error. Every call here is collective.
 """
@@ -12,7 +12,7 @@ import atexit
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from trainyard.checkpoint import format as ckpt_format
 from trainyard.errors import CheckpointInvalid
+from trainyard.runtime.dcpwriter import HashingWriter
 from trainyard.runtime.process import RunContext, context, ledger_event, on_rank0, rank, world_size
 from trainyard.runtime.progress import flush_progress, write_heartbeat
 from trainyard.runtime.state import stateful
@@ -41,8 +42,8 @@ def save_checkpoint(
 ) -> Path:
     """Collectively save ``state_dict`` as the checkpoint of ``step``; every rank must call it.
 
-    All ranks write their DCP shards into ``step_NNNNNN.tmp``; after a barrier
-    rank 0 hashes them into the manifest and renames the directory into place
+    All ranks write their DCP shards into ``step_NNNNNN.tmp``, hashing them as they write; once DCP has
+    gathered every rank's results rank 0 writes the manifest from their digests and renames the directory into place
     (moving an older save of the same step to ``superseded/``). ``micro_batch``
     is the effective micro-batch recorded in the manifest (default: the
     context's, else global / world). ``Checkpointer`` does the same in the
@@ -53,10 +54,10 @@ def save_checkpoint(
     flush_progress(ctx)  # the steps up to a checkpoint are in the ledger before it is
     write_heartbeat(ctx, step, metrics, "saving")  # a long save must not look like a hang
     staging = on_rank0(lambda: ckpt_format.prepare_staging(ctx.checkpoint_dir, step))
-    dcp.save(stateful(state_dict), checkpoint_id=staging)
-    if dist.is_initialized():
-        dist.barrier()  # every rank's files are on disk before rank 0 hashes them
-    return on_rank0(_committer(ctx, staging, step, metrics, micro_batch, started))
+    writer = HashingWriter(staging)
+    # On rank 0 this returns once every rank's files are written (DCP gathers their results and digests).
+    dcp.save(stateful(state_dict), checkpoint_id=staging, storage_writer=writer)
+    return on_rank0(lambda: _committer(ctx, staging, step, metrics, micro_batch, started)(hashed=writer.digests))
 
 
 def _committer(
@@ -66,10 +67,10 @@ def _committer(
     micro = micro_batch or ctx.micro_batch or ctx.global_batch // world_size()
     world = world_size()
 
-    def commit(blocked_s: float | None = None) -> Path:
+    def commit(blocked_s: float | None = None, hashed: Mapping[str, tuple[int, str]] | None = None) -> Path:
         ckpt_format.write_manifest(
             staging, step=step, world_size=world, global_batch=ctx.global_batch,
-            micro_batch=micro, metrics=metrics, run_id=ctx.run_id,
+            micro_batch=micro, metrics=metrics, run_id=ctx.run_id, hashed=hashed,
         )  # fmt: skip
         final = ckpt_format.commit(staging, ctx.checkpoint_dir, step)
         seconds = round(time.monotonic() - started, 3)
@@ -146,9 +147,10 @@ class Checkpointer:
         def write() -> None:
             try:
                 # On rank 0 this returns once every rank's files are written (DCP gathers their results).
-                dcp.save(copy, checkpoint_id=staging, process_group=group)
+                writer = HashingWriter(staging)
+                dcp.save(copy, checkpoint_id=staging, storage_writer=writer, process_group=group)
                 if rank() == 0:
-                    self.on_commit(commit(blocked_s))
+                    self.on_commit(commit(blocked_s, hashed=writer.digests))
                 pending.set_result(None)
             except BaseException as exc:
                 pending.set_exception(exc)
