@@ -3,14 +3,14 @@
     python bench/scale.py [--sizes 0.1,1,10] [--repeats 3] [--dir DIR]
 
 For each size, a synthetic DCP checkpoint of that many GB (real bytes on disk, random, in tensors of
-64 MB as a model's layers are, written as 4 files as 4 ranks write them):
+at most 64 MB as a model's layers are, written as 4 files as 4 ranks write them):
 
 - ``raw_write_s``: DCP's own ``FileSystemWriter`` writing it (fsynced), no manifest: the floor.
 - ``save_to_valid_s``: what a save costs now until the checkpoint is valid: the hashing writer
   (``runtime.dcpwriter``), the manifest from its digests, the rename (``checkpoint.format.commit``).
   ``commit_overhead``: ``save_to_valid_s / raw_write_s - 1`` (goal <= 0.05).
-- ``disk_write_mb_per_s`` / ``disk_read_mb_per_s``: ``dd`` of a file of the same size (``conv=fdatasync``;
-  read after the page cache is dropped).
+- ``disk_write_mb_per_s`` / ``disk_read_mb_per_s``: ``dd`` of a file of the same size from ``/dev/zero``
+  (``conv=fdatasync``; read after the page cache is dropped).
 - ``verify_s``: the gate's integrity check (``checkpoint.format.verify``: every file hashed, in parallel)
   from a cold page cache; ``verify_fraction_of_disk``: its MB/s over ``dd``'s read (goal >= 0.8).
 - ``inspector_peak_mb``: the largest resident memory of the sandboxed inspector (``python -m
@@ -58,8 +58,9 @@ def drop_caches() -> bool:
 
 
 def state_of(gb: float) -> dict[str, torch.Tensor]:
-    count = max(FILES, round(gb * 1000 / TENSOR_MB))
-    return {f"layers.{i}.weight": torch.randn(TENSOR_MB * (1 << 20) // 4) for i in range(count)}
+    """``gb`` GB of float32 in tensors of at most ~``TENSOR_MB`` MB, at least two per file."""
+    count = max(2 * FILES, round(gb * 1e9 / (TENSOR_MB << 20)))
+    return {f"layers.{i}.weight": torch.randn(int(gb * 1e9 / 4 / count)) for i in range(count)}
 
 
 def timed(fn: Any) -> float:
@@ -72,7 +73,7 @@ def dd(path: Path, mb: int) -> tuple[float, float]:
     """``dd``'s sequential write (fdatasync) and cold read of ``mb`` MB, MB/s."""
     write = timed(
         lambda: subprocess.run(
-            ["dd", "if=/dev/urandom", f"of={path}", "bs=1M", f"count={mb}", "conv=fdatasync"],
+            ["dd", "if=/dev/zero", f"of={path}", "bs=1M", f"count={mb}", "conv=fdatasync"],
             check=True,
             capture_output=True,
         )
