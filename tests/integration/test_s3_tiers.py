@@ -22,6 +22,7 @@ from trainyard.storage import LocalTier, S3Tier
 from trainyard.storage.hot import JOURNAL, STAGED_MANIFEST
 from trainyard.storage.s3retry import Retry
 from trainyard.storage.staging import stage
+from trainyard.storage.tier import ObjectInfo
 
 pytestmark = pytest.mark.integration
 FAST = Retry(attempts=3, backoff_s=0.05)
@@ -147,12 +148,17 @@ def test_small_objects_come_in_one_request_each_on_a_kept_connection(
     assert {e["check"] for e in entries.values()} == {"sha256-metadata"}  # verified as minio's path verifies
 
 
+def two_small(s3_server, bucket: str) -> tuple[dict[str, bytes], S3Tier, dict[str, ObjectInfo]]:
+    """Two 4 KB objects (taken by the one-request GET), their tier and their listing."""
+    files = fill(s3_server, bucket, n=2, size=4096)
+    source = tier(s3_server, bucket)
+    return files, source, {o.key: o for o in source.list()}
+
+
 def test_a_kept_connection_the_server_closed_is_opened_again_once(
     s3_server, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    files = fill(s3_server, bucket, n=2, size=4096)
-    source = tier(s3_server, bucket)
-    listed = {o.key: o for o in source.list()}
+    files, source, listed = two_small(s3_server, bucket)
     asked, connections = no_minio_get(source, monkeypatch), Connections(monkeypatch)
     source.download("shard_000.tok", tmp_path / "a", listed["shard_000.tok"])
     source.small._local.conn.sock.shutdown(socket.SHUT_RDWR)  # as a server closing an idle keep-alive does
@@ -178,9 +184,7 @@ def test_an_error_answer_to_a_small_get_is_minios_error(
 def test_a_small_object_grown_since_its_listing_is_refused_unread_and_the_connection_is_not_reused(
     s3_server, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    files = fill(s3_server, bucket, n=2, size=4096)
-    source = tier(s3_server, bucket)
-    listed = {o.key: o for o in source.list()}
+    files, source, listed = two_small(s3_server, bucket)
     s3_server.client().put_object(bucket, "ds/shard_000.tok", io.BytesIO(b"x" * 65536), 65536)  # after the LIST
     connections = Connections(monkeypatch)
     with pytest.raises(DataError, match=r"shard_000\.tok: failed verification: 4097 bytes arrived, 4096 expected"):
