@@ -29,7 +29,7 @@ help:
 
 # The venv is rebuilt when the pinned requirements change. uv (pinned in requirements-dev.txt, bootstrapped with the
 # venv's pip) installs them: it downloads in parallel and compiles every installed module on every core. A clean
-# build took 135-152 s with pip and compileall, 76 s with uv. Compiled up front because where
+# build took 135-152 s with pip and compileall, 63-91 s with uv. Compiled up front because where
 # PYTHONDONTWRITEBYTECODE is set (as on this project's machines) nothing compiled later is kept, and each process
 # would compile Airflow and torch again (compiling on first import was measured on a clean CI run and lost: processes
 # that start together each compile torch and Airflow before any of them has written the cache). uv does not read
