@@ -1,9 +1,9 @@
 """Checkpoints as every rank saves and resumes them: the blocking save, the background ``Checkpointer``, resume.
 
 All ranks write their DCP shards, hashing them as they write (``runtime.dcpwriter``); rank 0
-assembles the manifest from the digests DCP gathered, reading nothing back, and renames the folder into place (``trainyard.checkpoint.format``), and broadcasts
-its outcome (``process.on_rank0``), so ranks never disagree or deadlock on an
-error. Every call here is collective.
+assembles the manifest from the digests DCP gathered, reading nothing back, renames the folder
+into place (``trainyard.checkpoint.format``) and broadcasts its outcome (``process.on_rank0``),
+so ranks never disagree or deadlock on an error. Every call here is collective.
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ def save_checkpoint(
 ) -> Path:
     """Collectively save ``state_dict`` as the checkpoint of ``step``; every rank must call it.
 
-    All ranks write their DCP shards into ``step_NNNNNN.tmp``, hashing them as they write; once DCP has
-    gathered every rank's results rank 0 writes the manifest from their digests and renames the directory into place
-    (moving an older save of the same step to ``superseded/``). ``micro_batch``
+    All ranks write their DCP shards into ``step_NNNNNN.tmp``, hashing them as they write; once DCP
+    has gathered every rank's results, rank 0 writes the manifest from their digests and renames the
+    directory into place (moving an older save of the same step to ``superseded/``). ``micro_batch``
     is the effective micro-batch recorded in the manifest (default: the
     context's, else global / world). ``Checkpointer`` does the same in the
     background.
