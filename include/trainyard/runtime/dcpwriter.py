@@ -128,9 +128,7 @@ class HashingWriter(FileSystemWriter):
         return done
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
-        self.digests = {}
-        for name, entry in _carried(results):
-            self.digests[name] = entry
+        self.digests = dict(_carried(results))
         super().finish(metadata, [[r for r in rank if r.index.fqn != _DIGESTS] for rank in results])
         self.digests.update(self.fs.digests)  # .metadata, written by finish itself
 
