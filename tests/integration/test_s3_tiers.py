@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import datetime
 import hashlib
-import http.client
 import io
+import ipaddress
 import json
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import textwrap
+import threading
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -20,9 +26,10 @@ from minio.error import S3Error
 from trainyard.errors import DataError, TransientError
 from trainyard.storage import LocalTier, S3Tier
 from trainyard.storage.hot import JOURNAL, STAGED_MANIFEST
+from trainyard.storage.s3auth import S3Settings
 from trainyard.storage.s3retry import Retry
 from trainyard.storage.staging import stage
-from trainyard.storage.tier import ObjectInfo
+from trainyard.storage.tier import Landed, ObjectInfo
 
 pytestmark = pytest.mark.integration
 FAST = Retry(attempts=3, backoff_s=0.05)
@@ -109,17 +116,17 @@ def test_a_corrupt_object_fails_verification_and_leaves_nothing(s3_server, bucke
 
 
 class Connections:
-    """Counts the HTTP connections opened (``http.client``'s, which the small-object GETs use)."""
+    """Counts the connections the small-object loop opens (``asyncio.open_connection``)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch):
         self.opened = 0
-        connect = http.client.HTTPConnection.connect
+        open_connection = asyncio.open_connection
 
-        def counted(conn: http.client.HTTPConnection) -> None:
+        async def counted(*args, **kwargs):
             self.opened += 1
-            connect(conn)
+            return await open_connection(*args, **kwargs)
 
-        monkeypatch.setattr(http.client.HTTPConnection, "connect", counted)
+        monkeypatch.setattr(asyncio, "open_connection", counted)
 
 
 def no_minio_get(source: S3Tier, monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -135,63 +142,207 @@ def no_minio_get(source: S3Tier, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return asked
 
 
+def in_bulk(source: S3Tier, listed: list[ObjectInfo], hot: Path, connections: int = 1) -> list[Future[Landed]]:
+    """``download_small`` of ``listed`` into ``hot``; each object's future, settled."""
+    bulk = [(o, hot / o.key, Future[Landed]()) for o in listed]
+    source.download_small(bulk, connections)
+    return [done for _, _, done in bulk]
+
+
 def test_small_objects_come_in_one_request_each_on_a_kept_connection(
     s3_server, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     files = fill(s3_server, bucket, n=20, size=4096)
     source = tier(s3_server, bucket)
     asked, connections = no_minio_get(source, monkeypatch), Connections(monkeypatch)
-    result = stage(source, tmp_path / "hot", concurrency=1)  # one thread for the small objects
+    result = stage(source, tmp_path / "hot", concurrency=1)  # one request at a time for the small objects
     assert result.transferred == 20 and all((tmp_path / "hot" / k).read_bytes() == d for k, d in files.items())
     assert asked == [] and connections.opened == 1
     entries = json.loads((tmp_path / "hot" / STAGED_MANIFEST).read_text())["files"]
     assert {e["check"] for e in entries.values()} == {"sha256-metadata"}  # verified as minio's path verifies
 
 
-def two_small(s3_server, bucket: str) -> tuple[dict[str, bytes], S3Tier, dict[str, ObjectInfo]]:
-    """Two 4 KB objects (taken by the one-request GET), their tier and their listing."""
-    files = fill(s3_server, bucket, n=2, size=4096)
+def test_many_small_objects_come_on_several_connections_at_once(
+    s3_server, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = fill(s3_server, bucket, n=40, size=3000)
     source = tier(s3_server, bucket)
-    return files, source, {o.key: o for o in source.list()}
+    asked, connections = no_minio_get(source, monkeypatch), Connections(monkeypatch)
+    landed = in_bulk(source, source.list(), tmp_path / "hot", connections=8)
+    assert [f.result().size for f in landed] == [3000] * 40 and asked == [] and connections.opened == 8
+    assert all((tmp_path / "hot" / k).read_bytes() == d for k, d in files.items())
+
+
+class OneRequestPerConnection:
+    """A TCP relay to the S3 server on 127.0.0.1 that serves one request per connection, then closes it when the
+    client sends another: a server whose keep-alive ended between two requests (nginx's ``keepalive_requests``)."""
+
+    def __init__(self, port: int):
+        self.upstream = port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self) -> None:
+        while True:
+            client, _ = self.listener.accept()
+            threading.Thread(target=self.relay, args=(client,), daemon=True).start()
+
+    def relay(self, client: socket.socket) -> None:
+        with client, socket.create_connection(("127.0.0.1", self.upstream)) as server:
+            request = b""
+            while b"\r\n\r\n" not in request:  # a GET has no body: its head is the whole request
+                request += client.recv(65536) or b"\r\n\r\n"
+            server.sendall(request)
+            threading.Thread(target=self.back, args=(server, client), daemon=True).start()
+            client.recv(65536)  # the next request on this connection (or its end): the connection ends here
+            client.shutdown(socket.SHUT_RDWR)
+
+    @staticmethod
+    def back(server: socket.socket, client: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := server.recv(65536):
+                client.sendall(data)
 
 
 def test_a_kept_connection_the_server_closed_is_opened_again_once(
     s3_server, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    files, source, listed = two_small(s3_server, bucket)
+    files = fill(s3_server, bucket, n=3, size=4096)
+    relay = OneRequestPerConnection(s3_server.port)
+    settings = S3Settings.from_endpoint_url(
+        f"http://127.0.0.1:{relay.port}", s3_server.access_key, s3_server.secret_key, s3_server.settings.region
+    )
+    source = S3Tier(f"s3://{bucket}/ds", settings, retry=FAST)
     asked, connections = no_minio_get(source, monkeypatch), Connections(monkeypatch)
-    source.download("shard_000.tok", tmp_path / "a", listed["shard_000.tok"])
-    source.small._local.conn.sock.shutdown(socket.SHUT_RDWR)  # as a server closing an idle keep-alive does
-    source.download("shard_001.tok", tmp_path / "b", listed["shard_001.tok"])
-    assert (tmp_path / "b").read_bytes() == files["shard_001.tok"]
-    assert asked == [] and connections.opened == 2
+    landed = in_bulk(source, source.list(), tmp_path / "hot")
+    assert [f.result().size for f in landed] == [4096] * 3
+    assert all((tmp_path / "hot" / k).read_bytes() == d for k, d in files.items())
+    assert asked == [] and connections.opened == 3  # each object after the first: its kept connection, then a new one
+
+
+def self_signed(folder: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 (its own CA) and its key, as PEM files."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_pem, key_pem = folder / "cert.pem", folder / "key.pem"
+    cert_pem.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_pem.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return cert_pem, key_pem
+
+
+class TlsFront:
+    """HTTPS on 127.0.0.1 in front of the S3 server (as a load balancer ends TLS before a store)."""
+
+    def __init__(self, port: int, cert: Path, key: Path):
+        self.upstream, self.tls = port, ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.tls.load_cert_chain(cert, key)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self) -> None:
+        while True:
+            client, _ = self.listener.accept()
+            threading.Thread(target=self.serve, args=(client,), daemon=True).start()
+
+    def serve(self, raw: socket.socket) -> None:
+        with contextlib.suppress(OSError), self.tls.wrap_socket(raw, server_side=True) as client:
+            with socket.create_connection(("127.0.0.1", self.upstream)) as server:
+                threading.Thread(target=OneRequestPerConnection.back, args=(server, client), daemon=True).start()
+                while data := client.recv(65536):
+                    server.sendall(data)
+
+
+def test_small_objects_come_over_tls_verified_against_the_systems_trust(
+    s3_server, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = fill(s3_server, bucket, n=12, size=4096)
+    cert, key = self_signed(tmp_path)
+    front = TlsFront(s3_server.port, cert, key)
+    endpoint = f"https://127.0.0.1:{front.port}"
+
+    def over_tls() -> S3Tier:
+        settings = S3Settings.from_endpoint_url(endpoint, s3_server.access_key, s3_server.secret_key, "us-east-1")
+        return S3Tier(f"s3://{bucket}/ds", settings, retry=Retry(attempts=1))
+
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # trusted as a private CA is, through OpenSSL's own setting
+    source = over_tls()
+    asked, connections = no_minio_get(source, monkeypatch), Connections(monkeypatch)
+    result = stage(source, tmp_path / "hot", concurrency=1)
+    assert result.transferred == 12 and all((tmp_path / "hot" / k).read_bytes() == d for k, d in files.items())
+    assert asked == [] and connections.opened == 1  # every object on the loop's one TLS connection
+    listed = source.list()
+    monkeypatch.delenv("SSL_CERT_FILE")
+    untrusted = over_tls()  # the same server, its certificate no longer trusted
+    for done in in_bulk(untrusted, listed, tmp_path / "untrusted", connections=4):
+        with pytest.raises(Exception, match="CERTIFICATE_VERIFY_FAILED"):
+            done.result()
+    assert not (tmp_path / "untrusted").exists()
 
 
 def test_an_error_answer_to_a_small_get_is_minios_error(
     s3_server, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fill(s3_server, bucket, n=1, size=4096)
+    fill(s3_server, bucket, n=2, size=4096)
     source = tier(s3_server, bucket)
-    [listed] = source.list()
+    listed = source.list()
     s3_server.client().remove_object(bucket, "ds/shard_000.tok")  # gone since it was listed
     asked = no_minio_get(source, monkeypatch)
+    gone, kept = in_bulk(source, listed, tmp_path)
     with pytest.raises(S3Error) as error:
-        source.download(listed.key, tmp_path / "a", listed)
+        gone.result()
     assert error.value.code == "NoSuchKey" and asked == ["ds/shard_000.tok"]  # asked again through minio
-    assert not (tmp_path / "a").exists()
+    assert not (tmp_path / "shard_000.tok").exists() and kept.result().size == 4096
 
 
 def test_a_small_object_grown_since_its_listing_is_refused_unread_and_the_connection_is_not_reused(
     s3_server, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    files, source, listed = two_small(s3_server, bucket)
+    files = fill(s3_server, bucket, n=2, size=4096)
+    source = tier(s3_server, bucket)
+    listed = source.list()
     s3_server.client().put_object(bucket, "ds/shard_000.tok", io.BytesIO(b"x" * 65536), 65536)  # after the LIST
     connections = Connections(monkeypatch)
+    grown, _ = in_bulk(source, listed, tmp_path / "hot")
     with pytest.raises(DataError, match=r"shard_000\.tok: failed verification: 4097 bytes arrived, 4096 expected"):
-        source.download("shard_000.tok", tmp_path / "hot" / "a", listed["shard_000.tok"])
-    assert not (tmp_path / "hot").exists()  # checked in memory: not even a temporary file was written
-    source.download("shard_001.tok", tmp_path / "hot" / "b", listed["shard_001.tok"])  # its 60 KB left unread
-    assert (tmp_path / "hot" / "b").read_bytes() == files["shard_001.tok"] and connections.opened == 2
+        grown.result()
+    assert not (tmp_path / "hot" / "shard_000.tok").exists()  # checked in memory: not even a temporary file
+    assert (tmp_path / "hot" / "shard_001.tok").read_bytes() == files["shard_001.tok"]
+    assert connections.opened == 2  # its 60 KB left unread: that connection was not used again
+
+
+def test_a_failed_stage_cancels_the_small_objects_still_queued(
+    s3_server, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = s3_server.client()
+    client.put_object(bucket, "ds/a-bad.tok", io.BytesIO(b"real bytes"), 10, metadata={"sha256": "0" * 64})
+    fill(s3_server, bucket, n=200, size=100)
+    source = tier(s3_server, bucket)
+    asked = no_minio_get(source, monkeypatch)
+    with pytest.raises(DataError, match=r"a-bad\.tok: failed verification"):
+        stage(source, tmp_path / "hot", concurrency=1)  # one at a time: the bad one first
+    assert asked == [] and len(list((tmp_path / "hot").glob("shard_*"))) < 200  # the queue was not worked off
 
 
 def test_escaping_keys_are_refused_and_nothing_lands_outside(moto_server, moto_bucket: str, tmp_path: Path) -> None:
@@ -248,16 +399,16 @@ def test_lifecycle_rule_on_the_prefix_keeps_other_rules(s3_server, bucket: str) 
 def test_server_outage_gives_bounded_retries_then_rerun_completes(s3_server, bucket: str, tmp_path: Path) -> None:
     fill(s3_server, bucket, n=5)
     source = tier(s3_server, bucket)
-    done: list[str] = []
-    original = source.download
+    checked: list[str] = []
+    original = source._check
 
-    def download_then_outage(key, dest, expect=None, durable=True, split=True):
-        if len(done) == 2:
+    def check_then_outage(name, *args, **kwargs):  # each object's answer is checked, then it lands
+        checked.append(name)
+        if len(checked) == 2:
             s3_server.stop()  # the server goes away mid-stage
-        done.append(key)
-        return original(key, dest, expect, durable, split)
+        return original(name, *args, **kwargs)
 
-    source.download = download_then_outage  # type: ignore[method-assign]
+    source._check = check_then_outage  # type: ignore[method-assign]
     try:
         with pytest.raises(TransientError, match=r"gave up after 3 tries"):
             stage(source, tmp_path / "hot", concurrency=1)
@@ -281,14 +432,14 @@ def test_a_killed_stage_resumes_without_repeating_finished_shards(s3_server, buc
             "http://127.0.0.1:{s3_server.port}", os.environ["KEY"], os.environ["SECRET"], "us-east-1"
         )
         tier = S3Tier("s3://{bucket}/ds", s)
-        real, count = tier.download, [0]
-        def download(key, dest, expect=None, durable=True, split=True):
+        real, count = tier._check, [0]
+        def check(name, *args, **kwargs):  # each object's answer is checked, then it lands
             if count[0] == 3:
                 time.sleep(1.0)  # the stage's thread journals the three that landed (it would within 0.5 s)
                 os.kill(os.getpid(), signal.SIGKILL)  # killed mid-stage, like an evicted worker
             count[0] += 1
-            return real(key, dest, expect, durable, split)
-        tier.download = download
+            return real(name, *args, **kwargs)
+        tier._check = check
         stage(tier, Path({str(hot)!r}), concurrency=1)
     """)
     keys = {"KEY": s3_server.access_key, "SECRET": s3_server.secret_key}  # never on a command line

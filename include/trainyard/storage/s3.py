@@ -18,8 +18,8 @@ import io
 import logging
 import os
 import ssl
-from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import urllib3
@@ -34,7 +34,7 @@ from trainyard.storage.checksums import Check, Digester, available_algorithms, c
 from trainyard.storage.hashing import BLOCK, digest_file, settle, sha256_file, write_verified
 from trainyard.storage.keys import check_key
 from trainyard.storage.s3auth import S3Settings
-from trainyard.storage.s3get import CHECKSUM_MODE, SMALL_GET, SmallGet
+from trainyard.storage.s3get import CHECKSUM_MODE, SMALL_GET, Job, SmallGets
 from trainyard.storage.s3retry import Retry
 from trainyard.storage.tier import Landed, ObjectInfo
 
@@ -81,7 +81,7 @@ class S3Tier:
             http_client=http,
         )
         # The TLS settings urllib3 gives the pool above (the system's CAs, certificates required).
-        self.small = SmallGet(self.client, bucket, ssl.create_default_context() if settings.secure else None)
+        self.small = SmallGets(self.client, bucket, ssl.create_default_context() if settings.secure else None)
 
     def _name(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
@@ -122,16 +122,27 @@ class S3Tier:
         check_key(key)
         if split and expect is not None and expect.size > self.part_size:
             return self._ranged(key, dest, expect, durable)
-        if expect is not None and expect.size <= SMALL_GET:  # one request, no retry machinery unless it fails
-            name = self._name(key)
-
-            def check(headers: Mapping[str, str], etag: str | None, size: int) -> Check:
-                return self._check(name, headers, etag, size, expect.digest)
-
-            landed = self.small.download(name, dest, check, expect.size, f"{self.uri}/{key}", durable)
-            if landed is not None:
-                return landed
         return self.retry.call(f"download {self._name(key)}", lambda: self._whole(key, dest, expect, durable))
+
+    def download_small(
+        self, objects: Sequence[tuple[ObjectInfo, Path, Future[Landed]]], connections: int, durable: bool = True
+    ) -> None:
+        """Many small objects (each at most ``SMALL_GET``), ``connections`` requests at once on this thread's event
+        loop (``s3get``); each ``(object, dest, done)``'s future gets what landed or the object's error. A future
+        cancelled before its turn is skipped. ``durable``: as ``download``."""
+        for obj, _, _ in objects:
+            check_key(obj.key)  # refused before anything is asked (staging's ``key_path`` has refused it already)
+            if obj.size > SMALL_GET:
+                raise ValueError(f"{obj.key}: {obj.size} bytes is not a small object (at most {SMALL_GET})")
+        jobs = [Job(obj, self._name(obj.key), dest, f"{self.uri}/{obj.key}", done) for obj, dest, done in objects]
+
+        def check(job: Job, headers: Mapping[str, str]) -> Check:
+            return self._check(job.name, headers, headers.get("etag"), job.obj.size, job.obj.digest)
+
+        def slow(job: Job) -> Landed:  # anything but a plain 200: minio's path, with its errors and retries
+            return self.download(job.obj.key, job.dest, job.obj, durable=durable)
+
+        self.small.run(jobs, check, slow, connections, durable)
 
     def _check(self, name: str, headers: Mapping[str, str], etag: str | None, size: int, recorded: str | None) -> Check:
         algorithms = available_algorithms()

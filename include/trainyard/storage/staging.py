@@ -34,7 +34,7 @@ from trainyard.errors import DataError
 from trainyard.events.ledger import Ledger
 from trainyard.storage.boot import BOOT_ID, current_boot_id, trusted
 from trainyard.storage.hot import JOURNAL, RESERVED, STAGED_MANIFEST, HotRoom, make_room, pin, reserved, touch
-from trainyard.storage.keys import key_path
+from trainyard.storage.keys import key_path, key_paths
 from trainyard.storage.staged import plan, read_journal, read_manifest, recorded_digest
 from trainyard.storage.tier import Tier
 from trainyard.storage.transfer import Progress, transfer
@@ -93,7 +93,7 @@ def stage(
     todo = [
         dataclasses.replace(o, digest=recorded_digest(recorded.get(o.key), o)) for o in plan(objects, known, hot_dir)
     ]
-    dests = {o.key: key_path(hot_dir, o.key) for o in todo}  # a key escaping the hot folder fails here
+    dests = key_paths(hot_dir, [o.key for o in todo])  # a key escaping the hot folder fails here
     need = sum(o.size for o in todo)
     if ledger:
         ledger.append(

@@ -7,9 +7,11 @@ touches them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -66,4 +68,18 @@ class Tier(Protocol):
 
     def read_bytes(self, key: str, limit: int = 1 << 20) -> bytes | None:
         """A small object's bytes (at most ``limit``), or None if there is no such object."""
+        ...
+
+
+@runtime_checkable
+class SmallInBulk(Protocol):
+    """A tier that fetches many small objects at once better than one call of ``download`` each (S3's event loop:
+    ``storage.s3get``). Staging hands it every object under ``transfer.SMALL_OBJECT``."""
+
+    def download_small(
+        self, objects: Sequence[tuple[ObjectInfo, Path, Future[Landed]]], connections: int, durable: bool = True
+    ) -> None:
+        """Land each ``(object, dest, done)`` as ``download`` would, ``connections`` at once, setting ``done`` to what
+        landed or to the object's error; skip one whose ``done`` was cancelled before its turn. Where it raises,
+        the futures it did not settle are the caller's to settle."""
         ...

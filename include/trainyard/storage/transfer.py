@@ -9,11 +9,12 @@ and commits the manifest after it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import queue
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +23,10 @@ from trainyard.events.ledger import Ledger
 from trainyard.storage.boot import BOOT_ID
 from trainyard.storage.hot import JOURNAL
 from trainyard.storage.staged import manifest_entry
-from trainyard.storage.tier import Landed, ObjectInfo, Tier
+from trainyard.storage.tier import Landed, ObjectInfo, SmallInBulk, Tier
 
 log = logging.getLogger(__name__)
-# Objects below this size are latency-bound (one request each, a few KB): they run on more threads,
+# Objects below this size are latency-bound (one request each, a few KB): more of them run at once,
 # SMALL_PER_STREAM per unit of ``concurrency`` (a large S3 object holds that many connections: its ranges).
 SMALL_OBJECT = 1 << 20
 SMALL_PER_STREAM = 4
@@ -75,7 +76,7 @@ class Progress:
 
 
 def concurrency_for(todo: list[ObjectInfo], concurrency: int) -> tuple[int, int]:
-    """Threads for large and for small objects: ``concurrency`` streams, and more for requests of a few KB.
+    """Streams for large and for small objects: ``concurrency``, and more for requests of a few KB.
 
     A small object's time is round trips, not bandwidth, so ``SMALL_PER_STREAM``
     of them per stream keep the link (and the server) busy where ``concurrency``
@@ -128,6 +129,14 @@ class Journal:
         self.file.close()
 
 
+def _settle_rest(bulk: list[tuple[ObjectInfo, Path, Future[Landed]]], engine: Future[None]) -> None:
+    """The objects a failed ``download_small`` left unsettled fail with its error: the stage waits for each."""
+    for obj, _, done in bulk:
+        with contextlib.suppress(InvalidStateError):  # cancelled meanwhile: the stage has already failed
+            if not done.done():
+                done.set_exception(engine.exception() or RuntimeError(f"{obj.key}: not fetched, and no error said why"))
+
+
 def transfer(
     source: Tier,
     hot_dir: Path,
@@ -140,15 +149,17 @@ def transfer(
 ) -> None:
     """Copy ``todo`` in parallel, journaling objects in batches as they land (``entries`` is filled in).
 
-    Large objects run ``concurrency`` at a time, small ones on a pool of their own
-    (``concurrency_for``), so a few large objects never queue thousands of small ones.
+    Large objects run ``concurrency`` at a time, small ones beside them (``concurrency_for``),
+    so a few large objects never queue thousands of small ones: on a tier that fetches them in
+    bulk (``SmallInBulk``: S3's event loop) all on one thread, else on a pool of their own.
     On return every object copied is whole under its final name: durable, or (with a
     ``boot_id``) in this boot's page cache, unsynced.
     """
-    large_threads, small_threads = concurrency_for(todo, concurrency)
+    large_threads, small_at_once = concurrency_for(todo, concurrency)
     durable = boot_id is None
     journal = Journal(hot_dir, boot_id)
-    pools = [ThreadPoolExecutor(max_workers=max(1, n)) for n in (large_threads, small_threads)]
+    in_bulk = source if isinstance(source, SmallInBulk) else None  # one thread fetches every small object
+    pools = [ThreadPoolExecutor(max_workers=max(1, n)) for n in (large_threads, 1 if in_bulk else small_at_once)]
     futures: dict[Future[Landed], ObjectInfo] = {}
 
     def record(future: Future[Landed]) -> None:
@@ -163,11 +174,20 @@ def transfer(
     # a server that reads the whole object for each range, work): only the last objects, which would leave
     # threads idle, may come in parallel ranges.
     whole = len(large) - large_threads
+    small = [o for o in todo if o.size < SMALL_OBJECT]
     try:
-        for i, obj in enumerate([*large, *(o for o in todo if o.size < SMALL_OBJECT)]):
-            pool = pools[obj.size < SMALL_OBJECT]
-            split = i >= whole
-            futures[pool.submit(source.download, obj.key, dests[obj.key], obj, durable=durable, split=split)] = obj
+        for i, obj in enumerate(large):
+            futures[
+                pools[0].submit(source.download, obj.key, dests[obj.key], obj, durable=durable, split=i >= whole)
+            ] = obj
+        if in_bulk is not None:
+            bulk = [(obj, dests[obj.key], Future[Landed]()) for obj in small]
+            futures.update({done: obj for obj, _, done in bulk})
+            engine = pools[1].submit(in_bulk.download_small, bulk, small_at_once, durable)
+            engine.add_done_callback(lambda engine: _settle_rest(bulk, engine))
+        else:
+            for obj in small:
+                futures[pools[1].submit(source.download, obj.key, dests[obj.key], obj, durable=durable)] = obj
         arrivals: queue.SimpleQueue[Future[Landed]] = queue.SimpleQueue()  # O(1) per object, unlike wait()
         for future in futures:
             future.add_done_callback(arrivals.put)
