@@ -23,6 +23,11 @@ class DataError(TrainyardError):
     """The dataset is unusable (missing, empty, corrupt shard): fix the data."""
 
 
+class ContentChanged(DataError):
+    """A file's bytes are not the ones its caller expected (they changed since they were hashed): nothing was
+    stored from it."""
+
+
 class NodeUnhealthy(TrainyardError):
     """Too few nodes passed the pressure test to train."""
 

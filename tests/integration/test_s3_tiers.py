@@ -23,7 +23,7 @@ import pytest
 from dcp_helpers import save_as_ranks
 from minio.error import S3Error
 
-from trainyard.errors import DataError, TransientError
+from trainyard.errors import ContentChanged, DataError, TransientError
 from trainyard.storage import LocalTier, S3Tier
 from trainyard.storage.hot import JOURNAL, STAGED_MANIFEST
 from trainyard.storage.s3auth import S3Settings
@@ -83,6 +83,29 @@ def test_large_objects_move_in_parallel_ranges_and_parts(s3_server, bucket: str,
     result = stage(tier(s3_server, bucket, part_size=4 << 20), tmp_path / "hot")  # 4 ranges
     assert result.bytes_transferred == len(data)
     assert (tmp_path / "hot" / "big.bin").read_bytes() == data
+
+
+@pytest.mark.parametrize("size", [300_000, (11 << 20) + 4321], ids=["single-put", "multipart"])
+def test_an_upload_with_its_sha256_known_reads_the_file_once(
+    s3_server, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int
+) -> None:
+    data = os.urandom(size)
+    src = tmp_path / "shard.distcp"
+    src.write_bytes(data)
+    sha = hashlib.sha256(data).hexdigest()
+
+    def read_again(*args, **kwargs):
+        raise AssertionError("the file was read a second time")
+
+    monkeypatch.setattr("trainyard.storage.s3.sha256_file", read_again)
+    monkeypatch.setattr("trainyard.storage.s3.digest_file", read_again)
+    up = tier(s3_server, bucket, part_size=5 << 20)
+    assert up.upload(src, "ok.distcp", expect_sha256=sha) == (size, sha)  # checked against the store's ETag too
+    assert up.stat("ok.distcp").sha256 == sha
+    with pytest.raises(ContentChanged, match=r"shard\.distcp: its sha256 is .* nothing was stored under .*/bad"):
+        up.upload(src, "bad.distcp", expect_sha256="0" * 64)  # refused at its last byte, before it is stored
+    assert up.stat("bad.distcp") is None
+    assert list(s3_server.client()._list_multipart_uploads(bucket).uploads) == []  # the multipart one aborted
 
 
 def test_a_stage_with_a_stream_per_large_object_fetches_them_whole(s3_server, bucket: str, tmp_path: Path) -> None:
@@ -524,11 +547,11 @@ def test_s3_interrupted_republish_leaves_the_published_copy_whole_and_pointed_to
     uploaded: list[str] = []
     real = S3Tier.upload
 
-    def dies_after_one(self, src, key):
+    def dies_after_one(self, src, key, expect_sha256=None):
         if uploaded:
             raise TransientError(f"upload {key}: gave up after 4 tries: connection reset")
         uploaded.append(key)
-        return real(self, src, key)
+        return real(self, src, key, expect_sha256)
 
     monkeypatch.setattr(S3Tier, "upload", dies_after_one)
     with pytest.raises(TransientError):

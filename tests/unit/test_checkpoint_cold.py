@@ -12,7 +12,7 @@ from dcp_helpers import save_as_ranks
 
 from trainyard.checkpoint.format import read_manifest, verify
 from trainyard.checkpoint.validate import validate
-from trainyard.errors import DataError
+from trainyard.errors import CheckpointInvalid, DataError
 from trainyard.pipeline import lineage, stages
 from trainyard.pipeline.run import Run, open_run
 from trainyard.storage import LocalTier, local_path
@@ -58,11 +58,11 @@ def test_an_interrupted_republish_leaves_the_published_copy_whole_and_pointed_to
     uploaded: list[str] = []
     real = LocalTier.upload
 
-    def dies_after_one(self, src, key):
+    def dies_after_one(self, src, key, expect_sha256=None):
         if uploaded:
             raise OSError("No space left on device")
         uploaded.append(key)
-        return real(self, src, key)
+        return real(self, src, key, expect_sha256)
 
     monkeypatch.setattr(LocalTier, "upload", dies_after_one)
     with pytest.raises(OSError, match="No space left"):
@@ -77,6 +77,30 @@ def test_an_interrupted_republish_leaves_the_published_copy_whole_and_pointed_to
     retried = stages.publish(run, str(again))  # the retry completes, and only then does the pointer move
     assert cold.published(tier) == copy_at(retried.uri).name != old.name
     assert verify(old) == [] and verify(copy_at(retried.uri)) == []
+
+
+def test_a_file_changed_after_validation_is_refused_and_the_pointer_stays(tmp_path: Path, monkeypatch) -> None:
+    run = make_run(tmp_path)
+    first = stages.publish(run, str(save_as_ranks(tmp_path / "a", 10, ranks=2)))
+    again = save_as_ranks(tmp_path / "b", 12, ranks=2)
+    shard = sorted(again.glob("*.distcp"))[-1]
+    real = LocalTier.upload
+
+    def after_validation(self, src, key, expect_sha256=None):  # a rank that lingers rewrites a byte
+        if src == shard:
+            data = bytearray(src.read_bytes())
+            data[-1] ^= 0xFF
+            src.write_bytes(bytes(data))
+        return real(self, src, key, expect_sha256)
+
+    monkeypatch.setattr(LocalTier, "upload", after_validation)
+    with pytest.raises(CheckpointInvalid, match=r"\.distcp: changed since it was validated .* nothing was stored"):
+        stages.publish(run, str(again))
+    from trainyard.checkpoint import cold
+
+    tier = LocalTier(copy_at(first.uri).parent)
+    assert cold.published(tier) == copy_at(first.uri).name
+    assert not any(p.name == shard.name for p in copy_at(first.uri).parent.rglob("*") if "000012" in str(p))
 
 
 def test_a_pointer_that_names_no_copy_is_refused(tmp_path: Path) -> None:

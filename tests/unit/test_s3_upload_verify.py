@@ -39,13 +39,11 @@ class RgwLike:
         self.meta = {f"X-Amz-Meta-{k}": v for k, v in metadata.items() if not k.lower().startswith("x-amz-")}
         return SimpleNamespace(etag="")  # the completion reply's empty ETag: never relied on
 
-    def fput_object(self, bucket, name, path, metadata, part_size, num_parallel_uploads):
-        self.part_size = part_size
-        return self._keep(Path(path).read_bytes(), metadata)
-
-    def put_object(self, bucket, name, data, length, metadata):
-        self.part_size = None
-        return self._keep(data.read(length), metadata)
+    def put_object(self, bucket, name, data, length, metadata, part_size=None, num_parallel_uploads=1):
+        # in parts, as minio reads a stream: each part read whole before it is sent
+        self.part_size = part_size if part_size and length > part_size else None
+        step = self.part_size or length
+        return self._keep(b"".join(data.read(min(step, length - i)) for i in range(0, length, step)), metadata)
 
     def stat_object(self, bucket, name, extra_headers=None):
         etag = md5_etag(self.stored, self.part_size)

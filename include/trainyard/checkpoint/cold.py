@@ -11,8 +11,9 @@ A copy's name ends with a hash of its manifest, so a second save of the same
 step (say at a smaller world size) lands beside the first instead of over it,
 and a retried upload of the same save rewrites the same bytes. Publishing
 uploads exactly the files the manifest lists, checks each against the
-manifest's sha256, checks the listing holds nothing else, and only then moves
-the pointer: one atomic step (a rename on a file system, one PUT in S3). A
+manifest's sha256 as it reads it to send it (one read: a file that changed
+is refused before it is stored), checks the listing holds nothing else, and
+only then moves the pointer: one atomic step (a rename on a file system, one PUT in S3). A
 publish that dies midway leaves the previous copy whole and still named.
 Readers follow the pointer (``published``), never a bare ``step_NNNNNN``.
 """
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from trainyard.checkpoint.format import MANIFEST, read_manifest, step_of
-from trainyard.errors import CheckpointInvalid, DataError
+from trainyard.errors import CheckpointInvalid, ContentChanged, DataError
 from trainyard.storage.hashing import sha256_file
 from trainyard.storage.keys import key_path
 from trainyard.storage.tier import Tier
@@ -60,12 +61,13 @@ def upload_copy(ckpt: Path, tier: Tier, concurrency: int = 4, on_file: Callable[
     files: dict[str, Any] = manifest["files"]
 
     def put(rel: str) -> int:
-        size, sha = tier.upload(key_path(ckpt, rel), f"{name}/{rel}")
-        if sha != files[rel]["sha256"]:
+        try:  # one read: hashed as it is sent, and refused before it is stored if it is not what was validated
+            size, _ = tier.upload(key_path(ckpt, rel), f"{name}/{rel}", expect_sha256=files[rel]["sha256"])
+        except ContentChanged as exc:
             raise CheckpointInvalid(
-                f"{ckpt / rel}: changed since it was validated (sha256 differs from {MANIFEST});"
+                f"{ckpt / rel}: changed since it was validated (sha256 differs from {MANIFEST}: {exc});"
                 " validate the checkpoint again before publishing it"
-            )
+            ) from None
         if on_file:
             on_file()
         return size

@@ -91,6 +91,14 @@ def land_bytes(
     return landed
 
 
+def changed_message(src: Path, got: str, expected: str, dest: str) -> str:
+    """What an upload refused for a file whose sha256 is not the one expected says (``ContentChanged``)."""
+    return (
+        f"{src}: its sha256 is {got[:16]}..., not {expected[:16]}... as expected: it changed since it was hashed;"
+        f" nothing was stored under {dest}"
+    )
+
+
 def digest_file(path: Path, check: Check) -> Digester:
     """``check``'s digest of a file already written (the ranged download's one hash pass)."""
     digester = Digester(check)

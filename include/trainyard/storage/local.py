@@ -6,7 +6,8 @@ import os
 from pathlib import Path
 
 from trainyard.atomic import fsync_dir, is_temp_name, temp_name
-from trainyard.storage.hashing import copy_file_verified
+from trainyard.errors import ContentChanged
+from trainyard.storage.hashing import changed_message, copy_file_verified
 from trainyard.storage.keys import check_key, key_path
 from trainyard.storage.tier import Landed, ObjectInfo
 
@@ -43,11 +44,16 @@ class LocalTier:
         )
         return Landed(size, digest, LOCAL_COPY)
 
-    def upload(self, src: Path, key: str) -> tuple[int, str]:
+    def upload(self, src: Path, key: str, expect_sha256: str | None = None) -> tuple[int, str]:
         # sha256: checkpoints record sha256 in their own manifest, and a cold copy is checked against it.
         check_key(key)
-        size, digest = copy_file_verified(src, key_path(self.root, key), algo="sha256")
-        return size, digest.removeprefix("sha256:")
+        dest = key_path(self.root, key)
+        size, digest = copy_file_verified(src, dest, algo="sha256")
+        sha = digest.removeprefix("sha256:")
+        if expect_sha256 is not None and sha != expect_sha256:
+            dest.unlink(missing_ok=True)
+            raise ContentChanged(changed_message(src, sha, expect_sha256, f"{self.uri}/{key}"))
+        return size, sha
 
     def write_bytes(self, key: str, data: bytes) -> None:
         # A temporary sibling renamed over the key: the rename is the atomic switch a pointer needs.

@@ -18,9 +18,10 @@ import io
 import logging
 import os
 import ssl
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import BinaryIO
 
 import urllib3
 from minio import Minio
@@ -29,9 +30,16 @@ from minio.error import S3Error
 from minio.lifecycleconfig import Expiration, LifecycleConfig, Rule, Transition
 
 from trainyard.atomic import open_new, temp_name
-from trainyard.errors import DataError
-from trainyard.storage.checksums import Check, Digester, available_algorithms, choose_check, parts_to_infer
-from trainyard.storage.hashing import BLOCK, digest_file, settle, sha256_file, write_verified
+from trainyard.errors import ContentChanged, DataError
+from trainyard.storage.checksums import (
+    Check,
+    Digester,
+    PartDigest,
+    available_algorithms,
+    choose_check,
+    parts_to_infer,
+)
+from trainyard.storage.hashing import BLOCK, changed_message, digest_file, settle, sha256_file, write_verified
 from trainyard.storage.keys import check_key
 from trainyard.storage.s3auth import S3Settings
 from trainyard.storage.s3get import CHECKSUM_MODE, SMALL_GET, Job, SmallGets
@@ -247,28 +255,38 @@ class S3Tier:
         finally:
             tmp.unlink(missing_ok=True)
 
-    def upload(self, src: Path, key: str) -> tuple[int, str]:
+    def upload(self, src: Path, key: str, expect_sha256: str | None = None) -> tuple[int, str]:
         """Upload ``src`` with its sha256 as metadata and, where one PUT carries it, as an S3 checksum.
+
+        With ``expect_sha256`` (a checkpoint's manifest says it) the file is read once: hashed as minio reads
+        it to send (``_ReadHashing``: its sha256, and the MD5s the store's ETag is checked against), and a
+        file that does not give it is refused at its last byte, before the PUT or the multipart completion
+        (minio then aborts the upload): nothing is stored. Without it, the file is hashed first.
 
         A multipart upload carries the metadata only: minio 7.2 sends no per-part checksums and its
         CompleteMultipartUpload lists no part checksums, which S3 requires once an algorithm is
         declared. AWS S3 adds its own FULL_OBJECT CRC64NVME to such objects, which downloads check.
         """
         check_key(key)
-        sha, size = sha256_file(src), src.stat().st_size
+        size = src.stat().st_size
+        sha = expect_sha256 or sha256_file(src)
         part_size = max(self.part_size, 5 << 20)
-        headers: Metadata = _put_headers(sha) if size <= part_size else {SHA_META: sha}
+        multipart = size > part_size
+        headers: Metadata = {SHA_META: sha} if multipart else _put_headers(sha)
 
         def put() -> tuple[int, str]:
-            self.client.fput_object(
-                self.bucket,
-                self._name(key),
-                str(src),
-                metadata=headers,
-                part_size=part_size,
-                num_parallel_uploads=self.parallel_parts,
-            )
-            self._verify_stored(key, size, sha, src, part_size if size > part_size else None)
+            with open(src, "rb") as fh:
+                sent = _ReadHashing(fh, size, part_size, sha, f"{self.uri}/{key}", src)
+                self.client.put_object(
+                    self.bucket,
+                    self._name(key),
+                    sent,  # type: ignore[arg-type]  # minio only calls its read()
+                    size,
+                    metadata=headers,
+                    part_size=part_size,
+                    num_parallel_uploads=self.parallel_parts,
+                )
+            self._verify_stored(key, size, sha, sent.digests_for, part_size if multipart else None)
             return size, sha
 
         return self.retry.call(f"upload {self._name(key)}", put)
@@ -282,12 +300,12 @@ class S3Tier:
             self.client.put_object(
                 self.bucket, self._name(key), io.BytesIO(data), len(data), metadata=_put_headers(sha)
             )
-            self._verify_stored(key, len(data), sha, data)
+            self._verify_stored(key, len(data), sha, lambda check: _digests(check, data))
 
         self.retry.call(f"write {self._name(key)}", put)
 
     def _verify_stored(
-        self, key: str, size: int, sha: str, written: Path | bytes, part_size: int | None = None
+        self, key: str, size: int, sha: str, written: Callable[[Check], Sequence[str]], part_size: int | None = None
     ) -> None:
         """The stored object has the size, sha256 metadata and (if the store keeps one) sha256 checksum written,
         and the bytes written give the digest the store answers with, as a download would check them.
@@ -361,22 +379,63 @@ class S3Tier:
 
 
 def _store_digest_problems(
-    headers: dict[str, str], etag: str | None, size: int, written: Path | bytes, part_size: int | None
+    headers: dict[str, str],
+    etag: str | None,
+    size: int,
+    written: Callable[[Check], Sequence[str]],
+    part_size: int | None,
 ) -> list[str]:
-    """What the store's own digest (a checksum, else the ETag) says that the bytes written do not give."""
+    """What the store's own digest (a checksum, else the ETag) says that the bytes written (``written``: their
+    digests for a check) do not give."""
     unechoed = {k: v for k, v in headers.items() if k != f"x-amz-meta-{SHA_META}"}
     check = choose_check(unechoed, etag, size, None, part_size, available_algorithms())
     if check.expected is None:  # nothing of the store's own (an SSE-KMS ETag): the metadata is all there is
         return []
-    if isinstance(written, Path):
-        found = digest_file(written, check).digests()
-    else:
-        digester = Digester(check)
-        digester.update(written)
-        found = digester.digests()
+    found = written(check)
     if check.expected in found:
         return []
     return [f"{check.source} says {check.expected}, the bytes written give {' or '.join(found)}"]
+
+
+def _digests(check: Check, data: bytes) -> list[str]:
+    digester = Digester(check)
+    digester.update(data)
+    return digester.digests()
+
+
+class _ReadHashing:
+    """A file as minio reads it to upload it, hashed as it is read: its sha256, and the MD5 of the whole (a
+    single PUT's ETag) or of each part (a multipart ETag), so the upload and its check read it once."""
+
+    def __init__(self, fh: BinaryIO, size: int, part_size: int, expect: str, dest: str, src: Path):
+        self.fh, self.size, self.part_size, self.expect, self.dest, self.src = fh, size, part_size, expect, dest, src
+        self.sha = hashlib.sha256()
+        self.md5 = hashlib.md5() if size <= part_size else None
+        self.parts = PartDigest("md5", part_size) if size > part_size else None
+        self.read_so_far = 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.fh.read(n)
+        self.sha.update(data)
+        (self.md5 or self.parts).update(data)  # type: ignore[union-attr]  # one of them, by the size
+        self.read_so_far += len(data)
+        if data and self.read_so_far >= self.size and (got := self.sha.hexdigest()) != self.expect:
+            raise ContentChanged(changed_message(self.src, got, self.expect, self.dest))  # before it is stored
+        return data
+
+    def digests_for(self, check: Check) -> list[str]:
+        """``check``'s digests of what was read, where it hashed them; otherwise read again (a checksum only AWS
+        keeps, say)."""
+        if self.read_so_far != self.size:
+            raise ContentChanged(f"{self.src}: {self.read_so_far} of {self.size} bytes were read; nothing was kept")
+        if check.algo == "sha256" and check.style == "full":
+            return [f"sha256:{self.sha.hexdigest()}"]
+        if check.algo == "md5" and check.style == "full" and self.md5 is not None:
+            return [f"md5:{self.md5.hexdigest()}"]
+        if check.style == "multipart" and self.parts is not None and self.part_size in check.part_sizes:
+            raw, count = self.parts.finish()
+            return [f"md5-multipart:{raw.hex()}-{count}"]
+        return digest_file(self.src, check).digests()
 
 
 def _b64(sha_hex: str) -> str:

@@ -58,8 +58,9 @@ class Tier(Protocol):
         """
         ...
 
-    def upload(self, src: Path, key: str) -> tuple[int, str]:
-        """Copy a local file to ``key``, verified; returns (size, sha256)."""
+    def upload(self, src: Path, key: str, expect_sha256: str | None = None) -> tuple[int, str]:
+        """Copy a local file to ``key``, verified; returns (size, sha256). With ``expect_sha256`` (a checkpoint's
+        manifest says it), a file whose bytes do not give it is refused (``ContentChanged``), nothing kept."""
         ...
 
     def write_bytes(self, key: str, data: bytes) -> None:
