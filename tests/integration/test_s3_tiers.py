@@ -196,30 +196,38 @@ def test_many_small_objects_come_on_several_connections_at_once(
     assert all((tmp_path / "hot" / k).read_bytes() == d for k, d in files.items())
 
 
-class OneRequestPerConnection:
-    """A TCP relay to the S3 server on 127.0.0.1 that serves one request per connection, then closes it when the
-    client sends another: a server whose keep-alive ended between two requests (nginx's ``keepalive_requests``)."""
+class Relay:
+    """A TCP relay on 127.0.0.1 in front of the S3 server. With ``tls``: HTTPS ends here, as at a load balancer
+    before a store. With ``one_request``: each connection serves one request and is closed when the client sends
+    another, a server whose keep-alive ended between two requests (nginx's ``keepalive_requests``)."""
 
-    def __init__(self, port: int):
-        self.upstream = port
+    def __init__(self, port: int, tls: ssl.SSLContext | None = None, one_request: bool = False):
+        self.upstream, self.tls, self.one_request = port, tls, one_request
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         threading.Thread(target=self.accept, daemon=True).start()
 
     def accept(self) -> None:
         while True:
-            client, _ = self.listener.accept()
-            threading.Thread(target=self.relay, args=(client,), daemon=True).start()
+            raw, _ = self.listener.accept()
+            threading.Thread(target=self.serve, args=(raw,), daemon=True).start()
 
-    def relay(self, client: socket.socket) -> None:
-        with client, socket.create_connection(("127.0.0.1", self.upstream)) as server:
-            request = b""
-            while b"\r\n\r\n" not in request:  # a GET has no body: its head is the whole request
-                request += client.recv(65536) or b"\r\n\r\n"
-            server.sendall(request)
-            threading.Thread(target=self.back, args=(server, client), daemon=True).start()
-            client.recv(65536)  # the next request on this connection (or its end): the connection ends here
-            client.shutdown(socket.SHUT_RDWR)
+    def serve(self, raw: socket.socket) -> None:
+        with contextlib.suppress(OSError), self.tls.wrap_socket(raw, server_side=True) if self.tls else raw as client:
+            with socket.create_connection(("127.0.0.1", self.upstream)) as server:
+                back = threading.Thread(target=self.back, args=(server, client), daemon=True)
+                if not self.one_request:
+                    back.start()
+                    while data := client.recv(65536):
+                        server.sendall(data)
+                    return
+                request = b""
+                while b"\r\n\r\n" not in request:  # a GET has no body: its head is the whole request
+                    request += client.recv(65536) or b"\r\n\r\n"
+                server.sendall(request)
+                back.start()
+                client.recv(65536)  # the next request on this connection (or its end): the connection ends here
+                client.shutdown(socket.SHUT_RDWR)
 
     @staticmethod
     def back(server: socket.socket, client: socket.socket) -> None:
@@ -232,7 +240,7 @@ def test_a_kept_connection_the_server_closed_is_opened_again_once(
     s3_server, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     files = fill(s3_server, bucket, n=3, size=4096)
-    relay = OneRequestPerConnection(s3_server.port)
+    relay = Relay(s3_server.port, one_request=True)
     settings = S3Settings.from_endpoint_url(
         f"http://127.0.0.1:{relay.port}", s3_server.access_key, s3_server.secret_key, s3_server.settings.region
     )
@@ -274,35 +282,14 @@ def self_signed(folder: Path) -> tuple[Path, Path]:
     return cert_pem, key_pem
 
 
-class TlsFront:
-    """HTTPS on 127.0.0.1 in front of the S3 server (as a load balancer ends TLS before a store)."""
-
-    def __init__(self, port: int, cert: Path, key: Path):
-        self.upstream, self.tls = port, ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        self.tls.load_cert_chain(cert, key)
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        threading.Thread(target=self.accept, daemon=True).start()
-
-    def accept(self) -> None:
-        while True:
-            client, _ = self.listener.accept()
-            threading.Thread(target=self.serve, args=(client,), daemon=True).start()
-
-    def serve(self, raw: socket.socket) -> None:
-        with contextlib.suppress(OSError), self.tls.wrap_socket(raw, server_side=True) as client:
-            with socket.create_connection(("127.0.0.1", self.upstream)) as server:
-                threading.Thread(target=OneRequestPerConnection.back, args=(server, client), daemon=True).start()
-                while data := client.recv(65536):
-                    server.sendall(data)
-
-
 def test_small_objects_come_over_tls_verified_against_the_systems_trust(
     s3_server, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     files = fill(s3_server, bucket, n=12, size=4096)
     cert, key = self_signed(tmp_path)
-    front = TlsFront(s3_server.port, cert, key)
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(cert, key)
+    front = Relay(s3_server.port, tls=tls)
     endpoint = f"https://127.0.0.1:{front.port}"
 
     def over_tls() -> S3Tier:
