@@ -311,6 +311,35 @@ def test_small_objects_come_over_tls_verified_against_the_systems_trust(
     assert not (tmp_path / "untrusted").exists()
 
 
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 200 OK\r\nContent-Length: \xb2\r\n\r\n",  # a digit str.isdigit() takes and int() refuses
+        b"HTTP/1.1 200 OK\r\nContent-Length: -5\r\n\r\n",
+        b"SSH-2.0-OpenSSH_9.6\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\n" + b"X: " + b"y" * (70 << 10) + b"\r\n\r\n",  # a head past any S3 answer's
+    ],
+    ids=["unicode-digit", "negative", "not-http", "endless-head"],
+)
+def test_an_answer_that_is_not_plain_http_goes_to_minios_path_and_lands_nothing(tmp_path: Path, answer: bytes) -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    asked: list[bytes] = []
+
+    def serve() -> None:  # the same answer to every request, as a broken proxy might give
+        while True:
+            conn, _ = listener.accept()
+            with conn, contextlib.suppress(OSError):
+                asked.append(conn.recv(65536))
+                conn.sendall(answer)
+
+    threading.Thread(target=serve, daemon=True).start()
+    settings = S3Settings.from_endpoint_url(f"http://127.0.0.1:{listener.getsockname()[1]}", "k", "s", "us-east-1")
+    source = S3Tier("s3://bucket/ds", settings, retry=Retry(attempts=1))
+    [done] = in_bulk(source, [ObjectInfo("a.tok", 4, '"etag"')], tmp_path)
+    assert done.exception() is not None  # whatever minio makes of it: its path, its errors
+    assert len(asked) >= 2 and not (tmp_path / "a.tok").exists()  # the loop's GET refused it, then minio asked
+
+
 def test_an_error_answer_to_a_small_get_is_minios_error(
     s3_server, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -25,6 +25,7 @@ body in memory, before anything is written: ``land_bytes``).
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
@@ -44,6 +45,7 @@ SMALL_GET = 1 << 20
 TIMEOUT_S = 60.0  # as the tier's urllib3 pool: a stalled server fails the request, then minio's path retries it
 HEAD_LIMIT = 64 << 10  # an answer's status line and headers; more is not an S3 GET answer
 CHECKSUM_MODE = {"x-amz-checksum-mode": "ENABLED"}
+_LENGTH = re.compile(r"[0-9]{1,18}\Z")  # ASCII digits only: str.isdigit() takes "²", which int() refuses
 """Asks the store for the object's checksums in the answer's headers (``choose_check`` prefers them)."""
 
 
@@ -126,6 +128,9 @@ class _Connection:
             reused = self.reader is not None
             try:
                 return await self._exchange(request, expect_size)
+            except _Refused:
+                self.close()  # an answer not understood: what is left of it must not be read as the next one's
+                raise
             except (OSError, EOFError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError) as exc:
                 self.close()
                 if not (reused and attempt == 1 and isinstance(exc, (OSError, asyncio.IncompleteReadError))):
@@ -141,9 +146,8 @@ class _Connection:
             self.writer.write(request)
             head = await self.reader.readuntil(b"\r\n\r\n")
             status, headers = _parse_head(head)
-            if status != 200 or "transfer-encoding" in headers or "content-length" not in headers:
-                self.close()  # its body unread: the connection cannot carry another request
-                raise _Refused(f"answer {status}")
+            if status != 200 or "transfer-encoding" in headers or not _LENGTH.match(headers.get("content-length", "")):
+                raise _Refused(f"answer {status}")  # its body unread: the connection is closed
             length = int(headers["content-length"])
             body = await self.reader.readexactly(min(length, expect_size + 1))
             if length > expect_size or headers.get("connection", "").lower() == "close":
