@@ -13,8 +13,9 @@ and a retried upload of the same save rewrites the same bytes. Publishing
 uploads exactly the files the manifest lists, checks each against the
 manifest's sha256 as it reads it to send it (one read: a file that changed
 is refused before it is stored), checks the listing holds nothing else, and
-only then moves the pointer: one atomic step (a rename on a file system, one PUT in S3). A
-publish that dies midway leaves the previous copy whole and still named.
+only then moves the pointer: one atomic step (a rename on a file system, one
+PUT in S3). A publish that dies midway leaves the previous copy whole and
+still named.
 Readers follow the pointer (``published``), never a bare ``step_NNNNNN``.
 """
 

@@ -45,8 +45,8 @@ SMALL_GET = 1 << 20
 TIMEOUT_S = 60.0  # as the tier's urllib3 pool: a stalled server fails the request, then minio's path retries it
 HEAD_LIMIT = 64 << 10  # an answer's status line and headers; more is not an S3 GET answer
 CHECKSUM_MODE = {"x-amz-checksum-mode": "ENABLED"}
-_LENGTH = re.compile(r"[0-9]{1,18}\Z")  # ASCII digits only: str.isdigit() takes "²", which int() refuses
 """Asks the store for the object's checksums in the answer's headers (``choose_check`` prefers them)."""
+_LENGTH = re.compile(r"[0-9]{1,18}\Z")  # ASCII digits only: str.isdigit() takes "²", which int() refuses
 
 
 @dataclass(frozen=True)

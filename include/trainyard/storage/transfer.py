@@ -159,7 +159,9 @@ def transfer(
     durable = boot_id is None
     journal = Journal(hot_dir, boot_id)
     in_bulk = source if isinstance(source, SmallInBulk) else None  # one thread fetches every small object
-    pools = [ThreadPoolExecutor(max_workers=max(1, n)) for n in (large_threads, 1 if in_bulk else small_at_once)]
+    pools = [
+        ThreadPoolExecutor(max_workers=max(1, n)) for n in (large_threads, small_at_once if in_bulk is None else 1)
+    ]
     futures: dict[Future[Landed], ObjectInfo] = {}
 
     def record(future: Future[Landed]) -> None:
