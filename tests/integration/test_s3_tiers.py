@@ -24,7 +24,7 @@ from dcp_helpers import save_as_ranks
 from minio.error import S3Error
 
 from trainyard.errors import ContentChanged, DataError, TransientError
-from trainyard.storage import LocalTier, S3Tier
+from trainyard.storage import LocalTier, S3Tier, s3list
 from trainyard.storage.hot import JOURNAL, STAGED_MANIFEST
 from trainyard.storage.s3auth import S3Settings
 from trainyard.storage.s3retry import Retry
@@ -170,6 +170,23 @@ def in_bulk(source: S3Tier, listed: list[ObjectInfo], hot: Path, connections: in
     bulk = [(o, hot / o.key, Future[Landed]()) for o in listed]
     source.download_small(bulk, connections)
     return [done for _, _, done in bulk]
+
+
+def test_a_listing_of_several_pages_names_every_object_once(
+    s3_server, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Keys that need encoding, a folder marker, an object beside the prefix, and pages of two (the store's
+    continuation tokens): the listing is exactly the objects under the prefix, keyed relative to it."""
+    monkeypatch.setattr(s3list, "PAGE", 2)
+    client = s3_server.client()
+    keys = ["a b.bin", "a+b.bin", "ünï/こ.txt", "100%.bin", "deep/er/x.tok", "~t.bin", "z=1&y.bin"]
+    for i, key in enumerate(keys):
+        put(client, bucket, f"ds/{key}", bytes([i]) * (i + 1))
+    put(client, bucket, "ds/folder/", b"")
+    put(client, bucket, "ds-beside/a.bin", b"x")
+    listed = tier(s3_server, bucket).list()
+    assert [(o.key, o.size) for o in listed] == sorted((k, i + 1) for i, k in enumerate(keys))
+    assert all(len(o.version) == 32 for o in listed)  # the ETag, unquoted: an MD5 for a single PUT
 
 
 def test_small_objects_come_in_one_request_each_on_a_kept_connection(

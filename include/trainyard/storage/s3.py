@@ -43,6 +43,7 @@ from trainyard.storage.hashing import BLOCK, changed_message, digest_file, settl
 from trainyard.storage.keys import check_key
 from trainyard.storage.s3auth import S3Settings
 from trainyard.storage.s3get import CHECKSUM_MODE, SMALL_GET, Job, SmallGets
+from trainyard.storage.s3list import list_prefix
 from trainyard.storage.s3retry import Retry
 from trainyard.storage.tier import Landed, ObjectInfo
 
@@ -98,8 +99,7 @@ class S3Tier:
         base = f"{self.prefix}/" if self.prefix else ""
 
         def listing() -> list[ObjectInfo]:
-            objects = self.client.list_objects(self.bucket, prefix=base + prefix, recursive=True)
-            return [ObjectInfo(o.object_name[len(base) :], o.size, o.etag) for o in objects if not o.is_dir]
+            return list(list_prefix(self.client, self.bucket, base, prefix))
 
         try:
             found = self.retry.call(f"list {self.uri}", listing)
