@@ -33,6 +33,11 @@ SMALL_PER_STREAM = 4
 # The journal is appended in batches (whatever landed while the last one was written), each after one
 # fsync per folder its objects landed in, and at least this often while objects keep landing.
 JOURNAL_EVERY_S = 0.5
+ARRIVALS_EVERY_S = 0.005
+"""With nothing landed, the stage's thread waits this long before it waits for the next arrival, then records
+what landed meanwhile (~20 small objects) at once. Woken for each one instead (S3's event loop lands one every
+~0.5 ms), it took the GIL from the loop 2,000 times a stage. 2,000 x 4 KB from SeaweedFS, quiet stages: CPU
+0.80-1.06 -> 0.69-0.83 s; rclone's time over ours, three runs of five stages: 0.72/1.00/0.86 -> 1.02/0.93/1.09."""
 
 
 class Progress:
@@ -198,6 +203,7 @@ def transfer(
                 future = arrivals.get_nowait()
             except queue.Empty:
                 journal.flush()  # nothing more has landed: make the batch durable before waiting
+                time.sleep(ARRIVALS_EVERY_S)
                 future = arrivals.get()
             record(future)
     except BaseException:
