@@ -1,6 +1,6 @@
 """How the checkpoint's costs grow with its size, beside the disk's own speed measured in the same run.
 
-    python bench/scale.py [--sizes 0.1,1,10] [--repeats 3] [--dir DIR]
+    python bench/scale.py [--sizes 0.1,1,10] [--ranks 64,256,1024] [--repeats 3] [--dir DIR]
 
 For each size, a synthetic DCP checkpoint of that many GB (real bytes on disk, random, in tensors of
 at most 64 MB as a model's layers are, written as 4 files as 4 ranks write them):
@@ -17,9 +17,15 @@ at most 64 MB as a model's layers are, written as 4 files as 4 ranks write them)
   trainyard.checkpoint.tensors``: every tensor loaded and checked for finite values) (goal <= 1,024 flat).
 
 Cold reads need root (``/proc/sys/vm/drop_caches``); without it both the disk and the verification read from
-the page cache, and the output says ``"cold": false``. Each figure is the median of ``--repeats``; every run's
-figures are printed. The orchestrator and Kubernetes curves of issue 33 are not measured yet. Prints one JSON
-line last.
+the page cache, and the output says ``"cold": false``.
+
+For each world size (``--ranks``), ``ranks_N``: the orchestrator beside N simulated ranks at 4 steps/s
+(``scale_parts.ranks``: the blocking watch's detection of an exit and of a hang, its CPU share, and the
+ledger and run page of one hour; goals: ``detection_s`` <= 2, ``hang_over_timeout_s`` <= 2,
+``supervisor_cpu_fraction`` <= 0.10, ``page_s`` < 1).
+
+Each figure is the median of ``--repeats``; every run's figures are printed. ``none`` skips a curve. The
+Kubernetes curves of issue 33 are not measured yet. Prints one JSON line last.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from scale_parts.ranks import one_hour_ledger, one_world  # bench/ is the script's folder, on the path
 from torch.distributed.checkpoint import FileSystemWriter
 
 from trainyard.checkpoint import format as ckpt_format
@@ -153,19 +160,26 @@ def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="0.1,1,10", help="checkpoint sizes in GB, comma-separated")
+    parser.add_argument("--ranks", default="64,256,1024", help="simulated world sizes, comma-separated")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp folder)")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="trainyard-scale-", dir=args.dir))
     result: dict[str, Any] = {}
     try:
-        for text in args.sizes.split(","):
+        for text in [] if args.sizes == "none" else args.sizes.split(","):
             gb = float(text)
             runs = []
             for _ in range(args.repeats):
                 runs.append(one_size(gb, root))
                 print(f"ckpt {text} GB: {json.dumps(runs[-1])}", flush=True)
             result[f"ckpt_{text}gb"] = {**median_of(runs), "runs": runs}
+        for text in [] if args.ranks == "none" else args.ranks.split(","):
+            runs = []
+            for i in range(args.repeats):
+                runs.append({**one_world(int(text), root / f"w{i}"), **one_hour_ledger(root / f"l-{text}-{i}")})
+                print(f"ranks {text}: {json.dumps(runs[-1])}", flush=True)
+            result[f"ranks_{text}"] = {**median_of(runs), "runs": runs}
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(json.dumps(result))

@@ -1,0 +1,183 @@
+"""The orchestrator's side of a large job, simulated: ``n`` ranks writing what the runtime writes, one watch.
+
+Ranks are light: a few writer processes (one per 256 ranks), each stepping its ranks at 4 steps/s
+in memory and writing what ``runtime.progress`` writes for each (a beat at most once a second,
+``BEAT_EVERY_S``, with the last step's time, and the pulse ``rank-N.alive`` each second), 8 ranks
+per node folder. The watch is the blocking supervisor's own (``recovery.attempt.watch_attempt`` and
+its ``detect``), over a launcher that reports every node running until told otherwise:
+
+- ``detection_s``: a node's processes exit (the launcher says ``failed``) -> the watch returns it;
+- ``hang_over_timeout_s``: every rank stops stepping (a collective stuck on one hung rank, whose
+  beat and pulse stop too) -> the watch names the hung rank's node, minus the timeout after the
+  last step;
+- ``supervisor_cpu_fraction``: the watch's CPU over its wall time, steady state (goal <= 0.10);
+- ``poll_cpu_ms``: the CPU of one poll;
+- ``ledger_mb_per_hour`` and ``page_s``: one hour of rank 0's step events (4 steps/s, the default
+  ``progress_every_s``) and the run page's render from that ledger (``summarize`` + ``run_page``):
+  rank 0 alone writes steps, so neither grows with the world size.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from trainyard.backends.base import AttemptStatus, LaunchPlan, NodeStatus
+from trainyard.events.ledger import LEDGER_FILE, Ledger
+from trainyard.protocol.env import TrainEnv
+from trainyard.protocol.heartbeat import write_beat
+from trainyard.recovery.attempt import watch_attempt
+from trainyard.recovery.observations import AttemptFailed
+from trainyard.report import pages
+from trainyard.report.summary import run_identity, summarize
+
+PER_NODE = 8
+PER_WRITER = 256
+STEP_S = 0.25  # 4 steps/s
+TIMEOUT_S = 5.0
+HUNG_NODE = 3
+
+
+def _writer(hb: Path, ranks: range, hang_flag: Path, stop_flag: Path) -> None:
+    """Step ``ranks`` at 4 steps/s; each second write each one's beat (its last step's time) and pulse, as the
+    runtime does. Once ``hang_flag`` exists no rank steps, and the hung node's first rank neither beats nor
+    pulses."""
+    step, stepped_at, next_step = 0, time.time(), time.time()
+    hung = range(HUNG_NODE * PER_NODE, HUNG_NODE * PER_NODE + 1)
+    while not stop_flag.exists():
+        now = time.time()
+        hanging = hang_flag.exists()
+        while not hanging and now >= next_step:
+            step, stepped_at, next_step = step + 1, next_step, next_step + STEP_S
+        for rank in ranks:
+            if hanging and rank in hung:
+                continue
+            folder = hb / f"node-{rank // PER_NODE}"
+            write_beat(folder, rank, {
+                "rank": rank, "node": folder.name, "host": folder.name, "pid": os.getpid(), "step": step,
+                "time": stepped_at, "status": "running", "metrics": {"loss": 2.5, "step_ms": STEP_S * 1e3},
+                "attempt": 1, "run_id": "scale",
+            })  # fmt: skip
+            (folder / f"rank-{rank}.alive").touch()
+        time.sleep(max(0.0, 1.0 - (time.time() - now)))
+
+
+class Launcher:
+    """Every node running, until ``fail`` names one."""
+
+    def __init__(self, nodes: list[str]):
+        self.nodes, self.failed = nodes, ""
+
+    def poll(self, handle: object) -> AttemptStatus:
+        return AttemptStatus(
+            [NodeStatus(n, "failed" if n == self.failed else "running", 137 if n == self.failed else None)
+             for n in self.nodes]
+        )  # fmt: skip
+
+
+def one_world(n: int, root: Path) -> dict[str, Any]:
+    hb, flags = root / f"hb-{n}", root / f"flags-{n}"
+    nodes = [f"node-{i}" for i in range(n // PER_NODE)]
+    for node in nodes:
+        (hb / node).mkdir(parents=True)
+    flags.mkdir()
+    hang, stop = flags / "hang", flags / "stop"
+    ctx = multiprocessing.get_context("fork")
+    writers = [ctx.Process(target=_writer, args=(hb, range(k, min(n, k + PER_WRITER)), hang, stop), daemon=True)
+               for k in range(0, n, PER_WRITER)]  # fmt: skip
+    for w in writers:
+        w.start()
+    try:
+        time.sleep(2.5)  # every rank beat
+        plan = LaunchPlan("scale", 1, nodes, PER_NODE, "train.py", [], TrainEnv(root, root, 10**9), root)
+        launcher = Launcher(nodes)
+        polls: list[float] = []
+
+        def pause(s: float) -> None:
+            polls.append(s)
+            time.sleep(s)
+
+        # A node exits 8 s in: the watch's CPU until then is its steady state.
+        wall, cpu = time.time(), time.thread_time()
+        killer = _after(8.0, lambda: setattr(launcher, "failed", nodes[-1]))
+        seen = watch_attempt(launcher, None, plan, time.time(), hb, TIMEOUT_S, pause=pause)
+        detection = time.time() - killer.at
+        cpu_fraction = (time.thread_time() - cpu) / (time.time() - wall)
+        assert isinstance(seen, AttemptFailed) and seen.failure.nodes, seen
+        # Every rank stops stepping; the hung node's first rank stops beating and pulsing.
+        launcher.failed = ""
+        hang.touch()
+        last_step = _last_step_time(hb)
+        seen = watch_attempt(launcher, None, plan, time.time() - 10, hb, TIMEOUT_S)
+        hang_over = time.time() - (last_step + TIMEOUT_S)
+        assert isinstance(seen, AttemptFailed) and seen.failure.stale_nodes == [f"node-{HUNG_NODE}"], seen.failure
+    finally:
+        stop.touch()
+        for w in writers:
+            w.join(5)
+    shutil.rmtree(hb, ignore_errors=True)
+    return {
+        "ranks": n,
+        "detection_s": round(detection, 2),
+        "hang_over_timeout_s": round(hang_over, 2),
+        "supervisor_cpu_fraction": round(cpu_fraction, 4),
+        "poll_interval_s": round(sorted(polls)[len(polls) // 2], 2) if polls else None,
+    }
+
+
+class _after:
+    """Call ``act`` ``seconds`` from now on a thread; ``at``: when it did."""
+
+    def __init__(self, seconds: float, act: Any):
+        import threading
+
+        self.at = float("inf")
+
+        def run() -> None:
+            time.sleep(seconds)
+            act()
+            self.at = time.time()
+
+        threading.Thread(target=run, daemon=True).start()
+
+
+def _last_step_time(hb: Path) -> float:
+    """The newest step time any beat holds, once the writers have written their last (a second after the flag)."""
+    time.sleep(1.5)
+    times = [json.loads(p.read_text())["time"] for p in hb.glob("node-*/rank-*.json")]
+    return max(times)
+
+
+def one_hour_ledger(root: Path) -> dict[str, Any]:
+    """Rank 0's step events of one hour at 4 steps/s, and the run page rendered from that ledger."""
+    from trainyard import runtime
+    from trainyard.runtime import progress
+
+    folder = root / "runs" / "scale" / "hour"
+    folder.mkdir(parents=True)
+    ledger = Ledger(folder / LEDGER_FILE)
+    ledger.append("train", "stage_start")
+    steps = int(3600 / STEP_S)
+    ctx = runtime.RunContext(data_dir=root, checkpoint_dir=root, max_steps=steps, events_dir=folder / "events.d",
+                             checkpoint_every=1000, progress_every_s=30.0)  # fmt: skip
+    now = [0.0]
+    saved = progress._clock, progress._progress
+    progress._clock, progress._progress = (lambda: now[0]), None
+    try:
+        for step in range(1, steps + 1):
+            now[0] += STEP_S
+            runtime.heartbeat(step, {"loss": 3.0 - step / steps, "step_ms": STEP_S * 1e3}, ctx=ctx)
+        runtime.flush_progress(ctx)
+    finally:
+        progress._clock, progress._progress = saved
+    size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    started = time.perf_counter()
+    html = pages.run_page(summarize(Ledger.in_dir(folder)), run_identity(folder), False)
+    page_s = time.perf_counter() - started
+    assert "hour" in html
+    return {"ledger_mb_per_hour": round(size / 1e6, 3), "page_s": round(page_s, 3)}
