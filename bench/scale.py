@@ -1,6 +1,6 @@
 """How the checkpoint's costs grow with its size, beside the disk's own speed measured in the same run.
 
-    python bench/scale.py [--sizes 0.1,1,10] [--ranks 64,256,1024] [--repeats 3] [--dir DIR]
+    python bench/scale.py [--sizes 0.1,1,10] [--ranks 64,256,1024] [--k8s 16,128,512] [--repeats 3] [--dir DIR]
 
 For each size, a synthetic DCP checkpoint of that many GB (real bytes on disk, random, in tensors of
 at most 64 MB as a model's layers are, written as 4 files as 4 ranks write them):
@@ -24,8 +24,12 @@ For each world size (``--ranks``), ``ranks_N``: the orchestrator beside N simula
 ledger and run page of one hour; goals: ``detection_s`` <= 2, ``hang_over_timeout_s`` <= 2,
 ``supervisor_cpu_fraction`` <= 0.10, ``page_s`` < 1).
 
-Each figure is the median of ``--repeats``; every run's figures are printed. ``none`` skips a curve. The
-Kubernetes curves of issue 33 are not measured yet. Prints one JSON line last.
+For each cluster size (``--k8s``), ``k8s_N``: the CPU of one poll of the Kubernetes trigger beside an attempt of
+N running pods on the tests' fake API server (``scale_parts.k8s``; goal at 512: <= 50 ms). The launch overhead
+and the burn-in's stage time of that curve are not measured yet.
+
+Each figure is the median of ``--repeats``; every run's figures are printed. ``none`` skips a curve. Prints one
+JSON line last.
 """
 
 from __future__ import annotations
@@ -44,7 +48,8 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
-from scale_parts.ranks import one_hour_ledger, one_world  # bench/ is the script's folder, on the path
+from scale_parts.k8s import trigger_poll  # bench/ is the script's folder, on the path
+from scale_parts.ranks import one_hour_ledger, one_world
 from torch.distributed.checkpoint import FileSystemWriter
 
 from trainyard.checkpoint import format as ckpt_format
@@ -161,6 +166,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="0.1,1,10", help="checkpoint sizes in GB, comma-separated")
     parser.add_argument("--ranks", default="64,256,1024", help="simulated world sizes, comma-separated")
+    parser.add_argument("--k8s", default="16,128,512", help="simulated cluster sizes (pods), comma-separated")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp folder)")
     args = parser.parse_args()
@@ -180,6 +186,12 @@ def main() -> None:
                 runs.append({**one_world(int(text), root / f"w{i}"), **one_hour_ledger(root / f"l-{text}-{i}")})
                 print(f"ranks {text}: {json.dumps(runs[-1])}", flush=True)
             result[f"ranks_{text}"] = {**median_of(runs), "runs": runs}
+        for text in [] if args.k8s == "none" else args.k8s.split(","):
+            runs = []
+            for i in range(args.repeats):
+                runs.append(trigger_poll(int(text), root / f"k{i}"))
+                print(f"k8s {text}: {json.dumps(runs[-1])}", flush=True)
+            result[f"k8s_{text}"] = {**median_of(runs), "runs": runs}
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(json.dumps(result))

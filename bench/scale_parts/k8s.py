@@ -1,0 +1,70 @@
+"""The Kubernetes trigger's poll beside an attempt of N pods, on the tests' fake API server.
+
+``trigger_poll_cpu_ms``: the CPU of one poll of the deferred train task's trigger
+(``KubernetesAttemptTrigger.poll``: the attempt's pods and its Job, through a client made for the
+poll, the pods deserialized into the client's models, then ``attempt_status``), on the event loop's
+thread (the fake server answers on threads of its own, not counted), every pod running. Goal: at
+512 pods <= 50 ms, growing at most linearly. The launch overhead and the burn-in's stage time of the
+issue's Kubernetes curve are not measured yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trainyard.airflow.triggers import KubernetesAttemptTrigger
+from trainyard.backends.base import LaunchPlan
+from trainyard.backends.kubernetes.launcher import KubernetesLauncher
+from trainyard.protocol.env import TrainEnv
+from trainyard.spec import KubernetesSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "integration"))  # the fake cluster lives with the tests that use it
+from fake_k8s import FakeKube  # noqa: E402
+
+NS = "trainyard"
+POLLS = 5
+
+
+def trigger_poll(n: int, root: Path) -> dict[str, Any]:
+    fake = FakeKube().start()
+    try:
+        home = root / f"k8s-{n}"
+        nodes = [f"k8s-{i}" for i in range(n)]
+        plan = LaunchPlan(
+            "scale", 1, nodes, 1, "trainyard.workload", [],
+            TrainEnv(home / "hot", home / "ckpt", 10, events_dir=home / "events.d"), home / "attempt-1",
+        )  # fmt: skip
+        launcher = KubernetesLauncher(fake.client(), KubernetesSpec(image="registry.local/trainer:1", namespace=NS))
+        name = launcher.launch(plan).name
+        for i, pod in enumerate(fake.spawn_job_pods(NS, name)):
+            fake.set_pod(NS, pod, "Running", node=nodes[i], state={"running": {"startedAt": "2026-12-04T00:00:00Z"}})
+        config = home / "kubeconfig"
+        config.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+            "clusters": [{"name": "fake", "cluster": {"server": fake.url}}],
+            "users": [{"name": "fake", "user": {"token": "t"}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": NS}}],
+        }))  # fmt: skip
+        trigger = KubernetesAttemptTrigger(NS, name, nodes, poll_interval=10.0, config_file=str(config))
+
+        async def polls() -> list[float]:
+            hook, cpu = trigger.hook(), []
+            for _ in range(POLLS):
+                start = time.thread_time()
+                status = await trigger.poll(hook)
+                cpu.append((time.thread_time() - start) * 1e3)
+                assert status.state == "running" and len(status.nodes) == n, status
+            return cpu
+
+        cpu = asyncio.run(polls())
+    finally:
+        fake.stop()
+    return {"nodes": n, "trigger_poll_cpu_ms": round(statistics.median(cpu), 1)}
