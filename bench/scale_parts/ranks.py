@@ -1,9 +1,9 @@
 """The orchestrator's side of a large job, simulated: ``n`` ranks writing what the runtime writes, one watch.
 
 Ranks are light: a few writer processes (one per 256 ranks), each stepping its ranks at 4 steps/s
-in memory and writing what ``runtime.progress`` writes for each (a beat at most once a second,
-``BEAT_EVERY_S``, with the last step's time, and the pulse ``rank-N.alive`` each second), 8 ranks
-per node folder. The watch is the blocking supervisor's own (``recovery.attempt.watch_attempt`` and
+in memory and writing what ``runtime.progress`` writes for each (rank 0's beat every step, every
+other rank's at most once a second, ``BEAT_EVERY_S``, with its last step's time, and the pulse
+``rank-N.alive`` each second), 8 ranks per node folder. The watch is the blocking supervisor's own (``recovery.attempt.watch_attempt`` and
 its ``detect``), over a launcher that reports every node running until told otherwise:
 
 - ``detection_s``: a node's processes exit (the launcher says ``failed``) -> the watch returns it;
@@ -44,18 +44,19 @@ HUNG_NODE = 3
 
 
 def _writer(hb: Path, ranks: range, hang_flag: Path, stop_flag: Path) -> None:
-    """Step ``ranks`` at 4 steps/s; each second write each one's beat (its last step's time) and pulse, as the
-    runtime does. Once ``hang_flag`` exists no rank steps, and the hung node's first rank neither beats nor
-    pulses."""
-    step, stepped_at, next_step = 0, time.time(), time.time()
-    hung = range(HUNG_NODE * PER_NODE, HUNG_NODE * PER_NODE + 1)
+    """Step ``ranks`` at 4 steps/s and write what the runtime writes: rank 0's beat every step, every other
+    rank's beat (its last step's time) and every pulse each second. Once ``hang_flag`` exists no rank steps,
+    and the hung node's first rank neither beats nor pulses."""
+    step, stepped_at, next_step, next_all = 0, time.time(), time.time(), 0.0
+    hung = HUNG_NODE * PER_NODE
     while not stop_flag.exists():
         now = time.time()
         hanging = hang_flag.exists()
         while not hanging and now >= next_step:
             step, stepped_at, next_step = step + 1, next_step, next_step + STEP_S
-        for rank in ranks:
-            if hanging and rank in hung:
+        every = now >= next_all
+        for rank in ranks if every else [r for r in ranks if r == 0]:
+            if hanging and rank == hung:
                 continue
             folder = hb / f"node-{rank // PER_NODE}"
             write_beat(folder, rank, {
@@ -63,8 +64,10 @@ def _writer(hb: Path, ranks: range, hang_flag: Path, stop_flag: Path) -> None:
                 "time": stepped_at, "status": "running", "metrics": {"loss": 2.5, "step_ms": STEP_S * 1e3},
                 "attempt": 1, "run_id": "scale",
             })  # fmt: skip
-            (folder / f"rank-{rank}.alive").touch()
-        time.sleep(max(0.0, 1.0 - (time.time() - now)))
+            if every:
+                (folder / f"rank-{rank}.alive").touch()
+        next_all = now + 1.0 if every else next_all
+        time.sleep(max(0.0, min(next_step, next_all) - time.time()))
 
 
 class Launcher:

@@ -23,12 +23,14 @@ from trainyard.runtime.process import RunContext, context, ledger_event, metric_
 
 LIVENESS_S = 1.0
 BEAT_EVERY_S = 1.0
-"""A running rank's beat is written at most this often; the steps between are kept in memory and the latest is
-written by the next beat due or by the pulse (so what the orchestrator reads is at most ~1 s behind). At 1,024
-ranks and 4 steps a second a beat per step was 4,096 file replacements a second on the shared volume, growing
-with the step rate; now it is at most one per rank a second, whatever the rate. Hang detection reads a beat's
-``time``, the step's own, so it sees the same. A status other than "running" (saving, regrouping, finished) is
-written at once: the orchestrator acts on it."""
+"""A running rank's beat is written at most this often, except rank 0's; the steps between are kept in memory
+and the latest is written by the next beat due or by the pulse (so what the orchestrator reads is at most ~1 s
+behind). At 1,024 ranks and 4 steps a second a beat per step was 4,096 file replacements a second on the shared
+volume, growing with the step rate; now it is one per rank a second and rank 0's per step, whatever the world
+size. Rank 0 beats every step because its beat is where the orchestrator reads the step a failed attempt
+reached (``recovery.watch.last_step``: the steps lost); its ranks step together, so one exact beat suffices.
+Hang detection reads a beat's ``time``, the step's own, so it sees the same. A status other than "running"
+(saving, regrouping, finished) is written at once: the orchestrator acts on it."""
 _pulse: threading.Thread | None = None
 _pulse_path: Path | None = None
 """This rank's ``rank-N.alive``: set by every heartbeat, since an in-place regroup renumbers the ranks."""
@@ -65,8 +67,8 @@ def write_unwritten() -> None:
 
 
 def write_heartbeat(ctx: RunContext, step: int, metrics: dict[str, Any], status: str) -> None:
-    """This rank's heartbeat (no heartbeat folder configured: no-op): written now if one is due (``BEAT_EVERY_S``)
-    or its status is not "running", else by the pulse, which the first beat starts."""
+    """This rank's heartbeat (no heartbeat folder configured: no-op): written now if one is due (``BEAT_EVERY_S``),
+    its status is not "running" or it is rank 0's, else by the pulse, which the first beat starts."""
     global _pulse, _pulse_path, _unwritten
     if ctx.heartbeat_dir is None:
         return
@@ -77,7 +79,7 @@ def write_heartbeat(ctx: RunContext, step: int, metrics: dict[str, Any], status:
     }  # fmt: skip
     with _beats:
         _unwritten = (ctx.heartbeat_dir, me, record)
-        due = status != "running" or time.monotonic() - _written_at >= BEAT_EVERY_S
+        due = status != "running" or me == 0 or time.monotonic() - _written_at >= BEAT_EVERY_S
     _pulse_path = ctx.heartbeat_dir / f"rank-{me}.alive"
     if not due:
         return
