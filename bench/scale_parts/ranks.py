@@ -9,7 +9,7 @@ its ``detect``), over a launcher that reports every node running until told othe
 - ``detection_s``: a node's processes exit (the launcher says ``failed``) -> the watch returns it;
 - ``hang_over_timeout_s``: every rank stops stepping (a collective stuck on one hung rank, whose
   beat and pulse stop too) -> the watch names the hung rank's node, minus the timeout after the
-  last step;
+  step time of the hung rank's last beat;
 - ``supervisor_cpu_fraction``: the watch's CPU over its wall time, steady state (goal <= 0.10);
 - ``poll_cpu_ms``: the CPU of one poll;
 - ``ledger_mb_per_hour`` and ``page_s``: one hour of rank 0's step events (4 steps/s, the default
@@ -150,10 +150,11 @@ class _after:
 
 
 def _last_step_time(hb: Path) -> float:
-    """The newest step time any beat holds, once the writers have written their last (a second after the flag)."""
+    """The step time of the hung rank's last beat, once the writers have stopped stepping (a second after the
+    flag): what the watch can know of when it stopped."""
     time.sleep(1.5)
-    times = [json.loads(p.read_text())["time"] for p in hb.glob("node-*/rank-*.json")]
-    return max(times)
+    hung = HUNG_NODE * PER_NODE
+    return float(json.loads((hb / f"node-{HUNG_NODE}" / f"rank-{hung}.json").read_text())["time"])
 
 
 def one_hour_ledger(root: Path) -> dict[str, Any]:
