@@ -37,7 +37,7 @@ training:
   global_batch: 2
   micro_batch: 1
   checkpoint_every: 10
-  heartbeat_timeout_s: 2
+  heartbeat_timeout_s: 1
   startup_grace_s: 2
 checkpoint: {{hot: "file://{root}/ckpt", cold: "file://{root}/coldckpt"}}
 recovery: {{max_attempts: 3, backoff_s: 0.2, in_place: false}}
@@ -53,7 +53,7 @@ def test_a_script_without_trainyard_calls_is_supervised_and_drilled_from_outside
     stages.stage_dataset(run)
     result = stages.train(run, ["node-0", "node-1"])
 
-    # Trained for far longer than the 2 s timeout and grace without a beat: never called hung.
+    # Trained for far longer than the 1 s timeout and the 2 s grace without a beat: never called hung.
     assert [e["kind"] for e in events(run, "failure_classified")] == ["node_lost"]
     [off] = events(run, "hang_detection_off")  # once a run, not once an attempt
     assert "writes no heartbeats" in off["reason"] and "trainyard.runtime.heartbeat(step, metrics)" in off["fix"]

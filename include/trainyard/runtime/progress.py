@@ -9,7 +9,6 @@ folds its steps into one ``step`` event per ``TRAINYARD_PROGRESS_EVERY_S``
 from __future__ import annotations
 
 import atexit
-import math
 import os
 import threading
 import time
@@ -22,74 +21,43 @@ from trainyard.protocol.steps import ProgressDigest
 from trainyard.runtime.process import RunContext, context, ledger_event, metric_fields, rank
 
 LIVENESS_S = 1.0
-BEAT_EVERY_S = 1.0
-"""A running rank's beat is written at most this often, except rank 0's; the steps between are kept in memory
-and the latest is written by the next beat due or by the pulse (so what the orchestrator reads is at most ~1 s
-behind). At 1,024 ranks and 4 steps a second a beat per step was 4,096 file replacements a second on the shared
-volume, growing with the step rate; now it is one per rank a second and rank 0's per step, whatever the world
-size. Rank 0 beats every step because its beat is where the orchestrator reads the step a failed attempt
-reached (``recovery.watch.last_step``: the steps lost); its ranks step together, so one exact beat suffices.
-Hang detection reads a beat's ``time``, the step's own, so it sees the same. A status other than "running"
-(saving, regrouping, finished) is written at once: the orchestrator acts on it."""
 _pulse: threading.Thread | None = None
 _pulse_path: Path | None = None
 """This rank's ``rank-N.alive``: set by every heartbeat, since an in-place regroup renumbers the ranks."""
 _last_metrics: dict[str, Any] = {}
 """The metrics of this process's last ``running`` heartbeat: a regrouping rank's heartbeat repeats them."""
-_beats = threading.Lock()  # the training thread and the pulse both write the beat (one temporary name per process)
-_unwritten: tuple[Path, int, dict[str, Any]] | None = None
-"""The latest beat not yet written: (heartbeat folder, rank, record)."""
-_written_at = -math.inf
 
 
 def _keep_alive() -> None:
-    """Touch ``_pulse_path`` every second from a daemon thread, whatever the training loop is doing, and write the
-    beat the loop left for it.
+    """Touch ``_pulse_path`` every second from a daemon thread, whatever the training loop is doing.
 
     A rank blocked in a collective still pulses (gloo waits without the GIL);
     a stopped or frozen process does not. The supervisor tells the node that
     hung from the ones merely waiting for it by this pulse.
     """
     while True:
-        write_unwritten()
         if _pulse_path is not None:
             _pulse_path.touch()
         time.sleep(LIVENESS_S)
 
 
-def write_unwritten() -> None:
-    """Write the latest beat if it is not yet written (the pulse's every second, and at exit)."""
-    global _unwritten, _written_at
-    with _beats:
-        if _unwritten is not None:
-            write_beat(*_unwritten)
-            _unwritten, _written_at = None, time.monotonic()
-
-
 def write_heartbeat(ctx: RunContext, step: int, metrics: dict[str, Any], status: str) -> None:
-    """This rank's heartbeat (no heartbeat folder configured: no-op): written now if one is due (``BEAT_EVERY_S``),
-    its status is not "running" or it is rank 0's, else by the pulse, which the first beat starts."""
-    global _pulse, _pulse_path, _unwritten
+    """This rank's heartbeat file (no heartbeat folder configured: no-op); starts its pulse the first time."""
+    global _pulse, _pulse_path
     if ctx.heartbeat_dir is None:
         return
-    me = rank()
-    record = {
-        "rank": me, "node": ctx.node, "host": ctx.host, "pid": os.getpid(), "step": step, "time": time.time(),
-        "status": status, "metrics": metrics, "attempt": ctx.attempt, "run_id": ctx.run_id,
-    }  # fmt: skip
-    with _beats:
-        _unwritten = (ctx.heartbeat_dir, me, record)
-        due = status != "running" or me == 0 or time.monotonic() - _written_at >= BEAT_EVERY_S
-    _pulse_path = ctx.heartbeat_dir / f"rank-{me}.alive"
-    if not due:
-        return
     ctx.heartbeat_dir.mkdir(parents=True, exist_ok=True)
-    write_unwritten()
+    me = rank()
+    _pulse_path = ctx.heartbeat_dir / f"rank-{me}.alive"
     if _pulse is None:
         _pulse_path.touch()
         _pulse = threading.Thread(target=_keep_alive, daemon=True)
         _pulse.start()
-        atexit.register(write_unwritten)
+    record = {
+        "rank": me, "node": ctx.node, "host": ctx.host, "pid": os.getpid(), "step": step, "time": time.time(),
+        "status": status, "metrics": metrics, "attempt": ctx.attempt, "run_id": ctx.run_id,
+    }  # fmt: skip
+    write_beat(ctx.heartbeat_dir, me, record)
 
 
 # Rank 0's steps not yet in the ledger: one digest per process (and context), flushed at exit too,
