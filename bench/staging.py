@@ -102,7 +102,7 @@ def clear(*paths: Path) -> Callable[[], None]:
     """A reset that moves an earlier copy aside (deleted with the bench's folder at the end), not deletes it.
 
     On ext4 without a journal (this machine's root file system), a new inode is allocated past
-    every inode deleted in the last 5-35 s (``find_inode_bit`` -> ``recently_deleted``): right
+    every inode deleted in the last 60-300 s (``find_inode_bit`` -> ``recently_deleted``): right
     after the 2,000 files of the last round were deleted, each new file cost ~0.8 ms of kernel
     CPU (perf: 53% of the run in ``recently_deleted``), on every side, so the small-object
     rounds measured the bench's own clean-up. A rename frees no inode."""

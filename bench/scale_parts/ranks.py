@@ -2,15 +2,16 @@
 
 Ranks are light: a few writer processes (one per 256 ranks), each stepping its ranks at 4 steps/s
 and writing what ``runtime.progress`` writes for each (its beat every step, the pulse
-``rank-N.alive`` each second), 8 ranks per node folder: at 1,024 ranks 4,096 beats a second. The watch is the blocking supervisor's own (``recovery.attempt.watch_attempt`` and
-its ``detect``), over a launcher that reports every node running until told otherwise:
+``rank-N.alive`` each second), 8 ranks per node folder: at 1,024 ranks 4,096 beats a second.
+The watch is the blocking supervisor's own (``recovery.attempt.watch_attempt`` and its
+``detect``), over a launcher that reports every node running until told otherwise:
 
 - ``detection_s``: a node's processes exit (the launcher says ``failed``) -> the watch returns it;
 - ``hang_over_timeout_s``: every rank stops stepping (a collective stuck on one hung rank, whose
   beat and pulse stop too) -> the watch names the hung rank's node, minus the timeout after the
   step time of the hung rank's last beat;
 - ``supervisor_cpu_fraction``: the watch's CPU over its wall time, steady state (goal <= 0.10);
-- ``poll_cpu_ms``: the CPU of one poll;
+- ``poll_interval_s``: the median wait between polls (it grows with a poll's cost);
 - ``ledger_mb_per_hour`` and ``page_s``: one hour of rank 0's step events (4 steps/s, the default
   ``progress_every_s``) and the run page's render from that ledger (``summarize`` + ``run_page``):
   rank 0 alone writes steps, so neither grows with the world size.
@@ -22,6 +23,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -135,8 +137,6 @@ class _after:
     """Call ``act`` ``seconds`` from now on a thread; ``at``: when it did."""
 
     def __init__(self, seconds: float, act: Any):
-        import threading
-
         self.at = float("inf")
 
         def run() -> None:

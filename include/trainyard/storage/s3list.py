@@ -65,8 +65,8 @@ def parse_page(data: bytes, strip: int, where: str) -> tuple[list[ObjectInfo], s
             token = element.text or ""
     if truncated and not token:
         raise DataError(f"{where}: the store's listing says it is truncated but gives no continuation token")
-    keys = [unquote_plus(k) for k, _, _ in found] if url_encoded else [k for k, _, _ in found]
-    objects = [ObjectInfo(key[strip:], size, etag) for key, (_, size, etag) in zip(keys, found, strict=True)]
+    decode = unquote_plus if url_encoded else str  # EncodingType may come after the entries
+    objects = [ObjectInfo(decode(key)[strip:], size, etag) for key, size, etag in found]
     return [o for o in objects if not o.key.endswith("/")], token if truncated else ""
 
 
