@@ -24,6 +24,10 @@ _CHAINED = re.compile(r"During handling of the above exception|The above excepti
 # "[W1129 22:02:17.454685851 TCPStore.cpp:115] "): noise in a one-line evidence.
 LOG_HEADER = re.compile(r"^\[?[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +(?:\d+ )?\S+:\d+\] ")
 _WORKER_EXIT = re.compile(r"failed \(exitcode: -?\d+\)")
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line \d+')
+# Code of torchrun's agent: an exception raised there (innermost frame) is the agent's own, e.g. its
+# teardown after a cancel finding a worker's process group already gone (ProcessLookupError), not the script's.
+_AGENT_CODE = "/torch/distributed/elastic/"
 
 
 @dataclass(frozen=True)
@@ -43,30 +47,45 @@ def split_streams(log: str) -> dict[str, list[tuple[str, str]]]:
     return streams
 
 
-def _chains(stream: list[tuple[str, str]]) -> list[list[tuple[str, str]]]:
+@dataclass(frozen=True)
+class _Raised:
+    text: str
+    raw: str
+    where: str
+    """The file of the innermost frame printed above the exception line ("" if none was)."""
+
+
+def _chains(stream: list[tuple[str, str]]) -> list[list[_Raised]]:
     """The exception lines of one stream, grouped into chains of chained tracebacks."""
-    chains: list[list[tuple[str, str]]] = []
+    chains: list[list[_Raised]] = []
     joined = False
+    where = ""
     for text, raw in stream:
-        if _CHAINED.search(text):
+        frame = _FRAME.match(text)
+        if frame:
+            where = frame.group("file")
+        elif _CHAINED.search(text):
             joined = True
         elif _EXCEPTION.match(text):
             if joined and chains:
-                chains[-1].append((text, raw))
+                chains[-1].append(_Raised(text, raw, where))
             else:
-                chains.append([(text, raw)])
+                chains.append([_Raised(text, raw, where)])
             joined = False
+            where = ""
     return chains
 
 
-def _raised_by_user_code(chain: list[tuple[str, str]]) -> bool:
-    """A chain a worker raised on its own: not a wrapper, not a peer's disappearance, not a known category."""
-    name = _EXCEPTION.match(chain[-1][0]).group("name").rsplit(".", 1)[-1]  # type: ignore[union-attr]
-    if name in NOT_ROOT_CAUSES:
+def _raised_by_user_code(chain: list[_Raised]) -> bool:
+    """A chain a worker raised on its own: not a wrapper, not the agent's own, not a peer's disappearance,
+    not a known category."""
+    last = chain[-1]
+    name = _EXCEPTION.match(last.text).group("name").rsplit(".", 1)[-1]  # type: ignore[union-attr]
+    if name in NOT_ROOT_CAUSES or _AGENT_CODE in last.where:
         return False
-    if any(_COMPILED["comm"].search(text) for text, _ in chain):
+    if any(_COMPILED["comm"].search(r.text) for r in chain):
         return False
-    return not any(_COMPILED[cat].search(chain[-1][0]) for cat in ROOT_CAUSES)
+    return not any(_COMPILED[cat].search(last.text) for cat in ROOT_CAUSES)
 
 
 Streams = dict[str, list[tuple[str, str]]]
@@ -88,7 +107,7 @@ def user_exception(streams: Streams) -> str | None:
     for stream in streams.values():
         for chain in _chains(stream):
             if _raised_by_user_code(chain):
-                return chain[-1][1]
+                return chain[-1].raw
     return None
 
 
