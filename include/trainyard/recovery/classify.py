@@ -14,7 +14,8 @@ for unprefixed lines (the agent, and workers before the process group forms)
 exception`` joins two tracebacks into one chain). A chain whose exceptions
 mention a connection or collective error is a symptom of a vanished peer, never
 a root cause; torchrun's own wrappers (``ChildFailedError``, ``SignalException``
-from a cancel) are never root causes either.
+from a cancel) are never root causes either, nor is anything raised in the agent's
+own code (its teardown after a cancel can fail to kill a process group already gone).
 
 Precedence is the order of ``RULES``; the first rule that fires decides:
 
