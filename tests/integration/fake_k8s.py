@@ -1,8 +1,13 @@
 """A fake Kubernetes API server over HTTP on 127.0.0.1, for the launcher's integration tests.
 
 It speaks just enough of the API for the calls trainyard makes -- create, get,
-list (with equality and existence label selectors), delete and merge-patch of
-any resource, pod logs -- and keeps objects in memory. It is strict where the
+list (with equality and existence label selectors), watch, delete and merge-patch
+of any resource, pod logs -- and keeps objects in memory. A watch (``watch=true``)
+streams ``ADDED``/``MODIFIED``/``DELETED`` events after its ``resourceVersion``
+as newline-delimited JSON until its ``timeoutSeconds``; changes between two looks
+of a watch may reach it as one event, as a real server's may after a gap. A watch
+from a version ``compact`` has dropped gets the real server's ``ERROR`` event with
+code 410 (Gone), after which a client must list again. It is strict where the
 real server is: creating an existing name is 409, deleting or reading a
 missing one 404, a merge patch with a stale ``resourceVersion`` 409, a
 JSON Patch content type with a non-list body 400, and a label or annotation
@@ -39,8 +44,10 @@ import socket
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -122,6 +129,13 @@ def _matches(labels: dict[str, str], selector: str) -> bool:
     return True
 
 
+_TRUE = ("1", "t", "T", "true", "True", "TRUE")  # what the server's strconv.ParseBool takes as true
+
+
+def _labels(obj: dict[str, Any]) -> dict[str, str]:
+    return obj["metadata"].get("labels") or {}
+
+
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:
     return {
         "kind": "Status",
@@ -162,7 +176,16 @@ class FakeKube:
         self.deletes: list[tuple[str, str, dict[str, Any]]] = []
         """(resource, name, DeleteOptions) of every delete."""
         self.lock = threading.RLock()
+        self._changed = threading.Condition(self.lock)
         self._version = 0
+        self.compacted = 0
+        """Watches from a version older than this get 410 Gone (``compact``)."""
+        self.tombstones: list[tuple[int, tuple[str, str, str], dict[str, Any]]] = []
+        """(version of the deletion, (prefix, resource, namespace), the object) of every delete, for watches."""
+        self._stopping = False
+        self._watch_era = 0  # ``end_watches`` ends the watches of earlier eras
+        self.forbidden: set[tuple[str, str]] = set()
+        """(verb, resource) pairs answered 403 Forbidden, as a Role without them would be."""
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 
@@ -183,14 +206,36 @@ class FakeKube:
         return self
 
     def stop(self) -> None:
+        with self.lock:
+            self._stopping = True  # open watches end
+            self._changed.notify_all()
         self._server.shutdown()
         self._server.server_close()
 
     # ------------------------------------------------------------ state, for tests
 
     def _next_version(self) -> str:
-        self._version += 1
-        return str(self._version)
+        with self.lock:
+            self._version += 1
+            self._changed.notify_all()  # open watches look again
+            return str(self._version)
+
+    def end_watches(self) -> None:
+        """End every open watch, as the server does at its timeout or a restart; clients watch again."""
+        with self.lock:
+            self._watch_era += 1
+            self._changed.notify_all()
+
+    def compact(self) -> None:
+        """What etcd's compaction does: the history so far is gone; a watch from before now gets 410 Gone."""
+        with self.lock:
+            self.compacted = self._version
+
+    def _forget(self, key: tuple[str, str, str, str]) -> dict[str, Any]:
+        """Delete an object; a deletion is a change with a version of its own, which watches report."""
+        obj = self.objects.pop(key)
+        self.tombstones.append((int(self._next_version()), key[:3], obj))
+        return obj
 
     def get(self, prefix: str, resource: str, ns: str, name: str) -> dict[str, Any] | None:
         with self.lock:
@@ -311,13 +356,21 @@ class FakeKube:
             return 404, _status(404, "NotFound", f"no route {path}")
         prefix, ns, resource, name, sub = m["prefix"], m["ns"] or "", m["resource"], m["name"], m["sub"]
         verb = {"POST": "create", "DELETE": "delete", "PATCH": "patch", "PUT": "update"}.get(method)
-        verb = verb or ("get" if name else "list")
+        watching = not name and method == "GET" and query.get("watch", [""])[0] in _TRUE
+        verb = verb or ("get" if name else "watch" if watching else "list")
         with self.lock:
             self.calls.append(Call(verb, _group(prefix), f"{resource}/{sub}" if sub else resource, bool(ns)))
+            if (verb, resource) in self.forbidden:
+                return 403, _status(403, "Forbidden", f'cannot {verb} resource "{resource}"')
             key = (prefix, resource, ns, name or "")
             data = json.loads(body) if body else None
             if method == "POST" and not name:
                 return self._create(prefix, resource, ns, data)
+            if watching:
+                since = query.get("resourceVersion", ["0"])[0] or "0"
+                timeout = float(query.get("timeoutSeconds", ["1800"])[0])
+                selector = query.get("labelSelector", [""])[0]
+                return 200, self._watch(prefix, resource, ns, selector, int(since), timeout)
             if method == "GET" and not name:
                 selector = query.get("labelSelector", [""])[0]
                 items = [
@@ -347,6 +400,51 @@ class FakeKube:
                 return self._patch(key, obj, ctype, data)
         return 405, _status(405, "MethodNotAllowed", method)
 
+    def _watch(
+        self, prefix: str, resource: str, ns: str, selector: str, since: int, timeout: float
+    ) -> Iterator[dict[str, Any]]:
+        """The events of a watch from version ``since``, as the server sends them, until ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            era = self._watch_era
+            if since and since < self.compacted:
+                gone = _status(410, "Expired", f"too old resource version: {since} ({self.compacted})")
+                events = [{"type": "ERROR", "object": gone}]
+            else:
+                events = [
+                    {"type": "DELETED", "object": obj}
+                    for version, where, obj in self.tombstones
+                    if version > since and where == (prefix, resource, ns) and _matches(_labels(obj), selector)
+                ]
+            seen = {}  # name -> the version this watch last reported (or that its client listed)
+            for obj in self.items(prefix, resource, ns):
+                if _matches(_labels(obj), selector):
+                    version = int(obj["metadata"]["resourceVersion"])
+                    seen[obj["metadata"]["name"]] = version if version <= since else 0
+            events = [json.loads(json.dumps(e)) for e in events]  # copies: the objects change under the lock
+        yield from events
+        if events and events[0]["type"] == "ERROR":
+            return
+        while not self._stopping and era == self._watch_era and time.monotonic() < deadline:
+            with self.lock:
+                now = {
+                    o["metadata"]["name"]: o for o in self.items(prefix, resource, ns) if _matches(_labels(o), selector)
+                }
+                events = []
+                for name, obj in now.items():
+                    version = int(obj["metadata"]["resourceVersion"])
+                    if seen.get(name) != version:
+                        events.append({"type": "MODIFIED" if name in seen else "ADDED", "object": obj})
+                        seen[name] = version
+                for name in [n for n in seen if n not in now]:
+                    del seen[name]
+                    obj = next(o for _, where, o in reversed(self.tombstones) if o["metadata"]["name"] == name)
+                    events.append({"type": "DELETED", "object": obj})
+                events = [json.loads(json.dumps(e)) for e in events]
+                if not events:
+                    self._changed.wait(min(0.5, max(0.0, deadline - time.monotonic())))
+            yield from events
+
     def _create(self, prefix: str, resource: str, ns: str, data: Any) -> tuple[int, Any]:
         name = (data or {}).get("metadata", {}).get("name")
         if not name:
@@ -366,13 +464,13 @@ class FakeKube:
 
     def _delete(self, key: tuple[str, str, str, str], options: dict[str, Any]) -> tuple[int, Any]:
         _prefix, resource, ns, name = key
-        obj = self.objects.pop(key)
+        obj = self._forget(key)
         self.deletes.append((resource, name, options))
         if resource == "jobs" and options.get("propagationPolicy") in ("Foreground", "Background"):
             # The garbage collector: the Job's pods go with it.
             for pod in self.items("api/v1", "pods", ns):
                 if any(ref.get("uid") == obj["metadata"]["uid"] for ref in pod["metadata"].get("ownerReferences", [])):
-                    self.objects.pop(("api/v1", "pods", ns, pod["metadata"]["name"]))
+                    self._forget(("api/v1", "pods", ns, pod["metadata"]["name"]))
         return 200, obj
 
     def _patch(self, key: tuple[str, str, str, str], obj: dict[str, Any], ctype: str, data: Any) -> tuple[int, Any]:
@@ -408,12 +506,30 @@ def _handler(fake: FakeKube) -> type[BaseHTTPRequestHandler]:
             code, payload = fake.handle(
                 self.command, url.path, parse_qs(url.query), self.headers.get("Content-Type", ""), body
             )
+            if isinstance(payload, Iterator):
+                self._stream(code, payload)
+                return
             raw = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
             self.send_response(code)
             self.send_header("Content-Type", "text/plain" if isinstance(payload, str) else "application/json")
             self.send_header("Content-Length", str(len(raw)))
             self.end_headers()
             self.wfile.write(raw)
+
+        def _stream(self, code: int, events: Iterator[dict[str, Any]]) -> None:
+            """A watch: one JSON event a line, each its own chunk, as the API server sends them."""
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            try:
+                for event in events:
+                    line = json.dumps(event).encode() + b"\n"
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+                    self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
+            except (BrokenPipeError, ConnectionResetError):
+                self.close_connection = True  # the client went away
 
         do_GET = do_POST = do_DELETE = do_PATCH = do_PUT = _serve
 

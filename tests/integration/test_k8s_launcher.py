@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
-from fake_k8s import HOSTNAME, Call, FakeKube, Kubelet, Scheduler, claim_path, container_env
+from fake_k8s import HOSTNAME, NOW, Call, FakeKube, Kubelet, Scheduler, claim_path, container_env
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -435,6 +435,90 @@ def test_trigger_reports_a_failed_node_and_times_out_and_gives_up_on_an_unreacha
         KubernetesAttemptTrigger(NS, handle.name, ["k8s-0"], poll_interval=0.01, config_file=gone, max_api_errors=2)
     )
     assert error["status"] == "error" and error["nodes"] == [] and "unreachable" in error["message"]
+
+
+def pod_calls(fake: FakeKube, verb: str) -> int:
+    return sum(1 for c in fake.calls if (c.verb, c.resource) == (verb, "pods"))
+
+
+def test_the_trigger_lists_the_pods_once_then_watches_and_wakes_on_a_failed_pod(fake: FakeKube, tmp_path: Path) -> None:
+    """Polls read the watched pods, not a list of them all; a pod that fails wakes the trigger before its
+    next poll."""
+    launcher = KubernetesLauncher(fake.client(), DEFAULT)
+    plan = make_plan(tmp_path, nodes=8)
+    handle = launcher.launch(plan)
+    pods = fake.spawn_job_pods(NS, handle.name)
+    running(fake, pods)
+    config = kubeconfig(tmp_path, fake.url)
+    quiet = first_event(
+        KubernetesAttemptTrigger(NS, handle.name, plan.nodes, poll_interval=0.05, config_file=config, timeout_s=1.0)
+    )
+    assert quiet["status"] == "timeout" and {n["state"] for n in quiet["nodes"]} == {"running"}
+    jobs_read = sum(1 for c in fake.calls if (c.verb, c.resource) == ("get", "jobs"))
+    assert jobs_read >= 10, "it polled"  # one small read a poll: why the Job failed, beyond its pods
+    assert (pod_calls(fake, "list"), pod_calls(fake, "watch")) == (1, 1), fake.calls
+
+    fake.calls.clear()
+    fails = threading.Timer(
+        0.5, fake.set_pod, (NS, pods[3], "Failed"),
+        {"node": "k8s-4", "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}},
+    )  # fmt: skip
+    fails.start()
+    started = time.monotonic()
+    failed = first_event(KubernetesAttemptTrigger(NS, handle.name, plan.nodes, poll_interval=30.0, config_file=config))
+    assert failed["status"] == "failed" and failed["message"] == "k8s-4: OOMKilled"
+    assert time.monotonic() - started < 5.0, "woken by the watch, not by the next poll 30 s later"
+    assert (pod_calls(fake, "list"), pod_calls(fake, "watch")) == (1, 1)
+
+
+def test_a_watch_ended_by_the_server_goes_on_and_one_from_a_forgotten_version_lists_again(
+    fake: FakeKube, tmp_path: Path
+) -> None:
+    launcher = KubernetesLauncher(fake.client(), DEFAULT)
+    plan = make_plan(tmp_path, nodes=3)
+    handle = launcher.launch(plan)
+    pods = fake.spawn_job_pods(NS, handle.name)
+    running(fake, pods)
+    trigger = KubernetesAttemptTrigger(
+        NS, handle.name, plan.nodes, poll_interval=0.05, config_file=kubeconfig(tmp_path, fake.url)
+    )
+
+    def server_side() -> None:
+        time.sleep(0.4)
+        fake.end_watches()  # its timeout: the trigger watches again from where it was
+        time.sleep(0.4)
+        fake.set_pod(NS, pods[0], "Running", node="k8s-2", state={"running": {"startedAt": NOW}})  # a change
+        fake.compact()
+        fake.end_watches()  # now from a version the server forgot: 410 Gone, a list, a watch
+        time.sleep(0.4)
+        succeed(fake, pods)
+
+    changes = threading.Thread(target=server_side)
+    changes.start()
+    event = first_event(trigger)
+    changes.join()
+    assert event["status"] == "succeeded"
+    assert pod_calls(fake, "list") == 2 and pod_calls(fake, "watch") == 4, fake.calls
+
+
+def test_without_leave_to_watch_the_trigger_lists_every_poll_and_says_why(
+    fake: FakeKube, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Role from before the watch (list, no watch): the trigger still works, as it did, and warns once."""
+    launcher = KubernetesLauncher(fake.client(), DEFAULT)
+    plan = make_plan(tmp_path)
+    handle = launcher.launch(plan)
+    pods = fake.spawn_job_pods(NS, handle.name)
+    running(fake, pods)
+    fake.forbidden.add(("watch", "pods"))
+    threading.Timer(0.5, succeed, (fake, pods)).start()
+    event = first_event(
+        KubernetesAttemptTrigger(
+            NS, handle.name, plan.nodes, poll_interval=0.05, config_file=kubeconfig(tmp_path, fake.url)
+        )
+    )
+    assert event["status"] == "succeeded"
+    assert pod_calls(fake, "list") >= 5 and capsys.readouterr().out.count("may not watch pods") == 1
 
 
 def test_a_user_kill_of_the_deferred_task_deletes_the_attempt_from_the_triggerer(

@@ -12,6 +12,12 @@ The connection to the cluster goes through the cncf-kubernetes provider's
 ``AsyncKubernetesHook`` (an Airflow Kubernetes connection, in-cluster
 config, or a kubeconfig file), as the provider's own ``KubernetesJobTrigger``
 does.
+
+What a poll costs does not grow with the attempt: the pods are listed once and then watched
+(``backends.kubernetes.podcache``), so a poll reads the cache and one small object (the Job, or in place
+the coordinator pod), on a client kept for ``WATCH_S``. A pod's change that ends the attempt wakes the
+trigger at once rather than at the next poll. A Role without ``watch`` on pods (a deployment older than
+this) gets a list every poll, as before, and one warning.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import asyncio
 import os
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -31,6 +38,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from trainyard.backends.base import AttemptStatus
 from trainyard.backends.kubernetes import aio, api
+from trainyard.backends.kubernetes.podcache import PodCache
 from trainyard.backends.kubernetes.status import attempt_status, status_from_dicts, status_to_dicts
 from trainyard.protocol.coordstore import attempt_prefix, faulted_key, peek
 from trainyard.recovery.observations import Reported
@@ -38,6 +46,10 @@ from trainyard.recovery.progress import ProgressLog
 from trainyard.recovery.watch import STARTUP_GRACE_S, detect
 
 CLASSPATH = "trainyard.airflow.triggers.KubernetesAttemptTrigger"
+WATCH_S = 240
+"""How long a watch of the pods, and the client it runs on, lasts: then a new client (the hook reloads
+short-lived credentials on each: EKS and GKE tokens expire within the hour) and a new watch from where the
+last one ended."""
 _ARGUMENTS = (
     "namespace",
     "job_name",
@@ -170,6 +182,12 @@ class KubernetesAttemptTrigger(BaseTrigger):
         self.faults_seen = faults_seen
         self._counter: Any = None  # the store's client, once connected
         self._blind = False  # warned once that the heartbeats are out of sight
+        # While ``watching`` (made there: asyncio's events belong to the loop that runs the trigger):
+        self._client: _Client | None = None
+        self._cache = PodCache()
+        self._changed = asyncio.Event()  # the cache changed, or the follower failed
+        self._settled = asyncio.Event()  # the first list was answered, or failed
+        self._list_only = False  # the Role allows no watch: a list every poll
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         # Every constructor argument, as stored: the triggerer rebuilds the trigger from these.
@@ -186,12 +204,79 @@ class KubernetesAttemptTrigger(BaseTrigger):
             connection_extras=extras,
         )
 
-    async def poll(self, hook: AsyncKubernetesHook) -> AttemptStatus:
-        # A client per poll: the hook reloads exec-plugin credentials (EKS, GKE tokens
-        # that expire within the hour) on each connection, and attempts last longer.
-        async with hook.get_conn() as client:
-            pods, reason = await aio.drive(aio.apis(client), api.look(self.namespace, self.job_name, self.in_place))
-        return attempt_status(pods, self.nodes, reason, in_place=self.in_place)
+    @asynccontextmanager
+    async def watching(self) -> AsyncIterator[None]:
+        """A client and the watch that keeps the pods for ``poll``, for as long as the block runs."""
+        self._client = _Client(self.hook())
+        self._cache, self._changed, self._settled = PodCache(), asyncio.Event(), asyncio.Event()
+        follower = asyncio.create_task(self._follow())
+        try:
+            yield
+        finally:
+            follower.cancel()
+            with suppress(asyncio.CancelledError):
+                await follower
+            await self._client.close()
+            self._client = None
+
+    async def poll(self) -> AttemptStatus:
+        """The attempt's state (inside ``watching``): its pods as the watch keeps them, and one read of why
+        it failed beyond them (``api.attempt_reason``). Raises the watch's failure until it recovers."""
+        assert self._client is not None, "poll() runs inside watching()"
+        await self._settled.wait()
+        if self._cache.failure is not None:
+            raise self._cache.failure
+        apis = await self._client.apis()
+        reason = await aio.drive(apis, api.attempt_reason(self.namespace, self.job_name, self.in_place))
+        return attempt_status(self._cache.pods.values(), self.nodes, reason, in_place=self.in_place)
+
+    async def _follow(self) -> None:
+        """Keep the pods current while the trigger runs: a list, then watches one after another (a list again
+        after a 410 Gone). A failure is left in the cache for the poll to count, and retried a poll later."""
+        assert self._client is not None
+        cache = self._cache
+        while True:
+            try:
+                apis = await self._client.apis()
+                if cache.version is None or self._list_only:
+                    pods, version = await aio.call(apis, api.pod_list(self.namespace, self.job_name))
+                    cache.listed(pods, version)
+                    self._settled.set()
+                    self._changed.set()
+                    if self._list_only:
+                        await asyncio.sleep(self.poll_interval)
+                    continue
+                request = api.watch_pods(self.namespace, self.job_name, cache.version, WATCH_S)
+                await aio.watch(apis, request, cache, self._changed.set)
+                continue
+            except ApiException as exc:
+                if exc.status == 403 and cache.version is not None and not self._list_only:
+                    self._list_only = True  # it may list but not watch: a Role from before the watch
+                    self.log.warning(
+                        "may not watch pods in %s (%s): listing them every poll instead; the Role in "
+                        "docker/k8s/launcher-rbac.yaml grants watch", self.namespace, exc.reason,
+                    )  # fmt: skip
+                    continue
+                cache.failure = exc
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
+                cache.failure = exc  # ValueError: a line that is not JSON, or too long for the reader
+            self._settled.set()
+            self._changed.set()  # the poll counts it now
+            await asyncio.sleep(self.poll_interval)
+
+    async def _quiet(self, seconds: float) -> None:
+        """Wait ``seconds`` for the next poll; less when a pod's change ends the attempt (or the watch failed)."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + seconds
+        while (left := until - loop.time()) > 0:
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), left)
+            except asyncio.TimeoutError:
+                return
+            pods = attempt_status(self._cache.pods.values(), self.nodes, None, in_place=self.in_place)
+            if self._cache.failure is not None or pods.state != "running":
+                return
 
     async def on_kill(self) -> None:
         """The user marked the deferred task failed (or cleared it): end the attempt, as ``on_kill`` does
@@ -276,14 +361,19 @@ class KubernetesAttemptTrigger(BaseTrigger):
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        async with self.watching():
+            async for event in self._events():
+                yield event
+                return
+
+    async def _events(self) -> AsyncIterator[TriggerEvent]:
         loop = asyncio.get_running_loop()
         deadline = None if self.timeout_s is None else loop.time() + self.timeout_s
-        hook = self.hook()
         pace = self.progress_log()
         errors, last = 0, None
         while True:
             try:
-                last = await self.poll(hook)
+                last = await self.poll()
                 errors = 0
             except ApiException as exc:
                 # 4xx other than throttling (403 from RBAC, 401 expired credentials) will not heal by waiting.
@@ -314,7 +404,38 @@ class KubernetesAttemptTrigger(BaseTrigger):
             if deadline is not None and loop.time() >= deadline:
                 yield self._event("timeout", last, f"still running after {self.timeout_s:.0f} s")
                 return
-            await asyncio.sleep(self.poll_interval)
+            wait = self.poll_interval if deadline is None else min(self.poll_interval, deadline - loop.time())
+            await self._quiet(wait)
+
+
+class _Client:
+    """The trigger's client to the cluster, made anew every ``WATCH_S`` (the hook reloads short-lived
+    credentials on each). One replaced is closed at the next renewal: nothing begun on it can still run
+    then (a watch lasts ``WATCH_S``, a read seconds)."""
+
+    def __init__(self, hook: AsyncKubernetesHook) -> None:
+        self.hook = hook
+        self._current: tuple[AsyncExitStack, api.ClientApis, float] | None = None
+        self._retired: AsyncExitStack | None = None
+        self._lock = asyncio.Lock()  # the poll and the watch may ask at once
+
+    async def apis(self) -> api.ClientApis:
+        async with self._lock:
+            now = time.monotonic()
+            if self._current is None or now - self._current[2] >= WATCH_S:
+                if self._retired is not None:
+                    await self._retired.aclose()
+                self._retired = self._current[0] if self._current else None
+                stack = AsyncExitStack()
+                client = await stack.enter_async_context(self.hook.get_conn())
+                self._current = (stack, aio.apis(client), now)
+            return self._current[1]
+
+    async def close(self) -> None:
+        for stack in (self._retired, self._current[0] if self._current else None):
+            if stack is not None:
+                await stack.aclose()
+        self._current = self._retired = None
 
 
 _STATUSES = ("succeeded", "failed", "hang", "timeout", "error", "fault")

@@ -5,12 +5,16 @@ The deferrable trigger waits with it; it asks nothing the sync launcher does not
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any, TypeVar
 
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from trainyard.backends.kubernetes.api import Apis, ClientApis, Operation, Request
+from trainyard.backends.kubernetes.podcache import PodCache
 
 T = TypeVar("T")
 
@@ -35,3 +39,38 @@ async def drive(apis: Apis, operation: Operation[T]) -> T:
             request = operation.send(await call(apis, request))
     except StopIteration as done:
         return done.value
+
+
+async def watch(apis: Apis, request: Request, cache: PodCache, changed: Callable[[], None]) -> None:
+    """Apply the events of watch ``request`` (``api.watch_pods``) to ``cache`` until the server ends the watch,
+    calling ``changed`` after each change. An expired version (410 Gone) leaves ``cache`` to be listed again.
+
+    Read line by line here rather than with ``kubernetes_asyncio.watch``: the cache learns that the watch is
+    connected (an earlier failure is over) before any event comes, which may be minutes later.
+    """
+    response = await request.send(apis)
+    try:
+        if response.status != 200:
+            raise ApiException(status=response.status, reason=response.reason)
+        cache.connected()
+        async for line in response.content:
+            if not line.strip():
+                continue
+            event = json.loads(line)
+            kind, obj = event.get("type"), event.get("object") or {}
+            if kind == "ERROR":
+                if obj.get("code") == 410:
+                    cache.expire()
+                    return
+                raise ApiException(status=obj.get("code"), reason=f"{obj.get('reason')}: {obj.get('message')}")
+            if kind == "BOOKMARK":
+                cache.bookmark(obj["metadata"]["resourceVersion"])
+                continue
+            if kind not in ("ADDED", "MODIFIED", "DELETED"):
+                raise ValueError(f"not a watch event: {line[:120]!r}")
+            # One pod into the client's model, as a list would: ``status`` reads models.
+            pod = apis.core.api_client.deserialize(SimpleNamespace(data=json.dumps(obj)), "V1Pod")
+            cache.seen(kind, pod)
+            changed()
+    finally:
+        response.release()

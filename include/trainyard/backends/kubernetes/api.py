@@ -117,6 +117,33 @@ def list_pods(namespace: str, name: str) -> Request:
     return Request("core", "list_namespaced_pod", (namespace,), {"label_selector": selector(name)}, lambda r: r.items)
 
 
+def pod_list(namespace: str, name: str) -> Request:
+    """The attempt's pods and the list's ``resourceVersion``, after which a watch goes on (``watch_pods``)."""
+    return Request(
+        "core", "list_namespaced_pod", (namespace,), {"label_selector": selector(name)},
+        lambda r: (r.items, r.metadata.resource_version),
+    )  # fmt: skip
+
+
+def watch_pods(namespace: str, name: str, version: str, timeout_s: int) -> Request:
+    """The changes to the attempt's pods after ``version``, streamed until the server ends the watch after
+    ``timeout_s``. The answer is the raw response: the executor reads its events line by line."""
+    return Request(
+        "core",
+        "list_namespaced_pod",
+        (namespace,),
+        {
+            "label_selector": selector(name),
+            "watch": True,
+            "resource_version": version,
+            "timeout_seconds": timeout_s,
+            "allow_watch_bookmarks": True,
+            "_preload_content": False,
+            "_request_timeout": timeout_s + 30,  # a connection gone silent (a partition) ends too
+        },
+    )
+
+
 def job_reason(namespace: str, name: str) -> Request:
     """Why the Job failed (None while it has not); ``JOB_DELETED`` when it is gone."""
     return Request(
@@ -155,15 +182,21 @@ STORE_LOST = "CoordinatorLost"
 
 
 def look(namespace: str, name: str, in_place: bool = False) -> Operation[tuple[list[Any], str | None]]:
-    """The attempt's pods and its Job's failure reason: what ``status.attempt_status`` reads. ``in_place``:
-    no Job; the reason is ``STORE_LOST`` when the coordinator pod is not running (or pending)."""
+    """The attempt's pods and its Job's failure reason: what ``status.attempt_status`` reads."""
     pods = yield list_pods(namespace, name)
+    reason = yield from attempt_reason(namespace, name, in_place)
+    return pods, reason
+
+
+def attempt_reason(namespace: str, name: str, in_place: bool = False) -> Operation[str | None]:
+    """Why the attempt failed beyond its pods: its Job's failure reason. ``in_place``: no Job; the reason is
+    ``STORE_LOST`` when the coordinator pod is not running (or pending)."""
     if not in_place:
         reason = yield job_reason(namespace, name)
-        return pods, reason
+        return reason
     store = yield list_pods(namespace, store_name(name))
     alive = [p for p in store if p.metadata.deletion_timestamp is None and _phase(p) in ("Pending", "Running")]
-    return pods, None if alive else STORE_LOST
+    return None if alive else STORE_LOST
 
 
 def _phase(pod: Any) -> str:
