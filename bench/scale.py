@@ -25,8 +25,8 @@ ledger and run page of one hour; goals: ``detection_s`` <= 2, ``hang_over_timeou
 ``supervisor_cpu_fraction`` <= 0.10, ``page_s`` < 1).
 
 For each cluster size (``--k8s``), ``k8s_N``: the CPU of one poll of the Kubernetes trigger beside an attempt of
-N running pods on the tests' fake API server, and of its start (``scale_parts.k8s``; goal at 512: <= 50 ms). The launch overhead
-and the burn-in's stage time of that curve are not measured yet.
+N running pods on the tests' fake API server, and of its start (``scale_parts.k8s``; goal at 512: <= 50 ms), and the
+launcher's launch of a relaunched and of an in-place attempt. The burn-in's stage time of that curve is not measured.
 
 Each figure is the median of ``--repeats``; every run's figures are printed. ``none`` skips a curve. Prints one
 JSON line last.

@@ -5,16 +5,24 @@
 client it keeps, then ``attempt_status``), on the event loop's thread (the fake server answers on
 threads of its own, not counted), every pod running. Goal: at 512 pods <= 50 ms, growing at most
 linearly. ``trigger_sync_cpu_ms``: what the trigger pays once when it starts (each deferral): the
-client, the one list of every pod (each deserialized into the client's model) and the first poll. The launch overhead and the burn-in's stage time of the
-issue's Kubernetes curve are not measured yet.
+client, the one list of every pod (each deserialized into the client's model) and the first poll.
+
+``launch_ms``: the launcher's ``launch`` of a relaunched attempt (PodGroup-less: Service and Indexed
+Job, whatever the size; the Job controller makes the pods). ``launch_in_place_ms``: an in-place
+attempt's (its store's Secret, Service and pod, then one pod per node). Wall time against the fake
+server on this machine; the scheduler's and kubelets' part of "all pods running" is the cluster's, not
+measured here. The burn-in's stage time of the issue's Kubernetes curve is not measured: its
+probes are real processes, one per node, which 512 of cannot share this machine's two cores.
 """
 
 from __future__ import annotations
 
 import asyncio
+import secrets
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +52,9 @@ def trigger_poll(n: int, root: Path) -> dict[str, Any]:
             TrainEnv(home / "hot", home / "ckpt", 10, events_dir=home / "events.d"), home / "attempt-1",
         )  # fmt: skip
         launcher = KubernetesLauncher(fake.client(), KubernetesSpec(image="registry.local/trainer:1", namespace=NS))
+        started = time.perf_counter()
         name = launcher.launch(plan).name
+        launch_ms = (time.perf_counter() - started) * 1e3
         for i, pod in enumerate(fake.spawn_job_pods(NS, name)):
             fake.set_pod(NS, pod, "Running", node=nodes[i], state={"running": {"startedAt": "2026-12-04T00:00:00Z"}})
         config = home / "kubeconfig"
@@ -71,6 +81,28 @@ def trigger_poll(n: int, root: Path) -> dict[str, Any]:
             return sync, cpu
 
         sync, cpu = asyncio.run(polls())
+        in_place_ms = launch_in_place(launcher, plan, home)  # after: its pods are not the trigger's to list
     finally:
         fake.stop()
-    return {"nodes": n, "trigger_poll_cpu_ms": round(statistics.median(cpu), 1), "trigger_sync_cpu_ms": round(sync, 1)}
+    return {
+        "nodes": n,
+        "trigger_poll_cpu_ms": round(statistics.median(cpu), 1),
+        "trigger_sync_cpu_ms": round(sync, 1),
+        "launch_ms": round(launch_ms, 1),
+        "launch_in_place_ms": round(in_place_ms, 1),
+    }
+
+
+def launch_in_place(launcher: KubernetesLauncher, plan: LaunchPlan, home: Path) -> float:
+    """Milliseconds of an in-place attempt's launch: its store (Secret of the nodes' keys, Service,
+    coordinator pod), then a pod per node, each its own API call."""
+    in_place = replace(
+        plan, attempt=2, log_dir=home / "attempt-2", store_keys={n: secrets.token_hex(32) for n in plan.nodes}
+    )
+    in_place = replace(
+        in_place, train_env=replace(in_place.train_env, store=launcher.store_endpoint(in_place), attempt=2)
+    )
+    started = time.perf_counter()
+    launcher.serve_store(in_place)
+    launcher.launch(in_place)
+    return (time.perf_counter() - started) * 1e3

@@ -13,9 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kubernetes import client as k8s
-
 from trainyard.backends.backend import ProbeRun
+from trainyard.backends.kubernetes.models import k8s
 from trainyard.backends.kubernetes.probes import probe_pod
 from trainyard.burnin.args import NO_DRILL, Drill
 from trainyard.burnin.launch import probe_of

@@ -13,13 +13,12 @@ from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any
 
-from kubernetes import client as k8s
-
 from trainyard.backends.backend import History, Pool
 from trainyard.backends.kubernetes.cooldown import due_for_retest
 from trainyard.backends.kubernetes.kinds import node_kinds
 from trainyard.backends.kubernetes.launcher import KubernetesLauncher
 from trainyard.backends.kubernetes.marks import candidate_nodes, label_evicted, unlabel
+from trainyard.backends.kubernetes.models import k8s
 from trainyard.backends.kubernetes.probes import KubernetesProbes
 from trainyard.errors import NodeUnhealthy, SpecError
 from trainyard.spec import KubernetesSpec, NodesSpec

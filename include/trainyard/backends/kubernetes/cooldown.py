@@ -13,9 +13,8 @@ import logging
 from datetime import datetime
 from typing import Any
 
-from kubernetes import client as k8s
-
 from trainyard.backends.kubernetes.marks import EVICTED_AT
+from trainyard.backends.kubernetes.models import k8s
 from trainyard.backends.kubernetes.names import equality_selector
 from trainyard.spec import KubernetesSpec
 

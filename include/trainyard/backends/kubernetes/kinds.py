@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from kubernetes import client as k8s
+from trainyard.backends.kubernetes.models import k8s
 
 UNKNOWN = "unknown"
 INSTANCE_TYPE = "node.kubernetes.io/instance-type"

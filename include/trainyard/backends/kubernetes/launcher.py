@@ -19,12 +19,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client as k8s
-
 from trainyard.atomic import write_text_atomic
 from trainyard.backends.base import AttemptStatus, LaunchPlan, NodeStatus
 from trainyard.backends.kubernetes import api
 from trainyard.backends.kubernetes.marks import label_evicted
+from trainyard.backends.kubernetes.models import k8s
 from trainyard.backends.kubernetes.names import (
     LABEL_NODE,
     STORE_PORT,

@@ -18,9 +18,9 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from trainyard.backends.kubernetes.models import k8s
 from trainyard.backends.kubernetes.names import equality_selector
 from trainyard.spec import KubernetesSpec
 

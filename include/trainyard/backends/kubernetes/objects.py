@@ -33,11 +33,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kubernetes import client as k8s
 from kubernetes.utils import parse_quantity
 
 from trainyard.backends.base import LaunchPlan
 from trainyard.backends.kubernetes.api import PODGROUP_GROUP, PODGROUP_VERSION
+from trainyard.backends.kubernetes.models import k8s
 from trainyard.backends.kubernetes.names import (
     GROUP_NAME_ANNOTATION,
     INDEX_ANNOTATION,

@@ -21,8 +21,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-from kubernetes import client as k8s
-
+from trainyard.backends.kubernetes.models import k8s
 from trainyard.backends.kubernetes.names import HOSTNAME_KEY, LABEL_JOB
 from trainyard.protocol.env import NODE_VARIABLES
 from trainyard.spec import LAUNCHER_SERVICE_ACCOUNT, KubernetesSpec

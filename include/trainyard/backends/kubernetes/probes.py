@@ -21,10 +21,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from trainyard.backends.backend import Candidate, Probe, ProbeRun
+from trainyard.backends.kubernetes.models import k8s
 from trainyard.backends.kubernetes.names import dns_label, label_value
 from trainyard.backends.kubernetes.pods import (
     CONTAINER,

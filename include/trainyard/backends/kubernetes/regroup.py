@@ -27,9 +27,8 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from kubernetes import client as k8s
-
 from trainyard.backends.base import LaunchPlan
+from trainyard.backends.kubernetes.models import k8s
 from trainyard.backends.kubernetes.names import (
     LABEL_COMPONENT,
     LABEL_JOB,
