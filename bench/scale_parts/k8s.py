@@ -81,7 +81,10 @@ def trigger_poll(n: int, root: Path) -> dict[str, Any]:
             return sync, cpu
 
         sync, cpu = asyncio.run(polls())
-        in_place_ms = launch_in_place(launcher, plan, home)  # after: its pods are not the trigger's to list
+        # After the trigger, its watch ended (the fake server notices a client gone only when it writes, and
+        # would look at every pod at each change meanwhile): the pods made next are not the trigger's.
+        fake.end_watches()
+        in_place_ms = launch_in_place(launcher, plan, home)
     finally:
         fake.stop()
     return {
