@@ -177,7 +177,7 @@ def check_checkpoint(spec_path: str, run_file: str | None, train: TrainResult) -
     from trainyard.pipeline import stages
 
     with stage_run(spec_path, run_file, "check_checkpoint") as run:
-        return stages.check_checkpoint(run, train.checkpoint, train.target_step)
+        return stages.check_checkpoint(run, train.checkpoint, train.target_step, connect=kube_client)
 
 
 def publish(spec_path: str, run_file: str | None, check_checkpoint: GateResult) -> PublishResult:

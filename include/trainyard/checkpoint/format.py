@@ -174,11 +174,12 @@ def _file_problems(ckpt_dir: Path, rel: str, entry: Any) -> list[str]:
     return []
 
 
-def verify(ckpt_dir: str | Path) -> list[str]:
+def verify(ckpt_dir: str | Path, hashed: Callable[[dict[str, Any]], list[str]] | None = None) -> list[str]:
     """Integrity problems of a checkpoint, one human-readable reason each; [] when valid.
 
     Sizes are compared before hashing, so a truncated file is reported without
-    reading it.
+    reading it. ``hashed``: what checks the listed files instead of this process (given the manifest;
+    ``backends.kubernetes.verify``: a Job of pods, each a slice); by default ``slice_problems`` of all.
     """
     ckpt_dir = Path(ckpt_dir)
     if not ckpt_dir.is_dir():
@@ -192,12 +193,17 @@ def verify(ckpt_dir: str | Path) -> list[str]:
     if named is not None and named != manifest["step"]:
         problems.append(f"manifest step {manifest['step']} does not match directory name {ckpt_dir.name}")
     listed = manifest["files"]
-    # Files hash independently and hashlib releases the GIL: one thread per core.
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        for found in pool.map(lambda item: _file_problems(ckpt_dir, *item), sorted(listed.items())):
-            problems.extend(found)
+    problems += hashed(manifest) if hashed is not None else slice_problems(ckpt_dir, manifest, 0, 1)
     problems.extend(f"{rel}: not listed in the manifest" for rel in _payload_files(ckpt_dir) if rel not in listed)
     return problems
+
+
+def slice_problems(ckpt_dir: Path, manifest: dict[str, Any], index: int, count: int) -> list[str]:
+    """The problems of slice ``index`` of ``count`` of the manifest's files (every ``count``-th in name order)."""
+    mine = sorted(manifest["files"].items())[index::count]
+    # Files hash independently and hashlib releases the GIL: one thread per core.
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        return [p for found in pool.map(lambda item: _file_problems(ckpt_dir, *item), mine) for p in found]
 
 
 def list_checkpoints(root: str | Path) -> list[Path]:

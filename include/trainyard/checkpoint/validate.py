@@ -252,9 +252,11 @@ def validate(
     history: History | None = None,
     after_step: int | None = None,
     timeout_s: float = CHILD_TIMEOUT_S,
+    hashed: Callable[[dict[str, Any]], list[str]] | None = None,
 ) -> Validation:
     """Every check on ``ckpt_dir``; ``after_step`` is the latest valid step it must follow; ``timeout_s``
-    bounds the inspecting child's answer.
+    bounds the inspecting child's answer; ``hashed`` checks the listed files instead of this process
+    (``format.verify``).
 
     An adopted framework save (``checkpoint.foreign``; its manifest's ``framework``) is checked by its
     format: DCP (torchtitan) like trainyard's own; Hugging Face's ``*.safetensors`` here, without torch
@@ -265,7 +267,7 @@ def validate(
     fw = foreign.framework(path) if path.is_dir() else None
     notes: list[str] = []
     with inspector().asking(path, timeout_s, None if fw == "dcp" else fw) as inspection:  # the child loads meanwhile
-        problems = verify(path)  # manifest, version, sizes, hashes, unlisted files
+        problems = verify(path, hashed)  # manifest, version, sizes, hashes (``hashed``: elsewhere), unlisted files
         if problems:
             return Validation(path, None, problems, round(time.monotonic() - started, 3))
         manifest = read_manifest(path)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from trainyard.checkpoint import cold as cold_copies
 from trainyard.checkpoint import lease, registry
@@ -17,14 +19,20 @@ from trainyard.pipeline.results import GateResult, PublishResult
 from trainyard.pipeline.run import Run
 from trainyard.protocol.heartbeat import HOW_TO_BEAT
 from trainyard.quality.metrics import check_metrics
+from trainyard.spec import KubernetesSpec
 
 log = logging.getLogger(__name__)
 
 
 @recorded("check_checkpoint")
-def check_checkpoint(run: Run, checkpoint: str | None, target_step: int) -> GateResult:
+def check_checkpoint(
+    run: Run, checkpoint: str | None, target_step: int, connect: Callable[[KubernetesSpec], Any] | None = None
+) -> GateResult:
     """The gate: the run's final checkpoint is whole, loadable, finite, at the final step, and its
-    loss history passes the metric expectations (great-expectations; result saved in the run folder)."""
+    loss history passes the metric expectations (great-expectations; result saved in the run folder).
+
+    ``connect``: a Kubernetes API client for the spec, to hash the files with a Job of pods where
+    ``nodes.kubernetes.verify_pods`` asks (``backends.kubernetes.verify``)."""
     lease.renew_held(run.checkpoint_root, run.run_id, lease_ttl(run))  # the run's lineage until its report
     if final_sweep(run):  # a framework's last save (Hugging Face, Lightning, torch.save, DCP), adopted now
         final = final_checkpoint(run)
@@ -37,7 +45,7 @@ def check_checkpoint(run: Run, checkpoint: str | None, target_step: int) -> Gate
             " link): the gate checks and publishes only the pipeline's own; train again to make one"
         )
     expect, history = run.spec.checkpoint.expectations, loss_history(run)
-    result = validate(Path(checkpoint), expect, history)
+    result = validate(Path(checkpoint), expect, history, hashed=_in_cluster(run, Path(checkpoint), connect))
     problems = list(result.problems)
     if result.step is not None and result.step != target_step:
         problems.append(f"step {result.step} is not the run's final step {target_step}")
@@ -62,6 +70,16 @@ def check_checkpoint(run: Run, checkpoint: str | None, target_step: int) -> Gate
     return GateResult(
         checkpoint=checkpoint, step=result.step, metrics=read_manifest(Path(checkpoint)).get("metrics", {})
     )
+
+
+def _in_cluster(run: Run, checkpoint: Path, connect: Callable[[KubernetesSpec], Any] | None) -> Any:
+    """The verification Job's hashing where the spec asks for it and a client can be had; else None (here)."""
+    spec = run.spec.nodes.kubernetes
+    if run.spec.nodes.backend != "kubernetes" or spec is None or not spec.verify_pods or connect is None:
+        return None
+    from trainyard.backends.kubernetes.verify import verify_in_cluster
+
+    return verify_in_cluster(connect(spec), spec, checkpoint, spec.verify_pods, spec.verify_timeout_s)
 
 
 @recorded("publish")

@@ -376,6 +376,11 @@ class KubernetesSpec(_Model):
     copies) and check heartbeats itself."""
     poll_s: float = Field(5.0, gt=0, le=600)
     """Seconds between the trigger's looks at the attempt's pods and heartbeats."""
+    verify_pods: int = Field(0, ge=0, le=1024)
+    """The checkpoint gate hashes the final checkpoint's files with a Job of this many pods, each a slice
+    of the files, reading the hot tier's claim (needs ``hot_pvc``); 0: on the Airflow worker, a thread a core."""
+    verify_timeout_s: float = Field(3600.0, gt=0, le=DAY_S)
+    """How long the verification Job may take, from its creation (scheduling included)."""
 
 
 class NodesSpec(_Model):

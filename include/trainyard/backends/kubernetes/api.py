@@ -241,6 +241,12 @@ def delete(namespace: str, name: str, podgroup: bool, in_place: bool = False) ->
         )  # fmt: skip
 
 
+def create_job(namespace: str, job: Any) -> Operation[bool]:
+    """One Job (a checkpoint's verification); True if made, False if it existed."""
+    made = yield _create("batch", "create_namespaced_job", namespace, job)
+    return bool(made)
+
+
 def create_in_place(namespace: str, objects: Any) -> Operation[list[str]]:
     """An in-place attempt (``regroup.InPlaceObjects``): PodGroup, the keys' Secret, the store's Service and
     pod, then the nodes' pods (which find both); None for a part not to create. Returns the kinds adopted (a launch interrupted half-way)."""
