@@ -83,3 +83,23 @@ def test_the_job_mounts_only_the_checkpoint_read_only_and_needs_the_claim(tmp_pa
     assert pod.automount_service_account_token is False and pod.security_context.run_as_non_root
     with pytest.raises(ValueError, match="hot_pvc"):
         build_verify_job("x", ckpt, 2, KubernetesSpec(image="trainer:1", namespace=NS), 60.0)
+
+
+def test_the_gate_hashes_through_the_job_only_where_the_spec_asks(fake: FakeKube, tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from trainyard.pipeline.gate import _in_cluster
+
+    ckpt = checkpoint(tmp_path, files=3)
+    asked = spec_for(tmp_path).model_copy(update={"verify_pods": 2, "verify_timeout_s": 120.0})
+
+    def run_with(backend: str, kubernetes: KubernetesSpec | None) -> object:
+        return SimpleNamespace(spec=SimpleNamespace(nodes=SimpleNamespace(backend=backend, kubernetes=kubernetes)))
+
+    connect = lambda spec: fake.client()  # noqa: E731
+    assert _in_cluster(run_with("local", None), ckpt, connect) is None  # type: ignore[arg-type]
+    assert _in_cluster(run_with("kubernetes", spec_for(tmp_path)), ckpt, connect) is None  # type: ignore[arg-type]
+    hashed = _in_cluster(run_with("kubernetes", asked), ckpt, connect)  # type: ignore[arg-type]
+    with Kubelet(fake, NS, tmp_path / "kubelet"):
+        assert verify(ckpt, hashed) == []
+    assert sum(1 for c in fake.calls if (c.verb, c.resource) == ("create", "jobs")) == 1
