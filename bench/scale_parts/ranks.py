@@ -1,8 +1,10 @@
 """The orchestrator's side of a large job, simulated: ``n`` ranks writing what the runtime writes, one watch.
 
 Ranks are light: a few writer processes (one per 256 ranks), each stepping its ranks at 4 steps/s
-and writing what ``runtime.progress`` writes for each (its beat every step, the pulse
-``rank-N.alive`` each second), 8 ranks per node folder: at 1,024 ranks 4,096 beats a second.
+and writing what ``runtime.progress`` writes (each rank's beat every step and pulse each second in
+its node's local folder; each node's beat every step and pulse each second on the shared folder), 8
+ranks per node: at 1,024 ranks 512 node beats and 128 pulses a second reach the shared folder
+(``shared_writes_per_s``; a beat and a pulse per rank before: 4,096 and 1,024).
 The watch is the blocking supervisor's own (``recovery.attempt.watch_attempt`` and its
 ``detect``), over a launcher that reports every node running until told otherwise:
 
@@ -31,7 +33,16 @@ from typing import Any
 from trainyard.backends.base import AttemptStatus, LaunchPlan, NodeStatus
 from trainyard.events.ledger import LEDGER_FILE, Ledger
 from trainyard.protocol.env import TrainEnv
-from trainyard.protocol.heartbeat import write_beat
+from trainyard.protocol.heartbeat import (
+    NODE_BEAT,
+    NODE_PULSE,
+    local_folder,
+    node_beat,
+    publish_pulse,
+    read_local_beats,
+    write_beat,
+    write_node_beat,
+)
 from trainyard.recovery.attempt import watch_attempt
 from trainyard.recovery.observations import AttemptFailed
 from trainyard.report import pages
@@ -45,27 +56,37 @@ HUNG_NODE = 3
 
 
 def _writer(hb: Path, ranks: range, hang_flag: Path, stop_flag: Path) -> None:
-    """Step ``ranks`` at 4 steps/s and write what the runtime writes: every rank's beat every step, every pulse
-    each second. Once ``hang_flag`` exists no rank steps (nor beats), and the hung node's first rank stops its
-    pulse too."""
+    """Step ``ranks`` at 4 steps/s and write what the runtime writes (``runtime.progress``): every rank's beat
+    every step and its pulse each second in its node's local folder, and each node's local rank 0 the node's
+    beat every step and the node's pulse each second on the shared folder. Once ``hang_flag`` exists no rank
+    steps (nor beats), and the hung node's first rank stops its pulse too (so its node's stops)."""
     step, next_step, next_pulse = 0, time.time(), 0.0
     hung = HUNG_NODE * PER_NODE
+    local = {node: local_folder(hb / f"node-{node}") for node in {r // PER_NODE for r in ranks}}
     while not stop_flag.exists():
         now = time.time()
         pulse = now >= next_pulse
         if not hang_flag.exists() and now >= next_step:
             step, next_step = step + 1, next_step + STEP_S
             for rank in ranks:
-                folder = hb / f"node-{rank // PER_NODE}"
-                write_beat(folder, rank, {
-                    "rank": rank, "node": folder.name, "host": folder.name, "pid": os.getpid(), "step": step,
+                node = f"node-{rank // PER_NODE}"
+                record = {
+                    "rank": rank, "node": node, "host": node, "pid": os.getpid(), "step": step,
                     "time": now, "status": "running", "metrics": {"loss": 2.5, "step_ms": STEP_S * 1e3},
                     "attempt": 1, "run_id": "scale",
-                })  # fmt: skip
+                }  # fmt: skip
+                here = local[rank // PER_NODE]
+                write_beat(here, rank % PER_NODE, record)
+                if rank % PER_NODE == PER_NODE - 1:  # the node's last rank: its local rank 0 writes now
+                    mine = json.loads((here / "rank-0.json").read_text())
+                    write_node_beat(hb / node, node_beat(mine, read_local_beats(here, skip=0)))
         if pulse:
             for rank in ranks:
+                here = local[rank // PER_NODE]
                 if not (hang_flag.exists() and rank == hung):
-                    (hb / f"node-{rank // PER_NODE}" / f"rank-{rank}.alive").touch()
+                    (here / f"rank-{rank % PER_NODE}.alive").touch()
+                if rank % PER_NODE == PER_NODE - 1:
+                    publish_pulse(hb / f"node-{rank // PER_NODE}" / NODE_PULSE, here)
             next_pulse = now + 1.0
         time.sleep(max(0.0, min(next_step, next_pulse) - time.time()))
 
@@ -123,8 +144,12 @@ def one_world(n: int, root: Path) -> dict[str, Any]:
         stop.touch()
         for w in writers:
             w.join(5)
+    for node in nodes:
+        shutil.rmtree(local_folder(hb / node), ignore_errors=True)
     shutil.rmtree(hb, ignore_errors=True)
     return {
+        # Files written on the shared volume each second: a node beat per node and step, a pulse per node.
+        "shared_writes_per_s": round(len(nodes) * (1 / STEP_S + 1)),
         "ranks": n,
         "detection_s": round(detection, 2),
         "hang_over_timeout_s": round(hang_over, 2),
@@ -151,8 +176,7 @@ def _last_step_time(hb: Path) -> float:
     """The step time of the hung rank's last beat, once the writers have stopped stepping (a second after the
     flag): what the watch can know of when it stopped."""
     time.sleep(1.5)
-    hung = HUNG_NODE * PER_NODE
-    return float(json.loads((hb / f"node-{HUNG_NODE}" / f"rank-{hung}.json").read_text())["time"])
+    return float(json.loads((hb / f"node-{HUNG_NODE}" / NODE_BEAT).read_text())["time"])
 
 
 def one_hour_ledger(root: Path) -> dict[str, Any]:

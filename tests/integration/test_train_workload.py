@@ -22,6 +22,7 @@ import pytest
 
 from trainyard.checkpoint import format as fmt
 from trainyard.events.ledger import Ledger
+from trainyard.protocol.heartbeat import read_heartbeats
 from trainyard.protocol.records import failure_records
 from trainyard.protocol.shards import write_synthetic_corpus
 from trainyard.recovery.classify import Failure, NodeFailure, classify
@@ -157,9 +158,13 @@ def test_two_nodes_train_checkpoint_and_heartbeat(reference: Run) -> None:
     saved = [e["step"] for e in Ledger(reference.ledger).events("train", "checkpoint_saved")]
     assert saved == [10, 20, 30, 40]
 
-    beats = {p.name: json.loads(p.read_text()) for p in reference.heartbeats.glob("*/rank-*.json")}
-    assert set(beats) == {"rank-0.json", "rank-1.json"}
-    assert {b["node"] for b in beats.values()} == {"node-0", "node-1"}
+    # One writer per node: each node folder holds the node's beat and pulse, no file per rank.
+    assert sorted(p.relative_to(reference.heartbeats).as_posix() for p in reference.heartbeats.rglob("*")) == [
+        "node-0", "node-0/node.alive", "node-0/node.json", "node-1", "node-1/node.alive", "node-1/node.json",
+    ]  # fmt: skip
+    beats = read_heartbeats(reference.heartbeats)
+    assert set(beats) == {"rank-0", "rank-1"}
+    assert {b["folder"] for b in beats.values()} == {"node-0", "node-1"}
     assert all(b["status"] == "finished" and b["step"] == 40 for b in beats.values())
 
 

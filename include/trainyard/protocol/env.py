@@ -169,7 +169,8 @@ class TrainEnv:
         default=None,
         metadata=_meta(
             "TRAINYARD_HEARTBEAT_DIR",
-            "where rank-<RANK>.json heartbeats and failure-rank-<RANK>.json records go (unset: none written)",
+            "the node's folder: its beat (node.json) and pulse (node.alive), written by its local rank 0, and"
+            " each rank's failure record, failure-rank-<RANK>.json (unset: none written)",
             _path,
             "write",
         ),

@@ -10,6 +10,16 @@ Layout: an attempt's heartbeat folder holds one folder per node (``<attempt hb>/
 their own (``node_folder``): beats, failure records and pulses (``rank-N.alive``) go there. The
 folder, not the file, says which node wrote it: on Kubernetes a pod mounts only its own.
 
+One writer per node (``runtime.progress``): every rank keeps its beat and pulse in a folder on its
+own machine (``local_folder``: ``/dev/shm``), and the node's local rank 0 writes the node's beat,
+``node.json`` (``write_node_beat``: its own step, and of the node's ranks the oldest time and the
+least finished status, so a rank that stopped still shows), at each of its steps, and touches the
+node's pulse, ``node.alive``, each second, stamped with the oldest of its ranks' pulses. The shared volume
+then sees one write per node and step and one pulse per node and second, not one of each per rank;
+the orchestrator reads one file per node. ``scan`` turns a node beat into the beats of the ranks it
+lists (each with ``pulse``: the node's pulse file), and still takes ``rank-N.json`` files as written
+before (and by tests).
+
 Beats are written by training code, which is untrusted (docs/architecture.md, rule 14): the reader
 takes regular files only (``atomic.read_capped``, never a link, FIFO or device), at most
 ``MAX_BYTES`` each, checks every field the readers use (``parse_beat``) and returns a validated
@@ -19,11 +29,15 @@ and reported in ``Scan.refused``: a rank whose only beat is garbage counts as on
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import logging
 import math
 import os
 import re
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,6 +66,11 @@ MAX_ENTRIES = 4096
 """Names looked at per folder and poll: a rank that fills its folder cannot make every poll read it all."""
 WARN_EVERY_S = 60.0
 _BEAT = re.compile(r"rank-(\d{1,6})\.json\Z")
+NODE_BEAT = "node.json"
+NODE_PULSE = "node.alive"
+MAX_NODE_RANKS = 256
+"""Ranks one node beat may list (a node of 8 GPUs lists 8)."""
+MAX_RANK = 999_999
 _FOLDER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}\Z")
 """A node folder's name: a node name (``node-1``, a Kubernetes node's DNS name); nothing to quote in a log."""
 _warned: dict[tuple[str, str], float] = {}
@@ -89,15 +108,94 @@ def node_folders(directory: Path) -> list[str]:
 
 def write_beat(directory: Path, rank: int, record: dict[str, Any]) -> None:
     """This rank's heartbeat; no fsync: a beat means something only while its writer lives, and it beats every step."""
+    _write(directory / beat_name(rank), record)
+
+
+def _write(final: Path, record: dict[str, Any]) -> None:
     if record.get("status") not in STATUSES:
         raise ValueError(f"heartbeat status {record.get('status')!r} is not one of {', '.join(STATUSES)}")
     text = json.dumps(record, default=float)
     if len(text.encode()) > MAX_BYTES:  # a beat past the reader's cap would read as no beat: a hang
         text = json.dumps({**record, "metrics": {}}, default=float)
-    final = directory / beat_name(rank)
     tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, final)
+
+
+def local_folder(shared: Path, make: bool = True) -> Path:
+    """This node's own folder for its ranks' beats and pulses (``/dev/shm``, else the temp folder): one per
+    node folder ``shared`` of the shared volume, private to the user."""
+    key = hashlib.sha256(str(shared.absolute()).encode()).hexdigest()[:24]
+    base = Path("/dev/shm") if os.access("/dev/shm", os.W_OK) else Path(tempfile.gettempdir())
+    folder = base / f"trainyard-hb-{os.getuid()}" / key
+    if make:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return folder
+
+
+def drop_local_folder(shared: Path) -> None:
+    """Remove node folder ``shared``'s local folder once its processes ended (the local backend's nodes share
+    this machine's ``/dev/shm``; a pod's goes with the pod)."""
+    shutil.rmtree(local_folder(shared, make=False), ignore_errors=True)
+
+
+def node_beat(mine: dict[str, Any], others: list[dict[str, Any]]) -> dict[str, Any]:
+    """The node's beat from its local rank 0's own (``mine``, just written) and its other ranks' latest:
+    the step is the writer's (exact: a synchronous step ends on every rank), the ranks all of theirs, and
+    the time and status those of the oldest rank still at work (a rank that stopped shows as the node's
+    staleness), "finished" only when every rank is."""
+    beats = [mine, *others]
+    working = [b for b in beats if b.get("status") != "finished"]
+    oldest = min(working, key=lambda b: b["time"]) if working else mine
+    status = mine["status"] if mine.get("status") != "finished" else oldest["status"]
+    return {
+        **mine,
+        "ranks": sorted({int(b["rank"]) for b in beats}),
+        "time": oldest["time"] if working else max(b["time"] for b in beats),
+        "status": status,
+    }
+
+
+def write_node_beat(directory: Path, record: dict[str, Any]) -> None:
+    """The node's beat (``node_beat``) in its node folder ``directory``, replaced whole."""
+    _write(directory / NODE_BEAT, record)
+
+
+def oldest_pulse(folder: Path) -> float | None:
+    """The oldest pulse time of the ranks that keep one in the node's local folder (a finished rank removes
+    its own); None when none does. The node's pulse carries it (``publish_pulse``)."""
+    times = []
+    for name in names_in(folder):
+        if name.endswith(".alive"):
+            with contextlib.suppress(OSError):  # removed meanwhile: finished
+                times.append((folder / name).lstat().st_mtime)
+    return min(times) if times else None
+
+
+def publish_pulse(node_pulse: Path, local: Path) -> None:
+    """The node's pulse on the shared volume, stamped with its oldest rank's pulse: a rank that stopped stops
+    the node's pulse as soon as its own, as the watch reads it (``watch.silent_ranks``)."""
+    oldest = oldest_pulse(local)
+    if oldest is None:
+        return
+    if not node_pulse.exists():
+        node_pulse.touch()
+    os.utime(node_pulse, (oldest, oldest))
+
+
+def read_local_beats(folder: Path, skip: int) -> list[dict[str, Any]]:
+    """The beats the node's other ranks keep in its local folder (``rank-L.json`` by local rank), but ``skip``'s."""
+    out = []
+    for name in names_in(folder):
+        m = _BEAT.match(name)
+        if not m or int(m[1]) == skip:
+            continue
+        try:
+            data = read_capped(folder / name, MAX_BYTES)
+            out.append(parse_beat(data, int(json.loads(data)["rank"])))
+        except (OSError, ValueError, TypeError, KeyError):
+            continue  # being replaced, or not a beat: the next step reads it again
+    return out
 
 
 # ---------------------------------------------------------------- the orchestrator's side
@@ -177,20 +275,40 @@ def scan(directory: Path, owner: Owner | None = None) -> Scan:
     found = Scan()
     for folder, path, rank in _candidates(directory):
         try:
-            beat = parse_beat(read_capped(path, MAX_BYTES), rank)
+            data = read_capped(path, MAX_BYTES)
+            beats = parse_node_beat(data) if rank is None else [parse_beat(data, rank)]
         except FileNotFoundError:
             continue  # replaced between listing and reading; the next poll sees it
         except (OSError, ValueError) as exc:  # UnsafePath, TooLarge, malformed
             _refuse(found, folder, path, short_reason(exc, path))
             continue
-        if folder and beat["node"] and beat["node"] != folder:
-            _refuse(found, folder, path, f"names node {beat['node'][:40]!r}, not {folder!r} whose folder it is in")
-            continue
-        name = f"rank-{rank}"
-        beat["folder"] = folder
-        if _better(beat, found.beats.get(name), owner(rank) if owner else None):
-            found.beats[name] = beat
+        for beat in beats:
+            if folder and beat["node"] and beat["node"] != folder:
+                _refuse(found, folder, path, f"names node {beat['node'][:40]!r}, not {folder!r} whose folder it is in")
+                break
+            name = f"rank-{beat['rank']}"
+            beat["folder"] = folder
+            beat["pulse"] = NODE_PULSE if rank is None else f"{name}.alive"
+            if _better(beat, found.beats.get(name), owner(beat["rank"]) if owner else None):
+                found.beats[name] = beat
     return found
+
+
+def parse_node_beat(data: bytes) -> list[dict[str, Any]]:
+    """The beats of the ranks a node beat lists, each validated as ``parse_beat`` does one rank's."""
+    raw = json.loads(data)
+    if not isinstance(raw, dict):
+        raise ValueError("not a JSON object")
+    ranks = raw.get("ranks")
+    if (
+        not isinstance(ranks, list)
+        or not 0 < len(ranks) <= MAX_NODE_RANKS
+        or not all(isinstance(r, int) and not isinstance(r, bool) and 0 <= r <= MAX_RANK for r in ranks)
+        or len(set(ranks)) != len(ranks)
+    ):
+        raise ValueError(f"ranks is not a list of 1 to {MAX_NODE_RANKS} distinct rank numbers")
+    one = parse_beat(json.dumps({**raw, "rank": ranks[0]}).encode(), ranks[0])
+    return [{**one, "rank": r} for r in ranks]
 
 
 def _better(beat: dict[str, Any], held: dict[str, Any] | None, owner: str | None) -> bool:
@@ -201,14 +319,18 @@ def _better(beat: dict[str, Any], held: dict[str, Any] | None, owner: str | None
     return bool(beat["time"] > held["time"])
 
 
-def _candidates(directory: Path) -> list[tuple[str, Path, int]]:
-    """(folder, path, rank) of each beat file name in ``directory`` ("") and in its node folders."""
-    out = []
+def _candidates(directory: Path) -> list[tuple[str, Path, int | None]]:
+    """(folder, path, rank) of each beat file name in ``directory`` ("") and in its node folders; rank None:
+    a node beat (``node.json``)."""
+    out: list[tuple[str, Path, int | None]] = []
     for folder, names in [("", names_in(directory)), *_node_folders(directory)]:
         for name in names:
+            path = (directory / folder / name) if folder else directory / name
             if m := _BEAT.match(name):
-                out.append((folder, (directory / folder / name) if folder else directory / name, int(m[1])))
-    return sorted(out)
+                out.append((folder, path, int(m[1])))
+            elif name == NODE_BEAT and folder:
+                out.append((folder, path, None))
+    return sorted(out, key=lambda c: (c[0], str(c[1])))
 
 
 def _node_folders(directory: Path) -> list[tuple[str, list[str]]]:

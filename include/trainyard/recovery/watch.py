@@ -112,16 +112,23 @@ def first_beat_s(timeout_s: float, grace_s: float) -> float:
 
 
 def silent_ranks(
-    directory: Path, ranks: list[str], now: float, after_s: float = 3.0, folders: dict[str, str] | None = None
+    directory: Path,
+    ranks: list[str],
+    now: float,
+    after_s: float = 3.0,
+    folders: dict[str, str] | None = None,
+    pulses: dict[str, str] | None = None,
 ) -> list[str]:
-    """Of ``ranks``, those whose liveness pulse (``rank-N.alive``, touched every second) stopped.
+    """Of ``ranks``, those whose liveness pulse (touched every second) stopped.
 
-    ``folders``: the node folder of each rank's pulse (its beat's). A pulse is ``lstat``ed, never opened
-    or followed: a FIFO costs nothing, and a link (to a file something else keeps fresh) is no pulse."""
+    ``folders``: the node folder of each rank's pulse (its beat's); ``pulses``: its file's name there (the
+    beat's ``pulse``: ``node.alive`` for a node's beat), by default ``rank-N.alive``. A pulse is ``lstat``ed,
+    never opened or followed: a FIFO costs nothing, and a link (to a file something else keeps fresh) is no
+    pulse."""
     silent = []
     for rank in ranks:
         folder = (folders or {}).get(rank, "")
-        path = (directory / folder if folder else directory) / f"{rank}.alive"
+        path = (directory / folder if folder else directory) / (pulses or {}).get(rank, f"{rank}.alive")
         try:
             st = path.lstat()
         except OSError:
@@ -197,7 +204,11 @@ def detect(
     # peer went quiet at the same step, and the first poll past the timeout may see only one of them stale.
     # The pulse tells them apart (waiting ranks pulse; a stopped or frozen one does not).
     working = sorted({*stale, *(r for r, b in beats.items() if b.get("status") != "finished")})
-    silent = silent_ranks(heartbeat_dir, working, now, folders={r: b.get("folder", "") for r, b in beats.items()})
+    silent = silent_ranks(
+        heartbeat_dir, working, now,
+        folders={r: b.get("folder", "") for r, b in beats.items()},
+        pulses={r: b["pulse"] for r, b in beats.items() if b.get("pulse")},
+    )  # fmt: skip
     # Hosts, as everywhere recovery names nodes: where the beat's folder's node ran, never what a beat says.
     ran = where_nodes_ran(status)
     nodes = sorted({n for r in silent if r in beats and (n := _node_of(beats[r])) in ran})

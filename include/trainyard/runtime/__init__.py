@@ -48,8 +48,9 @@ Environment (set by the launcher; ``trainyard.protocol.env`` declares it):
     TRAINYARD_MAX_STEPS         last step to train (steps are numbered from 1); required
     TRAINYARD_RESUME_FROM       "" or "none": fresh; "latest": newest valid checkpoint under the checkpoint dir
                                 (fresh if none); else a checkpoint dir (mounted read-only)
-    TRAINYARD_HEARTBEAT_DIR     where rank-<RANK>.json heartbeats and failure-rank-<RANK>.json records go
-                                (unset: none written)
+    TRAINYARD_HEARTBEAT_DIR     the node's folder: its beat (node.json) and pulse (node.alive), written by its
+                                local rank 0, and each rank's failure record, failure-rank-<RANK>.json (unset:
+                                none written)
     TRAINYARD_EVENTS_DIR        the run's events.d/: each writing process appends to a file of its own there
                                 (unset: no events)
     TRAINYARD_RUN_ID            default "local"

@@ -9,6 +9,7 @@ folds its steps into one ``step`` event per ``TRAINYARD_PROGRESS_EVERY_S``
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import threading
 import time
@@ -16,20 +17,34 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainyard.protocol.heartbeat import write_beat
+from trainyard.protocol.heartbeat import (
+    NODE_PULSE,
+    local_folder,
+    node_beat,
+    publish_pulse,
+    read_local_beats,
+    write_beat,
+    write_node_beat,
+)
 from trainyard.protocol.steps import ProgressDigest
+from trainyard.runtime.device import local_ranks
 from trainyard.runtime.process import RunContext, context, ledger_event, metric_fields, rank
 
 LIVENESS_S = 1.0
 _pulse: threading.Thread | None = None
 _pulse_path: Path | None = None
-"""This rank's ``rank-N.alive``: set by every heartbeat, since an in-place regroup renumbers the ranks."""
+"""This rank's pulse in its node's local folder (``rank-L.alive`` by local rank)."""
+_node_pulse: tuple[Path, Path] | None = None
+"""Local rank 0's: (the node's pulse on the shared volume, the node's local folder)."""
+_local_folders: dict[Path, Path] = {}
+"""Node folder -> its local folder (made once per process)."""
 _last_metrics: dict[str, Any] = {}
 """The metrics of this process's last ``running`` heartbeat: a regrouping rank's heartbeat repeats them."""
 
 
 def _keep_alive() -> None:
-    """Touch ``_pulse_path`` every second from a daemon thread, whatever the training loop is doing.
+    """Touch this rank's pulse every second from a daemon thread, whatever the training loop is doing; local
+    rank 0's thread also stamps the node's pulse with its oldest rank's (``protocol.heartbeat.publish_pulse``).
 
     A rank blocked in a collective still pulses (gloo waits without the GIL);
     a stopped or frozen process does not. The supervisor tells the node that
@@ -37,27 +52,49 @@ def _keep_alive() -> None:
     """
     while True:
         if _pulse_path is not None:
-            _pulse_path.touch()
+            with contextlib.suppress(OSError):
+                _pulse_path.touch()
+        if _node_pulse is not None:
+            with contextlib.suppress(OSError):
+                publish_pulse(*_node_pulse)
         time.sleep(LIVENESS_S)
 
 
 def write_heartbeat(ctx: RunContext, step: int, metrics: dict[str, Any], status: str) -> None:
-    """This rank's heartbeat file (no heartbeat folder configured: no-op); starts its pulse the first time."""
-    global _pulse, _pulse_path
+    """This rank's heartbeat (no heartbeat folder configured: no-op); starts its pulse the first time.
+
+    One writer per node (``protocol.heartbeat``): the beat goes to the node's local folder; local rank 0
+    then writes the node's beat to the shared volume, from its own and its node's other ranks'."""
+    global _pulse, _pulse_path, _node_pulse
     if ctx.heartbeat_dir is None:
         return
     ctx.heartbeat_dir.mkdir(parents=True, exist_ok=True)
+    local, _ = local_ranks(os.environ)
+    here = _local_folders.get(ctx.heartbeat_dir) or _local_folders.setdefault(
+        ctx.heartbeat_dir, local_folder(ctx.heartbeat_dir)
+    )
     me = rank()
-    _pulse_path = ctx.heartbeat_dir / f"rank-{me}.alive"
-    if _pulse is None:
-        _pulse_path.touch()
-        _pulse = threading.Thread(target=_keep_alive, daemon=True)
-        _pulse.start()
     record = {
         "rank": me, "node": ctx.node, "host": ctx.host, "pid": os.getpid(), "step": step, "time": time.time(),
         "status": status, "metrics": metrics, "attempt": ctx.attempt, "run_id": ctx.run_id,
     }  # fmt: skip
-    write_beat(ctx.heartbeat_dir, me, record)
+    write_beat(here, local, record)
+    if local == 0:
+        write_node_beat(ctx.heartbeat_dir, node_beat(record, read_local_beats(here, skip=local)))
+    if status == "finished":  # a finished rank no longer pulses: its pulse must not stop the node's
+        with contextlib.suppress(OSError):
+            (here / f"rank-{local}.alive").unlink()
+        _pulse_path = None
+        return
+    _pulse_path = here / f"rank-{local}.alive"
+    if local == 0:
+        _node_pulse = (ctx.heartbeat_dir / NODE_PULSE, here)
+    if _pulse is None:
+        _pulse_path.touch()
+        if _node_pulse is not None:
+            publish_pulse(*_node_pulse)
+        _pulse = threading.Thread(target=_keep_alive, daemon=True)
+        _pulse.start()
 
 
 # Rank 0's steps not yet in the ledger: one digest per process (and context), flushed at exit too,

@@ -47,7 +47,7 @@ from trainyard.backends.local.procs import die_with_parent
 from trainyard.backends.local.zygote import Forked, Zygote, usable
 from trainyard.errors import SpecError
 from trainyard.protocol.env import TrainEnv
-from trainyard.protocol.heartbeat import node_folder
+from trainyard.protocol.heartbeat import drop_local_folder, node_folder
 
 log = logging.getLogger(__name__)
 
@@ -325,6 +325,9 @@ class LocalLauncher:
         for proc in handle.processes():
             if proc.poll() is None:
                 proc.wait(timeout=5)
+        if (beats := handle.plan.train_env.heartbeat_dir) is not None:
+            for node in handle.ranks:
+                drop_local_folder(node_folder(beats, node))
         if handle in self.active:
             self.active.remove(handle)
 
