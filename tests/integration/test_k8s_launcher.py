@@ -680,3 +680,19 @@ def test_rbac_grants_exactly_the_calls_trainyard_makes(fake: FakeKube, tmp_path:
     used = set(fake.calls)
     assert used - grants == set(), "calls the manifests do not allow"
     assert grants - used == set(), "grants nothing uses"
+
+
+def test_only_a_pod_that_ends_wakes_the_trigger_before_its_poll() -> None:
+    """Hundreds of pods starting are changes too: they wait for the next poll, not a status each."""
+    trigger = KubernetesAttemptTrigger(NS, "job", ["k8s-0"])
+
+    def pod(phase: str) -> client.V1Pod:
+        return client.V1Pod(metadata=client.V1ObjectMeta(name="p"), status=client.V1PodStatus(phase=phase))
+
+    for kind, phase, wakes in [
+        ("ADDED", "Pending", False), ("MODIFIED", "Running", False), ("MODIFIED", "Failed", True),
+        ("MODIFIED", "Succeeded", True), ("DELETED", "Running", True),
+    ]:  # fmt: skip
+        trigger._changed.clear()
+        trigger._pod_changed(kind, pod(phase))
+        assert trigger._changed.is_set() == wakes, (kind, phase)

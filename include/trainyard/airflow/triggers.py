@@ -39,7 +39,12 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from trainyard.backends.base import AttemptStatus
 from trainyard.backends.kubernetes import aio, api
 from trainyard.backends.kubernetes.podcache import PodCache
-from trainyard.backends.kubernetes.status import attempt_status, status_from_dicts, status_to_dicts
+from trainyard.backends.kubernetes.status import (
+    attempt_status,
+    pod_node_status,
+    status_from_dicts,
+    status_to_dicts,
+)
 from trainyard.protocol.coordstore import attempt_prefix, faulted_key, peek
 from trainyard.recovery.observations import Reported
 from trainyard.recovery.progress import ProgressLog
@@ -247,7 +252,7 @@ class KubernetesAttemptTrigger(BaseTrigger):
                         await asyncio.sleep(self.poll_interval)
                     continue
                 request = api.watch_pods(self.namespace, self.job_name, cache.version, WATCH_S)
-                await aio.watch(apis, request, cache, self._changed.set)
+                await aio.watch(apis, request, cache, self._pod_changed)
                 continue
             except ApiException as exc:
                 if exc.status == 403 and cache.version is not None and not self._list_only:
@@ -263,6 +268,12 @@ class KubernetesAttemptTrigger(BaseTrigger):
             self._settled.set()
             self._changed.set()  # the poll counts it now
             await asyncio.sleep(self.poll_interval)
+
+    def _pod_changed(self, kind: str, pod: Any) -> None:
+        """Wake ``_quiet`` for a pod gone or no longer running: the changes of pods that start (hundreds at an
+        attempt's start) wait for the next poll, so the attempt's status is not worked out again for each."""
+        if kind == "DELETED" or pod_node_status(pod, "").state != "running":
+            self._changed.set()
 
     async def _quiet(self, seconds: float) -> None:
         """Wait ``seconds`` for the next poll; less when a pod's change ends the attempt (or the watch failed)."""

@@ -41,9 +41,10 @@ async def drive(apis: Apis, operation: Operation[T]) -> T:
         return done.value
 
 
-async def watch(apis: Apis, request: Request, cache: PodCache, changed: Callable[[], None]) -> None:
+async def watch(apis: Apis, request: Request, cache: PodCache, changed: Callable[[str, Any], None]) -> None:
     """Apply the events of watch ``request`` (``api.watch_pods``) to ``cache`` until the server ends the watch,
-    calling ``changed`` after each change. An expired version (410 Gone) leaves ``cache`` to be listed again.
+    calling ``changed(kind, pod)`` after each change. An expired version (410 Gone) leaves ``cache`` to be
+    listed again.
 
     Read line by line here rather than with ``kubernetes_asyncio.watch``: the cache learns that the watch is
     connected (an earlier failure is over) before any event comes, which may be minutes later.
@@ -71,6 +72,6 @@ async def watch(apis: Apis, request: Request, cache: PodCache, changed: Callable
             # One pod into the client's model, as a list would: ``status`` reads models.
             pod = apis.core.api_client.deserialize(SimpleNamespace(data=json.dumps(obj)), "V1Pod")
             cache.seen(kind, pod)
-            changed()
+            changed(kind, pod)
     finally:
         response.release()
