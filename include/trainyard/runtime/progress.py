@@ -36,6 +36,8 @@ _pulse_path: Path | None = None
 """This rank's pulse in its node's local folder (``rank-L.alive`` by local rank)."""
 _node_pulse: tuple[Path, Path] | None = None
 """Local rank 0's: (the node's pulse on the shared volume, the node's local folder)."""
+_pulse_lock = threading.Lock()
+"""Held while the pulse is touched, and while a finished rank removes it."""
 _local_folders: dict[Path, Path] = {}
 """Node folder -> its local folder (made once per process)."""
 _last_metrics: dict[str, Any] = {}
@@ -51,8 +53,8 @@ def _keep_alive() -> None:
     hung from the ones merely waiting for it by this pulse.
     """
     while True:
-        if _pulse_path is not None:
-            with contextlib.suppress(OSError):
+        with _pulse_lock, contextlib.suppress(OSError):
+            if _pulse_path is not None:
                 _pulse_path.touch()
         if _node_pulse is not None:
             with contextlib.suppress(OSError):
@@ -82,9 +84,9 @@ def write_heartbeat(ctx: RunContext, step: int, metrics: dict[str, Any], status:
     if local == 0:
         write_node_beat(ctx.heartbeat_dir, node_beat(record, read_local_beats(here, skip=local)))
     if status == "finished":  # a finished rank no longer pulses: its pulse must not stop the node's
-        with contextlib.suppress(OSError):
+        with _pulse_lock, contextlib.suppress(OSError):  # not touched again after it is gone
+            _pulse_path = None
             (here / f"rank-{local}.alive").unlink()
-        _pulse_path = None
         return
     _pulse_path = here / f"rank-{local}.alive"
     if local == 0:
