@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
+from airflow_helpers import wait_until
 from fake_k8s import HOSTNAME, NOW, Call, FakeKube, Kubelet, Scheduler, claim_path, container_env
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -635,14 +636,19 @@ def test_rbac_grants_exactly_the_calls_trainyard_makes(fake: FakeKube, tmp_path:
     plan = make_plan(tmp_path)
     handle: KubernetesHandle = launcher.launch(plan)
     pods = fake.spawn_job_pods(NS, handle.name)
-    succeed(fake, pods)
-    assert launcher.poll(handle).state == "succeeded"
+    running(fake, pods)
+
+    def once_watched() -> None:  # the pods end while the trigger watches them: its list, then its watch
+        wait_until(lambda: pod_calls(fake, "watch") > 0, 10, "the trigger to watch the pods", every_s=0.02)
+        succeed(fake, pods)
+
+    threading.Thread(target=once_watched, daemon=True).start()
     event = first_event(
         KubernetesAttemptTrigger(
             NS, handle.name, plan.nodes, poll_interval=0.05, config_file=kubeconfig(tmp_path, fake.url)
         )
     )
-    assert event["status"] == "succeeded"
+    assert event["status"] == "succeeded" and launcher.poll(handle).state == "succeeded"
     launcher.cancel(handle)
     # In place: the store's objects, the nodes' pods, one killed and one added, all deleted with the attempt.
     in_place = replace(
