@@ -460,11 +460,15 @@ def test_the_trigger_lists_the_pods_once_then_watches_and_wakes_on_a_failed_pod(
     assert (pod_calls(fake, "list"), pod_calls(fake, "watch")) == (1, 1), fake.calls
 
     fake.calls.clear()
-    fails = threading.Timer(
-        0.5, fake.set_pod, (NS, pods[3], "Failed"),
-        {"node": "k8s-4", "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}},
-    )  # fmt: skip
-    fails.start()
+
+    def fails_once_watched() -> None:
+        wait_until(lambda: pod_calls(fake, "watch") > 0, 10, "the trigger to watch the pods", every_s=0.02)
+        time.sleep(0.2)
+        fake.set_pod(
+            NS, pods[3], "Failed", node="k8s-4", state={"terminated": {"exitCode": 137, "reason": "OOMKilled"}}
+        )
+
+    threading.Thread(target=fails_once_watched, daemon=True).start()
     started = time.monotonic()
     failed = first_event(KubernetesAttemptTrigger(NS, handle.name, plan.nodes, poll_interval=30.0, config_file=config))
     assert failed["status"] == "failed" and failed["message"] == "k8s-4: OOMKilled"
@@ -484,14 +488,18 @@ def test_a_watch_ended_by_the_server_goes_on_and_one_from_a_forgotten_version_li
         NS, handle.name, plan.nodes, poll_interval=0.05, config_file=kubeconfig(tmp_path, fake.url)
     )
 
+    def watches(n: int) -> None:
+        wait_until(lambda: pod_calls(fake, "watch") >= n, 10, f"the trigger's watch number {n}", every_s=0.02)
+
     def server_side() -> None:
-        time.sleep(0.4)
+        watches(1)
         fake.end_watches()  # its timeout: the trigger watches again from where it was
-        time.sleep(0.4)
-        fake.set_pod(NS, pods[0], "Running", node="k8s-2", state={"running": {"startedAt": NOW}})  # a change
-        fake.compact()
-        fake.end_watches()  # now from a version the server forgot: 410 Gone, a list, a watch
-        time.sleep(0.4)
+        watches(2)
+        with fake.lock:  # at once, so the open watch cannot pass the change on: the trigger's version is older
+            fake.end_watches()
+            fake.set_pod(NS, pods[0], "Running", node="k8s-2", state={"running": {"startedAt": NOW}})
+            fake.compact()  # the next watch is from a version the server forgot: 410 Gone, a list, a watch
+        watches(4)
         succeed(fake, pods)
 
     changes = threading.Thread(target=server_side)
