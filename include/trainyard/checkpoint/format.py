@@ -21,6 +21,7 @@ expectations) builds on ``verify`` elsewhere; this module checks integrity.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -198,9 +199,20 @@ def verify(ckpt_dir: str | Path, hashed: Callable[[dict[str, Any]], list[str]] |
     return problems
 
 
+def slice_of(manifest: dict[str, Any], index: int, count: int) -> list[tuple[str, Any]]:
+    """Slice ``index`` of ``count`` of the manifest's files: (name, entry) of every ``count``-th in name order."""
+    return sorted(manifest["files"].items())[index::count]
+
+
+def manifest_digest(ckpt_dir: Path) -> str:
+    """The sha256 of ``ckpt_dir``'s manifest as stored, read as ``read_manifest`` reads it (a regular file,
+    capped): what a slice's answer and the gate hold each other to."""
+    return hashlib.sha256(read_capped(ckpt_dir / MANIFEST, MANIFEST_BYTES)).hexdigest()
+
+
 def slice_problems(ckpt_dir: Path, manifest: dict[str, Any], index: int, count: int) -> list[str]:
     """The problems of slice ``index`` of ``count`` of the manifest's files (every ``count``-th in name order)."""
-    mine = sorted(manifest["files"].items())[index::count]
+    mine = slice_of(manifest, index, count)
     # Files hash independently and hashlib releases the GIL: one thread per core.
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         return [p for found in pool.map(lambda item: _file_problems(ckpt_dir, *item), mine) for p in found]

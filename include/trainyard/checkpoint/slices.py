@@ -9,13 +9,12 @@ lines from their logs. Imports no torch.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from trainyard.checkpoint.format import MANIFEST, read_manifest, slice_problems
+from trainyard.checkpoint.format import manifest_digest, read_manifest, slice_of, slice_problems
 
 RESULT_KEY = "trainyard_slice"
 """The key of a slice's line: what the orchestrator looks for in a pod's log."""
@@ -23,8 +22,8 @@ RESULT_KEY = "trainyard_slice"
 
 def check_slice(ckpt_dir: Path, index: int, count: int) -> dict[str, Any]:
     manifest = read_manifest(ckpt_dir)
-    digest = hashlib.sha256((ckpt_dir / MANIFEST).read_bytes()).hexdigest()
-    mine = sorted(manifest["files"].items())[index::count]
+    digest = manifest_digest(ckpt_dir)
+    mine = slice_of(manifest, index, count)
     problems = slice_problems(ckpt_dir, manifest, index, count)
     size = sum(int(entry.get("size", 0)) for _, entry in mine if isinstance(entry, dict))
     return {RESULT_KEY: index, "of": count, "manifest": digest, "files": len(mine), "bytes": size, "problems": problems}

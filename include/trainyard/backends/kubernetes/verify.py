@@ -14,7 +14,6 @@ worker: they read only the manifest and, streamed, the tensors.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -40,7 +39,7 @@ from trainyard.backends.kubernetes.pods import (
 )
 from trainyard.backends.kubernetes.probes import scratch_root
 from trainyard.backends.kubernetes.status import attempt_status
-from trainyard.checkpoint.format import MANIFEST
+from trainyard.checkpoint.format import manifest_digest
 from trainyard.checkpoint.slices import RESULT_KEY
 from trainyard.spec import KubernetesSpec
 
@@ -136,7 +135,7 @@ def run_verify_job(
     from kubernetes import client
 
     apis = api.ClientApis.of(client, api_client)
-    digest = hashlib.sha256((ckpt / MANIFEST).read_bytes()).hexdigest()
+    digest = manifest_digest(ckpt)
     name = dns_label(f"verify-{ckpt.name}", f"{ckpt}|{secrets.token_hex(8)}")
     slots = [f"slice-{i}" for i in range(pods)]
     job = build_verify_job(name, ckpt, pods, spec, timeout_s, token_account(api_client))
