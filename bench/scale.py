@@ -26,7 +26,9 @@ ledger and run page of one hour; goals: ``detection_s`` <= 2, ``hang_over_timeou
 
 For each cluster size (``--k8s``), ``k8s_N``: the CPU of one poll of the Kubernetes trigger beside an attempt of
 N running pods on the tests' fake API server, and of its start (``scale_parts.k8s``; goal at 512: <= 50 ms), and the
-launcher's launch of a relaunched and of an in-place attempt. The burn-in's stage time of that curve is not measured.
+launcher's launch of a relaunched and of an in-place attempt; and the pressure test's whole stage beside N light
+candidates (``scale_parts.burnin``: ``burnin_s``, ``burnin_overhead_s`` over the probing time it grants;
+goal: each grows at most linearly).
 
 Each figure is the median of ``--repeats``; every run's figures are printed. ``none`` skips a curve. Prints one
 JSON line last.
@@ -48,7 +50,8 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
-from scale_parts.k8s import trigger_poll  # bench/ is the script's folder, on the path
+from scale_parts.burnin import stage_time  # bench/ is the script's folder, on the path
+from scale_parts.k8s import trigger_poll
 from scale_parts.ranks import one_hour_ledger, one_world
 from torch.distributed.checkpoint import FileSystemWriter
 
@@ -189,7 +192,7 @@ def main() -> None:
         for text in [] if args.k8s == "none" else args.k8s.split(","):
             runs = []
             for i in range(args.repeats):
-                runs.append(trigger_poll(int(text), root / f"k{i}"))
+                runs.append({**trigger_poll(int(text), root / f"k{i}"), **stage_time(int(text), root / f"k{i}")})
                 print(f"k8s {text}: {json.dumps(runs[-1])}", flush=True)
             result[f"k8s_{text}"] = {**median_of(runs), "runs": runs}
     finally:

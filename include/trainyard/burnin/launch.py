@@ -46,7 +46,7 @@ def probe_nodes(
     """
     from trainyard.burnin.protocol import STARTUP_S, Schedule, host_store, run_protocol
 
-    plan = Schedule.of(cfg, len(names))
+    plan = Schedule.of(cfg, len(names), site.shared)
     store = host_store(site.bind)
     run = ProbeRun(run_id, f"{site.reach()}:{store.port}", str(scratch), plan.budget(cfg))
     secret = run_secret()

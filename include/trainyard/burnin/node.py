@@ -156,7 +156,8 @@ def protocol(signed: SignedStore, args: argparse.Namespace) -> None:
             dist.destroy_process_group()
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The node's arguments, as ``trainyard.burnin.args.node_args`` writes them."""
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--node", required=True)
     p.add_argument("--store", required=True, help="host:port of the orchestrator's store")
@@ -169,7 +170,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--timeout", type=float, default=60)
     p.add_argument("--fault", choices=["none", "throttle", "blip", "slow_link", "crash", "hang"], default="none")
     p.add_argument("--factor", type=float, default=0.0)
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
     torch.set_num_threads(1)  # local nodes share this machine's cores, as ranks will
     host, port = args.store.rsplit(":", 1)
     key = os.environ.get(KEY_ENV, "")

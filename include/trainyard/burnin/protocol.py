@@ -1,9 +1,12 @@
 """The orchestrator's side of the pressure test, whatever runs the candidates.
 
 Candidates meet at a store this process hosts (see ``trainyard.burnin.node``
-for their side and its numbered instructions). Their local probes take turns:
-local nodes share cores and would otherwise measure the scheduler, and on a
-cluster it costs little. Then every node that reported joins one group for
+for their side and its numbered instructions). Their local probes run in
+short turns. Local nodes share this host's cores, so each turn goes from node
+to node (together they would measure the scheduler); a cluster's nodes are
+machines of their own, so each turn probes them all at once (one node after
+another would give each of 512 nodes a 512th of the time, and make the stage
+grow with the cluster). Then every node that reported joins one group for
 the all-reduce and the pairwise link test. A node below a threshold is only a
 suspect: ``recheck`` (the verdict's) names whom to probe again, one at a
 time, with the reference node, and which links to test again, and the
@@ -39,6 +42,9 @@ TURNS_AGAIN = 10
 """Turns of the confirmation round: it decides an eviction, so it measures twice as long. It probes only the
 suspects and the reference node, so it costs a healthy batch nothing and a batch with one suspect little."""
 STARTUP_S = 10.0  # importing torch in several fresh processes on a small machine
+ALIVE_EVERY_S = 0.5
+"""How often a wait asks whether its candidate still lives: for a pod that is a read from the API server, and a
+wait polls the store every few milliseconds."""
 
 
 class Candidate(Protocol):
@@ -80,15 +86,19 @@ class Schedule:
     grace_s: float
 
     @classmethod
-    def of(cls, cfg: PressureTestSpec, candidates: int) -> Schedule:
+    def of(cls, cfg: PressureTestSpec, candidates: int, shared: bool = True) -> Schedule:
         """Split ``duration_s``: 60% for the local probes (in turns), 10% for the all-reduce, 30% for the pairs.
+
+        ``slot_s`` is each node's share of the local probes' time: a ``candidates``-th of it when they share
+        one host (they take turns), the whole of it when each node is a machine of its own (all probe at once).
 
         The pairs get the larger share because they are what localizes a slow
         link: measured in turns of a few round trips, a pair's figure swings by
         a third on a shared host, as much as the half-speed link it must find.
         """
         d = cfg.duration_s
-        return cls(0.6 * d / max(candidates, 1), 0.1 * d, 0.3 * d, min(cfg.timeout_s, 5.0))
+        share = max(candidates, 1) if shared else 1
+        return cls(0.6 * d / share, 0.1 * d, 0.3 * d, min(cfg.timeout_s, 5.0))
 
     def budget(self, cfg: PressureTestSpec) -> float:
         """How long a candidate may wait on the store before it gives up on the orchestrator.
@@ -137,11 +147,14 @@ def host_store(host: str = "127.0.0.1") -> dist.TCPStore:
 
 
 def _wait(store: dist.Store, key: str, node: Candidate, deadline: float) -> bool:
-    while time.monotonic() < deadline:
+    asked = time.monotonic()
+    while (now := time.monotonic()) < deadline:
         if store.check([key]):
             return True
-        if not node.alive():
-            return store.check([key])
+        if now - asked >= ALIVE_EVERY_S:
+            asked = now
+            if not node.alive():
+                return store.check([key])
         time.sleep(0.005)  # turns are short: a slow poll would be most of one
     return False
 
@@ -161,8 +174,15 @@ def _dead(store: dist.Store, name: str, node_key: str, why: str) -> str:
 class Conductor:
     """Numbered, signed instructions to candidates and their answers; a node that misses a deadline is dead."""
 
-    def __init__(self, store: dist.Store, nodes: Mapping[str, Candidate], keys: dict[str, str], result: BurnInRun):
-        self.store, self.nodes, self.keys, self.result = store, nodes, keys, result
+    def __init__(
+        self,
+        store: dist.Store,
+        nodes: Mapping[str, Candidate],
+        keys: dict[str, str],
+        result: BurnInRun,
+        shared: bool = True,
+    ):
+        self.store, self.nodes, self.keys, self.result, self.shared = store, nodes, keys, result, shared
         self.sent = dict.fromkeys(nodes, 0)
 
     def alive(self, among: list[str] | None = None) -> list[str]:
@@ -184,16 +204,18 @@ class Conductor:
         self.nodes[name].kill()
         return None
 
-    def probe(self, name: str, seconds: float, round_: int, grace_s: float) -> dict[str, Any] | None:
-        """One turn of one node's local probes, alone on the machine."""
-        i = self.order(name, {"do": "probe", "seconds": seconds, "round": round_})
+    def probe(self, names: list[str], seconds: float, round_: int, grace_s: float) -> dict[str, dict[str, Any]]:
+        """One turn of the local probes of ``names`` at once: each node's report."""
         wait = seconds + grace_s
-        return self.answer(name, i, time.monotonic() + wait, f"no report within {wait:.1f} s")
+        return self.together(
+            names, {"do": "probe", "seconds": seconds, "round": round_}, wait, f"no report within {wait:.1f} s"
+        )
 
     def probe_in_turns(
         self, names: list[str], plan: Schedule, round_: int, turns: int
     ) -> dict[str, list[dict[str, Any]]]:
-        """Each node's local probes in ``turns`` short turns of a slot's share, the nodes one after another in each.
+        """Each node's local probes in ``turns`` short turns of a slot's share: in each, the nodes one after
+        another on a shared host, all at once on a cluster.
 
         A machine whose speed drifts (a neighbour's load, a clock that boosts
         for a few seconds) then drifts for every node alike, where one long
@@ -202,14 +224,21 @@ class Conductor:
         """
         reports: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
         for _ in range(turns):
-            for name in self.alive(names):
-                if (report := self.probe(name, plan.slot_s / TURNS, round_, plan.grace_s)) is not None:
+            groups = [[name] for name in self.alive(names)] if self.shared else [self.alive(names)]
+            for group in groups:
+                for name, report in self.probe(group, plan.slot_s / TURNS, round_, plan.grace_s).items():
                     reports[name].append(report)
         return {n: r for n, r in reports.items() if r and n not in self.result.dead}
 
-    def together(self, members: list[str], instruction: dict[str, Any], budget_s: float, late: str) -> dict[str, Any]:
-        """Give every member the same group instruction; their answers."""
-        sent = {name: self.order(name, instruction) for name in members}
+    def together(
+        self,
+        members: list[str],
+        instruction: dict[str, Any] | Callable[[str], dict[str, Any]],
+        budget_s: float,
+        late: str,
+    ) -> dict[str, Any]:
+        """Give every member its group instruction (the same, or ``instruction(member)``); their answers."""
+        sent = {name: self.order(name, instruction(name) if callable(instruction) else instruction) for name in members}
         by = time.monotonic() + budget_s
         answers = {name: self.answer(name, i, by, late) for name, i in sent.items()}
         return {name: a for name, a in answers.items() if a is not None}
@@ -234,9 +263,9 @@ def run_protocol(
     the candidates share this host's cores (local), so pairs take turns too.
     """
     started = time.monotonic()
-    plan = Schedule.of(cfg, len(nodes))
+    plan = Schedule.of(cfg, len(nodes), shared)
     result = BurnInRun()
-    conductor = Conductor(store, nodes, keys, result)
+    conductor = Conductor(store, nodes, keys, result, shared)
     try:
         ready_by = time.monotonic() + min(cfg.timeout_s, startup_s)
         for name, node in nodes.items():
@@ -300,8 +329,25 @@ def group_tests(conductor: Conductor, members: list[str], cfg: PressureTestSpec,
         )
 
 
-def _pairs(rounds: list[list[list[str]]], cfg: PressureTestSpec, seconds: float) -> dict[str, Any]:
-    return {"do": "pairs", "rounds": rounds, "bytes": max(cfg.collective_sizes_kb) << 10, "seconds": seconds}
+def _pairs(rounds: list[list[list[str]]], cfg: PressureTestSpec, seconds: float) -> Callable[[str], dict[str, Any]]:
+    """Each member's link-test instruction: every round, with only the pairs it is in.
+
+    A node needs its own partners and the number of rounds (it keeps them in
+    step with a barrier per round); the whole schedule to each of 512 nodes
+    would be ~100 KB each, written, signed and parsed 512 times.
+    """
+    own: dict[str, list[list[list[str]]]] = {}
+    for i, round_ in enumerate(rounds):
+        for pair in round_:
+            for node in pair:
+                own.setdefault(node, [[] for _ in rounds])[i].append(pair)
+    nbytes = max(cfg.collective_sizes_kb) << 10
+    return lambda node: {
+        "do": "pairs",
+        "rounds": own.get(node, [[] for _ in rounds]),
+        "bytes": nbytes,
+        "seconds": seconds,
+    }
 
 
 def drills_from(cfg: PressureTestSpec, environ: dict[str, str] | None = None) -> dict[str, tuple[str, float]]:
