@@ -5,9 +5,10 @@ same for a local process and a pod. The node says ``ready/<node>``, then
 carries out numbered instructions ``do/<node>/<i>`` and answers each under
 ``done/<node>/<i>``:
 
-- ``probe``: one turn of the local probes (the candidates take turns, a
-  few each, so a machine whose speed drifts drifts for all of them; and
-  again in a confirmation round);
+- ``probe``: one turn of the local probes, a few each (on one host the
+  candidates take turns, on a cluster all probe at once; either way a
+  machine whose speed drifts drifts for all of them; and again in a
+  confirmation round);
 - ``join``: join the nodes that reported in a gloo group;
 - ``allreduce``: the group's all-reduce bus bandwidth;
 - ``pairs``: point-to-point bandwidth with each partner of a schedule of

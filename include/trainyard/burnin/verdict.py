@@ -3,8 +3,9 @@
 Two rounds. In the first, each rule judges a node's figure: below a floor,
 above a limit (ECC errors, temperature, throttling), or below ``ratio`` x the
 reference of its kind. A node that fails a rule is only a *suspect*: the
-confirmation round probes it again, one node at a time, together with the
-reference node (the best-measured healthy one), in turns beside it, and the
+confirmation round probes it again with the reference node (the
+best-measured healthy one), in turns beside it (on one host one node at a
+time, on a cluster at once), and the
 node is evicted only when the deficit holds. The second round compares the
 suspect with the reference node turn by turn (the median of its figure over
 the reference node's in the same turn), so a machine whose speed drifts
