@@ -34,13 +34,16 @@ help:
 # would compile Airflow and torch again (compiling on first import was measured on a clean CI run and lost: processes
 # that start together each compile torch and Airflow before any of them has written the cache). uv does not read
 # pip's configuration: a machine whose pip finds wheels in a local folder (PIP_FIND_LINKS: here, torch's CPU build)
-# hands the folder on.
+# hands the folder on. Without such a folder, torch comes from PyTorch's own index for this machine
+# (--torch-backend auto: the CUDA build its driver supports, else the CPU build): PyPI's torch is the multi-GB CUDA
+# build everywhere. UV_TORCH_BACKEND=cpu (or cu128, ...) chooses instead.
 UV = $(BIN)/uv pip install --python $(BIN)/python
+TORCH_SOURCE = $(if $(PIP_FIND_LINKS),--find-links "$(PIP_FIND_LINKS)",--torch-backend $(or $(UV_TORCH_BACKEND),auto))
 $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "installing pinned requirements into $(VENV) (log: $(VENV)/pip.log)"
 	($(BIN)/pip install --no-compile "$$(grep -x 'uv==[0-9.]*' requirements-dev.txt)" \
-	  && $(UV) --compile-bytecode $${PIP_FIND_LINKS:+--find-links "$$PIP_FIND_LINKS"} \
+	  && $(UV) --compile-bytecode $(TORCH_SOURCE) \
 	       -r requirements.txt -r requirements-dev.txt -c constraints.txt \
 	  && $(UV) --no-deps -e .) > $(VENV)/pip.log 2>&1 || (tail -30 $(VENV)/pip.log; exit 1)
 	touch $@

@@ -1,40 +1,12 @@
-"""Airflow plugin: the training-runs view. Wiring only; the app is ``trainyard.airflow.views``.
+"""The training-runs view from the plugins folder, for deployments where trainyard is not an installed package.
 
-The API server mounts the app at ``/trainyard``; two external views put it in
-the UI: "Training runs" in the Browse menu (every run, per DAG), and a
-"Training run" tab on each DAG run's page (that run). ``href`` values are
-relative (no leading slash) so a base URL or proxy prefix is kept; the UI
-fills ``{DAG_ID}`` and ``{RUN_ID}`` URL-encoded.
+An installed trainyard registers the plugin itself (entry point ``airflow.plugins``), and a second
+registration would show in the UI as a plugin import error: then this file defines nothing.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from trainyard.airflow.plugin import TrainyardViewsPlugin, registered_by_package
 
-from airflow.plugins_manager import AirflowPlugin
-
-from trainyard.airflow.views import URL_PREFIX, app
-
-_HREF = URL_PREFIX.lstrip("/")
-
-
-class TrainyardViewsPlugin(AirflowPlugin):
-    name = "trainyard"
-    fastapi_apps: ClassVar[list[dict[str, Any]]] = [
-        {"app": app, "url_prefix": URL_PREFIX, "name": "trainyard training runs"}
-    ]
-    external_views: ClassVar[list[dict[str, Any]]] = [
-        {
-            "name": "Training runs",
-            "href": f"{_HREF}/",
-            "destination": "nav",
-            "category": "browse",
-            "url_route": "trainyard",
-        },
-        {
-            "name": "Training run",
-            "href": f"{_HREF}/runs/{{DAG_ID}}/{{RUN_ID}}",
-            "destination": "dag_run",
-            "url_route": "trainyard-run",
-        },
-    ]
+if registered_by_package():
+    del TrainyardViewsPlugin

@@ -10,7 +10,7 @@ the session name, the endpoint, and the access key that signed the call.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import botocore.session
@@ -64,4 +64,4 @@ def stub_sts(monkeypatch: pytest.MonkeyPatch, *answers: tuple[str, str, str, dat
 
 
 def in_(seconds: float) -> datetime:
-    return datetime.now(timezone.utc) + timedelta(seconds=seconds)
+    return datetime.now(UTC) + timedelta(seconds=seconds)

@@ -147,5 +147,5 @@ def test_a_backoff_waits_on_a_time_trigger_at_most_until_the_next_wake() -> None
         backoff_trigger(run, Backoff(10_000.0), now=1_000.0),
         backoff_trigger(run, Backoff(1_030.0), now=1_000.0),
     )
-    assert isinstance(far, DateTimeTrigger) and far.moment == dt.datetime.fromtimestamp(1_060.0, tz=dt.timezone.utc)
-    assert near.moment == dt.datetime.fromtimestamp(1_030.0, tz=dt.timezone.utc)
+    assert isinstance(far, DateTimeTrigger) and far.moment == dt.datetime.fromtimestamp(1_060.0, tz=dt.UTC)
+    assert near.moment == dt.datetime.fromtimestamp(1_030.0, tz=dt.UTC)

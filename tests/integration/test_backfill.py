@@ -71,9 +71,9 @@ def nights() -> list[str]:
     backfill's run already at its next logical date and creates no scheduled run
     (it would run beside the backfill: Airflow counts backfill runs apart).
     """
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     last = (now - dt.timedelta(hours=2)).date()
-    next_trigger = dt.datetime.combine(last + dt.timedelta(days=1), dt.time(2), tzinfo=dt.timezone.utc)
+    next_trigger = dt.datetime.combine(last + dt.timedelta(days=1), dt.time(2), tzinfo=dt.UTC)
     if next_trigger - now < dt.timedelta(seconds=DEADLINE_S + RERUN_DEADLINE_S + 120):
         pytest.skip("02:00 UTC falls within the test: the scheduler would start that night's run beside the backfill")
     return [str(last - dt.timedelta(days=n)) for n in (1, 0)]
@@ -298,7 +298,7 @@ def check_train_log(env: dict[str, str], run_id: str) -> None:
 
 def check_run_without_a_logical_date(env: dict[str, str], services: list[Service], previous_final: int) -> None:
     """A REST trigger with ``logical_date: null``: ``{{ ds }}`` is the UTC day of the run's run_after."""
-    today = dt.datetime.now(dt.timezone.utc).date()
+    today = dt.datetime.now(dt.UTC).date()
     for day_ in (today, today + dt.timedelta(days=1)):  # run_after may fall past midnight
         demo_data(env, str(day_), SHARDS[0])
     created = api(env, "POST", f"/api/v2/dags/{DAG_ID}/dagRuns", {"logical_date": None})

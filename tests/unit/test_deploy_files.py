@@ -304,11 +304,10 @@ def test_cold_data_loads_the_partition_the_mounted_s3_pipeline_stages() -> None:
     assert Path(upload.src) == Path(demo.cold) / "tokens" / demo.date
     # The pipeline mounted into every Airflow component stages exactly that partition.
     spec_file = ROOT / "examples" / "specs" / "s3_pretrain.yaml"
-    mount = f"../examples/specs/{spec_file.name}:/opt/airflow/dags/pipelines/{spec_file.name}:ro"
-    assert mount in data["x-airflow-common"]["volumes"]
+    volumes = data["x-airflow-common"]["volumes"]
+    mount = f"../examples/specs/{spec_file.name}:/opt/airflow/dags/s3_example/pipelines/{spec_file.name}:ro"
+    assert mount in volumes and "../dags/pipelines.py:/opt/airflow/dags/s3_example/pipelines.py:ro" in volumes
     assert (COMPOSE.parent / mount.split(":")[0]).resolve() == spec_file
-    copies = [a.split() for k, a in dockerfile("Dockerfile.airflow") if k == "COPY"]
-    assert ["--chown=50000:0", "dags", "/opt/airflow/dags"] in copies  # the folder dags/pipelines.py reads
     spec = load_spec(spec_file)
     assert (
         spec.dataset.source.replace("{{ ds }}", demo.date)
@@ -387,9 +386,11 @@ def test_airflow_image_is_the_pinned_airflow_with_the_project() -> None:
     assert re.fullmatch(rf"apache/airflow:{re.escape(pinned('apache-airflow'))}(-python3\.11)?", base)
     text = " ".join(a for _, a in steps)
     assert "-r /opt/trainyard/requirements.txt -c /opt/trainyard/constraints.txt" in text
-    copied = {a.split()[-2].rstrip("/"): a.split()[-1] for k, a in steps if k == "COPY"}
-    assert copied["dags"] == "/opt/airflow/dags" and copied["plugins"] == "/opt/airflow/plugins"
-    assert copied["include"] == "/opt/trainyard/include"
+    copied = {src.rstrip("/"): a.split()[-1] for k, a in steps if k == "COPY" for src in a.split()[1:-1]}
+    # The DAGs are mounted from the checkout (edited specs need no rebuild); the view comes from the package.
+    assert "dags" not in copied and "plugins" not in copied
+    assert "../dags:/opt/airflow/dags/project:ro" in compose()["x-airflow-common"]["volumes"]
+    assert copied["include"] == "/opt/trainyard/include" and copied["README.md"] == "/opt/trainyard/"
     assert "pip install --no-cache-dir --no-deps /opt/trainyard" in text
 
 

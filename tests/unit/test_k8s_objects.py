@@ -14,7 +14,7 @@ import os
 import re
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -571,7 +571,7 @@ def terminated(code: int, reason: str) -> dict[str, Any]:
     return {"terminated": {"exitCode": code, "reason": reason}}
 
 
-NOW = datetime(2026, 3, 1, 3, 0, tzinfo=timezone.utc).timestamp()
+NOW = datetime(2026, 3, 1, 3, 0, tzinfo=UTC).timestamp()
 
 
 def unschedulable(message: str, since: str = "2026-03-01T02:59:00Z") -> list[dict[str, Any]]:

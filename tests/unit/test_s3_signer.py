@@ -4,7 +4,7 @@ fail a stage: the server's 403 sends the object down minio's path. This test is 
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 from minio.signer import sign_v4_s3
@@ -23,7 +23,7 @@ def minio_request(tier: S3Tier, region: str, name: str, amz: str) -> dict[str, s
     creds = client._provider.retrieve()
     headers, _ = client._build_headers(url.netloc, dict(CHECKSUM_MODE), None, creds)
     headers["x-amz-date"] = amz
-    date = datetime.strptime(amz, "%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc)
+    date = datetime.strptime(amz, "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
     signed = sign_v4_s3(
         method="GET",
         url=url,

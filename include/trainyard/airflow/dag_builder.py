@@ -65,7 +65,7 @@ def build_dag(spec_path: Path, spec: PipelineSpec) -> DAG:
         dag_id=dag_id,
         description=spec.description or f"trainyard pipeline from {spec_path.name}",
         schedule=spec.schedule,
-        start_date=dt.datetime.combine(spec.start_date, dt.time(), tzinfo=dt.timezone.utc),
+        start_date=dt.datetime.combine(spec.start_date, dt.time(), tzinfo=dt.UTC),
         catchup=spec.catchup,
         max_active_runs=spec.max_active_runs,
         tags=["trainyard", *spec.tags],

@@ -87,7 +87,7 @@ def backoff_trigger(run: Run, backoff: Backoff, now: float | None = None) -> Dat
     k8s = run.spec.nodes.kubernetes
     wake = (time.time() if now is None else now) + (k8s.wake_every_s if k8s is not None else 0.0)
     until = min(backoff.until, wake) if k8s is not None else backoff.until
-    return DateTimeTrigger(moment=dt.datetime.fromtimestamp(until, tz=dt.timezone.utc))
+    return DateTimeTrigger(moment=dt.datetime.fromtimestamp(until, tz=dt.UTC))
 
 
 class RunPageLink(BaseOperatorLink):

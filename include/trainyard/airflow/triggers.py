@@ -263,7 +263,7 @@ class KubernetesAttemptTrigger(BaseTrigger):
                     )  # fmt: skip
                     continue
                 cache.failure = exc
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
+            except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
                 cache.failure = exc  # ValueError: a line that is not JSON, or too long for the reader
             self._settled.set()
             self._changed.set()  # the poll counts it now
@@ -283,7 +283,7 @@ class KubernetesAttemptTrigger(BaseTrigger):
             self._changed.clear()
             try:
                 await asyncio.wait_for(self._changed.wait(), left)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return
             pods = attempt_status(self._cache.pods.values(), self.nodes, None, in_place=self.in_place)
             if self._cache.failure is not None or pods.state != "running":
@@ -390,7 +390,7 @@ class KubernetesAttemptTrigger(BaseTrigger):
                 # 4xx other than throttling (403 from RBAC, 401 expired credentials) will not heal by waiting.
                 errors = self.max_api_errors if exc.status and exc.status < 500 and exc.status != 429 else errors + 1
                 message = f"Kubernetes API: {exc.status} {exc.reason}"
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                 errors += 1
                 message = f"Kubernetes API unreachable: {exc!r}"
             else:

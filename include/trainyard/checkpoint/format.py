@@ -29,7 +29,7 @@ import shutil
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -114,7 +114,7 @@ def write_manifest(
         "global_batch": int(global_batch),
         "micro_batch": int(micro_batch),
         "metrics": dict(metrics),
-        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "run_id": str(run_id),
         "files": files,
     }
