@@ -8,8 +8,11 @@ tests/integration/test_notify.py runs the same through ``airflow dags test``.
 
 from __future__ import annotations
 
+import json
 import logging
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -103,7 +106,7 @@ def test_a_notice_that_cannot_go_is_one_warning_naming_the_connection(
         RunNotifier(str(run.spec_path), "failed")(context(run))  # returns: a mail problem never raises
     assert smtp_server.mails == []
     [warning] = [r for r in caplog.records if r.levelno == logging.WARNING and r.name == "trainyard.airflow.notify"]
-    assert "NOT sent through the Airflow connection 'mail_down'" in warning.getMessage()
+    assert "NOT sent by email through the Airflow connection 'mail_down'" in warning.getMessage()
     assert warning.exc_info is None and "Traceback" not in caplog.text
     assert "not-the-password" not in caplog.text and smtp_server.password not in caplog.text
     [failed] = run.ledger.events(RUN_STAGE, "notify_failed")
@@ -171,3 +174,123 @@ def test_rank_text_in_a_notice_is_sent_verbatim_never_rendered(sender, smtp_serv
     assert mail["from"] == ("trainyard@example.com" if sender == "spec" else "conn@example.com")
     [sent] = run.ledger.events(RUN_STAGE, "notified")
     assert sent["kind"] == "failure"
+
+
+class Receiver:
+    """An HTTP endpoint on 127.0.0.1 that keeps every POST (path, headers, JSON body) and answers ``status``."""
+
+    def __init__(self) -> None:
+        self.posts: list[tuple[str, dict[str, str], Any]] = []
+        self.status = 200
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                receiver.posts.append((self.path, dict(self.headers), json.loads(body)))
+                self.send_response(receiver.status)
+                self.end_headers()
+                self.wfile.write(b"ok")  # what Slack's webhooks answer
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def sent(self, path: str) -> list[Any]:
+        return [body for p, _, body in self.posts if p == path]
+
+
+@pytest.fixture
+def receiver() -> Any:
+    server = Receiver()
+    yield server
+    server.server.shutdown()
+
+
+def channels_spec(tmp_path: Path, receiver: Receiver, monkeypatch: pytest.MonkeyPatch, email: bool = True) -> Path:
+    slack = {"conn_type": "slackwebhook", "password": f"{receiver.url}/services/T000/B000/XXXX"}
+    hook = {"conn_type": "http", "host": f"{receiver.url}/hook", "extra": {"headers": {"Authorization": "Bearer tk"}}}
+    monkeypatch.setenv("AIRFLOW_CONN_TEAM_SLACK", json.dumps(slack))
+    monkeypatch.setenv("AIRFLOW_CONN_TEAM_HOOK", json.dumps(hook))
+    path = tmp_path / f"{DAG_ID}.yaml"
+    emails = "email: [ml-oncall@example.com], connection: mail, from_email: t@example.com, " if email else ""
+    notify = f"notify: {{{emails}slack: {{connection: team_slack}}, webhook: {{connection: team_hook}}}}"
+    path.write_text(SPEC.format(home=tmp_path, notify=notify))
+    return path
+
+
+def test_slack_and_a_webhook_get_the_notice_the_mail_has(smtp_server, receiver, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_MAIL", smtp_server.connection())
+    run = failed_run(channels_spec(tmp_path, receiver, monkeypatch))
+    RunNotifier(str(run.spec_path), "failed")(context(run))
+    [mail] = smtp_server.mails
+    [slack] = receiver.sent("/services/T000/B000/XXXX")
+    [hook] = receiver.sent("/hook")
+    subject = "[trainyard] nightly failed at stage_dataset: DataError"
+    assert mail["message"]["Subject"] == subject == hook["subject"]
+    assert slack["text"].startswith(f"*{subject}*\n```\n") and slack["unfurl_links"] is False
+    for line in smtp_server.text(mail).strip().splitlines():  # every line of the mail, in both
+        assert line in slack["text"] and line in hook["text"], line
+    link = f"{BASE_URL}/trainyard/runs/{DAG_ID}/{run.run_id}"
+    assert hook["link"] == link and slack["text"].endswith(f"```\n{link}")
+    assert hook["kind"] == "failure" and hook["dag_id"] == DAG_ID and hook["run_id"] == run.run_id
+    [headers] = [h for p, h, _ in receiver.posts if p == "/hook"]
+    assert headers["Authorization"] == "Bearer tk" and headers["Content-Type"] == "application/json"
+    sent = {e["channel"]: e for e in run.ledger.events(RUN_STAGE, "notified")}
+    assert sorted(sent) == ["email", "slack", "webhook"]
+    assert sent["slack"]["connection"] == "team_slack" and sent["webhook"]["connection"] == "team_hook"
+
+
+def test_rank_text_reaches_slack_and_the_webhook_as_text(receiver, tmp_path, monkeypatch) -> None:
+    """Slack acts on ``<!channel>`` and ``<url|label>``; they arrive escaped. Nothing is rendered either way."""
+    run = open_run(channels_spec(tmp_path, receiver, monkeypatch, email=False), DAG_ID, "manual__rank", "2026-11-28")
+    run.ledger.append("train", "stage_start")
+    text = RANK_TEXT + " <!channel> <https://evil.example|click> a```b"
+    run.ledger.append("train", "stage_failed", error="TrainingFailed", seconds=0.1, message=text)
+    RunNotifier(str(run.spec_path), "failed")(context(run, task="train"))
+    [slack] = receiver.sent("/services/T000/B000/XXXX")
+    [hook] = receiver.sent("/hook")
+    assert "&lt;!channel&gt;" in slack["text"] and "<!channel>" not in slack["text"]
+    assert "&lt;https://evil.example|click&gt;" in slack["text"] and "a```b" not in slack["text"]
+    assert "loss {{ 7*7 }}" in slack["text"] and "{% endfor %}" in slack["text"] and "loss 49" not in slack["text"]
+    assert (
+        "<!channel> <https://evil.example|click>" in hook["text"] and "{{ conn.smtp_default.password }}" in hook["text"]
+    )
+    assert [e["channel"] for e in run.ledger.events(RUN_STAGE, "notified")] == ["slack", "webhook"]
+
+
+def test_a_channel_that_fails_is_one_warning_and_the_others_still_send(
+    smtp_server, receiver, tmp_path, monkeypatch, caplog
+) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_MAIL", smtp_server.connection())
+    path = channels_spec(tmp_path, receiver, monkeypatch)
+    receiver.status = 500
+    run = failed_run(path)
+    with caplog.at_level(logging.INFO):
+        RunNotifier(str(run.spec_path), "failed")(context(run))
+    assert len(smtp_server.mails) == 1  # the mail went
+    warnings = [
+        r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name.startswith("trainyard")
+    ]
+    assert len(warnings) == 2 and "Traceback" not in caplog.text and "XXXX" not in caplog.text
+    assert any("by slack through the Airflow connection 'team_slack'" in w for w in warnings)
+    assert any("by webhook through the Airflow connection 'team_hook'" in w and "500" in w for w in warnings)
+    failed = {e["channel"]: e for e in run.ledger.events(RUN_STAGE, "notify_failed")}
+    assert sorted(failed) == ["slack", "webhook"]
+    assert [e["channel"] for e in run.ledger.events(RUN_STAGE, "notified")] == ["email"]
+
+
+@pytest.mark.parametrize(
+    ("host", "why"), [("ftp://127.0.0.1/x", "only http and https"), ("127.0.0.1", "no http(s) URL")]
+)
+def test_a_webhook_connection_without_an_http_url_is_named(host, why, tmp_path, monkeypatch, caplog) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_TEAM_HOOK", json.dumps({"conn_type": "http", "host": host}))
+    path = tmp_path / f"{DAG_ID}.yaml"
+    path.write_text(SPEC.format(home=tmp_path, notify="notify: {webhook: {connection: team_hook}}"))
+    run = failed_run(path)
+    RunNotifier(str(run.spec_path), "failed")(context(run))
+    [failed] = run.ledger.events(RUN_STAGE, "notify_failed")
+    assert failed["channel"] == "webhook" and why in failed["error"]

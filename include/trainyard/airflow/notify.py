@@ -26,6 +26,8 @@ naming the connection (no traceback) and records ``notify_failed`` in the run le
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
@@ -95,34 +97,144 @@ class RunNotifier:
         deliver(notice, notify, run, context)
 
 
-def deliver(notice: Notice, notify: NotifySpec, run: Run, context: Any) -> bool:
-    """Send ``notice``; on any failure log one warning naming the connection and record it. True if sent."""
-    try:
-        _smtp_send(notice, notify, context)
-    except Exception as exc:
-        reason = f"{type(exc).__name__}: {str(exc).rstrip('.')}"
-        log.warning(
-            "notify: the %s notice of run %s was NOT sent through the Airflow connection %r: %s. Check that"
-            " connection (type smtp: host, port, login, from_email extra) or notify.from_email in %s;"
-            " the run itself is not affected.",
-            notice.kind,
-            run.run_id,
-            notify.connection,
-            reason,
-            run.spec_path,
+@dataclass(frozen=True)
+class Channel:
+    name: Literal["email", "slack", "webhook"]
+    connection: str
+    check: str
+    """What to check in the connection when a notice did not go (never its secrets)."""
+    send: Callable[[Notice, Any], None]
+
+
+def channels(notify: NotifySpec) -> list[Channel]:
+    """Where the spec's ``notify`` sends each notice: email, Slack and a webhook, as it lists them."""
+    out = []
+    if notify.email:
+        out.append(
+            Channel(
+                "email",
+                notify.connection,
+                "type smtp: host, port, login, from_email extra; or notify.from_email",
+                lambda notice, context: _smtp_send(notice, notify, context),
+            )
         )
-        run.ledger.append(RUN_STAGE, "notify_failed", kind=notice.kind, connection=notify.connection, error=reason)
-        return False
-    log.info("notify: %s notice of run %s sent to %s", notice.kind, run.run_id, ", ".join(notify.email))
-    run.ledger.append(
-        RUN_STAGE,
-        "notified",
-        kind=notice.kind,
-        connection=notify.connection,
-        to=list(notify.email),
-        subject=notice.subject,
+    if slack := notify.slack:
+        out.append(
+            Channel(
+                "slack",
+                slack.connection,
+                "type slackwebhook: the incoming webhook's token or URL in the password",
+                lambda notice, context: _slack_send(notice, slack.connection),
+            )
+        )
+    if webhook := notify.webhook:
+        out.append(
+            Channel(
+                "webhook",
+                webhook.connection,
+                "the endpoint's http(s) URL in the password or host, its headers in the extra",
+                lambda notice, context: _webhook_send(notice, webhook.connection, context),
+            )
+        )
+    return out
+
+
+def deliver(notice: Notice, notify: NotifySpec, run: Run, context: Any) -> bool:
+    """Send ``notice`` through every channel of ``notify``. One that fails logs one warning naming its
+    connection, is recorded, and keeps none of the others from sending. True if every channel sent it."""
+    every = True
+    for channel in channels(notify):
+        try:
+            channel.send(notice, context)
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {str(exc).rstrip('.')}"
+            log.warning(
+                "notify: the %s notice of run %s was NOT sent by %s through the Airflow connection %r: %s. Check"
+                " that connection (%s) in %s; the run itself is not affected.",
+                notice.kind,
+                run.run_id,
+                channel.name,
+                channel.connection,
+                reason,
+                channel.check,
+                run.spec_path,
+            )
+            run.ledger.append(
+                RUN_STAGE,
+                "notify_failed",
+                kind=notice.kind,
+                channel=channel.name,
+                connection=channel.connection,
+                error=reason,
+            )
+            every = False
+            continue
+        to = list(notify.email) if channel.name == "email" else []
+        log.info("notify: %s notice of run %s sent by %s %s", notice.kind, run.run_id, channel.name, ", ".join(to))
+        run.ledger.append(
+            RUN_STAGE,
+            "notified",
+            kind=notice.kind,
+            channel=channel.name,
+            connection=channel.connection,
+            to=to,
+            subject=notice.subject,
+        )
+    return every
+
+
+def _slack_send(notice: Notice, connection: str) -> None:
+    """Post the notice through the Slack provider's webhook notifier: ``notify()``, which sends the text as
+    given; calling the notifier would render it as a template first (rank text is data: issue 19)."""
+    from airflow.providers.slack.notifications.slack_webhook import SlackWebhookNotifier
+
+    SlackWebhookNotifier(slack_webhook_conn_id=connection, text=notice.slack(), unfurl_links=False).notify({})
+
+
+WEBHOOK_TIMEOUT_S = 10.0
+
+
+def _webhook_send(notice: Notice, connection: str, context: Any) -> None:
+    """``POST`` the notice as JSON to the connection's URL; any answer but 2xx raises."""
+    import json
+    import urllib.request
+
+    from airflow.sdk import BaseHook
+
+    conn = BaseHook.get_connection(connection)
+    url = webhook_url(conn.password, conn.host)
+    headers = conn.extra_dejson.get("headers") or {}
+    if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
+        raise ValueError("the extra's headers must be an object of strings")
+    dag = context.get("dag")
+    body = {
+        "kind": notice.kind,
+        "subject": notice.subject,
+        "text": notice.text,
+        "dag_id": getattr(dag, "dag_id", None),
+        "run_id": str(context.get("run_id", "")),
+        "link": notice.link,
+    }
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        headers={**headers, "Content-Type": "application/json"},
+        method="POST",
     )
-    return True
+    with urllib.request.urlopen(request, timeout=WEBHOOK_TIMEOUT_S) as answer:  # webhook_url: http(s) only
+        answer.read(1 << 16)
+
+
+def webhook_url(password: str | None, host: str | None) -> str:
+    """The endpoint's URL: the connection's password if it holds one (a URL with a token is a secret), else its
+    host; only ``http``/``https``. Never in a message: it may carry the token."""
+    for value in (password, host):
+        if value and "://" in value:
+            scheme = value.split("://", 1)[0].lower()
+            if scheme not in ("http", "https"):
+                raise ValueError(f"the webhook URL's scheme is {scheme!r}; only http and https are sent to")
+            return value.strip()
+    raise ValueError("no http(s) URL in the password or the host")
 
 
 def _smtp_send(notice: Notice, notify: NotifySpec, context: Any) -> None:

@@ -102,6 +102,8 @@ class Notified(Event):
     event = "notified"
     stages = frozenset({"run"})
     kind: str | None = None
+    channel: str | None = None
+    """email, slack or webhook (absent before there were channels: email)."""
     connection: str | None = None
     to: list[str] | None = None
     subject: str | None = None
@@ -112,6 +114,7 @@ class NotifyFailed(Event):
     event = "notify_failed"
     stages = frozenset({"run"})
     kind: str | None = None
+    channel: str | None = None
     connection: str | None = None
     error: str | None = None
 

@@ -27,6 +27,7 @@ from trainyard.report.summary import STAGES, attempt_table
 
 NoticeKind = Literal["failure", "recovery"]
 MAX_MESSAGE = 800  # characters of an error message or evidence quoted in the body; the report has the rest
+RUN_PAGE = "Run page: "
 NO_LINK = "(no link: set [api] base_url, e.g. AIRFLOW__API__BASE_URL, to get one)"
 
 
@@ -58,20 +59,37 @@ class Notice:
     def text(self) -> str:
         return "\n".join(self.lines)
 
+    @property
+    def link(self) -> str | None:
+        """The run page's URL (Airflow's ``[api] base_url`` is set), else None."""
+        for line in self.lines:
+            if line.startswith(RUN_PAGE + "http"):
+                return line.removeprefix(RUN_PAGE)
+        return None
+
     def html(self) -> str:
         """The body as HTML (the SMTP notifier sends HTML): preformatted text, the run link clickable."""
         body = html.escape(self.text)
-        for line in self.lines:
-            if line.startswith("Run page: http"):
-                url = line.removeprefix("Run page: ")
-                body = body.replace(html.escape(url), f'<a href="{html.escape(url)}">{html.escape(url)}</a>', 1)
+        if url := self.link:
+            body = body.replace(html.escape(url), f'<a href="{html.escape(url)}">{html.escape(url)}</a>', 1)
         return f'<pre style="font-family: monospace">{_inert(body)}</pre>'
+
+    def slack(self) -> str:
+        """The message as Slack text: the subject in bold, the body as a code block, the run page after it
+        (a link). ``&``, ``<`` and ``>`` escaped as Slack asks: a rank's ``<!channel>`` or ``<url|label>``
+        is shown, never acted on."""
+        text = f"*{_slack(self.subject)}*\n```\n{_slack(self.text)}\n```"
+        return f"{text}\n{_slack(self.link)}" if self.link else text
 
     def plain(self) -> tuple[str, str]:
         """Subject and body in ASCII (every other character escaped as ``\\uXXXX``), no link markup: what any
         mail path can encode, for a body that could not go as :meth:`html` (rank text is not ours to clean)."""
         text = html.escape(_ascii(self.text))
         return _ascii(self.subject), f"<pre>{_inert(text)}</pre>"
+
+
+def _slack(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("```", "`\u200b``")
 
 
 def _ascii(text: str) -> str:
@@ -164,7 +182,7 @@ def _recovery(
 
 
 def _where(facts: RunFacts) -> list[str]:
-    lines = [f"Run page: {facts.link or NO_LINK}"]
+    lines = [f"{RUN_PAGE}{facts.link or NO_LINK}"]
     if facts.report:
         lines.append(f"Report: {facts.report}")
     return lines

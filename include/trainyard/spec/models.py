@@ -587,9 +587,27 @@ class Drill(_Model):
     """The training attempt it strikes in (later attempts run clean, so recovery can succeed)."""
 
 
+class SlackNotify(_Model):
+    connection: str = Field("slack_default", min_length=1)
+    """Airflow connection id of a Slack incoming webhook (type ``slackwebhook``, the Slack provider's): the
+    webhook's token, or its whole URL, in the password."""
+
+
+class WebhookNotify(_Model):
+    connection: str = Field(min_length=1)
+    """Airflow connection id of an HTTP endpoint that gets each notice as a JSON ``POST``: its whole URL
+    (``https://...``) in the password (a URL that carries a token is a secret) or the host; request headers
+    (an ``Authorization`` token) in the extra's ``headers`` object."""
+
+
 class NotifySpec(_Model):
-    email: list[Email] = Field(min_length=1, max_length=100)
-    """Addresses to write to (at least one)."""
+    email: list[Email] = Field([], max_length=100)
+    """Addresses to write to, through the SMTP connection ``connection``."""
+    slack: SlackNotify | None = None
+    """Post each notice to a Slack channel through an incoming webhook (the Slack provider's notifier)."""
+    webhook: WebhookNotify | None = None
+    """Post each notice as JSON (``kind``, ``subject``, ``text``, ``dag_id``, ``run_id``, ``link``) to an
+    HTTP endpoint: a chat tool, an incident system, a function."""
     on: list[NotifyOn] = Field(["failure", "recovery"], min_length=1)
     """When to write: ``failure`` (a run failed: which stage, the error class, what recovery did) and
     ``recovery`` (a run succeeded, but recovery acted in ``train``: what failed, what was done, the steps lost)."""
@@ -606,6 +624,15 @@ class NotifySpec(_Model):
         if isinstance(data, dict) and True in data and "on" not in data:
             return {("on" if key is True else key): value for key, value in data.items()}
         return data
+
+    @model_validator(mode="after")
+    def _somewhere(self) -> NotifySpec:
+        if not (self.email or self.slack or self.webhook):
+            raise ValueError(
+                "nowhere to send: give email (a list of addresses), slack ({connection: CONN_ID}) "
+                "or webhook ({connection: CONN_ID}), or remove notify"
+            )
+        return self
 
 
 class PipelineSpec(_Model):
@@ -646,7 +673,7 @@ class PipelineSpec(_Model):
     drills: list[Drill] = Field([], max_length=1000)
     """Faults to act out during training, for rehearsals (see ``trainyard drill``)."""
     notify: NotifySpec | None = None
-    """Whom to email, through Airflow's SMTP notifier, when a run fails or recovers; null: nobody."""
+    """Whom to tell (email, Slack, a webhook) when a run fails or recovers; null: nobody."""
 
     def dag_id(self, source: Path) -> str:
         return self.pipeline or source.stem
