@@ -172,6 +172,8 @@ class FakeKube:
     def __init__(self) -> None:
         self.objects: dict[tuple[str, str, str, str], dict[str, Any]] = {}
         self.logs: dict[tuple[str, str], str] = {}
+        self.live_logs: dict[tuple[str, str], Path] = {}
+        """A running container's output so far (the kubelet's file), served as a real API server serves it."""
         self.calls: list[Call] = []
         self.deletes: list[tuple[str, str, dict[str, Any]]] = []
         """(resource, name, DeleteOptions) of every delete."""
@@ -387,6 +389,9 @@ class FakeKube:
                 return 404, _status(404, "NotFound", f'{resource} "{name}" not found')
             if method == "GET" and sub == "log":
                 text = self.logs.get((ns, name))
+                live = self.live_logs.get((ns, name))
+                if text is None and live is not None and live.exists():
+                    text = live.read_text(errors="replace")
                 if text is None:
                     return 400, _status(400, "BadRequest", f'container "trainer" in pod "{name}" is waiting to start')
                 return 200, text
@@ -935,6 +940,7 @@ class Kubelet:
                 return
             # A container running torchrun is a fork of a zygote that imported torch once for every pod (``forks``).
             self.procs[name] = forks.start(argv, {**os.environ, **env}, self.log_dir / f"{name}.log")
+            self.fake.live_logs[(self.ns, name)] = self.log_dir / f"{name}.log"
             self.fake.set_pod(self.ns, name, "Running", node=node, state={"running": {"startedAt": NOW}})
 
     def _report(self, name: str, phase: str, **status: Any) -> None:
