@@ -177,8 +177,8 @@ def test_a_combination_the_form_cannot_see_fails_when_the_run_opens(path: Path) 
 def test_lr_needs_a_learning_rate_in_the_args(tmp_path: Path, args: str, problem: str) -> None:
     path = tmp_path / "p.yaml"
     path.write_text(SPEC.format(root=tmp_path).replace("args: {lr: 0.003}", f"args: {args}"))
-    [line] = check_files([path])
-    assert line == f"{path}: {problem}; set it (the entrypoint's --lr) or drop 'lr' from params"
+    lines = check_files([path])  # {lr: fast} is also not a number for the reference workload: its own line
+    assert f"{path}: {problem}; set it (the entrypoint's --lr) or drop 'lr' from params" in lines
 
 
 def test_the_chosen_values_are_recorded_once_per_run(path: Path) -> None:

@@ -18,6 +18,7 @@ from typing import TypeGuard
 from croniter import croniter
 from pydantic import BaseModel
 
+from trainyard.reference import REFERENCE_WORKLOAD, flag_problems
 from trainyard.spec.folders import dataset_name_problems
 from trainyard.spec.models import TEXT_EXPECTATIONS, TEXT_FORMATS, TOKEN_EXPECTATIONS, Lifecycle, PipelineSpec
 from trainyard.spec.resume import resume_root_fields, resume_shape
@@ -43,9 +44,6 @@ def _nodes(spec: PipelineSpec) -> list[str]:
     if nodes.backend == "local" and nodes.kubernetes is not None:
         problems.append("nodes.kubernetes: only allowed with nodes.backend: kubernetes")
     return problems
-
-
-REFERENCE_WORKLOAD = "trainyard.workload"
 
 
 def _gpus(spec: PipelineSpec) -> list[str]:
@@ -128,6 +126,8 @@ def _workload_format(spec: PipelineSpec) -> list[str]:
     ds, training = spec.dataset, spec.training
     if training.entrypoint != REFERENCE_WORKLOAD:
         return []
+    if problems := flag_problems(training.args):
+        return problems
     if ds.format in TEXT_FORMATS:
         return [
             f"dataset.format: {ds.format} is text, which {REFERENCE_WORKLOAD} cannot train on (it reads token"

@@ -59,6 +59,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainyard import runtime
 from trainyard.errors import DataError, SpecError, TrainingFailed
+from trainyard.reference import FLAGS
 from trainyard.runtime import device
 from trainyard.runtime.batch import BatchPlan, batch_plan
 from trainyard.runtime.drills import Drills
@@ -72,19 +73,10 @@ STORE_ENV = "TRAINYARD_STORE"  # declared by ``TrainEnv.store``
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Model and optimizer flags; run settings (steps, batch, paths) come from the environment."""
     p = argparse.ArgumentParser(prog="python -m trainyard.workload", description=__doc__.split("\n\n")[0])
-    p.add_argument("--seq-len", type=int, default=64)
-    p.add_argument("--d-model", type=int, default=64)
-    p.add_argument("--n-layers", type=int, default=2)
-    p.add_argument("--n-heads", type=int, default=4)
-    p.add_argument("--vocab-size", type=int, default=256)
-    p.add_argument(
-        "--data-dtype", choices=("uint16", "uint32"), default="uint16",
-        help="token dtype of raw .bin arrays (dataset.format: numpy; nanoGPT: uint16); .tok and .npy say their own",
-    )  # fmt: skip
-    p.add_argument("--lr", type=float, default=1e-2, help="peak learning rate (AdamW)")
-    p.add_argument("--warmup-steps", type=int, default=5, help="linear warmup; constant afterwards")
-    p.add_argument("--weight-decay", type=float, default=0.1)
-    p.add_argument("--grad-clip", type=float, default=1.0, help="max global grad norm (0: off)")
+    for name, flag in FLAGS.items():  # one declaration, also what ``trainyard check`` checks training.args by
+        p.add_argument(
+            f"--{name}", type=flag.kind, default=flag.default, help=flag.help or None, choices=flag.choices or None
+        )
     return p.parse_args(argv)
 
 
