@@ -14,7 +14,8 @@
 #      without waiting out the collective timeout. Needs 2 CUDA devices; with fewer its object says
 #      so ("skipped") and the other checks still count.
 #
-#     bench/gpu_check.sh            # PYTHON=/path/to/python to choose the interpreter
+#     bench/gpu_check.sh            # PYTHON=/path/to/python to choose the interpreter (default: the
+#                                   # project's .venv, made by `make venv`; else python3 on the PATH)
 #
 # Prints one JSON line last. Without a usable CUDA device it prints {"skipped": true, "reason":
 # ...} and exits 0, so it can run anywhere; on a GPU machine it exits 1 if a check failed.
@@ -26,8 +27,15 @@ export TRAINYARD_HOME
 TRAINYARD_HOME=$(mktemp -d "${TMPDIR:-/tmp}/trainyard-gpu-check.XXXXXX")
 trap 'rm -rf "$TRAINYARD_HOME"' EXIT
 
+PYTHON=${PYTHON:-$([ -x .venv/bin/python ] && echo "$PWD/.venv/bin/python" || command -v python3 || echo python3)}
+if ! "$PYTHON" -c 'import torch, yaml, trainyard' 2>/dev/null; then
+  # Runs anywhere, as without a GPU: a machine without the project's Python says so and exits 0.
+  printf '{"bench": "gpu_check", "skipped": true, "reason": "%s cannot import torch, yaml and trainyard: run make venv, or set PYTHON"}\n' "$PYTHON"
+  exit 0
+fi
+
 exec 3>&1 # the JSON line goes to the real stdout; the stages' chatter to stderr
-"${PYTHON:-python}" - "$PWD" <<'PY' >&2
+"$PYTHON" - "$PWD" <<'PY' >&2
 import json
 import os
 import sys

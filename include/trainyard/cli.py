@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import zlib
 from collections.abc import Callable
@@ -13,7 +14,7 @@ from trainyard.errors import TrainyardError
 from trainyard.events.ledger import Ledger, safe_name
 from trainyard.report.summary import format_summary, summarize
 from trainyard.spec import check_files, spec_files
-from trainyard.spec.templating import render
+from trainyard.spec.templating import HOME_VARIABLE, render
 
 if TYPE_CHECKING:
     from trainyard.storage.s3 import S3Tier
@@ -27,6 +28,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     if not problems:
         print(f"{len(spec_files(args.files))} spec(s) valid")
     return 1 if problems else 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    """The spec's JSON Schema (``docs/spec.schema.json``), or its field reference (``docs/spec.md``)."""
+    from trainyard.spec.schema import markdown_reference, schema_text
+
+    sys.stdout.write(markdown_reference() if args.markdown else schema_text())
+    return 0
 
 
 def cmd_demo_data(args: argparse.Namespace) -> int:
@@ -118,7 +127,8 @@ def cmd_summary(args: argparse.Namespace) -> int:
             key=lambda p: (p / "events.jsonl").stat().st_mtime,
         )
         if not candidates:
-            print(f"no runs of {args.dag_id} under {runs}", file=sys.stderr)
+            unset = "" if os.environ.get(HOME_VARIABLE) else f" ({HOME_VARIABLE} is not set: set it to your Airflow's)"
+            print(f"no runs of {args.dag_id} under {runs}{unset}", file=sys.stderr)
             return 1
         run_dir = candidates[-1]
     summary = summarize(Ledger.in_dir(run_dir))
@@ -220,6 +230,11 @@ def parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check", help="validate pipeline spec files (a folder: its *.yaml files, checked together)")
     check.add_argument("files", nargs="+", type=Path)
     check.set_defaults(func=cmd_check)
+    schema = sub.add_parser(
+        "schema", help="print the spec's JSON Schema (for editors), or with --markdown its reference"
+    )
+    schema.add_argument("--markdown", action="store_true", help="the field reference (docs/spec.md) instead")
+    schema.set_defaults(func=cmd_schema)
     demo = sub.add_parser("demo-data", help="write the synthetic demo corpora into the cold tier")
     demo.add_argument("--date", required=True, help="the nightly partition to write (YYYY-MM-DD)")
     demo.add_argument("--cold", default="${TRAINYARD_HOME}/cold")
@@ -274,8 +289,16 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def project_home() -> None:
+    """Without ``TRAINYARD_HOME``, a checkout's ``.trainyard`` (where ``make demo`` keeps its tiers and runs: the
+    Makefile sets the variable for Airflow) is the home of a command run in that checkout, not ``~/.trainyard``."""
+    if not os.environ.get(HOME_VARIABLE) and (local := Path.cwd() / ".trainyard").is_dir():
+        os.environ[HOME_VARIABLE] = str(local)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    project_home()
     if args.command == "summary" and not (args.run_dir or args.dag_id):
         parser().error("summary needs a run folder or --dag-id")
     try:

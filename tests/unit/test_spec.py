@@ -164,7 +164,7 @@ BAD = [
         spec_text(pressure_test="{straggler_ratio: 1.5}"),
         "pressure_test.straggler_ratio: 1.5 is out of range",
     ),
-    ("notify-nobody", spec_text(notify="{email: []}"), "notify.email: list should have at least 1 item"),
+    ("notify-nobody", spec_text(notify="{email: []}"), "notify: nowhere to send: give email (a list of addresses)"),
     (
         "notify-not-an-address",
         spec_text(notify="{email: [ml-oncall]}"),
@@ -197,8 +197,8 @@ BAD = [
     ),
     (
         "notify-unknown-key",
-        spec_text(notify="{email: [a@example.com], slack: '#ml'}"),
-        "notify.slack: unknown field; allowed here: connection, email, from_email, on",
+        spec_text(notify="{email: [a@example.com], sms: '+100'}"),
+        "notify.sms: unknown field; allowed here: connection, email, from_email, on, slack, webhook",
     ),
 ]
 
@@ -229,6 +229,12 @@ def test_missing_file(tmp_path: Path) -> None:
 def test_examples_are_valid(path: Path) -> None:
     spec = load_spec(path)
     assert spec.dag_id(path) == path.stem
+
+
+@pytest.mark.parametrize("example", sorted((ROOT / "examples" / "specs").glob("*.yaml")), ids=lambda p: p.name)
+def test_each_example_spec_copied_beside_the_demo_specs_checks_clean(example: Path) -> None:
+    """The README's steps copy an example into dags/pipelines: its dataset must not nest in the demo's."""
+    assert check_files([ROOT / "dags" / "pipelines", example]) == []
 
 
 def test_the_kubernetes_gpu_example_is_a_complete_gpu_pipeline(capsys: pytest.CaptureFixture[str]) -> None:
@@ -328,3 +334,26 @@ def test_params_schema_and_overrides(tmp_path: Path) -> None:
     assert (changed.nodes.count, changed.training.max_steps) == (4, 3)
     with pytest.raises(SpecError, match=r"nodes\.min: 3 must be <= nodes\.count \(2\)"):
         with_params(spec, {"min_nodes": 3}, path)
+
+
+@pytest.mark.parametrize(
+    ("args", "problem"),
+    [
+        ("{lr: x}", "training.args.lr: 'x' is not a number; write a number such as 0.01"),
+        ("{n-layers: 2.5}", "training.args.n-layers: 2.5 is not an integer; write a number such as 2"),
+        ("{lr: true}", "training.args.lr: True is not a number"),
+        ("{data-dtype: int8}", "training.args.data-dtype: 'int8' is not one of uint16, uint32"),
+        ("{n_layers: 4}", "training.args.n_layers: trainyard.workload has no --n_layers; did you mean n-layers?"),
+    ],
+)
+def test_the_reference_workloads_arguments_are_checked_before_a_run(args: str, problem: str, tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(GOOD.replace("training: {", f"training: {{args: {args}, "))
+    [line] = check_files([path])
+    assert line.startswith(f"{path}: {problem}")
+
+
+def test_a_scripts_own_arguments_are_its_business(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(GOOD.replace("training: {", "training: {entrypoint: train.py, args: {lr: x, anything: [1, 2]}, "))
+    assert check_files([path]) == []

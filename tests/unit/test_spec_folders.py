@@ -114,3 +114,12 @@ def test_stage_dataset_refuses_a_name_that_rendered_out_of_its_folder(tmp_path: 
     with pytest.raises(SpecError, match=r"dataset\.name: '\.\.' escapes the hot root"):
         stages.stage_dataset(run)
     assert not (tmp_path / "hot").exists() or not any((tmp_path / "hot").iterdir())
+
+
+def test_a_folder_without_specs_is_a_problem_not_zero_valid_specs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "empty").mkdir()
+    assert cli(["check", str(tmp_path / "empty")]) == 1
+    out = capsys.readouterr().out
+    assert f"{tmp_path / 'empty'}: no spec files (*.yaml, *.yml) in this folder" in out and "valid" not in out

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -97,7 +98,7 @@ def run_date(ctx: Any) -> str:
     """
     if ds := ctx.get("ds"):
         return ds
-    return ctx["dag_run"].run_after.astimezone(dt.timezone.utc).strftime("%Y-%m-%d")
+    return ctx["dag_run"].run_after.astimezone(dt.UTC).strftime("%Y-%m-%d")
 
 
 def pin_spec(spec_path: str) -> str:
@@ -197,11 +198,14 @@ def report(spec_path: str, run_file: str | None) -> ReportResult:
     from airflow.sdk import conf
 
     from trainyard.pipeline import stages
+    from trainyard.pipeline.retention import RETENTION_DAYS, drop_expired_runs
     from trainyard.report.pages import run_url
 
     with mapped_errors():
         run = open_pinned(spec_path, run_file)
     result = stages.report(run)
+    # Every run keeps its pipeline's runs folder to [trainyard] runs_retention_days (provider config).
+    drop_expired_runs(run.dir, conf.getfloat("trainyard", "runs_retention_days", fallback=RETENTION_DAYS), time.time())
     log.info("%s", format_summary({**summarize(run.ledger), "report": result.report}))
     log.info("report: %s", Path(result.report).resolve().as_uri())
     # Airflow cannot guess its public address; without [api] base_url there is no link to give.

@@ -164,6 +164,9 @@ def check_files(paths: Iterable[str | Path]) -> list[str]:
     no dataset folder may nest in another's (``checks.nested_roots``).
     """
     problems: list[str] = []
+    for folder in (Path(p) for p in paths):
+        if folder.is_dir() and not spec_files([folder]):
+            problems.append(f"{folder}: no spec files (*.yaml, *.yml) in this folder; name a folder of specs or a file")
     valid: dict[Path, PipelineSpec] = {}
     for path in spec_files(paths):
         try:
