@@ -107,3 +107,32 @@ def test_make_venv_takes_torch_from_where_this_machine_needs_it(env: dict[str, s
     )
     assert done.returncode == 0, done.stderr
     assert chosen in done.stdout and "-r requirements.txt" in done.stdout
+
+
+def test_the_readme_is_a_landing_page_and_every_link_of_the_docs_resolves() -> None:
+    """README at most ~250 lines; every relative link and #anchor in it and in docs/ leads somewhere."""
+    readme = ROOT / "README.md"
+    assert len(readme.read_text().splitlines()) <= 250
+    pages = [readme, *sorted((ROOT / "docs").glob("*.md"))]
+    broken = []
+    for page in pages:
+        for link in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if link.startswith(("http:", "https:", "mailto:")):
+                continue
+            path, _, anchor = link.partition("#")
+            target = (page.parent / path).resolve() if path else page
+            if not target.exists():
+                broken.append(f"{page.name}: {link}")
+            elif anchor and target.suffix == ".md" and anchor not in _anchors(target):
+                broken.append(f"{page.name}: {link} (no such heading)")
+    assert broken == []
+
+
+def _anchors(page: Path) -> set[str]:
+    """GitHub's ids of a page's headings (outside code blocks)."""
+    out, fence = set(), False
+    for line in page.read_text().splitlines():
+        fence ^= line.startswith("```")
+        if not fence and re.match(r"#{1,6} ", line):
+            out.add(re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-"))
+    return out

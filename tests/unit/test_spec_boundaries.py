@@ -223,7 +223,10 @@ ACCEPTED = [
     ),
     ("own-label-prefix", dict(nodes=k8s("evicted_label: ml.example.com/evicted, evict_with: taint"))),
     ("pod-service-account", dict(nodes=k8s("service_account: trainer"))),
-    ("args-list", dict(training=training("entrypoint: train.py, args: {layers: [64, 64], tags: [a, b], compile: true}"))),
+    (
+        "args-list",
+        dict(training=training("entrypoint: train.py, args: {layers: [64, 64], tags: [a, b], compile: true}")),
+    ),
     ("resume-roots", dict(training=training("allowed_resume_roots: ['/shared/ckpt', 'file://${TRAINYARD_HOME}/x']"))),
 ]
 
