@@ -44,7 +44,7 @@ def test_kubernetes_backend_goes_through_the_airflow_connection(
 
 
 def test_on_kill_before_launch_is_harmless_and_after_launch_cancels() -> None:
-    op = TrainOperator(task_id="train", spec_path="unused.yaml", run_file="unused/spec.json")
+    op = TrainOperator(task_id="train", spec="unused.yaml", run_file="unused/spec.json")
     op.on_kill()  # nothing launched yet
 
     class Recorder(LocalLauncher):

@@ -280,7 +280,12 @@ def test_a_backoff_defers_on_a_time_trigger_instead_of_sleeping_in_the_worker(fa
     from airflow.sdk.exceptions import TaskDeferred
 
     run = run_with(tmp_path, "[{fault: oom, node: gpu-b, step: 12}]", backoff_s=5 * WAKE_S)
-    op = TrainOperator(task_id="train", spec_path=str(run.spec_path), run_file=str(run.dir / "spec.json"))
+    op = TrainOperator(
+        task_id="train",
+        spec=str(run.spec_path),
+        run_file=str(run.dir / "spec.json"),
+        nodes=TaskInstance().xcom_pull("burn_in"),
+    )
     context = {"ti": TaskInstance()}
     with Kubelet(fake, NS, tmp_path / "kubelet", seed=SEED):
         with pytest.raises(TaskDeferred) as deferred:

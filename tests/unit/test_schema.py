@@ -15,7 +15,7 @@ from trainyard.cli import main
 from trainyard.spec.schema import json_schema, markdown_reference, schema_text
 
 ROOT = Path(__file__).resolve().parents[2]
-SPECS = sorted([*(ROOT / "dags" / "pipelines").glob("*.yaml"), *(ROOT / "examples" / "specs").glob("*.yaml")])
+SPECS = sorted([*(ROOT / "dags" / "pipelines").glob("*.yaml"), *(ROOT / "examples").glob("*/*.yaml")])
 
 
 def test_docs_hold_what_trainyard_schema_prints(capsys: pytest.CaptureFixture[str]) -> None:

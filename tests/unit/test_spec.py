@@ -231,7 +231,7 @@ def test_examples_are_valid(path: Path) -> None:
     assert spec.dag_id(path) == path.stem
 
 
-@pytest.mark.parametrize("example", sorted((ROOT / "examples" / "specs").glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("example", sorted((ROOT / "examples").glob("*/*.yaml")), ids=lambda p: p.name)
 def test_each_example_spec_copied_beside_the_demo_specs_checks_clean(example: Path) -> None:
     """The README's steps copy an example into dags/pipelines: its dataset must not nest in the demo's."""
     assert check_files([ROOT / "dags" / "pipelines", example]) == []

@@ -10,18 +10,23 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from airflow.sdk import DAG, Param, task
-from airflow.sdk.serde import allow_class
 
 from trainyard.airflow import tasks
-from trainyard.airflow.assets import checkpoint_asset
 from trainyard.airflow.notify import dag_callbacks
-from trainyard.airflow.operators import ReportOperator, TrainOperator
+from trainyard.airflow.operators import (
+    CheckDatasetOperator,
+    CheckpointGateOperator,
+    PressureTestOperator,
+    PublishOperator,
+    ReportOperator,
+    StageDatasetOperator,
+    TrainOperator,
+)
 from trainyard.airflow.params import param_schemas
 from trainyard.errors import SpecError
-from trainyard.pipeline.results import RESULTS, GateResult, TrainResult
 from trainyard.report.pages import URL_PREFIX
 from trainyard.spec import PipelineSpec, load_spec, nested_specs
 
@@ -48,16 +53,7 @@ def node_slots(spec: PipelineSpec) -> dict[str, int]:
     return {"burn_in": upper + spec.nodes.spare, "train": upper}
 
 
-def allow_results() -> None:
-    """Let this process rebuild the stages' results from their XComs (Airflow's serde imports only allowed
-    classes). Every task process parses the DAG file before it runs, so every task that pulls a result can;
-    the API server only shows them (as text), which needs no import."""
-    for result in RESULTS:
-        allow_class(result)
-
-
 def build_dag(spec_path: Path, spec: PipelineSpec) -> DAG:
-    allow_results()
     dag_id = spec.dag_id(spec_path)
     rec = spec.recovery
     schemas = param_schemas(spec)
@@ -76,41 +72,35 @@ def build_dag(spec_path: Path, spec: PipelineSpec) -> DAG:
     ) as dag:
         # The run's spec (file + the trigger's Params) is pinned once, here; every later task reads the snapshot.
         path = str(spec_path)
-        # A task called with an upstream's XComArg receives that task's result when it runs: the casts say
-        # which (mypy sees the XComArg).
         pinned = task(task_id="pin_spec")(tasks.pin_spec)(path)
-        run_file = cast(str, pinned)
-        stage = task(task_id="stage_dataset", retries=2, retry_delay=dt.timedelta(seconds=rec.backoff_s))(
-            tasks.stage_dataset
-        )(path, run_file)
-        check = task(task_id="check_dataset")(tasks.check_dataset)(path, run_file)
+        run: dict[str, Any] = {"spec": path, "run_file": pinned}
+        stage = StageDatasetOperator(
+            task_id="stage_dataset", retries=2, retry_delay=dt.timedelta(seconds=rec.backoff_s), **run
+        )
+        check = CheckDatasetOperator(task_id="check_dataset", **run)
         slots = node_slots(spec)
-        burn = task(task_id="burn_in", pool=NODE_POOL, pool_slots=slots["burn_in"])(tasks.burn_in)(path, run_file)
+        burn = PressureTestOperator(task_id="burn_in", pool=NODE_POOL, pool_slots=slots["burn_in"], **run)
         # The supervisor inside ``train`` retries, scales down and rolls back itself; Airflow's one
         # retry is for the task process dying, and it carries on from the ledger.
         trained = TrainOperator(
             task_id="train",
-            spec_path=path,
-            run_file=pinned,
+            nodes=burn.output,
             retries=1,
             retry_delay=dt.timedelta(seconds=rec.backoff_s),
             pool=NODE_POOL,
             pool_slots=slots["train"],
+            **run,
         )
-        checked = task(task_id="check_checkpoint")(tasks.check_checkpoint)(
-            path, run_file, cast(TrainResult, trained.output)
-        )
-        published = task(task_id="publish", retries=2, outlets=[checkpoint_asset(dag_id)])(tasks.publish)(
-            path, run_file, cast(GateResult, checked)
-        )
+        checked = CheckpointGateOperator(task_id="check_checkpoint", trained=trained.output, **run)
+        published = PublishOperator(task_id="publish", gate=checked.output, retries=2, **run)
         # The report is written whatever happened (a failed run needs it most), and the run's state must
         # still say what happened. A teardown gives both: it runs once its setup (pin_spec) succeeded and
         # everything before it is done, and it is no leaf, so a failed stage fails the DAG run (a report
         # with trigger_rule="all_done" as the only leaf turned every failed night green). It must keep
         # on_failure_fail_dagrun False: True makes it the one leaf that decides, and a written report
         # would turn a failed night green again. A report that fails shows as a failed task.
-        reported = ReportOperator(task_id="report", spec_path=path, run_file=pinned)
-        stage >> check >> burn >> trained
+        reported = ReportOperator(task_id="report", **run)
+        stage >> check >> burn
         published >> reported
         # What as_teardown(setups=pinned) does, whose annotation takes operators only.
         pinned.as_setup() >> reported.as_teardown()

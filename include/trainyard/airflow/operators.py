@@ -1,32 +1,47 @@
-"""Operators for the stages that need more than a function: ``train`` must be killable, and may defer;
-``train`` and ``report`` carry the "Training run" link to the run's page in the training-runs view.
+"""The pipeline's stages as operators, for the DAGs trainyard builds and for DAGs written by hand.
 
-Airflow calls ``on_kill`` when the task is stopped (marked failed in the UI, a
-timeout, a SIGTERM); a TaskFlow function has no such hook, and torchrun agents
-run in sessions of their own, so without it they would outlive the task.
+Each takes plain arguments: ``spec``, a spec file's path or a ``PipelineSpec`` built in Python; optionally
+``run_file``, ``pin_spec``'s XCom (without it the run's first task pins the spec and the others read that
+pin: every task of a run uses the spec its first task saw); and the upstream result it works on, as an
+XCom (``burn.output``, a ``BurnInResult``; ``train.output``, a ``TrainResult``; ``gate.output``, a
+``GateResult``). ``examples/dags/custom_pipeline.py`` puts an evaluation task between the gate and
+publishing. Every stage carries the "Training run" link to the run's page in the training-runs view.
 
-Where the run defers (``pipeline.run.defers``: the Kubernetes backend) the task
-defers while an attempt runs (the pods need no babysitter in the worker):
-``TrainStage.begin`` launches, the ``KubernetesAttemptTrigger`` watches from
-the triggerer, and each of its events resumes the task in ``attempt_event``,
-whose ``TrainStage.resume`` decides and launches again or returns the result. A retry's backoff is a deferral too, on the
-provider's ``DateTimeTrigger`` (resumed in ``backoff_over``): no worker slot
-sleeps through it.
+``TrainOperator`` needs more than a function: Airflow calls ``on_kill`` when the task is stopped (marked
+failed in the UI, a timeout, a SIGTERM), and torchrun agents run in sessions of their own, so without it
+they would outlive the task. Where the run defers (``pipeline.run.defers``: the Kubernetes backend) the task
+defers while an attempt runs (the pods need no babysitter in the worker): ``TrainStage.begin`` launches,
+the ``KubernetesAttemptTrigger`` watches from the triggerer, and each of its events resumes the task in
+``attempt_event``, whose ``TrainStage.resume`` decides and launches again or returns the result. A retry's
+backoff is a deferral too, on the provider's ``DateTimeTrigger`` (resumed in ``backoff_over``): no worker
+slot sleeps through it.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator, BaseOperatorLink, conf
+from airflow.sdk.serde import allow_class
 
 from trainyard.airflow import tasks
-from trainyard.airflow.tasks import dagrun_state, kube_client, stage_run
-from trainyard.pipeline.results import BurnInResult, ReportResult, TrainResult
+from trainyard.airflow.assets import checkpoint_asset
+from trainyard.airflow.tasks import SpecSource, dagrun_state, kube_client, stage_run
+from trainyard.pipeline.results import (
+    RESULTS,
+    BurnInResult,
+    DataCheckResult,
+    GateResult,
+    PublishResult,
+    ReportResult,
+    StagingResult,
+    TrainResult,
+)
 from trainyard.report.pages import run_url
-from trainyard.spec import NodesSpec
+from trainyard.spec import NodesSpec, PipelineSpec
 
 if TYPE_CHECKING:  # the Kubernetes clients take a second to import: at run time, not at DAG parse time
     from airflow.providers.standard.triggers.temporal import DateTimeTrigger
@@ -104,43 +119,157 @@ class RunPageLink(BaseOperatorLink):
         return run_url(conf.get("api", "base_url", fallback="") or "", ti_key.dag_id, ti_key.run_id)
 
 
-class TrainOperator(BaseOperator):
-    """Launch and supervise the training attempts on the nodes ``burn_in`` chose.
+def allow_results() -> None:
+    """Let this process rebuild the stages' results from their XComs (Airflow's serde imports only allowed
+    classes). Every task process parses its DAG file, which imports this module, before it runs."""
+    for result in RESULTS:
+        allow_class(result)
+
+
+allow_results()
+
+
+class StageOperator(BaseOperator):
+    """A stage of a trainyard pipeline as a task of any DAG.
+
+    :param spec: the spec file's path, or a ``PipelineSpec`` built in Python.
+    :param run_file: the run's pinned spec (``pin_spec``'s XCom), rendered at run time; optional.
+    """
+
+    template_fields: Sequence[str] = ("run_file",)
+    operator_extra_links = (RunPageLink(),)
+
+    def __init__(self, *, spec: SpecSource, run_file: Any = None, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.spec = spec if isinstance(spec, PipelineSpec) else str(spec)
+        self.run_file = run_file
+
+
+class PinSpecOperator(StageOperator):
+    """Pin the run's spec (the spec with the trigger's Params, validated) in the run folder; returns the
+    snapshot's path, the other stages' ``run_file``. Make it the run's setup and ``ReportOperator`` its
+    teardown, and the report is written whatever the stages did."""
+
+    template_fields: Sequence[str] = ()
+
+    def execute(self, context: Any) -> str:
+        return tasks.pin_spec(self.spec)
+
+
+class StageDatasetOperator(StageOperator):
+    """Stage the spec's dataset from its cold tier to the hot tier (parallel, verified, incremental)."""
+
+    def execute(self, context: Any) -> StagingResult:
+        return tasks.stage_dataset(self.spec, self.run_file)
+
+
+class CheckDatasetOperator(StageOperator):
+    """Check the staged dataset against the spec's expectations (great-expectations)."""
+
+    def execute(self, context: Any) -> DataCheckResult:
+        return tasks.check_dataset(self.spec, self.run_file)
+
+
+class PressureTestOperator(StageOperator):
+    """Pressure-test the candidate nodes and keep the best healthy ones; its result is ``TrainOperator``'s
+    ``nodes``. Give it a pool slot per node it tests (``dag_builder.node_slots``)."""
+
+    def execute(self, context: Any) -> BurnInResult:
+        return tasks.burn_in(self.spec, self.run_file)
+
+
+class CheckpointGateOperator(StageOperator):
+    """Validate the final checkpoint of ``trained`` (hashes, tensors, the spec's metric expectations).
+
+    :param trained: ``TrainOperator``'s result (its ``.output``).
+    """
+
+    template_fields: Sequence[str] = ("run_file", "trained")
+
+    def __init__(self, *, trained: Any, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.trained = trained
+
+    def execute(self, context: Any) -> GateResult:
+        return tasks.check_checkpoint(self.spec, self.run_file, _result(self.trained, TrainResult, "trained"))
+
+
+class PublishOperator(StageOperator):
+    """Publish the checkpoint ``gate`` passed: a write-once cold copy, then the pointer to the latest.
+
+    Its outlet is the pipeline's checkpoint asset (``trainyard://checkpoints/<dag_id>``), whose events carry
+    the copy's URI: DAGs scheduled on it start when a checkpoint is published.
+
+    :param gate: ``CheckpointGateOperator``'s result (its ``.output``), or an evaluation's that returns it.
+    """
+
+    template_fields: Sequence[str] = ("run_file", "gate")
+
+    def __init__(self, *, gate: Any, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.gate = gate
+        if not self.outlets and self.has_dag():
+            self.outlets = [checkpoint_asset(self.dag_id)]
+
+    def execute(self, context: Any) -> PublishResult:
+        return tasks.publish(self.spec, self.run_file, _result(self.gate, GateResult, "gate"))
+
+
+def _result(value: Any, kind: type[Any], name: str) -> Any:
+    """An upstream's result as this stage needs it: rendered from its XCom, the type the upstream returns."""
+    if not isinstance(value, kind):
+        raise TypeError(f"{name}: expected a {kind.__name__} (the upstream task's .output), got {type(value).__name__}")
+    return value
+
+
+class TrainOperator(StageOperator):
+    """Launch and supervise the training attempts on the nodes the pressure test chose.
 
     The run holds its pipeline's checkpoint lineage while it trains; Airflow's
     state of the run holding it (``tasks.dagrun_state``) lets a run take over
     at once from one that failed or is gone, without waiting for its lease to lapse.
 
-    :param spec_path: the spec file, read only where the run was never pinned (``airflow tasks test``).
-    :param run_file: the run's pinned spec (``pin_spec``'s XCom), rendered at run time.
+    :param nodes: ``PressureTestOperator``'s result (its ``.output``), or a list of node names; None:
+        the backend's candidates, untested (as with ``pressure_test.enabled: false``).
     """
 
     ui_color = "#ffd27f"
-    template_fields = ("run_file",)
-    operator_extra_links = (RunPageLink(),)
+    template_fields: Sequence[str] = ("run_file", "nodes")
 
-    def __init__(self, *, spec_path: str, run_file: Any, burn_in_task_id: str = "burn_in", **kwargs: Any):
+    def __init__(self, *, nodes: Any = None, **kwargs: Any):
         super().__init__(**kwargs)
-        self.spec_path = spec_path
-        self.run_file = run_file
-        self.burn_in_task_id = burn_in_task_id
+        self.nodes = nodes
         self._launcher: Launcher | None = None
 
     def execute(self, context: Any) -> TrainResult:
-        with stage_run(self.spec_path, self.run_file, "train") as run:
-            stage = self._stage(context, run)
+        with stage_run(self.spec, self.run_file, "train") as run:
+            stage = self._stage(run)
             if not stage.defers:
                 return stage.run_blocking()
             outcome = stage.begin()
         return self._wait_for(run, outcome)
 
-    def _stage(self, context: Any, run: Run) -> TrainStage:
-        """The run's train stage on the nodes burn-in chose (its XCom), with this task's launcher."""
+    def _stage(self, run: Run) -> TrainStage:
+        """The run's train stage on the chosen nodes, with this task's launcher."""
         from trainyard.pipeline.train import TrainStage
 
-        chosen: BurnInResult = context["ti"].xcom_pull(task_ids=self.burn_in_task_id)
+        healthy, spare = self._chosen(run)
         self._launcher = launcher_for(run.spec.nodes)
-        return TrainStage(run, list(chosen.healthy), self._launcher, list(chosen.spare), run_state=dagrun_state)
+        return TrainStage(run, healthy, self._launcher, spare, run_state=dagrun_state)
+
+    def _chosen(self, run: Run) -> tuple[list[str], list[str]]:
+        if isinstance(self.nodes, BurnInResult):
+            return list(self.nodes.healthy), list(self.nodes.spare)
+        if isinstance(self.nodes, list | tuple) and all(isinstance(n, str) for n in self.nodes):
+            return list(self.nodes), []
+        if self.nodes is None:
+            from trainyard.backends.registry import backend_for
+
+            names = backend_for(run.spec.nodes, connect=kube_client).candidates()
+            return names[: run.spec.nodes.count], names[run.spec.nodes.count :]
+        raise TypeError(
+            f"nodes: expected a BurnInResult (the pressure test's .output) or node names, got {self.nodes!r}"
+        )
 
     def attempt_event(self, context: Any, event: dict[str, Any]) -> TrainResult:
         """Resumed by the attempt trigger: act on its event, then wait on (this attempt, a backoff, the next one)
@@ -151,17 +280,17 @@ class TrainOperator(BaseOperator):
         """
         from trainyard.airflow.triggers import reported
 
-        return self._resumed(context, reported(event))
+        return self._resumed(reported(event))
 
     def backoff_over(self, context: Any, event: Any = None) -> TrainResult:
         """Resumed by the backoff's time trigger: launch the next attempt (or wait on, if the backoff is not over)."""
         from trainyard.recovery.observations import BackoffOver
 
-        return self._resumed(context, BackoffOver(time.time()))
+        return self._resumed(BackoffOver(time.time()))
 
-    def _resumed(self, context: Any, news: Reported | BackoffOver) -> TrainResult:
-        with stage_run(self.spec_path, self.run_file, "train") as run:
-            outcome = self._stage(context, run).resume(news)
+    def _resumed(self, news: Reported | BackoffOver) -> TrainResult:
+        with stage_run(self.spec, self.run_file, "train") as run:
+            outcome = self._stage(run).resume(news)
         return self._wait_for(run, outcome)
 
     def _wait_for(self, run: Run, outcome: Deferral | TrainResult) -> TrainResult:
@@ -180,23 +309,13 @@ class TrainOperator(BaseOperator):
             self._launcher.cancel_all()
 
 
-class ReportOperator(BaseOperator):
-    """Write the run's report from its ledger and release what the run held (``stages.report``).
+class ReportOperator(StageOperator):
+    """Write the run's report from its ledger, release what the run held (``stages.report``) and drop its
+    pipeline's expired run folders.
 
-    The DAG makes it the run's teardown: it runs whatever the stages did, and
-    its own outcome does not hide theirs (see ``dag_builder``).
-
-    :param spec_path: the spec file, read only where the run was never pinned (``airflow tasks test``).
-    :param run_file: the run's pinned spec (``pin_spec``'s XCom), rendered at run time.
+    The built DAG makes it the run's teardown: it runs whatever the stages did, and its own outcome does not
+    hide theirs (see ``dag_builder``); a hand-written DAG does the same with ``as_teardown``.
     """
 
-    template_fields = ("run_file",)
-    operator_extra_links = (RunPageLink(),)
-
-    def __init__(self, *, spec_path: str, run_file: Any, **kwargs: Any):
-        super().__init__(**kwargs)
-        self.spec_path = spec_path
-        self.run_file = run_file
-
     def execute(self, context: Any) -> ReportResult:
-        return tasks.report(self.spec_path, self.run_file)
+        return tasks.report(self.spec, self.run_file)

@@ -21,6 +21,7 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from airflow.sdk import Connection, get_current_context
@@ -40,7 +41,7 @@ from trainyard.pipeline.results import (
 )
 from trainyard.pipeline.run import SNAPSHOT, Run, load_run, open_run
 from trainyard.report.summary import format_summary, summarize
-from trainyard.spec import KubernetesSpec
+from trainyard.spec import KubernetesSpec, PipelineSpec
 from trainyard.storage.s3auth import S3Settings, settings_for
 
 log = logging.getLogger(__name__)
@@ -101,29 +102,36 @@ def run_date(ctx: Any) -> str:
     return ctx["dag_run"].run_after.astimezone(dt.UTC).strftime("%Y-%m-%d")
 
 
-def pin_spec(spec_path: str) -> str:
-    """Open the run (spec file + the trigger's Params, validated) and pin it; the snapshot's path."""
+SpecSource = str | Path | PipelineSpec
+"""A spec file's path, or a spec built in Python (a hand-written DAG may hold either)."""
+
+
+def pin_spec(spec: SpecSource) -> str:
+    """Open the run (the spec + the trigger's Params, validated) and pin it; the snapshot's path."""
     with mapped_errors():
-        run = _pin(spec_path)
+        run = _pin(spec)
     snapshot = run.dir / SNAPSHOT
-    log.info("spec %s pinned for run %s (ds %s) in %s", spec_path, run.run_id, run.ds, snapshot)
+    log.info("spec %s pinned for run %s (ds %s) in %s", run.spec_path, run.run_id, run.ds, snapshot)
     return str(snapshot)
 
 
-def _pin(spec_path: str) -> Run:
+def _pin(spec: SpecSource) -> Run:
     ctx = get_current_context()
+    dag_id = ctx["dag"].dag_id
+    path, built = (spec, None) if isinstance(spec, str | Path) else (f"{dag_id} (a spec built in Python)", spec)
     return open_run(
-        spec_path, ctx["dag"].dag_id, ctx["run_id"], run_date(ctx), dict(ctx["params"]), connections=_s3_settings
+        path, dag_id, ctx["run_id"], run_date(ctx), dict(ctx["params"]), connections=_s3_settings, spec=built
     )
 
 
-def open_pinned(spec_path: str, run_file: str | None) -> Run:
+def open_pinned(spec: SpecSource, run_file: str | None) -> Run:
     """The run as ``pin_spec`` pinned it (``run_file``, its XCom).
 
-    Without one, the task runs in a run that was never pinned (``airflow tasks
-    test`` runs one task in a run of its own), and pins it itself, as pin_spec would.
+    Without one (a DAG without ``pin_spec``, or ``airflow tasks test`` running one task in a run of its
+    own), the first task of the run pins it, as pin_spec would, and every later one reads that pin back
+    (``open_run``): every task of a run trains on the spec its first task saw.
     """
-    return load_run(run_file, connections=_s3_settings) if run_file else _pin(spec_path)
+    return load_run(run_file, connections=_s3_settings) if run_file else _pin(spec)
 
 
 @contextmanager
@@ -135,32 +143,32 @@ def mapped_errors() -> Iterator[None]:
 
 
 @contextmanager
-def stage_run(spec_path: str, run_file: str | None, stage: str) -> Iterator[Run]:
+def stage_run(spec: SpecSource, run_file: str | None, stage: str) -> Iterator[Run]:
     """The pinned run, with errors mapped and the stage's metrics sent when the block ends (success or failure)."""
     with mapped_errors():
-        run = open_pinned(spec_path, run_file)
+        run = open_pinned(spec, run_file)
         with emitted(run, stage):
             yield run
 
 
-def stage_dataset(spec_path: str, run_file: str | None) -> StagingResult:
+def stage_dataset(spec: SpecSource, run_file: str | None) -> StagingResult:
     from trainyard.pipeline import stages
 
-    with stage_run(spec_path, run_file, "stage_dataset") as run:
+    with stage_run(spec, run_file, "stage_dataset") as run:
         return stages.stage_dataset(run)
 
 
-def check_dataset(spec_path: str, run_file: str | None) -> DataCheckResult:
+def check_dataset(spec: SpecSource, run_file: str | None) -> DataCheckResult:
     from trainyard.pipeline import stages
 
-    with stage_run(spec_path, run_file, "check_dataset") as run:
+    with stage_run(spec, run_file, "check_dataset") as run:
         return stages.check_dataset(run)
 
 
-def burn_in(spec_path: str, run_file: str | None) -> BurnInResult:
+def burn_in(spec: SpecSource, run_file: str | None) -> BurnInResult:
     from trainyard.pipeline import stages
 
-    with stage_run(spec_path, run_file, "burn_in") as run:
+    with stage_run(spec, run_file, "burn_in") as run:
         return BurnInResult.from_dict(
             stages.burn_in(run, connect=kube_client)
         )  # the stage's own result is still a dict
@@ -174,27 +182,29 @@ def kube_client(spec: KubernetesSpec | None) -> Any:
     return hook.api_client
 
 
-def check_checkpoint(spec_path: str, run_file: str | None, train: TrainResult) -> GateResult:
+def check_checkpoint(spec: SpecSource, run_file: str | None, train: TrainResult) -> GateResult:
     from trainyard.pipeline import stages
 
-    with stage_run(spec_path, run_file, "check_checkpoint") as run:
+    with stage_run(spec, run_file, "check_checkpoint") as run:
         return stages.check_checkpoint(run, train.checkpoint, train.target_step, connect=kube_client)
 
 
-def publish(spec_path: str, run_file: str | None, check_checkpoint: GateResult) -> PublishResult:
+def publish(spec: SpecSource, run_file: str | None, check_checkpoint: GateResult) -> PublishResult:
     from trainyard.pipeline import stages
 
-    with stage_run(spec_path, run_file, "publish") as run:
+    with stage_run(spec, run_file, "publish") as run:
         result = stages.publish(run, check_checkpoint.checkpoint)
-    event = get_current_context()["outlet_events"][checkpoint_asset(run.dag_id)]
-    event.extra = {"uri": result.uri, "step": check_checkpoint.step, "run_id": run.run_id}
+    # The pipeline's checkpoint asset gets the copy's URI, where the task declares it (the built DAG and
+    # PublishOperator do); a hand-written task without the outlet updates no asset.
+    asset = checkpoint_asset(run.dag_id)
+    if any(getattr(o, "uri", None) == asset.uri for o in get_current_context()["task"].outlets):
+        event = get_current_context()["outlet_events"][asset]
+        event.extra = {"uri": result.uri, "step": check_checkpoint.step, "run_id": run.run_id}
     return result
 
 
-def report(spec_path: str, run_file: str | None) -> ReportResult:
+def report(spec: SpecSource, run_file: str | None) -> ReportResult:
     # Only this adapter needs these.
-    from pathlib import Path
-
     from airflow.sdk import conf
 
     from trainyard.pipeline import stages
@@ -202,7 +212,7 @@ def report(spec_path: str, run_file: str | None) -> ReportResult:
     from trainyard.report.pages import run_url
 
     with mapped_errors():
-        run = open_pinned(spec_path, run_file)
+        run = open_pinned(spec, run_file)
     result = stages.report(run)
     # Every run keeps its pipeline's runs folder to [trainyard] runs_retention_days (provider config).
     drop_expired_runs(run.dir, conf.getfloat("trainyard", "runs_retention_days", fallback=RETENTION_DAYS), time.time())

@@ -104,8 +104,11 @@ def open_run(
     ds: str,
     params: Mapping[str, Any] | None = None,
     connections: Callable[[str], S3Settings] | None = None,
+    spec: PipelineSpec | None = None,
 ) -> Run:
     """Open the run, pinning its spec: the first open writes it, every later one reads it back.
+
+    ``spec``: a spec built in Python (a hand-written DAG's); ``spec_path`` then only names it in messages.
 
     ``spec.json`` holds the spec as run (Params applied), the Params and the
     run's identifiers; the ledger gets one ``params`` event with the Params and
@@ -116,7 +119,7 @@ def open_run(
     snapshot's path on; this function serves the library's callers (drills).
     """
     spec_path = Path(spec_path)
-    file_spec = load_spec(spec_path)
+    file_spec = spec if spec is not None else load_spec(spec_path)
     spec = with_params(file_spec, params, spec_path) if params else file_spec
     run = Run(spec=spec, spec_path=spec_path, dag_id=dag_id, run_id=run_id, ds=ds, connections=connections)
     check_resume(run)  # now, not after staging and burn-in: resume_from is a Param anyone who triggers can set

@@ -1,0 +1,48 @@
+"""examples/dags/custom_pipeline.py, a DAG written by hand with trainyard's operators, through a real ``airflow dags
+test`` run: every stage as a plain operator, and the checkpoint published from its evaluation's result, after it.
+(An evaluation that fails leaves publish upstream_failed, as any Airflow task does; one run is what CI can afford.)"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from airflow_helpers import ROOT, airflow, airflow_env, query, run_state, task_states
+
+pytestmark = pytest.mark.integration
+DAG_ID = "custom_pipeline"
+TASKS = ["pin_spec", "stage_dataset", "check_dataset", "pressure_test", "train", "check_checkpoint", "evaluate"]
+
+
+def test_a_hand_written_dag_publishes_only_what_its_evaluation_passes(tmp_path: Path) -> None:
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    shutil.copy(ROOT / "examples" / "dags" / "custom_pipeline.py", dags)
+    spec = yaml.safe_load((ROOT / "examples" / "dags" / "custom_pipeline.yaml").read_text())
+    # Cut down to seconds, as the other Airflow-run tests do: this is about the DAG's wiring, not the stages.
+    spec["nodes"] = {"count": 1, "min": 1, "backend": "local"}
+    spec["pressure_test"] = {"enabled": False}
+    spec["training"].update(max_steps=4, checkpoint_every=2, global_batch=4, micro_batch=4, checkpoint_async=False)
+    (dags / "custom_pipeline.yaml").write_text(yaml.safe_dump(spec))
+    env = airflow_env(tmp_path, dags)
+    subprocess.run(["trainyard", "demo-data", "--date", "2026-11-28"], env=env, check=True, capture_output=True)
+    published = Path(env["TRAINYARD_HOME"]) / "cold" / "checkpoints" / DAG_ID
+
+    done = airflow(env, "dags", "test", DAG_ID, "2026-11-28")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    states = {t: s for t, (s, _) in task_states(env, DAG_ID, "2026-11-28").items()}
+    assert states == dict.fromkeys([*TASKS, "publish", "report"], "success"), states
+    assert run_state(env, DAG_ID, "2026-11-28") == "success"
+    [(evaluated_end, publish_start)] = query(
+        env,
+        "SELECT e.end_date, p.start_date FROM task_instance e JOIN task_instance p ON e.run_id = p.run_id"
+        " WHERE e.dag_id = :d AND p.dag_id = :d AND e.task_id = 'evaluate' AND p.task_id = 'publish'",
+        d=DAG_ID,
+    )
+    assert evaluated_end <= publish_start  # published after the evaluation, from its result
+    first = json.loads((published / "PUBLISHED").read_text())
+    assert first["path"].startswith("step_000004.")
