@@ -150,6 +150,23 @@ class KubernetesLauncher:
             handle.logs[index] = str(path)
         return replace(status, log=handle.logs[index])
 
+    def _keep_logs(self, handle: KubernetesHandle) -> None:
+        """Save the log so far of every pod of the attempt whose log is not saved yet, before the delete takes it.
+
+        An attempt ends on its first failed pod; the others are often still running, and one of them may be
+        the node whose fault it was (an OOM still tearing down, its traceback already written): without this
+        its evidence went with the pod. One list and a log read per such pod, once per attempt.
+        """
+        pods, _ = api.drive(self, api.look(handle.namespace, handle.name, handle.in_place))
+        for pod in pods:
+            path = handle.plan.log_dir / f"{pod.metadata.name}.log"
+            if path.exists():  # saved when the pod ended (``_with_evidence``)
+                continue
+            phase = (pod.status.phase if pod.status is not None else None) or "Pending"
+            head = f"# pod {pod.metadata.name} on node {pod.spec.node_name or '(not placed)'}: {phase} when the attempt ended"
+            text = api.call(self, api.pod_log(pod.metadata.name, pod.metadata.namespace, CONTAINER, self.log_lines))
+            write_text_atomic(path, f"{head}\n{text}" if text.endswith("\n") else f"{head}\n{text}\n")
+
     def _evidence(self, pod: Any, status: NodeStatus) -> str:
         head = (
             f"# pod {pod.metadata.name} on node {status.host or '(not placed)'}: {status.state}"
@@ -160,7 +177,8 @@ class KubernetesLauncher:
 
     def cancel(self, handle: KubernetesHandle) -> None:
         """Delete the attempt's Job (with its pods), Service and PodGroup, or its in-place pods, store and keys
-        (``api.delete``); safe to call twice."""
+        (``api.delete``); safe to call twice. The logs of pods still running go first (``_keep_logs``)."""
+        self._keep_logs(handle)
         api.drive(self, api.delete(handle.namespace, handle.name, handle.podgroup, handle.in_place))
         if handle in self.active:
             self.active.remove(handle)
