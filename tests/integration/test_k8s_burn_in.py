@@ -45,6 +45,16 @@ training: {{max_steps: 1, global_batch: 4, micro_batch: 1, checkpoint_every: 1}}
 """
 
 
+@pytest.fixture(autouse=True)
+def one_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fake cluster's nodes are processes of this one 2-core host: they share its cores, so its probes
+    take turns as local nodes do. A real cluster's nodes probe at once; that path is
+    tests/integration/test_burnin_protocol.py's (light candidates, no CPU to share)."""
+    from trainyard.backends.kubernetes.probes import KubernetesProbes
+
+    monkeypatch.setattr(KubernetesProbes, "shared", True)
+
+
 @pytest.fixture
 def fake() -> Iterator[FakeKube]:
     server = FakeKube().start()
