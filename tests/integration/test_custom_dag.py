@@ -1,6 +1,7 @@
 """examples/dags/custom_pipeline.py, a DAG written by hand with trainyard's operators, through a real ``airflow dags
 test`` run: every stage as a plain operator, and the checkpoint published from its evaluation's result, after it.
-(An evaluation that fails leaves publish upstream_failed, as any Airflow task does; one run is what CI can afford.)"""
+(An evaluation that fails leaves publish upstream_failed, as any Airflow task does; one run is what CI can afford.)
+The same run reports its lineage through the OpenLineage provider's file transport."""
 
 from __future__ import annotations
 
@@ -28,7 +29,10 @@ def test_a_hand_written_dag_publishes_only_what_its_evaluation_passes(tmp_path: 
     spec["pressure_test"] = {"enabled": False}
     spec["training"].update(max_steps=4, checkpoint_every=2, global_batch=4, micro_batch=4, checkpoint_async=False)
     (dags / "custom_pipeline.yaml").write_text(yaml.safe_dump(spec))
-    env = airflow_env(tmp_path, dags)
+    lineage = tmp_path / "openlineage.jsonl"
+    # OpenLineage's file transport, as a data platform's HTTP transport would be configured.
+    transport = {"type": "file", "log_file_path": str(lineage), "append": True}
+    env = airflow_env(tmp_path, dags, AIRFLOW__OPENLINEAGE__TRANSPORT=json.dumps(transport))
     subprocess.run(["trainyard", "demo-data", "--date", "2026-11-28"], env=env, check=True, capture_output=True)
     published = Path(env["TRAINYARD_HOME"]) / "cold" / "checkpoints" / DAG_ID
 
@@ -46,3 +50,26 @@ def test_a_hand_written_dag_publishes_only_what_its_evaluation_passes(tmp_path: 
     assert evaluated_end <= publish_start  # published after the evaluation, from its result
     first = json.loads((published / "PUBLISHED").read_text())
     assert first["path"].startswith("step_000004.")
+    check_lineage(lineage, Path(env["TRAINYARD_HOME"]), published / first["path"])
+
+
+def check_lineage(events_file: Path, home: Path, copy: Path) -> None:
+    """Each stage's COMPLETE event names what it read and wrote: source -> staged -> checkpoint -> published."""
+    done: dict[str, dict] = {}
+    for line in events_file.read_text().splitlines():
+        event = json.loads(line)
+        task = event["job"]["name"].rsplit(".", 1)[-1]
+        if event["eventType"] == "COMPLETE" and event["job"]["name"].startswith(f"{DAG_ID}."):
+            done[task] = event
+
+    def names(task: str, side: str) -> list[tuple[str, str]]:
+        return [(d["namespace"], d["name"]) for d in done[task][side]]
+
+    staged = str(home / "hot" / "custom-finetune")
+    checkpoint = str(home / "checkpoints" / DAG_ID / "step_000004")
+    assert names("stage_dataset", "inputs") == [("file", str(home / "cold" / "finetune"))]
+    assert names("stage_dataset", "outputs") == [("file", staged)]
+    assert names("check_dataset", "inputs") == [("file", staged)]
+    assert names("train", "inputs") == [("file", staged)] and names("train", "outputs") == [("file", checkpoint)]
+    assert names("check_checkpoint", "inputs") == [("file", checkpoint)]
+    assert names("publish", "inputs") == [("file", checkpoint)] and names("publish", "outputs") == [("file", str(copy))]

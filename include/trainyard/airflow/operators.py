@@ -29,6 +29,7 @@ from airflow.sdk.serde import allow_class
 
 from trainyard.airflow import tasks
 from trainyard.airflow.assets import checkpoint_asset
+from trainyard.airflow.lineage import Lineage, operator_lineage
 from trainyard.airflow.tasks import SpecSource, dagrun_state, kube_client, stage_run
 from trainyard.pipeline.results import (
     RESULTS,
@@ -143,6 +144,16 @@ class StageOperator(BaseOperator):
         super().__init__(**kwargs)
         self.spec = spec if isinstance(spec, PipelineSpec) else str(spec)
         self.run_file = run_file
+        self.lineage: Lineage | None = None
+        """What the stage read and wrote, once it succeeded (``trainyard.airflow.lineage``)."""
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """The OpenLineage provider asks this when the task succeeded (only where OpenLineage is configured)."""
+        return operator_lineage(self.lineage)
+
+    def _run(self) -> Run:
+        """The run as this task pinned or read it (the snapshot: cheap, and the spec the stage used)."""
+        return tasks.open_pinned(self.spec, self.run_file)
 
 
 class PinSpecOperator(StageOperator):
@@ -160,14 +171,18 @@ class StageDatasetOperator(StageOperator):
     """Stage the spec's dataset from its cold tier to the hot tier (parallel, verified, incremental)."""
 
     def execute(self, context: Any) -> StagingResult:
-        return tasks.stage_dataset(self.spec, self.run_file)
+        result = tasks.stage_dataset(self.spec, self.run_file)
+        self.lineage = Lineage([self._run().source_uri], [result.hot_dir])
+        return result
 
 
 class CheckDatasetOperator(StageOperator):
     """Check the staged dataset against the spec's expectations (great-expectations)."""
 
     def execute(self, context: Any) -> DataCheckResult:
-        return tasks.check_dataset(self.spec, self.run_file)
+        result = tasks.check_dataset(self.spec, self.run_file)
+        self.lineage = Lineage([str(self._run().hot_dataset_dir)])
+        return result
 
 
 class PressureTestOperator(StageOperator):
@@ -191,7 +206,9 @@ class CheckpointGateOperator(StageOperator):
         self.trained = trained
 
     def execute(self, context: Any) -> GateResult:
-        return tasks.check_checkpoint(self.spec, self.run_file, _result(self.trained, TrainResult, "trained"))
+        result = tasks.check_checkpoint(self.spec, self.run_file, _result(self.trained, TrainResult, "trained"))
+        self.lineage = Lineage([result.checkpoint])
+        return result
 
 
 class PublishOperator(StageOperator):
@@ -212,7 +229,10 @@ class PublishOperator(StageOperator):
             self.outlets = [checkpoint_asset(self.dag_id)]
 
     def execute(self, context: Any) -> PublishResult:
-        return tasks.publish(self.spec, self.run_file, _result(self.gate, GateResult, "gate"))
+        gate = _result(self.gate, GateResult, "gate")
+        result = tasks.publish(self.spec, self.run_file, gate)
+        self.lineage = Lineage([gate.checkpoint], [result.uri])
+        return result
 
 
 def _result(value: Any, kind: type[Any], name: str) -> Any:
@@ -245,9 +265,13 @@ class TrainOperator(StageOperator):
         with stage_run(self.spec, self.run_file, "train") as run:
             stage = self._stage(run)
             if not stage.defers:
-                return stage.run_blocking()
+                return self._trained(run, stage.run_blocking())
             outcome = stage.begin()
         return self._wait_for(run, outcome)
+
+    def _trained(self, run: Run, result: TrainResult) -> TrainResult:
+        self.lineage = Lineage([str(run.hot_dataset_dir)], [result.checkpoint] if result.checkpoint else [])
+        return result
 
     def _stage(self, run: Run) -> TrainStage:
         """The run's train stage on the chosen nodes, with this task's launcher."""
@@ -302,7 +326,7 @@ class TrainOperator(StageOperator):
         if isinstance(outcome, Backoff):
             self.defer(trigger=backoff_trigger(run, outcome), method_name="backoff_over")
         assert isinstance(outcome, TrainResult), outcome
-        return outcome
+        return self._trained(run, outcome)
 
     def on_kill(self) -> None:
         if self._launcher is not None:
