@@ -196,9 +196,9 @@ def publish(spec: SpecSource, run_file: str | None, check_checkpoint: GateResult
         result = stages.publish(run, check_checkpoint.checkpoint)
     # The pipeline's checkpoint asset gets the copy's URI, where the task declares it (the built DAG and
     # PublishOperator do); a hand-written task without the outlet updates no asset.
-    asset = checkpoint_asset(run.dag_id)
-    if any(getattr(o, "uri", None) == asset.uri for o in get_current_context()["task"].outlets):
-        event = get_current_context()["outlet_events"][asset]
+    asset, ctx = checkpoint_asset(run.dag_id), get_current_context()
+    if any(getattr(o, "uri", None) == asset.uri for o in ctx["task"].outlets):
+        event = ctx["outlet_events"][asset]
         event.extra = {"uri": result.uri, "step": check_checkpoint.step, "run_id": run.run_id}
     return result
 

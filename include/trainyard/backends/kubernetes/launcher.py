@@ -145,9 +145,11 @@ class KubernetesLauncher:
         if status.state == "running" or pod is None:
             return status
         if index not in handle.logs:
-            path = handle.plan.log_dir / f"{pod.metadata.name}.log"
-            write_text_atomic(path, self._evidence(pod, status))  # never through a link a pod planted
-            handle.logs[index] = str(path)
+            head = (
+                f"# pod {pod.metadata.name} on node {status.host or '(not placed)'}: {status.state}"
+                f" exit={status.exit_code} reason={status.reason or '-'} {pod_message(pod)}".rstrip()
+            )
+            handle.logs[index] = str(self._save_log(handle, pod, head))
         return replace(status, log=handle.logs[index])
 
     def _keep_logs(self, handle: KubernetesHandle) -> None:
@@ -159,21 +161,23 @@ class KubernetesLauncher:
         """
         pods, _ = api.drive(self, api.look(handle.namespace, handle.name, handle.in_place))
         for pod in pods:
-            path = handle.plan.log_dir / f"{pod.metadata.name}.log"
-            if path.exists():  # saved when the pod ended (``_with_evidence``)
+            if self._log_path(handle, pod).exists():  # saved when the pod ended (``_with_evidence``)
                 continue
             phase = (pod.status.phase if pod.status is not None else None) or "Pending"
-            head = f"# pod {pod.metadata.name} on node {pod.spec.node_name or '(not placed)'}: {phase} when the attempt ended"
-            text = api.call(self, api.pod_log(pod.metadata.name, pod.metadata.namespace, CONTAINER, self.log_lines))
-            write_text_atomic(path, f"{head}\n{text}" if text.endswith("\n") else f"{head}\n{text}\n")
+            where = pod.spec.node_name or "(not placed)"
+            self._save_log(handle, pod, f"# pod {pod.metadata.name} on node {where}: {phase} when the attempt ended")
 
-    def _evidence(self, pod: Any, status: NodeStatus) -> str:
-        head = (
-            f"# pod {pod.metadata.name} on node {status.host or '(not placed)'}: {status.state}"
-            f" exit={status.exit_code} reason={status.reason or '-'} {pod_message(pod)}".rstrip()
-        )
+    @staticmethod
+    def _log_path(handle: KubernetesHandle, pod: Any) -> Path:
+        return handle.plan.log_dir / f"{pod.metadata.name}.log"
+
+    def _save_log(self, handle: KubernetesHandle, pod: Any, head: str) -> Path:
+        """The pod's container log (its last ``log_lines``) under ``head``, written whole into the attempt's log
+        folder (never through a link a pod planted); its path."""
         text = api.call(self, api.pod_log(pod.metadata.name, pod.metadata.namespace, CONTAINER, self.log_lines))
-        return f"{head}\n{text}" if text.endswith("\n") else f"{head}\n{text}\n"
+        path = self._log_path(handle, pod)
+        write_text_atomic(path, f"{head}\n{text}" if text.endswith("\n") else f"{head}\n{text}\n")
+        return path
 
     def cancel(self, handle: KubernetesHandle) -> None:
         """Delete the attempt's Job (with its pods), Service and PodGroup, or its in-place pods, store and keys
