@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +116,19 @@ class Checkpointer:
         """The background saves' own process group (None until the first): a thread may still use it."""
         return self._group
 
+    def prepare(self) -> None:
+        """Make the background saves' process group now, while every rank of the world is known to be here
+        (an elastic group calls this as each generation begins; ``save`` does it at the first save otherwise).
+
+        Making a group is no collective that fails when a peer dies: each rank waits on the store for every
+        other's address. A peer killed after its generation formed but before the first save would hold the
+        survivors there until the group's timeout (in CI, past a 30 s heartbeat timeout: the supervisor took them
+        for hung and relaunched the attempt) instead of failing their next collective at once, to regroup in place."""
+        if not self.ctx.checkpoint_async or self._group is not None or not dist.is_initialized():
+            return
+        timeout = self.ctx.collective_timeout_s
+        self._group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout) if timeout else None)
+
     def save(self, step: int, state_dict: dict[str, Any], metrics: dict[str, Any], *,
              micro_batch: int | None = None) -> None:  # fmt: skip
         """Save ``state_dict`` as the checkpoint of ``step`` (collective)."""
@@ -135,7 +149,7 @@ class Checkpointer:
                     use_non_blocking_copy=False,
                 )
             )
-            self._group = dist.new_group(backend="gloo") if dist.is_initialized() else None
+        self.prepare()
         staging = on_rank0(lambda: ckpt_format.prepare_staging(self.ctx.checkpoint_dir, step))
         plain = {k: v.state_dict() if isinstance(v, Stateful) else v for k, v in stateful(state_dict).items()}
         copy = self._stager.stage(plain)

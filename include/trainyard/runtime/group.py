@@ -142,6 +142,8 @@ class ElasticGroup:
         """Run a generation's steps: ``checkpoints`` is closed at its end (its last save committed); an error
         leaves a save in flight (it may wait on a dead peer: fail now, not at its timeout) and ends the
         process, except a failed collective in place, which ends the generation."""
+        if checkpoints is not None:
+            checkpoints.prepare()  # while every member is here: a peer that dies later fails a collective
         try:
             yield
             if checkpoints is not None:
