@@ -6,13 +6,16 @@ Each test runs one attempt that loses a node and finishes without a relaunch: th
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
+from otlp_receiver import OtlpReceiver
 from test_recovery import SPEC, events, run_with
 
 from trainyard.checkpoint.format import read_manifest
 from trainyard.pipeline import stages
+from trainyard.protocol.live_metrics import INSTRUMENTS
 from trainyard.recovery.figures import recovery_figures
 
 pytestmark = pytest.mark.integration
@@ -66,11 +69,15 @@ def test_a_lost_node_is_healed_in_place(tmp_path: Path, fault: str, node: str, k
     assert failure["path"] == "in_place" and failure["lost_steps"] <= 1
 
 
-def test_a_node_started_again_grows_the_world_back_in_place(tmp_path: Path) -> None:
+def test_a_node_started_again_grows_the_world_back_in_place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """node-1 is killed at step 5; the survivors regroup (3 -> 2), node-1 starts again outside the group,
-    waits ready, and joins at a step boundary with the state by broadcast: 3 nodes again, one attempt."""
-    run = run_with(tmp_path, "[{fault: kill, node: node-1, step: 5}]", spec=GROWING)
-    result = stages.train(run, ["node-0", "node-1", "node-2"])
+    waits ready, and joins at a step boundary with the state by broadcast: 3 nodes again, one attempt.
+    Rank 0 pushes its live metrics each second (``progress_every_s``) all along, to an OTLP receiver."""
+    spec = GROWING.replace("heartbeat_timeout_s: 6", "heartbeat_timeout_s: 6\n  progress_every_s: 1")
+    run = run_with(tmp_path, "[{fault: kill, node: node-1, step: 5}]", spec=spec)
+    with OtlpReceiver() as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url.removesuffix("/v1/metrics"))
+        result = stages.train(run, ["node-0", "node-1", "node-2"])
     assert result.attempts == 1 and result.last_step == GROWING_STEPS
     [rejoining] = events(run, "rejoining")
     assert rejoining["nodes"] == ["node-1"]
@@ -83,6 +90,17 @@ def test_a_node_started_again_grows_the_world_back_in_place(tmp_path: Path) -> N
     assert figures["world_path"] == "3 -> 2 -> 3" and figures["spares_joined"] == "node-1"
     assert figures["lost_steps"] <= 1 and figures["spares_idle"] is None
     assert not events(run, "store_refused")  # every value the honest ranks wrote opened with their keys
+    # Only rank 0 (node-0 throughout) exports, at most once a second; the last export is the finished world.
+    exports = receiver.exports
+    assert len(exports) >= 3 and not receiver.refused
+    assert {labels["node"] for e in exports for points in e.points.values() for _, labels in points} == {"node-0"}
+    periodic = [b.at - a.at for a, b in itertools.pairwise(exports[:-1])]
+    assert all(gap >= 0.9 for gap in periodic), periodic
+    last = {key: exports[-1].value(name) for key, (name, _, _) in INSTRUMENTS.items()}
+    assert last["step"] == GROWING_STEPS and last["world_size"] == 3 and last["regroups"] == 2
+    assert last["attempt"] == 1 and last["checkpoint_age_seconds"] is not None
+    steps = [e.value(INSTRUMENTS["step"][0]) or 0 for e in exports]
+    assert steps == sorted(steps)
 
 
 def test_a_warm_spare_started_with_the_attempt_replaces_the_lost_node(tmp_path: Path) -> None:

@@ -38,13 +38,15 @@ from trainyard.backends.kubernetes.pods import (
     pod_security_context,
 )
 from trainyard.protocol.env import TrainEnv
+from trainyard.protocol.live_metrics import INSTRUMENTS, otlp_endpoint, prometheus_name
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
 COMPOSE = DOCKER / "docker-compose.yaml"
 K8S_VERSION = "1.37"
 AIRFLOW_SERVICES = ["airflow-init", "api-server", "scheduler", "dag-processor", "triggerer"]
-LONG_RUNNING = ["postgres", "minio", "api-server", "scheduler", "dag-processor", "triggerer"]
+LONG_RUNNING = ["postgres", "minio", "api-server", "scheduler", "dag-processor", "triggerer", "prometheus", "grafana"]
+OBSERVABILITY = ["otel-collector", "prometheus", "grafana"]
 # Names of values that hold a credential (an access key id is a name, a passwords file a path).
 SECRET_NAME = re.compile(
     r"PASSWORD(?!S_FILE)|SECRET|TOKEN|FERNET|(?<!ACCESS)_KEY$|^MC_HOST_|^AIRFLOW_CONN_|SQL_ALCHEMY_CONN"
@@ -157,7 +159,7 @@ def test_compose_file_is_valid_under_the_compose_specification() -> None:
 
 def test_stack_has_the_databases_and_every_airflow_3_component() -> None:
     services = compose()["services"]
-    assert set(services) == {"postgres", "minio", "minio-init", "cold-data", *AIRFLOW_SERVICES}
+    assert set(services) == {"postgres", "minio", "minio-init", "cold-data", *AIRFLOW_SERVICES, *OBSERVABILITY}
     assert services["postgres"]["image"].startswith("postgres:")
     assert services["minio"]["image"].startswith("minio/minio:RELEASE.")
     assert services["minio"]["command"][:2] == ["server", "/data"]
@@ -316,6 +318,63 @@ def test_cold_data_loads_the_partition_the_mounted_s3_pipeline_stages() -> None:
     assert upload.dest == spec.dataset.source.replace("{{ ds }}", demo.date)
     assert spec.dataset.connection == spec.checkpoint.connection == "trainyard_cold"
     assert "AIRFLOW_CONN_TRAINYARD_COLD" in data["x-airflow-common"]["environment"]
+
+
+# ---------------------------------------------------------------- compose: metrics
+
+
+def mounted(service: dict[str, Any], target: str) -> Path:
+    """The file or folder of this checkout that ``service`` mounts at ``target``."""
+    [source] = [v.split(":")[0] for v in service["volumes"] if v.split(":")[1] == target]
+    return (COMPOSE.parent / source).resolve()
+
+
+def test_airflow_and_the_training_runs_push_metrics_to_the_collector_prometheus_scrapes() -> None:
+    data = compose()
+    services = data["services"]
+    env = data["x-airflow-common"]["environment"]
+    assert env["AIRFLOW__METRICS__OTEL_ON"] == "True"
+    # What the train stage hands rank 0 (TRAINYARD_METRICS_OTLP), from the variables Airflow itself reads.
+    endpoint = urlsplit(otlp_endpoint(env) or "")
+    collector = yaml.safe_load(mounted(services["otel-collector"], "/etc/otelcol/config.yaml").read_text())
+    receiver = collector["receivers"]["otlp"]["protocols"]["http"]["endpoint"]
+    assert (endpoint.hostname, endpoint.port, endpoint.path) == (
+        "otel-collector",
+        int(receiver.rsplit(":")[1]),
+        "/v1/metrics",
+    )
+    assert services["otel-collector"]["command"] == ["--config=/etc/otelcol/config.yaml"]
+    exporter = collector["exporters"]["prometheus"]
+    assert exporter["add_metric_suffixes"] is False  # the dashboard's names: trainyard_train_loss
+    assert collector["service"]["pipelines"]["metrics"] == {
+        "receivers": ["otlp"],
+        "processors": ["batch"],
+        "exporters": ["prometheus"],
+    }
+    scrape = yaml.safe_load(mounted(services["prometheus"], "/etc/prometheus/prometheus.yaml").read_text())
+    [job] = scrape["scrape_configs"]
+    assert job["static_configs"] == [{"targets": [f"otel-collector:{exporter['endpoint'].rsplit(':')[1]}"]}]
+    assert services["grafana"]["depends_on"] == {"prometheus": {"condition": "service_healthy"}}
+
+
+def test_the_grafana_dashboard_shows_every_live_training_metric_from_the_provisioned_prometheus() -> None:
+    grafana = compose()["services"]["grafana"]
+    provisioning = mounted(grafana, "/etc/grafana/provisioning")
+    [source] = yaml.safe_load((provisioning / "datasources" / "prometheus.yaml").read_text())["datasources"]
+    assert source["type"] == "prometheus" and urlsplit(source["url"]).hostname == "prometheus"
+    [provider] = yaml.safe_load((provisioning / "dashboards" / "trainyard.yaml").read_text())["providers"]
+    folder = mounted(grafana, provider["options"]["path"])
+    dashboard = json.loads((folder / "trainyard.json").read_text())
+    shown: list[str] = []
+    for panel in dashboard["panels"]:
+        assert panel["datasource"]["uid"] == source["uid"]
+        for target in panel["targets"]:
+            assert target["datasource"]["uid"] == source["uid"]
+            shown += re.findall(r"\b(trainyard_[a-z_]+)\{", target["expr"])
+            assert '{pipeline=~"$pipeline", run_id=~"$run_id"}' in target["expr"]
+    assert sorted(shown) == sorted(prometheus_name(key) for key in INSTRUMENTS)  # each once, none unknown
+    variables = {v["name"]: v["definition"] for v in dashboard["templating"]["list"]}
+    assert set(variables) == {"pipeline", "run_id"}
 
 
 # ---------------------------------------------------------------- compose: credentials

@@ -9,6 +9,8 @@ is ``pipeline.run.defers``.
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -30,6 +32,7 @@ from trainyard.pipeline.recorder import StageRecorder
 from trainyard.pipeline.results import TrainResult
 from trainyard.pipeline.run import Run, defers
 from trainyard.protocol.env import FaultDrill, TrainEnv
+from trainyard.protocol.live_metrics import otlp_endpoint
 from trainyard.recovery.commands import AttemptResult
 from trainyard.recovery.deferred import Deferral, Deferred, Done, Outcome
 from trainyard.recovery.figures import recovery_figures
@@ -45,6 +48,8 @@ from trainyard.storage.boot import ensure_this_boot
 STAGE = "train"
 # Only a process that stays can serve the store an attempt's ranks regroup on, unless the backend serves one.
 DEFERRED_WHY_NOT = "the train task defers: no process of it stays to serve the store the ranks regroup on"
+
+log = logging.getLogger(__name__)
 
 
 def _cli_args(args: dict[str, Any]) -> list[str]:
@@ -348,6 +353,7 @@ def _plan(run: Run, attempt: int, course: Course, target: int, store: Coordinati
             heartbeat_dir=attempt_dir / "heartbeat",
             events_dir=run.ledger.events_dir,
             run_id=run.run_id,
+            pipeline=run.dag_id,
             attempt=attempt,
             global_batch=training.global_batch,
             micro_batch=course.micro_batch,
@@ -362,5 +368,15 @@ def _plan(run: Run, attempt: int, course: Course, target: int, store: Coordinati
             # Every script is told its drills: one that acts them out says so; for the others the supervisor
             # acts out kill, hang and slow (``recovery.drills``).
             drills=tuple(_drill(d) for d in run.spec.drills if d.attempt == attempt),
+            metrics_otlp=_live_metrics_endpoint(),
         ),
     )
+
+
+def _live_metrics_endpoint() -> str | None:
+    """Where rank 0 pushes live training metrics: the collector this worker's OpenTelemetry settings name."""
+    try:
+        return otlp_endpoint(os.environ)
+    except ValueError as exc:  # metrics are not worth a failed run: the task log says why there are none
+        log.warning("no live training metrics: %s", exc)
+        return None

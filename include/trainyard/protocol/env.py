@@ -20,6 +20,7 @@ from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replac
 from pathlib import Path
 from typing import Any, Literal
 
+from trainyard.protocol.live_metrics import otlp_url
 from trainyard.protocol.sealing import KEY_PATTERN
 
 Access = Literal["read", "write"]
@@ -185,6 +186,9 @@ class TrainEnv:
         ),
     )
     run_id: str = field(default="local", metadata=_meta("TRAINYARD_RUN_ID", 'default "local"', _text))
+    pipeline: str = field(
+        default="", metadata=_meta("TRAINYARD_PIPELINE", "the pipeline (the DAG id) the run belongs to", _text)
+    )
     node: str = field(
         default="",
         metadata=_meta(
@@ -268,6 +272,16 @@ class TrainEnv:
             "with TRAINYARD_STORE: seconds a collective may wait for a silent peer before the node regroups "
             "(default 10)",
             _float_from(0.1),
+        ),
+    )
+
+    metrics_otlp: str | None = field(
+        default=None,
+        metadata=_meta(
+            "TRAINYARD_METRICS_OTLP",
+            "the OTLP/HTTP URL rank 0 pushes live training metrics to, once per progress interval "
+            "(``trainyard.protocol.live_metrics``); unset: none",
+            otlp_url,
         ),
     )
 

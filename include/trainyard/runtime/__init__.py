@@ -54,6 +54,7 @@ Environment (set by the launcher; ``trainyard.protocol.env`` declares it):
     TRAINYARD_EVENTS_DIR        the run's events.d/: each writing process appends to a file of its own there
                                 (unset: no events)
     TRAINYARD_RUN_ID            default "local"
+    TRAINYARD_PIPELINE          the pipeline (the DAG id) the run belongs to
     TRAINYARD_NODE              the node's name in the plan, e.g. "node-1"; set per node (default: host name)
     TRAINYARD_HOST              the machine the node runs on (Kubernetes: the pod's spec.nodeName); set per node
                                 (default: host name)
@@ -73,6 +74,8 @@ Environment (set by the launcher; ``trainyard.protocol.env`` declares it):
                                 command line
     TRAINYARD_COLLECTIVE_TIMEOUT_S with TRAINYARD_STORE: seconds a collective may wait for a silent peer before
                                 the node regroups (default 10)
+    TRAINYARD_METRICS_OTLP      the OTLP/HTTP URL rank 0 pushes live training metrics to, once per progress
+                                interval (``trainyard.protocol.live_metrics``); unset: none
 
 Heartbeats are files rather than ledger events because the watcher needs the
 latest state of *every* rank cheaply; rank 0 alone writes ledger events (to a

@@ -50,9 +50,10 @@ class StepReporter:
         self.metrics.update({k: float(v) for k, v in metrics.items() if _number(v)})
 
     def after(self, step: int, metrics: dict[str, Any]) -> None:
+        self.log(metrics)
         if self._started is not None:
             self._step_s = time.monotonic() - self._started
-        self.log(metrics)
+            self.metrics["step_ms"] = self._step_s * 1e3  # as trainyard's own loop reports it
         if "loss" in self.metrics:
             self.metrics["loss"] = self.drills.loss(step, self.metrics["loss"])
         heartbeat(step, dict(self.metrics), ctx=self.ctx)

@@ -27,8 +27,9 @@ from trainyard.protocol.heartbeat import (
     write_node_beat,
 )
 from trainyard.protocol.steps import ProgressDigest
+from trainyard.runtime import live_metrics
 from trainyard.runtime.device import local_ranks
-from trainyard.runtime.process import RunContext, context, ledger_event, metric_fields, rank
+from trainyard.runtime.process import RunContext, context, ledger_event, metric_fields, rank, world_size
 
 LIVENESS_S = 1.0
 _pulse: threading.Thread | None = None
@@ -130,12 +131,14 @@ def flush_progress(ctx: RunContext | None = None) -> None:
 
 
 def heartbeat(step: int, metrics: dict[str, Any], *, status: str = "running", ctx: RunContext | None = None) -> None:
-    """Record progress: this rank's heartbeat file, plus (rank 0) the ledger's ``step`` events at a bounded rate."""
+    """Record progress: this rank's heartbeat file, plus (rank 0) the ledger's ``step`` events at a bounded rate
+    and the live metrics, where the deployment collects them (``live_metrics``)."""
     global _last_metrics
     ctx = ctx or context()
     write_heartbeat(ctx, step, metrics, status)
     if status == "running":
         _last_metrics = metrics
+        live_metrics.report(ctx, step, metrics, rank(), world_size())
     if status == "running" and ctx.events_dir is not None and rank() == 0:
         # A checkpoint step is written at once: the metric gate needs its exact loss.
         for record in _digest(ctx).add(step, metric_fields(metrics), force=ctx.should_checkpoint(step)):
@@ -156,6 +159,7 @@ def regrouped(
 
     Call it on every rank once the generation's group is formed (ranks and world size are the new ones)."""
     ctx = ctx or context()
+    live_metrics.at_generation(generation)
     _digest(ctx).write_next()
     ledger_event(ctx, "regrouped", generation=generation, micro_batch=micro_batch, from_step=from_step,
                  joiners=list(joiners))  # fmt: skip
@@ -167,3 +171,4 @@ def finish(step: int, metrics: dict[str, Any], *, ctx: RunContext | None = None)
     write_heartbeat(ctx, step, metrics, "finished")
     flush_progress(ctx)
     ledger_event(ctx, "finished", **metric_fields(metrics), step=step)
+    live_metrics.close()
