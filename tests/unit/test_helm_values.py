@@ -51,14 +51,15 @@ def rendered_pod(component: str, v: dict[str, Any]) -> dict[str, Any]:
     image = v["images"]["pod_template" if component == "worker" else "airflow"]
     section = v["workers"]["kubernetes"] if component == "worker" else v.get(component, {})
     account = section.get("serviceAccount", {}).get("name") or f"airflow-{component.lower()}"
+    secrets = [
+        {"name": s["envName"], "valueFrom": {"secretKeyRef": {"name": s["secretName"], "key": s["secretKey"]}}}
+        for s in v["secret"]
+    ]
     container = {
         "name": "base" if component == "worker" else component.lower(),
         "image": f"{image['repository']}:{image['tag']}",
         "imagePullPolicy": image["pullPolicy"],
-        "env": list(v["env"]) + [
-            {"name": s["envName"], "valueFrom": {"secretKeyRef": {"name": s["secretName"], "key": s["secretKey"]}}}
-            for s in v["secret"]
-        ],
+        "env": [*v["env"], *secrets],
         "securityContext": v["securityContexts"]["containers"],
         "volumeMounts": v["volumeMounts"],
     }
