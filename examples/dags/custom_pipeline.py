@@ -17,6 +17,7 @@ from pathlib import Path
 from airflow.sdk import DAG, Param, task
 from airflow.sdk.exceptions import AirflowFailException
 
+from trainyard.airflow.notify import dag_callbacks
 from trainyard.airflow.operators import (
     CheckDatasetOperator,
     CheckpointGateOperator,
@@ -28,6 +29,7 @@ from trainyard.airflow.operators import (
     TrainOperator,
 )
 from trainyard.pipeline.results import GateResult
+from trainyard.spec.load import load_spec
 
 SPEC = Path(__file__).with_name("custom_pipeline.yaml")  # or a PipelineSpec built in Python
 
@@ -38,6 +40,8 @@ with DAG(
     catchup=False,
     params={"max_loss": Param(6.0, type="number", description="the final loss a checkpoint must be under")},
     tags=["trainyard", "example"],
+    # The spec's notify section (email, Slack, webhook), as the built DAGs send it: from the spec file.
+    **dag_callbacks(str(SPEC), load_spec(SPEC)),
 ):
     pinned = PinSpecOperator(task_id="pin_spec", spec=SPEC)
     stage = StageDatasetOperator(task_id="stage_dataset", spec=SPEC, run_file=pinned.output)
