@@ -183,6 +183,10 @@ class Checkpointer:
         """Wait for the save in flight (``wait=False``: leave it, after a fault), then free the buffers."""
         if wait:
             self.wait()
+            # A generation that ends well may destroy every group next (a world that grows leaves its group):
+            # the next one's ``prepare`` makes the saves' group of its own world, with every member. (After a
+            # fault, ``abandon`` hands the group to the graveyard instead.)
+            self._group = None
         elif self._pending is not None:
             return  # its thread still reads the staging buffers
         if self._stager is not None:
