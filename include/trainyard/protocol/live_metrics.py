@@ -4,7 +4,7 @@ Airflow 3 sends its own metrics through OpenTelemetry to a collector the deploym
 standard ``OTEL_EXPORTER_OTLP_*`` variables (its ``[metrics] otel_host`` and ``otel_port`` are deprecated); the
 collector is scraped by Prometheus or forwards on. Rank 0 of a training run pushes to that same collector over
 OTLP/HTTP (``trainyard.runtime.live_metrics``), so one dashboard shows a pipeline's stages and its training
-(``docker/grafana/``). Push rather than a Prometheus endpoint to scrape: rank 0 is a process (on Kubernetes, a
+(``docker/observability/``). Push rather than a Prometheus endpoint to scrape: rank 0 is a process (on Kubernetes, a
 pod) that lives for one attempt, on a node no scrape configuration knows. The supervisor resolves the endpoint
 from its own environment (``otlp_endpoint``) and hands it on as ``TRAINYARD_METRICS_OTLP``.
 

@@ -1,19 +1,11 @@
-"""Rank 0's live training metrics, pushed to the OpenTelemetry collector the deployment already runs
-(what they are and where they go: ``trainyard.protocol.live_metrics``).
+"""Rank 0's live training metrics, pushed to the OpenTelemetry collector the deployment already runs (what
+they are, where they go and why push: ``trainyard.protocol.live_metrics``).
 
-Airflow 3 sends its own metrics through OpenTelemetry (``[metrics] otel_on`` and the standard
-``OTEL_EXPORTER_OTLP_*`` variables) to a collector, which Prometheus scrapes or which forwards them on. The
-training processes push theirs to that same collector over OTLP/HTTP, so one dashboard shows the pipeline's
-stages and its training (``docker/grafana/``). Push rather than a Prometheus endpoint to scrape: rank 0 is a
-process (on Kubernetes, a pod) that lives for one attempt, on a node no scrape configuration knows.
-
-The supervisor resolves the endpoint from its own environment (``otlp_endpoint``) and hands it to the training
-processes as ``TRAINYARD_METRICS_OTLP``; without it nothing is sent and the SDK is never imported. The process
-that is rank 0 exports the values of its latest step at most once per ``progress_every_s`` (the reader's
-period, one second at the least) and once more as it exits; any other rank exports nothing, and a rank that
-stops being rank 0 at a regroup falls silent. A collector that is down costs the exporter's own thread a
-bounded wait, never a training step. The metric names are ``INSTRUMENTS``'; on Prometheus, dots become
-underscores (``trainyard_train_loss``).
+Without ``TRAINYARD_METRICS_OTLP`` nothing is sent and the SDK is never imported. The process that is rank 0
+exports the values of its latest step at most once per ``progress_every_s`` (the reader's period, one second
+at the least) and once more when it finishes; any other rank exports nothing, and a rank that stops being rank
+0 at a regroup falls silent. A collector that is down costs the exporter's own thread a bounded wait, never a
+training step.
 """
 
 from __future__ import annotations
