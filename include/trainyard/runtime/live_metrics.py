@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 from trainyard.checkpoint.format import MANIFEST, list_checkpoints
 from trainyard.protocol.live_metrics import EXPORT_TIMEOUT_S, INSTRUMENTS, MIN_PERIOD_S, SERVICE
-from trainyard.runtime.process import RunContext
+from trainyard.runtime.process import RunContext, rank, world_size
 
 log = logging.getLogger("trainyard.workload")
 
@@ -67,7 +67,7 @@ class LiveMetrics:
 
         def observe(options: Any) -> Iterable[Any]:
             with self._lock:
-                value = self.values.get(key) if self.values else None
+                value = self.values.get(key)
             if key == "checkpoint_age_seconds" and self.values:
                 value = checkpoint_age(self.ctx)
             return [] if value is None else [Observation(value, self.attributes)]
@@ -108,12 +108,12 @@ def at_generation(number: int) -> None:
     _generation = number
 
 
-def report(ctx: RunContext, step: int, metrics: Mapping[str, Any], rank: int, world_size: int) -> None:
+def report(ctx: RunContext, step: int, metrics: Mapping[str, Any]) -> None:
     """A step of this process (``runtime.heartbeat``): rank 0 keeps it for the next export; another rank, silent."""
     global _live, _broken
     if ctx.metrics_otlp is None or _broken:
         return
-    if rank != 0:
+    if rank() != 0:
         if _live is not None:
             _live.silence()
         return
@@ -127,7 +127,7 @@ def report(ctx: RunContext, step: int, metrics: Mapping[str, Any], rank: int, wo
         atexit.register(close)
         log.info("live metrics: rank 0 pushes to %s every %.0f s", _redacted(ctx.metrics_otlp),
                  max(MIN_PERIOD_S, ctx.progress_every_s))  # fmt: skip
-    _live.observe(step, metrics, world_size, _generation)
+    _live.observe(step, metrics, world_size(), _generation)
 
 
 def _redacted(url: str) -> str:

@@ -29,7 +29,7 @@ from trainyard.protocol.heartbeat import (
 from trainyard.protocol.steps import ProgressDigest
 from trainyard.runtime import live_metrics
 from trainyard.runtime.device import local_ranks
-from trainyard.runtime.process import RunContext, context, ledger_event, metric_fields, rank, world_size
+from trainyard.runtime.process import RunContext, context, ledger_event, metric_fields, rank
 
 LIVENESS_S = 1.0
 _pulse: threading.Thread | None = None
@@ -138,7 +138,7 @@ def heartbeat(step: int, metrics: dict[str, Any], *, status: str = "running", ct
     write_heartbeat(ctx, step, metrics, status)
     if status == "running":
         _last_metrics = metrics
-        live_metrics.report(ctx, step, metrics, rank(), world_size())
+        live_metrics.report(ctx, step, metrics)
     if status == "running" and ctx.events_dir is not None and rank() == 0:
         # A checkpoint step is written at once: the metric gate needs its exact loss.
         for record in _digest(ctx).add(step, metric_fields(metrics), force=ctx.should_checkpoint(step)):
