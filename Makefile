@@ -108,8 +108,11 @@ lint: venv
 # The second phase collects only the files that mark a test alone (tests/conftest.py fails a run where a test is
 # marked some other way): collecting all of them imports every test module, ~20 s.
 ALONE_FILES = $(shell grep -rl --include='test_*.py' 'mark\.alone' tests | sort)
+# Between the phases tools.quiet ends whatever the first left running (each named: a leak to fix), writes the disk's
+# dirty pages back and waits, bounded, for an idle machine: CI once failed four burn-in tests right after the first
+# phase that passed a minute later.
 test: venv lint browser postgres
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=15 -n 2 --dist loadfile --no-loadscope-reorder -m "not alone" tests
+	$(BIN)/python -m tools.quiet -- $(BIN)/python -m pytest -q -p no:cacheprovider --durations=15 -n 2 --dist loadfile --no-loadscope-reorder -m "not alone" tests
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=5 -m alone $(ALONE_FILES)
 
 # The staging, publish and upload S3 tests against Ceph RGW (tools/rgw.py) instead of SeaweedFS: a second S3

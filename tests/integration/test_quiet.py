@@ -1,0 +1,75 @@
+"""``tools.quiet``, which ``make test`` runs its first phase through: nothing the command started outlives it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tools import quiet
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_quiet(tmp_path: Path, script: str, *options: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tools.quiet", "--quiet-timeout", "0", *options, "--", sys.executable, "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+# A detached grandchild, as a daemon or a fixture's server that was never stopped: its own session, its parent gone.
+DETACHED = """
+import subprocess, sys
+p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True)
+open({pid_file!r}, 'w').write(str(p.pid))
+sys.exit({status})
+"""
+
+
+@pytest.mark.parametrize("status", [0, 3])
+def test_a_detached_leftover_is_named_and_ended_and_the_status_kept(tmp_path: Path, status: int) -> None:
+    pid_file = tmp_path / "pid"
+    started = time.monotonic()
+    done = run_quiet(tmp_path, DETACHED.format(pid_file=str(pid_file), status=status), "--grace", "1")
+    pid = int(pid_file.read_text())
+    assert done.returncode == status, done.stderr
+    assert "1 process(es) outlived the command" in done.stderr and f"{pid} " in done.stderr, done.stderr
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert time.monotonic() - started < 60  # the grace, then SIGTERM: not the sleeper's ten minutes
+
+
+def test_a_leftover_that_ends_within_its_grace_is_not_signalled(tmp_path: Path) -> None:
+    script = (
+        "import subprocess, sys;"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(1); print(\"ended by itself\")'],"
+        " start_new_session=True)"
+    )
+    done = run_quiet(tmp_path, script, "--grace", "30")
+    assert done.returncode == 0, done.stderr
+    assert "ended by itself" in done.stdout  # it ran to its end: no SIGTERM cut it short
+
+
+def test_a_command_that_leaves_nothing_says_nothing(tmp_path: Path) -> None:
+    done = run_quiet(tmp_path, "print('hi')")
+    assert done.returncode == 0 and "outlived" not in done.stderr, done.stderr
+
+
+def test_the_busy_fraction_sees_a_busy_core() -> None:
+    spinner = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 5\nwhile time.time() < end: pass"])
+    try:
+        time.sleep(0.5)
+        # one spinning core of this machine's cores, give or take what else runs
+        assert quiet.busy_fraction(1.0) >= 0.6 / psutil.cpu_count()
+    finally:
+        spinner.kill()
+        spinner.wait()
