@@ -201,6 +201,17 @@ class LocalLauncher:
         self.zygote: Zygote | None = None
         """Torchrun agents and in-place ranks of the reference workload are forks of it (``backends.local.zygote``)."""
 
+    def close(self) -> None:
+        """Let the zygote go (it exits once its forks have ended); a later launch starts another."""
+        if self.zygote is not None:
+            self.zygote.close()
+            self.zygote = None
+
+    def __del__(self) -> None:
+        # The zygote's reader thread keeps it referenced, so without this it (~270 MB, torch imported) lived as long
+        # as the process that made the launcher: a test worker collected one per test, 8 GB by half the suite.
+        self.close()
+
     def gpu_split(self, nodes: int, parent: Mapping[str, str] | None = None) -> list[str]:
         """Each node's ``CUDA_VISIBLE_DEVICES``; ``SpecError`` when the host has too few GPUs."""
         parent = os.environ if parent is None else parent
