@@ -157,7 +157,7 @@ def test_a_launcher_let_go_takes_its_zygote_with_it(tmp_path: Path, data: Path) 
     launcher.cancel_all()
     del launcher, handle
     gc.collect()
-    gone, alive = psutil.wait_procs([zygote], timeout=30)
+    _, alive = psutil.wait_procs([zygote], timeout=30)
     assert alive == [], "the zygote outlived its launcher"
 
 

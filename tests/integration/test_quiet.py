@@ -65,7 +65,9 @@ def test_a_command_that_leaves_nothing_says_nothing(tmp_path: Path) -> None:
 
 
 def test_the_busy_fraction_sees_a_busy_core() -> None:
-    spinner = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 5\nwhile time.time() < end: pass"])
+    spinner = subprocess.Popen(
+        [sys.executable, "-c", "import time\nend = time.time() + 5\nwhile time.time() < end: pass"]
+    )
     try:
         time.sleep(0.5)
         # one spinning core of this machine's cores, give or take what else runs
