@@ -372,5 +372,10 @@ class Watcher:
 
     def _adopted(self, ckpt: Path, save: foreign.Found) -> None:
         self.ledger.append(
-            STAGE, "checkpoint_adopted", path=str(ckpt), step=save.step, framework=save.kind, source=save.source
+            STAGE,
+            "checkpoint_adopted",
+            path=str(ckpt),
+            step=save.step,
+            framework=save.kind,
+            source=printable(save.source),  # shown by the fold's fate line: one line
         )
