@@ -198,3 +198,39 @@ def test_rank_chosen_folder_name_reaches_the_gate_message_as_one_line(tmp_path: 
     lines = foreign.explain(root)
     assert lines and all("\n" not in line for line in lines)
     assert any("x\\nprogress" in line for line in lines)
+
+
+def test_rank_chosen_file_names_in_refusals_reach_why_none_as_one_line(tmp_path: Path) -> None:
+    """A refused checkpoint's problems name the rank's files (a name with a newline): the gate's message
+    (``why_none``) keeps each on one line, so a forged ``progress:`` line never appears in the task log."""
+    from test_final_checkpoint import make_run
+
+    from trainyard.pipeline.lineage import why_none
+
+    run = make_run(tmp_path, "r1")
+    run.ledger.append(
+        "train",
+        "checkpoint_validated",
+        path=str(run.checkpoint_root / "step_000010"),
+        step=10,
+        valid=False,
+        problems=[f"{EVIL}.bin: sha256 mismatch (contents changed after the save)"],
+    )
+    message = why_none(run)
+    assert "\n" not in message and "x\\nprogress: step 999" in message
+
+
+def test_rank_chosen_file_names_reach_the_quarantine_warning_and_ledger_as_one_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from trainyard.events.ledger import Ledger
+
+    root, ledger = tmp_path / "root", Ledger.in_dir(tmp_path)
+    bad = root / "step_000020"
+    bad.mkdir(parents=True)
+    with caplog.at_level(logging.WARNING):
+        registry.quarantine(root, bad, [f"{EVIL}.bin: missing"], ledger)
+    [warning] = [r.getMessage() for r in caplog.records if "quarantined" in r.getMessage()]
+    assert "\n" not in warning and "x\\nprogress" in warning
+    [event] = ledger.events("train", "checkpoint_quarantined")
+    assert all("\n" not in p for p in event["problems"])
