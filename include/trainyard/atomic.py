@@ -218,8 +218,13 @@ def write_text_atomic(path: Path, text: str) -> None:
     write_bytes_atomic(path, text.encode("utf-8"))
 
 
+def json_bytes(data: Any) -> bytes:
+    """How trainyard writes a JSON file (a manifest, a pointer): one spelling whatever the writer."""
+    return (json.dumps(data, indent=1, sort_keys=True) + "\n").encode("utf-8")
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
-    write_bytes_atomic(path, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode("utf-8"))
+    write_bytes_atomic(path, json_bytes(data))
 
 
 def read_json(path: Path) -> Any:

@@ -117,7 +117,7 @@ KILLER = textwrap.dedent("""
         return wrapper
     # Every rename, and every unlink or rmdir retention makes through a folder descriptor (the
     # temporary-file clean-ups of atomic writes call unlink without one and are not counted).
-    os.replace = dying(os.replace)
+    os.replace, os.rename = dying(os.replace), dying(os.rename)  # quarantine renames by held folders
     real_unlink, real_rmdir = os.unlink, os.rmdir
     os.unlink = lambda p, *, dir_fd=None: (dying(real_unlink) if dir_fd is not None else real_unlink)(p, dir_fd=dir_fd)
     os.rmdir = lambda p, *, dir_fd=None: (dying(real_rmdir) if dir_fd is not None else real_rmdir)(p, dir_fd=dir_fd)

@@ -16,7 +16,6 @@ Torch-free and never unpickling (docs/architecture.md, rule 11): training proces
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import re
@@ -24,22 +23,25 @@ import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
+from trainyard import held
+from trainyard.atomic import json_bytes
 from trainyard.checkpoint.format import (
     MANIFEST,
     SUPERSEDED,
-    commit,
     list_checkpoints,
-    prepare_staging,
+    new_manifest,
     read_manifest,
+    staging_dir,
     step_dir,
     step_of,
-    write_manifest,
+    supersede,
 )
 from trainyard.checkpoint.saves import FRAMEWORKS, MAX_DEPTH, SETTLE_S, Found, scan, settled
 from trainyard.errors import CheckpointInvalid
+from trainyard.text import printable
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +145,7 @@ def adopt(root: Path, found: Found, shape: RunShape, metrics: dict[str, Any] | N
     """
     root = Path(root)
     if not found.complete or found.step is None:
-        raise CheckpointInvalid(f"{found.describe()}: not adoptable")
+        raise CheckpointInvalid(f"{printable(found.describe())}: not adoptable")
     final = step_dir(root, found.step)
     if final.is_dir() and not final.is_symlink():
         try:
@@ -152,79 +154,103 @@ def adopt(root: Path, found: Found, shape: RunShape, metrics: dict[str, Any] | N
             manifest = {}
         if manifest.get("source_signature") == found.signature:
             return final
-        raise CheckpointInvalid(f"{found.source}: step {found.step} already has a checkpoint, {final}")
-    staging = prepare_staging(root, found.step)
-    folder = found.path if found.kind in ("hf", "dcp") else found.path.parent
-    link = found.step_named  # a name written once; ``last.ckpt`` is rewritten in place: a copy
-    for rel, size, mtime in found.files:
-        _bring(folder / rel, staging / rel, size, mtime, link)
+        raise CheckpointInvalid(f"{printable(found.source)}: step {found.step} already has a checkpoint, {final}")
+    source = PurePosixPath(found.source)
+    folder = source.parts if found.kind in ("hf", "dcp") else source.parts[:-1]
     world = shape.world_size
     if found.kind == "dcp":
         ranks = [int(m.group(1)) for rel, _, _ in found.files if (m := re.match(r"__(\d+)_\d+\.distcp\Z", rel))]
         world = max(world, max(ranks, default=-1) + 1)
-    write_manifest(
-        staging,
-        step=found.step,
-        world_size=world,
-        global_batch=shape.global_batch,
-        micro_batch=shape.micro_batch,
-        metrics={**found.metrics, **(metrics or {})},
-        run_id=shape.run_id,
-        extra={"framework": found.kind, "source": found.source, "source_signature": found.signature},
-    )
-    return commit(staging, root, found.step)
-
-
-def _bring(src: Path, dst: Path, size: int, mtime_ns: int, link: bool) -> None:
-    """Link (or copy) the regular file ``src`` to ``dst``: the file opened without following links is the one
-    linked, and it must still be the size and age the scan saw."""
-    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = staging_dir(root, found.step).name
+    root_fd = held.open_root(root)
     try:
-        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError as exc:
-        raise CheckpointInvalid(f"{src}: cannot open ({exc.strerror or exc}); a link or gone") from exc
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size != size or st.st_mtime_ns != mtime_ns:
-            raise CheckpointInvalid(f"{src}: changed since it was scanned (not a regular file, or written again)")
-        if link and _link(fd, src, dst):
-            return
-        with open(dst, "wb") as out, os.fdopen(os.dup(fd), "rb") as data:
-            copied = _copy(data, out, size)
-        if copied != size:
-            raise CheckpointInvalid(f"{src}: {copied} bytes read, {size} expected (written meanwhile)")
+        # The lineage root is the ranks' folder: a staging folder only this call made, held by descriptor, so
+        # a rank that swaps ``step_N.tmp`` (or anything under it) for a link redirects nothing.
+        held.remove_tree(root_fd, tmp)  # a stale one of a killed adoption: never committed, nothing lost
+        staging = held.make_dir(root_fd, tmp)
+        made = held.identity(staging)
+        try:
+            files = _bring_all(root_fd, folder, staging, found)
+            manifest = new_manifest(
+                files,
+                step=found.step,
+                world_size=world,
+                global_batch=shape.global_batch,
+                micro_batch=shape.micro_batch,
+                metrics={**found.metrics, **(metrics or {})},
+                run_id=shape.run_id,
+                extra={"framework": found.kind, "source": found.source, "source_signature": found.signature},
+            )
+            held.write_atomic(staging, MANIFEST, json_bytes(manifest))  # last: the commit record
+        finally:
+            os.close(staging)
+        return _commit(root_fd, root, tmp, made, found.step)
     finally:
-        os.close(fd)
+        os.close(root_fd)
 
 
-def _link(fd: int, src: Path, dst: Path) -> bool:
-    """Hard-link ``src`` to ``dst`` if it is still the file open as ``fd`` (same device and inode: a file
-    swapped in meanwhile, or a link, is never what gets linked); False where linking cannot be done
-    (another file system) or the name now leads elsewhere."""
+def _bring_all(root_fd: int, folder: tuple[str, ...], staging: int, found: Found) -> dict[str, dict[str, Any]]:
+    """Each file of ``found`` brought into ``staging``, read from the save's folder as reached from the root
+    now without following a link at any level (a folder swapped for a link since the scan is refused, not
+    followed to a decoy elsewhere); name -> its manifest entry."""
     try:
-        os.link(src, dst, follow_symlinks=False)
+        src = held.descend(root_fd, folder)
     except OSError as exc:
-        if exc.errno in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES):
-            return False
-        raise
-    opened, linked = os.fstat(fd), os.lstat(dst)
-    if (opened.st_dev, opened.st_ino) == (linked.st_dev, linked.st_ino):
-        return True
-    dst.unlink()
-    return False
+        raise CheckpointInvalid(
+            f"{printable(found.source)}: a folder on its path is now a link, or gone ({exc.strerror or exc})"
+        ) from None
+    try:
+        return {rel: _bring(src, rel, staging, size, mtime, found.step_named) for rel, size, mtime in found.files}
+    finally:
+        os.close(src)
 
 
-def _copy(data: Any, out: Any, size: int) -> int:
-    copied = 0
-    while copied <= size:
-        chunk = data.read(min(1 << 24, size - copied + 1))
-        if not chunk:
-            break
-        out.write(chunk)
-        copied += len(chunk)
-    out.flush()
-    os.fsync(out.fileno())
-    return copied
+def _bring(src: int, rel: str, staging: int, size: int, mtime_ns: int, link: bool) -> dict[str, Any]:
+    """Link (or copy) the regular file ``rel`` of the held folder ``src`` into the held ``staging``: the file
+    opened without following links is the one linked, and it must still be the size and age the scan saw.
+    ``link``: a name written once; ``last.ckpt`` is rewritten in place, so it is copied."""
+    *sub, name = PurePosixPath(rel).parts
+    try:
+        parent = held.descend(src, sub)
+    except OSError as exc:
+        raise CheckpointInvalid(f"{printable(rel)}: cannot open ({exc.strerror or exc}); a link or gone") from None
+    try:
+        try:
+            fd = held.open_file(parent, name)
+        except OSError as exc:
+            raise CheckpointInvalid(f"{printable(rel)}: cannot open ({exc.strerror or exc}); a link or gone") from None
+        try:
+            st = os.fstat(fd)
+            if st.st_size != size or st.st_mtime_ns != mtime_ns:
+                raise CheckpointInvalid(f"{printable(rel)}: changed since it was scanned (written again)")
+            out = held.descend(staging, sub, create=True)
+            try:
+                linked = link and held.link_opened(fd, parent, name, out)
+                sha, count = held.sha256_copy(fd, size, None if linked else out, name)
+            finally:
+                os.close(out)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(parent)
+    if count != size:
+        raise CheckpointInvalid(f"{printable(rel)}: {count} bytes read, {size} expected (written meanwhile)")
+    return {"size": size, "sha256": sha}
+
+
+def _commit(root_fd: int, root: Path, tmp: str, made: tuple[int, int], step: int) -> Path:
+    """Rename the staged folder ``tmp`` (the one made and written, ``made``) to ``step_NNNNNN`` in the held
+    root; a ``tmp`` swapped for anything else meanwhile is not committed."""
+    final = step_dir(root, step)
+    if held.entry_identity(root_fd, final.name) is not None:
+        supersede(final)  # never deleted: moved aside, the only window keeps both
+    if held.entry_identity(root_fd, tmp) != made:
+        raise CheckpointInvalid(f"{root / tmp} was replaced while a save was adopted into it; not committed")
+    os.rename(tmp, final.name, src_dir_fd=root_fd, dst_dir_fd=root_fd)
+    os.fsync(root_fd)
+    if held.entry_identity(root_fd, final.name) != made:  # swapped between the check and the rename: a rank's
+        raise CheckpointInvalid(f"{final}: not the folder adopted (replaced meanwhile); judged as a rank's save")
+    return final
 
 
 @dataclass(frozen=True)
@@ -270,7 +296,7 @@ class Adopter:
             try:
                 ckpt = adopt(self.root, save, a.shape())
             except (CheckpointInvalid, OSError) as exc:  # changed meanwhile or a step taken: the next look tries
-                log.warning("cannot adopt %s: %s", save.source, exc)
+                log.warning("cannot adopt %s: %s", printable(save.source), printable(exc, 1000))
                 self.scanned.pop(save.source, None)
                 continue
             self.on_adopted(ckpt, save)
@@ -326,7 +352,7 @@ FORMATS_HELP = (
 
 def explain(root: Path) -> list[str]:
     """One line per foreign save under ``root``: what it is and, if it was not taken, why (for the gate)."""
-    return [f.describe() for f in scan(root)]
+    return [printable(f.describe(), 400) for f in scan(root)]  # rank-chosen names: one line each
 
 
 __all__ = [

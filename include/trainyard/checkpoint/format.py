@@ -106,6 +106,33 @@ def write_manifest(
             "size": size,
             "sha256": written[1] if written and written[0] == size else sha256_file(ckpt_dir / rel),
         }
+    manifest = new_manifest(
+        files,
+        step=step,
+        world_size=world_size,
+        global_batch=global_batch,
+        micro_batch=micro_batch,
+        metrics=metrics,
+        run_id=run_id,
+        extra=extra,
+    )
+    write_json_atomic(ckpt_dir / MANIFEST, manifest)
+    return manifest
+
+
+def new_manifest(
+    files: dict[str, dict[str, Any]],
+    *,
+    step: int,
+    world_size: int,
+    global_batch: int,
+    micro_batch: int,
+    metrics: dict[str, Any],
+    run_id: str,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The manifest of a checkpoint holding ``files`` (``name -> {"size", "sha256"}``), as ``write_manifest``
+    writes it; for a writer that hashed every file itself and writes through a held folder (adoption)."""
     manifest = {
         "format": FORMAT,
         "version": VERSION,
@@ -118,9 +145,7 @@ def write_manifest(
         "run_id": str(run_id),
         "files": files,
     }
-    manifest = {**(extra or {}), **manifest}
-    write_json_atomic(ckpt_dir / MANIFEST, manifest)
-    return manifest
+    return {**(extra or {}), **manifest}
 
 
 def read_manifest(ckpt_dir: str | Path) -> dict[str, Any]:

@@ -30,7 +30,8 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from trainyard.atomic import read_json_capped, write_json_atomic
+from trainyard import held
+from trainyard.atomic import json_bytes, read_json_capped, write_json_atomic
 from trainyard.checkpoint import foreign
 from trainyard.checkpoint.foreign import Adoption
 from trainyard.checkpoint.format import (
@@ -44,6 +45,7 @@ from trainyard.checkpoint.format import (
 from trainyard.checkpoint.validate import Validation
 from trainyard.errors import CheckpointInvalid
 from trainyard.events.ledger import Ledger
+from trainyard.text import printable
 
 log = logging.getLogger(__name__)
 LATEST = "LATEST"
@@ -148,16 +150,39 @@ def reset(root: Path, ckpt: Path | None, ledger: Ledger | None = None, moved: li
 
 
 def quarantine(root: Path, ckpt: Path, problems: list[str], ledger: Ledger | None = None) -> Path:
-    """Move an invalid checkpoint out of the way with its reasons; never the pointer's target."""
+    """Move an invalid checkpoint of ``root`` out of the way with its reasons; never the pointer's target.
+
+    By held folders (``trainyard.held``): the rename is relative to the root and to a ``quarantine/``
+    opened without following links, so one a rank planted as a link is refused (``UnsafePath``) and the
+    checkpoint stays where it is; the reasons go into the folder that was moved, wherever it is now.
+    """
     if latest(root) == ckpt:
         raise ValueError(f"{ckpt} is the latest valid checkpoint; it cannot be quarantined")
-    target = root / QUARANTINE / f"{ckpt.name}-{int(time.time() * 1000)}"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(ckpt, target)  # one rename: it stops being a candidate for resume at once
-    write_json_atomic(target / REASONS, {"problems": problems, "quarantined_at": time.time()})
-    log.warning("quarantined %s: %s", ckpt, "; ".join(problems))
+    if ckpt.parent != root:
+        raise ValueError(f"{ckpt} is not a checkpoint folder of {root}")
+    shown = [printable(p, 1000) for p in problems]  # they name the rank's files: one line each
+    name = f"{ckpt.name}-{int(time.time() * 1000)}"
+    root_fd = held.open_root(root)
+    try:
+        aside = held.descend(root_fd, [QUARANTINE], create=True)
+        try:
+            moving = held.descend(root_fd, [ckpt.name])
+            try:
+                while held.entry_identity(aside, name) is not None:  # planted there: never replaced
+                    name += "-1"
+                os.rename(ckpt.name, name, src_dir_fd=root_fd, dst_dir_fd=aside)  # it stops being a candidate
+                os.fsync(aside)
+                held.write_atomic(moving, REASONS, json_bytes({"problems": shown, "quarantined_at": time.time()}))
+            finally:
+                os.close(moving)
+        finally:
+            os.close(aside)
+    finally:
+        os.close(root_fd)
+    target = root / QUARANTINE / name
+    log.warning("quarantined %s: %s", ckpt, "; ".join(shown))
     if ledger:
-        ledger.append(STAGE, "checkpoint_quarantined", path=str(ckpt), to=str(target), problems=problems)
+        ledger.append(STAGE, "checkpoint_quarantined", path=str(ckpt), to=str(target), problems=shown)
     return target
 
 
@@ -171,15 +196,12 @@ def retain(root: Path, keep: int, valid: set[str], pinned: set[str], ledger: Led
     known = [c for c in list_checkpoints(root) if c.name in valid]
     doomed = [c for c in known[:-keep] if c != target and c.name not in pinned]
     for ckpt in doomed:
-        kept = remove_listed(ckpt)
+        kept = [printable(name) for name in remove_listed(ckpt)]  # names the rank chose
         if kept:
             log.warning("retired %s but kept what its manifest does not list: %s", ckpt, ", ".join(kept))
         if ledger:
             ledger.append(STAGE, "checkpoint_retired", path=str(ckpt), step=step_of(ckpt), kept=kept)
     return doomed
-
-
-_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 
 
 def remove_listed(ckpt: Path) -> list[str]:
@@ -195,13 +217,22 @@ def remove_listed(ckpt: Path) -> list[str]:
     except CheckpointInvalid:
         files = None
     if files is not None:
-        for rel, entry in files.items():
-            _unlink_listed(ckpt, rel, entry)
-        _unlink_at(ckpt, MANIFEST, None)  # last: until now the folder still says what it holds
-        for folder in sorted(
-            {p for rel in files for p in PurePosixPath(rel).parents if p.parts}, key=lambda p: -len(p.parts)
-        ):
-            _rmdir_at(ckpt, folder)
+        try:
+            root = held.open_root(ckpt.parent)
+        except OSError:
+            return [ckpt.name]
+        try:
+            for rel, entry in files.items():
+                if (path := _listed(rel)) is not None:
+                    size = entry.get("size") if isinstance(entry, dict) else None
+                    held.unlink_regular(root, [ckpt.name, *path.parts], size if isinstance(size, int) else -1)
+            held.unlink_regular(root, [ckpt.name, MANIFEST])  # last: until now the folder still says what it holds
+            for folder in sorted(
+                {p for rel in files for p in PurePosixPath(rel).parents if p.parts}, key=_deepest_first
+            ):
+                held.remove_empty_dir(root, [ckpt.name, *folder.parts])
+        finally:
+            os.close(root)
     try:
         os.rmdir(ckpt)
     except FileNotFoundError:
@@ -211,59 +242,13 @@ def remove_listed(ckpt: Path) -> list[str]:
     return []
 
 
-def _open_parent(ckpt: Path, rel: PurePosixPath) -> int | None:
-    """A descriptor of ``rel``'s folder inside ``ckpt``, reached without following links; None if not there."""
-    try:
-        fd = os.open(ckpt, _DIR)
-    except OSError:
-        return None
-    for part in rel.parts[:-1]:
-        try:
-            child = os.open(part, _DIR, dir_fd=fd)
-        except OSError:  # gone, not a folder, or a link
-            os.close(fd)
-            return None
-        os.close(fd)
-        fd = child
-    return fd
+def _deepest_first(path: PurePosixPath) -> int:
+    return -len(path.parts)  # the deepest folder first: each is empty before its parent is tried
 
 
 def _listed(rel: str) -> PurePosixPath | None:
     path = PurePosixPath(rel)
     return path if rel and not path.is_absolute() and ".." not in path.parts and path.parts else None
-
-
-def _unlink_listed(ckpt: Path, rel: str, entry: Any) -> None:
-    size = entry.get("size") if isinstance(entry, dict) else None
-    _unlink_at(ckpt, rel, size if isinstance(size, int) else -1)
-
-
-def _unlink_at(ckpt: Path, rel: str, size: int | None) -> None:
-    """Unlink one regular file of ``ckpt`` (of ``size`` bytes unless None); anything else stays."""
-    path = _listed(rel)
-    fd = None if path is None else _open_parent(ckpt, path)
-    if path is None or fd is None:
-        return
-    try:
-        st = os.stat(path.name, dir_fd=fd, follow_symlinks=False)
-        if stat.S_ISREG(st.st_mode) and (size is None or st.st_size == size):
-            os.unlink(path.name, dir_fd=fd)
-    except FileNotFoundError:
-        pass  # a retention killed midway already took it
-    finally:
-        os.close(fd)
-
-
-def _rmdir_at(ckpt: Path, folder: PurePosixPath) -> None:
-    fd = _open_parent(ckpt, folder)
-    if fd is None:
-        return
-    try:
-        os.rmdir(folder.name, dir_fd=fd)
-    except OSError:
-        pass  # not empty (someone else's file), a link, or gone: it stays
-    finally:
-        os.close(fd)
 
 
 BACKGROUND_NICE = 10
@@ -375,7 +360,10 @@ class Watcher:
                 self.on_valid(ckpt)
                 self.pinned.discard(ckpt.name)
         elif latest(self.root) != ckpt:
-            quarantine(self.root, ckpt, result.problems, self.ledger)
+            try:
+                quarantine(self.root, ckpt, result.problems, self.ledger)
+            except OSError as exc:  # a link planted at quarantine/: the invalid one stays, judged invalid
+                log.warning("cannot quarantine %s: %s", ckpt, printable(exc, 1000))
         retain(self.root, self.keep, self.valid, self.pinned, self.ledger)
 
     def adopt(self, wait_s: float = 0.0) -> list[Path]:
@@ -384,5 +372,10 @@ class Watcher:
 
     def _adopted(self, ckpt: Path, save: foreign.Found) -> None:
         self.ledger.append(
-            STAGE, "checkpoint_adopted", path=str(ckpt), step=save.step, framework=save.kind, source=save.source
+            STAGE,
+            "checkpoint_adopted",
+            path=str(ckpt),
+            step=save.step,
+            framework=save.kind,
+            source=printable(save.source),  # shown by the fold's fate line: one line
         )

@@ -19,7 +19,9 @@ imported. ``checkpoint.foreign`` adopts what this module finds.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+import logging
 import os
 import re
 import stat
@@ -29,6 +31,10 @@ from pathlib import Path
 
 from trainyard.atomic import TooLarge, read_json_capped
 from trainyard.checkpoint.format import MANIFEST, SUPERSEDED, is_step_name
+from trainyard.text import printable
+
+log = logging.getLogger(__name__)
+_capped: set[str] = set()  # roots whose scan stopped at the cap: warned once, until a scan fits again
 
 FRAMEWORKS = ("hf", "lightning", "torch", "dcp")
 """The manifest's ``framework`` of an adopted checkpoint; absent: trainyard's own (DCP)."""
@@ -43,6 +49,10 @@ FILE_BYTES = 1 << 40
 """The cap on one adopted file (1 TiB): a sparse file of petabytes is evidence, not a checkpoint."""
 MAX_FILES = 10_000
 """The most files one foreign save may hold (a sharded HF model holds tens; DCP one per rank)."""
+SCAN_ENTRIES = 50_000
+"""The most folder entries one scan lists, the saves' own files included: a sweep runs every half second, and a
+root stuffed with folders (40,000 empty ones cost 0.5 s of CPU a sweep) must cost a bounded walk, not more.
+Past it the scan stops, with one warning per root, and what it did not reach is not adopted."""
 SKIP = frozenset({SUPERSEDED, "quarantine", MANIFEST, "__pycache__"})
 HF_STATE = "trainer_state.json"
 DCP_METADATA = ".metadata"
@@ -112,15 +122,48 @@ def _skipped(name: str) -> bool:
 
 
 def scan(root: Path) -> list[Found]:
-    """Every foreign save under ``root`` (complete or not), lowest step first (unknown steps last)."""
+    """Every foreign save under ``root`` (complete or not), lowest step first (unknown steps last); at most
+    ``SCAN_ENTRIES`` entries listed (a warning when it stops short)."""
     found: list[Found] = []
-    _scan_folder(Path(root), Path(root), 0, found)
+    budget = _Budget(SCAN_ENTRIES)
+    _scan_folder(Path(root), Path(root), 0, found, budget)
+    key = str(root)
+    if budget.over and key not in _capped:
+        if len(_capped) > 256:  # a process sees few roots; never grow without bound
+            _capped.clear()
+        _capped.add(key)
+        log.warning(
+            "checkpoint scan of %s stopped at its cap of %d entries (folders and files listed): saves beyond"
+            " it are not adopted. Remove what does not belong under the checkpoint folder",
+            printable(root),
+            SCAN_ENTRIES,
+        )
+    elif not budget.over:
+        _capped.discard(key)
     return sorted(found, key=lambda f: (f.step is None, f.step or 0, f.source))
 
 
-def _scan_folder(root: Path, folder: Path, depth: int, found: list[Found]) -> None:
+class _Budget:
+    """How many more entries this scan may list."""
+
+    def __init__(self, left: int):
+        self.left, self.over = left, False
+
+    def listing(self, folder: Path) -> list[os.DirEntry[str]]:
+        """At most what is left of the budget of ``folder``'s entries (never the whole of a huge folder)."""
+        if self.over:  # spent: nothing more is listed this scan
+            return []
+        with os.scandir(folder) as it:
+            entries = list(itertools.islice(it, self.left + 1))
+        if len(entries) > self.left:
+            self.over, entries = True, entries[: self.left]
+        self.left -= len(entries)
+        return entries
+
+
+def _scan_folder(root: Path, folder: Path, depth: int, found: list[Found], budget: _Budget) -> None:
     try:
-        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        entries = sorted(budget.listing(folder), key=lambda e: e.name)
     except OSError:
         return
     for entry in entries:
@@ -129,25 +172,27 @@ def _scan_folder(root: Path, folder: Path, depth: int, found: list[Found]) -> No
         path = Path(entry.path)
         if entry.is_dir(follow_symlinks=False):
             if _HF_DIR.match(entry.name):
-                found.append(_hf(root, path))
+                found.append(_hf(root, path, budget))
             elif _DCP_DIR.match(entry.name):
-                found.append(_dcp(root, path))
+                found.append(_dcp(root, path, budget))
             elif depth < MAX_DEPTH:
-                _scan_folder(root, path, depth + 1, found)
+                _scan_folder(root, path, depth + 1, found, budget)
         elif entry.is_file(follow_symlinks=False) and entry.name.endswith((".ckpt", ".pt", ".pth")):
             found.append(_torch_file(root, path))
 
 
-def _files(folder: Path) -> tuple[tuple[tuple[str, int, int], ...], str]:
+def _files(folder: Path, budget: _Budget) -> tuple[tuple[tuple[str, int, int], ...], str]:
     """The regular files of a save's folder (one level of subfolders) and a problem if it holds anything else."""
     out: list[tuple[str, int, int]] = []
     stack = [(folder, "")]
     while stack:
         here, prefix = stack.pop()
         try:
-            entries = list(os.scandir(here))
+            entries = budget.listing(here)
         except OSError as exc:
             return (), f"cannot list {prefix or '.'} ({exc.strerror or exc})"
+        if budget.over:
+            return (), f"not listed whole: the scan's cap of {SCAN_ENTRIES} entries was reached"
         for entry in entries:
             rel = prefix + entry.name
             st = _lstat(Path(entry.path))
@@ -167,8 +212,8 @@ def _files(folder: Path) -> tuple[tuple[tuple[str, int, int], ...], str]:
     return tuple(sorted(out)), ""
 
 
-def _hf(root: Path, path: Path) -> Found:
-    files, problem = _files(path)
+def _hf(root: Path, path: Path, budget: _Budget) -> Found:
+    files, problem = _files(path, budget)
     source = path.relative_to(root).as_posix()
     step: int | None = int(_HF_DIR.match(path.name).group(1))  # type: ignore[union-attr]
     names = {rel for rel, _, _ in files}
@@ -212,8 +257,8 @@ def _trainer_state(path: Path) -> tuple[int | None, dict[str, float], str]:
     return step, metrics, ""
 
 
-def _dcp(root: Path, path: Path) -> Found:
-    files, problem = _files(path)
+def _dcp(root: Path, path: Path, budget: _Budget) -> Found:
+    files, problem = _files(path, budget)
     if not problem and DCP_METADATA not in {rel for rel, _, _ in files}:
         problem = f"no {DCP_METADATA} (save incomplete?)"
     step = int(_DCP_DIR.match(path.name).group(1))  # type: ignore[union-attr]

@@ -23,6 +23,7 @@ from trainyard.events.fold import TrainRun, fold
 from trainyard.pipeline.run import Run, check_resume, defers
 from trainyard.protocol.steps import loss_points
 from trainyard.recovery.observations import Checkpoints
+from trainyard.text import printable
 
 log = logging.getLogger(__name__)
 
@@ -158,10 +159,15 @@ def adopt_newest(run: Run) -> Path | None:
     try:
         ckpt = foreign.adopt(root, newest, run_shape(run))
     except (CheckpointInvalid, OSError) as exc:
-        log.warning("cannot adopt %s to resume from it: %s", newest.source, exc)
+        log.warning("cannot adopt %s to resume from it: %s", printable(newest.source), printable(exc, 1000))
         return None
     run.ledger.append(
-        "train", "checkpoint_adopted", path=str(ckpt), step=newest.step, framework=newest.kind, source=newest.source
+        "train",
+        "checkpoint_adopted",
+        path=str(ckpt),
+        step=newest.step,
+        framework=newest.kind,
+        source=printable(newest.source),
     )
     judge = registry.Watcher(root, _validator(run), run.ledger, run.spec.checkpoint.keep_hot)
     judge.seen = {c.name for c in list_checkpoints(root)} - {ckpt.name}  # judge only this one
@@ -229,8 +235,8 @@ def why_none(run: Run) -> str:
     one, and what was found under the root and why it was not taken."""
     root = run.checkpoint_root
     lines = [f"no valid checkpoint under {root}.", foreign.FORMATS_HELP]
-    refused = [
-        f"{Path(r.path).name}: " + "; ".join(r.problems[:3])
+    refused = [  # the problems name the rank's files: one printable line each (a newline forges a log line)
+        f"{printable(Path(r.path).name)}: " + "; ".join(printable(p, 400) for p in r.problems[:3])
         for r in fold(run.ledger.events_since(0)[0]).checkpoints
         if r.valid is False and r.problems
     ]
