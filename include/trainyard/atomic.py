@@ -199,9 +199,9 @@ def loads_untrusted(data: bytes | str, what: str = "worker-written JSON") -> Any
         text = data.decode("utf-8") if isinstance(data, bytes) else data
         value = json.loads(text)
     except RecursionError:
-        raise ValueError(f"{what} nests JSON deeper than the parser's recursion allows") from None
+        raise ValueError(f"{what} is not JSON (nested deeper than the parser's recursion allows)") from None
     except UnicodeDecodeError as exc:
-        raise ValueError(f"{what} is not UTF-8 (byte {exc.start})") from None
+        raise ValueError(f"{what} is not JSON (not UTF-8 at byte {exc.start})") from None
     except ValueError as exc:  # JSONDecodeError, a number past int's digit limit
         raise ValueError(f"{what} is not JSON ({exc})") from None
     if text.count("[") + text.count("{") > MAX_DEPTH or _SURROGATE_ESCAPE.search(text):
@@ -217,10 +217,10 @@ def _check_tree(value: Any, what: str) -> None:
         item, depth = stack.pop()
         if isinstance(item, str):
             if _SURROGATE.search(item):
-                raise ValueError(f"{what} holds text that is not Unicode (a lone surrogate)")
+                raise ValueError(f"{what} is not JSON (text that is not Unicode: a lone surrogate)")
         elif isinstance(item, (list, dict)):
             if depth >= MAX_DEPTH:
-                raise ValueError(f"{what} nests JSON deeper than {MAX_DEPTH} levels")
+                raise ValueError(f"{what} is not JSON (nested deeper than {MAX_DEPTH} levels)")
             children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
             stack.extend((child, depth + 1) for child in children)
 

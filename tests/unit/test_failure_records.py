@@ -127,7 +127,7 @@ def test_records_are_read_earliest_first(tmp_path: Path) -> None:
         (lambda p: _write(p.parent, 2, node="node-0"), "names node 'node-0' but lies in node-1's folder"),
         (lambda p: p.symlink_to(_write(p.parent, 4)), "is a symbolic link"),
         (lambda p: os.mkfifo(p), "not a regular file"),  # and the reader does not wait on it
-        (lambda p: p.write_text("[" * 3000), "nests JSON deeper than the parser's recursion allows"),
+        (lambda p: p.write_text("[" * 3000), "nested deeper than the parser's recursion allows"),
     ],
 )
 def test_a_bad_record_is_skipped_with_a_warning(
@@ -151,7 +151,7 @@ def test_a_nested_record_is_evidence_for_host_records_not_a_crash(tmp_path: Path
     got = host_records(tmp_path, status, refused)
     assert [(r.rank, r.node) for r in got] == [(0, "node-0")]
     assert refused == [
-        f"node-1/{record_name(1)} refused (failure record nests JSON deeper than the parser's recursion allows)"
+        f"node-1/{record_name(1)} refused (failure record nested deeper than the parser's recursion allows)"
     ]
 
 
