@@ -18,7 +18,8 @@ derived from it (``node_keys``), in ``TRAINYARD_STORE_KEY``.
   under a key of that node's own (``gen/now/<node>``, ``gen/<g>/<node>``), and
   each worker opens only its own. One shared key would let any rank forge the
   word to every other; per-node copies cost the supervisor one write per node
-  and generation (rare), and a worker's poll stays one read and one HMAC.
+  and generation (rare), and a worker's poll stays one read and one HMAC. A node
+  left out gets its copy too (so it goes); it moves only past its current number.
 - A value that does not open with the key it should, or opens but is malformed
   (not JSON, wrong types), is refused: the supervisor logs it, tells
   ``on_refused`` (the train task records it in the ledger as ``store_refused``)
