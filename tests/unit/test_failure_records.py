@@ -151,7 +151,7 @@ def test_a_nested_record_is_evidence_for_host_records_not_a_crash(tmp_path: Path
     got = host_records(tmp_path, status, refused)
     assert [(r.rank, r.node) for r in got] == [(0, "node-0")]
     assert refused == [
-        f"node-1/{record_name(1)} refused (failure record nested deeper than the parser's recursion allows)"
+        f"node-1/{record_name(1)} refused (failure record is not JSON (nested deeper than the parser's recursion allows))"
     ]
 
 

@@ -242,11 +242,11 @@ class InPlaceGroup(ElasticGroup):
         elif after == "grown":
             self._release()  # the group's sockets close with its last reference (see ``_survive``)
             self.membership.leave()
-            gen, grown = self._grown, self._grown
+            grown = self._grown
             assert grown is not None  # ``steps`` set it with "grown"
-            if node not in grown.members:  # the supervisor's sealed record says so, not the word
+            gen = grown if node in grown.members else None  # the supervisor's sealed record says so, not the word
+            if gen is None:
                 log.info("%s: left out of generation %d; exiting", node, grown.number)
-                gen = None
             else:
                 log.info("%s: the world grows to generation %d at step %d", node, grown.number, self.step)
                 self._fault_at = None
