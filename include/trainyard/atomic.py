@@ -16,6 +16,9 @@ orchestrator write under such a folder goes through this module:
 - ``read_capped`` / ``read_json_capped``: THE reader of a small file a worker
   wrote (a heartbeat, a failure record, a pointer): a regular file only, never
   more than its cap read into memory. Each caller checks the schema of what it got.
+- ``loads_untrusted``: THE parser of JSON a worker, a pod or a store value could
+  have written, wherever it came from (a file, a line, a pipe, a store): any bytes
+  give a value or a ``ValueError``, never another exception out of a reader.
 
 The folder written into must be a real folder, not a symbolic link (a pod may
 have swapped ``attempt-1/`` for a link to elsewhere); files are opened and
@@ -174,14 +177,57 @@ def read_capped(path: Path, max_bytes: int) -> bytes:
     return data
 
 
-def read_json_capped(path: Path, max_bytes: int) -> Any:
-    """``read_capped``'s content as JSON (``ValueError`` if it is not UTF-8 JSON, or nested deeper than the
-    parser's recursion allows: a thousand brackets fit in any cap and must not escape as ``RecursionError``)."""
-    data = read_capped(path, max_bytes)
+MAX_DEPTH = 64
+"""The deepest nesting of lists and objects taken from untrusted JSON. The protocol's own values are a few
+levels deep; one nested near the interpreter's recursion limit would parse here and raise ``RecursionError``
+wherever it is next walked (a ``json.dumps`` into the ledger, a printer), far from the reader that took it."""
+# A \uD800-\uDFFF escape: JSON lets it stand alone, Python then holds a lone surrogate, which no UTF-8 writer
+# (the ledger, a log file) can encode. Only a text that has one (or many brackets) is walked after parsing.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def loads_untrusted(data: bytes | str, what: str = "worker-written JSON") -> Any:
+    """``data`` parsed as JSON, or ``ValueError`` naming ``what`` and why, for ANY input.
+
+    ``json.loads`` alone lets three things through that are not ``ValueError``s or that crash a later
+    reader: nesting past the parser's recursion (``RecursionError``, from a few kilobytes of ``[``),
+    nesting past ``MAX_DEPTH`` (parsed, then fatal to the next recursive walk), and text that is not
+    Unicode (bytes are decoded strictly as UTF-8, where ``json.loads`` would pass surrogates; an escaped
+    lone surrogate is refused too). NaN and Infinity stay: a diverged loss is reported as one."""
     try:
-        return json.loads(data)
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+        value = json.loads(text)
     except RecursionError:
-        raise ValueError(f"{path} nests JSON deeper than it may; a worker-written file like this is not read") from None
+        raise ValueError(f"{what} is not JSON (nested deeper than the parser's recursion allows)") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{what} is not JSON (not UTF-8 at byte {exc.start})") from None
+    except ValueError as exc:  # JSONDecodeError, a number past int's digit limit
+        raise ValueError(f"{what} is not JSON ({exc})") from None
+    if text.count("[") + text.count("{") > MAX_DEPTH or _SURROGATE_ESCAPE.search(text):
+        _check_tree(value, what)  # only then: a walk per value would cost every heartbeat and event
+    return value
+
+
+def _check_tree(value: Any, what: str) -> None:
+    """``ValueError`` if ``value`` nests deeper than ``MAX_DEPTH`` or holds a lone surrogate (walked without
+    recursion: the walk must not fail the way it guards against)."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                raise ValueError(f"{what} is not JSON (text that is not Unicode: a lone surrogate)")
+        elif isinstance(item, (list, dict)):
+            if depth >= MAX_DEPTH:
+                raise ValueError(f"{what} is not JSON (nested deeper than {MAX_DEPTH} levels)")
+            children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+
+
+def read_json_capped(path: Path, max_bytes: int) -> Any:
+    """``read_capped``'s content as JSON (``ValueError`` for anything ``loads_untrusted`` refuses)."""
+    return loads_untrusted(read_capped(path, max_bytes), str(path))
 
 
 def write_bytes_atomic(path: Path, data: bytes | memoryview, mode: int = 0o644, durable: bool = True) -> None:
@@ -228,6 +274,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
 
 def read_json(path: Path) -> Any:
-    """A JSON file's content; a link planted at ``path`` is refused (``UnsafePath``), not followed."""
+    """A JSON file's content; a link planted at ``path`` is refused (``UnsafePath``), not followed, and
+    content ``loads_untrusted`` refuses is a ``ValueError``."""
     with open_regular(path) as fh:
-        return json.load(fh)
+        return loads_untrusted(fh.read(), str(path))

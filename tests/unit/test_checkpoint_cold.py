@@ -112,6 +112,7 @@ def test_a_pointer_that_names_no_copy_is_refused(tmp_path: Path) -> None:
         b'{"format": "trainyard.pointer", "path": "../other_pipeline/step_000010.0123456789abcdef"}',
         b"not json",
         b'{"format": "trainyard.pointer", "path": "step_000010"}',
+        b"[" * 3000,  # once a RecursionError, not the DataError that says what to do
     ):
         tier.write_bytes(cold.POINTER, bad)
         with pytest.raises(DataError, match="does not name a checkpoint copy"):

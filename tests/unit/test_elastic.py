@@ -4,6 +4,7 @@ elastic group as a loop calls it (torchrun's world, and in place: a world that g
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 
 import pytest
@@ -83,10 +84,93 @@ def test_a_forged_generation_is_ignored_and_the_node_waits_for_the_supervisors(
             member.next_generation(timeout_s=0.3)  # no exit, no traceback: it waits on for an authentic one
     assert caplog.text.count("node-0: refused gen/now/node-0") == 3  # logged once per refusal, not per poll
     store.set(coordstore.gen_key(3, "node-0"), Generation(3, ["node-1"], 2).to_json())
-    with pytest.raises(TrainingFailed, match="generation 3 was not published for it"):
-        member.published(3)  # rank 0's word names 3: a forged copy of it is no reason to leave either
+    assert member.grown_to(3) is None  # rank 0's word names 3: a forged copy of it is no reason to leave either
     coord.publish(Generation(2, ["node-1"], 2))  # the supervisor's own word: node-0 is left out and goes
-    assert member.newer() == 2 and member.published(2) is None and member.next_generation() is None
+    grown = member.grown_to(2)
+    assert member.newer() == 2 and grown is not None and grown.members == ["node-1"]
+    assert member.next_generation() is None
+
+
+def test_the_word_moves_a_node_only_to_a_newer_generation_sealed_for_it(caplog: pytest.LogCaptureFixture) -> None:
+    store = dist.HashStore()
+    keys = node_keys(new_secret(), ["node-0", "node-1"])
+    coord, member = Coordinator(store, keys), Membership(store, "node-1", keys["node-1"])
+    coord.publish(Generation(1, ["node-0"], 2))  # sealed for node-1 too (so that it can tell it is not listed)
+    coord.publish(Generation(2, ["node-0", "node-1"], 2))
+    member.generation, member.formed = member.next_generation(), 1
+    with caplog.at_level(logging.WARNING):
+        assert member.grown_to(1) is None and member.grown_to(2) is None  # old, or the current one: no move
+        assert member.grown_to(3) is None  # never published: no wait, no exit, training goes on
+    assert caplog.text.count("which is not one sealed for it after 2; ignored") == 3  # once per number named
+    coord.publish(Generation(3, ["node-0"], 2))
+    grown = member.grown_to(3)
+    assert grown is not None and grown.members == ["node-0"]  # the supervisor's own word: left out
+
+
+def _forging(monkeypatch: pytest.MonkeyPatch, at: list[int], word: float) -> None:
+    """Another member's rank adding ``word`` into the step's grow word (the last but one slot) at the steps ``at``."""
+    honest, steps = dist.all_reduce, iter(range(1, 100))
+
+    def all_reduce(tensor: torch.Tensor, *args: object, **kwargs: object) -> object:
+        done = honest(tensor, *args, **kwargs)
+        if next(steps) in at:
+            tensor[-2] += word
+        return done
+
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+
+
+@pytest.mark.parametrize("word", [1.0, 7.0, float("inf"), float("nan"), -2.0])
+def test_a_rank_naming_an_old_or_forged_generation_does_not_make_a_healthy_node_leave(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, word: float
+) -> None:
+    """Generation 1 did not list node-1 and is sealed for it: a member naming it once made node-1 exit as left
+    out; naming one never published made it wait the regroup timeout and fail; an infinity raised out of its step."""
+    store = dist.HashStore()
+    keys = node_keys(new_secret(), ["node-0", "node-1"])
+    coord = Coordinator(store, keys)
+    ctx = TrainEnv(tmp_path, tmp_path / "ckpt", 4, node="node-1", store="127.0.0.1:1")
+    module = torch.nn.Linear(2, 1)
+    member = Membership(store, "node-1", keys["node-1"], regroup_timeout_s=0.5)
+    group = InPlaceGroup(ctx, {"model": module}, lambda: DDP(module), member)
+    coord.publish(Generation(1, ["node-0"], 1))
+    coord.publish(Generation(2, ["node-1"], 1))  # node-0 lost; node-1 trains alone in a world of one
+    _forging(monkeypatch, [2, 3], word)
+    try:
+        assert group.form() and group.number == 2
+        with group.guard():
+            for step in group.steps():
+                assert group.all_reduce(torch.full((), 2.0)).item() == 2.0
+                group.commit(step)
+        assert not group.form() and not group.left_out and group.step == 4  # trained to its end, in generation 2
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def test_a_genuine_newer_generation_without_the_node_still_lets_it_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = dist.HashStore()
+    keys = node_keys(new_secret(), ["node-0", "node-1"])
+    coord = Coordinator(store, keys)
+    ctx = TrainEnv(tmp_path, tmp_path / "ckpt", 6, node="node-1", store="127.0.0.1:1")
+    module = torch.nn.Linear(2, 1)
+    group = InPlaceGroup(ctx, {"model": module}, lambda: DDP(module), Membership(store, "node-1", keys["node-1"]))
+    coord.publish(Generation(1, ["node-0"], 1))
+    coord.publish(Generation(2, ["node-1"], 1))
+    try:
+        assert group.form() and group.number == 2
+        with group.guard():
+            for step in group.steps():
+                if step == 3:  # the supervisor's generation 3 leaves node-1 out: rank 0's word names it
+                    coord.publish(Generation(3, ["node-0"], 1))
+                group.all_reduce(torch.zeros(()))
+                group.commit(step)
+        assert not group.form() and group.left_out and group.step == 3
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def test_a_node_holding_another_nodes_key_cannot_speak_for_it() -> None:

@@ -28,7 +28,7 @@ from trainyard.protocol.records import (
     write_record,
 )
 from trainyard.recovery.classify import Failure, NodeFailure, classify
-from trainyard.recovery.watch import failed
+from trainyard.recovery.watch import failed, host_records
 from trainyard.runtime import failures as runtime
 
 NODES = ["node-0", "node-1"]
@@ -127,6 +127,7 @@ def test_records_are_read_earliest_first(tmp_path: Path) -> None:
         (lambda p: _write(p.parent, 2, node="node-0"), "names node 'node-0' but lies in node-1's folder"),
         (lambda p: p.symlink_to(_write(p.parent, 4)), "is a symbolic link"),
         (lambda p: os.mkfifo(p), "not a regular file"),  # and the reader does not wait on it
+        (lambda p: p.write_text("[" * 3000), "nested deeper than the parser's recursion allows"),
     ],
 )
 def test_a_bad_record_is_skipped_with_a_warning(
@@ -138,6 +139,20 @@ def test_a_bad_record_is_skipped_with_a_warning(
     got = failure_records(tmp_path, NODES)
     assert all(r.rank != 2 for r in got)
     assert says in caplog.text
+
+
+def test_a_nested_record_is_evidence_for_host_records_not_a_crash(tmp_path: Path) -> None:
+    """3 KB of brackets in one rank's record: once a RecursionError out of the supervisor's read of the records."""
+    _write(tmp_path / "node-0", 0, node="node-0", kind="transient")
+    (tmp_path / "node-1").mkdir()
+    (tmp_path / "node-1" / record_name(1)).write_text("[" * 3000)
+    status = AttemptStatus([NodeStatus(n, "failed", host=n) for n in NODES])
+    refused: list[str] = []
+    got = host_records(tmp_path, status, refused)
+    assert [(r.rank, r.node) for r in got] == [(0, "node-0")]
+    assert refused == [
+        f"node-1/{record_name(1)} refused (failure record is not JSON (nested deeper than the parser's recursion allows))"
+    ]
 
 
 def _failure(records: list[FailureRecord], *nodes: NodeFailure) -> Failure:

@@ -116,6 +116,10 @@ MALFORMED = [
     ('{"step": 1, "time": 1' + "0" * 400 + ', "status": "running"}', "is not a finite number"),
     ('{"step": 1' + "0" * 400 + ', "time": 1.0, "status": "running"}', "is not a whole number"),
     (" " * (MAX_BYTES + 1), f"larger than {MAX_BYTES} bytes"),
+    # 3 KB of brackets: RecursionError, not a ValueError, out of the parser and once out of ``detect`` itself.
+    ("[" * 3000, "nested deeper than the parser's recursion allows"),
+    ('{"step": 1, "time": 1.0, "status": "running", "x": ' + "[" * 500 + "]" * 500 + "}", "deeper than 64 levels"),
+    ('{"step": 1, "time": 1.0, "status": "running", "host": "\\udc80"}', "not Unicode: a lone surrogate"),
 ]
 
 

@@ -105,6 +105,30 @@ def test_an_endless_last_line_is_dropped_as_it_is_read_and_not_read_again(tmp_pa
     assert bytes_read() - before < 2 * tail.READ_CHUNK  # went on where it stopped, not from the line's start
 
 
+@pytest.mark.parametrize(
+    ("bad", "says"),
+    [
+        (b"[" * 3000, "nested"),  # RecursionError once ended every read of the run's ledger
+        (b'{"ts": 1e12, "stage": "train", "event": "step", "step": 2, "x": ' + b"[" * 500 + b"]" * 500 + b"}", "deep"),
+        # A step's metrics are open: a lone surrogate there was taken, and no UTF-8 writer (a report) encodes it.
+        (b'{"ts": 1e12, "stage": "train", "event": "step", "step": 2, "note": "\\ud800"}', "surrogate"),
+        (b'{"ts": 1e12, "stage": "train", "event": "step", "step": 2, "note": "\xed\xa0\x80"}', "utf-8 surrogate"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_a_nested_or_non_unicode_line_is_skipped_and_the_other_events_still_read(
+    tmp_path: Path, bad: bytes, says: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    ledger = run_with_writer(tmp_path, line(1e12, step=1) + bad + b"\n" + line(1e12, step=3))
+    with caplog.at_level(logging.WARNING, logger="trainyard.events.ledger"):
+        for _ in range(2):  # read again: warned once
+            assert [e.get("step") for e in ledger.events()] == [None, 1, 3]
+    skipped = [r.getMessage() for r in caplog.records if "line 2 is not a ledger event" in r.getMessage()]
+    assert len(skipped) == 1, [r.getMessage() for r in caplog.records]
+    # A ledger past the cache is streamed: the same parse, the same skip.
+    assert [e.get("step") for e in tail._stream(ledger.events_dir / "rank-0.jsonl", worker=True)] == [1, 3]
+
+
 def test_warnings_quote_what_a_pod_wrote_as_one_printable_line(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -159,6 +160,26 @@ def test_a_planted_link_is_not_followed_and_does_not_block(root: Path, tmp_path:
     assert read_claim(root) is UNREADABLE
     hold(root, "nightly", "run-1", ledger(tmp_path, "run-1"))
     assert not (root / HOLDER).is_symlink() and json.loads(secret.read_text())["run_id"] == "admin"
+
+
+@pytest.mark.parametrize("plant", ["nested", "fifo", "huge"])
+def test_a_planted_claim_of_any_bytes_is_unreadable_and_does_not_block(root: Path, plant: str) -> None:
+    """Nested past the parser (once a RecursionError), a FIFO (once an open that waited for a writer), a sparse
+    file of a gigabyte (once read whole): each is a damaged claim, never a crash or a hang of the task."""
+    root.mkdir(parents=True)
+    path = root / HOLDER
+    if plant == "nested":
+        path.write_text("[" * 3000)
+    elif plant == "fifo":
+        os.mkfifo(path)
+    else:
+        path.write_text('{"run_id": "x"')
+        os.truncate(path, 1 << 30)
+    answer: list[object] = []
+    reader = threading.Thread(target=lambda: answer.append(read_claim(root)), daemon=True)
+    reader.start()
+    reader.join(10)
+    assert answer == [UNREADABLE]
 
 
 def test_a_planted_lock_link_is_refused_by_name(root: Path, tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ def say(line):
     os.write(1, line if isinstance(line, bytes) else (json.dumps(line) + "\n").encode())
 request = json.loads(sys.stdin.readline())
 say(b"not json\n")
+say(b"[" * 3000 + b"\n")  # nested past the parser's recursion
 say(b'{"pid": ' + b"1" * 9000 + b"}\n")  # overlong
 say({"id": request["id"], "pid": True})
 say({"id": "another request", "pid": os.getpid()})
@@ -52,6 +53,9 @@ sys.stdin.read()
         b'{"exit": 12, "code": 1e9}',
         b'{"exit": 12, "code": 100000}',
         b'{"id": "a", "error": "' + b"x" * MAX_REPLY + b'"}',
+        b"[" * 3000,  # under MAX_REPLY, and once a RecursionError out of the launcher's reader
+        b'{"id": "a", "error": ' + b"[" * 100 + b"]" * 100 + b"}",
+        b'{"id": "\xed\xa0\x80", "pid": 12}',  # a surrogate in UTF-8 bytes: not Unicode
     ],
 )
 def test_a_line_off_the_protocol_is_no_reply(line: bytes) -> None:
@@ -70,7 +74,7 @@ def test_forged_replies_and_a_foreign_pid_are_refused(tmp_path: Path, caplog: py
         with caplog.at_level(logging.WARNING), pytest.raises(RuntimeError, match="names pid 1, which it did not fork"):
             zygote.spawn(["-m", "trainyard.workload"], {}, tmp_path / "node-0.log", timeout_s=20)
         refused = [r.getMessage() for r in caplog.records if "refused a reply line" in r.getMessage()]
-        assert len(refused) == 4 and all(len(r) < 400 for r in refused)
+        assert len(refused) == 5 and all(len(r) < 400 for r in refused)
         node = zygote.spawn(["-m", "trainyard.workload"], {}, tmp_path / "node-1.log", timeout_s=20)
         assert node.wait(timeout=20) == 3  # its true end; the forged "0" while it ran was refused
         assert zygote.exit_code(1) is None

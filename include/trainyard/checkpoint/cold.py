@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainyard.atomic import loads_untrusted
 from trainyard.checkpoint.format import MANIFEST, read_manifest, step_of
 from trainyard.errors import CheckpointInvalid, ContentChanged, DataError
 from trainyard.storage.hashing import sha256_file
@@ -121,7 +122,7 @@ def published(tier: Tier) -> str | None:
     if data is None:
         return None
     try:
-        pointer = json.loads(data)
+        pointer = loads_untrusted(data, f"{POINTER}")
         name = pointer["path"] if pointer.get("format") == POINTER_FORMAT else None
     except (ValueError, TypeError, KeyError, AttributeError):
         name = None

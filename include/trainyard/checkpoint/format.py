@@ -22,7 +22,6 @@ expectations) builds on ``verify`` elsewhere; this module checks integrity.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -33,7 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from trainyard.atomic import TooLarge, fsync_dir, open_dir, read_capped, write_json_atomic
+from trainyard.atomic import TooLarge, fsync_dir, loads_untrusted, open_dir, read_capped, write_json_atomic
 from trainyard.errors import CheckpointInvalid
 from trainyard.storage.hashing import sha256_file
 
@@ -160,8 +159,8 @@ def read_manifest(ckpt_dir: str | Path) -> dict[str, Any]:
     except TooLarge as exc:
         raise CheckpointInvalid(f"{ckpt_dir}: {exc}") from exc
     try:
-        manifest = json.loads(data)
-    except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, or nested past the parser's depth
+        manifest = loads_untrusted(data, MANIFEST)
+    except ValueError as exc:  # not UTF-8, not JSON, or nested past what a reader walks
         raise CheckpointInvalid(f"{ckpt_dir}: {MANIFEST} is not valid JSON ({exc})") from exc
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import logging
 import os
 import time
@@ -34,13 +33,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainyard.atomic import write_json_atomic
+from trainyard.atomic import read_json_capped, write_json_atomic
 from trainyard.errors import LineageBusy
 from trainyard.events.ledger import Ledger
 
 log = logging.getLogger(__name__)
 HOLDER = "HOLDER"
 LOCK = ".HOLDER.lock"
+HOLDER_BYTES = 64 * 1024  # a claim is a few hundred bytes
 LEASE_S = 300.0
 """How long a claim holds without renewal: a run that stops renewing (its worker died, the run was
 marked failed and its report skipped) frees the lineage after this long at the latest."""
@@ -118,15 +118,10 @@ def needs_state(claim: Claim | None, run_id: str, now: float) -> bool:
 
 def read_claim(root: Path) -> Claim | None:
     """The claim in ``root``'s ``HOLDER``: None if there is none, ``UNREADABLE`` if it is damaged or a link."""
-    try:
-        fd = os.open(root / HOLDER, os.O_RDONLY | os.O_NOFOLLOW)  # pods can write here: never follow a link
+    try:  # pods can write here: never a link, a FIFO (which would block) or a file of gigabytes
+        return Claim.from_dict(read_json_capped(root / HOLDER, HOLDER_BYTES))
     except FileNotFoundError:
         return None
-    except OSError:
-        return UNREADABLE
-    try:
-        with os.fdopen(fd, encoding="utf-8") as fh:
-            return Claim.from_dict(json.load(fh))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return UNREADABLE
 

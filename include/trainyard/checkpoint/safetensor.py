@@ -10,13 +10,14 @@ NaN or an Inf), chunk by chunk, so memory stays bounded whatever the file's size
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from trainyard.atomic import loads_untrusted
 
 HEADER_BYTES = 100 << 20
 """The cap on the JSON header (safetensors' own reader refuses more)."""
@@ -62,9 +63,9 @@ def _header(fd: int, size: int, name: str) -> tuple[dict[str, Any], int, list[st
     if length > min(HEADER_BYTES, size - 8):
         return {}, 0, [f"{name}: header of {length} bytes does not fit (cap {HEADER_BYTES}, file {size})"]
     try:
-        header = json.loads(os.pread(fd, length, 8))
-    except (ValueError, RecursionError) as exc:
-        return {}, 0, [f"{name}: header is not JSON ({str(exc)[:200]})"]
+        header = loads_untrusted(os.pread(fd, length, 8), "header")
+    except ValueError as exc:  # "header is not JSON (why)"
+        return {}, 0, [f"{name}: {str(exc)[:200]}"]
     if not isinstance(header, dict):
         return {}, 0, [f"{name}: header is not a JSON object"]
     return header, 8 + length, []

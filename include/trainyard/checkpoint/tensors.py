@@ -37,6 +37,7 @@ from typing import IO, Any
 
 import torch
 
+from trainyard.atomic import loads_untrusted
 from trainyard.checkpoint import metadata as dcp_meta
 from trainyard.checkpoint.metadata import MetadataRefused, StorageInfo, read_metadata
 
@@ -367,7 +368,7 @@ def _in_fork(ckpt_dir: Path, fmt: str | None = None) -> dict[str, Any]:
         text = answer_pipe.read()
     _, status = os.waitpid(pid, 0)
     try:
-        answer = json.loads(text)
+        answer = loads_untrusted(text, "the inspector's answer")  # it read the rank's bytes: trusted no more
         if isinstance(answer, dict) and isinstance(answer.get("problems"), list):
             return answer
     except ValueError:

@@ -18,7 +18,6 @@ bounded scan (``ledger`` also reads no more than ``WRITERS_BYTES`` of a run's wr
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import math
 import os
@@ -28,7 +27,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from trainyard.atomic import open_regular
+from trainyard.atomic import loads_untrusted, open_regular
 from trainyard.events import schema
 from trainyard.text import printable
 
@@ -78,8 +77,8 @@ def _parse(raw: bytes | None, path: Path, number: int, warned: set[int]) -> dict
     if not raw.strip():
         return None
     try:
-        record = json.loads(raw)
-    except ValueError:  # not JSON, or not UTF-8
+        record = loads_untrusted(raw, "ledger line")
+    except ValueError:  # not JSON, not UTF-8, nested past the parser's depth: one line, never the whole ledger
         record = None
     if isinstance(record, dict) and isinstance(record.get("event"), str) and _is_time(record.get("ts")):
         return record

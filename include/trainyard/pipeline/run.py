@@ -8,14 +8,13 @@ identifiers Airflow knows (DAG id, run id, the run's date, Params).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from trainyard.atomic import write_json_atomic
+from trainyard.atomic import read_json, write_json_atomic
 from trainyard.backends.registry import backend_for
 from trainyard.errors import SpecError
 from trainyard.events.ledger import Ledger, run_dir, safe_name
@@ -156,7 +155,7 @@ def load_run(snapshot: str | Path, connections: Callable[[str], S3Settings] | No
     """The run pinned in ``snapshot`` (its ``spec.json``): the spec it started with, whatever the file says now."""
     snapshot = Path(snapshot)
     try:
-        pinned = json.loads(snapshot.read_text(encoding="utf-8"))
+        pinned = read_json(snapshot)  # in the run folder: never through a link, any bytes a ValueError
         spec_file = Path(pinned["spec_file"])
         spec = spec_from_data(pinned["spec"], spec_file)
         ids = pinned["dag_id"], pinned["run_id"], pinned["ds"]

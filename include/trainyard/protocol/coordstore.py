@@ -18,7 +18,8 @@ derived from it (``node_keys``), in ``TRAINYARD_STORE_KEY``.
   under a key of that node's own (``gen/now/<node>``, ``gen/<g>/<node>``), and
   each worker opens only its own. One shared key would let any rank forge the
   word to every other; per-node copies cost the supervisor one write per node
-  and generation (rare), and a worker's poll stays one read and one HMAC.
+  and generation (rare), and a worker's poll stays one read and one HMAC. A node
+  left out gets its copy too (so it goes); it moves only past its current number.
 - A value that does not open with the key it should, or opens but is malformed
   (not JSON, wrong types), is refused: the supervisor logs it, tells
   ``on_refused`` (the train task records it in the ledger as ``store_refused``)
@@ -64,6 +65,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from trainyard.atomic import loads_untrusted
 from trainyard.protocol.sealing import Forged, node_key, seal, unseal
 
 if TYPE_CHECKING:
@@ -124,14 +126,6 @@ def _names(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(n, str) for n in value)
 
 
-def _json(text: str | bytes, what: str) -> Any:
-    """``text`` parsed; ``ValueError`` for anything but JSON (deep nesting included)."""
-    try:
-        return json.loads(text)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise ValueError(f"{what} is not JSON ({type(exc).__name__})") from None
-
-
 @dataclass(frozen=True)
 class Generation:
     """One membership of the training world: who trains, with what micro-batch, who needs the state."""
@@ -166,7 +160,7 @@ class Generation:
     @classmethod
     def from_json(cls, text: str | bytes) -> Generation:
         """Parse a generation record; ``ValueError`` (never another error) names the field that is malformed."""
-        raw = _json(text, "generation record")
+        raw = loads_untrusted(text, "generation record")
         if not isinstance(raw, dict):
             raise ValueError(f"generation record must be a JSON object, not {type(raw).__name__}")
         if missing := [f for f in ("number", "members", "micro_batch") if f not in raw]:
@@ -191,7 +185,7 @@ class FaultRecord:
 
     @classmethod
     def from_json(cls, text: str) -> FaultRecord:
-        raw = _json(text, "fault record")
+        raw = loads_untrusted(text, "fault record")
         if not (isinstance(raw, dict) and _is_int(raw.get("generation"))):
             raise ValueError("fault record must be a JSON object with an integer generation")
         if not (isinstance(raw.get("suspect"), str) and isinstance(raw.get("error"), str)):
@@ -201,7 +195,7 @@ class FaultRecord:
 
 def _count(text: str) -> int:
     """A step or generation number a worker wrote (a joiner's step is -1)."""
-    value = _json(text, "number")
+    value = loads_untrusted(text, "number")
     if not _is_int(value) or value < -1:
         raise ValueError(f"must be an integer >= -1, not {type(value).__name__}")
     return int(value)

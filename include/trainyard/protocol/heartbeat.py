@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainyard.atomic import read_capped
+from trainyard.atomic import loads_untrusted, read_capped
 
 log = logging.getLogger(__name__)
 
@@ -192,8 +192,8 @@ def read_local_beats(folder: Path, skip: int) -> list[dict[str, Any]]:
             continue
         try:
             data = read_capped(folder / name, MAX_BYTES)
-            out.append(parse_beat(data, int(json.loads(data)["rank"])))
-        except (OSError, ValueError, TypeError, KeyError):
+            out.append(parse_beat(data, int(loads_untrusted(data, "beat")["rank"])))
+        except (OSError, ValueError, TypeError, KeyError, OverflowError):  # OverflowError: a rank of 1e400
             continue  # being replaced, or not a beat: the next step reads it again
     return out
 
@@ -206,7 +206,7 @@ def parse_beat(data: bytes, rank: int) -> dict[str, Any]:
 
     Kept: ``rank``, ``step`` (an int >= 0), ``time`` (a finite number), ``status`` (one of ``STATUSES``),
     ``node`` and ``host`` (strings, "" when absent), ``metrics`` (numbers only); nothing else."""
-    raw = json.loads(data)  # ValueError: not JSON or not UTF-8
+    raw = loads_untrusted(data, "beat")  # ValueError for any bytes that are not a JSON value (nesting included)
     if not isinstance(raw, dict):
         raise ValueError("not a JSON object")
     step: Any = raw.get("step")
@@ -296,7 +296,7 @@ def scan(directory: Path, owner: Owner | None = None) -> Scan:
 
 def parse_node_beat(data: bytes) -> list[dict[str, Any]]:
     """The beats of the ranks a node beat lists, each validated as ``parse_beat`` does one rank's."""
-    raw = json.loads(data)
+    raw = loads_untrusted(data, "node beat")
     if not isinstance(raw, dict):
         raise ValueError("not a JSON object")
     ranks = raw.get("ranks")

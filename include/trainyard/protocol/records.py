@@ -26,7 +26,6 @@ Importing this module imports neither torch nor the spec: the runtime uses it.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import re
@@ -36,7 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from trainyard.atomic import read_capped, write_json_atomic
+from trainyard.atomic import loads_untrusted, read_capped, write_json_atomic
 from trainyard.errors import CheckpointInvalid, DataError, SpecError, TrainingFailed, TransientError
 from trainyard.protocol.heartbeat import is_node_folder, names_in, node_folder, short_reason
 from trainyard.protocol.signs import LOG_PATTERNS
@@ -169,7 +168,7 @@ def _own_record(path: Path, node: str) -> FailureRecord:
 
 def parse_record(data: bytes, rank: int) -> FailureRecord:
     """The record of rank ``rank`` in ``data``, or ``ValueError`` saying what is wrong with it."""
-    raw = json.loads(data)  # ValueError: not JSON or not UTF-8
+    raw = loads_untrusted(data, "failure record")  # ValueError for any bytes that are not a JSON value
     if not isinstance(raw, dict):
         raise ValueError("not a JSON object")
     kind, when = raw.get("kind"), raw.get("time")

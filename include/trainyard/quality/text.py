@@ -14,11 +14,11 @@ builds the document suite: non-null text, length within bounds, a duplicate rati
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainyard.atomic import loads_untrusted
 from trainyard.quality.gx import Suite
 from trainyard.spec import FORMAT_SUFFIXES, DataExpectations, DataFormat
 from trainyard.storage.keys import key_path
@@ -91,9 +91,9 @@ def _jsonl(path: Path, column: str, limit: int) -> Iterator[Document]:
             if not line.strip():
                 continue
             try:
-                item = json.loads(line)
-            except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError too
-                raise Unreadable(f"line {number}: not JSON ({str(exc)[:120]})") from None
+                item = loads_untrusted(line, f"line {number}")
+            except ValueError as exc:  # nesting and encoding included: "line N is not JSON (why)"
+                raise Unreadable(str(exc)[:160].replace(" is not JSON", ": not JSON", 1)) from None
             if not isinstance(item, dict):
                 raise Unreadable(f"line {number}: {_json_type(item)}, expected a JSON object")
             yield _document(f"line {number}", item.get(column), column)

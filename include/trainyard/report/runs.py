@@ -16,11 +16,10 @@ may read.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from trainyard.atomic import UnsafePath, open_regular
+from trainyard.atomic import UnsafePath, open_regular, read_json
 from trainyard.events.ledger import LEDGER_FILE, Ledger, legacy_name, safe_name
 from trainyard.report.summary import run_identity, summarize
 from trainyard.spec.templating import render
@@ -56,8 +55,7 @@ def recorded_ids(folder: Path) -> tuple[str, str] | None:
     JSON, no ids) is ``RunNotFound``: nobody can tell whose run this is.
     """
     try:
-        with open_regular(folder / SNAPSHOT) as fh:
-            snap = json.load(fh)
+        snap = read_json(folder / SNAPSHOT)
         return str(snap["dag_id"]), str(snap["run_id"])
     except FileNotFoundError:
         return None

@@ -210,25 +210,29 @@ class Membership:
         current = self.generation.number if self.generation is not None else 0
         return gen.number if gen is not None and gen.number > current else 0
 
-    def published(self, number: int) -> Generation | None:
-        """Generation ``number`` as the supervisor sealed it for this node; None if it leaves this node out (it
-        should exit). A forged copy is ignored: the node waits for the authentic one up to the regroup timeout
-        (``TrainingFailed``, kind ``transient``, as when no generation comes)."""
+    def grown_to(self, number: int) -> Generation | None:
+        """Generation ``number``, named by the step's word, if this node can verify it is the supervisor's and
+        newer than the current one; else None (logged once), and the node trains on in its generation.
+
+        The word is a sum every rank adds into, so any rank can name any number: an old generation that
+        does not list this node, or one never published. Only the record the supervisor sealed for this node
+        under ``number`` says who the members are (the caller reads them from it, never from the word), and
+        only a number past the current one moves the node. It is read once, not waited for: the supervisor
+        seals every node's copy of a generation before it makes that generation current, so the copy of the
+        number rank 0 saw is already there when an honest word arrives."""
         name = coordstore.gen_key(number, self.node)
-        deadline = time.monotonic() + self.regroup_timeout_s
-        while True:
-            try:
-                gen = self._open(name, coordstore.peek(self.store, name))
-            except (RuntimeError, dist.DistError) as exc:
-                raise TrainingFailed(f"lost the coordination store: {exc}", kind="transient") from exc
-            if gen is not None and gen.number == number:
-                return gen if self.node in gen.members else None
-            if time.monotonic() >= deadline:
-                raise TrainingFailed(
-                    f"{self.node}: generation {number} was not published for it within {self.regroup_timeout_s:.0f}s",
-                    kind="transient",
-                )
-            time.sleep(coordstore.POLL_S)
+        current = self.generation.number if self.generation is not None else 0
+        try:
+            gen = self._open(name, coordstore.peek(self.store, name)) if number > current else None
+        except (RuntimeError, dist.DistError) as exc:
+            raise TrainingFailed(f"lost the coordination store: {exc}", kind="transient") from exc
+        if gen is not None and gen.number == number:
+            return gen
+        if (why := f"word {number}") != self._refused:
+            self._refused = why
+            log.warning("%s: the step's word names generation %d, which is not one sealed for it after %d; ignored",
+                        self.node, number, current)  # fmt: skip
+        return None
 
     def _open(self, name: str, raw: bytes | None) -> Generation | None:
         """The generation the supervisor sealed under ``name``; None when there is none, or (logged once) when it

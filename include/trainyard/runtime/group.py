@@ -30,6 +30,10 @@ trains (the world grows back) is taken at a step boundary by every rank at
 once: rank 0 reads the store in ``all_reduce`` and the step's one all-reduce
 carries its word to the others, so in place costs no extra collective per step
 (a loop that never calls ``all_reduce`` pays one small one: the group agrees alone).
+The word is a sum any rank adds into, so it only says where to look: each node moves
+to the generation it names only if the supervisor sealed that number for it and it is
+newer than the current one (``Membership.grown_to``), and reads the members from that
+record; an old or forged number is logged and training goes on.
 
 Notice (preemption: SIGTERM, which the kubelet sends on a pod deletion, or a spot interruption's drain)
 is taken the same way. The in-place group's SIGTERM handler only sets a flag while the node trains; the
@@ -51,6 +55,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import signal
 import threading
@@ -159,6 +164,13 @@ class ElasticGroup:
         return False
 
 
+def _as_count(value: float) -> int:
+    """A sum of the step's word as a count: any rank adds what it likes, and ``int`` of an infinity or a NaN
+    would raise out of every rank's step. A value no honest sum makes (not finite, negative) counts nothing, on
+    every rank alike (they all hold the same sum)."""
+    return int(value) if math.isfinite(value) and 0 <= value < 2**31 else 0
+
+
 class InPlaceGroup(ElasticGroup):
     """This process's generations on the supervisor's coordination store (``ctx.store``): gloo on CPU, NCCL on a GPU."""
 
@@ -189,7 +201,7 @@ class InPlaceGroup(ElasticGroup):
         self._after = "start"  # how the last generation ended: "start" (none yet), "done", "grown", "fault"
         self._first = 0  # this process's first generation: the attempt's first resumes from the checkpoint
         self._word: int | None = 0  # the generation rank 0 saw published (None: not reduced yet this step)
-        self._grown = 0
+        self._grown: Generation | None = None  # the newer generation the word named, as verified by this node
         self._failed_at: int | None = None
         self._fault_at: float | None = None
         self._notice = self._training = self._reported = False  # SIGTERM seen; in a generation; leave reported
@@ -230,11 +242,13 @@ class InPlaceGroup(ElasticGroup):
         elif after == "grown":
             self._release()  # the group's sockets close with its last reference (see ``_survive``)
             self.membership.leave()
-            gen = self.membership.published(self._grown)
+            grown = self._grown
+            assert grown is not None  # ``steps`` set it with "grown"
+            gen = grown if node in grown.members else None  # the supervisor's sealed record says so, not the word
             if gen is None:
-                log.info("%s: left out of generation %d; exiting", node, self._grown)
+                log.info("%s: left out of generation %d; exiting", node, grown.number)
             else:
-                log.info("%s: the world grows to generation %d at step %d", node, self._grown, self.step)
+                log.info("%s: the world grows to generation %d at step %d", node, grown.number, self.step)
                 self._fault_at = None
         else:
             log.info("%s: finished at step %d in generation %d, params %s",
@@ -286,10 +300,11 @@ class InPlaceGroup(ElasticGroup):
             if self._noticed and self.step < self.ctx.max_steps:  # notice: every rank leaves after this step
                 self._leave()
                 return
-            if self._word:  # a newer generation is published: every rank leaves after this same step
-                if self.step < self.ctx.max_steps:
-                    self._after, self._grown = "grown", self._word
-                return
+            if self._word and self.step < self.ctx.max_steps:  # a newer generation: every rank leaves after this step
+                self._grown = self.membership.grown_to(self._word)  # if this node can verify it (any rank adds in)
+                if self._grown is not None:
+                    self._after = "grown"
+                    return
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         # One collective for both: a second would cost a round trip per step.
@@ -298,7 +313,10 @@ class InPlaceGroup(ElasticGroup):
         word = torch.tensor([news, float(self._gave)], dtype=tensor.dtype, device=tensor.device)
         both = torch.cat([tensor.reshape(-1), word])
         dist.all_reduce(both)
-        self._word, self._noticed = int(both[-2].item()), int(both[-1].item())  # on a GPU: waits, or its abort
+        self._word, self._noticed = (
+            _as_count(both[-2].item()),
+            _as_count(both[-1].item()),
+        )  # on a GPU: waits, or its abort
         self.membership.raise_if_aborted()  # NCCL aborted for a lost peer: the sums are void, the step failed
         return tensor.copy_(both[:-2].view_as(tensor))
 

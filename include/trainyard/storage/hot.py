@@ -16,7 +16,6 @@ Killed midway, eviction leaves the manifest, so the folder is evicted again
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -24,7 +23,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from trainyard.atomic import write_bytes_atomic, write_text_atomic
+from trainyard.atomic import read_json, write_bytes_atomic, write_text_atomic
 from trainyard.errors import DataError
 from trainyard.events.ledger import Ledger, safe_name
 from trainyard.storage.keys import key_path
@@ -166,7 +165,7 @@ def staged_files(folder: Path) -> list[Path] | None:
     key that would leave the folder (``..``, a link) is skipped, never followed.
     """
     try:
-        manifest = json.loads((folder / STAGED_MANIFEST).read_text(encoding="utf-8"))
+        manifest = read_json(folder / STAGED_MANIFEST)  # a folder pods can write: no link, any bytes a ValueError
         keys = list(manifest["files"])
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -11,14 +11,13 @@ manifest too (``quality.dataset``).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import stat
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from trainyard.atomic import read_json
+from trainyard.atomic import loads_untrusted, read_json
 from trainyard.storage.boot import BOOT_ID, entry_digest, trusted
 from trainyard.storage.hot import JOURNAL, STAGED_MANIFEST
 from trainyard.storage.keys import check_key, key_path
@@ -76,9 +75,11 @@ def read_journal(hot_dir: Path, boot_id: str | None) -> tuple[dict[str, dict[str
     if path.exists():
         for line in path.read_text().splitlines():
             try:
-                record = json.loads(line)
+                record = loads_untrusted(line, "a journal line")
                 key = record.pop("key")
-            except (ValueError, KeyError, AttributeError):
+                if not isinstance(key, str):
+                    raise TypeError("key")  # a list would fail as a dict key, out of the stage
+            except (ValueError, KeyError, AttributeError, TypeError):
                 continue  # a torn last line: that object is simply copied again
             written_in = record.pop(BOOT_ID, None)
             if trusted(written_in, boot_id):

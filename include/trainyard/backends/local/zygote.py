@@ -57,6 +57,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any, Protocol
 
+from trainyard.atomic import loads_untrusted
+
 MODULE = "trainyard.workload"
 """The entry point the zygote has imported: a plan that runs anything else starts a fresh interpreter."""
 TORCHRUN = ["-m", "torch.distributed.run"]
@@ -81,8 +83,8 @@ def parse_reply(line: bytes) -> dict[str, Any] | None:
     if len(line) > MAX_REPLY:
         return None
     try:
-        message = json.loads(line)
-    except ValueError:
+        message = loads_untrusted(line, "zygote reply")
+    except ValueError:  # nesting included: a forged reply must not end the launcher's reader
         return None
     if not isinstance(message, dict):
         return None
