@@ -23,15 +23,17 @@ from typing import IO
 
 CHUNK = 64 << 20
 """Bytes read at a time where nothing needs them whole (skipped ranges, the rest of a file)."""
-_pool: ThreadPoolExecutor | None = None
+_pools: dict[int, ThreadPoolExecutor] = {}
 
 
 def _hasher() -> ThreadPoolExecutor:
-    # Made on first use, so a process that forks (the inspector's server) holds no thread across the fork.
-    global _pool
-    if _pool is None:
-        _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="readonce-sha256")
-    return _pool
+    # One per process, made on first use: a fork (the inspector's server forks per checkpoint) inherits no
+    # thread, so it must never submit to its parent's pool. One thread per core: files read side by side hash
+    # side by side (each file's updates stay in order).
+    pool = _pools.get(os.getpid())
+    if pool is None:
+        pool = _pools[os.getpid()] = ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="sha256")
+    return pool
 
 
 def open_under(folder: Path, rel: str) -> int:

@@ -35,6 +35,7 @@ import signal
 import sys
 import warnings
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
@@ -152,24 +153,43 @@ def tensor_problems(ckpt_dir: Path, bounded: bool = False, files: list[str] | No
     problems = storage_problems(ckpt_dir, md, files)
     if problems:
         return problems, digests
-    if bounded:
-        largest = max((info.length for info in md.storage_data.values()), default=0)
-        total = sum(info.length for info in md.storage_data.values())
-        cpu_s = min(ENTRIES_CPU_S + int(CPU_S_PER_GB * total / 1e9), MAX_CPU_S)
-        _limit(cpu_s, ENTRY_MEMORY + 4 * largest, final=True)
-    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     by_file: dict[str, list[tuple[dcp_meta.MetadataIndex, StorageInfo]]] = defaultdict(list)
     for index, info in md.storage_data.items():
         by_file[info.relative_path].append((index, info))
-    for rel in sorted(f for f in files if f != dcp_meta.METADATA):
-        with Once(ckpt_dir, rel) as once:
-            for index, info in sorted(by_file[rel], key=lambda item: (item[1].offset, item[1].length)):
-                problems += _entry(once, md, index, info, counts)
-            digests[rel] = once.finish()
+    data_files = sorted(f for f in files if f != dcp_meta.METADATA)
+    # Files side by side (each hashed as it is read, the hash being what bounds a plain sha256sum): as many at
+    # once as there are cores, so memory holds that many entries, each loaded from its raw bytes.
+    workers = max(1, min(os.cpu_count() or 1, len(data_files)))
+    if bounded:
+        largest = sorted(max((i.length for _, i in by_file[rel]), default=0) for rel in data_files)[-workers:]
+        total = sum(info.length for info in md.storage_data.values())
+        cpu_s = min(ENTRIES_CPU_S + int(CPU_S_PER_GB * total / 1e9), MAX_CPU_S)
+        _limit(cpu_s, ENTRY_MEMORY + 2 * workers * THREAD_MEMORY + 4 * sum(largest), final=True)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        read = list(pool.map(lambda rel: _file_entries(ckpt_dir, rel, md, by_file[rel]), data_files))
+    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for rel, (found, file_counts, digest) in zip(data_files, read, strict=True):
+        problems += found
+        digests[rel] = digest
+        for name, (nan, inf) in file_counts.items():  # one tensor's chunks may lie in several ranks' files
+            counts[name][0] += nan
+            counts[name][1] += inf
     problems += [
         f"tensor {name} has {nan} NaN and {inf} Inf value(s)" for name, (nan, inf) in counts.items() if nan or inf
     ]
     return problems, digests
+
+
+def _file_entries(
+    ckpt_dir: Path, rel: str, md: dcp_meta.Metadata, entries: list[tuple[dcp_meta.MetadataIndex, StorageInfo]]
+) -> tuple[list[str], dict[str, list[int]], tuple[int, str]]:
+    """One data file read once, front to back: its entries' problems, non-finite counts, and its digest."""
+    problems: list[str] = []
+    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    with Once(ckpt_dir, rel) as once:
+        for index, info in sorted(entries, key=lambda item: (item[1].offset, item[1].length)):
+            problems += _entry(once, md, index, info, counts)
+        return problems, counts, once.finish()
 
 
 def _entry(
@@ -209,7 +229,8 @@ METADATA_MEMORY = 1 << 30
 ENTRIES_CPU_S = 60
 CPU_S_PER_GB = 30
 MAX_CPU_S = 3600  # twice validate's time limit for the answer (CHILD_TIMEOUT_S)
-ENTRY_MEMORY = (2 << 30) + (os.cpu_count() or 1) * (96 << 20)
+THREAD_MEMORY = 96 << 20  # a thread's stack and malloc arena, as address space
+ENTRY_MEMORY = (2 << 30) + (os.cpu_count() or 1) * THREAD_MEMORY
 _PR_SET_PDEATHSIG = 1
 
 

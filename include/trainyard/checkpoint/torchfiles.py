@@ -115,13 +115,14 @@ def file_problems(folder: Path, files: list[str], fmt: str | None = None) -> tup
     base = weights_only()
     for rel in files:
         try:
-            with Once(folder, rel) as once:
-                raw = once.read(once.size)
-                digests[rel] = once.finish()
+            once = Once(folder, rel)
         except OSError as exc:
             problems.append(f"{rel}: cannot be read ({exc.strerror or exc})")
             continue
-        value, found, noted = load(raw, rel, base)
+        with once:
+            raw = once.read(once.size)
+            value, found, noted = load(raw, rel, base)  # while the bytes hash on the side
+            digests[rel] = once.finish()
         problems += found
         notes += noted
         if found:
