@@ -26,7 +26,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
@@ -175,8 +175,9 @@ def read_manifest(ckpt_dir: str | Path) -> dict[str, Any]:
     return manifest
 
 
-def _file_problems(ckpt_dir: Path, rel: str, entry: Any) -> list[str]:
-    """Why one listed file does not match its manifest entry ([] when it does)."""
+def _file_problems(ckpt_dir: Path, rel: str, entry: Any, hash_it: bool = True) -> list[str]:
+    """Why one listed file does not match its manifest entry ([] when it does); ``hash_it`` False: all but
+    the sha256 (the reader that checks its contents hashes what it reads: ``digest_problems``)."""
     target = ckpt_dir / rel
     if Path(rel).is_absolute() or ".." in Path(rel).parts:
         return [f"{rel}: path escapes the checkpoint directory"]
@@ -194,23 +195,47 @@ def _file_problems(ckpt_dir: Path, rel: str, entry: Any) -> list[str]:
     size = target.stat().st_size
     if size != entry["size"]:
         return [f"{rel}: size mismatch (manifest {entry['size']} bytes, file {size})"]
-    if sha256_file(target) != entry["sha256"]:
+    if hash_it and sha256_file(target) != entry["sha256"]:
         return [f"{rel}: sha256 mismatch (contents changed after the save)"]
     return []
 
 
-def verify(ckpt_dir: str | Path, hashed: Callable[[dict[str, Any]], list[str]] | None = None) -> list[str]:
+def digest_problems(manifest: dict[str, Any], digests: Mapping[str, Any], names: Collection[str]) -> list[str]:
+    """Each of ``names`` was read by the reader that checked it, as ``(size, sha256)`` in ``digests``, and
+    those are the manifest's: the bytes checked are the bytes listed."""
+    problems = []
+    for rel in sorted(names):
+        entry, got = manifest["files"].get(rel), digests.get(rel)
+        if not isinstance(entry, dict):
+            continue  # malformed or unlisted: ``verify`` says so
+        if got is None:
+            problems.append(f"{rel}: its contents were not read by the check that judges them")
+        elif list(got) != [entry.get("size"), entry.get("sha256")]:
+            problems.append(
+                f"{rel}: sha256 mismatch (the bytes checked are not the manifest's: changed after the save)"
+            )
+    return problems
+
+
+def verify(
+    ckpt_dir: str | Path,
+    hashed: Callable[[dict[str, Any]], list[str]] | None = None,
+    elsewhere: Collection[str] = (),
+    manifest: dict[str, Any] | None = None,
+) -> list[str]:
     """Integrity problems of a checkpoint, one human-readable reason each; [] when valid.
 
     Sizes are compared before hashing, so a truncated file is reported without
     reading it. ``hashed``: what checks the listed files instead of this process (given the manifest;
-    ``backends.kubernetes.verify``: a Job of pods, each a slice); by default ``slice_problems`` of all.
+    ``backends.kubernetes.verify``: a Job of pods, each a slice); by default ``slice_problems`` of all but
+    ``elsewhere`` (files the reader that checks their contents hashes: ``digest_problems``). ``manifest``:
+    the one already read, so one reading of it is judged throughout.
     """
     ckpt_dir = Path(ckpt_dir)
     if not ckpt_dir.is_dir():
         return [f"{ckpt_dir}: not a directory"]
     try:
-        manifest = read_manifest(ckpt_dir)
+        manifest = read_manifest(ckpt_dir) if manifest is None else manifest
     except CheckpointInvalid as exc:
         return [str(exc)]
     problems: list[str] = []
@@ -218,7 +243,7 @@ def verify(ckpt_dir: str | Path, hashed: Callable[[dict[str, Any]], list[str]] |
     if named is not None and named != manifest["step"]:
         problems.append(f"manifest step {manifest['step']} does not match directory name {ckpt_dir.name}")
     listed = manifest["files"]
-    problems += hashed(manifest) if hashed is not None else slice_problems(ckpt_dir, manifest, 0, 1)
+    problems += hashed(manifest) if hashed is not None else slice_problems(ckpt_dir, manifest, 0, 1, elsewhere)
     problems.extend(f"{rel}: not listed in the manifest" for rel in _payload_files(ckpt_dir) if rel not in listed)
     return problems
 
@@ -234,12 +259,19 @@ def manifest_digest(ckpt_dir: Path) -> str:
     return hashlib.sha256(read_capped(ckpt_dir / MANIFEST, MANIFEST_BYTES)).hexdigest()
 
 
-def slice_problems(ckpt_dir: Path, manifest: dict[str, Any], index: int, count: int) -> list[str]:
-    """The problems of slice ``index`` of ``count`` of the manifest's files (every ``count``-th in name order)."""
+def slice_problems(
+    ckpt_dir: Path, manifest: dict[str, Any], index: int, count: int, elsewhere: Collection[str] = ()
+) -> list[str]:
+    """The problems of slice ``index`` of ``count`` of the manifest's files (every ``count``-th in name order);
+    those in ``elsewhere`` are not hashed here."""
     mine = slice_of(manifest, index, count)
+
+    def one(item: tuple[str, Any]) -> list[str]:
+        return _file_problems(ckpt_dir, *item, hash_it=item[0] not in elsewhere)
+
     # Files hash independently and hashlib releases the GIL: one thread per core.
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        return [p for found in pool.map(lambda item: _file_problems(ckpt_dir, *item), mine) for p in found]
+        return [p for found in pool.map(one, mine) for p in found]
 
 
 def list_checkpoints(root: str | Path) -> list[Path]:

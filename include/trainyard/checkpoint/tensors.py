@@ -12,7 +12,11 @@ Inside, nothing is unpickled with a full unpickler either: ``.metadata`` goes
 through ``checkpoint.metadata``'s allow-list, and each stored entry through
 ``torch.load(weights_only=True)``. Entries are read one at a time from the
 byte ranges the metadata names (files of this checkpoint only), so memory stays
-near the largest entry, not the whole model.
+near the largest entry, not the whole model. Each file is read once, front to
+back (``readonce``), and the answer carries the size and sha256 of the bytes
+read: the orchestrator compares them with the manifest, so the bytes checked
+are the bytes hashed (a rank cannot serve one version to a hash and another to
+the load). Framework saves' ``torch.save`` files: ``checkpoint.torchfiles``.
 Bytes can cost without running code (a set of nested tuples hashes for years), so each fork
 dies with its server (``PR_SET_PDEATHSIG``; the server leads a process group ``validate``
 kills whole) and runs under CPU-time and address-space limits: tight while it reads the
@@ -31,7 +35,7 @@ import signal
 import sys
 import warnings
 from collections import defaultdict
-from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
@@ -39,7 +43,11 @@ import torch
 
 from trainyard.atomic import loads_untrusted
 from trainyard.checkpoint import metadata as dcp_meta
-from trainyard.checkpoint.metadata import MetadataRefused, StorageInfo, read_metadata
+from trainyard.checkpoint import torchfiles
+from trainyard.checkpoint.metadata import MetadataRefused, StorageInfo
+from trainyard.checkpoint.pickles import TORCH_FILES
+from trainyard.checkpoint.readonce import Once
+from trainyard.checkpoint.torchfiles import Digests, non_finite
 
 
 def _plain_name(rel: str) -> bool:
@@ -47,14 +55,18 @@ def _plain_name(rel: str) -> bool:
     return bool(rel) and not path.is_absolute() and ".." not in path.parts and "\\" not in rel and "\x00" not in rel
 
 
-def storage_problems(ckpt_dir: Path, md: dcp_meta.Metadata) -> list[str]:
-    """Every entry the metadata lists is stored, in a file of this checkpoint, within that file's bytes."""
+def storage_problems(ckpt_dir: Path, md: dcp_meta.Metadata, files: list[str] | None = None) -> list[str]:
+    """Every entry the metadata lists is stored, in a file of this checkpoint (one of ``files``, those read and
+    hashed), within that file's bytes."""
     problems: list[str] = []
     sizes: dict[str, int | None] = {}
     for index, info in md.storage_data.items():
         rel = info.relative_path
         if not _plain_name(rel):
             problems.append(f"entry {index.fqn} is stored at {rel!r}, outside the checkpoint folder")
+            continue
+        if files is not None and rel not in files:
+            problems.append(f"entry {index.fqn} is stored in {rel!r}, not a data file the manifest lists")
             continue
         if rel not in sizes:
             path = ckpt_dir / rel
@@ -77,11 +89,7 @@ def storage_problems(ckpt_dir: Path, md: dcp_meta.Metadata) -> list[str]:
     return problems
 
 
-def _read(ckpt_dir: Path, info: StorageInfo) -> bytes:
-    fd = os.open(ckpt_dir / info.relative_path, os.O_RDONLY | os.O_NOFOLLOW)
-    with os.fdopen(fd, "rb") as fh:
-        fh.seek(info.offset)
-        raw = fh.read(info.length)
+def _transformed(raw: bytes, info: StorageInfo) -> bytes:
     if info.transform_descriptors:  # e.g. compression: undone as DCP's FileSystemReader does, with its registry
         from torch.distributed.checkpoint._extension import (  # seconds to import: only here
             ExtensionRegistry,
@@ -96,22 +104,9 @@ def _read(ckpt_dir: Path, info: StorageInfo) -> bytes:
     return raw
 
 
-def _tensors(value: Any, name: str) -> Iterator[tuple[str, torch.Tensor]]:
-    if isinstance(value, torch.Tensor):
-        yield name, value
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            yield from _tensors(item, f"{name}.{key}")
-    elif isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            yield from _tensors(item, f"{name}[{i}]")
-
-
-def _non_finite(tensor: torch.Tensor) -> tuple[int, int]:
-    # A sum is NaN or Inf if any element is, at memory speed; only then (or on overflow) count.
-    if not tensor.is_floating_point() or bool(torch.isfinite(tensor.sum())) or bool(torch.isfinite(tensor).all()):
-        return 0, 0
-    return int(torch.isnan(tensor).sum()), int(torch.isinf(tensor).sum())
+def dcp_files(ckpt_dir: Path) -> list[str]:
+    """The files a DCP folder's inspection reads (when the request does not name them): metadata and data."""
+    return sorted(p.name for p in ckpt_dir.iterdir() if p.name == dcp_meta.METADATA or p.name.endswith(".distcp"))
 
 
 def _entry_problem(fqn: str, index: dcp_meta.MetadataIndex, entry: Any, value: Any) -> str | None:
@@ -129,47 +124,100 @@ def _entry_problem(fqn: str, index: dcp_meta.MetadataIndex, entry: Any, value: A
     return None
 
 
-def tensor_problems(ckpt_dir: Path, bounded: bool = False) -> list[str]:
-    """The metadata reads safely, every entry loads weights-only, and every floating-point tensor is finite.
+def _metadata(ckpt_dir: Path, digests: Digests) -> dcp_meta.Metadata:
+    """The DCP metadata from the bytes read (and hashed) once; ``MetadataRefused`` says why not."""
+    try:
+        with Once(ckpt_dir, dcp_meta.METADATA) as once:
+            if once.size > dcp_meta.MAX_METADATA_BYTES:
+                raise MetadataRefused(f"{dcp_meta.METADATA} is larger than {dcp_meta.MAX_METADATA_BYTES} bytes")
+            raw = once.read(once.size)
+            digests[dcp_meta.METADATA] = once.finish()
+    except OSError as exc:
+        raise MetadataRefused(f"{dcp_meta.METADATA} cannot be read ({exc.strerror or exc})") from None
+    return dcp_meta.loads(raw)
 
+
+def tensor_problems(ckpt_dir: Path, bounded: bool = False, files: list[str] | None = None) -> tuple[list[str], Digests]:
+    """The metadata reads safely, every entry loads weights-only, and every floating-point tensor is finite;
+    with the size and sha256 of each file read (``files``: the metadata and data files the manifest lists).
+
+    Each data file is read once, front to back, its entries loaded from the bytes hashed (``readonce``).
     ``bounded`` (the inspecting fork): under ``_limit``'s limits, for the metadata and then for the entries."""
+    files = dcp_files(ckpt_dir) if files is None else files
+    digests: Digests = {}
     if bounded:
         _limit(METADATA_CPU_S, METADATA_MEMORY + 16 * _size(ckpt_dir / dcp_meta.METADATA))
     try:
-        md = read_metadata(ckpt_dir)
+        md = _metadata(ckpt_dir, digests)
     except MetadataRefused as exc:
-        return [f"torch.distributed.checkpoint metadata is unreadable: {exc}"]
-    problems = storage_problems(ckpt_dir, md)
+        return [f"torch.distributed.checkpoint metadata is unreadable: {exc}"], digests
+    problems = storage_problems(ckpt_dir, md, files)
     if problems:
-        return problems
+        return problems, digests
+    by_file: dict[str, list[tuple[dcp_meta.MetadataIndex, StorageInfo]]] = defaultdict(list)
+    for index, info in md.storage_data.items():
+        by_file[info.relative_path].append((index, info))
+    data_files = sorted(f for f in files if f != dcp_meta.METADATA)
+    # Files side by side (each hashed as it is read, the hash being what bounds a plain sha256sum): as many at
+    # once as there are cores, so memory holds that many entries, each loaded from its raw bytes.
+    workers = max(1, min(os.cpu_count() or 1, len(data_files)))
     if bounded:
-        largest = max((info.length for info in md.storage_data.values()), default=0)
+        largest = sorted(max((i.length for _, i in by_file[rel]), default=0) for rel in data_files)[-workers:]
         total = sum(info.length for info in md.storage_data.values())
-        cpu_s = min(ENTRIES_CPU_S + int(CPU_S_PER_GB * total / 1e9), MAX_CPU_S)  # entries may share bytes
-        _limit(cpu_s, ENTRY_MEMORY + 4 * largest, final=True)
+        cpu_s = min(ENTRIES_CPU_S + int(CPU_S_PER_GB * total / 1e9), MAX_CPU_S)
+        _limit(cpu_s, ENTRY_MEMORY + 2 * workers * THREAD_MEMORY + 4 * sum(largest), final=True)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        read = list(pool.map(lambda rel: _file_entries(ckpt_dir, rel, md, by_file[rel]), data_files))
     counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    for index, info in sorted(md.storage_data.items(), key=lambda kv: (kv[1].relative_path, kv[1].offset)):
-        entry = md.state_dict_metadata.get(index.fqn)
-        if entry is None:
-            problems.append(f"stored entry {index.fqn} is not in the metadata's state dict")
-            continue
-        try:
-            value = torch.load(io.BytesIO(_read(ckpt_dir, info)), map_location="cpu", weights_only=True)
-        except Exception as exc:
-            reason = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
-            problems.append(f"entry {index.fqn} does not load weights-only: {type(exc).__name__}: {reason}")
-            continue
-        if problem := _entry_problem(index.fqn, index, entry, value):
-            problems.append(problem)
-            continue
-        for name, tensor in _tensors(value, index.fqn):
-            nan, inf = _non_finite(tensor)
+    for rel, (found, file_counts, digest) in zip(data_files, read, strict=True):
+        problems += found
+        digests[rel] = digest
+        for name, (nan, inf) in file_counts.items():  # one tensor's chunks may lie in several ranks' files
             counts[name][0] += nan
             counts[name][1] += inf
     problems += [
         f"tensor {name} has {nan} NaN and {inf} Inf value(s)" for name, (nan, inf) in counts.items() if nan or inf
     ]
-    return problems
+    return problems, digests
+
+
+def _file_entries(
+    ckpt_dir: Path, rel: str, md: dcp_meta.Metadata, entries: list[tuple[dcp_meta.MetadataIndex, StorageInfo]]
+) -> tuple[list[str], dict[str, list[int]], tuple[int, str]]:
+    """One data file read once, front to back: its entries' problems, non-finite counts, and its digest."""
+    problems: list[str] = []
+    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    with Once(ckpt_dir, rel) as once:
+        for index, info in sorted(entries, key=lambda item: (item[1].offset, item[1].length)):
+            problems += _entry(once, md, index, info, counts)
+        return problems, counts, once.finish()
+
+
+def _entry(
+    once: Once, md: dcp_meta.Metadata, index: dcp_meta.MetadataIndex, info: StorageInfo, counts: dict[str, list[int]]
+) -> list[str]:
+    """One stored entry, read from where ``once`` is: loaded weights-only, its tensors' non-finite values counted."""
+    entry = md.state_dict_metadata.get(index.fqn)
+    if entry is None:
+        return [f"stored entry {index.fqn} is not in the metadata's state dict"]
+    if info.offset < once.pos:  # DCP writes each entry once, one after another: shared bytes are not its doing
+        return [f"entry {index.fqn} overlaps the bytes of another entry in {info.relative_path}"]
+    once.skip_to(info.offset)
+    raw = once.read(info.length)
+    if len(raw) != info.length:
+        return [f"entry {index.fqn} claims bytes {info.offset}+{info.length} of {info.relative_path}, past its end"]
+    try:
+        value = torch.load(io.BytesIO(_transformed(raw, info)), map_location="cpu", weights_only=True)
+    except Exception as exc:
+        reason = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        return [f"entry {index.fqn} does not load weights-only: {type(exc).__name__}: {reason}"]
+    if problem := _entry_problem(index.fqn, index, entry, value):
+        return [problem]
+    for name, tensor in torchfiles.tensors_in(value, index.fqn):
+        nan, inf = non_finite(tensor)
+        counts[name][0] += nan
+        counts[name][1] += inf
+    return []
 
 
 # The inspecting fork's limits. Measured on a real 2.1 GB DCP checkpoint (101 tensors, the largest 1 GB;
@@ -182,7 +230,8 @@ METADATA_MEMORY = 1 << 30
 ENTRIES_CPU_S = 60
 CPU_S_PER_GB = 30
 MAX_CPU_S = 3600  # twice validate's time limit for the answer (CHILD_TIMEOUT_S)
-ENTRY_MEMORY = (2 << 30) + (os.cpu_count() or 1) * (96 << 20)
+THREAD_MEMORY = 96 << 20  # a thread's stack and malloc arena, as address space
+ENTRY_MEMORY = (2 << 30) + (os.cpu_count() or 1) * THREAD_MEMORY
 _PR_SET_PDEATHSIG = 1
 
 
@@ -225,99 +274,38 @@ def _no_writes() -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
-def inspect(ckpt_dir: Path, bounded: bool = False, fmt: str | None = None) -> dict[str, Any]:
-    """The answer for one request: ``{"problems": [...]}``, with ``notes`` (files accepted uninspected) for a
-    framework save and ``step`` for a step request; any failure is a reason instead of a traceback.
+def inspect(
+    ckpt_dir: Path, bounded: bool = False, fmt: str | None = None, files: list[str] | None = None
+) -> dict[str, Any]:
+    """The answer for one request: ``{"problems": [...], "digests": {file: [size, sha256]}}``, with ``notes``
+    for a framework save and ``step`` for a step request; any failure is a reason instead of a traceback.
 
     ``fmt``: None or "dcp" (trainyard's own, torchtitan's): ``tensor_problems``; "hf", "lightning", "torch":
-    ``file_problems``; "step": the ``global_step`` a Lightning file holds (``file_step``)."""
+    ``torchfiles.file_problems``; "step": the ``global_step`` a Lightning file holds. ``files``: the files to
+    read and hash, as the manifest lists them (None: those the folder holds)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
             if fmt == "step":
-                return {"problems": [], "step": file_step(ckpt_dir, bounded)}
+                if bounded:
+                    _limit(ENTRIES_CPU_S, ENTRY_MEMORY + 4 * _size(ckpt_dir), True)
+                return {"problems": [], "step": torchfiles.file_step(ckpt_dir)}
             if fmt in ("hf", "lightning", "torch"):
-                problems, notes = file_problems(ckpt_dir, bounded, fmt)
-                return {"problems": problems, "notes": notes}
-            return {"problems": tensor_problems(ckpt_dir, bounded)}
+                if files is None:
+                    found = (p for p in ckpt_dir.rglob("*") if p.suffix in TORCH_FILES and p.is_file())
+                    files = sorted(p.relative_to(ckpt_dir).as_posix() for p in found)
+                if bounded:
+                    sizes = [_size(ckpt_dir / rel) for rel in files]
+                    cpu_s = min(ENTRIES_CPU_S + int(CPU_S_PER_GB * sum(sizes) / 1e9), MAX_CPU_S)
+                    _limit(cpu_s, ENTRY_MEMORY + 4 * max(sizes, default=0), True)
+                problems, notes, digests = torchfiles.file_problems(ckpt_dir, files, fmt)
+                return {"problems": problems, "notes": notes, "digests": digests}
+            problems, digests = tensor_problems(ckpt_dir, bounded, files)
+            return {"problems": problems, "digests": digests}
         except MemoryError:
             return {"problems": ["checkpoint could not be inspected: it needs more memory than its inspector's limit"]}
         except Exception as exc:
             return {"problems": [f"checkpoint could not be inspected: {type(exc).__name__}: {str(exc)[:300]}"]}
-
-
-# Globals whose call runs code or reaches the system: a file that names one is refused, never accepted as
-# "not inspectable" (torch's weights-only unpickler would refuse to call them anyway; this names the reason).
-CODE_MODULES = (
-    "builtins", "__builtin__", "os", "posix", "nt", "sys", "subprocess", "shutil", "socket", "importlib",
-    "runpy", "pty", "code", "codeop", "pickle", "_pickle", "marshal", "types", "ctypes", "functools",
-    "operator", "webbrowser", "multiprocessing", "asyncio", "io", "_io", "pathlib", "tempfile", "signal",
-)  # fmt: skip
-TORCH_FILES = (".pt", ".pth", ".bin", ".ckpt")
-
-
-def _code_global(name: str) -> bool:
-    return name.split(".")[0] in CODE_MODULES
-
-
-# What must be finite in a Lightning checkpoint: the model and the optimizer. Its callbacks' bookkeeping holds
-# infinities by design (ModelCheckpoint's ``kth_value`` starts at inf when nothing is monitored).
-LIGHTNING_FINITE = ("state_dict", "optimizer_states")
-
-
-def file_problems(folder: Path, bounded: bool = False, fmt: str | None = None) -> tuple[list[str], list[str]]:
-    """Every torch.save file of an adopted framework save (``.pt``, ``.pth``, ``.bin``, ``.ckpt``): loads
-    with ``torch.load(weights_only=True)`` and holds only finite floating-point tensors.
-
-    A file that needs globals beyond torch's weights-only allow-list is never unpickled: if any of them can
-    run code (``CODE_MODULES``) it is a problem; otherwise (numpy's RNG state in ``rng_state.pth``, the
-    ``TrainingArguments`` in ``training_args.bin``) it is a note, accepted on its zip structure and hash.
-    A Lightning file's model and optimizer must be finite (``LIGHTNING_FINITE``), not its callbacks' state."""
-    files = sorted(p for p in folder.rglob("*") if p.suffix in TORCH_FILES and p.is_file() and not p.is_symlink())
-    if bounded:
-        largest = max((_size(p) for p in files), default=0)
-        total = sum(_size(p) for p in files)
-        _limit(min(ENTRIES_CPU_S + int(CPU_S_PER_GB * total / 1e9), MAX_CPU_S), ENTRY_MEMORY + 4 * largest, True)
-    problems: list[str] = []
-    notes: list[str] = []
-    for path in files:
-        rel = path.relative_to(folder).as_posix()
-        try:
-            unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
-        except Exception as exc:
-            problems.append(f"{rel}: not a readable torch.save file ({type(exc).__name__}: {str(exc)[:200]})")
-            continue
-        if code := [g for g in unsafe if _code_global(g)]:
-            problems.append(f"{rel}: its pickle calls {', '.join(code[:5])} (code, not data); refused, never loaded")
-            continue
-        if unsafe:
-            notes.append(f"{rel}: not inspectable weights-only (needs {', '.join(unsafe[:5])}); accepted on its hash")
-            continue
-        try:
-            value = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
-        except Exception as exc:
-            reason = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
-            problems.append(f"{rel}: does not load weights-only: {type(exc).__name__}: {reason}")
-            continue
-        if fmt == "lightning" and isinstance(value, dict):
-            value = {key: value[key] for key in LIGHTNING_FINITE if key in value}
-        for name, tensor in _tensors(value, rel):
-            nan, inf = _non_finite(tensor)
-            if nan or inf:
-                problems.append(f"tensor {name} has {nan} NaN and {inf} Inf value(s)")
-    return problems, notes
-
-
-def file_step(path: Path, bounded: bool = False) -> int | None:
-    """The ``global_step`` (Lightning) or ``step`` a torch.save file holds at its top, loaded weights-only."""
-    if bounded:
-        _limit(ENTRIES_CPU_S, ENTRY_MEMORY + 4 * _size(path), True)
-    value = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
-    for key in ("global_step", "step"):
-        step = value.get(key) if isinstance(value, dict) else None
-        if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
-            return step
-    return None
 
 
 def serve() -> int:
@@ -329,25 +317,27 @@ def serve() -> int:
     with contextlib.suppress(OSError):
         os.nice(INSPECT_NICE)
     for line in sys.stdin.buffer:
-        path, fmt = request(line.decode("utf-8", "replace").rstrip("\n"))
-        answer = _in_fork(path, fmt)
+        answer = _in_fork(*request(line.decode("utf-8", "replace").rstrip("\n")))
         sys.stdout.write(json.dumps(answer) + "\n")
         sys.stdout.flush()
     return 0  # stdin closed: the process that started this server is gone or done
 
 
-def request(line: str) -> tuple[Path, str | None]:
-    """A request line: a folder's path (trainyard's own checkpoint), or ``{"path": ..., "format": ...}``."""
+def request(line: str) -> tuple[Path, str | None, list[str] | None]:
+    """A request line: a folder's path (trainyard's own checkpoint), or ``{"path": ..., "format": ...,
+    "files": [...]}`` (the files to read and hash, as the manifest lists them)."""
     if line.startswith("{"):
         try:
             asked = json.loads(line)
-            return Path(str(asked["path"])), str(asked["format"]) if asked.get("format") else None
-        except (ValueError, KeyError, TypeError):
-            return Path(line), None
-    return Path(line), None
+            files = asked.get("files")
+            named = [str(f) for f in files] if isinstance(files, list) else None
+            return Path(str(asked["path"])), str(asked["format"]) if asked.get("format") else None, named
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return Path(line), None, None
+    return Path(line), None, None
 
 
-def _in_fork(ckpt_dir: Path, fmt: str | None = None) -> dict[str, Any]:
+def _in_fork(ckpt_dir: Path, fmt: str | None = None, files: list[str] | None = None) -> dict[str, Any]:
     read_end, write_end = os.pipe()
     server = os.getpid()
     pid = os.fork()
@@ -358,7 +348,7 @@ def _in_fork(ckpt_dir: Path, fmt: str | None = None) -> dict[str, Any]:
             devnull = os.open(os.devnull, os.O_RDWR)
             os.dup2(devnull, 0)
             os.dup2(devnull, 1)
-            answer = {**inspect(ckpt_dir, bounded=True, fmt=fmt), "pid": os.getpid()}
+            answer = {**inspect(ckpt_dir, bounded=True, fmt=fmt, files=files), "pid": os.getpid()}
             with os.fdopen(write_end, "w") as out:
                 out.write(json.dumps(answer))
         finally:

@@ -13,6 +13,13 @@ process for each checkpoint) does it with an allow-list environment, no file
 writes, a time limit, and answers in JSON. The server leads its own process
 group: stopping it kills its forks too (which also die with it, and run under
 CPU and memory limits of their own). This module imports no torch.
+
+The bytes checked are the bytes hashed: each file a check interprets (the
+child's DCP and torch.save files, this process's safetensors) is read once by
+that check, which hashes what it reads (``readonce``); those digests, not a
+second read here, are compared with the manifest (``format.digest_problems``).
+Every other listed file is hashed here. Problems and notes name files and
+tensors a rank chose: they pass through ``text.printable``.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,11 +44,16 @@ from typing import Any
 import trainyard
 from trainyard.atomic import loads_untrusted
 from trainyard.checkpoint import foreign, safetensor
-from trainyard.checkpoint.format import read_manifest, verify
+from trainyard.checkpoint.format import digest_problems, read_manifest, verify
+from trainyard.checkpoint.pickles import TORCH_FILES
+from trainyard.errors import CheckpointInvalid
 from trainyard.quality.metrics import History, metric_problems
 from trainyard.spec import MetricExpectations
+from trainyard.text import printable
 
 _RANK_FILE = re.compile(r"__(\d+)_\d+\.distcp\Z")
+DCP_METADATA = ".metadata"  # metadata.METADATA (that module imports torch)
+PROBLEM_CHARS = 1000
 CHILD = "trainyard.checkpoint.tensors"
 CHILD_TIMEOUT_S = 1800.0
 # What the child may inherit: where programs and libraries are, locale, thread counts. Nothing else:
@@ -116,8 +129,10 @@ class Inspector:
         self.last: dict[str, Any] = {}
         """The last answer whole: its ``notes`` (framework saves) and ``step`` (a step request)."""
 
-    def problems(self, ckpt_dir: Path, timeout_s: float = CHILD_TIMEOUT_S, fmt: str | None = None) -> list[str]:
-        with self.asking(ckpt_dir, timeout_s, fmt) as answer:
+    def problems(
+        self, ckpt_dir: Path, timeout_s: float = CHILD_TIMEOUT_S, fmt: str | None = None, files: list[str] | None = None
+    ) -> list[str]:
+        with self.asking(ckpt_dir, timeout_s, fmt, files) as answer:
             return answer()
 
     def step_of(self, file: Path, timeout_s: float = 300.0) -> int | None:
@@ -130,15 +145,16 @@ class Inspector:
 
     @contextmanager
     def asking(
-        self, ckpt_dir: Path, timeout_s: float = CHILD_TIMEOUT_S, fmt: str | None = None
+        self, ckpt_dir: Path, timeout_s: float = CHILD_TIMEOUT_S, fmt: str | None = None, files: list[str] | None = None
     ) -> Iterator[Callable[[], list[str]]]:
         """Send ``ckpt_dir`` now, take the answer when called: the caller hashes while the child loads.
 
         ``fmt``: an adopted save's framework (``checkpoint.foreign``), or "step"; None: a DCP folder.
+        ``files``: the listed files the child reads and hashes (its digests: ``last["digests"]``).
         An answer not taken is still read before the next request, so each request reads its own.
         """
         with self.lock:
-            failed = self._send(ckpt_dir, fmt)
+            failed = self._send(ckpt_dir, fmt, files)
             taken = False
 
             def answer() -> list[str]:
@@ -160,10 +176,11 @@ class Inspector:
             except OSError:
                 pass  # the first request says why
 
-    def _send(self, ckpt_dir: Path, fmt: str | None = None) -> list[str]:
+    def _send(self, ckpt_dir: Path, fmt: str | None = None, files: list[str] | None = None) -> list[str]:
         self.last = {}
         path = str(ckpt_dir.resolve())
-        line = json.dumps({"path": path, "format": fmt}) if fmt or path.startswith("{") else path
+        asked = fmt or files is not None or path.startswith("{")
+        line = json.dumps({"path": path, "format": fmt, "files": files}) if asked else path
         try:
             proc = self._running()
             assert proc.stdin is not None
@@ -186,12 +203,15 @@ class Inspector:
         except ValueError:
             answer = None
         if isinstance(answer, dict) and isinstance(answer.get("problems"), list):
-            notes = answer.get("notes")
+            notes, digests = answer.get("notes"), answer.get("digests")
             self.last = {
                 "step": answer.get("step"),
-                "notes": [str(n)[:1000] for n in notes[:100]] if isinstance(notes, list) else [],
+                "notes": [printable(n, PROBLEM_CHARS) for n in notes[:100]] if isinstance(notes, list) else [],
+                "digests": {str(k): v for k, v in digests.items() if isinstance(v, list)}
+                if isinstance(digests, dict)
+                else {},
             }
-            return [str(p)[:1000] for p in answer["problems"]]
+            return [printable(p, PROBLEM_CHARS) for p in answer["problems"]]
         self.stop()
         return [f"the process inspecting the tensors failed: it answered {line[:200]!r}, not JSON"]
 
@@ -247,6 +267,14 @@ def tensor_problems(ckpt_dir: Path, timeout_s: float = CHILD_TIMEOUT_S) -> list[
     return inspector().problems(ckpt_dir, timeout_s)
 
 
+def inspected_files(listed: dict[str, Any], fw: str | None) -> list[str]:
+    """The listed files the inspecting child reads (and hashes): DCP's metadata and data files, or a
+    framework save's torch.save files."""
+    if fw in (None, "dcp"):
+        return sorted(rel for rel in listed if rel == DCP_METADATA or rel.endswith(".distcp"))
+    return sorted(rel for rel in listed if rel.endswith(TORCH_FILES))
+
+
 def validate(
     ckpt_dir: str | Path,
     expect: MetricExpectations | None = None,
@@ -262,27 +290,37 @@ def validate(
     An adopted framework save (``checkpoint.foreign``; its manifest's ``framework``) is checked by its
     format: DCP (torchtitan) like trainyard's own; Hugging Face's ``*.safetensors`` here, without torch
     (``checkpoint.safetensor``), and every torch.save file (HF's ``optimizer.pt``, ``pytorch_model*.bin``,
-    a Lightning ``.ckpt``, a ``.pt``) in the child, weights-only."""
+    a Lightning ``.ckpt``, a ``.pt``) in the child, weights-only. Each is hashed by the check that reads it."""
     started = time.monotonic()
     path = Path(ckpt_dir)
     fw = foreign.framework(path) if path.is_dir() else None
+    try:
+        manifest = read_manifest(path)  # read once: the files sent, verified and compared are this one's
+    except CheckpointInvalid:
+        return Validation(path, None, _shown(verify(path, hashed)), round(time.monotonic() - started, 3))
+    inspected = inspected_files(manifest["files"], fw)
+    safe = sorted(rel for rel in manifest["files"] if rel.endswith(".safetensors")) if fw == "hf" else []
     notes: list[str] = []
-    with inspector().asking(path, timeout_s, None if fw == "dcp" else fw) as inspection:  # the child loads meanwhile
-        problems = verify(path, hashed)  # manifest, version, sizes, hashes (``hashed``: elsewhere), unlisted files
+    # The child loads (and hashes what it loads) while this process hashes the files nobody interprets.
+    with inspector().asking(path, timeout_s, None if fw == "dcp" else fw, inspected) as inspection:
+        problems = verify(path, hashed, elsewhere={*inspected, *safe}, manifest=manifest)
         if problems:
-            return Validation(path, None, problems, round(time.monotonic() - started, 3))
-        manifest = read_manifest(path)
+            return Validation(path, None, _shown(problems), round(time.monotonic() - started, 3))
         step = int(manifest["step"])
         ranks = [int(m.group(1)) for p in path.iterdir() if (m := _RANK_FILE.match(p.name))]
         if any(rank >= manifest["world_size"] for rank in ranks):
             problems.append(f"rank files up to {max(ranks)} but the manifest says world size {manifest['world_size']}")
         if after_step is not None and step <= after_step:
             problems.append(f"step {step} does not follow the latest valid step {after_step}")
-        if fw == "hf":
-            for rel in sorted(r for r in manifest["files"] if r.endswith(".safetensors")):
-                problems += safetensor.problems(path / rel)
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+            checked = list(pool.map(lambda rel: safetensor.check(path, rel), safe))
+        digests: dict[str, Any] = {rel: c.digest for rel, c in zip(safe, checked, strict=True) if c.digest}
+        problems += [p for c in checked for p in c.problems]
         problems += inspection()
         notes = list(inspector().last.get("notes") or [])
+        digests.update(inspector().last.get("digests") or {})
+        judged = [*inspected, *safe]  # once a check has failed, a file it did not reach needs no second reason
+        problems += digest_problems(manifest, digests, [r for r in judged if r in digests] if problems else judged)
     if expect is not None:
         loss = manifest.get("metrics", {}).get("loss")
         if loss is None and fw is not None:  # a framework's save: the loss the run's step events logged, if any
@@ -291,4 +329,9 @@ def validate(
             notes.append(f"no loss known at step {step} (a {fw} save, no step events): loss expectations not checked")
         else:
             problems += metric_problems(history or [(step, loss)], step, loss, expect)
-    return Validation(path, step, problems, round(time.monotonic() - started, 3), notes)
+    return Validation(path, step, _shown(problems), round(time.monotonic() - started, 3), _shown(notes))
+
+
+def _shown(lines: list[str]) -> list[str]:
+    """Problems and notes as the gate, the ledger and the log show them: rank-chosen names made printable."""
+    return [printable(line, PROBLEM_CHARS) for line in lines]
