@@ -851,7 +851,9 @@ def manifests(name: str) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all((ROOT / "docker" / "k8s" / name).read_text()) if d]
 
 
-@pytest.mark.parametrize("name", ["launcher-rbac.yaml", "node-eviction-rbac.yaml", "hot-tier-pvc.yaml"])
+@pytest.mark.parametrize(
+    "name", ["launcher-rbac.yaml", "node-eviction-rbac.yaml", "hot-tier-pvc.yaml", "trainer-rbac.yaml"]
+)
 def test_manifests_are_valid_kubernetes_objects(name: str) -> None:
     docs = manifests(name)
     assert docs
@@ -881,12 +883,13 @@ def test_cluster_role_only_reads_and_patches_nodes() -> None:
     role, binding = manifests("node-eviction-rbac.yaml")
     assert role["kind"] == "ClusterRole" and binding["kind"] == "ClusterRoleBinding"
     assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]}]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "trainyard-launcher", "namespace": "trainyard"}]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "trainyard-launcher", "namespace": "airflow"}]
 
 
 def test_hot_tier_claim_is_shared_read_write() -> None:
-    (claim,) = manifests("hot-tier-pvc.yaml")
-    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    claims = [d for d in manifests("hot-tier-pvc.yaml") if d["kind"] == "PersistentVolumeClaim"]
+    assert {c["metadata"]["namespace"] for c in claims} == {"trainyard", "airflow"}
+    assert all(c["spec"]["accessModes"] == ["ReadWriteMany"] for c in claims)
 
 
 # ---------------------------------------------------------------- the trigger
