@@ -59,7 +59,9 @@ def test_render_fills_run_and_environment() -> None:
     run = {"ds": "2026-11-28", "ds_nodash": "20261128", "dag_id": "d", "run_id": "r"}
     assert (
         render(
-            "file://${ROOT}/x/{{ ds }}/{{ds_nodash}}", run, {"ROOT": "/data", "AIRFLOW__TRAINYARD__SPEC_VARIABLES": "ROOT"}
+            "file://${ROOT}/x/{{ ds }}/{{ds_nodash}}",
+            run,
+            {"ROOT": "/data", "AIRFLOW__TRAINYARD__SPEC_VARIABLES": "ROOT"},
         )
         == "file:///data/x/2026-11-28/20261128"
     )
