@@ -294,3 +294,80 @@ def test_a_webhook_connection_without_an_http_url_is_named(host, why, tmp_path, 
     RunNotifier(str(run.spec_path), "failed")(context(run))
     [failed] = run.ledger.events(RUN_STAGE, "notify_failed")
     assert failed["channel"] == "webhook" and why in failed["error"]
+
+
+# ---------------------------------------------------------------- issue 49, hole 11: what a channel trusts
+
+
+def test_backticks_in_rank_text_cannot_close_the_slack_code_block(receiver, tmp_path, monkeypatch) -> None:
+    run = open_run(channels_spec(tmp_path, receiver, monkeypatch, email=False), DAG_ID, "manual__ticks", "2026-11-28")
+    run.ledger.append("train", "stage_start")
+    text = "a````\n<!here> *all clear*\n`````b"
+    run.ledger.append("train", "stage_failed", error="TrainingFailed", seconds=0.1, message=text)
+    RunNotifier(str(run.spec_path), "failed")(context(run, task="train"))
+    [slack] = receiver.sent("/services/T000/B000/XXXX")
+    assert slack["text"].count("```") == 2, "rank text opened or closed a code block"
+
+
+def test_a_notify_connection_of_another_type_is_not_used(receiver, tmp_path, monkeypatch) -> None:
+    """A spec's author names the connection: a database's, with its password, must not go to a webhook."""
+    conn = {"conn_type": "postgres", "host": f"{receiver.url}/hook", "password": "the-databases-password"}
+    monkeypatch.setenv("AIRFLOW_CONN_WAREHOUSE", json.dumps(conn))
+    path = tmp_path / f"{DAG_ID}.yaml"
+    path.write_text(SPEC.format(home=tmp_path, notify="notify: {webhook: {connection: warehouse}}"))
+    run = failed_run(path)
+    RunNotifier(str(run.spec_path), "failed")(context(run))
+    assert receiver.posts == []
+    [failed] = run.ledger.events(RUN_STAGE, "notify_failed")
+    assert "type 'postgres'" in failed["error"] and "type http" in failed["error"]
+
+
+def test_a_webhook_redirect_is_not_followed_with_the_authorization_header(tmp_path, monkeypatch) -> None:
+    seen: list[tuple[str, str, str | None]] = []
+
+    class Redirecting(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            seen.append(("POST", self.path, self.headers.get("Authorization")))
+            self.send_response(302)
+            self.send_header("Location", "/elsewhere")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def do_GET(self) -> None:
+            seen.append(("GET", self.path, self.headers.get("Authorization")))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Redirecting)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/hook"
+        hook = {"conn_type": "http", "host": url, "extra": {"headers": {"Authorization": "Bearer tk"}}}
+        monkeypatch.setenv("AIRFLOW_CONN_TEAM_HOOK", json.dumps(hook))
+        path = tmp_path / f"{DAG_ID}.yaml"
+        path.write_text(SPEC.format(home=tmp_path, notify="notify: {webhook: {connection: team_hook}}"))
+        run = failed_run(path)
+        RunNotifier(str(run.spec_path), "failed")(context(run))
+    finally:
+        server.shutdown()
+    assert seen == [("POST", "/hook", "Bearer tk")], "the redirect was followed"
+    [failed] = run.ledger.events(RUN_STAGE, "notify_failed")
+    assert "302" in failed["error"] and "not followed" in failed["error"]
+
+
+def test_an_invalid_webhook_url_puts_no_token_in_the_ledger_or_the_log(tmp_path, monkeypatch, caplog) -> None:
+    hook = {"conn_type": "http", "password": "http://127.0.0.1:9/hook/SECRET\x01TOKEN123?key=KEY456"}
+    monkeypatch.setenv("AIRFLOW_CONN_TEAM_HOOK", json.dumps(hook))
+    path = tmp_path / f"{DAG_ID}.yaml"
+    path.write_text(SPEC.format(home=tmp_path, notify="notify: {webhook: {connection: team_hook}}"))
+    run = failed_run(path)
+    with caplog.at_level(logging.INFO):
+        RunNotifier(str(run.spec_path), "failed")(context(run))
+    [failed] = run.ledger.events(RUN_STAGE, "notify_failed")
+    assert failed["error"].startswith("InvalidURL")
+    for secret in ("TOKEN123", "KEY456"):
+        assert secret not in failed["error"] and secret not in caplog.text, secret

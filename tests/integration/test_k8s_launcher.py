@@ -173,9 +173,12 @@ def test_without_a_claim_a_pods_heartbeat_folder_is_its_hosts(fake: FakeKube, tm
     assert pod is not None and container_env(pod)["TRAINYARD_HEARTBEAT_DIR"] == f"{plan.heartbeat_dir}/k8s-0"
 
 
-def test_a_launcher_refuses_to_give_pods_its_own_account(fake: FakeKube, tmp_path: Path) -> None:
+def test_a_launcher_refuses_to_give_pods_its_own_account(
+    fake: FakeKube, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import base64
 
+    monkeypatch.setenv("AIRFLOW__TRAINYARD__POD_SERVICE_ACCOUNTS", "airflow-worker")  # even if the admin allowed it
     api = fake.client()
     sub = base64.urlsafe_b64encode(json.dumps({"sub": f"system:serviceaccount:{NS}:airflow-worker"}).encode())
     api.configuration.api_key = {"authorization": f"Bearer h.{sub.decode().rstrip('=')}.s"}

@@ -20,7 +20,7 @@ from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
-from dcp_helpers import save_as_ranks
+from dcp_helpers import gate_passed, save_as_ranks
 from minio.error import S3Error
 
 from trainyard.errors import ContentChanged, DataError, TransientError
@@ -557,8 +557,8 @@ def test_s3_republish_at_a_smaller_world_size_leaves_no_stale_shards(s3_server, 
     from trainyard.pipeline import stages
 
     run = s3_run(s3_server, bucket, tmp_path)
-    stages.publish(run, str(save_as_ranks(tmp_path / "a", 10, ranks=2)))
-    result = stages.publish(run, str(save_as_ranks(tmp_path / "b", 10, ranks=1)))
+    stages.publish(run, gate_passed(run, save_as_ranks(tmp_path / "a", 10, ranks=2)))
+    result = stages.publish(run, gate_passed(run, save_as_ranks(tmp_path / "b", 10, ranks=1)))
     copy = fetch(s3_server, result.uri, tmp_path / "fetched")
     assert verify(copy) == [], "the re-published copy mixes two saves"
     assert read_manifest(copy)["world_size"] == 1 and validate(copy).valid
@@ -576,7 +576,7 @@ def test_s3_interrupted_republish_leaves_the_published_copy_whole_and_pointed_to
     from trainyard.pipeline import stages
 
     run = s3_run(s3_server, bucket, tmp_path)
-    first = stages.publish(run, str(save_as_ranks(tmp_path / "a", 10, ranks=2)))
+    first = stages.publish(run, gate_passed(run, save_as_ranks(tmp_path / "a", 10, ranks=2)))
     uploaded: list[str] = []
     real = S3Tier.upload
 
@@ -588,7 +588,7 @@ def test_s3_interrupted_republish_leaves_the_published_copy_whole_and_pointed_to
 
     monkeypatch.setattr(S3Tier, "upload", dies_after_one)
     with pytest.raises(TransientError):
-        stages.publish(run, str(save_as_ranks(tmp_path / "b", 10, ranks=1)))
+        stages.publish(run, gate_passed(run, save_as_ranks(tmp_path / "b", 10, ranks=1)))
     monkeypatch.undo()
     old = fetch(s3_server, first.uri, tmp_path / "fetched")
     assert verify(old) == [] and read_manifest(old)["world_size"] == 2, "the published copy was written over"

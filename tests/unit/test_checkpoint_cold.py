@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from dcp_helpers import save_as_ranks
+from dcp_helpers import gate_passed, save_as_ranks
 
 from trainyard.checkpoint.format import read_manifest, verify
 from trainyard.checkpoint.validate import validate
@@ -41,8 +41,8 @@ def test_republishing_a_step_at_a_smaller_world_size_leaves_no_stale_shards(tmp_
     run = make_run(tmp_path)
     wide, narrow = save_as_ranks(tmp_path / "a", 10, ranks=2), save_as_ranks(tmp_path / "b", 10, ranks=1)
     assert validate(wide).valid and validate(narrow).valid
-    stages.publish(run, str(wide))
-    result = stages.publish(run, str(narrow))
+    stages.publish(run, gate_passed(run, wide))
+    result = stages.publish(run, gate_passed(run, narrow))
     copy = copy_at(result.uri)
     assert verify(copy) == [], "the re-published copy mixes two saves"
     assert read_manifest(copy)["world_size"] == 1 and validate(copy).valid
@@ -53,8 +53,8 @@ def test_republishing_a_step_at_a_smaller_world_size_leaves_no_stale_shards(tmp_
 
 def test_an_interrupted_republish_leaves_the_published_copy_whole_and_pointed_to(tmp_path: Path, monkeypatch) -> None:
     run = make_run(tmp_path)
-    first = stages.publish(run, str(save_as_ranks(tmp_path / "a", 10, ranks=2)))
-    again = save_as_ranks(tmp_path / "b", 10, ranks=1)  # the same step, saved again
+    first = stages.publish(run, gate_passed(run, save_as_ranks(tmp_path / "a", 10, ranks=2)))
+    again = Path(gate_passed(run, save_as_ranks(tmp_path / "b", 10, ranks=1)))  # the same step, saved again
     uploaded: list[str] = []
     real = LocalTier.upload
 
@@ -81,8 +81,8 @@ def test_an_interrupted_republish_leaves_the_published_copy_whole_and_pointed_to
 
 def test_a_file_changed_after_validation_is_refused_and_the_pointer_stays(tmp_path: Path, monkeypatch) -> None:
     run = make_run(tmp_path)
-    first = stages.publish(run, str(save_as_ranks(tmp_path / "a", 10, ranks=2)))
-    again = save_as_ranks(tmp_path / "b", 12, ranks=2)
+    first = stages.publish(run, gate_passed(run, save_as_ranks(tmp_path / "a", 10, ranks=2)))
+    again = Path(gate_passed(run, save_as_ranks(tmp_path / "b", 12, ranks=2)))
     shard = sorted(again.glob("*.distcp"))[-1]
     real = LocalTier.upload
 

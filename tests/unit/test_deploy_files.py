@@ -39,6 +39,7 @@ from trainyard.backends.kubernetes.pods import (
 )
 from trainyard.protocol.env import TrainEnv
 from trainyard.protocol.live_metrics import INSTRUMENTS, otlp_endpoint, prometheus_name
+from trainyard.spec.admin import TRAINER_SERVICE_ACCOUNT
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
@@ -558,15 +559,20 @@ def test_every_kubernetes_manifest_is_valid(name: str) -> None:
 
 def test_manifests_agree_on_namespace_and_names() -> None:
     docs = [doc for _, doc in k8s_docs()]
-    (ns,) = [d["metadata"]["name"] for d in docs if d["kind"] == "Namespace"]
-    cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
-    assert {d["metadata"].get("namespace") for d in docs if d["kind"] not in cluster_scoped} == {ns}
-    accounts = {d["metadata"]["name"] for d in docs if d["kind"] == "ServiceAccount"}
+    namespaces = {d["metadata"]["name"] for d in docs if d["kind"] == "Namespace"}
+    assert namespaces == {"trainyard", "airflow"}  # training and Airflow apart (issue 49)
+    cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PersistentVolume"}
+    assert {d["metadata"].get("namespace") for d in docs if d["kind"] not in cluster_scoped} == namespaces
+    # Every grant is in the training namespace; only the launcher's account and Airflow's claim are not.
+    for d in docs:
+        if d["kind"] in ("Role", "RoleBinding"):
+            assert d["metadata"]["namespace"] == "trainyard"
+    accounts = {(d["metadata"]["namespace"], d["metadata"]["name"]) for d in docs if d["kind"] == "ServiceAccount"}
     roles = {(d["kind"], d["metadata"]["name"]) for d in docs if d["kind"] in ("Role", "ClusterRole")}
     for d in docs:
         if d["kind"] in ("RoleBinding", "ClusterRoleBinding"):
             assert (d["roleRef"]["kind"], d["roleRef"]["name"]) in roles
-            assert all(s["name"] in accounts and s["namespace"] == ns for s in d["subjects"])
+            assert all((s["namespace"], s["name"]) in accounts for s in d["subjects"])
 
 
 def test_no_long_lived_token_and_the_short_lived_way_is_documented() -> None:
@@ -574,7 +580,7 @@ def test_no_long_lived_token_and_the_short_lived_way_is_documented() -> None:
     docs = [doc for _, doc in k8s_docs()]
     assert [d for d in docs if d["kind"] == "Secret"] == []
     rbac = (DOCKER / "k8s" / "launcher-rbac.yaml").read_text()
-    assert "kubectl -n trainyard create token trainyard-launcher --duration=" in rbac
+    assert "kubectl -n airflow create token trainyard-launcher --duration=" in rbac
     assert "serviceAccountToken: {path: token, expirationSeconds:" in rbac
 
 
@@ -584,20 +590,40 @@ def test_the_only_cluster_wide_grant_is_marking_nodes() -> None:
     assert cluster_role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]}]
     (binding,) = [d for d in docs if d["kind"] == "ClusterRoleBinding"]
     assert binding["roleRef"]["name"] == cluster_role["metadata"]["name"]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": LAUNCHER_ACCOUNT, "namespace": "trainyard"}]
-    # Everything else is namespaced, and the launcher's account is the one no pod may be given.
-    (account,) = [d for d in docs if d["kind"] == "ServiceAccount"]
-    assert account["metadata"]["name"] == LAUNCHER_ACCOUNT
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": LAUNCHER_ACCOUNT, "namespace": "airflow"}]
+    # Everything else is namespaced, and the launcher's account is the one no pod may be given: it lives
+    # where no training pod runs. The trainer's account has no grant at all.
+    accounts = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ServiceAccount"}
+    assert sorted(accounts) == [LAUNCHER_ACCOUNT, TRAINER_SERVICE_ACCOUNT]
+    assert accounts[LAUNCHER_ACCOUNT]["metadata"]["namespace"] == "airflow"
+    trainer = accounts[TRAINER_SERVICE_ACCOUNT]
+    assert trainer["metadata"]["namespace"] == "trainyard" and trainer["automountServiceAccountToken"] is False
+    bound = [s["name"] for d in docs if d["kind"].endswith("Binding") for s in d["subjects"]]
+    assert TRAINER_SERVICE_ACCOUNT not in bound
     text = (DOCKER / "k8s" / "node-eviction-rbac.yaml").read_text()
     assert "resourceNames cannot list the nodes" in text and "RBAC cannot limit a patch" in text
 
 
 def test_restricted_namespace_admits_the_pods_trainyard_builds() -> None:
-    (namespace,) = [d for _, d in k8s_docs() if d["kind"] == "Namespace"]
-    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    for namespace in [d for _, d in k8s_docs() if d["kind"] == "Namespace"]:
+        assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
     pod = ApiClient().sanitize_for_serialization(pod_security_context())
     container = ApiClient().sanitize_for_serialization(container_security_context())
     assert pod["runAsNonRoot"] is True and pod["seccompProfile"]["type"] == "RuntimeDefault"
     assert pod["runAsUser"] != 0
     assert container["allowPrivilegeEscalation"] is False and container["capabilities"]["drop"] == ["ALL"]
     assert container["readOnlyRootFilesystem"] is True
+
+
+def test_the_launchers_secret_grant_says_why_resource_names_cannot_scope_it() -> None:
+    """Issue 49, hole 9: "delete secrets" cannot be scoped by name (each attempt's Secret is named per run), so
+    no Secret but the attempts' keys may live where it applies."""
+    (role,) = [d for f, d in k8s_docs() if f == "launcher-rbac.yaml" and d["kind"] == "Role"]
+    [secrets] = [r for r in role["rules"] if r["resources"] == ["secrets"]]
+    assert secrets["verbs"] == ["create", "delete"] and "resourceNames" not in secrets
+    text = (DOCKER / "k8s" / "launcher-rbac.yaml").read_text()
+    assert 'RBAC cannot restrict "create" by name' in text and "nor list/watch" in text
+    assert "Airflow's own Secrets live in the airflow namespace" in text
+    assert role["metadata"]["namespace"] == "trainyard"
+    values = (DOCKER / "helm" / "values.yaml").read_text()
+    assert "kubectl -n airflow create secret" in values and "kubectl -n trainyard create secret" not in values

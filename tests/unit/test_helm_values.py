@@ -23,6 +23,7 @@ from trainyard.protocol.live_metrics import otlp_endpoint
 ROOT = Path(__file__).resolve().parents[2]
 VALUES = ROOT / "docker" / "helm" / "values.yaml"
 K8S_VERSION = "1.37"
+AIRFLOW_NAMESPACE, TRAINING_NAMESPACE = "airflow", "trainyard"  # helm -n airflow; nodes.kubernetes.namespace
 COMPONENTS = ["scheduler", "triggerer", "apiServer", "dagProcessor"]
 # Who needs the hot tier, and why: the task pods stage and train, the triggerer reads a deferred attempt's
 # heartbeats, the API server's training-runs view reads the run folders, the DAG processor checks specs.
@@ -66,7 +67,7 @@ def rendered_pod(component: str, v: dict[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": f"airflow-{component.lower()}", "namespace": "trainyard"},
+        "metadata": {"name": f"airflow-{component.lower()}", "namespace": AIRFLOW_NAMESPACE},
         "spec": {
             "serviceAccountName": account,
             "securityContext": v["securityContexts"]["pod"],
@@ -86,14 +87,17 @@ def test_every_pod_the_values_make_is_valid_and_meets_the_restricted_standard(co
     assert security["seccompProfile"] == {"type": "RuntimeDefault"}
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
-    [namespace] = manifests("namespace.yaml")
+    namespaces = {n["metadata"]["name"]: n for n in manifests("namespace.yaml")}
+    namespace = namespaces[pod["metadata"]["namespace"]]
     assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
-    assert pod["metadata"]["namespace"] == namespace["metadata"]["name"]
 
 
 def test_the_hot_tier_is_the_shared_claim_at_trainyard_home_wherever_it_is_needed() -> None:
     v = values()
-    [claim] = manifests("hot-tier-pvc.yaml")
+    claims = {
+        d["metadata"]["namespace"]: d for d in manifests("hot-tier-pvc.yaml") if d["kind"] == "PersistentVolumeClaim"
+    }
+    claim = claims[AIRFLOW_NAMESPACE]  # Airflow's side of the tier, in its own namespace
     assert claim["spec"]["accessModes"] == ["ReadWriteMany"]  # the pods and Airflow write it at once
     home = {e["name"]: e["value"] for e in v["env"]}["TRAINYARD_HOME"]
     for component in HOT_TIER:
@@ -145,7 +149,29 @@ def test_credentials_come_only_from_secrets_and_metrics_go_to_a_collector() -> N
 
 def test_the_docs_say_how_to_install_with_these_values() -> None:
     text = (ROOT / "docs" / "kubernetes.md").read_text()
-    assert "helm upgrade --install airflow apache-airflow/airflow -n trainyard -f docker/helm/values.yaml" in text
+    assert "helm upgrade --install airflow apache-airflow/airflow -n airflow -f docker/helm/values.yaml" in text
     for secret in ("airflow-metadata", "airflow-fernet-key", "airflow-api-secret-key", "airflow-jwt-secret",
                    "trainyard-cold-connection"):  # fmt: skip
         assert secret in text, secret
+
+
+def test_airflow_and_the_training_pods_run_in_separate_namespaces_over_one_hot_tier() -> None:
+    """Issue 49, hole 9: Airflow's Secrets and its scheduler's pod grants are not where training code runs."""
+    v = values()
+    for component in ["worker", *COMPONENTS]:
+        assert rendered_pod(component, v)["metadata"]["namespace"] != TRAINING_NAMESPACE
+    connection = {e["name"]: e["value"] for e in v["env"]}["AIRFLOW_CONN_K8S_TRAINING"]
+    assert yaml.safe_load(connection)["extra"]["namespace"] == TRAINING_NAMESPACE
+    header = VALUES.read_text()
+    assert "-n airflow -f docker/helm/values.yaml" in header and "-n trainyard -f" not in header
+    docs = manifests("hot-tier-pvc.yaml")
+    claims = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "PersistentVolumeClaim"}
+    volumes = {d["metadata"]["name"]: d for d in docs if d["kind"] == "PersistentVolume"}
+    assert sorted(claims) == [AIRFLOW_NAMESPACE, TRAINING_NAMESPACE]
+    sources = set()
+    for namespace, claim in claims.items():
+        volume = volumes[claim["spec"]["volumeName"]]
+        assert volume["spec"]["claimRef"] == {"namespace": namespace, "name": claim["metadata"]["name"]}
+        assert volume["spec"]["persistentVolumeReclaimPolicy"] == "Retain"  # never deleted with a claim
+        sources.add(yaml.safe_dump(volume["spec"]["nfs"]))
+    assert len(sources) == 1, "the two claims must be the same file system"

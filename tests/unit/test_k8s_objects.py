@@ -73,7 +73,7 @@ SETTINGS = {
         memory="256Gi",
         node_selector={"nvidia.com/gpu.product": "H100"},
         hot_pvc="trainyard-hot",
-        service_account="trainer",
+        service_account="trainyard-trainer",
         tolerations=[
             {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
             {"key": "spot", "operator": "Equal", "value": "true", "effect": "NoExecute", "tolerationSeconds": "300"},
@@ -321,7 +321,7 @@ def test_gpu_setting_has_gpus_selector_tolerations_and_the_hot_tier() -> None:
         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
         {"key": "spot", "operator": "Equal", "value": "true", "effect": "NoExecute", "tolerationSeconds": 300},
     ]
-    assert pod["serviceAccountName"] == "trainer" and "automountServiceAccountToken" not in pod
+    assert pod["serviceAccountName"] == "trainyard-trainer" and "automountServiceAccountToken" not in pod
     assert {"name": "hot", "persistentVolumeClaim": {"claimName": "trainyard-hot"}} in pod["volumes"]
     assert {"name": "dshm", "mountPath": "/dev/shm"} in trainer["volumeMounts"]
 
@@ -466,8 +466,9 @@ def test_a_path_climbing_out_of_the_tier_is_refused() -> None:
         build_objects(plan, SETTINGS["default-gpu"])
 
 
-def test_no_pod_runs_as_the_launchers_own_account() -> None:
+def test_no_pod_runs_as_the_launchers_own_account(monkeypatch: pytest.MonkeyPatch) -> None:
     # The spec refuses this account; the launcher refuses it again (a spec built past validation).
+    monkeypatch.setenv("AIRFLOW__TRAINYARD__POD_SERVICE_ACCOUNTS", "airflow-worker")  # even if the admin allowed it
     with pytest.raises(ValueError, match="launcher's own service account"):
         KubernetesSpec(image="t", namespace="trainyard", service_account="trainyard-launcher")
     own = KubernetesSpec.model_construct(
@@ -850,7 +851,9 @@ def manifests(name: str) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all((ROOT / "docker" / "k8s" / name).read_text()) if d]
 
 
-@pytest.mark.parametrize("name", ["launcher-rbac.yaml", "node-eviction-rbac.yaml", "hot-tier-pvc.yaml"])
+@pytest.mark.parametrize(
+    "name", ["launcher-rbac.yaml", "node-eviction-rbac.yaml", "hot-tier-pvc.yaml", "trainer-rbac.yaml"]
+)
 def test_manifests_are_valid_kubernetes_objects(name: str) -> None:
     docs = manifests(name)
     assert docs
@@ -880,12 +883,13 @@ def test_cluster_role_only_reads_and_patches_nodes() -> None:
     role, binding = manifests("node-eviction-rbac.yaml")
     assert role["kind"] == "ClusterRole" and binding["kind"] == "ClusterRoleBinding"
     assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]}]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "trainyard-launcher", "namespace": "trainyard"}]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "trainyard-launcher", "namespace": "airflow"}]
 
 
 def test_hot_tier_claim_is_shared_read_write() -> None:
-    (claim,) = manifests("hot-tier-pvc.yaml")
-    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    claims = [d for d in manifests("hot-tier-pvc.yaml") if d["kind"] == "PersistentVolumeClaim"]
+    assert {c["metadata"]["namespace"] for c in claims} == {"trainyard", "airflow"}
+    assert all(c["spec"]["accessModes"] == ["ReadWriteMany"] for c in claims)
 
 
 # ---------------------------------------------------------------- the trigger

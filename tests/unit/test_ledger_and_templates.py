@@ -58,12 +58,16 @@ def test_ids_that_are_already_safe_keep_their_folder_names() -> None:
 def test_render_fills_run_and_environment() -> None:
     run = {"ds": "2026-11-28", "ds_nodash": "20261128", "dag_id": "d", "run_id": "r"}
     assert (
-        render("file://${ROOT}/x/{{ ds }}/{{ds_nodash}}", run, {"ROOT": "/data"})
+        render(
+            "file://${ROOT}/x/{{ ds }}/{{ds_nodash}}",
+            run,
+            {"ROOT": "/data", "AIRFLOW__TRAINYARD__SPEC_VARIABLES": "ROOT"},
+        )
         == "file:///data/x/2026-11-28/20261128"
     )
     assert render("${TRAINYARD_HOME}/x", run, {}).endswith(".trainyard/x")
     with pytest.raises(KeyError, match="environment variable NOPE is not set"):
-        render("${NOPE}/x", run, {})
+        render("${NOPE}/x", run, {"AIRFLOW__TRAINYARD__SPEC_VARIABLES": "NOPE"})
 
 
 def test_placeholder_problems() -> None:

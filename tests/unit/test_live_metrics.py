@@ -49,6 +49,22 @@ def test_what_training_cannot_use_is_refused_with_the_fix(environ: dict, says: s
     assert says in str(refused.value) and "secret" not in str(refused.value)
 
 
+@pytest.mark.parametrize(
+    "environ",
+    [
+        {"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "https://otlp.example.com/v1/metrics?api_key=secret"},
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": "https://otlp.example.com/secret3f9a8b7c6d5e4f3a"},
+        {"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "https://hooks.example.com/T0001/B0002/secretXYZ/v1/metrics"},
+        {"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "https://otlp.example.com/v1/metrics#secret"},
+    ],
+)
+def test_a_token_in_the_endpoints_query_or_path_never_reaches_the_pods(environ: dict) -> None:
+    """Issue 49, hole 12: the endpoint is written into every pod spec as a plain value, so it may hold no token."""
+    with pytest.raises(ValueError, match=r"OTEL_[A-Z_]+ must be a plain collector URL") as refused:
+        otlp_endpoint(environ)
+    assert "secret" not in str(refused.value) and "Secret" in str(refused.value)
+
+
 def test_the_contract_refuses_a_url_the_exporter_could_not_use(tmp_path: Path) -> None:
     base = {"TRAINYARD_DATA_DIR": str(tmp_path), "TRAINYARD_CHECKPOINT_DIR": str(tmp_path), "TRAINYARD_MAX_STEPS": "1"}
     env = TrainEnv(data_dir=tmp_path, checkpoint_dir=tmp_path, max_steps=1, metrics_otlp=f"{COLLECTOR}/v1/metrics")

@@ -222,7 +222,7 @@ ACCEPTED = [
         dict(nodes=k8s("node_selector: {kubernetes.io/arch: amd64, node.kubernetes.io/instance-type: p5.48xlarge}")),
     ),
     ("own-label-prefix", dict(nodes=k8s("evicted_label: ml.example.com/evicted, evict_with: taint"))),
-    ("pod-service-account", dict(nodes=k8s("service_account: trainer"))),
+    ("pod-service-account", dict(nodes=k8s("service_account: trainyard-trainer"))),
     (
         "args-list",
         dict(training=training("entrypoint: train.py, args: {layers: [64, 64], tags: [a, b], compile: true}")),

@@ -20,13 +20,22 @@ encoded (a rank's stray surrogate) goes again as plain ASCII rather than not at 
 server, login and password come only from the Airflow connection; nothing here logs them.
 
 A notice that cannot be sent never fails or hides anything: the callback logs one warning
-naming the connection (no traceback) and records ``notify_failed`` in the run ledger.
+naming the connection (no traceback) and records ``notify_failed`` in the run ledger. That
+warning's reason is redacted (``redacted``): a URL's path, query and login and the connection's
+password never reach the log or the ledger (an ``InvalidURL`` quotes the URL it refused).
+
+Each channel takes only a connection of its own kind (``Channel.types``): a spec's author names the
+connection, and any other connection's secret would be sent to its host or to Slack. A webhook
+never follows a redirect: urllib would send the connection's headers (its ``Authorization``) on.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import re
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
@@ -104,6 +113,8 @@ class Channel:
     check: str
     """What to check in the connection when a notice did not go (never its secrets)."""
     send: Callable[[Notice, Any], None]
+    types: tuple[str, ...]
+    """The connection types it sends through."""
 
 
 def channels(notify: NotifySpec) -> list[Channel]:
@@ -116,6 +127,7 @@ def channels(notify: NotifySpec) -> list[Channel]:
                 notify.connection,
                 "type smtp: host, port, login, from_email extra; or notify.from_email",
                 lambda notice, context: _smtp_send(notice, notify, context),
+                ("smtp", "email"),
             )
         )
     if slack := notify.slack:
@@ -125,6 +137,7 @@ def channels(notify: NotifySpec) -> list[Channel]:
                 slack.connection,
                 "type slackwebhook: the incoming webhook's token or URL in the password",
                 lambda notice, context: _slack_send(notice, slack.connection),
+                ("slackwebhook",),
             )
         )
     if webhook := notify.webhook:
@@ -134,6 +147,7 @@ def channels(notify: NotifySpec) -> list[Channel]:
                 webhook.connection,
                 "the endpoint's http(s) URL in the password or host, its headers in the extra",
                 lambda notice, context: _webhook_send(notice, webhook.connection, context),
+                ("http",),
             )
         )
     return out
@@ -145,9 +159,10 @@ def deliver(notice: Notice, notify: NotifySpec, run: Run, context: Any) -> bool:
     every = True
     for channel in channels(notify):
         try:
+            _check_type(channel)
             channel.send(notice, context)
         except Exception as exc:
-            reason = f"{type(exc).__name__}: {str(exc).rstrip('.')}"
+            reason = redacted(f"{type(exc).__name__}: {str(exc).rstrip('.')}", _secrets(channel.connection))
             log.warning(
                 "notify: the %s notice of run %s was NOT sent by %s through the Airflow connection %r: %s. Check"
                 " that connection (%s) in %s; the run itself is not affected.",
@@ -183,6 +198,47 @@ def deliver(notice: Notice, notify: NotifySpec, run: Run, context: Any) -> bool:
     return every
 
 
+def _check_type(channel: Channel) -> None:
+    from airflow.sdk import BaseHook
+
+    kind = BaseHook.get_connection(channel.connection).conn_type
+    if kind not in channel.types:
+        raise ValueError(
+            f"the connection is of type {kind!r}; a {channel.name} notice goes only through a connection of type"
+            f" {' or '.join(channel.types)}"
+        )
+
+
+def _secrets(connection: str) -> list[str]:
+    """What of ``connection`` must not be printed: its password, and its URLs' login, path and query."""
+    from airflow.sdk import BaseHook
+
+    try:
+        conn = BaseHook.get_connection(connection)
+    except Exception:
+        return []
+    found = [v for v in (conn.password, conn.login) if v]
+    for value in (conn.password, conn.host):
+        if value and "://" in value:
+            rest = value.split("://", 1)[1]
+            found += [part for part in re.split(r"[/?&=#@:]", rest)[1:] if len(part) >= 4 and not part.isdigit()]
+    return found
+
+
+# Any URL: kept to its scheme and host, since a path, a query or a login may be a token.
+_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)(?:[^/\s'\"@]*@)?([^/\s'\"?#]*)[^\s'\"]*")
+
+
+def redacted(text: str, secrets: Iterable[str] = ()) -> str:
+    """``text`` with every URL cut to its scheme and host and every secret (as given, stripped of control
+    characters, or as ``repr`` escapes it) replaced: what an error message may quote is not ours to trust."""
+    text = _URL.sub(lambda m: f"{m.group(1)}{m.group(2)}/[redacted]", text)
+    forms = {f for s in secrets for f in (s, s.strip(), re.sub(r"[\x00-\x1f\x7f]", "", s), repr(s)[1:-1]) if f}
+    for secret in sorted(forms, key=len, reverse=True):
+        text = text.replace(secret, "[redacted]")
+    return text
+
+
 def _slack_send(notice: Notice, connection: str) -> None:
     """Post the notice through the Slack provider's webhook notifier: ``notify()``, which sends the text as
     given; calling the notifier would render it as a template first (rank text is data: issue 19)."""
@@ -197,7 +253,6 @@ WEBHOOK_TIMEOUT_S = 10.0
 def _webhook_send(notice: Notice, connection: str, context: Any) -> None:
     """``POST`` the notice as JSON to the connection's URL; any answer but 2xx raises."""
     import json
-    import urllib.request
 
     from airflow.sdk import BaseHook
 
@@ -221,8 +276,23 @@ def _webhook_send(notice: Notice, connection: str, context: Any) -> None:
         headers={**headers, "Content-Type": "application/json"},
         method="POST",
     )
-    with urllib.request.urlopen(request, timeout=WEBHOOK_TIMEOUT_S) as answer:  # webhook_url: http(s) only
+    opener = urllib.request.build_opener(_NoRedirect())
+    with opener.open(request, timeout=WEBHOOK_TIMEOUT_S) as answer:  # webhook_url: http(s) only
         answer.read(1 << 16)
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Refuse every redirect: urllib would send the connection's headers (``Authorization``) to wherever the
+    endpoint points, and a webhook's URL is the admin's to set, not the endpoint's to move."""
+
+    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> None:
+        raise urllib.error.HTTPError(
+            req.full_url,
+            code,
+            f"the webhook answered {code} (a redirect), not followed: set the final URL",
+            headers,
+            fp,
+        )
 
 
 def webhook_url(password: str | None, host: str | None) -> str:

@@ -20,6 +20,7 @@ slot sleeps through it.
 from __future__ import annotations
 
 import datetime as dt
+import os
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -128,6 +129,20 @@ def allow_results() -> None:
 
 
 allow_results()
+
+
+def export_admin_settings() -> None:
+    """Make the admin's allow-lists (``[trainyard] spec_variables``, ``pod_service_accounts``) set in
+    ``airflow.cfg`` visible to the spec layer, which reads only the environment (it never imports Airflow).
+    Airflow's own environment variable wins, as it does in Airflow."""
+    from trainyard.spec.admin import OPTIONS, setting_env
+
+    for option in OPTIONS:
+        if setting_env(option) not in os.environ:
+            os.environ[setting_env(option)] = conf.get("trainyard", option, fallback="") or ""
+
+
+export_admin_settings()  # before dag_builder validates a spec: it imports this module first
 
 
 class StageOperator(BaseOperator):

@@ -47,7 +47,25 @@ def get_provider_info() -> dict[str, Any]:
                         "type": "float",
                         "example": "90",
                         "default": "30",
-                    }
+                    },
+                    "spec_variables": {
+                        "description": "Environment variables a pipeline spec may name as ${VAR}, comma-separated, "
+                        "besides TRAINYARD_HOME, HOME, USER and TMPDIR. A rendered value reaches the training "
+                        "processes, pod specs and lineage events: never list a secret.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "DATA_ROOT,CKPT_ROOT",
+                        "default": "",
+                    },
+                    "pod_service_accounts": {
+                        "description": "Service accounts a spec's nodes.kubernetes.service_account may name, "
+                        "comma-separated, besides trainyard-trainer. Training pods run untrusted code: list only "
+                        "accounts whose permissions that code may have (never Airflow's or the launcher's).",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "ml-team-a-trainer",
+                        "default": "",
+                    },
                 },
             }
         },

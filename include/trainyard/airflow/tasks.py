@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -41,7 +42,7 @@ from trainyard.pipeline.results import (
 )
 from trainyard.pipeline.run import SNAPSHOT, Run, load_run, open_run
 from trainyard.report.summary import format_summary, summarize
-from trainyard.spec import KubernetesSpec, PipelineSpec
+from trainyard.spec import KubernetesSpec, PipelineSpec, load_spec
 from trainyard.storage.s3auth import S3Settings, settings_for
 
 log = logging.getLogger(__name__)
@@ -131,7 +132,44 @@ def open_pinned(spec: SpecSource, run_file: str | None) -> Run:
     own), the first task of the run pins it, as pin_spec would, and every later one reads that pin back
     (``open_run``): every task of a run trains on the spec its first task saw.
     """
-    return load_run(run_file, connections=_s3_settings) if run_file else _pin(spec)
+    if not run_file:
+        return _pin(spec)
+    return _own_run(spec, load_run(_own_run_file(spec, str(run_file)), connections=_s3_settings))
+
+
+def _own_run_file(spec: SpecSource, run_file: str) -> Path:
+    """``run_file`` if it is this task's run's snapshot: ``spec.json`` in the run folder of this DAG and this
+    run under the runs root of the operator's own spec; else a ``SpecError``.
+
+    An XCom is anyone's to write: another pipeline's ``spec.json`` would have this task stage, train,
+    publish or release the lease of that pipeline. The folder is computed from what Airflow says (the DAG
+    and run ids) and the spec the task was built with, never from the file itself.
+    """
+    ctx = get_current_context()
+    source = spec if isinstance(spec, PipelineSpec) else load_spec(Path(spec))
+    home = Run(spec=source, spec_path=Path(str(spec)), dag_id=ctx["dag"].dag_id, run_id=ctx["run_id"], ds="")
+    expected = Path(os.path.normpath(os.path.abspath(home.dir / SNAPSHOT)))
+    if os.path.normpath(os.path.abspath(run_file)) != str(expected) or expected.is_symlink():
+        raise SpecError(
+            [
+                f"run_file {run_file!r} is not this run's pinned spec ({expected}): pass this DAG's pin_spec"
+                " output (pin.output), or leave run_file out and the run's first task pins it"
+            ]
+        )
+    return expected
+
+
+def _own_run(spec: SpecSource, run: Run) -> Run:
+    """The pinned run, if it names this DAG and this run (the file at the right place may still be old)."""
+    ctx = get_current_context()
+    if (run.dag_id, run.run_id) != (ctx["dag"].dag_id, ctx["run_id"]):
+        raise SpecError(
+            [
+                f"{run.dir / SNAPSHOT}: pins run {run.run_id!r} of {run.dag_id!r}, not this task's run"
+                f" {ctx['run_id']!r} of {ctx['dag'].dag_id!r}; clear the run's first task (pin_spec) to pin it again"
+            ]
+        )
+    return run
 
 
 @contextmanager

@@ -245,6 +245,15 @@ class CheckpointRow:
 
 
 @dataclass(frozen=True)
+class Gated:
+    """The gate's last verdict in the run: the checkpoint it checked and the digest of the manifest it read."""
+
+    path: str
+    valid: bool
+    manifest_sha256: str | None
+
+
+@dataclass(frozen=True)
 class RunState:
     stages: dict[str, dict[str, Any]]
     """Finished stages in the order they finished (a retried stage: its last try): seconds, ok, start, end."""
@@ -254,6 +263,8 @@ class RunState:
     checkpoints: list[CheckpointRow]
     latest_checkpoint: str | None
     """What ``LATEST`` named when the ledger ends (the last promotion or lineage reset)."""
+    gated: Gated | None = None
+    """The gate's last ``checkpoint_checked`` (None: the gate has not checked one): what publish may take."""
 
 
 def fold(events: Iterable[Event]) -> RunState:
@@ -261,7 +272,15 @@ def fold(events: Iterable[Event]) -> RunState:
     events = list(events)
     stages, running = _stages(events)
     checkpoints, latest = _checkpoints(events)
-    return RunState(stages, running, TrainRun.of(events), checkpoints, latest)
+    return RunState(stages, running, TrainRun.of(events), checkpoints, latest, _gated(events))
+
+
+def _gated(events: list[Event]) -> Gated | None:
+    checked = [e for e in events if e["event"] == "checkpoint_checked" and e.get("path")]
+    if not checked:
+        return None
+    last = checked[-1]
+    return Gated(str(last["path"]), last.get("valid") is True, last.get("manifest_sha256"))
 
 
 def _stages(events: list[Event]) -> tuple[dict[str, dict[str, Any]], list[str]]:

@@ -498,6 +498,7 @@ class CheckpointChecked(Event):
     problems: list[str] | None = None
     seconds: float | None = None
     notes: list[str] | None = None  # what the gate could not check, and why (a script that reports no loss)
+    manifest_sha256: str | None = None  # the manifest it passed: publish takes only that one (issue 49)
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from trainyard.atomic import TooLarge
 from trainyard.checkpoint import cold as cold_copies
 from trainyard.checkpoint import lease, registry
-from trainyard.checkpoint.format import read_manifest
+from trainyard.checkpoint.format import manifest_digest, read_manifest
 from trainyard.checkpoint.validate import validate
 from trainyard.errors import CheckpointInvalid
+from trainyard.events.fold import fold
 from trainyard.pipeline.data import set_lifecycle
 from trainyard.pipeline.lineage import final_checkpoint, final_sweep, lease_ttl, loss_history, why_none
 from trainyard.pipeline.recorder import recorded
@@ -45,10 +47,13 @@ def check_checkpoint(
             " link): the gate checks and publishes only the pipeline's own; train again to make one"
         )
     expect, history = run.spec.checkpoint.expectations, loss_history(run)
+    digest = _digest(Path(checkpoint))  # before validating: a manifest swapped meanwhile is not the one passed
     result = validate(Path(checkpoint), expect, history, hashed=_in_cluster(run, Path(checkpoint), connect))
     problems = list(result.problems)
     if result.step is not None and result.step != target_step:
         problems.append(f"step {result.step} is not the run's final step {target_step}")
+    if not problems and (digest is None or _digest(Path(checkpoint)) != digest):
+        problems.append("manifest.json changed while the gate checked it")
     notes = []
     if result.step is not None and history:
         problems += [p for p in check_metrics(history, result.step, expect, run.dir) if p not in problems]
@@ -61,6 +66,7 @@ def check_checkpoint(
         valid=not problems,
         problems=problems,
         seconds=result.seconds,
+        manifest_sha256=digest,
         **({"notes": notes} if notes else {}),
     )
     for note in notes:
@@ -70,6 +76,45 @@ def check_checkpoint(
     return GateResult(
         checkpoint=checkpoint, step=result.step, metrics=read_manifest(Path(checkpoint)).get("metrics", {})
     )
+
+
+def gated(run: Run, checkpoint: str) -> Path:
+    """The checkpoint this run's gate passed, as its ledger records it, still with the manifest it passed.
+
+    An XCom is anyone's to write (an evaluation task, a hand-written DAG): a result naming another
+    pipeline's checkpoint, or one the gate never saw, must not move ``PUBLISHED``. The gate's event is read
+    from the orchestrator's own ledger file (no training process writes it) through the one fold; the
+    folder must still be a real checkpoint folder directly in this pipeline's root, and its manifest (which
+    lists every file's hash, checked again as the copy is made) the bytes the gate read.
+    """
+    verdict = fold(run.ledger.events_since(0)[0]).gated
+    if verdict is None or not verdict.valid or not verdict.manifest_sha256:
+        raise CheckpointInvalid(
+            f"{checkpoint}: this run's gate (check_checkpoint) passed no checkpoint; only what it passed is"
+            " published: run the gate first"
+        )
+    if checkpoint != verdict.path:
+        raise CheckpointInvalid(
+            f"{checkpoint} is not the checkpoint this run's gate passed ({verdict.path}); only that is published"
+        )
+    src = registry.in_root(run.checkpoint_root, verdict.path)
+    if src is None:  # swapped for a link, or not this pipeline's: it would copy wherever it leads
+        raise CheckpointInvalid(
+            f"{verdict.path} is not a checkpoint folder of this pipeline now ({run.checkpoint_root}/step_NNNNNN,"
+            " not a link); only the checkpoint folder the gate passed is published"
+        )
+    if _digest(src) != verdict.manifest_sha256:
+        raise CheckpointInvalid(f"{src}: manifest.json changed since the gate passed it; run the gate again")
+    return src
+
+
+def _digest(checkpoint: Path) -> str | None:
+    """The manifest's digest; None where it cannot be read (gone, a link, a FIFO, gigabytes: validation says
+    which), which matches no recorded digest."""
+    try:
+        return manifest_digest(checkpoint)
+    except (OSError, TooLarge):
+        return None
 
 
 def _in_cluster(run: Run, checkpoint: Path, connect: Callable[[KubernetesSpec], Any] | None) -> Any:
@@ -88,12 +133,11 @@ def publish(run: Run, checkpoint: str) -> PublishResult:
 
     ``uri`` names the copy itself, which is never written again (what downstream DAGs read);
     ``pointer`` names the object that always leads to the latest published copy.
+
+    ``checkpoint`` (the gate's XCom) is only compared: what is published is what this run's gate recorded in
+    the run's own ledger (``gated``).
     """
-    src = Path(checkpoint)
-    if src.is_symlink():  # swapped since the gate passed it: it would copy wherever the link leads
-        raise CheckpointInvalid(
-            f"{checkpoint} is a symbolic link now; only the checkpoint folder the gate passed is published"
-        )
+    src = gated(run, checkpoint)
     lease.renew_held(run.checkpoint_root, run.run_id, lease_ttl(run))  # retention must not take src meanwhile
     cold = run.tier(run.cold_checkpoint_uri, run.spec.checkpoint.connection)
     if run.spec.checkpoint.lifecycle:

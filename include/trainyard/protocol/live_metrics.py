@@ -14,6 +14,7 @@ On Prometheus (the collector's exporter, ``add_metric_suffixes: false``) a name'
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
@@ -68,7 +69,22 @@ def otlp_url(name: str, url: str) -> str:
         raise ValueError(f"{name} must be an http(s) URL of an OTLP receiver (http://collector:4318/v1/metrics)")
     if parts.username or parts.password:  # it travels in the training processes' environment and pod specs
         raise ValueError(f"{name} must not hold credentials: the collector beside the nodes takes it without")
+    # A token in the query or the path would be just as plain in every pod spec. Refused rather than moved
+    # into a Secret: the ranks push to a collector beside the nodes, which needs no credentials, and the
+    # collector holds the backend's (its exporter's headers); nothing secret then reaches the pods at all.
+    if parts.query or parts.fragment or not all(_PLAIN.match(part) for part in parts.path.split("/") if part):
+        raise ValueError(
+            f"{name} must be a plain collector URL (no query string, a path of short lowercase words such as"
+            " /v1/metrics): it is written into the training processes' environment and every pod spec, so a token"
+            " in it would be too; point it at a collector beside the nodes that takes metrics without one, and"
+            " give that collector the backend's token (its exporter's headers, from a Secret)"
+        )
     return url
+
+
+# A path part a collector's route uses (``v1``, ``metrics``, ``otlp``); longer, mixed-case or digit-heavy
+# parts are what tokens look like. A heuristic: the query string, where tokens usually go, is refused whole.
+_PLAIN = re.compile(r"(?=(?:[^0-9]*[0-9]){0,4}[^0-9]*\Z)[a-z0-9._-]{1,24}\Z")
 
 
 def prometheus_name(key: str) -> str:

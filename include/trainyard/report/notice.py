@@ -89,7 +89,9 @@ class Notice:
 
 
 def _slack(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("```", "`\u200b``")
+    # Every backtick followed by a zero-width space: no run of them in rank text can close the code block
+    # (replacing only "```" left "````" as "`\u200b```", which still closes it).
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("`", "`\u200b")
 
 
 def _ascii(text: str) -> str:

@@ -17,6 +17,8 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, model_validator
 
+from trainyard.spec.admin import POD_SERVICE_ACCOUNTS, pod_service_accounts, setting_env
+
 # ---------------------------------------------------------------- vocabularies
 
 FailureKind = Literal[
@@ -220,6 +222,14 @@ def _pod_service_account(value: str) -> str:
             f"{value!r} is the trainyard launcher's own service account; training pods run untrusted"
             " code and must not hold its permissions: use a service account of their own (or null)"
         )
+    if value not in (allowed := pod_service_accounts()):
+        # Any other account of the namespace (the Airflow chart's airflow-scheduler, say) may hold
+        # permissions the pipeline author does not, and the pods run the author's code.
+        raise ValueError(
+            f"{value!r} is not an allowed pod service account (allowed: {', '.join(sorted(allowed))}); use one of"
+            " them or null, or have the Airflow admin add it to [trainyard] pod_service_accounts"
+            f" ({setting_env(POD_SERVICE_ACCOUNTS)})"
+        )
     return value
 
 
@@ -337,7 +347,8 @@ class KubernetesSpec(_Model):
     image: str = Field(min_length=1)
     """Trainer image (torch plus trainyard)."""
     service_account: PodServiceAccount | None = None
-    """Service account of the training pods; never the launcher's own (``trainyard-launcher``): pods run
+    """Service account of the training pods: ``trainyard-trainer`` or one the Airflow admin allows
+    (``[trainyard] pod_service_accounts``); never the launcher's own (``trainyard-launcher``): pods run
     untrusted code. Null: none (no API token is mounted)."""
     scheduler: Literal["default", "volcano"] = "default"
     """``volcano`` adds a PodGroup with minMember = nodes for gang scheduling."""

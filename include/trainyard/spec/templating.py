@@ -5,6 +5,13 @@ environment references let one spec serve a laptop and a cluster. Both are
 checked when the spec is validated, so a typo fails ``trainyard check`` rather
 than a run at 2 a.m. We render with a regex, not Jinja: specs are data, and
 only the names below may appear.
+
+``${VAR}`` names an allow-list, not the whole environment: a rendered root lands
+in the training processes' environment, pod specs and OpenLineage events, and
+the orchestrator's environment holds its secrets (``AIRFLOW__CORE__FERNET_KEY``,
+connection URIs). The defaults are harmless names; an admin adds more with the
+``[trainyard] spec_variables`` Airflow setting, which the spec layer (no Airflow
+import) reads as ``AIRFLOW__TRAINYARD__SPEC_VARIABLES`` (``spec.admin``).
 """
 
 from __future__ import annotations
@@ -14,6 +21,8 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+from trainyard.spec.admin import SPEC_VARIABLES, admin_list, setting_env
+
 RUN_VARIABLES = ("ds", "ds_nodash", "dag_id", "run_id")
 TEMPLATE = re.compile(r"\{\{\s*([^{}]*?)\s*\}\}")
 ENV_REF = re.compile(r"\$\{([^{}]*)\}")
@@ -21,21 +30,36 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 # The one variable with a default: the embedded setup must run with none set.
 HOME_VARIABLE = "TRAINYARD_HOME"
+# Names every deployment may use: where trainyard and the user keep files, who runs it. None holds a secret.
+DEFAULT_VARIABLES = (HOME_VARIABLE, "HOME", "USER", "TMPDIR")
+ALLOWED_ENV = setting_env(SPEC_VARIABLES)
+HOW_TO_ALLOW = (
+    f"use one of {', '.join(DEFAULT_VARIABLES)}, or have the Airflow admin add it to [trainyard] spec_variables"
+    f" ({ALLOWED_ENV}); never a secret: the value reaches the training processes and lineage events"
+)
+
+
+def allowed_variables(environ: Mapping[str, str] | None = None) -> frozenset[str]:
+    """The ``${VAR}`` names a spec may use: the defaults and the admin's ``[trainyard] spec_variables``."""
+    return frozenset(n for n in admin_list(SPEC_VARIABLES, DEFAULT_VARIABLES, environ) if _ENV_NAME.match(n))
 
 
 def default_home() -> str:
     return str(Path.home() / ".trainyard")
 
 
-def placeholder_problems(text: str) -> list[str]:
-    """What is wrong with the placeholders in ``text`` (empty when all are known)."""
+def placeholder_problems(text: str, environ: Mapping[str, str] | None = None) -> list[str]:
+    """What is wrong with the placeholders in ``text`` (empty when all are known and allowed)."""
     problems = []
+    allowed = allowed_variables(environ)
     for name in TEMPLATE.findall(text):
         if name not in RUN_VARIABLES:
             problems.append(f"unknown template variable {{{{ {name} }}}}; allowed: {', '.join(RUN_VARIABLES)}")
     for name in ENV_REF.findall(text):
         if not _ENV_NAME.match(name):
             problems.append(f"${{{name}}} is not an environment variable name")
+        elif name not in allowed:
+            problems.append(f"${{{name}}} is not an allowed variable: {HOW_TO_ALLOW}")
     leftover = ENV_REF.sub("", TEMPLATE.sub("", text))
     if "{{" in leftover or "}}" in leftover:
         problems.append("unbalanced '{{ }}' template braces")
@@ -45,9 +69,12 @@ def placeholder_problems(text: str) -> list[str]:
 def render(text: str, run: Mapping[str, str], environ: Mapping[str, str] | None = None) -> str:
     """Fill run templates from ``run`` and ``${VAR}`` from the environment.
 
-    Raises ``KeyError`` naming the missing variable; callers add the field path.
+    Raises ``KeyError`` naming the missing or refused variable; callers add the field path. The allow-list
+    is checked here too, not only at validation: a pinned run or a hand-built spec reaches this without
+    ``trainyard check``, and this is where a value would leave the orchestrator.
     """
     env = os.environ if environ is None else environ
+    allowed = allowed_variables(env)
 
     def run_value(match: re.Match[str]) -> str:
         name = match.group(1)
@@ -57,6 +84,8 @@ def render(text: str, run: Mapping[str, str], environ: Mapping[str, str] | None 
 
     def env_value(match: re.Match[str]) -> str:
         name = match.group(1)
+        if name not in allowed:
+            raise KeyError(f"${{{name}}} is not an allowed variable: {HOW_TO_ALLOW}")
         if env.get(name):
             return env[name]
         if name == HOME_VARIABLE:

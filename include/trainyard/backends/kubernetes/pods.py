@@ -25,6 +25,7 @@ from trainyard.backends.kubernetes.models import k8s
 from trainyard.backends.kubernetes.names import HOSTNAME_KEY, LABEL_JOB
 from trainyard.protocol.env import NODE_VARIABLES
 from trainyard.spec import LAUNCHER_SERVICE_ACCOUNT, KubernetesSpec
+from trainyard.spec.admin import pod_service_accounts
 
 CONTAINER = "trainer"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -129,6 +130,11 @@ def pod_account(spec: KubernetesSpec, launcher: tuple[str, str] | None = None) -
         raise ValueError(
             f"nodes.kubernetes.service_account: {account!r} is the launcher's own account, which may "
             "create pods and mark nodes; give the pods an account of their own, or none"
+        )
+    if account is not None and account not in pod_service_accounts():  # a spec built without validation
+        raise ValueError(
+            f"nodes.kubernetes.service_account: {account!r} is not an allowed pod service account"
+            " ([trainyard] pod_service_accounts)"
         )
     return account
 
