@@ -193,8 +193,10 @@ def loads_untrusted(data: bytes | str, what: str = "worker-written JSON") -> Any
     ``json.loads`` alone lets three things through that are not ``ValueError``s or that crash a later
     reader: nesting past the parser's recursion (``RecursionError``, from a few kilobytes of ``[``),
     nesting past ``MAX_DEPTH`` (parsed, then fatal to the next recursive walk), and text that is not
-    Unicode (bytes are decoded strictly as UTF-8, where ``json.loads`` would pass surrogates; an escaped
-    lone surrogate is refused too). NaN and Infinity stay: a diverged loss is reported as one."""
+    Unicode (bytes are decoded strictly as UTF-8, where ``json.loads`` would pass surrogates). An escaped
+    lone surrogate (valid JSON, which the ledger's own writer makes of a rank's undecodable byte) becomes
+    U+FFFD, so the line is kept and every later writer can encode it. NaN and Infinity stay: a diverged loss
+    is reported as one."""
     try:
         text = data.decode("utf-8") if isinstance(data, bytes) else data
         value = json.loads(text)
@@ -204,21 +206,29 @@ def loads_untrusted(data: bytes | str, what: str = "worker-written JSON") -> Any
         raise ValueError(f"{what} is not JSON (not UTF-8 at byte {exc.start})") from None
     except ValueError as exc:  # JSONDecodeError, a number past int's digit limit
         raise ValueError(f"{what} is not JSON ({exc})") from None
-    if text.count("[") + text.count("{") > MAX_DEPTH or _SURROGATE_ESCAPE.search(text):
-        _check_tree(value, what)  # only then: a walk per value would cost every heartbeat and event
+    if text.count("[") + text.count("{") > MAX_DEPTH:
+        _check_depth(value, what)  # only then: a walk per value would cost every heartbeat and event
+    return _unicode(value) if _SURROGATE_ESCAPE.search(text) else value
+
+
+def _unicode(value: Any) -> Any:
+    """``value`` with each lone surrogate replaced (its depth is checked already: the recursion is bounded)."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [_unicode(v) for v in value]
+    if isinstance(value, dict):
+        return {_unicode(k): _unicode(v) for k, v in value.items()}
     return value
 
 
-def _check_tree(value: Any, what: str) -> None:
-    """``ValueError`` if ``value`` nests deeper than ``MAX_DEPTH`` or holds a lone surrogate (walked without
-    recursion: the walk must not fail the way it guards against)."""
+def _check_depth(value: Any, what: str) -> None:
+    """``ValueError`` if ``value`` nests deeper than ``MAX_DEPTH`` (walked without recursion: the walk must not
+    fail the way it guards against)."""
     stack = [(value, 0)]
     while stack:
         item, depth = stack.pop()
-        if isinstance(item, str):
-            if _SURROGATE.search(item):
-                raise ValueError(f"{what} is not JSON (text that is not Unicode: a lone surrogate)")
-        elif isinstance(item, (list, dict)):
+        if isinstance(item, (list, dict)):
             if depth >= MAX_DEPTH:
                 raise ValueError(f"{what} is not JSON (nested deeper than {MAX_DEPTH} levels)")
             children = [*item.keys(), *item.values()] if isinstance(item, dict) else item

@@ -110,8 +110,6 @@ def test_an_endless_last_line_is_dropped_as_it_is_read_and_not_read_again(tmp_pa
     [
         (b"[" * 3000, "nested"),  # RecursionError once ended every read of the run's ledger
         (b'{"ts": 1e12, "stage": "train", "event": "step", "step": 2, "x": ' + b"[" * 500 + b"]" * 500 + b"}", "deep"),
-        # A step's metrics are open: a lone surrogate there was taken, and no UTF-8 writer (a report) encodes it.
-        (b'{"ts": 1e12, "stage": "train", "event": "step", "step": 2, "note": "\\ud800"}', "surrogate"),
         (b'{"ts": 1e12, "stage": "train", "event": "step", "step": 2, "note": "\xed\xa0\x80"}', "utf-8 surrogate"),
     ],
     ids=lambda v: v if isinstance(v, str) else "",
@@ -127,6 +125,17 @@ def test_a_nested_or_non_unicode_line_is_skipped_and_the_other_events_still_read
     assert len(skipped) == 1, [r.getMessage() for r in caplog.records]
     # A ledger past the cache is streamed: the same parse, the same skip.
     assert [e.get("step") for e in tail._stream(ledger.events_dir / "rank-0.jsonl", worker=True)] == [1, 3]
+
+
+def test_an_escaped_lone_surrogate_is_kept_as_a_replacement_character(tmp_path: Path) -> None:
+    # Valid JSON, and what the ledger's own writer makes of a rank's undecodable byte: the event is kept (a failure's
+    # message with it), and what is read back can be written as UTF-8 by every later writer (a report, a notice).
+    ledger = run_with_writer(
+        tmp_path, b'{"ts": 1e12, "stage": "train", "event": "step", "step": 2, "note": "a\\ud800"}\n'
+    )
+    [step] = [e for e in ledger.events() if e.get("step") == 2]
+    assert step["note"] == "a\ufffd"
+    step["note"].encode("utf-8")
 
 
 def test_warnings_quote_what_a_pod_wrote_as_one_printable_line(
