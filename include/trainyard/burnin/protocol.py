@@ -42,7 +42,9 @@ TURNS = 5
 TURNS_AGAIN = 10
 """Turns of the confirmation round: it decides an eviction, so it measures twice as long. It probes only the
 suspects and the reference node, so it costs a healthy batch nothing and a batch with one suspect little."""
-STARTUP_S = 10.0  # importing torch in several fresh processes on a small machine
+STARTUP_S = 30.0
+"""How long a local candidate may take to start: importing torch in several fresh processes at once on a small
+machine that is busy with something else took over 10 s. A candidate that dies sooner is seen at once (``_wait``)."""
 ALIVE_EVERY_S = 0.5
 """How often a wait asks whether its candidate still lives: for a pod that is a read from the API server, and a
 wait polls the store every few milliseconds."""
