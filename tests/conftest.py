@@ -21,6 +21,9 @@ os.environ["TRAINYARD_HOME"] = str(_HOME / "trainyard")
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(ROOT / "dags")
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+# The connection ids the notice tests send through, as an admin would list them ([trainyard] notify_connections);
+# tests/unit/test_admin_allow_lists.py checks the list itself with this unset.
+os.environ["AIRFLOW__TRAINYARD__NOTIFY_CONNECTIONS"] = "mail mail_down team_slack team_hook warehouse"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -18,7 +18,7 @@ from trainyard.spec import KubernetesSpec, load_spec
 from trainyard.spec.templating import render
 
 SPEC = """\
-dataset: {{source: "file://{root}/cold/tokens", name: tokens}}
+{notify}dataset: {{source: "file://{root}/cold/tokens", name: tokens}}
 nodes: {nodes}
 training: {{max_steps: 2, global_batch: 2, micro_batch: 1, checkpoint_every: 1}}
 checkpoint: {{hot: "{hot}", cold: "file://{root}/cold/checkpoints"}}
@@ -31,11 +31,13 @@ RUN = {"ds": "2026-01-01", "ds_nodash": "20260101", "dag_id": "d", "run_id": "r"
 def no_admin_lists(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("AIRFLOW__TRAINYARD__SPEC_VARIABLES", raising=False)
     monkeypatch.delenv("AIRFLOW__TRAINYARD__POD_SERVICE_ACCOUNTS", raising=False)
+    monkeypatch.delenv("AIRFLOW__TRAINYARD__NOTIFY_CONNECTIONS", raising=False)
 
 
-def spec_file(tmp_path: Path, hot: str = "", nodes: str = "{count: 1}") -> Path:
+def spec_file(tmp_path: Path, hot: str = "", nodes: str = "{count: 1}", notify: str = "") -> Path:
     path = tmp_path / "p.yaml"
-    path.write_text(SPEC.format(root=tmp_path, hot=hot or f"file://{tmp_path}/hot", nodes=nodes))
+    notify = f"notify: {notify}\n" if notify else ""
+    path.write_text(SPEC.format(root=tmp_path, hot=hot or f"file://{tmp_path}/hot", nodes=nodes, notify=notify))
     return path
 
 
@@ -118,3 +120,29 @@ def test_the_launcher_refuses_an_unlisted_account_in_a_spec_built_past_validatio
     )
     with pytest.raises(ValueError, match="'airflow-scheduler' is not an allowed pod service account"):
         pod_account(built)
+
+
+@pytest.mark.parametrize(
+    ("notify", "field"),
+    [
+        ("{email: [a@example.com], connection: warehouse_db}", "notify.connection"),
+        ("{slack: {connection: warehouse_db}}", "notify.slack.connection"),
+        ("{webhook: {connection: warehouse_db}}", "notify.webhook.connection"),
+    ],
+)
+def test_a_notify_connection_outside_the_allow_list_is_refused_with_the_fix(
+    tmp_path: Path, notify: str, field: str
+) -> None:
+    # A notice carries the connection's credentials to its host: a spec naming the warehouse's connection would send
+    # its password there, or (a webhook) post run details to it with its token.
+    message = refused(spec_file(tmp_path, notify=notify))
+    assert f"{field}: 'warehouse_db' is not a connection notices may use" in message, message
+    assert "[trainyard] notify_connections" in message and "AIRFLOW__TRAINYARD__NOTIFY_CONNECTIONS" in message
+
+
+def test_the_notifiers_default_connections_and_the_admins_are_accepted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    load_spec(spec_file(tmp_path, notify="{email: [a@example.com], slack: {}}"))  # smtp_default, slack_default
+    monkeypatch.setenv("AIRFLOW__TRAINYARD__NOTIFY_CONNECTIONS", "oncall_hook")
+    load_spec(spec_file(tmp_path, notify="{webhook: {connection: oncall_hook}}"))

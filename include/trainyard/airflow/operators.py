@@ -132,7 +132,7 @@ allow_results()
 
 
 def export_admin_settings() -> None:
-    """Make the admin's allow-lists (``[trainyard] spec_variables``, ``pod_service_accounts``) set in
+    """Make the admin's allow-lists (``[trainyard] spec_variables``, ``pod_service_accounts``, ``notify_connections``) set in
     ``airflow.cfg`` visible to the spec layer, which reads only the environment (it never imports Airflow).
     Airflow's own environment variable wins, as it does in Airflow."""
     from trainyard.spec.admin import OPTIONS, setting_env

@@ -57,6 +57,15 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "DATA_ROOT,CKPT_ROOT",
                         "default": "",
                     },
+                    "notify_connections": {
+                        "description": "Airflow connection ids a spec's notify (email, slack, webhook) may send "
+                        "through, comma-separated, besides smtp_default and slack_default. A notice carries the "
+                        "connection's credentials to its host: list only connections meant for notices.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "oncall_hook,team_slack",
+                        "default": "",
+                    },
                     "pod_service_accounts": {
                         "description": "Service accounts a spec's nodes.kubernetes.service_account may name, "
                         "comma-separated, besides trainyard-trainer. Training pods run untrusted code: list only "

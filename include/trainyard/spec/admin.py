@@ -36,9 +36,18 @@ POD_SERVICE_ACCOUNTS = "pod_service_accounts"
 # workload identity for the object store).
 TRAINER_SERVICE_ACCOUNT = "trainyard-trainer"
 DEFAULT_POD_SERVICE_ACCOUNTS = (TRAINER_SERVICE_ACCOUNT,)
-OPTIONS = (SPEC_VARIABLES, POD_SERVICE_ACCOUNTS)
+NOTIFY_CONNECTIONS = "notify_connections"
+# A notice carries a connection's credentials to that connection's host: a spec may name only the connections the
+# admin meant for notices (the notifiers' own default ids), not the warehouse's or the object store's.
+DEFAULT_NOTIFY_CONNECTIONS = ("smtp_default", "slack_default")
+OPTIONS = (SPEC_VARIABLES, POD_SERVICE_ACCOUNTS, NOTIFY_CONNECTIONS)
 
 
 def pod_service_accounts(environ: Mapping[str, str] | None = None) -> frozenset[str]:
     """The service accounts a spec may run training pods as."""
     return admin_list(POD_SERVICE_ACCOUNTS, DEFAULT_POD_SERVICE_ACCOUNTS, environ)
+
+
+def notify_connections(environ: Mapping[str, str] | None = None) -> frozenset[str]:
+    """The Airflow connection ids a spec's ``notify`` may send through."""
+    return admin_list(NOTIFY_CONNECTIONS, DEFAULT_NOTIFY_CONNECTIONS, environ)

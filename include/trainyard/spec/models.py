@@ -17,7 +17,13 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, model_validator
 
-from trainyard.spec.admin import POD_SERVICE_ACCOUNTS, pod_service_accounts, setting_env
+from trainyard.spec.admin import (
+    NOTIFY_CONNECTIONS,
+    POD_SERVICE_ACCOUNTS,
+    notify_connections,
+    pod_service_accounts,
+    setting_env,
+)
 
 # ---------------------------------------------------------------- vocabularies
 
@@ -598,14 +604,28 @@ class Drill(_Model):
     """The training attempt it strikes in (later attempts run clean, so recovery can succeed)."""
 
 
+def _notify_connection(value: str) -> str:
+    if value not in (allowed := notify_connections()):
+        raise ValueError(
+            f"{value!r} is not a connection notices may use (allowed: {', '.join(sorted(allowed))}): a notice carries"
+            " the connection's credentials to its host; name one of them, or have the Airflow admin add it to"
+            f" [trainyard] notify_connections ({setting_env(NOTIFY_CONNECTIONS)})"
+        )
+    return value
+
+
+NotifyConnection = Annotated[str, Field(min_length=1), AfterValidator(_notify_connection)]
+"""An Airflow connection id on the admin's list of those notices may use (``[trainyard] notify_connections``)."""
+
+
 class SlackNotify(_Model):
-    connection: str = Field("slack_default", min_length=1)
+    connection: NotifyConnection = "slack_default"
     """Airflow connection id of a Slack incoming webhook (type ``slackwebhook``, the Slack provider's): the
     webhook's token, or its whole URL, in the password."""
 
 
 class WebhookNotify(_Model):
-    connection: str = Field(min_length=1)
+    connection: NotifyConnection
     """Airflow connection id of an HTTP endpoint that gets each notice as a JSON ``POST``: its whole URL
     (``https://...``) in the password (a URL that carries a token is a secret) or the host; request headers
     (an ``Authorization`` token) in the extra's ``headers`` object."""
@@ -622,7 +642,7 @@ class NotifySpec(_Model):
     on: list[NotifyOn] = Field(["failure", "recovery"], min_length=1)
     """When to write: ``failure`` (a run failed: which stage, the error class, what recovery did) and
     ``recovery`` (a run succeeded, but recovery acted in ``train``: what failed, what was done, the steps lost)."""
-    connection: str = Field("smtp_default", min_length=1)
+    connection: NotifyConnection = "smtp_default"
     """Airflow connection id (type smtp) of the mail server; its credentials stay in the connection."""
     from_email: Email | None = None
     """Sender address; null: the connection's ``from_email`` extra."""
