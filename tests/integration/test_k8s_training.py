@@ -21,6 +21,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import psutil
@@ -29,6 +30,7 @@ from airflow.providers.standard.triggers.temporal import DateTimeTrigger
 from airflow_helpers import ROOT, TASKS, airflow, airflow_env, run_state, task_states, wait_until
 from fake_k8s import FakeKube, Kubelet, airflow_connection
 
+from trainyard.airflow import tasks
 from trainyard.airflow.operators import TrainOperator, backoff_trigger, launcher_for, trigger_for
 from trainyard.airflow.triggers import KubernetesAttemptTrigger, reported
 from trainyard.checkpoint.format import read_manifest
@@ -273,7 +275,9 @@ class TaskInstance:
         return BurnInResult(healthy=NODES, spare=[])
 
 
-def test_a_backoff_defers_on_a_time_trigger_instead_of_sleeping_in_the_worker(fake: FakeKube, tmp_path: Path) -> None:
+def test_a_backoff_defers_on_a_time_trigger_instead_of_sleeping_in_the_worker(
+    fake: FakeKube, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The operator as Airflow runs it: after the OOM, the task defers on a ``DateTimeTrigger`` for the backoff
     (no worker slot sleeps through it), at most until its next wake (which renews the lease); a wake before
     the backoff is over defers again, and nothing is launched until it is."""
@@ -286,7 +290,9 @@ def test_a_backoff_defers_on_a_time_trigger_instead_of_sleeping_in_the_worker(fa
         run_file=str(run.dir / "spec.json"),
         nodes=TaskInstance().xcom_pull("burn_in"),
     )
-    context = {"ti": TaskInstance()}
+    context = {"ti": TaskInstance(), "dag": SimpleNamespace(dag_id=run.dag_id), "run_id": run.run_id}
+    # What Airflow's task runner makes current while an operator runs: the run_file XCom is checked against it.
+    monkeypatch.setattr(tasks, "get_current_context", lambda: context)
     with Kubelet(fake, NS, tmp_path / "kubelet", seed=SEED):
         with pytest.raises(TaskDeferred) as deferred:
             op.execute(context)
