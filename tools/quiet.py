@@ -83,7 +83,8 @@ def _wait_gone(processes: list[psutil.Process], seconds: float) -> list[psutil.P
 
 def end_leftovers(grace_s: float, say) -> int:
     """End every descendant still running; how many there were."""
-    leftovers = psutil.Process().children(recursive=True)
+    _reap_zombies()  # orphans that ended on their own came to us as zombies: not leftovers
+    leftovers = _alive(psutil.Process().children(recursive=True))
     if not leftovers:
         return 0
     say(f"{len(leftovers)} process(es) outlived the command: " + "; ".join(_describe(p) for p in leftovers))

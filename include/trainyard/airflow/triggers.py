@@ -394,6 +394,11 @@ class KubernetesAttemptTrigger(BaseTrigger):
                 errors += 1
                 message = f"Kubernetes API unreachable: {exc!r}"
             else:
+                if last.state == "failed" and await self.faulted():
+                    # The store's word first: a pod that ended after its rank reported a fault or a notice to
+                    # leave is explained by the report (a busy triggerer that polled late saw only the end).
+                    yield self._event("fault", last, "a rank reported a fault or a notice to leave on the store")
+                    return
                 if last.state != "running":
                     failed = ", ".join(f"{n.where}: {n.reason or f'exit {n.exit_code}'}" for n in last.failed())
                     yield self._event(last.state, last, failed or "every node succeeded")
