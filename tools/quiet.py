@@ -60,6 +60,20 @@ def _reap_zombies() -> None:
             return
 
 
+def run_reaping(command: list[str]) -> int:
+    """Run ``command`` to its end, reaping every orphan that comes to us meanwhile, as init would: an orphan
+    left a zombie stays in its process group, and a test that waits for a group to empty would wait forever."""
+    proc = subprocess.Popen(command)
+    while True:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:  # cannot happen while proc is ours; said rather than spun on
+            return proc.wait()
+        if pid == proc.pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return proc.returncode
+
+
 def _alive(processes: list[psutil.Process]) -> list[psutil.Process]:
     _reap_zombies()
     alive = []
@@ -149,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     # A Ctrl-C reaches the command from the terminal as it would without us: we only wait for it to end. (A
     # handler, not SIG_IGN, which the command would inherit.)
     signal.signal(signal.SIGINT, lambda *_: None)
-    status = subprocess.Popen(command).wait()
+    status = run_reaping(command)
     end_leftovers(args.grace, say)
     if status in (-signal.SIGINT, 2):  # interrupted (pytest's 2): nothing comes next to be quiet for
         return status

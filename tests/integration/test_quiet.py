@@ -59,6 +59,30 @@ def test_a_leftover_that_ends_within_its_grace_is_not_signalled(tmp_path: Path) 
     assert "ended by itself" in done.stdout  # it ran to its end: no SIGTERM cut it short
 
 
+# A child in a group of its own whose parent (a middle process) is gone, so it is an orphan; the command then waits
+# for the group to empty, as the launcher's cancel test does. Unreaped, the orphan would stay a zombie in it.
+ORPHAN = """
+import os, subprocess, sys, time
+middle = subprocess.Popen([sys.executable, '-c', 'import subprocess, sys; p = subprocess.Popen([sys.executable,'
+                           ' "-c", "import time; time.sleep(1)"], start_new_session=True); print(p.pid)'],
+                          stdout=subprocess.PIPE, text=True)
+group = int(middle.communicate()[0])
+deadline = time.monotonic() + 30
+while time.monotonic() < deadline:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        sys.exit(0)
+    time.sleep(0.05)
+sys.exit(4)
+"""
+
+
+def test_an_orphan_that_ends_is_reaped_while_the_command_runs(tmp_path: Path) -> None:
+    done = run_quiet(tmp_path, ORPHAN)
+    assert done.returncode == 0, done.stderr  # 4: its group never emptied (a zombie of ours stayed in it)
+
+
 def test_a_command_that_leaves_nothing_says_nothing(tmp_path: Path) -> None:
     done = run_quiet(tmp_path, "print('hi')")
     assert done.returncode == 0 and "outlived" not in done.stderr, done.stderr
