@@ -372,7 +372,8 @@ class FakeKube:
                 since = query.get("resourceVersion", ["0"])[0] or "0"
                 timeout = float(query.get("timeoutSeconds", ["1800"])[0])
                 selector = query.get("labelSelector", [""])[0]
-                return 200, self._watch(prefix, resource, ns, selector, int(since), timeout)
+                # The era when the request came, not when its stream starts: a watch ended between the two ends.
+                return 200, self._watch(prefix, resource, ns, selector, int(since), timeout, self._watch_era)
             if method == "GET" and not name:
                 selector = query.get("labelSelector", [""])[0]
                 items = [
@@ -406,12 +407,12 @@ class FakeKube:
         return 405, _status(405, "MethodNotAllowed", method)
 
     def _watch(
-        self, prefix: str, resource: str, ns: str, selector: str, since: int, timeout: float
+        self, prefix: str, resource: str, ns: str, selector: str, since: int, timeout: float, era: int
     ) -> Iterator[dict[str, Any]]:
-        """The events of a watch from version ``since``, as the server sends them, until ``timeout`` seconds."""
+        """The events of a watch from version ``since``, as the server sends them, until ``timeout`` seconds or
+        until ``end_watches`` leaves era ``era``."""
         deadline = time.monotonic() + timeout
         with self.lock:
-            era = self._watch_era
             if since and since < self.compacted:
                 gone = _status(410, "Expired", f"too old resource version: {since} ({self.compacted})")
                 events = [{"type": "ERROR", "object": gone}]
