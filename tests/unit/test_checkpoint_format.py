@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -288,3 +289,16 @@ def test_a_superseded_folder_that_is_a_link_is_never_moved_into(tmp_path: Path) 
     with pytest.raises(UnsafePath):
         fmt.supersede(ckpt)
     assert fmt.verify(ckpt) == [] and list(elsewhere.iterdir()) == []
+
+
+def test_a_checkpoint_swapped_for_a_link_is_superseded_as_a_link_and_its_target_stays(tmp_path: Path) -> None:
+    """A rank that swaps its step folder for a link to another pipeline's checkpoint moves only the link aside:
+    the rename is made between held folders, and the other pipeline's checkpoint stays whole where it was."""
+    root, theirs_root = tmp_path / "ckpt", tmp_path / "theirs"
+    theirs = make_checkpoint(theirs_root, 10)
+    ckpt = make_checkpoint(root, 10)
+    shutil.rmtree(ckpt)
+    ckpt.symlink_to(theirs, target_is_directory=True)
+    moved = fmt.supersede(ckpt)
+    assert moved.parent == root / fmt.SUPERSEDED and moved.is_symlink()
+    assert not ckpt.exists() and fmt.verify(theirs) == []

@@ -32,7 +32,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from trainyard.atomic import TooLarge, fsync_dir, loads_untrusted, open_dir, read_capped, write_json_atomic
+from trainyard import held
+from trainyard.atomic import TooLarge, fsync_dir, loads_untrusted, read_capped, write_json_atomic
 from trainyard.errors import CheckpointInvalid
 from trainyard.storage.hashing import sha256_file
 
@@ -327,17 +328,23 @@ def supersede(final: Path) -> Path:
     The orchestrator moves checkpoints aside too, in a folder pods write: a ``superseded``
     that is a link is refused (``UnsafePath``), never moved into.
     """
-    target_dir = final.parent / SUPERSEDED
-    folder = open_dir(target_dir)
+    # Both ends held from the root (``trainyard.held``): the rename is made between folder handles, so a link
+    # swapped in for ``superseded`` is refused and one swapped in for the checkpoint is moved as a link, never
+    # followed (what it pointed at stays where it is).
+    root = held.open_root(final.parent)
     try:
-        stamp = int(time.time())
-        name, suffix = f"{final.name}-{stamp}", 1
-        while _present(name, folder):  # two re-saves within one second keep both old copies
-            name, suffix = f"{final.name}-{stamp}.{suffix}", suffix + 1
-        os.replace(final, name, dst_dir_fd=folder)
+        folder = held.descend(root, [SUPERSEDED], create=True)
+        try:
+            stamp = int(time.time())
+            name, suffix = f"{final.name}-{stamp}", 1
+            while _present(name, folder):  # two re-saves within one second keep both old copies
+                name, suffix = f"{final.name}-{stamp}.{suffix}", suffix + 1
+            os.replace(final.name, name, src_dir_fd=root, dst_dir_fd=folder)
+        finally:
+            os.close(folder)
     finally:
-        os.close(folder)
-    return target_dir / name
+        os.close(root)
+    return final.parent / SUPERSEDED / name
 
 
 def _present(name: str, folder: int) -> bool:
