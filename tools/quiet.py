@@ -44,9 +44,14 @@ def become_subreaper() -> bool:
 
 def _describe(process: psutil.Process) -> str:
     try:
-        return f"{process.pid} {' '.join(process.cmdline())[:160] or process.name()}"
+        what = f"{process.pid} {' '.join(process.cmdline())[:160] or process.name()}"
     except psutil.Error:
         return f"{process.pid} (gone)"
+    try:  # the test that started it, when pytest's variable was in the environment it was given
+        started_by = process.environ().get("PYTEST_CURRENT_TEST")
+    except psutil.Error:
+        started_by = None
+    return f"{what} (started during {started_by})" if started_by else what
 
 
 def _reap_zombies() -> None:
