@@ -33,6 +33,7 @@ def _deepspeed(path: Path, names: frozenset[str]) -> Reading:
 DEEPSPEED = Framework(
     "deepspeed", re.compile(r"global_step([0-9]+)\Z"), (), _deepspeed, "torch", (), ("module", "optimizer"),
     re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt\Z"),
+    "DeepSpeed global_stepN/ folders (mp_rank_00_model_states.pt and each rank's optimizer states)",
 )  # fmt: skip
 
 
@@ -41,6 +42,7 @@ def test_every_format_answers_every_question_and_is_a_folder_or_a_file() -> None
     for name, fw in FORMATS.items():
         assert fw.name == name
         assert (fw.folder is None) == bool(fw.suffixes), name  # a folder save has no suffix; a file save has one
+        assert fw.help in foreign.FORMATS_HELP  # the gate names every format it understands
     suffixes = [s for fw in FORMATS.values() for s in fw.suffixes]
     assert len(suffixes) == len(set(suffixes))  # a file is one format's
 

@@ -336,13 +336,12 @@ def resume_file(step_dir: Path, kind: str | None = None) -> Path:
 
 
 FORMATS_HELP = (
-    "trainyard understands: its own saves (trainyard.runtime's checkpointer: step_NNNNNN/ with manifest.json);"
-    " Hugging Face Trainer checkpoint-N/ folders (trainer_state.json + *.safetensors or pytorch_model*.bin);"
-    " Lightning ModelCheckpoint *.ckpt files; torch.save *.pt/*.pth files (zip format, tensors in plain"
-    " dicts and lists: loadable with torch.load(weights_only=True)); torch.distributed.checkpoint step-N/"
-    " folders (.metadata, as torchtitan writes them). Save them under TRAINYARD_CHECKPOINT_DIR (or a folder"
-    f" of it, up to {MAX_DEPTH} deep), with the step in the name (step=120, _000120, checkpoint-120)."
+    "trainyard understands: its own saves (trainyard.runtime's checkpointer: step_NNNNNN/ with manifest.json); "
+    + "; ".join(fw.help for fw in FORMATS.values())
+    + f". Save them under TRAINYARD_CHECKPOINT_DIR (or a folder of it, up to {MAX_DEPTH} deep), with the step in"
+    " the name (step=120, _000120, checkpoint-120)."
 )
+"""Built from the registered formats when this module is imported (a format registered later is not named)."""
 
 
 def explain(root: Path) -> list[str]:

@@ -69,6 +69,8 @@ class Framework:
     anything); (): every tensor."""
     ranks: re.Pattern[str] | None
     """Files that name the rank which wrote them (group 1): an adopted save's world size is at least theirs."""
+    help: str
+    """What the gate says it understands of this format, when no valid checkpoint was found (``foreign.FORMATS_HELP``)."""
 
     def inspected(self, rel: str) -> bool:
         """Whether the inspecting child reads (and hashes) the listed file ``rel``."""
@@ -163,13 +165,18 @@ FORMATS: dict[str, Framework] = {
     for fw in (
         # Hugging Face Trainer: checkpoint-N/ (trainer_state.json + *.safetensors or pytorch_model*.bin; optimizer.pt,
         # scheduler.pt, rng_state*.pth); its global_step wins over the folder's name.
-        Framework("hf", re.compile(r"checkpoint-([0-9]+)\Z"), (), _hf, "torch", (".safetensors",), (), None),
+        Framework("hf", re.compile(r"checkpoint-([0-9]+)\Z"), (), _hf, "torch", (".safetensors",), (), None,
+                  "Hugging Face Trainer checkpoint-N/ folders (trainer_state.json + *.safetensors or pytorch_model*.bin)"),
         # Lightning's ModelCheckpoint: one torch.save zip; its model and optimizer must be finite.
-        Framework("lightning", None, (".ckpt",), _torch_file, "torch", (), ("state_dict", "optimizer_states"), None),
+        Framework("lightning", None, (".ckpt",), _torch_file, "torch", (), ("state_dict", "optimizer_states"), None,
+                  "Lightning ModelCheckpoint *.ckpt files"),
         # A plain torch.save file.
-        Framework("torch", None, (".pt", ".pth"), _torch_file, "torch", (), (), None),
+        Framework("torch", None, (".pt", ".pth"), _torch_file, "torch", (), (), None,
+                  "torch.save *.pt/*.pth files (zip format, tensors in plain dicts and lists: loadable with"
+                  " torch.load(weights_only=True))"),
         # torch.distributed.checkpoint as torchtitan writes it: step-N/ with .metadata and a file per rank.
-        Framework("dcp", re.compile(r"step-([0-9]+)\Z"), (), _dcp, "dcp", (), (), re.compile(r"__(\d+)_\d+\.distcp\Z")),
+        Framework("dcp", re.compile(r"step-([0-9]+)\Z"), (), _dcp, "dcp", (), (), re.compile(r"__(\d+)_\d+\.distcp\Z"),
+                  "torch.distributed.checkpoint step-N/ folders (.metadata, as torchtitan writes them)"),
     )
 }  # fmt: skip
 """Every format, by the manifest's ``framework`` name. Scanning tries the folder formats in this order."""
