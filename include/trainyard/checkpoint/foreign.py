@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import stat
 import time
 from collections.abc import Callable
@@ -39,7 +38,8 @@ from trainyard.checkpoint.format import (
     step_of,
     supersede,
 )
-from trainyard.checkpoint.saves import FRAMEWORKS, MAX_DEPTH, SETTLE_S, Found, scan, settled
+from trainyard.checkpoint.frameworks import FORMATS
+from trainyard.checkpoint.saves import MAX_DEPTH, SETTLE_S, Found, scan, settled
 from trainyard.errors import CheckpointInvalid
 from trainyard.text import printable
 
@@ -156,10 +156,11 @@ def adopt(root: Path, found: Found, shape: RunShape, metrics: dict[str, Any] | N
             return final
         raise CheckpointInvalid(f"{printable(found.source)}: step {found.step} already has a checkpoint, {final}")
     source = PurePosixPath(found.source)
-    folder = source.parts if found.kind in ("hf", "dcp") else source.parts[:-1]
+    fw = FORMATS[found.kind]
+    folder = source.parts if fw.folder is not None else source.parts[:-1]
     world = shape.world_size
-    if found.kind == "dcp":
-        ranks = [int(m.group(1)) for rel, _, _ in found.files if (m := re.match(r"__(\d+)_\d+\.distcp\Z", rel))]
+    if fw.ranks is not None:
+        ranks = [int(m.group(1)) for rel, _, _ in found.files if (m := fw.ranks.match(rel))]
         world = max(world, max(ranks, default=-1) + 1)
     tmp = staging_dir(root, found.step).name
     root_fd = held.open_root(root)
@@ -320,34 +321,27 @@ def framework(ckpt_dir: Path) -> str | None:
         kind = read_manifest(ckpt_dir).get("framework")
     except CheckpointInvalid:
         return None
-    return kind if kind in FRAMEWORKS else None
+    return kind if kind in FORMATS else None
 
 
 def resume_file(step_dir: Path, kind: str | None = None) -> Path:
     """What a framework loads to resume from the adopted checkpoint ``step_dir`` (``TRAINYARD_RESUME_FROM``):
-    the folder itself for hf, dcp and trainyard's own; the one ``.ckpt``/``.pt``/``.pth`` inside it for
-    lightning and torch. ``kind`` defaults to the manifest's ``framework``. Torch-free: workers call it."""
+    the folder itself for a folder format and trainyard's own; the one file of its suffixes inside it for a
+    one-file format (``Framework.resume_file``). ``kind`` defaults to the manifest's ``framework``. Torch-free:
+    workers call it."""
     step_dir = Path(step_dir)
     kind = kind if kind is not None else framework(step_dir)
-    if kind not in ("lightning", "torch"):
-        return step_dir
-    suffixes = (".ckpt",) if kind == "lightning" else (".pt", ".pth")
-    files = sorted(p for p in step_dir.iterdir() if p.suffix in suffixes and p.is_file() and not p.is_symlink())
-    if len(files) != 1:
-        raise CheckpointInvalid(
-            f"{step_dir}: expected one {'/'.join(suffixes)} file of a {kind} save, found {len(files)}"
-        )
-    return files[0]
+    fw = FORMATS.get(kind) if kind is not None else None
+    return fw.resume_file(step_dir) if fw is not None else step_dir
 
 
 FORMATS_HELP = (
-    "trainyard understands: its own saves (trainyard.runtime's checkpointer: step_NNNNNN/ with manifest.json);"
-    " Hugging Face Trainer checkpoint-N/ folders (trainer_state.json + *.safetensors or pytorch_model*.bin);"
-    " Lightning ModelCheckpoint *.ckpt files; torch.save *.pt/*.pth files (zip format, tensors in plain"
-    " dicts and lists: loadable with torch.load(weights_only=True)); torch.distributed.checkpoint step-N/"
-    " folders (.metadata, as torchtitan writes them). Save them under TRAINYARD_CHECKPOINT_DIR (or a folder"
-    f" of it, up to {MAX_DEPTH} deep), with the step in the name (step=120, _000120, checkpoint-120)."
+    "trainyard understands: its own saves (trainyard.runtime's checkpointer: step_NNNNNN/ with manifest.json); "
+    + "; ".join(fw.help for fw in FORMATS.values())
+    + f". Save them under TRAINYARD_CHECKPOINT_DIR (or a folder of it, up to {MAX_DEPTH} deep), with the step in"
+    " the name (step=120, _000120, checkpoint-120)."
 )
+"""Built from the registered formats when this module is imported (a format registered later is not named)."""
 
 
 def explain(root: Path) -> list[str]:
@@ -356,8 +350,8 @@ def explain(root: Path) -> list[str]:
 
 
 __all__ = [
+    "FORMATS",
     "FORMATS_HELP",
-    "FRAMEWORKS",
     "MAX_DEPTH",
     "SETTLE_S",
     "Adopter",

@@ -9,7 +9,8 @@ root, or a folder of it up to ``MAX_DEPTH`` deep: ``<root>/lightning_logs/versio
     <root>/ckpt_000120.pt              "torch": a plain torch.save file (.pt, .pth)
     <root>/dcp/step-120/               "dcp": torch.distributed.checkpoint as torchtitan writes them (.metadata)
 
-``scan`` finds them (never following a link, never entering trainyard's own ``step_NNNNNN/``, ``.tmp``,
+Each format is one record of ``checkpoint.frameworks`` (how it is recognised, when it is complete, where its
+step comes from); ``scan`` finds them (never following a link, never entering trainyard's own ``step_NNNNNN/``, ``.tmp``,
 ``superseded/`` or ``quarantine/``) and says of each why it is not a complete save, if it is not;
 ``settled`` whether it is done being written. Only names, sizes, times, a bounded ``trainer_state.json``
 and zip trailers are read: nothing is unpickled (docs/architecture.md, rules 11 and 14), and no torch is
@@ -25,26 +26,22 @@ import logging
 import os
 import re
 import stat
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainyard.atomic import TooLarge, read_json_capped
+from trainyard.checkpoint import frameworks
 from trainyard.checkpoint.format import MANIFEST, SUPERSEDED, is_step_name
+from trainyard.checkpoint.frameworks import Framework, Reading
 from trainyard.text import printable
 
 log = logging.getLogger(__name__)
 _capped: set[str] = set()  # roots whose scan stopped at the cap: warned once, until a scan fits again
 
-FRAMEWORKS = ("hf", "lightning", "torch", "dcp")
-"""The manifest's ``framework`` of an adopted checkpoint; absent: trainyard's own (DCP)."""
 MAX_DEPTH = 3
 """How many folders below the root are searched: ``<root>/a/b/c/x.ckpt`` is found, one deeper is not. Three,
 not two: Lightning's default with a logger is ``lightning_logs/version_0/checkpoints/epoch=0-step=120.ckpt``."""
 SETTLE_S = 5.0
 """A save whose files have not changed for this long is complete (at a final sweep, or the first scan of it)."""
-STATE_BYTES = 16 << 20
-"""The cap on reading ``trainer_state.json`` (its log history grows with the run: kilobytes to a few MB)."""
 FILE_BYTES = 1 << 40
 """The cap on one adopted file (1 TiB): a sparse file of petabytes is evidence, not a checkpoint."""
 MAX_FILES = 10_000
@@ -54,15 +51,8 @@ SCAN_ENTRIES = 50_000
 root stuffed with folders (40,000 empty ones cost 0.5 s of CPU a sweep) must cost a bounded walk, not more.
 Past it the scan stops, with one warning per root, and what it did not reach is not adopted."""
 SKIP = frozenset({SUPERSEDED, "quarantine", MANIFEST, "__pycache__"})
-HF_STATE = "trainer_state.json"
-DCP_METADATA = ".metadata"
-TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
-_HF_DIR = re.compile(r"checkpoint-([0-9]+)\Z")
-_DCP_DIR = re.compile(r"step-([0-9]+)\Z")
 _STEP_WORD = re.compile(r"step[=_-]?([0-9]+)")
 _LAST_INT = re.compile(r"([0-9]+)(?!.*[0-9])")
-_EOCD = b"PK\x05\x06"
-_EOCD_SPAN = 22 + 65535  # the end-of-central-directory record and the longest zip comment
 
 
 @dataclass(frozen=True)
@@ -96,7 +86,8 @@ class Found:
     @property
     def step_named(self) -> bool:
         """Whether its name carries the step (a framework writes such a name once; ``last.ckpt`` it rewrites)."""
-        return self.kind in ("hf", "dcp") or _name_step(self.path.stem) is not None
+        fw = frameworks.FORMATS.get(self.kind)
+        return (fw is not None and fw.folder is not None) or _name_step(self.path.stem) is not None
 
     def describe(self) -> str:
         step = "step unknown" if self.step is None else f"step {self.step}"
@@ -171,14 +162,13 @@ def _scan_folder(root: Path, folder: Path, depth: int, found: list[Found], budge
             continue
         path = Path(entry.path)
         if entry.is_dir(follow_symlinks=False):
-            if _HF_DIR.match(entry.name):
-                found.append(_hf(root, path, budget))
-            elif _DCP_DIR.match(entry.name):
-                found.append(_dcp(root, path, budget))
+            named = frameworks.of_folder(entry.name)
+            if named is not None:
+                found.append(_folder_save(root, path, *named, budget))
             elif depth < MAX_DEPTH:
                 _scan_folder(root, path, depth + 1, found, budget)
-        elif entry.is_file(follow_symlinks=False) and entry.name.endswith((".ckpt", ".pt", ".pth")):
-            found.append(_torch_file(root, path))
+        elif entry.is_file(follow_symlinks=False) and (fw := frameworks.of_file(entry.name)) is not None:
+            found.append(_file_save(root, path, fw))
 
 
 def _files(folder: Path, budget: _Budget) -> tuple[tuple[tuple[str, int, int], ...], str]:
@@ -212,85 +202,26 @@ def _files(folder: Path, budget: _Budget) -> tuple[tuple[tuple[str, int, int], .
     return tuple(sorted(out)), ""
 
 
-def _hf(root: Path, path: Path, budget: _Budget) -> Found:
+def _folder_save(root: Path, path: Path, fw: Framework, named: int, budget: _Budget) -> Found:
     files, problem = _files(path, budget)
-    source = path.relative_to(root).as_posix()
-    step: int | None = int(_HF_DIR.match(path.name).group(1))  # type: ignore[union-attr]
-    names = {rel for rel, _, _ in files}
-    metrics: dict[str, float] = {}
-    if not problem and HF_STATE not in names:
-        problem = f"no {HF_STATE} (save incomplete?)"
-    elif not problem and not any(n.endswith(".safetensors") or _hf_bin_weights(n) for n in names):
-        problem = "no model weights (*.safetensors or pytorch_model*.bin)"
-    if not problem:
-        state_step, metrics, problem = _trainer_state(path / HF_STATE)
-        step = state_step if state_step is not None else step
-    if not problem:
-        problem = _zip_problems(path, [n for n in names if n.endswith(TORCH_SUFFIXES)])
-    return Found("hf", path, source, step, files, problem, metrics)
+    reading = fw.read(path, frozenset(rel for rel, _, _ in files)) if not problem else Reading(problem)
+    step = reading.step if reading.step is not None else named
+    return Found(fw.name, path, path.relative_to(root).as_posix(), step, files, reading.problem, reading.metrics)
 
 
-def _hf_bin_weights(name: str) -> bool:
-    return name.startswith("pytorch_model") and name.endswith(".bin")
-
-
-def _trainer_state(path: Path) -> tuple[int | None, dict[str, float], str]:
-    """``global_step`` and the last logged losses of a ``trainer_state.json``, read bounded and schema-checked."""
-    try:
-        state = read_json_capped(path, STATE_BYTES)
-    except (OSError, ValueError, TooLarge) as exc:  # a link, a FIFO, oversized, not JSON
-        return None, {}, f"{HF_STATE} is unreadable ({exc})"
-    if not isinstance(state, dict):
-        return None, {}, f"{HF_STATE} is not a JSON object"
-    step = state.get("global_step")
-    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-        return None, {}, f"{HF_STATE} has no integer global_step"
-    metrics: dict[str, float] = {}
-    history = state.get("log_history")
-    for entry in history if isinstance(history, list) else []:
-        if not isinstance(entry, dict):
-            continue
-        for key in ("loss", "eval_loss"):
-            value = entry.get(key)
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                metrics[key] = float(value)  # the last logged value wins
-    return step, metrics, ""
-
-
-def _dcp(root: Path, path: Path, budget: _Budget) -> Found:
-    files, problem = _files(path, budget)
-    if not problem and DCP_METADATA not in {rel for rel, _, _ in files}:
-        problem = f"no {DCP_METADATA} (save incomplete?)"
-    step = int(_DCP_DIR.match(path.name).group(1))  # type: ignore[union-attr]
-    return Found("dcp", path, path.relative_to(root).as_posix(), step, files, problem)
-
-
-def _torch_file(root: Path, path: Path) -> Found:
-    kind = "lightning" if path.suffix == ".ckpt" else "torch"
+def _file_save(root: Path, path: Path, fw: Framework) -> Found:
     st = _lstat(path)
     source = path.relative_to(root).as_posix()
     if st is None or not stat.S_ISREG(st.st_mode):
-        return Found(kind, path, source, None, (), "vanished or not a regular file")
+        return Found(fw.name, path, source, None, (), "vanished or not a regular file")
     files = ((path.name, st.st_size, st.st_mtime_ns),)
-    problem = f"{st.st_size} bytes, past the cap of {FILE_BYTES}" if st.st_size > FILE_BYTES else ""
-    return Found(kind, path, source, _name_step(path.stem), files, problem or _zip_problems(path.parent, [path.name]))
-
-
-def _zip_problems(folder: Path, names: Iterable[str]) -> str:
-    """A torch.save file is whole when its zip's end-of-central-directory record is there (written last)."""
-    for name in sorted(names):
-        try:
-            fd = os.open(folder / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError as exc:
-            return f"{name}: cannot open ({exc.strerror or exc})"
-        try:
-            size = os.fstat(fd).st_size
-            tail = os.pread(fd, min(size, _EOCD_SPAN), max(0, size - _EOCD_SPAN))
-        finally:
-            os.close(fd)
-        if _EOCD not in tail:
-            return f"{name}: no zip end record (a torch.save cut short, still being written, or the legacy format)"
-    return ""
+    if st.st_size > FILE_BYTES:
+        return Found(
+            fw.name, path, source, _name_step(path.stem), files, f"{st.st_size} bytes, past the cap of {FILE_BYTES}"
+        )
+    reading = fw.read(path, frozenset({path.name}))
+    step = reading.step if reading.step is not None else _name_step(path.stem)
+    return Found(fw.name, path, source, step, files, reading.problem, reading.metrics)
 
 
 def settled(found: Found, previous: dict[str, str], now_ns: int, settle_s: float = SETTLE_S) -> bool:

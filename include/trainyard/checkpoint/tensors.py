@@ -44,6 +44,7 @@ import torch
 from trainyard.atomic import loads_untrusted
 from trainyard.checkpoint import metadata as dcp_meta
 from trainyard.checkpoint import torchfiles
+from trainyard.checkpoint.frameworks import FORMATS
 from trainyard.checkpoint.metadata import MetadataRefused, StorageInfo
 from trainyard.checkpoint.pickles import TORCH_FILES
 from trainyard.checkpoint.readonce import Once
@@ -280,8 +281,8 @@ def inspect(
     """The answer for one request: ``{"problems": [...], "digests": {file: [size, sha256]}}``, with ``notes``
     for a framework save and ``step`` for a step request; any failure is a reason instead of a traceback.
 
-    ``fmt``: None or "dcp" (trainyard's own, torchtitan's): ``tensor_problems``; "hf", "lightning", "torch":
-    ``torchfiles.file_problems``; "step": the ``global_step`` a Lightning file holds. ``files``: the files to
+    ``fmt``: None, or a format of ``checkpoint.frameworks`` read as DCP (trainyard's own, torchtitan's):
+    ``tensor_problems``; a format read as torch.save files: ``torchfiles.file_problems``; "step": the ``global_step`` a Lightning file holds. ``files``: the files to
     read and hash, as the manifest lists them (None: those the folder holds)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -290,7 +291,8 @@ def inspect(
                 if bounded:
                     _limit(ENTRIES_CPU_S, ENTRY_MEMORY + 4 * _size(ckpt_dir), True)
                 return {"problems": [], "step": torchfiles.file_step(ckpt_dir)}
-            if fmt in ("hf", "lightning", "torch"):
+            fw = FORMATS.get(fmt) if fmt is not None else None
+            if fw is not None and fw.inspector == "torch":
                 if files is None:
                     found = (p for p in ckpt_dir.rglob("*") if p.suffix in TORCH_FILES and p.is_file())
                     files = sorted(p.relative_to(ckpt_dir).as_posix() for p in found)
@@ -298,7 +300,7 @@ def inspect(
                     sizes = [_size(ckpt_dir / rel) for rel in files]
                     cpu_s = min(ENTRIES_CPU_S + int(CPU_S_PER_GB * sum(sizes) / 1e9), MAX_CPU_S)
                     _limit(cpu_s, ENTRY_MEMORY + 4 * max(sizes, default=0), True)
-                problems, notes, digests = torchfiles.file_problems(ckpt_dir, files, fmt)
+                problems, notes, digests = torchfiles.file_problems(ckpt_dir, files, fw.finite)
                 return {"problems": problems, "notes": notes, "digests": digests}
             problems, digests = tensor_problems(ckpt_dir, bounded, files)
             return {"problems": problems, "digests": digests}

@@ -24,7 +24,6 @@ from trainyard.checkpoint.readonce import Once
 
 # What must be finite in a Lightning checkpoint: the model and the optimizer. Its callbacks' bookkeeping holds
 # infinities by design (ModelCheckpoint's ``kth_value`` starts at inf when nothing is monitored).
-LIGHTNING_FINITE = ("state_dict", "optimizer_states")
 Digests = dict[str, tuple[int, str]]
 
 
@@ -105,10 +104,11 @@ def load(raw: bytes, rel: str, base: frozenset[str]) -> tuple[Any, list[str], li
     return value, [], notes
 
 
-def file_problems(folder: Path, files: list[str], fmt: str | None = None) -> tuple[list[str], list[str], Digests]:
+def file_problems(folder: Path, files: list[str], finite: tuple[str, ...] = ()) -> tuple[list[str], list[str], Digests]:
     """Problems, notes and digests of ``files`` (the save's torch.save files, as the manifest lists them).
 
-    A Lightning file's model and optimizer must be finite (``LIGHTNING_FINITE``), not its callbacks' state."""
+    ``finite``: the top-level keys whose tensors must be finite (the format's ``Framework.finite``: a Lightning
+    file's model and optimizer, not its callbacks' state); (): every tensor."""
     problems: list[str] = []
     notes: list[str] = []
     digests: Digests = {}
@@ -127,8 +127,8 @@ def file_problems(folder: Path, files: list[str], fmt: str | None = None) -> tup
         notes += noted
         if found:
             continue
-        if fmt == "lightning" and isinstance(value, dict):
-            value = {key: value[key] for key in LIGHTNING_FINITE if key in value}
+        if finite and isinstance(value, dict):
+            value = {key: value[key] for key in finite if key in value}
         for name, tensor in tensors_in(value, rel):
             nan, inf = non_finite(tensor)
             if nan or inf:

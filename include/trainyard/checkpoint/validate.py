@@ -43,16 +43,14 @@ from typing import Any
 
 import trainyard
 from trainyard.atomic import loads_untrusted
-from trainyard.checkpoint import foreign, safetensor
+from trainyard.checkpoint import foreign, frameworks, safetensor
 from trainyard.checkpoint.format import digest_problems, read_manifest, verify
-from trainyard.checkpoint.pickles import TORCH_FILES
 from trainyard.errors import CheckpointInvalid
 from trainyard.quality.metrics import History, metric_problems
 from trainyard.spec import MetricExpectations
 from trainyard.text import printable
 
 _RANK_FILE = re.compile(r"__(\d+)_\d+\.distcp\Z")
-DCP_METADATA = ".metadata"  # metadata.METADATA (that module imports torch)
 PROBLEM_CHARS = 1000
 CHILD = "trainyard.checkpoint.tensors"
 CHILD_TIMEOUT_S = 1800.0
@@ -270,9 +268,8 @@ def tensor_problems(ckpt_dir: Path, timeout_s: float = CHILD_TIMEOUT_S) -> list[
 def inspected_files(listed: dict[str, Any], fw: str | None) -> list[str]:
     """The listed files the inspecting child reads (and hashes): DCP's metadata and data files, or a
     framework save's torch.save files."""
-    if fw in (None, "dcp"):
-        return sorted(rel for rel in listed if rel == DCP_METADATA or rel.endswith(".distcp"))
-    return sorted(rel for rel in listed if rel.endswith(TORCH_FILES))
+    how = frameworks.inspector_of(fw)
+    return sorted(rel for rel in listed if frameworks.inspected(how, rel))
 
 
 def validate(
@@ -299,10 +296,13 @@ def validate(
     except CheckpointInvalid:
         return Validation(path, None, _shown(verify(path, hashed)), round(time.monotonic() - started, 3))
     inspected = inspected_files(manifest["files"], fw)
-    safe = sorted(rel for rel in manifest["files"] if rel.endswith(".safetensors")) if fw == "hf" else []
+    here = frameworks.FORMATS[fw].checked_here if fw is not None else ()
+    safe = sorted(rel for rel in manifest["files"] if here and rel.endswith(here))
     notes: list[str] = []
     # The child loads (and hashes what it loads) while this process hashes the files nobody interprets.
-    with inspector().asking(path, timeout_s, None if fw == "dcp" else fw, inspected) as inspection:
+    with inspector().asking(
+        path, timeout_s, None if frameworks.inspector_of(fw) == "dcp" else fw, inspected
+    ) as inspection:
         problems = verify(path, hashed, elsewhere={*inspected, *safe}, manifest=manifest)
         if problems:
             return Validation(path, None, _shown(problems), round(time.monotonic() - started, 3))

@@ -37,14 +37,14 @@ from typing import Any
 
 from trainyard.atomic import loads_untrusted, read_capped, write_json_atomic
 from trainyard.errors import CheckpointInvalid, DataError, SpecError, TrainingFailed, TransientError
+from trainyard.kinds import KINDS as KINDS
 from trainyard.protocol.heartbeat import is_node_folder, names_in, node_folder, short_reason
 from trainyard.protocol.signs import LOG_PATTERNS
 
 log = logging.getLogger(__name__)
 
-KINDS = ("node_lost", "hang", "transient", "oom", "diverged", "user_error", "data_error", "preempted")
-"""The spec's ``FailureKind`` (a test checks they agree; the spec is not imported here). No rule of ``classify``
-takes ``preempted`` from a record: notice is read from the store or an exit by SIGTERM, never a rank's word."""
+# ``KINDS`` (re-exported from ``trainyard.kinds``) is what a record may say. No rule of ``classify`` takes
+# ``preempted`` from a record: notice is read from the store or an exit by SIGTERM, never a rank's word.
 MAX_BYTES = 16 * 1024
 MAX_MESSAGE = 2000
 MAX_NAME = 253  # a DNS name: the longest node or host name

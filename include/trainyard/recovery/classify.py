@@ -82,10 +82,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from trainyard.backends.kubernetes.reasons import CONFIG_REASONS, NODE_LOST_REASONS, OOM_REASONS, PREEMPTED_REASONS
+from trainyard.kinds import TABLE, FailureKind
 from trainyard.protocol.records import FailureRecord
 from trainyard.protocol.signs import LOG_PATTERNS
 from trainyard.recovery.logread import Hit, best_line, last_words, split_streams, user_exception
-from trainyard.spec.models import FailureKind
 
 MAX_EVIDENCE = 300
 """Characters of a quoted log line kept in the evidence (a CUDA OOM message runs to ~600)."""
@@ -212,8 +212,9 @@ def _quote(hits: list[Hit], room: int = MAX_EVIDENCE) -> str:
     return head + _clip(hits[0].line, room - len(head) - len(tail)) + tail
 
 
-def _recorded(kind: FailureKind, blame: bool) -> Callable[[Seen], Finding | None]:
+def _recorded(kind: FailureKind) -> Callable[[Seen], Finding | None]:
     """The earliest failure record of ``kind``: ``node rank N: Type: message (failure record; also ...)``."""
+    blame = TABLE[kind].blames
 
     def rule(seen: Seen) -> Finding | None:
         found = [r for r in seen.records if r.kind == kind]
@@ -229,7 +230,9 @@ def _recorded(kind: FailureKind, blame: bool) -> Callable[[Seen], Finding | None
     return rule
 
 
-def _k8s(reasons: frozenset[str], blame: bool) -> Callable[[Seen], Finding | None]:
+def _k8s(kind: FailureKind, reasons: frozenset[str]) -> Callable[[Seen], Finding | None]:
+    blame = TABLE[kind].blames
+
     def rule(seen: Seen) -> Finding | None:
         found = [n for n in seen.failure.nodes if n.reason in reasons]
         if not found:
@@ -241,7 +244,10 @@ def _k8s(reasons: frozenset[str], blame: bool) -> Callable[[Seen], Finding | Non
     return rule
 
 
-def _log(category: str, blame: bool) -> Callable[[Seen], Finding | None]:
+def _log(kind: FailureKind, category: str) -> Callable[[Seen], Finding | None]:
+    """Lines of the runtime's ``category`` (``signs.LOG_PATTERNS``), read as ``kind``."""
+    blame = TABLE[kind].blames
+
     def rule(seen: Seen) -> Finding | None:
         hits = seen.hits[category]
         if not hits:
@@ -297,7 +303,7 @@ def _terminated(seen: Seen) -> Finding | None:
 
 
 def _preempted_pods(seen: Seen) -> Finding | None:
-    found = _k8s(PREEMPTED_REASONS, blame=False)(seen)
+    found = _k8s("preempted", PREEMPTED_REASONS)(seen)
     return found and Finding(found.evidence, [], [n.node for n in seen.failure.nodes if n.reason in PREEMPTED_REASONS])
 
 
@@ -314,26 +320,26 @@ def _unclassified(seen: Seen) -> Finding:
 # The precedence, top to bottom; the first rule that fires decides (see the module docstring).
 RULES: tuple[tuple[FailureKind, Callable[[Seen], Finding | None]], ...] = (
     ("preempted", _left),
-    ("diverged", _recorded("diverged", blame=False)),
-    ("data_error", _recorded("data_error", blame=False)),
-    ("oom", _recorded("oom", blame=True)),
-    ("node_lost", _recorded("node_lost", blame=True)),
-    ("user_error", _recorded("user_error", blame=False)),
-    ("oom", _k8s(OOM_REASONS, blame=True)),
+    ("diverged", _recorded("diverged")),
+    ("data_error", _recorded("data_error")),
+    ("oom", _recorded("oom")),
+    ("node_lost", _recorded("node_lost")),
+    ("user_error", _recorded("user_error")),
+    ("oom", _k8s("oom", OOM_REASONS)),
     ("preempted", _preempted_pods),
-    ("node_lost", _k8s(NODE_LOST_REASONS, blame=True)),
-    ("user_error", _k8s(CONFIG_REASONS, blame=False)),
-    ("diverged", _log("diverged", blame=False)),
-    ("data_error", _log("data", blame=False)),
-    ("user_error", _log("spec", blame=False)),
-    ("oom", _log("oom", blame=True)),
-    ("node_lost", _log("hardware", blame=True)),
-    ("user_error", _log("user", blame=False)),
+    ("node_lost", _k8s("node_lost", NODE_LOST_REASONS)),
+    ("user_error", _k8s("user_error", CONFIG_REASONS)),
+    ("diverged", _log("diverged", "diverged")),
+    ("data_error", _log("data_error", "data")),
+    ("user_error", _log("user_error", "spec")),
+    ("oom", _log("oom", "oom")),
+    ("node_lost", _log("node_lost", "hardware")),
+    ("user_error", _log("user_error", "user")),
     ("hang", _hang),
     ("node_lost", _peer_killed),
     ("preempted", _terminated),
-    ("hang", _log("nccl_timeout", blame=False)),
-    ("transient", _log("comm", blame=False)),
+    ("hang", _log("hang", "nccl_timeout")),
+    ("transient", _log("transient", "comm")),
     ("node_lost", _killed),
     ("transient", _unclassified),
 )

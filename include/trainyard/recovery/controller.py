@@ -45,6 +45,7 @@ from trainyard.events.schema import (
     Rejoining,
     SparesWarm,
 )
+from trainyard.kinds import REJOIN_KINDS as REJOIN_KINDS
 from trainyard.protocol.heartbeat import HOW_TO_BEAT
 from trainyard.recovery.classify import Classified, Failure, NodeFailure, classify
 from trainyard.recovery.commands import (
@@ -89,10 +90,8 @@ from trainyard.recovery.policy import (
     fitting_micro_batch,
 )
 from trainyard.recovery.state import Attempt, Course, TrainState
-from trainyard.spec.models import FailureKind
 
-REJOIN_KINDS: frozenset[FailureKind] = frozenset({"node_lost", "transient"})
-"""Failures of a node's process, not of the node: in place, the node is started again and may rejoin."""
+# ``REJOIN_KINDS`` (``trainyard.kinds``, the ``rejoins`` trait): failures of a node's process, not of the node.
 
 # ---------------------------------------------------------------- the step
 

@@ -44,6 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, ClassVar, Literal, get_args
 
+from trainyard.kinds import IN_PLACE_KINDS as IN_PLACE_KINDS
 from trainyard.recovery.classify import Classified
 from trainyard.spec.models import Action, FailureKind
 
@@ -55,9 +56,9 @@ MAX_DELAY_S = 3600.0
 MAX_REGROUPS = 3
 """In-place regroups per failure kind in one attempt since its newest valid checkpoint; the next failure of that
 kind relaunches."""
-IN_PLACE_KINDS: frozenset[FailureKind] = frozenset({"node_lost", "hang", "transient", "preempted"})
-"""Failures the survivors can heal by regrouping; the others keep their relaunch actions (an OOM needs a
-smaller micro-batch in fresh processes, a divergence a rollback, a user or data error a person)."""
+# ``IN_PLACE_KINDS`` (``trainyard.kinds``, the ``in_place`` trait): failures the survivors can heal by regrouping;
+# the others keep their relaunch actions (an OOM needs a smaller micro-batch in fresh processes, a divergence a
+# rollback, a user or data error a person).
 
 # ---------------------------------------------------------------- decisions
 

@@ -2,9 +2,9 @@
 
 One spec tree, validated once (docs/architecture.md, the spec). This module owns the fields,
 their documentation, their ranges and the per-field rules (a pattern field's
-error names its own rule); the vocabularies (failure kinds, actions, probes,
-Params) are ``Literal`` types defined here once and read elsewhere with
-``typing.get_args``. Checks that relate two fields live in ``checks``.
+error names its own rule); the vocabularies (probes, Params) are ``Literal`` types defined here once and read elsewhere with
+``typing.get_args``; failure kinds and actions are declared with their traits in ``trainyard.kinds``
+and re-exported here. Checks that relate two fields live in ``checks``.
 """
 
 from __future__ import annotations
@@ -17,6 +17,9 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, model_validator
 
+from trainyard.kinds import DEFAULT_ACTIONS as DEFAULT_ACTIONS
+from trainyard.kinds import Action as Action
+from trainyard.kinds import FailureKind as FailureKind
 from trainyard.spec.admin import (
     NOTIFY_CONNECTIONS,
     POD_SERVICE_ACCOUNTS,
@@ -27,10 +30,6 @@ from trainyard.spec.admin import (
 
 # ---------------------------------------------------------------- vocabularies
 
-FailureKind = Literal[
-    "node_lost", "hang", "transient", "oom", "diverged", "user_error", "data_error", "preempted"
-]  # fmt: skip
-Action = Literal["retry", "scale_down", "rollback", "fail"]
 Probe = Literal["matmul_gflops", "membw_gbps", "disk_write_mbps", "disk_read_mbps", "bf16_tflops", "link_gbps"]
 NotifyOn = Literal["failure", "recovery"]
 DataFormat = Literal["tok", "numpy", "parquet", "jsonl"]
@@ -53,19 +52,6 @@ DrillFault = Literal["throttle", "blip", "slow_link", "crash", "hang"]
 DEFAULT_RATIOS: dict[str, float] = {"disk_write_mbps": 0.5, "disk_read_mbps": 0.5, "link_gbps": 0.7}
 """Straggler ratios of the probes noisier than compute (``ratio_overrides`` wins)."""
 """The pressure test's per-node probes, in the order of its verdict table."""
-
-# docs/architecture.md's table of failure kinds and their default actions; ``recovery.actions`` overrides.
-DEFAULT_ACTIONS: dict[FailureKind, Action] = {
-    "node_lost": "scale_down",
-    "hang": "scale_down",
-    "transient": "retry",
-    "oom": "retry",
-    "diverged": "rollback",
-    "user_error": "fail",
-    "data_error": "fail",
-    # Notice, not a fault: in place the node leaves at a step boundary; else the same nodes again (no exclusion).
-    "preempted": "retry",
-}
 
 # The trainyard launcher's own service account (docker/k8s/launcher-rbac.yaml): training pods are
 # untrusted (docs/architecture.md, untrusted input) and must never run with the orchestrator's Kubernetes permissions.
