@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from trainyard.backends.local.zygote import Zygote, usable
+from trainyard.backends.local.zygote_client import Zygote, usable
 from trainyard.protocol import coordstore
 from trainyard.protocol.sealing import new_secret
 from trainyard.protocol.shards import write_synthetic_corpus
