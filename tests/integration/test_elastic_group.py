@@ -20,7 +20,8 @@ from pathlib import Path
 import forks
 import pytest
 
-from trainyard.protocol.coordstore import Coordinator, Generation, node_keys
+from trainyard.protocol.coordinator import Coordinator
+from trainyard.protocol.coordstore import Generation, node_keys
 from trainyard.protocol.sealing import new_secret
 from trainyard.protocol.shards import write_synthetic_corpus
 from trainyard.recovery import storehost

@@ -18,6 +18,7 @@ import pytest
 
 from trainyard.backends.local.zygote_client import Zygote, usable
 from trainyard.protocol import coordstore
+from trainyard.protocol.coordinator import Coordinator
 from trainyard.protocol.sealing import new_secret
 from trainyard.protocol.shards import write_synthetic_corpus
 from trainyard.recovery import storehost
@@ -67,7 +68,7 @@ def test_a_killed_node_reports_the_signal_and_lives_in_a_session_of_its_own(zygo
     }
     write_synthetic_corpus(tmp_path / "data", shards=1, tokens_per_shard=1024)
     attempt = storehost.attempt_store(store, 1)
-    coord = coordstore.Coordinator(attempt, keys)
+    coord = Coordinator(attempt, keys)
     coord.publish(coordstore.Generation(1, ["node-0"], micro_batch=2))  # not node-7
     node = zygote.spawn(ARGV, env, tmp_path / "node-7.log")
     deadline = time.monotonic() + 60

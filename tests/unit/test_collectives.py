@@ -12,7 +12,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from trainyard.protocol.coordstore import Coordinator, Generation, node_keys
+from trainyard.protocol.coordinator import Coordinator
+from trainyard.protocol.coordstore import Generation, node_keys
 from trainyard.protocol.sealing import new_secret
 from trainyard.runtime import collectives, device
 from trainyard.runtime.collectives import GroupPlan, HangWatch, is_collective_error, peers_lost

@@ -16,7 +16,8 @@ import torch.distributed as dist
 from trainyard.backends.base import LaunchPlan
 from trainyard.backends.local.launcher import node_env
 from trainyard.protocol import coordstore
-from trainyard.protocol.coordstore import Coordinator, Generation, node_keys
+from trainyard.protocol.coordinator import Coordinator
+from trainyard.protocol.coordstore import Generation, node_keys
 from trainyard.protocol.env import TrainEnv
 from trainyard.protocol.sealing import new_secret, seal
 from trainyard.recovery import storehost
