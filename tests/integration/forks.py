@@ -17,7 +17,7 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 
-from trainyard.backends.local import zygote
+from trainyard.backends.local import zygote_client as zygote
 
 Process = zygote.Forked | subprocess.Popen[bytes]
 """What ``start`` returns."""

@@ -14,13 +14,15 @@ import os
 import re
 import signal
 import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 import forks
 import pytest
+from waiting import wait_for
 
-from trainyard.protocol.coordstore import Coordinator, Generation, node_keys
+from trainyard.protocol.coordinator import Coordinator
+from trainyard.protocol.coordstore import Generation, node_keys
 from trainyard.protocol.sealing import new_secret
 from trainyard.protocol.shards import write_synthetic_corpus
 from trainyard.recovery import storehost
@@ -33,6 +35,11 @@ MAX_STEPS = 12
 KILL_AT = 6
 KILL_AT2 = 9
 WAIT_S = 60.0
+COLLECTIVE_TIMEOUT_S = 20
+# What "at once" means in these tests: well before the collective timeout, which is what a survivor blocked in a
+# group that stays alive (or a rendezvous waiting for a node that left) would wait. A bound waited for, not a
+# figure asserted: how fast it is on a quiet machine is bench/recovery.py's to measure.
+AT_ONCE_S = COLLECTIVE_TIMEOUT_S / 2
 
 
 def _start(
@@ -51,7 +58,7 @@ def _start(
         "TRAINYARD_GLOBAL_BATCH": str(GLOBAL_BATCH),
         "TRAINYARD_CHECKPOINT_EVERY": "2",
         "TRAINYARD_CHECKPOINT_ASYNC": "1",  # a save in flight at the fault: its group goes to the graveyard
-        "TRAINYARD_COLLECTIVE_TIMEOUT_S": "20",
+        "TRAINYARD_COLLECTIVE_TIMEOUT_S": str(COLLECTIVE_TIMEOUT_S),
         "TRAINYARD_DRILLS": json.dumps(drills),
         **overrides,
     }
@@ -59,13 +66,13 @@ def _start(
     return forks.start(cmd, env, root / f"{node}.log")  # a fork of the zygote, as the launcher starts a node
 
 
-def _wait_for(what: str, check: object, procs: dict[str, forks.Process], root: Path) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not check():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            logs = "\n".join(f"--- {n}\n{(root / f'{n}.log').read_text()[-2000:]}" for n in procs)
-            pytest.fail(f"timed out waiting for {what}\n{logs}")
-        time.sleep(0.05)
+def _wait_for(
+    what: str, check: Callable[[], object], procs: dict[str, forks.Process], root: Path, timeout_s: float = WAIT_S
+) -> None:
+    def logs() -> str:
+        return "\n".join(f"--- {n}\n{(root / f'{n}.log').read_text()[-2000:]}" for n in procs)
+
+    wait_for(check, timeout_s, what, context=logs)
 
 
 def _exit_cleanly(procs: dict[str, forks.Process], nodes: list[str], root: Path) -> None:
@@ -152,18 +159,15 @@ def test_every_survivor_fails_at_once_not_after_the_collective_timeout(root: Pat
     drills = [{"fault": "kill", "step": KILL_AT, "node": "node-1"}]
     procs = {n: _start(n, port, keys[n], root, drills) for n in nodes}
     survivors = ["node-0", "node-2", "node-3"]
-    seen: dict[str, float] = {}
-
-    def all_reported() -> bool:
-        now = time.monotonic()
-        for node in coord.faults(1):
-            seen.setdefault(node, now)
-        return set(survivors) <= set(seen)
-
     try:
-        _wait_for("the survivors' fault reports", all_reported, procs, root)
-        spread = max(seen.values()) - min(seen.values())
-        assert spread < 5.0, f"a survivor reported {spread:.1f}s after the first: {seen}"
+        _wait_for("a survivor's fault report", lambda: set(coord.faults(1)) & set(survivors), procs, root)
+        _wait_for(
+            f"every survivor's fault report, within {AT_ONCE_S:g} s of the first",
+            lambda: set(survivors) <= set(coord.faults(1)),
+            procs,
+            root,
+            timeout_s=AT_ONCE_S,
+        )
         coord.publish(Generation(2, survivors, micro_batch=2))  # accumulation 2
         assert coord.wait_ready(2, survivors, timeout_s=WAIT_S)
         _exit_cleanly(procs, survivors, root)
@@ -189,15 +193,15 @@ def test_a_generation_superseded_before_it_formed_is_given_up_for_the_newer_one(
         coord.publish(Generation(2, [*nodes, "node-2"], micro_batch=2))
         _wait_for("both to leave generation 1", lambda: all(
             "the world grows to generation 2" in (root / f"{n}.log").read_text() for n in nodes), procs, root)  # fmt: skip
-        time.sleep(1.0)  # waiting to form 2, for node-2
-        began = time.monotonic()
+        # Both members arrived to form 2 and wait there for node-2 (ranks 0 and 1 of generation 2).
+        _wait_for("both to wait to form generation 2", lambda: coord.store.check(["g2/arrived/0", "g2/arrived/1"]),
+                  procs, root)  # fmt: skip
         coord.publish(Generation(3, nodes, micro_batch=2))
-        assert coord.wait_ready(3, nodes, timeout_s=WAIT_S)
-        formed_in = time.monotonic() - began
+        formed = coord.wait_ready(3, nodes, timeout_s=AT_ONCE_S)
+        assert formed, f"generation 3 did not form within {AT_ONCE_S:g} s of its publication"
         _exit_cleanly(procs, nodes, root)
     finally:
         _kill_left(procs)
-    assert formed_in < 10.0, f"generation 3 formed {formed_in:.1f}s after it was published"
     assert not coord.ready(2)  # nobody formed 2
     assert _formed(root, "node-0", 3) == _formed(root, "node-1", 3)
     assert _formed(root, "node-0", 3)[0] > 0  # they went on from where they were, not from the start

@@ -5,6 +5,7 @@ drill: a script need not act out trainyard's drills."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from test_recovery import events
+from waiting import WaitedTooLong, wait_for
 
 from trainyard.backends.local.launcher import LocalLauncher
 from trainyard.checkpoint.format import step_of
@@ -47,14 +49,14 @@ recovery: {{max_attempts: 2, backoff_s: 0.2, in_place: true, rejoin: false}}
 def kill_when(launcher: LocalLauncher, node: str, root: Path, step: int, timeout_s: float = 120.0) -> threading.Thread:
     """SIGKILL ``node``'s process once a checkpoint of ``step`` or later is in ``root`` (well under way)."""
 
+    def due() -> bool:
+        saved = [step_of(p) or 0 for p in root.glob("step_*")] if root.is_dir() else []
+        return max(saved, default=0) >= step and bool(launcher.active) and node in launcher.active[0].procs
+
     def kill() -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            saved = [step_of(p) or 0 for p in root.glob("step_*")] if root.is_dir() else []
-            if max(saved, default=0) >= step and launcher.active and node in launcher.active[0].procs:
-                os.kill(launcher.active[0].procs[node].pid, signal.SIGKILL)
-                return
-            time.sleep(0.02)
+        with contextlib.suppress(WaitedTooLong):  # never due: the test's own assertions say what went wrong
+            wait_for(due, timeout_s, f"a save of step {step}", every_s=0.02)
+            os.kill(launcher.active[0].procs[node].pid, signal.SIGKILL)
 
     thread = threading.Thread(target=kill, daemon=True)
     thread.start()

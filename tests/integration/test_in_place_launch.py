@@ -6,13 +6,14 @@ trains as a fixed world under it; and the node is the unit: killed, started agai
 
 from __future__ import annotations
 
+import contextlib
 import json
 import textwrap
-import time
 from pathlib import Path
 
 import psutil
 import pytest
+from waiting import WaitedTooLong, wait_for
 
 from trainyard.backends.base import LaunchPlan
 from trainyard.backends.local.launcher import WORLD_NAMES, LocalHandle, LocalLauncher
@@ -64,12 +65,17 @@ def in_place_plan(root: Path, script: str, nodes: int, args: list[str]) -> Launc
     )
 
 
-def wait_for(launcher: LocalLauncher, handle: LocalHandle, done: str, timeout_s: float = 60.0) -> dict[str, str]:
-    deadline = time.monotonic() + timeout_s
-    while (states := {n.node: n.state for n in launcher.poll(handle).nodes}) and time.monotonic() < deadline:
-        if all(state == done for state in states.values()):
-            break
-        time.sleep(0.1)
+def states_once(launcher: LocalLauncher, handle: LocalHandle, done: str, timeout_s: float = 60.0) -> dict[str, str]:
+    """The nodes' states once every one is ``done``; at the bound, the states then (for the assert to show)."""
+    states: dict[str, str] = {}
+
+    def all_done() -> bool:
+        states.clear()
+        states.update({n.node: n.state for n in launcher.poll(handle).nodes})
+        return bool(states) and all(state == done for state in states.values())
+
+    with contextlib.suppress(WaitedTooLong):
+        wait_for(all_done, timeout_s, f"every node {done}", every_s=0.1)
     return states
 
 
@@ -81,7 +87,7 @@ def test_a_script_that_forms_its_own_group_trains_as_a_fixed_world_under_an_in_p
     launcher = LocalLauncher()
     handle = launcher.launch(in_place_plan(tmp_path, FIXED_WORLD, 3, [str(out), json.dumps(WORLD_NAMES)]))
     try:
-        assert wait_for(launcher, handle, "succeeded") == dict.fromkeys(["node-0", "node-1", "node-2"], "succeeded")
+        assert states_once(launcher, handle, "succeeded") == dict.fromkeys(["node-0", "node-1", "node-2"], "succeeded")
     finally:
         launcher.cancel(handle)
     seen = [json.loads((out / f"rank-{r}.json").read_text()) for r in range(6)]
@@ -97,7 +103,7 @@ def test_a_node_is_killed_started_again_and_cancelled_with_all_its_ranks(tmp_pat
     launcher = LocalLauncher()
     handle = launcher.launch(in_place_plan(tmp_path, "import time\ntime.sleep(120)\n", 2, []))
     try:
-        assert wait_for(launcher, handle, "running", timeout_s=5) == {"node-0": "running", "node-1": "running"}
+        assert states_once(launcher, handle, "running", timeout_s=5) == {"node-0": "running", "node-1": "running"}
         first = [proc.pid for proc in handle.ranks["node-1"]]
         assert len(first) == 2 and len(handle.processes()) == 4
         launcher.kill_nodes(handle, ["node-1"])

@@ -9,11 +9,11 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import psutil
 import pytest
+from waiting import wait_for
 
 from trainyard.backends.base import LaunchPlan
 from trainyard.backends.local.launcher import LocalLauncher
@@ -113,13 +113,11 @@ def _alive(pids: list[int]) -> list[int]:
 
 
 def _wait_for_step(hb: Path, step: int, timeout: float = 60, nodes: int = 2) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def there() -> bool:
         beats = read_heartbeats(hb)
-        if len(beats) == nodes and min(b["step"] for b in beats.values()) >= step:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"no heartbeat at step {step} in {hb}")
+        return len(beats) == nodes and min(b["step"] for b in beats.values()) >= step
+
+    wait_for(there, timeout, f"{nodes} node(s)' heartbeats at step {step} in {hb}", every_s=0.1)
 
 
 def test_cancel_leaves_no_process_behind(tmp_path: Path, data: Path) -> None:
@@ -140,11 +138,7 @@ def test_cancel_leaves_no_process_behind(tmp_path: Path, data: Path) -> None:
     launcher.cancel_all()
     assert _alive(pids) == [] and launcher.active == []
     for group in groups:  # nothing is left in the agents' process groups either (once the zygote reaped them)
-        deadline = time.monotonic() + 10
-        while _group_alive(group) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        with pytest.raises(ProcessLookupError):
-            os.killpg(group, 0)
+        wait_for(lambda: not _group_alive(group), 10, f"process group {group} to empty")  # noqa: B023
 
 
 def _group_alive(group: int) -> bool:
@@ -189,10 +183,7 @@ def test_killing_the_launching_process_takes_the_nodes_with_it(tmp_path: Path, d
     pids = [pid for agent in agents for pid in _tree(agent)]
     parent.send_signal(signal.SIGKILL)  # like an Airflow worker killed outright: no finally runs
     parent.wait()
-    deadline = time.monotonic() + 30
-    while _alive(pids) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert _alive(pids) == []
+    wait_for(lambda: _alive(pids) == [], 30, "the nodes to end with the process that launched them", every_s=0.2)
 
 
 def test_a_user_script_is_a_first_class_entrypoint(tmp_path: Path, data: Path) -> None:
@@ -240,9 +231,7 @@ def test_training_processes_never_see_the_workers_secrets(
     )
     launcher = LocalLauncher()
     handle = launcher.launch(plan(tmp_path, data, nodes=2, max_steps=1, entrypoint=str(script), args=[]))
-    deadline = time.monotonic() + 120
-    while launcher.poll(handle).state == "running" and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_for(lambda: launcher.poll(handle).state != "running", 120, "both nodes to end", every_s=0.2)
     launcher.cancel(handle)
     dumps = [json.loads(p.read_text()) for p in sorted((tmp_path / "ckpt").glob("env-*.json"))]
     assert len(dumps) == 2, [p.read_text()[-500:] for p in handle.logs.values()]
@@ -268,9 +257,7 @@ def test_each_node_gets_its_own_gpus_through_torchrun(
     )
     launcher = LocalLauncher(gpus_per_node=1)
     handle = launcher.launch(plan(tmp_path, data, nodes=2, max_steps=1, entrypoint=str(script), args=[]))
-    deadline = time.monotonic() + 120
-    while launcher.poll(handle).state == "running" and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_for(lambda: launcher.poll(handle).state != "running", 120, "both nodes to end", every_s=0.2)
     launcher.cancel(handle)
     seen = {p.stem: json.loads(p.read_text()) for p in (tmp_path / "ckpt").glob("gpus-*.json")}
     assert seen == {"gpus-node-0": ["3", "0"], "gpus-node-1": ["7", "0"]}, [

@@ -3,11 +3,11 @@ script gets, whatever it runs, since it need not act out trainyard's drills itse
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import psutil
 import pytest
+from waiting import wait_for
 
 from trainyard.backends.base import LaunchPlan, SignalsNodes
 from trainyard.backends.local.launcher import LocalLauncher
@@ -32,13 +32,8 @@ def states(handle, node: str) -> set[str]:
     return {psutil.Process(p.pid).status() for p in handle.ranks[node]}
 
 
-def seen(check, within_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.01)
-    return False
+def seen(check, what: str, within_s: float = 5.0) -> bool:
+    return bool(wait_for(check, within_s, what, every_s=0.01))
 
 
 def test_kill_hang_and_slow_reach_only_the_node_named(tmp_path: Path) -> None:
@@ -46,13 +41,13 @@ def test_kill_hang_and_slow_reach_only_the_node_named(tmp_path: Path) -> None:
     assert isinstance(launcher, SignalsNodes)
     try:
         launcher.signal_nodes(handle, ["node-1"], "hang")
-        assert seen(lambda: states(handle, "node-1") == {psutil.STATUS_STOPPED})
+        assert seen(lambda: states(handle, "node-1") == {psutil.STATUS_STOPPED}, "node-1 stopped")
         assert states(handle, "node-0") != {psutil.STATUS_STOPPED}
         launcher.signal_nodes(handle, ["node-0"], "slow", factor=2.0)  # stopped and continued in turn
-        assert seen(lambda: states(handle, "node-0") == {psutil.STATUS_STOPPED})
-        assert seen(lambda: states(handle, "node-0") != {psutil.STATUS_STOPPED})
+        assert seen(lambda: states(handle, "node-0") == {psutil.STATUS_STOPPED}, "node-0 stopped")
+        assert seen(lambda: states(handle, "node-0") != {psutil.STATUS_STOPPED}, "node-0 continued")
         launcher.signal_nodes(handle, ["node-1"], "kill")
-        assert seen(lambda: launcher.poll(handle).failed() != [])
+        assert seen(lambda: launcher.poll(handle).failed() != [], "node-1 failed")
         [dead] = launcher.poll(handle).failed()
         assert (dead.slot, dead.exit_code) == ("node-1", -9)
         with pytest.raises(ValueError, match="cannot be acted out from outside"):

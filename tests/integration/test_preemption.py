@@ -18,7 +18,8 @@ from test_recovery import RELAUNCH, events, finish, run_with
 
 from trainyard.checkpoint.format import read_manifest
 from trainyard.pipeline import stages
-from trainyard.protocol.coordstore import Coordinator, Generation, node_keys
+from trainyard.protocol.coordinator import Coordinator
+from trainyard.protocol.coordstore import Generation, node_keys
 from trainyard.protocol.sealing import new_secret
 from trainyard.protocol.shards import write_synthetic_corpus
 from trainyard.recovery import storehost

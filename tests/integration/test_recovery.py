@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+from waiting import wait_for
 
 from trainyard.checkpoint import registry
 from trainyard.checkpoint.format import read_manifest
@@ -184,9 +185,9 @@ def test_a_retried_task_carries_on_from_the_ledger(tmp_path: Path) -> None:
         stages.train(run, ["node-0", "node-1", "node-2"])
     """)
     task = subprocess.Popen([sys.executable, "-c", script, str(run.spec_path)], start_new_session=True)
-    deadline = time.monotonic() + 120
-    while not any(e["step"] >= 10 for e in events(run, "checkpoint_saved")) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_for(
+        lambda: any(e["step"] >= 10 for e in events(run, "checkpoint_saved")), 120, "a save of step 10", every_s=0.2
+    )
     os.killpg(task.pid, signal.SIGKILL)  # the whole task process: no finally, no ledger entry
     task.wait()
     manifest = finish(run)  # the retried task

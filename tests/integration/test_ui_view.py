@@ -17,7 +17,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 import urllib.request
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -27,6 +26,7 @@ from urllib.parse import quote
 
 import pytest
 from airflow_helpers import ROOT, STAGES, airflow_env
+from waiting import wait_for
 
 from trainyard.pipeline import stages
 from trainyard.pipeline.run import open_run
@@ -108,17 +108,15 @@ def start_api_server(home: Path, metadata_db: dict[str, str]) -> tuple[subproces
 
 
 def wait_ready(proc: subprocess.Popen[bytes], base: str, log: Path, timeout_s: float = 90) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def healthy() -> bool:
         assert proc.poll() is None, f"api-server exited {proc.returncode}:\n{log.read_text()[-3000:]}"
         try:
             with urllib.request.urlopen(f"{base}/api/v2/monitor/health", timeout=2) as r:
-                if r.status == 200:
-                    return
+                return r.status == 200
         except OSError:
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"api-server not ready after {timeout_s} s:\n{log.read_text()[-3000:]}")
+            return False
+
+    wait_for(healthy, timeout_s, "the api-server's health", every_s=0.5, context=lambda: log.read_text()[-3000:])
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from waiting import wait_for
 
-from trainyard.backends.local.zygote import Zygote, usable
+from trainyard.backends.local.zygote_client import Zygote, usable
 from trainyard.protocol import coordstore
+from trainyard.protocol.coordinator import Coordinator
 from trainyard.protocol.sealing import new_secret
 from trainyard.protocol.shards import write_synthetic_corpus
 from trainyard.recovery import storehost
@@ -67,15 +68,16 @@ def test_a_killed_node_reports_the_signal_and_lives_in_a_session_of_its_own(zygo
     }
     write_synthetic_corpus(tmp_path / "data", shards=1, tokens_per_shard=1024)
     attempt = storehost.attempt_store(store, 1)
-    coord = coordstore.Coordinator(attempt, keys)
+    coord = Coordinator(attempt, keys)
     coord.publish(coordstore.Generation(1, ["node-0"], micro_batch=2))  # not node-7
     node = zygote.spawn(ARGV, env, tmp_path / "node-7.log")
-    deadline = time.monotonic() + 60
-    while not coord.spare_ready("node-7") and time.monotonic() < deadline:
-        time.sleep(0.1)  # the node imported nothing: it connects, builds the model and announces itself
-    assert node.poll() is None, (tmp_path / "node-7.log").read_text()
-    # It announced itself as node-7: it runs with its node's environment, not the zygote's.
-    assert coord.spare_ready("node-7"), (tmp_path / "node-7.log").read_text()
+
+    def announced() -> bool:  # the node imported nothing: it connects, builds the model and announces itself
+        assert node.poll() is None, (tmp_path / "node-7.log").read_text()
+        return coord.spare_ready("node-7")
+
+    # It announces itself as node-7: it runs with its node's environment, not the zygote's.
+    wait_for(announced, 60, "node-7's spare announcement", every_s=0.1, context=(tmp_path / "node-7.log").read_text)
     # /proc/PID/environ shows the fork's original environment block: the zygote's, never the task's.
     environ = Path(f"/proc/{node.pid}/environ").read_bytes()
     assert b"TRAINYARD_TEST_SECRET" not in environ and keys["node-7"].encode() not in environ  # nor its store key

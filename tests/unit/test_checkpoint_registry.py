@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from test_checkpoint_validation import flip_byte, save
+from waiting import wait_for
 
 from trainyard.checkpoint import registry
 from trainyard.checkpoint.format import list_checkpoints, verify
@@ -27,7 +28,6 @@ def test_the_watcher_and_the_inspector_it_starts_yield_the_cpu_to_training(tmp_p
     """On the local backend the watcher shares the ranks' cores: its judging (hashes, the tensors' inspector,
     the cold copy) runs at a lower CPU priority than the process that trains or supervises."""
     import threading
-    import time
 
     from trainyard.checkpoint.validate import inspector
 
@@ -45,10 +45,7 @@ def test_the_watcher_and_the_inspector_it_starts_yield_the_cpu_to_training(tmp_p
 
     with registry.Watcher(root, judging, ledger, keep=2, poll_s=0.05):
         save(root, 10)
-        deadline = time.monotonic() + 30
-        while not seen and time.monotonic() < deadline:
-            time.sleep(0.05)
-    assert seen, "the watcher never judged the checkpoint"
+        wait_for(lambda: seen, 30, "the watcher to judge the checkpoint")
     thread, server = seen[0]
     assert thread == min(19, mine + registry.BACKGROUND_NICE)
     assert server >= thread  # inherited from the thread that started it, and its own nice +10 on top

@@ -6,6 +6,7 @@ manifest too), so it reaches the loading step, where a full unpickler would run 
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import pickle
@@ -17,6 +18,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 from test_checkpoint_validation import save
+from waiting import WaitedTooLong, wait_for
 
 from trainyard.checkpoint import validate as validation
 from trainyard.checkpoint.format import write_manifest
@@ -240,21 +242,22 @@ def _running(pid: int) -> bool:
 def _still_running(pids: set[int], within_s: float = 5) -> list[int]:
     """The ``pids`` still running after ``within_s`` at most: a SIGKILLed process is gone only once the kernel
     has torn it down, which a loaded machine takes a moment to do."""
-    import time
-
-    deadline = time.monotonic() + within_s
-    while (running := [pid for pid in pids if _running(pid)]) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return running
+    with contextlib.suppress(WaitedTooLong):  # the caller asserts on what is still running
+        wait_for(lambda: not [pid for pid in pids if _running(pid)], within_s, "the processes to end")
+    return [pid for pid in pids if _running(pid)]
 
 
-def _forks_of(server: subprocess.Popen, seen: set[int], until: float, first: bool = False) -> None:
-    """Collect ``server``'s children until ``until``, it ends, or (``first``) one is seen."""
-    import time
+def _forks_of(server: subprocess.Popen, seen: set[int], within_s: float, first: bool = False) -> None:
+    """Collect ``server``'s children for ``within_s`` at most, until it ends or (``first``) one is seen."""
 
-    while time.monotonic() < until and server.poll() is None and not (first and seen):
-        seen |= _children(server.pid)
-        time.sleep(0.05)
+    def ended() -> bool:
+        if server.poll() is not None:
+            return True
+        seen.update(_children(server.pid))
+        return first and bool(seen)
+
+    with contextlib.suppress(WaitedTooLong):  # the caller asserts on what was seen
+        wait_for(ended, within_s, "the inspector's forks")
 
 
 def test_a_metadata_that_hashes_for_years_leaves_no_inspector_running(tmp_path: Path) -> None:
@@ -262,7 +265,6 @@ def test_a_metadata_that_hashes_for_years_leaves_no_inspector_running(tmp_path: 
     after the time limit) and runs under CPU and memory limits; nothing is left spinning with parent 1."""
     import signal
     import threading
-    import time
 
     hostile_hash(path := save(tmp_path / "a", 10))
     own = validation.Inspector()
@@ -270,7 +272,7 @@ def test_a_metadata_that_hashes_for_years_leaves_no_inspector_running(tmp_path: 
     try:
         assert own.problems(save(tmp_path / "b", 10)) == []  # the server is up: torch imported
         with own.asking(path, 30) as _answer:
-            _forks_of(own.proc, seen, time.monotonic() + 10, first=True)
+            _forks_of(own.proc, seen, 10, first=True)
             [fork] = seen
             limits = Path(f"/proc/{fork}/limits").read_text()
             assert "Max cpu time              unlimited" not in limits
@@ -279,7 +281,7 @@ def test_a_metadata_that_hashes_for_years_leaves_no_inspector_running(tmp_path: 
             assert not _still_running({fork}), "the fork outlived its server"
         validation.inspector().problems(save(tmp_path / "c", 10))  # warm the validator's own server
         server = validation.inspector().proc
-        watch = threading.Thread(target=_forks_of, args=(server, seen, time.monotonic() + 20))
+        watch = threading.Thread(target=_forks_of, args=(server, seen, 20))
         watch.start()
         result = validate(path, timeout_s=2)
         watch.join()

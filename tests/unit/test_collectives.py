@@ -4,15 +4,16 @@ which errors are a failed collective, which abort a backend gets, and the hang w
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
+from waiting import wait_for
 
-from trainyard.protocol.coordstore import Coordinator, Generation, node_keys
+from trainyard.protocol.coordinator import Coordinator
+from trainyard.protocol.coordstore import Generation, node_keys
 from trainyard.protocol.sealing import new_secret
 from trainyard.runtime import collectives, device
 from trainyard.runtime.collectives import GroupPlan, HangWatch, is_collective_error, peers_lost
@@ -303,11 +304,7 @@ def test_the_hang_watch_reads_the_supervisors_sealed_generations(world: GroupPla
     try:
         coord.publish(_gen(4, ["node-0", "node-1", "node-2", "node-3"], joiners=["node-3"]))  # grows: no abort
         coord.publish(_gen(5, ["node-0", "node-2"]))  # node-1 is gone
-        for _ in range(3000):  # the watch polls every 10 ms; 30 s at most under load
-            if watch.fired:
-                break
-            time.sleep(0.01)
-        assert watch.fired == ["node-1"]
+        assert wait_for(lambda: watch.fired, 30, "the watch to fire", every_s=0.01) == ["node-1"]  # polls every 10 ms
         with pytest.raises(dist.DistBackendError, match="node-1"):
             watch.raise_if_fired()
     finally:

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -15,8 +14,9 @@ import torch.distributed as dist
 
 from trainyard.backends.base import LaunchPlan
 from trainyard.backends.local.launcher import node_env
-from trainyard.protocol import coordstore
-from trainyard.protocol.coordstore import Coordinator, Generation, node_keys
+from trainyard.protocol import coordinator, coordstore
+from trainyard.protocol.coordinator import Coordinator
+from trainyard.protocol.coordstore import Generation, node_keys
 from trainyard.protocol.env import TrainEnv
 from trainyard.protocol.sealing import new_secret, seal
 from trainyard.recovery import storehost
@@ -132,18 +132,36 @@ def test_the_pressure_tests_store_listens_on_loopback_only_too() -> None:
     assert store.get("hello") == b"1"
 
 
-def test_the_supervisor_wakes_on_a_fault_report_of_its_generation_only() -> None:
+class PausingClock:
+    """The coordinator's clock, moved only by its own pauses; at ``report_at`` a worker reports its fault (as if
+    during the pause), so what a wait sees is decided by the pauses it took, not by how busy this machine is."""
+
+    def __init__(self, report_at: float, report: Callable[[], None]) -> None:
+        self.now, self.report_at, self.report = 0.0, report_at, report
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        crossed = self.now < self.report_at <= self.now + seconds
+        self.now += seconds
+        if crossed:
+            self.report()
+
+
+def test_the_supervisor_wakes_on_a_fault_report_of_its_generation_only(monkeypatch: pytest.MonkeyPatch) -> None:
     store, port = storehost.serve()
     coord, keys, _ = keyed(storehost.attempt_store(store, 1))
     worker = storehost.attempt_store(dist.TCPStore("127.0.0.1", port, is_master=False), 1)
-    began = time.monotonic()
+    clock = PausingClock(
+        0.3, lambda: coordstore.report_fault(worker, "node-2", keys["node-2"], 1, "RuntimeError: Connection closed")
+    )
+    monkeypatch.setattr(coordinator, "time", clock)
     assert not coord.wait_fault(1, timeout_s=0.2)  # nothing reported: it waited the whole pause
-    assert time.monotonic() - began >= 0.2
-    report = (worker, "node-2", keys["node-2"], 1, "RuntimeError: Connection closed")
-    threading.Timer(0.3, coordstore.report_fault, report).start()
-    began = time.monotonic()
+    assert clock.now == pytest.approx(0.2)
     assert coord.wait_fault(1, timeout_s=10.0)
-    assert time.monotonic() - began < 5.0  # woken by the report, not by the end of the pause
+    # woken at its first look after the report (0.3 s), not at the end of the pause
+    assert clock.now <= 0.3 + coordinator.FAULT_CHECK_S + 1e-9
     assert coord.wait_fault(1, timeout_s=0.0)  # and it stays reported
     assert not coord.wait_fault(2, timeout_s=0.1)  # an older generation's report does not wake a newer one
 

@@ -14,7 +14,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainyard.errors import TrainingFailed
 from trainyard.protocol import coordstore
-from trainyard.protocol.coordstore import Coordinator, Generation, node_keys
+from trainyard.protocol.coordinator import Coordinator
+from trainyard.protocol.coordstore import Generation, node_keys
 from trainyard.protocol.env import TrainEnv
 from trainyard.protocol.sealing import new_secret, seal
 from trainyard.runtime.broadcast import broadcast_tree

@@ -7,7 +7,8 @@ import pytest
 import torch.distributed as dist
 
 from trainyard.backends.local.launcher import WORLD_NAMES, node_state, rank_env
-from trainyard.protocol.coordstore import Coordinator, Generation, node_keys
+from trainyard.protocol.coordinator import Coordinator
+from trainyard.protocol.coordstore import Generation, node_keys
 from trainyard.protocol.sealing import new_secret
 from trainyard.recovery.watch import group_beats
 from trainyard.runtime.device import local_ranks

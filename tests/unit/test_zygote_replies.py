@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import trainyard
-from trainyard.backends.local.zygote import MAX_REPLY, Zygote, parse_reply
+from trainyard.backends.local.zygote_client import MAX_REPLY, Zygote, parse_reply
 
 FORGER = r"""
 import json, os, sys, time

@@ -22,7 +22,8 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from trainyard.backends.base import AttemptStatus, Launcher
-from trainyard.protocol.coordstore import Coordinator, Generation, faulted_key, peek
+from trainyard.protocol.coordinator import Coordinator
+from trainyard.protocol.coordstore import Generation, faulted_key, peek
 from trainyard.recovery.commands import AttemptResult, Command, Fail, Finish, StartNodes, WaitUntil, Watch
 from trainyard.recovery.controller import grown_world
 from trainyard.recovery.observations import (

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from trainyard.backends.store import LOCAL_HOST, serve
-from trainyard.protocol.coordstore import Coordinator, attempt_prefix, node_keys
+from trainyard.protocol.coordinator import Coordinator
+from trainyard.protocol.coordstore import attempt_prefix, node_keys
 from trainyard.protocol.sealing import new_secret
 
 if TYPE_CHECKING:

@@ -25,7 +25,8 @@ from typing import Any
 from trainyard.backends.base import AttemptStatus, Launcher, LaunchPlan, RegroupingLauncher, SignalsNodes
 from trainyard.errors import LineageBusy, TrainingFailed, TransientError
 from trainyard.events.ledger import Ledger
-from trainyard.protocol.coordstore import Coordinator, Generation
+from trainyard.protocol.coordinator import Coordinator
+from trainyard.protocol.coordstore import Generation
 from trainyard.protocol.env import FaultDrill
 from trainyard.recovery.attempt import append_record, kept, start_attempt, watch_attempt
 from trainyard.recovery.commands import (

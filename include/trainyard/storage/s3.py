@@ -12,7 +12,6 @@ Where the store is and as whom to reach it: ``s3auth``.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import io
 import logging
@@ -21,7 +20,6 @@ import ssl
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import BinaryIO
 
 import urllib3
 from minio import Minio
@@ -30,28 +28,19 @@ from minio.error import S3Error
 from minio.lifecycleconfig import Expiration, LifecycleConfig, Rule, Transition
 
 from trainyard.atomic import open_new, temp_name
-from trainyard.errors import ContentChanged, DataError
-from trainyard.storage.checksums import (
-    Check,
-    Digester,
-    PartDigest,
-    available_algorithms,
-    choose_check,
-    parts_to_infer,
-)
-from trainyard.storage.hashing import BLOCK, changed_message, digest_file, settle, sha256_file, write_verified
+from trainyard.errors import DataError
+from trainyard.storage.checksums import Check, available_algorithms, choose_check, parts_to_infer
+from trainyard.storage.hashing import BLOCK, digest_file, settle, sha256_file, write_verified
 from trainyard.storage.keys import check_key
 from trainyard.storage.s3auth import S3Settings
 from trainyard.storage.s3get import CHECKSUM_MODE, SMALL_GET, Job, SmallGets
 from trainyard.storage.s3list import list_prefix
+from trainyard.storage.s3put import SHA_META, Metadata, ReadHashing, digests_of, put_headers, stored_problems
 from trainyard.storage.s3retry import Retry
 from trainyard.storage.tier import Landed, ObjectInfo
 
 log = logging.getLogger(__name__)
-SHA_META = "sha256"
 DEFAULT_RETRY = Retry()  # frozen: one shared default
-Metadata = dict[str, str | list[str] | tuple[str]]
-"""What minio's ``metadata=`` takes: user metadata, and x-amz-* headers sent as they are."""
 
 
 def _pwrite_all(fd: int, data: bytes, offset: int) -> int:
@@ -259,7 +248,7 @@ class S3Tier:
         """Upload ``src`` with its sha256 as metadata and, where one PUT carries it, as an S3 checksum.
 
         With ``expect_sha256`` (a checkpoint's manifest says it) the file is read once: hashed as minio reads
-        it to send (``_ReadHashing``: its sha256, and the MD5s the store's ETag is checked against), and a
+        it to send (``s3put.ReadHashing``: its sha256, and the MD5s the store's ETag is checked against), and a
         file that does not give it is refused at its last byte, before the PUT or the multipart completion
         (minio then aborts the upload): nothing is stored. Without it, the file is hashed first.
 
@@ -272,11 +261,11 @@ class S3Tier:
         sha = expect_sha256 or sha256_file(src)
         part_size = max(self.part_size, 5 << 20)
         multipart = size > part_size
-        headers: Metadata = {SHA_META: sha} if multipart else _put_headers(sha)
+        headers: Metadata = {SHA_META: sha} if multipart else put_headers(sha)
 
         def put() -> tuple[int, str]:
             with open(src, "rb") as fh:
-                sent = _ReadHashing(fh, size, part_size, sha, f"{self.uri}/{key}", src)
+                sent = ReadHashing(fh, size, part_size, sha, f"{self.uri}/{key}", src)
                 self.client.put_object(
                     self.bucket,
                     self._name(key),
@@ -297,10 +286,8 @@ class S3Tier:
         sha = hashlib.sha256(data).hexdigest()
 
         def put() -> None:
-            self.client.put_object(
-                self.bucket, self._name(key), io.BytesIO(data), len(data), metadata=_put_headers(sha)
-            )
-            self._verify_stored(key, len(data), sha, lambda check: _digests(check, data))
+            self.client.put_object(self.bucket, self._name(key), io.BytesIO(data), len(data), metadata=put_headers(sha))
+            self._verify_stored(key, len(data), sha, lambda check: digests_of(check, data))
 
         self.retry.call(f"write {self._name(key)}", put)
 
@@ -308,25 +295,11 @@ class S3Tier:
         self, key: str, size: int, sha: str, written: Callable[[Check], Sequence[str]], part_size: int | None = None
     ) -> None:
         """The stored object has the size, sha256 metadata and (if the store keeps one) sha256 checksum written,
-        and the bytes written give the digest the store answers with, as a download would check them.
-
-        The sha256 metadata only echoes what was sent; the store's own digest of what it received is its
-        checksum, else its ETag (MD5, or MD5 of part MD5s with ``part_size``). Ceph RGW Pacific keeps no
-        checksum and answers CompleteMultipartUpload with an empty ETag, so the ETag comes from this HEAD.
-        """
+        and the bytes written give the digest the store answers with, as a download would check them
+        (``s3put.stored_problems``)."""
         st = self.client.stat_object(self.bucket, self._name(key), extra_headers=dict(CHECKSUM_MODE))
         meta = {k.lower(): v for k, v in (st.metadata or {}).items()}
-        stored_sum = meta.get("x-amz-checksum-sha256")
-        problems = []
-        if st.size != size:
-            problems.append(f"size {st.size}, wrote {size}")
-        if meta.get(f"x-amz-meta-{SHA_META}") != sha:
-            problems.append(f"sha256 metadata {meta.get(f'x-amz-meta-{SHA_META}')}, wrote {sha}")
-        if stored_sum and "-" not in stored_sum and stored_sum != _b64(sha):
-            problems.append(f"x-amz-checksum-sha256 {stored_sum}, wrote {_b64(sha)}")
-        elif not problems:
-            problems += _store_digest_problems(meta, st.etag, size, written, part_size)
-        if problems:
+        if problems := stored_problems(meta, st.size, st.etag, size, sha, written, part_size):
             raise DataError(f"{self.uri}/{key}: the stored object differs from what was written: {'; '.join(problems)}")
 
     def read_bytes(self, key: str, limit: int = 1 << 20) -> bytes | None:
@@ -376,75 +349,3 @@ class S3Tier:
             transition_days,
             storage_class,
         )
-
-
-def _store_digest_problems(
-    headers: dict[str, str],
-    etag: str | None,
-    size: int,
-    written: Callable[[Check], Sequence[str]],
-    part_size: int | None,
-) -> list[str]:
-    """What the store's own digest (a checksum, else the ETag) says that the bytes written (``written``: their
-    digests for a check) do not give."""
-    unechoed = {k: v for k, v in headers.items() if k != f"x-amz-meta-{SHA_META}"}
-    check = choose_check(unechoed, etag, size, None, part_size, available_algorithms())
-    if check.expected is None:  # nothing of the store's own (an SSE-KMS ETag): the metadata is all there is
-        return []
-    found = written(check)
-    if check.expected in found:
-        return []
-    return [f"{check.source} says {check.expected}, the bytes written give {' or '.join(found)}"]
-
-
-def _digests(check: Check, data: bytes) -> list[str]:
-    digester = Digester(check)
-    digester.update(data)
-    return digester.digests()
-
-
-class _ReadHashing:
-    """A file as minio reads it to upload it, hashed as it is read: its sha256, and the MD5 of the whole (a
-    single PUT's ETag) or of each part (a multipart ETag), so the upload and its check read it once."""
-
-    def __init__(self, fh: BinaryIO, size: int, part_size: int, expect: str, dest: str, src: Path):
-        self.fh, self.size, self.part_size, self.expect, self.dest, self.src = fh, size, part_size, expect, dest, src
-        self.sha = hashlib.sha256()
-        self.md5 = hashlib.md5() if size <= part_size else None
-        self.parts = PartDigest("md5", part_size) if size > part_size else None
-        self.read_so_far = 0
-
-    def read(self, n: int = -1) -> bytes:
-        data = self.fh.read(n)
-        self.sha.update(data)
-        (self.md5 or self.parts).update(data)  # type: ignore[union-attr]  # one of them, by the size
-        self.read_so_far += len(data)
-        if data and self.read_so_far >= self.size and (got := self.sha.hexdigest()) != self.expect:
-            raise ContentChanged(changed_message(self.src, got, self.expect, self.dest))  # before it is stored
-        return data
-
-    def digests_for(self, check: Check) -> list[str]:
-        """``check``'s digests of what was read, where it hashed them; otherwise read again (a checksum only AWS
-        keeps, say)."""
-        if self.read_so_far != self.size:
-            raise ContentChanged(f"{self.src}: {self.read_so_far} of {self.size} bytes were read; nothing was kept")
-        if check.algo == "sha256" and check.style == "full":
-            return [f"sha256:{self.sha.hexdigest()}"]
-        if check.algo == "md5" and check.style == "full" and self.md5 is not None:
-            return [f"md5:{self.md5.hexdigest()}"]
-        if check.style == "multipart" and self.parts is not None and self.part_size in check.part_sizes:
-            raw, count = self.parts.finish()
-            return [f"md5-multipart:{raw.hex()}-{count}"]
-        return digest_file(self.src, check).digests()
-
-
-def _b64(sha_hex: str) -> str:
-    return base64.b64encode(bytes.fromhex(sha_hex)).decode()
-
-
-def _put_headers(sha: str) -> Metadata:
-    """sha256 user metadata, and the same sha256 as an S3 checksum the server checks on receipt and keeps.
-
-    ``x-amz-sdk-checksum-algorithm`` is what the AWS SDKs send beside it; moto stores a checksum only then.
-    """
-    return {SHA_META: sha, "x-amz-checksum-sha256": _b64(sha), "x-amz-sdk-checksum-algorithm": "SHA256"}

@@ -22,7 +22,8 @@ from typing import Protocol
 
 from trainyard.atomic import read_capped, write_bytes_atomic
 from trainyard.backends.base import LaunchPlan
-from trainyard.protocol.coordstore import Coordinator, attempt_prefix, node_keys
+from trainyard.protocol.coordinator import Coordinator
+from trainyard.protocol.coordstore import attempt_prefix, node_keys
 from trainyard.protocol.sealing import new_secret
 
 SECRET_BYTES = 32

@@ -44,7 +44,7 @@ from trainyard.atomic import open_append
 from trainyard.backends.base import AttemptStatus, LaunchPlan, NodeState, NodeStatus
 from trainyard.backends.local.environ import child_env
 from trainyard.backends.local.procs import die_with_parent
-from trainyard.backends.local.zygote import Forked, Zygote, usable
+from trainyard.backends.local.zygote_client import Forked, Zygote, usable
 from trainyard.errors import SpecError
 from trainyard.protocol.env import TrainEnv
 from trainyard.protocol.heartbeat import drop_local_folder, node_folder
