@@ -5,6 +5,7 @@ each growth of its world, each group formed in place. Plain frozen data, no reco
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -129,3 +130,46 @@ class AttemptRun:
     def generation(self) -> int:
         """The group generation on the supervisor's store: 1, then one more per regroup or growth."""
         return 1 + len(self.regroups) + len(self.growths)
+
+
+@dataclass(frozen=True)
+class NodeJudged:
+    """A burn-in ``node_verdict``: one node's figures, its second round if it was a suspect, and the verdict."""
+
+    figures: dict[str, Any] | None = None
+    again: Any = None
+    suspect: str | None = None
+    verdict: str | None = None
+    reason: str | None = None
+    collective: Any = None
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The burn-in's ``thresholds``: each probe's threshold and reference figure, and how long it took."""
+
+    thresholds: dict[str, Any] | None
+    references: dict[str, Any] | None
+    seconds: float | None
+
+
+@dataclass(frozen=True)
+class Gated:
+    """The gate's last verdict in the run (``checkpoint_checked``): the checkpoint it checked, the digest of the
+    manifest it read, what it found wrong and what it could not check."""
+
+    path: str
+    valid: bool
+    manifest_sha256: str | None
+    problems: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    seconds: float | None = None
+    at: float | None = None
+
+
+@dataclass(frozen=True)
+class StageError:
+    """Why a stage's last try failed (``stage_failed``): the error's class and its message."""
+
+    error: str
+    message: str
