@@ -89,7 +89,7 @@ def run_drill(spec_path: Path, drill: Drill, ds: str | None = None, run_id: str 
         stages.check_dataset(run)
         chosen = stages.burn_in(run)
         try:
-            stages.train(run, chosen["healthy"], spares=chosen.get("spare", []))
+            stages.train(run, chosen.healthy, spares=chosen.spare)
             end = "succeeded"
         except TrainingFailed:
             end = "failed"

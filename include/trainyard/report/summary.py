@@ -183,17 +183,14 @@ def _known(figures: dict[str, Any], name: str, unit: str = "") -> str:
 
 
 def write_report(run_dir: Path, ledger: Ledger) -> dict[str, Any]:
+    """Write the run's ``summary.json`` and ``report.html``; the summary written (``report``, ``summary``: where)."""
     # Written by the report stage itself, which is still open: the run's outcome is the other stages'.
     summary = summary_of(fold(ledger.events()), closing=True)
     summary["report"] = str(run_dir / "report.html")
+    summary["summary"] = str(run_dir / "summary.json")
     write_json_atomic(run_dir / "summary.json", summary)
     write_text_atomic(run_dir / "report.html", report_html(summary, run_identity(run_dir)))
-    return {
-        "report": summary["report"],
-        "summary": str(run_dir / "summary.json"),
-        "steps_trained": summary["steps_trained"],
-        "last_loss": summary["last_loss"],
-    }
+    return summary
 
 
 def run_identity(run_dir: Path) -> dict[str, Any]:
