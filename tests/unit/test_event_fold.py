@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from trainyard.events.fold import TrainRun, fold
 from trainyard.recovery.state import TrainState
 from trainyard.report.faults import attempt_lines
@@ -127,3 +129,18 @@ def test_a_fired_drill_is_kept_even_when_read_without_its_attempt() -> None:
     """The drill driver reads only ``drill_fired`` events: the fold keeps them without an attempt to hang them on."""
     fired = TrainRun.of(e for e in WHOLE_RUN if e["event"] == "drill_fired").fired
     assert [(d.fault, d.node, d.step) for d in fired] == [("kill", "node-0", 1)]
+
+
+def test_the_controller_reads_the_folds_records_not_copies() -> None:
+    """One class per record: the controller's attempt wraps the fold's, its decision is the fold's own."""
+    state = TrainState.of(HEALED_TWICE)
+    last, folded = state.last, state.run.last
+    assert last is not None and folded is not None and last.run is folded
+    assert last.generation == folded.generation == 4  # two regroups and one growth, counted once
+    assert state.history[0].kind == "node_lost" and state.history[0].decision == "regroup"
+
+
+def test_a_failure_kind_the_vocabulary_lacks_is_said_not_decided_on() -> None:
+    torn = [*HEALED_TWICE[:4], ev(10, "failure_classified", attempt=1, kind="cosmic_ray", culprits=["node-0"])]
+    with pytest.raises(ValueError, match="unknown failure kind 'cosmic_ray'"):
+        TrainRun.of(torn)

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar, get_args
 
-from trainyard.events.records import AttemptRun, DecisionTaken, Drill, FailureSeen, Fault, Formed, Growth
+from trainyard.events.records import AttemptRun, Decision, DecisionTaken, Drill, FailureSeen, Fault, Formed, Growth
+from trainyard.spec.models import Action, FailureKind
 
 TRAIN = "train"
 Event = Mapping[str, Any]
@@ -27,6 +28,26 @@ def _int(value: Any) -> int | None:
 
 def _names(value: Any) -> tuple[str, ...]:
     return tuple(str(n) for n in value or ())
+
+
+W = TypeVar("W")
+_KINDS: dict[str, FailureKind] = {k: k for k in get_args(FailureKind)}
+_DECISIONS: dict[str, Decision] = {a: a for a in (*get_args(Action), "regroup")}
+
+
+def _word(words: dict[str, W], value: Any, what: str) -> W:
+    """A word of one of the spec's vocabularies, as the orchestrator wrote it (another: a ledger of another
+    version, said as such rather than decided on)."""
+    try:
+        return words[str(value)]
+    except KeyError:
+        raise ValueError(
+            f"the ledger names an unknown {what} {value!r} (written by another trainyard version?)"
+        ) from None
+
+
+def _kind(value: Any) -> FailureKind:
+    return _word(_KINDS, value, "failure kind")
 
 
 @dataclass(frozen=True)
@@ -137,7 +158,7 @@ def _attempt_end(s: TrainRun, e: Event) -> TrainRun:
 def _classified(s: TrainRun, e: Event) -> TrainRun:
     if s.last is None or s.last.number != e.get("attempt"):
         return s
-    seen = FailureSeen(int(e["attempt"]), str(e["kind"]), float(e["ts"]), str(e.get("evidence", "")),
+    seen = FailureSeen(int(e["attempt"]), _kind(e["kind"]), float(e["ts"]), str(e.get("evidence", "")),
                        _names(e.get("culprits")), _int(e.get("step")), e.get("detected_at"))  # fmt: skip
     return s._with_last(s.last.number, faults=(*s.last.faults, Fault(seen)))
 
@@ -145,7 +166,7 @@ def _classified(s: TrainRun, e: Event) -> TrainRun:
 def _decision(s: TrainRun, e: Event) -> TrainRun:
     new_nodes = e.get("new_nodes")
     decision = DecisionTaken(
-        attempt=int(e["attempt"]), kind=str(e["kind"]), action=str(e["action"]), at=float(e["ts"]),
+        attempt=int(e["attempt"]), kind=_kind(e["kind"]), action=_word(_DECISIONS, e["action"], "action"), at=float(e["ts"]),
         nodes=_names(e.get("nodes")), reason=str(e.get("reason", "")), delay_s=float(e.get("delay_s") or 0.0),
         micro_batch=_int(e.get("micro_batch")), to_step=_int(e.get("to_step")),
         new_nodes=None if new_nodes is None else _names(new_nodes), path=e.get("path"),

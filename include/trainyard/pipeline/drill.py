@@ -97,7 +97,7 @@ def run_drill(spec_path: Path, drill: Drill, ds: str | None = None, run_id: str 
     finally:
         shutil.rmtree(path.parent, ignore_errors=True)
     train = fold(run.ledger.events("train")).train
-    actions = [d.action for d in train.decisions]
+    actions: list[str] = [d.action for d in train.decisions]
     refused = [why for fault, why in train.drills_refused if fault == drill.fault]
     return DrillReport(drill.fault, actions, end, EXPECTED[drill.fault], recovery_figures(run.ledger), run.dir,
                        refused)  # fmt: skip
