@@ -74,7 +74,7 @@ def demo_fraction(tmp: Path) -> tuple[float, float]:
     stages.stage_dataset(run)
     stages.check_dataset(run)
     chosen = stages.burn_in(run)
-    trained = stages.train(run, chosen["healthy"])
+    trained = stages.train(run, chosen.healthy)
     gate = (
         "import sys, time; t = time.monotonic(); import great_expectations; print(time.monotonic() - t);"
         "from trainyard.pipeline import stages; from trainyard.pipeline.run import open_run;"

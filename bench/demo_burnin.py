@@ -41,12 +41,12 @@ def main() -> None:
             began = time.monotonic()
             result = burn_in(run)
             seconds.append(time.monotonic() - began)
-            evicted += len(result["evicted"])
-            cleared += len(result["cleared"])
+            evicted += len(result.evicted)
+            cleared += len(result.cleared)
             print(
-                f"night {i + 1:2d}: train on {', '.join(result['healthy'])}"
-                f"{'; EVICTED ' + json.dumps(result['evicted']) if result['evicted'] else ''}"
-                f"{'; suspects cleared: ' + ', '.join(result['cleared']) if result['cleared'] else ''}"
+                f"night {i + 1:2d}: train on {', '.join(result.healthy)}"
+                f"{'; EVICTED ' + json.dumps(result.evicted) if result.evicted else ''}"
+                f"{'; suspects cleared: ' + ', '.join(result.cleared) if result.cleared else ''}"
                 f" [{seconds[-1]:.1f} s]"
             )
     print(

@@ -95,8 +95,8 @@ def stage_time(n: int, root: Path) -> dict[str, Any]:
             started = time.monotonic()
             result = burn_in(run, fake.client())
             seconds = time.monotonic() - started
-        assert len(result["healthy"]) == n, (
-            f"{n - len(result['healthy'])} of {n} not healthy: {sorted(result['evicted'].items())[:3]}"
+        assert len(result.healthy) == n, (
+            f"{n - len(result.healthy)} of {n} not healthy: {sorted(result.evicted.items())[:3]}"
         )
         assert fake.items("api/v1", "pods", NS) == [], "burn-in pods left behind"
     finally:

@@ -150,9 +150,10 @@ def cmd_ckpt_verify(args: argparse.Namespace) -> int:
         expect = (expect or MetricExpectations()).model_copy(update={"max_loss": args.max_loss})
     history = None
     if args.ledger:
+        from trainyard.events.fold import TrainRun
         from trainyard.protocol.steps import loss_points
 
-        history = loss_points(Ledger(args.ledger).events("train", "step"))
+        history = loss_points(TrainRun.of(Ledger(args.ledger).events("train", "step")).steps)
     result = validate(args.path, expect, history)
     for problem in result.problems:
         print(f"{args.path}: {problem}")

@@ -63,10 +63,10 @@ def test_a_throttled_node_is_evicted_and_the_others_train(tmp_path: Path) -> Non
         tmp_path, count=2, spare=1, drills="[{node: node-1, fault: throttle, factor: 0.75}]", ratio=TEST_RATIO
     )
     result = burn_in(run)
-    assert sorted(result["healthy"]) == ["node-0", "node-2"]
+    assert sorted(result.healthy) == ["node-0", "node-2"]
     # Three probes share two cores here, so the throttled node's sleeps hand the others CPU:
     # which of its throttled probes falls furthest below the median varies from run to run.
-    assert re.match(r"straggler: (matmul_gflops|membw_gbps) ", result["evicted"]["node-1"])
+    assert re.match(r"straggler: (matmul_gflops|membw_gbps) ", result.evicted["node-1"])
     verdicts = {e["node"]: e for e in run.ledger.events("burn_in", "node_verdict")}
     assert verdicts["node-1"]["verdict"] == "evicted" and verdicts["node-0"]["verdict"] == "train"
     assert set(verdicts["node-0"]["collective"]) == {"64KB", "1024KB"}
@@ -79,8 +79,8 @@ def test_a_crashed_or_hung_node_is_dead_within_the_timeout(tmp_path: Path, fault
         tmp_path, count=2, spare=1, drills=f"[{{node: node-0, fault: {fault}}}]", duration=5, ratio=TEST_RATIO
     )
     result = burn_in(run)
-    assert sorted(result["healthy"]) == ["node-1", "node-2"], result["evicted"]
-    reason = result["evicted"]["node-0"]
+    assert sorted(result.healthy) == ["node-1", "node-2"], result.evicted
+    reason = result.evicted["node-0"]
     if fault == "crash":
         assert reason == "dead: exited 1: drill: node crashed on purpose (node-0)"
     else:  # a hung node is dead once its turn's grace is over, never after the candidates' whole timeout (a minute)
@@ -92,8 +92,8 @@ def test_a_crashed_or_hung_node_is_dead_within_the_timeout(tmp_path: Path, fault
 def test_a_node_slow_only_once_is_a_suspect_the_confirmation_round_clears(tmp_path: Path) -> None:
     run = run_for(tmp_path, count=3, spare=0, drills="[{node: node-1, fault: blip, factor: 0.75}]", ratio=TEST_RATIO)
     result = burn_in(run)
-    assert result["evicted"] == {} and result["cleared"] == ["node-1"], result
-    assert sorted(result["healthy"]) == ["node-0", "node-1", "node-2"]
+    assert result.evicted == {} and result.cleared == ["node-1"], result
+    assert sorted(result.healthy) == ["node-0", "node-1", "node-2"]
     verdicts = {e["node"]: e for e in run.ledger.events("burn_in", "node_verdict")}
     assert verdicts["node-1"]["suspect"].startswith("straggler: ") and verdicts["node-1"]["again"]
     assert verdicts["node-1"]["verdict"] == "train"
@@ -108,8 +108,8 @@ def test_a_slow_link_is_found_by_position(tmp_path: Path) -> None:
         tmp_path, count=2, spare=2, drills="[{node: node-2, fault: slow_link, factor: 0.75}]", ratio=TEST_RATIO
     )
     result = burn_in(run)
-    assert list(result["evicted"]) == ["node-2"], result
-    assert "link_gbps" in result["evicted"]["node-2"] and result["evicted"]["node-2"].endswith("confirmed")
+    assert list(result.evicted) == ["node-2"], result
+    assert "link_gbps" in result.evicted["node-2"] and result.evicted["node-2"].endswith("confirmed")
     links = {e["node"]: e["links"] for e in run.ledger.events("burn_in", "node_verdict")}
     assert set(links["node-0"]) == {"node-1", "node-2", "node-3"}  # every partner, once
 
@@ -123,7 +123,7 @@ def test_an_evicted_node_sits_out_its_cool_down_then_is_retested_and_readmitted(
     hour = 3600.0
     fleet.record("node-1", local_kind(), at=time.time() - hour, run_id="old", figures={}, verdict="evicted", reason="x")
     result = burn_in(first)
-    assert result["healthy"] == ["node-0"] and result["readmitted"] == []
+    assert result.healthy == ["node-0"] and result.readmitted == []
     [sitting] = first.ledger.events("burn_in", "sitting_out")
     assert list(sitting["nodes"]) == ["node-1"]
     # a day later (the default cool-down is 24 h) it is tested again, passes and is back
@@ -132,7 +132,7 @@ def test_an_evicted_node_sits_out_its_cool_down_then_is_retested_and_readmitted(
     )
     later = run_for(tmp_path, count=2, spare=0, drills="[]", duration=3)
     result = burn_in(later)
-    assert result["readmitted"] == ["node-1"] and sorted(result["healthy"]) == ["node-0", "node-1"]
+    assert result.readmitted == ["node-1"] and sorted(result.healthy) == ["node-0", "node-1"]
     assert fleet.read("node-1").evicted_at is None  # type: ignore[union-attr]
     assert fleet.read("node-0").runs[-1]["verdict"] == "train"  # type: ignore[union-attr]
 

@@ -76,10 +76,10 @@ def test_a_throttled_cluster_node_is_evicted_and_labelled(fake: FakeKube, tmp_pa
     run = run_for(tmp_path, "[{node: gpu-b, fault: throttle, factor: 0.5}]")
     with Kubelet(fake, NS):
         result = burn_in(run, fake.client())
-    assert sorted(result["healthy"]) == ["gpu-a", "gpu-c"]
+    assert sorted(result.healthy) == ["gpu-a", "gpu-c"]
     # Three probes share two cores here, so the throttled node's sleeps hand the others CPU:
     # which of its throttled probes falls furthest below the median varies from run to run.
-    assert re.match(r"straggler: (matmul_gflops|membw_gbps) ", result["evicted"]["gpu-b"])
+    assert re.match(r"straggler: (matmul_gflops|membw_gbps) ", result.evicted["gpu-b"])
     labels = {n["metadata"]["name"]: n["metadata"]["labels"] for n in fake.items("api/v1", "nodes")}
     assert labels["gpu-b"].get("trainyard.io/evicted") == "true"
     assert "trainyard.io/evicted" not in labels["gpu-a"] and "trainyard.io/evicted" not in labels["gpu-c"]
@@ -106,8 +106,8 @@ def test_without_a_pressure_test_the_candidates_are_real_cluster_nodes_with_the_
         text[: text.index("pressure_test:")] + "pressure_test: {enabled: false}\n" + text[text.index("training:") :]
     )
     result = burn_in(open_run(spec, "p", "run-untested", "2026-11-28"), fake.client())
-    assert result["skipped"] and len(result["healthy"]) == 2 and len(result["spare"]) == 1
-    assert sorted(result["healthy"] + result["spare"]) == ["gpu-a", "gpu-b", "gpu-c"]
+    assert result.skipped and len(result.healthy) == 2 and len(result.spare) == 1
+    assert sorted(result.healthy + result.spare) == ["gpu-a", "gpu-b", "gpu-c"]
     assert fake.items("api/v1", "pods", NS) == []  # nothing was probed
 
 
@@ -129,7 +129,7 @@ def test_an_evicted_cluster_node_is_retested_after_its_cool_down_and_its_marks_r
     run = run_for(tmp_path, "[]")
     with Kubelet(fake, NS):
         result = burn_in(run, fake.client())
-    assert result["readmitted"] == ["gpu-d"] and result["evicted"] == {}, result
+    assert result.readmitted == ["gpu-d"] and result.evicted == {}, result
     meta = {n["metadata"]["name"]: n["metadata"] for n in fake.items("api/v1", "nodes")}
     assert "trainyard.io/evicted" not in meta["gpu-d"].get("labels", {})
     assert "trainyard.io/evicted-at" not in meta["gpu-d"].get("annotations", {})

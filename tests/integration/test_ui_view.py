@@ -143,7 +143,7 @@ def produce_run(root: Path, burned_in: Callable[[], object]) -> None:
     stages.check_dataset(run)
     chosen = stages.burn_in(run)
     burned_in()
-    trained = stages.train(run, chosen["healthy"], spares=chosen.get("spare", []))
+    trained = stages.train(run, chosen.healthy, spares=chosen.spare)
     checked = stages.check_checkpoint(run, trained.checkpoint, trained.target_step)
     stages.publish(run, checked.checkpoint)
     stages.report(run)

@@ -143,7 +143,7 @@ def test_fold_reads_the_attempts_decisions_and_spares_from_the_ledger() -> None:
     [attempt] = state.attempts
     assert attempt.course == Course(NODES, 2, "none") and attempt.started == T0 and attempt.state == "failed"
     assert attempt.last_step == 12 and attempt.classified is not None and attempt.classified.culprits == ["n1"]
-    assert attempt.decided is not None and attempt.decided.new_nodes == ["n0", "n2", "s0"]
+    assert attempt.decided is not None and attempt.decided.new_nodes == ("n0", "n2", "s0")
     assert [(h.attempt, h.kind, h.decision) for h in state.history] == [(1, "node_lost", "scale_down")]
     assert not state.unfinished and state.spares_left(["s0", "s1"]) == ["s1"]  # s0 was taken by the decision
     assert [f.kind for f in state.failures] == ["node_lost"]

@@ -81,8 +81,8 @@ def test_a_pointer_a_pod_wrote_never_chooses_what_the_gate_checks_and_publishes(
     (root / registry.LATEST).write_text(json.dumps({"path": planted, "step": 20}))  # a pod's write
 
     trained = _trained(run, ["node-0"], 0, 20, AttemptResult(attempt=1, seconds=1.0, last_step=20))
-    assert trained["checkpoint"] == str(root / "step_000020")
-    checked = stages.check_checkpoint(run, trained["checkpoint"], 20)
+    assert trained.checkpoint == str(root / "step_000020")
+    checked = stages.check_checkpoint(run, trained.checkpoint, 20)
     assert checked.checkpoint == str(root / "step_000020") and checked.metrics["loss"] == OWN_LOSS
     published = stages.publish(run, checked.checkpoint)
     copy = Path(local_path(published.uri))
@@ -98,7 +98,7 @@ def test_a_checkpoint_folder_swapped_for_a_link_is_not_the_pipelines_own(tmp_pat
     final = run.checkpoint_root / "step_000020"
     os.replace(final, tmp_path / "moved-away")
     final.symlink_to(theirs, target_is_directory=True)  # LATEST still names step_000020, now a link to theirs
-    assert _trained(run, ["node-0"], 0, 20, AttemptResult(attempt=1, seconds=1.0, last_step=20))["checkpoint"] is None
+    assert _trained(run, ["node-0"], 0, 20, AttemptResult(attempt=1, seconds=1.0, last_step=20)).checkpoint is None
     with pytest.raises(CheckpointInvalid, match="not a checkpoint folder of this pipeline"):
         stages.check_checkpoint(run, str(final), 20)
     [refused] = run.ledger.events("train", "pointer_refused")

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from trainyard.events.fold import fold
 from trainyard.report.notice import MAX_MESSAGE, NO_LINK, Notice, RunFacts, build_notice
 
 LINK = "http://airflow.example.com/trainyard/runs/nightly/manual__2026-11-28T00%3A00%3A00%2B00%3A00"
@@ -244,7 +245,7 @@ CASES: dict[
 @pytest.mark.parametrize("name", CASES)
 def test_notice(name: str) -> None:
     events, figs, run, on, kind, subject, body, absent = CASES[name]
-    notice = build_notice(events, figs, run, on)
+    notice = build_notice(fold(events), figs, run, on)
     if kind is None:
         assert notice is None
         return
@@ -261,7 +262,7 @@ def test_notice(name: str) -> None:
 def test_long_messages_are_cut_and_evidence_keeps_its_end() -> None:
     events = [*failed("check_dataset", "DataError", "x" * 5000)]
     line = next(
-        ln for ln in build_notice(events, figures(), facts(failed=True), BOTH).lines if ln.startswith("Message:")
+        ln for ln in build_notice(fold(events), figures(), facts(failed=True), BOTH).lines if ln.startswith("Message:")
     )
     assert len(line) == len("Message: ") + MAX_MESSAGE and line.endswith("...")
     tb = "Traceback (most recent call last):\n" + "  frame\n" * 500 + "RuntimeError: the real cause"
@@ -269,7 +270,7 @@ def test_long_messages_are_cut_and_evidence_keeps_its_end() -> None:
         *attempt(1, "user_error", "fail", evidence=tb),
         ev("train", "stage_failed", error="TrainingFailed", message="gave up", seconds=1.0),
     ]
-    text = build_notice(gave_up, figures(), facts(failed=True), BOTH).text
+    text = build_notice(fold(gave_up), figures(), facts(failed=True), BOTH).text
     assert "RuntimeError: the real cause" in text and "\n  frame" not in text
 
 
@@ -286,7 +287,7 @@ def test_the_body_is_inert_to_any_template_engine_that_renders_it_later() -> Non
     import jinja2
 
     rank = "{{ 7*7 }} {{ conn.smtp_default.password }} {% endfor %} {# note #} \udcff"
-    notice = build_notice(failed("train", "TrainingFailed", rank), {}, facts(), ["failure"])
+    notice = build_notice(fold(failed("train", "TrainingFailed", rank)), {}, facts(), ["failure"])
     assert notice is not None
     said = "{{ 7*7 }} {{ conn.smtp_default.password }} {% endfor %} {# note #}"
     body = notice.html()

@@ -29,7 +29,7 @@ from airflow.sdk.observability import stats
 from trainyard.events.fold import fold
 from trainyard.events.ledger import Ledger
 from trainyard.pipeline.run import Run
-from trainyard.recovery.figures import recovery_figures
+from trainyard.recovery.figures import figures_from
 
 log = logging.getLogger(__name__)
 
@@ -96,10 +96,9 @@ def recovery_metrics(ledger: Ledger, dag_id: str) -> list[Metric]:
     """The train stage's recovery figures: its ``recovery_figures`` event, or for a run that failed
     before writing one, the same figures computed from the ledger. A figure with no value (no
     failure, so no detection time) is not sent: a zero would read as an instant recovery."""
-    events = list(ledger.events(TRAIN))
-    figures = next((e for e in reversed(events) if e.get("event") == "recovery_figures"), None)
-    figures = figures or recovery_figures(ledger)
-    train = fold(events).train
+    state = fold(ledger.events(TRAIN))
+    train = state.train
+    figures = train.figures or figures_from(state)
     dag, tags = segment(dag_id), {"dag_id": dag_id}
     out = [
         Metric(kind, metric_name("recovery", name, dag), figures[key] * (1000 if kind == "timing" else 1), tags)

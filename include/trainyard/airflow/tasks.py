@@ -207,9 +207,7 @@ def burn_in(spec: SpecSource, run_file: str | None) -> BurnInResult:
     from trainyard.pipeline import stages
 
     with stage_run(spec, run_file, "burn_in") as run:
-        return BurnInResult.from_dict(
-            stages.burn_in(run, connect=kube_client)
-        )  # the stage's own result is still a dict
+        return stages.burn_in(run, connect=kube_client)
 
 
 def kube_client(spec: KubernetesSpec | None) -> Any:

@@ -44,6 +44,7 @@ from trainyard.checkpoint.format import (
 )
 from trainyard.checkpoint.validate import Validation
 from trainyard.errors import CheckpointInvalid
+from trainyard.events.fold import fold
 from trainyard.events.ledger import Ledger
 from trainyard.text import printable
 
@@ -312,7 +313,8 @@ class Watcher:
         judged unless the ledger already holds their verdict -- a deferred
         train task sweeps once per wake-up, in a new process each time.
         """
-        verdicts = {Path(e["path"]).name: e["valid"] for e in self.ledger.events(STAGE, "checkpoint_validated")}
+        judged = fold(self.ledger.events(STAGE, "checkpoint_validated")).checkpoints
+        verdicts = {row.name: row.valid is True for row in judged}
         before = {c.name for c in list_checkpoints(self.root) if (step_of(c) or 0) <= start_step}
         self.seen = before | set(verdicts)
         self.valid = before | {name for name, ok in verdicts.items() if ok}

@@ -1,234 +1,31 @@
 """THE fold: a run ledger turned into run state, once, for every reader.
 
 ``fold(events) -> RunState``: the stages (start, end or failure, seconds,
-result), the training (``TrainRun``: the resume point, every attempt with EVERY
-failure and EVERY decision taken about it, in order, its regroups and growth
-with their joiners and generations, the world size over time, the spares) and
-the checkpoints (saved, validated, quarantined, tiered, published). The
-controller (``recovery.state``), the report, ``trainyard summary``, the recovery
-figures, the metrics, the notice, the drill and the resume point all read it;
-none folds the ledger again (docs/architecture.md, the event model).
-
-``TrainRun.fold(events)`` folds later events onto a train state, so a driver
-that keeps one folds only what was appended since its last look. The records
-are neutral (no recovery types): the controller adapts them to its own.
+result, why one failed), the run's state, the burn-in (every node's verdict,
+the thresholds), the training (``TrainRun``, ``trainyard.events.train``: the
+resume point, every attempt with EVERY failure and EVERY decision taken about
+it, in order, its regroups and growth, the world size over time, the spares,
+the drills, the steps, the recovery figures), the checkpoints (saved,
+validated, quarantined, tiered, published) and the gate's verdict. The
+controller (``recovery.state``), the report, ``trainyard summary``, the
+recovery figures, the metrics, the notice, the drill and the resume point all
+read it; none reads an event dict itself (docs/architecture.md, the event
+model). Old ledgers' names are read here, and only here.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
-from trainyard.events.records import AttemptRun, DecisionTaken, Drill, FailureSeen, Fault, Formed, Growth
+from trainyard.events.records import Gated, Limits, NodeJudged, StageError
+from trainyard.events.train import TRAIN, Event, TrainRun
 
-TRAIN = "train"
-Event = Mapping[str, Any]
+__all__ = ["TRAIN", "CheckpointRow", "Event", "Gated", "RunState", "TrainRun", "fold", "run_state"]
 
-
-def _int(value: Any) -> int | None:
-    return None if value in (None, "") else int(value)
-
-
-def _names(value: Any) -> tuple[str, ...]:
-    return tuple(str(n) for n in value or ())
-
-
-@dataclass(frozen=True)
-class TrainRun:
-    """The run's training. ``TrainRun().fold(events)``; fold later events onto it (other stages are skipped)."""
-
-    resume_from: str | None = None
-    """The run's starting checkpoint (``resume_point``): decided once per run; None: not yet."""
-    start_step: int | None = None
-    attempts: tuple[AttemptRun, ...] = ()
-    decisions: tuple[DecisionTaken, ...] = ()
-    """Every decision of the run, in order (the policy's history)."""
-    used: frozenset[str] = frozenset()
-    """Nodes any attempt ran on or a decision took (a spare used once is no longer spare)."""
-    stage_start: float | None = None
-    """When the latest train task process began (the last ``stage_start``)."""
-    worlds: tuple[tuple[float, int], ...] = ()
-    """``(ts, world size)`` of each attempt's start and each group formed in place (``regrouped``)."""
-    formed: tuple[Formed, ...] = ()
-    """Every group formed in place, in order."""
-    waiting: tuple[str, ...] = ()
-    """Nodes waiting outside the group now (warm spares, nodes started again), in order."""
-    joined: tuple[str, ...] = ()
-    """Nodes that joined a group in place, in order."""
-    in_place: bool | None = None
-    why_not: str | None = None
-    batch_followed: bool = False
-    """The script applies the batch settings (a ``batch_followed`` of any attempt: the same script runs them all)."""
-    drills_refused: tuple[tuple[str, str], ...] = ()
-    """``(fault, why)`` of every drill the supervisor could not act out (``drill_refused``), in order."""
-    hang_detection_off: str | None = None
-    """Why hang detection is off (the script writes no heartbeats: ``hang_detection_off``); None: on."""
-
-    @classmethod
-    def of(cls, events: Iterable[Event]) -> TrainRun:
-        return cls().fold(events)
-
-    def fold(self, events: Iterable[Event]) -> TrainRun:
-        state = self
-        for event in events:
-            if event.get("stage") == TRAIN and (apply := _TRAIN.get(str(event.get("event")))) is not None:
-                state = apply(state, event)
-        return state
-
-    @property
-    def last(self) -> AttemptRun | None:
-        return self.attempts[-1] if self.attempts else None
-
-    @property
-    def world_path(self) -> str | None:
-        return " -> ".join(str(w) for _, w in self.worlds) or None
-
-    def _with_last(self, attempt: int | None, **changes: Any) -> TrainRun:
-        """The state with the last attempt changed, when ``attempt`` is it (None: a worker's event, no number)."""
-        last = self.last
-        if last is None or (attempt is not None and last.number != attempt):
-            return self
-        return replace(self, attempts=(*self.attempts[:-1], replace(last, **changes)))
-
-
-def _resume_point(s: TrainRun, e: Event) -> TrainRun:
-    if s.start_step is not None:  # decided once per run: the first one holds
-        return s
-    return replace(s, resume_from=str(e["resume_from"]), start_step=int(e["start_step"]))
-
-
-def _attempt_start(s: TrainRun, e: Event) -> TrainRun:
-    nodes, micro = _names(e.get("nodes")), _int(e.get("micro_batch")) or 0
-    world = int(e.get("world_size") or 0)
-    attempt = AttemptRun(int(e["attempt"]), float(e["ts"]), nodes, world, micro,
-                         str(e.get("resume_from") or "latest"), nodes, micro)  # fmt: skip
-    worlds = (*s.worlds, (float(e["ts"]), world)) if "world_size" in e else s.worlds
-    return replace(s, attempts=(*s.attempts, attempt), used=s.used | set(nodes), worlds=worlds)
-
-
-def _attempt_end(s: TrainRun, e: Event) -> TrainRun:
-    seconds, last = e.get("seconds"), s.last
-    if last is None or last.number != e.get("attempt"):
-        return s
-    return s._with_last(
-        last.number,
-        state="succeeded" if e.get("state") == "succeeded" else "failed",
-        ended=float(e["ts"]),
-        seconds=None if seconds is None else float(seconds),
-        last_step=_int(e.get("last_step")),
-        trigger=e.get("trigger"),
-        reason=e.get("reason"),
-    )
-
-
-def _classified(s: TrainRun, e: Event) -> TrainRun:
-    if s.last is None or s.last.number != e.get("attempt"):
-        return s
-    seen = FailureSeen(int(e["attempt"]), str(e["kind"]), float(e["ts"]), str(e.get("evidence", "")),
-                       _names(e.get("culprits")), _int(e.get("step")), e.get("detected_at"))  # fmt: skip
-    return s._with_last(s.last.number, faults=(*s.last.faults, Fault(seen)))
-
-
-def _decision(s: TrainRun, e: Event) -> TrainRun:
-    new_nodes = e.get("new_nodes")
-    decision = DecisionTaken(
-        attempt=int(e["attempt"]), kind=str(e["kind"]), action=str(e["action"]), at=float(e["ts"]),
-        nodes=_names(e.get("nodes")), reason=str(e.get("reason", "")), delay_s=float(e.get("delay_s") or 0.0),
-        micro_batch=_int(e.get("micro_batch")), to_step=_int(e.get("to_step")),
-        new_nodes=None if new_nodes is None else _names(new_nodes), path=e.get("path"),
-        left_out=_names(e.get("left_out")), joiners=_names(e.get("joiners")), generation=_int(e.get("generation")),
-    )  # fmt: skip
-    joiners = decision.joiners
-    s = replace(s, decisions=(*s.decisions, decision), used=s.used | set(new_nodes or []),
-                waiting=tuple(n for n in s.waiting if n not in joiners), joined=(*s.joined, *joiners))  # fmt: skip
-    last = s.last
-    if last is None or last.number != decision.attempt:
-        return s
-    faults = last.faults
-    if faults and faults[-1].decision is None:
-        faults = (*faults[:-1], replace(faults[-1], decision=decision))
-    else:
-        faults = (*faults, Fault(None, decision))
-    if decision.action != "regroup":
-        return s._with_last(last.number, faults=faults)
-    # Carried out in place: the attempt runs on with the new group.
-    return s._with_last(last.number, faults=faults, nodes=decision.new_nodes or last.nodes,
-                        micro_batch=decision.micro_batch or last.micro_batch, regrouped_at=decision.at)  # fmt: skip
-
-
-def _grown(s: TrainRun, e: Event) -> TrainRun:
-    last = s.last
-    if last is None or last.number != e.get("attempt"):
-        return s
-    growth = Growth(last.number, float(e["ts"]), _int(e.get("generation")), _names(e.get("nodes")) or last.nodes,
-                    _names(e.get("joiners")), _int(e.get("micro_batch")) or last.micro_batch,
-                    _int(e.get("world_size")))  # fmt: skip
-    s = replace(s, used=s.used | set(growth.nodes), waiting=tuple(n for n in s.waiting if n not in growth.joiners),
-                joined=(*s.joined, *growth.joiners))  # fmt: skip
-    return s._with_last(last.number, nodes=growth.nodes, micro_batch=growth.micro_batch,
-                        growths=(*last.growths, growth), regrouped_at=growth.at)  # fmt: skip
-
-
-def _rolled_back(s: TrainRun, e: Event) -> TrainRun:
-    last = s.last
-    decided = last.decided if last else None
-    if last is None or decided is None or decided.action != "rollback" or last.faults[-1].decision is not decided:
-        return s
-    done = replace(decided, rolled_back_to=str(e.get("path") or "none"))
-    return s._with_last(last.number, faults=(*last.faults[:-1], replace(last.faults[-1], decision=done)))
-
-
-def _waiting(s: TrainRun, e: Event) -> TrainRun:  # spares_warm, rejoining
-    nodes = _names(e.get("nodes"))
-    return replace(s, waiting=(*(n for n in s.waiting if n not in nodes), *nodes))
-
-
-def _regrouped(s: TrainRun, e: Event) -> TrainRun:  # a training process: its group formed in place
-    world = _int(e.get("world_size"))
-    formed = Formed(float(e["ts"]), _int(e.get("generation")), world, _int(e.get("from_step")))
-    worlds = s.worlds if world is None else (*s.worlds, (formed.at, world))
-    return replace(s, formed=(*s.formed, formed), worlds=worlds)
-
-
-def _resumed(s: TrainRun, e: Event) -> TrainRun:
-    if s.last is None or s.last.resumed_step is not None:
-        return s
-    return s._with_last(_int(e.get("attempt")), resumed_step=_int(e.get("step")))
-
-
-def _drill(s: TrainRun, e: Event) -> TrainRun:  # written by the workload, which may not know the attempt number
-    if s.last is None:
-        return s
-    drill = Drill(float(e["ts"]), e.get("fault"), e.get("node"), _int(e.get("step")))
-    return s._with_last(None, drills=(*s.last.drills, drill))
-
-
-_TRAIN = {
-    "resume_point": _resume_point,
-    "attempt_start": _attempt_start,
-    "attempt_end": _attempt_end,
-    "failure_classified": _classified,
-    "decision": _decision,
-    "grown": _grown,
-    "rolled_back": _rolled_back,
-    "stage_start": lambda s, e: replace(s, stage_start=float(e["ts"])),
-    "spares_warm": _waiting,
-    "rejoining": _waiting,
-    "regrouped": _regrouped,
-    "resumed": _resumed,
-    "drill_fired": _drill,
-    "recovery_path": lambda s, e: replace(s, in_place=e.get("in_place"), why_not=e.get("why_not")),
-    "batch_followed": lambda s, e: replace(s, batch_followed=True),
-    "drill_refused": lambda s, e: replace(
-        s, drills_refused=(*s.drills_refused, (str(e.get("fault")), str(e.get("reason") or "")))
-    ),
-    "hang_detection_off": lambda s, e: replace(s, hang_detection_off=str(e.get("reason") or "no heartbeats")),
-}
-
-
-# ---------------------------------------------------------------- the run: stages, checkpoints, training
+BURN_IN = "burn_in"
 
 
 @dataclass
@@ -245,15 +42,6 @@ class CheckpointRow:
 
 
 @dataclass(frozen=True)
-class Gated:
-    """The gate's last verdict in the run: the checkpoint it checked and the digest of the manifest it read."""
-
-    path: str
-    valid: bool
-    manifest_sha256: str | None
-
-
-@dataclass(frozen=True)
 class RunState:
     stages: dict[str, dict[str, Any]]
     """Finished stages in the order they finished (a retried stage: its last try): seconds, ok, start, end."""
@@ -265,14 +53,45 @@ class RunState:
     """What ``LATEST`` named when the ledger ends (the last promotion or lineage reset)."""
     gated: Gated | None = None
     """The gate's last ``checkpoint_checked`` (None: the gate has not checked one): what publish may take."""
+    results: dict[str, Any] = field(default_factory=dict)
+    """Each stage's result as its last ``stage_end`` recorded it."""
+    errors: dict[str, StageError] = field(default_factory=dict)
+    """Each failed stage's last ``stage_failed``: the error's class and message."""
+    verdicts: dict[str, NodeJudged] = field(default_factory=dict)
+    """The burn-in's verdict of each node (its last ``node_verdict``)."""
+    limits: Limits | None = None
+    """The burn-in's last ``thresholds``; None: none recorded."""
+    started: float | None = None
+    """The first event's time; None: an empty ledger."""
+    ended: float | None = None
+    """The last event's time."""
+
+    def state(self, closing: bool = False) -> str:
+        """The run's state (see ``run_state``); ``closing``: asked by the report stage, which ends the run."""
+        return run_state(self.stages, self.running, closing)
+
+
+def run_state(stages: dict[str, dict[str, Any]], running: list[str], closing: bool = False) -> str:
+    """``running`` while a stage is open, else ``failed`` if one failed, else ``succeeded`` once the report
+    stage ended; before that the run is between tasks, so still ``running``. ``closing``: the report stage
+    asks as it ends the run (itself still open): the outcome is the other stages'."""
+    if running and not closing:
+        return "running"
+    if any(not s["ok"] for s in stages.values()):
+        return "failed"
+    return "succeeded" if closing or "report" in stages else "running"
 
 
 def fold(events: Iterable[Event]) -> RunState:
     """The run state of a ledger's events (in time order)."""
     events = list(events)
-    stages, running = _stages(events)
+    stages, running, results, errors = _stages(events)
     checkpoints, latest = _checkpoints(events)
-    return RunState(stages, running, TrainRun.of(events), checkpoints, latest, _gated(events))
+    verdicts, limits = _burn_in(events)
+    return RunState(
+        stages, running, TrainRun.of(events), checkpoints, latest, _gated(events), results, errors, verdicts, limits,
+        events[0]["ts"] if events else None, events[-1]["ts"] if events else None,
+    )  # fmt: skip
 
 
 def _gated(events: list[Event]) -> Gated | None:
@@ -280,29 +99,58 @@ def _gated(events: list[Event]) -> Gated | None:
     if not checked:
         return None
     last = checked[-1]
-    return Gated(str(last["path"]), last.get("valid") is True, last.get("manifest_sha256"))
+    return Gated(str(last["path"]), last.get("valid") is True, last.get("manifest_sha256"),
+                 tuple(last.get("problems") or ()), tuple(last.get("notes") or ()), last.get("seconds"),
+                 last.get("ts"))  # fmt: skip
 
 
-def _stages(events: list[Event]) -> tuple[dict[str, dict[str, Any]], list[str]]:
+def _burn_in(events: list[Event]) -> tuple[dict[str, NodeJudged], Limits | None]:
+    verdicts: dict[str, NodeJudged] = {}
+    limits = None
+    for e in events:
+        if e.get("stage") != BURN_IN:
+            continue
+        if e["event"] == "node_verdict":
+            verdicts[str(e.get("node"))] = NodeJudged(
+                e.get("figures"), e.get("again"), e.get("suspect"), e.get("verdict"), e.get("reason"),
+                e.get("collective"),
+            )  # fmt: skip
+        elif e["event"] == "thresholds":
+            # Old ledgers (before the confirmation round) name the reference figures "medians".
+            references = e.get("reference_values") or e.get("medians")
+            limits = Limits(e.get("thresholds"), references, e.get("seconds"))
+    return verdicts, limits
+
+
+def _stages(
+    events: list[Event],
+) -> tuple[dict[str, dict[str, Any]], list[str], dict[str, Any], dict[str, StageError]]:
     stages: dict[str, dict[str, Any]] = {}
     started: dict[str, float] = {}
+    results: dict[str, Any] = {}
+    errors: dict[str, StageError] = {}
     for e in events:
         if e["event"] not in ("stage_start", "stage_end", "stage_failed"):
             continue
         name: str = e["stage"]  # Ledger.append writes it on every event
         if e["event"] == "stage_start":
             started.setdefault(name, e["ts"])  # a deferred task logs a start per wake-up: keep the first
+            continue
+        stages.pop(name, None)  # a retry's end replaces the failed try, at its own place
+        stages[name] = {
+            "seconds": e["seconds"],
+            "ok": e["event"] == "stage_end",
+            "start": started.pop(name, e["ts"] - e["seconds"]),
+            "end": e["ts"],
+        }
+        if e["event"] == "stage_end":
+            results[name] = e.get("result") or {}
+            errors.pop(name, None)
         else:
-            stages.pop(name, None)  # a retry's end replaces the failed try, at its own place
-            stages[name] = {
-                "seconds": e["seconds"],
-                "ok": e["event"] == "stage_end",
-                "start": started.pop(name, e["ts"] - e["seconds"]),
-                "end": e["ts"],
-            }
-            if e["event"] == "stage_failed":
-                stages[name]["error"] = f"{e.get('error', '')}: {e.get('message', '')}".strip(": ")
-    return stages, list(started)
+            error, message = str(e.get("error") or ""), str(e.get("message") or "")
+            errors[name] = StageError(error or "unknown error", message)
+            stages[name]["error"] = f"{error}: {message}".strip(": ")
+    return stages, list(started), results, errors
 
 
 def _checkpoints(events: list[Event]) -> tuple[list[CheckpointRow], str | None]:

@@ -1,10 +1,18 @@
-"""The neutral records of the fold (``trainyard.events.fold``): an attempt, each failure and decision of it,
-each growth of its world, each group formed in place. Plain frozen data, no recovery types: the controller
-(``recovery.state``) and the report adapt them to their own."""
+"""The records of the fold (``trainyard.events.fold``): an attempt, each failure and decision of it, each
+growth of its world, each group formed in place, the burn-in's verdicts and limits, the gate's verdict. Plain
+frozen data in the spec's vocabularies (a failure kind is a ``FailureKind``, an action an ``Action``): the
+controller (``recovery.state``), the report and the policy read them as they are, one class per record."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Literal
+
+from trainyard.spec.models import Action, FailureKind
+
+Decision = Action | Literal["regroup"]
+"""What a decision did: one of the spec's actions, or a regroup in place (the attempt runs on)."""
+AttemptState = Literal["running", "succeeded", "failed"]
 
 
 @dataclass(frozen=True)
@@ -12,7 +20,7 @@ class FailureSeen:
     """A ``failure_classified``: what failed, on whom, at which step."""
 
     attempt: int
-    kind: str
+    kind: FailureKind
     at: float
     evidence: str = ""
     culprits: tuple[str, ...] = ()
@@ -25,8 +33,8 @@ class DecisionTaken:
     """A ``decision`` about a failure; ``path`` ``in_place`` (a regroup) names the generation and who joined."""
 
     attempt: int
-    kind: str
-    action: str
+    kind: FailureKind
+    action: Decision
     at: float
     nodes: tuple[str, ...] = ()
     reason: str = ""
@@ -93,7 +101,7 @@ class AttemptRun:
     resume_from: str
     nodes: tuple[str, ...]
     micro_batch: int
-    state: str = "running"
+    state: AttemptState = "running"
     """``running`` (no ``attempt_end``: it runs, or the process watching it died), ``succeeded``, ``failed``."""
     ended: float | None = None
     seconds: float | None = None
@@ -129,3 +137,46 @@ class AttemptRun:
     def generation(self) -> int:
         """The group generation on the supervisor's store: 1, then one more per regroup or growth."""
         return 1 + len(self.regroups) + len(self.growths)
+
+
+@dataclass(frozen=True)
+class NodeJudged:
+    """A burn-in ``node_verdict``: one node's figures, its second round if it was a suspect, and the verdict."""
+
+    figures: dict[str, Any] | None = None
+    again: Any = None
+    suspect: str | None = None
+    verdict: str | None = None
+    reason: str | None = None
+    collective: Any = None
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The burn-in's ``thresholds``: each probe's threshold and reference figure, and how long it took."""
+
+    thresholds: dict[str, Any] | None
+    references: dict[str, Any] | None
+    seconds: float | None
+
+
+@dataclass(frozen=True)
+class Gated:
+    """The gate's last verdict in the run (``checkpoint_checked``): the checkpoint it checked, the digest of the
+    manifest it read, what it found wrong and what it could not check."""
+
+    path: str
+    valid: bool
+    manifest_sha256: str | None
+    problems: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    seconds: float | None = None
+    at: float | None = None
+
+
+@dataclass(frozen=True)
+class StageError:
+    """Why a stage's last try failed (``stage_failed``): the error's class and its message."""
+
+    error: str
+    message: str

@@ -16,13 +16,14 @@ from trainyard.burnin.table import format_table
 from trainyard.burnin.verdict import Verdict, rules_of
 from trainyard.errors import NodeUnhealthy
 from trainyard.pipeline.recorder import recorded
+from trainyard.pipeline.results import BurnInResult
 from trainyard.pipeline.run import Run
 
 log = logging.getLogger(__name__)
 
 
 @recorded("burn_in")
-def burn_in(run: Run, cluster: Any | None = None, connect: Connect | None = None) -> dict[str, Any]:
+def burn_in(run: Run, cluster: Any | None = None, connect: Connect | None = None) -> BurnInResult:
     """Pressure-test every candidate node and keep the best ``nodes.count`` healthy ones.
 
     ``cluster`` is a ``kubernetes`` API client (or ``connect`` makes one from ``nodes.kubernetes``), needed with
@@ -35,7 +36,7 @@ def burn_in(run: Run, cluster: Any | None = None, connect: Connect | None = None
     backend = backend_for(nodes, cluster, connect=connect)
     if not cfg.enabled:  # untested nodes; on Kubernetes still real ones, the hosts the pods are pinned to
         names = backend.candidates()
-        return {"healthy": names[: nodes.count], "spare": names[nodes.count :], "skipped": True}
+        return BurnInResult(healthy=names[: nodes.count], spare=names[nodes.count :], skipped=True)
     fleet, now, cooldown_s = Fleet(run.hot_root / FLEET_DIR), time.time(), cfg.cooldown_h * 3600
     drills = drills_from(cfg)
     pool = backend.pool(fleet, now, cooldown_s)
@@ -61,15 +62,15 @@ def burn_in(run: Run, cluster: Any | None = None, connect: Connect | None = None
         )
     if len(verdict.healthy) < nodes.min:
         raise NodeUnhealthy(f"only {len(verdict.healthy)} healthy node(s), nodes.min is {nodes.min}:\n{table}")
-    return {
-        "healthy": verdict.healthy,
-        "evicted": verdict.evicted,
-        "spare": verdict.spare,
-        "suspects": verdict.suspects,
-        "cleared": verdict.cleared,
-        "readmitted": readmitted,
-        "references": {k: {p: r.value for p, r in refs.items()} for k, refs in verdict.references.items()},
-    }
+    return BurnInResult(
+        healthy=verdict.healthy,
+        evicted=verdict.evicted,
+        spare=verdict.spare,
+        suspects=verdict.suspects,
+        cleared=verdict.cleared,
+        readmitted=readmitted,
+        references={k: {p: r.value for p, r in refs.items()} for k, refs in verdict.references.items()},
+    )
 
 
 def _record_verdict(

@@ -32,7 +32,8 @@ def stage_dataset(run: Run) -> StagingResult:
     staged = stage(
         source, run.hot_dataset_dir, ledger=run.ledger, concurrency=ds.concurrency, room=room, suffixes=suffixes
     )
-    return StagingResult.from_dict(staged.as_dict())
+    return StagingResult(str(staged.hot_dir), staged.files, staged.bytes_total, staged.transferred,
+                         staged.bytes_transferred, staged.seconds)  # fmt: skip
 
 
 def set_lifecycle(tier: Tier, rule: Lifecycle, rule_id: str) -> None:
@@ -49,6 +50,8 @@ def check_dataset(run: Run) -> DataCheckResult:
     report = _check_dataset(
         run.hot_dataset_dir, ds.expectations, result_dir=run.dir, format=ds.format, dtype=ds.dtype,
         text_column=ds.text_column,
-    ).as_dict()  # fmt: skip
-    run.ledger.append("check_dataset", "dataset_checked", **report)
-    return DataCheckResult.from_dict(report)
+    )  # fmt: skip
+    result = DataCheckResult(report.shards, report.non_empty, report.tokens, report.vocab_size, report.expectations,
+                             report.seconds, report.result, report.format, report.documents)  # fmt: skip
+    run.ledger.append("check_dataset", "dataset_checked", **result.as_dict())
+    return result

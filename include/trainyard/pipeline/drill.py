@@ -89,7 +89,7 @@ def run_drill(spec_path: Path, drill: Drill, ds: str | None = None, run_id: str 
         stages.check_dataset(run)
         chosen = stages.burn_in(run)
         try:
-            stages.train(run, chosen["healthy"], spares=chosen.get("spare", []))
+            stages.train(run, chosen.healthy, spares=chosen.spare)
             end = "succeeded"
         except TrainingFailed:
             end = "failed"
@@ -97,7 +97,7 @@ def run_drill(spec_path: Path, drill: Drill, ds: str | None = None, run_id: str 
     finally:
         shutil.rmtree(path.parent, ignore_errors=True)
     train = fold(run.ledger.events("train")).train
-    actions = [d.action for d in train.decisions]
+    actions: list[str] = [d.action for d in train.decisions]
     refused = [why for fault, why in train.drills_refused if fault == drill.fault]
     return DrillReport(drill.fault, actions, end, EXPECTED[drill.fault], recovery_figures(run.ledger), run.dir,
                        refused)  # fmt: skip

@@ -84,7 +84,7 @@ def loss_history(run: Run) -> list[tuple[int, float]]:
     Exact at every checkpoint step and divergence; a summarised stretch adds its end and its peak
     (``trainyard.protocol.steps.loss_points``).
     """
-    return loss_points(run.ledger.events("train", "step"))
+    return loss_points(TrainRun.of(run.ledger.events("train", "step")).steps)
 
 
 def _validator(run: Run) -> Callable[[Path, int | None], Validation]:
@@ -126,8 +126,8 @@ def run_shape(run: Run) -> foreign.RunShape:
 
 def _lineage_start_ns(run: Run) -> int:
     """When this run decided its resume point: framework saves older than that are not this run's."""
-    stamps = [e["ts"] for e in run.ledger.events("train", "resume_point")]
-    return int(stamps[-1] * 1e9) if stamps else 0
+    decided = TrainRun.of(run.ledger.events("train", "resume_point")).resume_decided_at
+    return int(decided * 1e9) if decided is not None else 0
 
 
 def adoption(run: Run, since_ns: int | None = None) -> foreign.Adoption:

@@ -18,8 +18,7 @@ from trainyard.pipeline.results import StageResult
 from trainyard.pipeline.run import Run
 
 P = ParamSpec("P")
-# burn_in (pipeline.burnin) still returns its dict; the Airflow layer types it (``BurnInResult``).
-R = TypeVar("R", bound=StageResult | dict[str, Any])
+R = TypeVar("R", bound=StageResult)
 
 
 class StageRecorder:
@@ -44,9 +43,8 @@ class StageRecorder:
         """An event of this stage between its start and its end."""
         self.run.ledger.append(self.name, event, **fields)
 
-    def end(self, result: StageResult | dict[str, Any]) -> None:
-        as_dict = result.as_dict() if isinstance(result, StageResult) else result
-        self.run.ledger.append(self.name, "stage_end", seconds=self._seconds(), result=as_dict)
+    def end(self, result: StageResult) -> None:
+        self.run.ledger.append(self.name, "stage_end", seconds=self._seconds(), result=result.as_dict())
 
     def failed(self, exc: Exception) -> None:
         self.run.ledger.append(

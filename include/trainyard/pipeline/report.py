@@ -15,4 +15,5 @@ def report(run: Run) -> ReportResult:
     """Write the run's summary and HTML report from its ledger; release the run's hot data and checkpoints."""
     unpin(run.hot_dataset_dir, run.holder)
     lease.release(run.checkpoint_root, run.run_id)
-    return ReportResult.from_dict(write_report(run.dir, run.ledger))
+    summary = write_report(run.dir, run.ledger)
+    return ReportResult(summary["report"], summary["summary"], summary["steps_trained"], summary["last_loss"])

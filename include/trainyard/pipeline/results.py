@@ -13,20 +13,16 @@ This module imports nothing but the standard library: the DAG file imports it at
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Self
+from typing import Any
 
 
 @dataclass(frozen=True)
 class StageResult:
-    """What every stage result can do: be a dict (the ledger's ``stage_end``), be built from one."""
+    """What every stage result can do: be a dict (the ledger's ``stage_end``). Each stage builds its own
+    result type; nothing goes typed -> dict -> typed."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Self:
-        """The result from its ``as_dict()``, or from a library dict of the same keys (another key: TypeError)."""
-        return cls(**data)
 
 
 @dataclass(frozen=True)

@@ -213,7 +213,7 @@ class TrainStage:
         return result
 
     def _result(self, start: int, target: int, result: AttemptResult) -> TrainResult:
-        return TrainResult.from_dict(_trained(self.run, self.nodes, start, target, result))
+        return _trained(self.run, self.nodes, start, target, result)
 
     def _store(self, target: int) -> CoordinationStore:
         """The coordination stores of this run's in-place attempts. Served by the backend where it can (a pod
@@ -318,18 +318,18 @@ def _progress(run: Run, plan: LaunchPlan, target: int, every_s: float | None = N
     )
 
 
-def _trained(run: Run, nodes: list[str], start: int, target: int, result: AttemptResult) -> dict[str, Any]:
+def _trained(run: Run, nodes: list[str], start: int, target: int, result: AttemptResult) -> TrainResult:
     final = final_checkpoint(run)  # the ledger's, in the pipeline's own root: never the pods' LATEST
     figures = recovery_figures(run.ledger)
     run.ledger.append("train", "recovery_figures", **{k: v for k, v in figures.items() if k != "failures"})
-    return {
-        "nodes": list(nodes),
-        "start_step": start,
-        "target_step": target,
-        "last_step": result.last_step,
-        "checkpoint": str(final) if final else None,
-        "attempts": result.attempt,
-    }
+    return TrainResult(
+        nodes=list(nodes),
+        start_step=start,
+        target_step=target,
+        last_step=result.last_step,
+        checkpoint=str(final) if final else None,
+        attempts=result.attempt,
+    )
 
 
 def _plan(run: Run, attempt: int, course: Course, target: int, store: CoordinationStore | None = None) -> LaunchPlan:

@@ -25,6 +25,7 @@ from typing import Any
 
 from trainyard.backends.base import LaunchPlan, SignalsNodes
 from trainyard.checkpoint.format import step_of
+from trainyard.events.fold import TrainRun
 from trainyard.events.ledger import Ledger
 from trainyard.events.schema import DrillRefused
 from trainyard.protocol.env import FaultDrill
@@ -155,13 +156,13 @@ class Actor:
         """The script said it acts out its drills itself (``drills_acted``, written as its processes start):
         then every drill is its own, exactly at its step, and none is acted twice."""
         if not self.acting:
-            self.acting = any(e.get("attempt") == self.plan.attempt for e in self.ledger.events(STAGE, "drills_acted"))
+            self.acting = self.plan.attempt in TrainRun.of(self.ledger.events(STAGE, "drills_acted")).drills_acted
         return self.acting
 
     def ended(self, failed: bool) -> None:
         """The attempt ended: a drill that never struck is refused, with why (never silently dropped). One acted
         out inside the process struck if the process said so (its ``drill_fired``)."""
-        fired = {(e.get("fault"), e.get("step")) for e in self.ledger.events(STAGE, "drill_fired")}
+        fired = {(d.fault, d.step) for d in TrainRun.of(self.ledger.events(STAGE, "drill_fired")).fired}
         for drill in list(self.left):
             if (drill.fault, drill.step) in fired:
                 self.left.remove(drill)

@@ -30,33 +30,34 @@ attempts, failures, drills, the groups formed in place, the spares) and the run'
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from trainyard.events.fold import TrainRun, fold
+from trainyard.events.fold import RunState, TrainRun, fold
 from trainyard.events.ledger import Ledger
 from trainyard.protocol.steps import kept_stretches, weighted_median
 
 
-def _first_step(steps: list[dict[str, Any]], after: float) -> dict[str, Any] | None:
+def _first_step(steps: Sequence[Mapping[str, Any]], after: float) -> Mapping[str, Any] | None:
     return next((e for e in steps if e["ts"] >= after), None)
 
 
 def recovery_figures(ledger: Ledger) -> dict[str, Any]:
-    events = list(ledger.events("train"))
-    return figures_of(fold(events).train, [e for e in events if e["event"] == "step"], _train_seconds(events))
+    return figures_from(fold(ledger.events("train")))
 
 
-def _train_seconds(events: list[dict[str, Any]]) -> float | None:
-    """The train stage's wall time: its last end (or failure)."""
-    end = next((e for e in reversed(events) if e["event"] in ("stage_end", "stage_failed")), None)
-    return end["seconds"] if end else None
+def figures_from(state: RunState) -> dict[str, Any]:
+    """The figures of a folded run: its training, its steps and the train stage's wall time (its last end or
+    failure)."""
+    wall = state.stages.get("train", {}).get("seconds")
+    return figures_of(state.train, state.train.steps, wall)
 
 
 NO_STEPS = "the script reports no steps (it writes no heartbeats: trainyard.runtime.heartbeat is never called)"
 """Why the figures that count steps are unknown for a script that makes no trainyard calls."""
 
 
-def figures_of(train: TrainRun, steps: list[dict[str, Any]], wall: float | None) -> dict[str, Any]:
+def figures_of(train: TrainRun, steps: Sequence[Mapping[str, Any]], wall: float | None) -> dict[str, Any]:
     """The figures of the fold's ``train``, with the run's ``step`` events (times and step numbers) and the
     stage's wall time."""
     failures: list[dict[str, Any]] = []
@@ -107,7 +108,9 @@ def figures_of(train: TrainRun, steps: list[dict[str, Any]], wall: float | None)
     return {**_failures_figures(train, failures, steps), **_training_figures(steps, wall)}
 
 
-def _failures_figures(train: TrainRun, failures: list[dict[str, Any]], steps: list[dict[str, Any]]) -> dict[str, Any]:
+def _failures_figures(
+    train: TrainRun, failures: list[dict[str, Any]], steps: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
     """The figures of the faults: unknown (None, with why) rather than 0 where the script reports no steps."""
     delays = [f["resume_delay_s"] for f in failures if f["resume_delay_s"] is not None]
     blind = bool(failures) and not steps
@@ -128,7 +131,7 @@ def _failures_figures(train: TrainRun, failures: list[dict[str, Any]], steps: li
     }
 
 
-def _training_figures(steps: list[dict[str, Any]], wall: float | None) -> dict[str, Any]:
+def _training_figures(steps: Sequence[Mapping[str, Any]], wall: float | None) -> dict[str, Any]:
     """Productive time and ETTR from the step events."""
     kept = [(n, (ms or 0.0) / 1000) for n, ms in kept_stretches(steps)]
     productive = sum(n for n, _ in kept) * (weighted_median(kept) or 0.0)

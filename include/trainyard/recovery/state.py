@@ -2,10 +2,11 @@
 
 ``TrainState`` holds the fold's ``TrainRun`` and folds later events onto it
 (a driver keeps one and folds only what was appended since its last look).
-Its attempts are the fold's, in the controller's terms: the ``Course`` an
-attempt runs with, the last failure ``classify`` made of it, the decision that
-ended it (``Decided``), the faults it healed in place. Nothing here reads an
-event itself: what the ledger says is what the fold says.
+Its attempts are the fold's records read in the controller's terms (``Attempt``
+wraps an ``AttemptRun``: the ``Course`` an attempt runs with, the last failure
+``classify`` made of it, the decision that ended it, the fold's own
+``DecisionTaken``, the faults it healed in place). Nothing here reads an event
+or copies a record: what the ledger says is what the fold says.
 """
 
 from __future__ import annotations
@@ -13,13 +14,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Literal, cast
+from typing import Any
 
 from trainyard.events.fold import TrainRun
-from trainyard.events.records import AttemptRun, DecisionTaken
+from trainyard.events.records import AttemptRun, AttemptState, DecisionTaken
 from trainyard.recovery.classify import Classified
 from trainyard.recovery.policy import AttemptRecord
-from trainyard.spec.models import Action, FailureKind
+from trainyard.spec.models import FailureKind
 
 STAGE = "train"
 """The ledger stage of every event the controller records or folds."""
@@ -36,77 +37,75 @@ class Course:
 
 
 @dataclass(frozen=True)
-class Decided:
-    """A recorded decision about a failed attempt (``decision`` event), and whether it was carried out."""
-
-    action: Action
-    kind: FailureKind
-    at: float
-    delay_s: float = 0.0
-    reason: str = ""
-    micro_batch: int | None = None
-    new_nodes: list[str] | None = None
-    to_step: int | None = None
-    rolled_back_to: str | None = None
-    """The path (or ``none``) a rollback restarted the lineage at (``rolled_back`` event); None: not yet done."""
-
-
-@dataclass(frozen=True)
 class Attempt:
-    number: int
-    course: Course
-    started: float
-    world_size: int
-    state: Literal["running", "succeeded", "failed"] = "running"
-    """``running``: no ``attempt_end`` recorded (it runs, or the process watching it died)."""
-    seconds: float | None = None
-    last_step: int | None = None
-    classified: Classified | None = None
-    decided: Decided | None = None
-    regroups: tuple[tuple[FailureKind, int | None], ...] = ()
-    """In-place regroups so far: (kind, the step its failure was seen at); the attempt runs on."""
-    regrouped_at: float | None = None
-    """When the last regroup (or growth) was decided (its group's ranks start again from then)."""
-    grown: int = 0
-    """Times the world grew back in place (spares or re-admitted nodes joined at a step boundary)."""
+    """One of the fold's attempts (``AttemptRun``) as the controller reads it: the ``Course`` it runs with, the
+    last failure ``classify`` made of it, the decision that ended it (the fold's ``DecisionTaken``), the faults
+    it healed in place. No field of its own: every figure is the fold's, the generation included."""
+
+    run: AttemptRun
+
+    @property
+    def number(self) -> int:
+        return self.run.number
+
+    @property
+    def course(self) -> Course:
+        return Course(list(self.run.nodes), self.run.micro_batch, self.run.resume_from)
+
+    @property
+    def started(self) -> float:
+        return self.run.started
+
+    @property
+    def world_size(self) -> int:
+        return self.run.world_size
+
+    @property
+    def state(self) -> AttemptState:
+        """``running``: no ``attempt_end`` recorded (it runs, or the process watching it died)."""
+        return self.run.state
+
+    @property
+    def seconds(self) -> float | None:
+        return self.run.seconds
+
+    @property
+    def last_step(self) -> int | None:
+        return self.run.last_step
+
+    @property
+    def classified(self) -> Classified | None:
+        failure = self.run.failures[-1] if self.run.failures else None
+        return (
+            None
+            if failure is None
+            else Classified(failure.kind, failure.evidence, list(failure.culprits), failure.step)
+        )
+
+    @property
+    def decided(self) -> DecisionTaken | None:
+        """The last decision that ended the attempt (not a regroup: that one runs on)."""
+        return self.run.decided
+
+    @property
+    def regroups(self) -> tuple[tuple[FailureKind, int | None], ...]:
+        """In-place regroups so far: (kind, the step its failure was seen at); the attempt runs on."""
+        return tuple((f.decision.kind, f.failure.step if f.failure else None) for f in self.run.regroups if f.decision)
+
+    @property
+    def regrouped_at(self) -> float | None:
+        """When the last regroup (or growth) was decided (its group's ranks start again from then)."""
+        return self.run.regrouped_at
+
+    @property
+    def grown(self) -> int:
+        """Times the world grew back in place (spares or re-admitted nodes joined at a step boundary)."""
+        return len(self.run.growths)
 
     @property
     def generation(self) -> int:
-        """The attempt's group generation on the supervisor's store: 1, then one more per regroup or growth."""
-        return 1 + len(self.regroups) + self.grown
-
-
-def _decided(d: DecisionTaken) -> Decided:
-    return Decided(cast(Action, d.action), cast(FailureKind, d.kind), d.at, d.delay_s, d.reason, d.micro_batch,
-                   None if d.new_nodes is None else list(d.new_nodes), d.to_step, d.rolled_back_to)  # fmt: skip
-
-
-def _attempt(a: AttemptRun) -> Attempt:
-    failure = a.failures[-1] if a.failures else None
-    classified = (
-        None
-        if failure is None
-        else Classified(cast(FailureKind, failure.kind), failure.evidence, list(failure.culprits), failure.step)
-    )
-    regroups = tuple(
-        (cast(FailureKind, f.decision.kind), f.failure.step if f.failure else None)
-        for f in a.regroups
-        if f.decision is not None
-    )
-    return Attempt(
-        number=a.number,
-        course=Course(list(a.nodes), a.micro_batch, a.resume_from),
-        started=a.started,
-        world_size=a.world_size,
-        state=cast(Literal["running", "succeeded", "failed"], a.state),
-        seconds=a.seconds,
-        last_step=a.last_step,
-        classified=classified,
-        decided=None if (d := a.decided) is None else _decided(d),
-        regroups=regroups,
-        regrouped_at=a.regrouped_at,
-        grown=len(a.growths),
-    )
+        """The attempt's group generation on the supervisor's store (the fold's: 1, then one per regroup or growth)."""
+        return self.run.generation
 
 
 @dataclass(frozen=True)
@@ -134,7 +133,7 @@ class TrainState:
 
     @cached_property
     def attempts(self) -> tuple[Attempt, ...]:
-        return tuple(_attempt(a) for a in self.run.attempts)
+        return tuple(Attempt(a) for a in self.run.attempts)
 
     @cached_property
     def history(self) -> tuple[AttemptRecord, ...]:
@@ -144,8 +143,8 @@ class TrainState:
         return tuple(
             AttemptRecord(
                 d.attempt,
-                cast(FailureKind, d.kind),
-                cast(Action, d.action),
+                d.kind,
+                d.action,
                 list(d.nodes),
                 progressed=(last.get(d.attempt) or 0) > started.get(d.attempt, 0),
             )

@@ -24,6 +24,7 @@ from typing import Any
 
 from trainyard.backends.base import AttemptStatus, Launcher, LaunchPlan, RegroupingLauncher, SignalsNodes
 from trainyard.errors import LineageBusy, TrainingFailed, TransientError
+from trainyard.events.fold import TrainRun
 from trainyard.events.ledger import Ledger
 from trainyard.protocol.coordinator import Coordinator
 from trainyard.protocol.coordstore import Generation
@@ -195,7 +196,7 @@ class Driver:
         """A failure with whether the script said it applies the batch settings: its rank 0's ``batch_followed``,
         in the writers' files (what the policy's decision may claim about the global batch)."""
         if isinstance(observation, (AttemptFailed, Hang)) and not observation.batch_followed:
-            said = next(iter(self.ledger.events(STAGE, "batch_followed")), None) is not None
+            said = TrainRun.of(self.ledger.events(STAGE, "batch_followed")).batch_followed
             return replace(observation, batch_followed=said) if said else observation
         return observation
 

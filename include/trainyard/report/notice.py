@@ -1,6 +1,6 @@
 """The message sent when a run fails or recovers (``notify`` in the spec), from the run ledger.
 
-``build_notice`` is pure: the ledger's events, the recovery figures and what
+``build_notice`` is pure: the run's fold (``trainyard.events.fold``), the recovery figures and what
 Airflow knows of the run in, a subject and a body (or nothing to send) out.
 Nothing here sends mail or imports Airflow; ``trainyard.airflow.notify`` does.
 
@@ -19,9 +19,9 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from trainyard.events.fold import fold
+from trainyard.events.fold import RunState, fold
 from trainyard.events.ledger import Ledger
-from trainyard.recovery.figures import recovery_figures
+from trainyard.recovery.figures import figures_from
 from trainyard.report.faults import fault_line, growth_line
 from trainyard.report.summary import STAGES, attempt_table
 
@@ -106,29 +106,26 @@ def _inert(markup: str) -> str:
 
 def notice_from_ledger(ledger: Ledger, facts: RunFacts, on: Collection[str]) -> Notice | None:
     """Read the run's ledger and build its notice (None: nothing to send)."""
-    return build_notice(list(ledger.events()), recovery_figures(ledger), facts, on)
+    state = fold(ledger.events())
+    return build_notice(state, figures_from(state), facts, on)
 
 
-def build_notice(
-    events: list[dict[str, Any]], figures: dict[str, Any], facts: RunFacts, on: Collection[str]
-) -> Notice | None:
+def build_notice(state: RunState, figures: dict[str, Any], facts: RunFacts, on: Collection[str]) -> Notice | None:
     """The notice ``on`` asks for, or None: a failure if the run failed, else a recovery if recovery acted."""
-    state = fold(events)
     stages = state.stages
     failed_stages = [name for name, s in stages.items() if not s["ok"]]
     recovered = [row for row in attempt_table(state.train) if row["faults"] or row["growths"]]
     if facts.failed or failed_stages:
         if "failure" not in on:
             return None
-        return _failure(events, stages, failed_stages, recovered, figures, facts)
+        return _failure(state, failed_stages, recovered, figures, facts)
     if recovered and "recovery" in on:
         return _recovery(stages, recovered, figures, facts)
     return None
 
 
 def _failure(
-    events: list[dict[str, Any]],
-    stages: dict[str, dict[str, Any]],
+    state: RunState,
     failed_stages: list[str],
     recovered: list[dict[str, Any]],
     figures: dict[str, Any],
@@ -137,7 +134,8 @@ def _failure(
     lines = [f"Pipeline {facts.dag_id}: run {facts.run_id} FAILED.", *_where(facts), ""]
     if failed_stages:
         stage = failed_stages[0]  # the first to fail; later ones (a report of a broken run) follow from it
-        error, message = _last_failure(events, stage)
+        said = state.errors.get(stage)
+        error, message = (said.error, said.message) if said else ("unknown error", "")
         kind = _training_kind(recovered) if stage == "train" and error == "TrainingFailed" else None
         cls = f"{error} ({kind})" if kind else error
         subject = f"[trainyard] {facts.dag_id} failed at {stage}: {cls}"
@@ -155,7 +153,7 @@ def _failure(
         lines.append(f"Airflow's reason: {facts.reason}")
     if recovered:
         lines += ["", *_recovery_lines(recovered, figures)]
-    return Notice("failure", subject, tuple([*lines, "", *_stage_lines(stages)]))
+    return Notice("failure", subject, tuple([*lines, "", *_stage_lines(state.stages)]))
 
 
 def _recovery(
@@ -188,12 +186,6 @@ def _where(facts: RunFacts) -> list[str]:
     if facts.report:
         lines.append(f"Report: {facts.report}")
     return lines
-
-
-def _last_failure(events: list[dict[str, Any]], stage: str) -> tuple[str, str]:
-    failed = [e for e in events if e.get("stage") == stage and e["event"] == "stage_failed"]
-    last = failed[-1] if failed else {}
-    return str(last.get("error") or "unknown error"), str(last.get("message") or "")
 
 
 def _training_kind(recovered: list[dict[str, Any]]) -> str | None:

@@ -7,13 +7,12 @@ training-runs view in the Airflow UI (``trainyard.report.pages``) and its JSON.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from trainyard.atomic import read_json, write_json_atomic, write_text_atomic
-from trainyard.events.fold import TrainRun, fold
+from trainyard.events.fold import RunState, TrainRun, fold, run_state
 from trainyard.events.ledger import Ledger
 from trainyard.events.records import DecisionTaken, FailureSeen, Growth
 from trainyard.protocol import steps as progress
@@ -22,80 +21,52 @@ from trainyard.report.faults import attempt_lines
 from trainyard.report.pages import report_html
 
 STAGES = ("stage_dataset", "check_dataset", "burn_in", "train", "check_checkpoint", "publish", "report")
-ATTEMPT_EVENTS = ("attempt_start", "attempt_end", "failure_classified", "decision", "drill_fired")
+__all__ = ["STAGES", "attempt_table", "format_summary", "run_state", "summarize", "summary_of", "write_report"]
 DECISION_FIELDS = ("new_nodes", "micro_batch", "delay_s", "to_step", "path", "left_out", "joiners", "generation")
 """The decision's fields an attempt row keeps beside its kind, action and reason (those that were set)."""
 
 
 def summarize(ledger: Ledger) -> dict[str, Any]:
-    events = list(ledger.events())  # one read (of the lines appended since the last, see trainyard.events.ledger)
-    state = fold(events)
-    train = [e for e in events if e.get("stage") == "train"]
-    ends = {e["stage"]: e.get("result", {}) for e in events if e["event"] == "stage_end"}
-    stages, running = state.stages, state.running
-    # A step trained again after a recovery replaces the lost one.
-    step_events = [e for e in train if e["event"] == "step"]
-    steps = progress.loss_points(step_events)
-    verdicts = {e["node"]: e for e in events if e.get("stage") == "burn_in" and e["event"] == "node_verdict"}
-    thresholds = _last(e for e in events if e.get("stage") == "burn_in" and e["event"] == "thresholds")
+    """The run's summary, from the one fold of its ledger (one read of the lines appended since the last,
+    see trainyard.events.ledger); nothing here reads an event itself."""
+    return summary_of(fold(ledger.events()))
+
+
+def summary_of(state: RunState, closing: bool = False) -> dict[str, Any]:
+    """The summary of a folded run; ``closing``: written by the report stage as it ends the run."""
+    train = state.train
+    steps = progress.loss_points(train.steps)  # a step trained again after a recovery replaces the lost one
+    limits, gate = state.limits, state.gated
     return {
-        "state": run_state(stages, running),
-        "started": events[0]["ts"] if events else None,
-        "ended": events[-1]["ts"] if events else None,
-        "stages": stages,
-        "running": running,
+        "state": state.state(closing),
+        "started": state.started,
+        "ended": state.ended,
+        "stages": state.stages,
+        # The report stage is still open as it writes its own summary: it is not what runs.
+        "running": [s for s in state.running if not (closing and s == "report")],
         # The final attempt's group (after a scale-down or a regroup), not the nodes the stage started on.
-        "nodes_used": list(last.nodes) if (last := state.train.last) else ends.get("train", {}).get("nodes", []),
-        # .get: the view also shows ledgers written by older versions of the stages.
-        "node_verdicts": {
-            n: {k: v.get(k) for k in ("figures", "again", "suspect", "verdict", "reason", "collective")}
-            for n, v in verdicts.items()
-        },
-        "thresholds": {
-            "thresholds": thresholds.get("thresholds"),
-            # ledgers from before the confirmation round name the reference "medians"
-            "references": thresholds.get("reference_values") or thresholds.get("medians"),
-            "seconds": thresholds.get("seconds"),
-        }
-        if thresholds
-        else None,
-        "steps_trained": progress.steps_trained(step_events),
+        "nodes_used": list(last.nodes) if (last := train.last) else state.results.get("train", {}).get("nodes", []),
+        "node_verdicts": {n: asdict(v) for n, v in state.verdicts.items()},
+        "thresholds": None if limits is None else asdict(limits),
+        "steps_trained": progress.steps_trained(train.steps),
         "first_step": steps[0][0] if steps else None,
         "last_step": steps[-1][0] if steps else None,
         "first_loss": steps[0][1] if steps else None,
         "last_loss": steps[-1][1] if steps else None,
         "loss_curve": progress.downsample(steps),  # a chart's worth, however long the run
-        "attempts": len(state.train.attempts),
-        "attempt_details": attempt_table(state.train),
-        "world_path": state.train.world_path,
-        "recovery_path": _recovery_path(state.train),
-        "hang_detection": _hang_detection(state.train),
-        "timeline": [
-            {k: e.get(k) for k in ("ts", "event", "attempt", "nodes", "kind", "action", "reason", "evidence")}
-            for e in train
-            if e["event"] in ATTEMPT_EVENTS
-        ],
-        "attempt_starts": [e["step"] for e in train if e["event"] == "resumed"],
-        "recovery": _last(e for e in train if e["event"] == "recovery_figures"),
+        "attempts": len(train.attempts),
+        "attempt_details": attempt_table(train),
+        "world_path": train.world_path,
+        "recovery_path": _recovery_path(train),
+        "hang_detection": _hang_detection(train),
+        "attempt_starts": list(train.resumed_steps),
+        "recovery": None if train.figures is None else dict(train.figures),
         "checkpoints": [asdict(r) for r in state.checkpoints],
         "latest_checkpoint": state.latest_checkpoint,
-        "gate": _last(e for e in events if e["event"] == "checkpoint_checked"),
-        "checkpoint": ends.get("check_checkpoint", {}).get("checkpoint"),
-        "published": ends.get("publish", {}).get("uri"),
+        "gate": None if gate is None else {**asdict(gate), "problems": list(gate.problems)},
+        "checkpoint": state.results.get("check_checkpoint", {}).get("checkpoint"),
+        "published": state.results.get("publish", {}).get("uri"),
     }
-
-
-def _last(events: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
-    found = None
-    for event in events:
-        found = event
-    return found
-
-
-def stage_table(events: list[dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], list[str]]:
-    """Finished stages in the order they finished (a retried stage: its last try), and the unfinished ones (the fold's)."""
-    state = fold(events)
-    return state.stages, state.running
 
 
 def _recovery_path(train: TrainRun) -> str | None:
@@ -111,16 +82,6 @@ def _hang_detection(train: TrainRun) -> str | None:
     if train.hang_detection_off is None:
         return None
     return f"off: {train.hang_detection_off}; to turn it on, {HOW_TO_BEAT}"
-
-
-def run_state(stages: dict[str, dict[str, Any]], running: list[str]) -> str:
-    """``running`` while a stage is open, else ``failed`` if one failed, else ``succeeded`` once the report
-    stage ended; before that the run is between tasks, so still ``running``."""
-    if running:
-        return "running"
-    if any(not s["ok"] for s in stages.values()):
-        return "failed"
-    return "succeeded" if "report" in stages else "running"
 
 
 def _failure(f: FailureSeen) -> dict[str, Any]:
@@ -177,13 +138,6 @@ def attempt_table(train: TrainRun) -> list[dict[str, Any]]:
     return rows
 
 
-def checkpoint_table(events: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str | None]:
-    """Every checkpoint the run saved or started from, with its validity and fate; and what ``LATEST``
-    named when the ledger ends (the fold's)."""
-    state = fold(events)
-    return [asdict(r) for r in state.checkpoints], state.latest_checkpoint
-
-
 def format_summary(summary: dict[str, Any]) -> str:
     lines = ["trainyard run summary", "  stages:"]
     for name in STAGES:
@@ -229,19 +183,14 @@ def _known(figures: dict[str, Any], name: str, unit: str = "") -> str:
 
 
 def write_report(run_dir: Path, ledger: Ledger) -> dict[str, Any]:
-    summary = summarize(ledger)
+    """Write the run's ``summary.json`` and ``report.html``; the summary written (``report``, ``summary``: where)."""
     # Written by the report stage itself, which is still open: the run's outcome is the other stages'.
-    summary["running"] = [s for s in summary["running"] if s != "report"]
-    summary["state"] = "failed" if any(not s["ok"] for s in summary["stages"].values()) else "succeeded"
+    summary = summary_of(fold(ledger.events()), closing=True)
     summary["report"] = str(run_dir / "report.html")
+    summary["summary"] = str(run_dir / "summary.json")
     write_json_atomic(run_dir / "summary.json", summary)
     write_text_atomic(run_dir / "report.html", report_html(summary, run_identity(run_dir)))
-    return {
-        "report": summary["report"],
-        "summary": str(run_dir / "summary.json"),
-        "steps_trained": summary["steps_trained"],
-        "last_loss": summary["last_loss"],
-    }
+    return summary
 
 
 def run_identity(run_dir: Path) -> dict[str, Any]:
