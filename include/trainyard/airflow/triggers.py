@@ -48,7 +48,7 @@ from trainyard.backends.kubernetes.status import (
 from trainyard.protocol.coordstore import attempt_prefix, faulted_key, peek
 from trainyard.recovery.observations import Reported
 from trainyard.recovery.progress import ProgressLog
-from trainyard.recovery.watch import STARTUP_GRACE_S, detect
+from trainyard.recovery.watch import HANG, STARTUP_GRACE_S, detect
 
 CLASSPATH = "trainyard.airflow.triggers.KubernetesAttemptTrigger"
 WATCH_S = 240
@@ -311,7 +311,7 @@ class KubernetesAttemptTrigger(BaseTrigger):
             detect, status, folder, self.world_size, self.started, self.heartbeat_timeout_s, self.startup_grace_s,
             members,
         )  # fmt: skip
-        return (problem[1], problem[2]) if problem and problem[0] == "hang" else None
+        return (problem.suspects, problem.reason) if problem and problem.trigger == HANG else None
 
     async def faulted(self) -> bool:
         """Whether generation ``generation``'s fault counter changed since the task looked (read off the loop)."""

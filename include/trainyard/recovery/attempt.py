@@ -27,7 +27,7 @@ from trainyard.recovery.observations import AttemptFailed as Failed
 from trainyard.recovery.observations import AttemptSucceeded, Beatless, Checkpoints, LeaseLost, SparesReady
 from trainyard.recovery.progress import ProgressLog
 from trainyard.recovery.state import STAGE
-from trainyard.recovery.watch import STARTUP_GRACE_S, detect, failed, last_step
+from trainyard.recovery.watch import BEATLESS, STARTUP_GRACE_S, detect, failed, last_step
 
 log = logging.getLogger(__name__)
 POLL_CPU_SHARE = 0.05
@@ -109,8 +109,8 @@ def watch_attempt(
             return AttemptSucceeded(plan.attempt, time.time(), last_step(heartbeat_dir))
         problem = detect(status, heartbeat_dir, plan.world_size, started, heartbeat_timeout_s, startup_grace_s, members,
                          beatless_said, beats_known)  # fmt: skip
-        if problem and problem[0] == "beatless":
-            return Beatless(plan.attempt, time.time(), problem[2])
+        if problem and problem.trigger == BEATLESS:
+            return Beatless(plan.attempt, time.time(), problem.reason)
         if not problem and leaving is not None and (left := [n for n in leaving() if n in plan.nodes]):
             at = time.time()
             said = f"{', '.join(left)} given notice (SIGTERM), leaving at a step boundary"
@@ -118,7 +118,8 @@ def watch_attempt(
             return failed(plan, status, heartbeat_dir, "preempted", [], said, scan, at=at, leaving=left)
         if problem:
             at = time.time()
-            return failed(plan, status, heartbeat_dir, *problem, checkpoints() if checkpoints else None, at=at)
+            scan = checkpoints() if checkpoints else None
+            return failed(plan, status, heartbeat_dir, problem.trigger, problem.suspects, problem.reason, scan, at=at)
         if progress is not None and (line := progress.poll(time.time())):
             log.info("%s", line)
         if (lost := kept(keep_alive)) is not None:

@@ -40,7 +40,7 @@ from trainyard.recovery.observations import (
 )
 from trainyard.recovery.state import STAGE, Attempt, Course
 from trainyard.recovery.supervisor import Driver, Hooks, StateReader, failure_error
-from trainyard.recovery.watch import STARTUP_GRACE_S, detect, failed, last_step
+from trainyard.recovery.watch import BEATLESS, STARTUP_GRACE_S, detect, failed, last_step
 
 log = logging.getLogger(__name__)
 
@@ -236,10 +236,11 @@ class Deferred(Driver):
         known = any(a.last_step is not None for a in state.run.attempts)  # an earlier attempt beat: hung, not quiet
         problem = detect(status, beats, plan.world_size, started, self.heartbeat_timeout_s, STARTUP_GRACE_S, members,
                          told, known)  # fmt: skip
-        if problem and problem[0] == "beatless":
-            return Beatless(attempt, now, problem[2])
+        if problem and problem.trigger == BEATLESS:
+            return Beatless(attempt, now, problem.reason)
         if problem:
-            return failed(plan, status, beats, *problem, self.hooks.checkpoints(), at=now)
+            scan = self.hooks.checkpoints()
+            return failed(plan, status, beats, problem.trigger, problem.suspects, problem.reason, scan, at=now)
         if self.hooks.coordinator_for is not None:
             coordinator = self.hooks.coordinator_for(attempt)
             if left := [n for n in coordinator.leaving(current.generation) if n in plan.nodes]:
