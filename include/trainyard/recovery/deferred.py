@@ -111,9 +111,11 @@ class Deferred(Driver):
         heartbeat_timeout_s: float,
         target_step: int,
         on_wake: Callable[[], None] | None = None,
+        startup_grace_s: float = STARTUP_GRACE_S,
     ) -> None:
         super().__init__(launcher, reader, ctx, hooks)
         self.heartbeat_timeout_s, self.target_step, self.on_wake = heartbeat_timeout_s, target_step, on_wake
+        self.startup_grace_s = startup_grace_s
         if hooks.coordinator_for is not None:
             self.hooks = replace(hooks, coordinator_for=self._recalling(hooks.coordinator_for))
 
@@ -234,7 +236,7 @@ class Deferred(Driver):
         started = current.regrouped_at or current.started
         told = self.reader.now().run.hang_detection_off is not None  # a script without beats: said once a run
         known = any(a.last_step is not None for a in state.run.attempts)  # an earlier attempt beat: hung, not quiet
-        problem = detect(status, beats, plan.world_size, started, self.heartbeat_timeout_s, STARTUP_GRACE_S, members,
+        problem = detect(status, beats, plan.world_size, started, self.heartbeat_timeout_s, self.startup_grace_s, members,
                          told, known)  # fmt: skip
         if problem and problem.trigger == BEATLESS:
             return Beatless(attempt, now, problem.reason)
