@@ -188,4 +188,4 @@ def test_the_kubernetes_trigger_judges_a_first_beat_by_the_specs_startup_grace(t
     training = training.model_copy(update={"startup_grace_s": 100.0})
     run.spec.training = training
     hung = asyncio.run(trigger_for(run, watch).hang(running))
-    assert hung is not None and "no first heartbeat 100 s after the start from rank-1" in hung[1], hung
+    assert hung is not None and "no first heartbeat 100 s after the start from rank-1" in hung.reason, hung

@@ -160,8 +160,8 @@ def test_the_trigger_and_the_progress_line_read_garbage_without_raising(tmp_path
         "ml", "job", NODES, heartbeat_dir=str(hb), heartbeat_timeout_s=10.0, startup_grace_s=10.0,
         started=time.time() - 100, world_size=3, progress_every_s=1.0, attempt=1, target_step=20,
     )  # fmt: skip
-    suspects, reason = asyncio.run(trigger.hang(RUNNING)) or ([], "")
-    assert "rank-1" in reason and "rank-2" in reason and suspects == []
+    hung = asyncio.run(trigger.hang(RUNNING))
+    assert hung is not None and "rank-1" in hung.reason and "rank-2" in hung.reason and hung.suspects == []
     pace = trigger.progress_log()
     assert pace is not None
     pace.poll(time.time())
