@@ -189,3 +189,23 @@ def test_the_kubernetes_trigger_judges_a_first_beat_by_the_specs_startup_grace(t
     run.spec.training = training
     hung = asyncio.run(trigger_for(run, watch).hang(running))
     assert hung is not None and "no first heartbeat 100 s after the start from rank-1" in hung.reason, hung
+
+
+def test_any_deferring_backend_sets_how_often_the_task_wakes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wake comes from the backend (``Backend.wake_every_s``), not from ``nodes.kubernetes``: a backend that
+    defers cuts a backoff to its wake and stretches the run's lease past two of them; one that does not, neither."""
+    import datetime as dt
+    from types import SimpleNamespace
+
+    from trainyard.airflow.operators import backoff_trigger
+    from trainyard.backends import registry
+    from trainyard.pipeline.lineage import lease_ttl
+    from trainyard.recovery.deferred import Backoff
+
+    run = SimpleNamespace(spec=SimpleNamespace(nodes=NodesSpec(count=2)))
+    blocking = backoff_trigger(run, Backoff(10_000.0), now=1_000.0).moment
+    assert blocking == dt.datetime.fromtimestamp(10_000.0, tz=dt.UTC)
+    deferring = SimpleNamespace(defers=True, wake_every_s=2_000.0)
+    monkeypatch.setitem(registry.BACKENDS, "local", lambda nodes, client, connect: deferring)
+    assert backoff_trigger(run, Backoff(10_000.0), now=1_000.0).moment == dt.datetime.fromtimestamp(3_000.0, tz=dt.UTC)
+    assert lease_ttl(run) == 2 * 2_000.0 + 60

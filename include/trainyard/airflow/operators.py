@@ -102,9 +102,10 @@ def backoff_trigger(run: Run, backoff: Backoff, now: float | None = None) -> Dat
     since every wake renews the run's lease on its lineage (a backoff can last an hour)."""
     from airflow.providers.standard.triggers.temporal import DateTimeTrigger
 
-    k8s = run.spec.nodes.kubernetes
-    wake = (time.time() if now is None else now) + (k8s.wake_every_s if k8s is not None else 0.0)
-    until = min(backoff.until, wake) if k8s is not None else backoff.until
+    from trainyard.pipeline.run import wake_every_s
+
+    wake = wake_every_s(run.spec.nodes)
+    until = backoff.until if wake is None else min(backoff.until, (time.time() if now is None else now) + wake)
     return DateTimeTrigger(moment=dt.datetime.fromtimestamp(until, tz=dt.UTC))
 
 
