@@ -127,7 +127,9 @@ def test_the_attempt_triggers_event_is_read_back_typed_in_one_place() -> None:
 def test_a_watch_travels_as_json() -> None:
     from trainyard.recovery.deferred import AttemptWatch
 
-    watch = AttemptWatch(2, 1700000000.5, "ml", "job-a2", ["gpu-a", "gpu-b"], 2, "/hot/attempt-2/heartbeat", 40)
+    watch = AttemptWatch(
+        2, 1700000000.5, {"namespace": "ml", "name": "job-a2"}, ["gpu-a", "gpu-b"], 2, "/hot/attempt-2/heartbeat", 40
+    )
     assert AttemptWatch.from_json(json.loads(json.dumps(watch.to_json()))) == watch
 
 
@@ -179,7 +181,7 @@ def test_the_kubernetes_trigger_judges_a_first_beat_by_the_specs_startup_grace(t
     )
     run = SimpleNamespace(spec=SimpleNamespace(nodes=nodes, training=training), checkpoint_root=tmp_path / "ckpt")
     watch = AttemptWatch.from_json(
-        {"attempt": 1, "started": time.time() - 200, "namespace": "ml", "job_name": "j", "nodes": ["gpu-a", "gpu-b"],
+        {"attempt": 1, "started": time.time() - 200, "handle": {"namespace": "ml", "name": "j"}, "nodes": ["gpu-a", "gpu-b"],
          "world_size": 2, "heartbeat_dir": str(hb), "target_step": 10}
     )  # fmt: skip
     trigger = trigger_for(run, watch)

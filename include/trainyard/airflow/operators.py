@@ -72,8 +72,8 @@ def trigger_for(run: Run, watch: AttemptWatch) -> KubernetesAttemptTrigger:
     assert k8s is not None
     training = run.spec.training
     return KubernetesAttemptTrigger(
-        namespace=watch.namespace,
-        job_name=watch.job_name,
+        namespace=watch.handle["namespace"],
+        job_name=watch.handle["name"],
         nodes=list(watch.nodes),
         poll_interval=k8s.poll_s,
         kubernetes_conn_id=k8s.connection,
@@ -83,7 +83,7 @@ def trigger_for(run: Run, watch: AttemptWatch) -> KubernetesAttemptTrigger:
         world_size=watch.world_size,
         started=watch.started,
         startup_grace_s=training.startup_grace_s,
-        podgroup=k8s.scheduler == "volcano",
+        podgroup=bool(watch.handle.get("podgroup", k8s.scheduler == "volcano")),
         attempt=watch.attempt,
         target_step=watch.target_step,
         tokens_per_step=tokens_per_step(training.global_batch, training.args),

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from trainyard.backends.base import AttemptStatus, Launcher
+from trainyard.backends.base import AttemptStatus, DefersAttempts, Launcher
 from trainyard.protocol.coordstore import Coordinator, Generation, faulted_key, peek
 from trainyard.recovery.commands import AttemptResult, Command, Fail, Finish, StartNodes, WaitUntil, Watch
 from trainyard.recovery.look import ERROR, FAILED, PREEMPTED, SPARES, SUCCEEDED, Reads, look, seen
@@ -53,8 +53,8 @@ class AttemptWatch:
 
     attempt: int
     started: float
-    namespace: str
-    job_name: str
+    handle: dict[str, Any]
+    """The backend's attempt handle as plain JSON (``DefersAttempts.describe``): only its trigger reads it."""
     nodes: list[str]
     world_size: int
     heartbeat_dir: str
@@ -77,7 +77,7 @@ class AttemptWatch:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> AttemptWatch:
-        return cls(**{**data, "nodes": list(data["nodes"])})
+        return cls(**{**data, "nodes": list(data["nodes"]), "handle": dict(data["handle"])})
 
 
 @dataclass(frozen=True)
@@ -175,8 +175,7 @@ class Deferred(Driver):
         return AttemptWatch(
             attempt=attempt,
             started=last.regrouped_at or last.started,
-            namespace=handle.namespace,
-            job_name=handle.name,
+            handle=self.launcher.describe(handle) if isinstance(self.launcher, DefersAttempts) else {},
             nodes=list(plan.nodes),
             world_size=plan.world_size,
             heartbeat_dir=str(plan.heartbeat_dir),
