@@ -22,7 +22,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator, BaseOperatorLink, conf
@@ -47,6 +47,7 @@ from trainyard.spec import NodesSpec, PipelineSpec
 
 if TYPE_CHECKING:  # the Kubernetes clients take a second to import: at run time, not at DAG parse time
     from airflow.providers.standard.triggers.temporal import DateTimeTrigger
+    from airflow.triggers.base import BaseTrigger
 
     from trainyard.airflow.triggers import KubernetesAttemptTrigger
     from trainyard.backends.base import Launcher
@@ -63,8 +64,16 @@ def launcher_for(nodes: NodesSpec) -> Launcher:
     return backend_for(nodes, connect=kube_client).launcher()
 
 
-def trigger_for(run: Run, watch: AttemptWatch) -> KubernetesAttemptTrigger:
-    """The trigger watching the attempt ``TrainStage.begin`` / ``resume`` launched or re-attached."""
+def trigger_for(run: Run, watch: AttemptWatch) -> BaseTrigger:
+    """The trigger watching the attempt ``TrainStage.begin`` / ``resume`` launched or re-attached: its backend's
+    (``TRIGGERS``, by the backend's name; no layer below asks which backend defers)."""
+    from trainyard.backends.registry import backend_for
+
+    return TRIGGERS[backend_for(run.spec.nodes).name](run, watch)
+
+
+def kubernetes_trigger(run: Run, watch: AttemptWatch) -> KubernetesAttemptTrigger:
+    """The Kubernetes backend's trigger, from the watch and the spec's ``nodes.kubernetes``."""
     from trainyard.airflow.triggers import KubernetesAttemptTrigger
     from trainyard.recovery.progress import tokens_per_step
 
@@ -95,6 +104,10 @@ def trigger_for(run: Run, watch: AttemptWatch) -> KubernetesAttemptTrigger:
         generation=watch.generation,
         faults_seen=watch.faults_seen,
     )
+
+
+TRIGGERS: dict[str, Callable[[Run, AttemptWatch], BaseTrigger]] = {"kubernetes": kubernetes_trigger}
+"""Each deferring backend's trigger, by ``Backend.name``: what a deferred train task waits on."""
 
 
 def backoff_trigger(run: Run, backoff: Backoff, now: float | None = None) -> DateTimeTrigger:
