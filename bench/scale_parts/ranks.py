@@ -44,6 +44,7 @@ from trainyard.protocol.heartbeat import (
     write_node_beat,
 )
 from trainyard.recovery.attempt import watch_attempt
+from trainyard.recovery.look import AttemptView
 from trainyard.recovery.observations import AttemptFailed
 from trainyard.report import pages
 from trainyard.report.summary import run_identity, summarize
@@ -129,7 +130,7 @@ def one_world(n: int, root: Path) -> dict[str, Any]:
         # A node exits 8 s in: the watch's CPU until then is its steady state.
         wall, cpu = time.time(), time.thread_time()
         killer = _after(8.0, lambda: setattr(launcher, "failed", nodes[-1]))
-        seen = watch_attempt(launcher, None, plan, time.time(), hb, TIMEOUT_S, pause=pause)
+        seen = watch_attempt(launcher, None, plan, AttemptView.of(plan, time.time(), TIMEOUT_S, hb), pause=pause)
         detection = time.time() - killer.at
         cpu_fraction = (time.thread_time() - cpu) / (time.time() - wall)
         assert isinstance(seen, AttemptFailed) and seen.failure.nodes, seen
@@ -137,7 +138,7 @@ def one_world(n: int, root: Path) -> dict[str, Any]:
         launcher.failed = ""
         hang.touch()
         last_step = _last_step_time(hb)
-        seen = watch_attempt(launcher, None, plan, time.time() - 10, hb, TIMEOUT_S)
+        seen = watch_attempt(launcher, None, plan, AttemptView.of(plan, time.time() - 10, TIMEOUT_S, hb))
         hang_over = time.time() - (last_step + TIMEOUT_S)
         assert isinstance(seen, AttemptFailed) and seen.failure.stale_nodes == [f"node-{HUNG_NODE}"], seen.failure
     finally:

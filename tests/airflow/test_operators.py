@@ -127,7 +127,9 @@ def test_the_attempt_triggers_event_is_read_back_typed_in_one_place() -> None:
 def test_a_watch_travels_as_json() -> None:
     from trainyard.recovery.deferred import AttemptWatch
 
-    watch = AttemptWatch(2, 1700000000.5, "ml", "job-a2", ["gpu-a", "gpu-b"], 2, "/hot/attempt-2/heartbeat", 40)
+    watch = AttemptWatch(
+        2, 1700000000.5, {"namespace": "ml", "name": "job-a2"}, ["gpu-a", "gpu-b"], 2, "/hot/attempt-2/heartbeat", 40
+    )
     assert AttemptWatch.from_json(json.loads(json.dumps(watch.to_json()))) == watch
 
 
@@ -149,3 +151,63 @@ def test_a_backoff_waits_on_a_time_trigger_at_most_until_the_next_wake() -> None
     )
     assert isinstance(far, DateTimeTrigger) and far.moment == dt.datetime.fromtimestamp(1_060.0, tz=dt.UTC)
     assert near.moment == dt.datetime.fromtimestamp(1_030.0, tz=dt.UTC)
+
+
+def test_the_kubernetes_trigger_judges_a_first_beat_by_the_specs_startup_grace(tmp_path: Path) -> None:
+    """``training.startup_grace_s: 600`` reaches the trigger a deferred Kubernetes task waits on: a rank that has
+    not beaten 200 s after the start (its peer has) is within the grace, not hung. The constant (120 s) would call
+    it hung."""
+    import asyncio
+    import time
+    from types import SimpleNamespace
+
+    from trainyard.airflow.operators import trigger_for
+    from trainyard.backends.base import AttemptStatus, NodeStatus
+    from trainyard.protocol.heartbeat import write_beat
+    from trainyard.recovery.deferred import AttemptWatch
+    from trainyard.spec import TrainingSpec
+
+    hb = tmp_path / "hb"
+    (hb / "gpu-a").mkdir(parents=True)
+    write_beat(
+        hb / "gpu-a",
+        0,
+        {"rank": 0, "node": "gpu-a", "host": "gpu-a", "step": 3, "time": time.time(), "status": "running"},
+    )
+    (hb / "gpu-a" / "rank-0.alive").touch()
+    nodes = NodesSpec(count=2, backend="kubernetes", kubernetes={"image": "trainer:1"})
+    training = TrainingSpec(
+        max_steps=10, global_batch=4, micro_batch=2, checkpoint_every=5, heartbeat_timeout_s=10, startup_grace_s=600
+    )
+    run = SimpleNamespace(spec=SimpleNamespace(nodes=nodes, training=training), checkpoint_root=tmp_path / "ckpt")
+    watch = AttemptWatch.from_json(
+        {"attempt": 1, "started": time.time() - 200, "handle": {"namespace": "ml", "name": "j"}, "nodes": ["gpu-a", "gpu-b"],
+         "world_size": 2, "heartbeat_dir": str(hb), "target_step": 10}
+    )  # fmt: skip
+    trigger = trigger_for(run, watch)
+    running = AttemptStatus([NodeStatus(n, "running", host=n) for n in ("gpu-a", "gpu-b")])
+    assert asyncio.run(trigger.hang(running)) is None
+    training = training.model_copy(update={"startup_grace_s": 100.0})
+    run.spec.training = training
+    hung = asyncio.run(trigger_for(run, watch).hang(running))
+    assert hung is not None and "no first heartbeat 100 s after the start from rank-1" in hung.reason, hung
+
+
+def test_any_deferring_backend_sets_how_often_the_task_wakes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wake comes from the backend (``Backend.wake_every_s``), not from ``nodes.kubernetes``: a backend that
+    defers cuts a backoff to its wake and stretches the run's lease past two of them; one that does not, neither."""
+    import datetime as dt
+    from types import SimpleNamespace
+
+    from trainyard.airflow.operators import backoff_trigger
+    from trainyard.backends import registry
+    from trainyard.pipeline.lineage import lease_ttl
+    from trainyard.recovery.deferred import Backoff
+
+    run = SimpleNamespace(spec=SimpleNamespace(nodes=NodesSpec(count=2)))
+    blocking = backoff_trigger(run, Backoff(10_000.0), now=1_000.0).moment
+    assert blocking == dt.datetime.fromtimestamp(10_000.0, tz=dt.UTC)
+    deferring = SimpleNamespace(defers=True, wake_every_s=2_000.0)
+    monkeypatch.setitem(registry.BACKENDS, "local", lambda nodes, client, connect: deferring)
+    assert backoff_trigger(run, Backoff(10_000.0), now=1_000.0).moment == dt.datetime.fromtimestamp(3_000.0, tz=dt.UTC)
+    assert lease_ttl(run) == 2 * 2_000.0 + 60

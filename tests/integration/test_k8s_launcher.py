@@ -395,11 +395,19 @@ def test_trigger_fires_once_the_attempt_ends_with_the_launchers_records(fake: Fa
         poll_interval=0.05,
         config_file=kubeconfig(tmp_path, fake.url),
     )
-    # The pods finish while the trigger is already polling.
-    threading.Timer(0.3, succeed, (fake, pods)).start()
-    started = time.monotonic()
+
+    # The pods finish once the trigger has polled them running a few times: it waited for the end.
+    def jobs_read() -> int:
+        return sum(1 for c in fake.calls if (c.verb, c.resource) == ("get", "jobs"))
+
+    def succeed_once_polled() -> None:
+        wait_until(lambda: jobs_read() >= 3, 10, "the trigger to poll the running pods", every_s=0.02)
+        succeed(fake, pods)
+
+    fake.calls.clear()
+    threading.Thread(target=succeed_once_polled, daemon=True).start()
     event = first_event(trigger)
-    assert time.monotonic() - started >= 0.25  # it waited for the end rather than firing on "running"
+    assert jobs_read() >= 3  # it polled the running pods and waited on rather than firing
     assert event["status"] == "succeeded" and (event["namespace"], event["job_name"]) == (NS, handle.name)
     expected = [{**n.__dict__, "log": ""} for n in launcher.poll(handle).nodes]
     assert event["nodes"] == expected
@@ -466,16 +474,14 @@ def test_the_trigger_lists_the_pods_once_then_watches_and_wakes_on_a_failed_pod(
 
     def fails_once_watched() -> None:
         wait_until(lambda: pod_calls(fake, "watch") > 0, 10, "the trigger to watch the pods", every_s=0.02)
-        time.sleep(0.2)
         fake.set_pod(
             NS, pods[3], "Failed", node="k8s-4", state={"terminated": {"exitCode": 137, "reason": "OOMKilled"}}
         )
 
     threading.Thread(target=fails_once_watched, daemon=True).start()
-    started = time.monotonic()
+    # Woken by the watch, not by the next poll: that is 30 s away, past ``first_event``'s 10 s bound.
     failed = first_event(KubernetesAttemptTrigger(NS, handle.name, plan.nodes, poll_interval=30.0, config_file=config))
     assert failed["status"] == "failed" and failed["message"] == "k8s-4: OOMKilled"
-    assert time.monotonic() - started < 5.0, "woken by the watch, not by the next poll 30 s later"
     assert (pod_calls(fake, "list"), pod_calls(fake, "watch")) == (1, 1)
 
 

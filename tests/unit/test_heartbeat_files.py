@@ -67,8 +67,8 @@ def test_a_fifo_named_like_a_beat_blocks_nothing(tmp_path: Path, caplog: pytest.
         assert set(beats) == {"rank-0"} and beats["rank-0"]["folder"] == "node-0"
         # Rank 1 never beat: once the start-up grace is over it is a hang, and the refusal is evidence.
         found = within(5, lambda: detect(RUNNING, hb, 2, time.time() - 100, 10.0, 10.0))
-        assert found is not None and found[0] == "hang" and "no first heartbeat" in found[2]
-        assert "node-1/rank-1.json refused" in found[2] and "not a regular file" in found[2]
+        assert found is not None and found.trigger == "hang" and "no first heartbeat" in found.reason
+        assert "node-1/rank-1.json refused" in found.reason and "not a regular file" in found.reason
     finally:
         for fifo in fifos:  # a reader still blocked on one (a regression) is let go
             try:
@@ -138,9 +138,9 @@ def test_a_malformed_beat_is_no_beat_and_never_raises(
         found = detect(RUNNING, hb, 2, time.time() - 100, 10.0, 10.0)
         assert (
             found is not None
-            and "no first heartbeat 10 s after the start from rank-1 though other ranks beat" in found[2]
+            and "no first heartbeat 10 s after the start from rank-1 though other ranks beat" in found.reason
         )
-        assert f"{where} refused (" in found[2] and says in found[2]
+        assert f"{where} refused (" in found.reason and says in found.reason
         assert set(read_heartbeats(hb)) == {"rank-0"}
         assert last_step(hb) == 7  # the deferred driver's read
     assert caplog.text.count(says) == 1  # three reads, one warning: a bad file does not flood the log
@@ -160,8 +160,8 @@ def test_the_trigger_and_the_progress_line_read_garbage_without_raising(tmp_path
         "ml", "job", NODES, heartbeat_dir=str(hb), heartbeat_timeout_s=10.0, startup_grace_s=10.0,
         started=time.time() - 100, world_size=3, progress_every_s=1.0, attempt=1, target_step=20,
     )  # fmt: skip
-    suspects, reason = asyncio.run(trigger.hang(RUNNING)) or ([], "")
-    assert "rank-1" in reason and "rank-2" in reason and suspects == []
+    hung = asyncio.run(trigger.hang(RUNNING))
+    assert hung is not None and "rank-1" in hung.reason and "rank-2" in hung.reason and hung.suspects == []
     pace = trigger.progress_log()
     assert pace is not None
     pace.poll(time.time())
@@ -179,7 +179,7 @@ def test_the_folder_names_the_node_never_the_beat(tmp_path: Path) -> None:
     lying = beat(1, "node-0", at=old, host="node-1")
     write_beat(hb / "node-0", 1, lying)
     found = detect(RUNNING, hb, 2, old - 10, 10.0, 10.0)
-    assert found is not None and found[1] == ["node-0"]
+    assert found is not None and found.suspects == ["node-0"]
 
 
 def test_a_pulse_is_only_lstated(tmp_path: Path) -> None:

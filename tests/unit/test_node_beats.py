@@ -99,7 +99,7 @@ def test_a_frozen_rank_stops_its_nodes_pulse_and_makes_that_node_the_suspect(tmp
         publish_pulse(hb / node / NODE_PULSE, here)
     assert time.time() - (hb / "node-1" / NODE_PULSE).stat().st_mtime > 29  # as old as rank 3's
     found = detect(RUNNING, hb, 4, old - 10, 10.0, 10.0)
-    assert found is not None and found[0] == "hang" and found[1] == ["node-1"], found
+    assert found is not None and found.trigger == "hang" and found.suspects == ["node-1"], found
 
 
 def test_the_runtime_writes_one_file_per_node_and_rank_zero_of_the_node_writes_it(

@@ -11,6 +11,7 @@ import pytest
 from trainyard.backends.base import AttemptStatus, LaunchPlan, NodeStatus
 from trainyard.protocol.env import TrainEnv
 from trainyard.recovery.attempt import POLL_CPU_SHARE, POLL_WAIT_MAX_S, watch_attempt
+from trainyard.recovery.look import AttemptView
 from trainyard.recovery.observations import AttemptSucceeded
 
 
@@ -32,9 +33,8 @@ class Launcher:
 def test_the_wait_between_polls_grows_with_their_cost(tmp_path: Path, cost_s: float) -> None:
     plan = LaunchPlan("r", 1, ["node-0"], 1, "train.py", [], TrainEnv(tmp_path, tmp_path, 1), tmp_path)
     pauses: list[float] = []
-    seen = watch_attempt(
-        Launcher(cost_s), None, plan, time.time(), tmp_path / "hb", 60.0, poll_s=0.01, pause=pauses.append
-    )
+    view = AttemptView.of(plan, time.time(), 60.0, tmp_path / "hb")
+    seen = watch_attempt(Launcher(cost_s), None, plan, view, poll_s=0.01, pause=pauses.append)
     assert isinstance(seen, AttemptSucceeded) and len(pauses) == 3
     if cost_s > POLL_WAIT_MAX_S * POLL_CPU_SHARE:
         assert pauses == [POLL_WAIT_MAX_S] * 3  # 200 ms of CPU would buy 4 s: detection would wait too long

@@ -22,7 +22,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator, BaseOperatorLink, conf
@@ -47,6 +47,7 @@ from trainyard.spec import NodesSpec, PipelineSpec
 
 if TYPE_CHECKING:  # the Kubernetes clients take a second to import: at run time, not at DAG parse time
     from airflow.providers.standard.triggers.temporal import DateTimeTrigger
+    from airflow.triggers.base import BaseTrigger
 
     from trainyard.airflow.triggers import KubernetesAttemptTrigger
     from trainyard.backends.base import Launcher
@@ -63,8 +64,16 @@ def launcher_for(nodes: NodesSpec) -> Launcher:
     return backend_for(nodes, connect=kube_client).launcher()
 
 
-def trigger_for(run: Run, watch: AttemptWatch) -> KubernetesAttemptTrigger:
-    """The trigger watching the attempt ``TrainStage.begin`` / ``resume`` launched or re-attached."""
+def trigger_for(run: Run, watch: AttemptWatch) -> BaseTrigger:
+    """The trigger watching the attempt ``TrainStage.begin`` / ``resume`` launched or re-attached: its backend's
+    (``TRIGGERS``, by the backend's name; no layer below asks which backend defers)."""
+    from trainyard.backends.registry import backend_for
+
+    return TRIGGERS[backend_for(run.spec.nodes).name](run, watch)
+
+
+def kubernetes_trigger(run: Run, watch: AttemptWatch) -> KubernetesAttemptTrigger:
+    """The Kubernetes backend's trigger, from the watch and the spec's ``nodes.kubernetes``."""
     from trainyard.airflow.triggers import KubernetesAttemptTrigger
     from trainyard.recovery.progress import tokens_per_step
 
@@ -72,17 +81,18 @@ def trigger_for(run: Run, watch: AttemptWatch) -> KubernetesAttemptTrigger:
     assert k8s is not None
     training = run.spec.training
     return KubernetesAttemptTrigger(
-        namespace=watch.namespace,
-        job_name=watch.job_name,
+        namespace=watch.handle["namespace"],
+        job_name=watch.handle["name"],
         nodes=list(watch.nodes),
         poll_interval=k8s.poll_s,
         kubernetes_conn_id=k8s.connection,
         timeout_s=min(k8s.wake_every_s, watch.wake_s) if watch.wake_s else k8s.wake_every_s,
         heartbeat_dir=watch.heartbeat_dir,
-        heartbeat_timeout_s=run.spec.training.heartbeat_timeout_s,
+        heartbeat_timeout_s=training.heartbeat_timeout_s,
         world_size=watch.world_size,
         started=watch.started,
-        podgroup=k8s.scheduler == "volcano",
+        startup_grace_s=training.startup_grace_s,
+        podgroup=bool(watch.handle.get("podgroup", k8s.scheduler == "volcano")),
         attempt=watch.attempt,
         target_step=watch.target_step,
         tokens_per_step=tokens_per_step(training.global_batch, training.args),
@@ -96,14 +106,19 @@ def trigger_for(run: Run, watch: AttemptWatch) -> KubernetesAttemptTrigger:
     )
 
 
+TRIGGERS: dict[str, Callable[[Run, AttemptWatch], BaseTrigger]] = {"kubernetes": kubernetes_trigger}
+"""Each deferring backend's trigger, by ``Backend.name``: what a deferred train task waits on."""
+
+
 def backoff_trigger(run: Run, backoff: Backoff, now: float | None = None) -> DateTimeTrigger:
     """The time trigger a backoff defers on: until its end, or the next wake (``wake_every_s``) if sooner,
     since every wake renews the run's lease on its lineage (a backoff can last an hour)."""
     from airflow.providers.standard.triggers.temporal import DateTimeTrigger
 
-    k8s = run.spec.nodes.kubernetes
-    wake = (time.time() if now is None else now) + (k8s.wake_every_s if k8s is not None else 0.0)
-    until = min(backoff.until, wake) if k8s is not None else backoff.until
+    from trainyard.pipeline.run import wake_every_s
+
+    wake = wake_every_s(run.spec.nodes)
+    until = backoff.until if wake is None else min(backoff.until, (time.time() if now is None else now) + wake)
     return DateTimeTrigger(moment=dt.datetime.fromtimestamp(until, tz=dt.UTC))
 
 

@@ -13,11 +13,8 @@ The connection to the cluster goes through the cncf-kubernetes provider's
 config, or a kubeconfig file), as the provider's own ``KubernetesJobTrigger``
 does.
 
-What a poll costs does not grow with the attempt: the pods are listed once and then watched
-(``backends.kubernetes.podcache``), so a poll reads the cache and one small object (the Job, or in place
-the coordinator pod), on a client kept for ``WATCH_S``. A pod's change that ends the attempt wakes the
-trigger at once rather than at the next poll. A Role without ``watch`` on pods (a deployment older than
-this) gets a list every poll, as before, and one warning.
+Its pods are listed once and then watched (``airflow.podwatch.PodFollower``); what each poll saw is
+judged by the one look every driver shares (``recovery.look``).
 """
 
 from __future__ import annotations
@@ -26,7 +23,6 @@ import asyncio
 import os
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -36,25 +32,21 @@ from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHo
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from trainyard.airflow.podwatch import PodFollower, _Client
 from trainyard.backends.base import AttemptStatus
 from trainyard.backends.kubernetes import aio, api
 from trainyard.backends.kubernetes.podcache import PodCache
 from trainyard.backends.kubernetes.status import (
-    attempt_status,
-    pod_node_status,
     status_from_dicts,
     status_to_dicts,
 )
 from trainyard.protocol.coordstore import attempt_prefix, faulted_key, peek
+from trainyard.recovery.look import ERROR, FAILED, FAULT, REPORTS, SUCCEEDED, TIMEOUT, AttemptView, Reads, look
 from trainyard.recovery.observations import Reported
 from trainyard.recovery.progress import ProgressLog
-from trainyard.recovery.watch import STARTUP_GRACE_S, detect
+from trainyard.recovery.watch import CRASH, HANG, STARTUP_GRACE_S, Detection
 
 CLASSPATH = "trainyard.airflow.triggers.KubernetesAttemptTrigger"
-WATCH_S = 240
-"""How long a watch of the pods, and the client it runs on, lasts: then a new client (the hook reloads
-short-lived credentials on each: EKS and GKE tokens expire within the hour) and a new watch from where the
-last one ended."""
 _ARGUMENTS = (
     "namespace",
     "job_name",
@@ -85,7 +77,7 @@ _ARGUMENTS = (
 )
 
 
-class KubernetesAttemptTrigger(BaseTrigger):
+class KubernetesAttemptTrigger(PodFollower, BaseTrigger):
     """Fire when the attempt's Job ends: every pod succeeded, or any failed, or a rank hung (or the waiting timed out).
 
     The event payload (read back by ``reported``, the one place that knows it): ``status``
@@ -209,86 +201,6 @@ class KubernetesAttemptTrigger(BaseTrigger):
             connection_extras=extras,
         )
 
-    @asynccontextmanager
-    async def watching(self) -> AsyncIterator[None]:
-        """A client and the watch that keeps the pods for ``poll``, for as long as the block runs."""
-        self._client = _Client(self.hook())
-        self._cache, self._changed, self._settled = PodCache(), asyncio.Event(), asyncio.Event()
-        follower = asyncio.create_task(self._follow())
-        try:
-            yield
-        finally:
-            follower.cancel()
-            with suppress(asyncio.CancelledError):
-                await follower
-            await self._client.close()
-            self._client = None
-
-    async def poll(self) -> AttemptStatus:
-        """The attempt's state (inside ``watching``): its pods as the watch keeps them, and one read of why
-        it failed beyond them (``api.attempt_reason``). Raises the watch's failure until it recovers."""
-        assert self._client is not None, "poll() runs inside watching()"
-        await self._settled.wait()
-        if self._cache.failure is not None:
-            raise self._cache.failure
-        apis = await self._client.apis()
-        reason = await aio.drive(apis, api.attempt_reason(self.namespace, self.job_name, self.in_place))
-        return attempt_status(self._cache.pods.values(), self.nodes, reason, in_place=self.in_place)
-
-    async def _follow(self) -> None:
-        """Keep the pods current while the trigger runs: a list, then watches one after another (a list again
-        after a 410 Gone). A failure is left in the cache for the poll to count, and retried a poll later."""
-        assert self._client is not None
-        cache = self._cache
-        while True:
-            try:
-                apis = await self._client.apis()
-                if cache.version is None or self._list_only:
-                    pods, version = await aio.call(apis, api.pod_list(self.namespace, self.job_name))
-                    cache.listed(pods, version)
-                    self._settled.set()
-                    self._changed.set()
-                    if self._list_only:
-                        await asyncio.sleep(self.poll_interval)
-                    continue
-                request = api.watch_pods(self.namespace, self.job_name, cache.version, WATCH_S)
-                await aio.watch(apis, request, cache, self._pod_changed)
-                continue
-            except ApiException as exc:
-                if exc.status == 403 and cache.version is not None and not self._list_only:
-                    self._list_only = True  # it may list but not watch: a Role from before the watch
-                    self.log.warning(
-                        "may not watch pods in %s (%s): listing them every poll instead; the Role in "
-                        "docker/k8s/launcher-rbac.yaml grants watch", self.namespace, exc.reason,
-                    )  # fmt: skip
-                    continue
-                cache.failure = exc
-            except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
-                cache.failure = exc  # ValueError: a line that is not JSON, or too long for the reader
-            self._settled.set()
-            self._changed.set()  # the poll counts it now
-            await asyncio.sleep(self.poll_interval)
-
-    def _pod_changed(self, kind: str, pod: Any) -> None:
-        """Wake ``_quiet`` for a pod gone or no longer running: the changes of pods that start (hundreds at an
-        attempt's start) wait for the next poll, so the attempt's status is not worked out again for each."""
-        if kind == "DELETED" or pod_node_status(pod, "").state != "running":
-            self._changed.set()
-
-    async def _quiet(self, seconds: float) -> None:
-        """Wait ``seconds`` for the next poll; less when a pod's change ends the attempt (or the watch failed)."""
-        loop = asyncio.get_running_loop()
-        until = loop.time() + seconds
-        while (left := until - loop.time()) > 0:
-            self._changed.clear()
-            try:
-                await asyncio.wait_for(self._changed.wait(), left)
-            except TimeoutError:
-                return
-            pods = attempt_status(self._cache.pods.values(), self.nodes, None, in_place=self.in_place)
-            if self._cache.failure is not None or pods.state != "running":
-                return
-
     async def on_kill(self) -> None:
         """The user marked the deferred task failed (or cleared it): end the attempt, as ``on_kill`` does
         in the worker. Not on a triggerer restart or a timeout: those leave the attempt running."""
@@ -296,8 +208,14 @@ class KubernetesAttemptTrigger(BaseTrigger):
             await aio.drive(aio.apis(client), api.delete(self.namespace, self.job_name, self.podgroup, self.in_place))
         self.log.info("task killed: deleted attempt %s/%s", self.namespace, self.job_name)
 
-    async def hang(self, status: AttemptStatus) -> tuple[list[str], str] | None:
-        """Suspects and reason of a hung rank, by the supervisor's own rule (``detect``); file reads off the loop."""
+    def view(self) -> AttemptView:
+        """The attempt as the task saw it when it deferred (the one view every driver's look takes)."""
+        assert self.heartbeat_dir
+        return AttemptView(self.attempt, list(self.nodes), self.world_size, Path(self.heartbeat_dir), self.started,
+                           self.heartbeat_timeout_s, self.startup_grace_s, self.regrouped)  # fmt: skip
+
+    async def hang(self, status: AttemptStatus) -> Detection | None:
+        """A hung rank, by the supervisor's own rule (``AttemptView.detect``); file reads off the loop."""
         if not self.heartbeat_dir:
             return None
         folder = Path(self.heartbeat_dir)
@@ -306,12 +224,8 @@ class KubernetesAttemptTrigger(BaseTrigger):
                 self._blind = True  # created before the launch: the triggerer does not mount the hot tier
                 self.log.warning("heartbeat folder %s is not visible here; the task checks hangs when it wakes", folder)
             return None
-        members = list(self.nodes) if self.regrouped else None
-        problem = await asyncio.to_thread(
-            detect, status, folder, self.world_size, self.started, self.heartbeat_timeout_s, self.startup_grace_s,
-            members,
-        )  # fmt: skip
-        return (problem[1], problem[2]) if problem and problem[0] == "hang" else None
+        found = await asyncio.to_thread(self.view().detect, status)
+        return found if found is not None and found.trigger == HANG else None
 
     async def faulted(self) -> bool:
         """Whether generation ``generation``'s fault counter changed since the task looked (read off the loop)."""
@@ -371,6 +285,24 @@ class KubernetesAttemptTrigger(BaseTrigger):
             }
         )
 
+    async def _looked(self, status: AttemptStatus) -> TriggerEvent | None:
+        """What this poll saw (``recovery.look``, the rule every driver shares) as the event that wakes the
+        task; None: the attempt runs on. The store's word first: a pod that ended after its rank reported a
+        fault or a notice to leave is explained by the report (a busy triggerer that polled late saw only the
+        end)."""
+        crashed = ", ".join(f"{n.where}: {n.reason or f'exit {n.exit_code}'}" for n in status.failed())
+        found = Detection(CRASH, crashed) if status.state == FAILED else None
+        if status.state == "running":
+            found = await self.hang(status)
+        faulted = status.state != SUCCEEDED and (found is None or found.trigger == CRASH) and await self.faulted()
+        sight = look(self.view() if self.heartbeat_dir else _BLIND, Reads(status, found, faulted=faulted))
+        if sight is None:
+            return None
+        if sight.what == SUCCEEDED:
+            return self._event(SUCCEEDED, status, "every node succeeded")
+        status_of = {CRASH: FAILED, HANG: HANG, FAULT: FAULT}
+        return self._event(status_of[sight.what], status, sight.reason, sight.nodes)
+
     async def run(self) -> AsyncIterator[TriggerEvent]:
         async with self.watching():
             async for event in self._events():
@@ -394,67 +326,27 @@ class KubernetesAttemptTrigger(BaseTrigger):
                 errors += 1
                 message = f"Kubernetes API unreachable: {exc!r}"
             else:
-                if last.state == "failed" and await self.faulted():
-                    # The store's word first: a pod that ended after its rank reported a fault or a notice to
-                    # leave is explained by the report (a busy triggerer that polled late saw only the end).
-                    yield self._event("fault", last, "a rank reported a fault or a notice to leave on the store")
-                    return
-                if last.state != "running":
-                    failed = ", ".join(f"{n.where}: {n.reason or f'exit {n.exit_code}'}" for n in last.failed())
-                    yield self._event(last.state, last, failed or "every node succeeded")
-                    return
-                if hung := await self.hang(last):
-                    yield self._event("hang", last, hung[1], hung[0])
-                    return
-                if await self.faulted():
-                    yield self._event("fault", last, "a rank reported a fault or a notice to leave on the store")
+                if event := await self._looked(last):
+                    yield event
                     return
                 await self.progress(pace)
             if errors >= self.max_api_errors:
-                yield self._event("error", None, message)
+                yield self._event(ERROR, None, message)
                 return
             if errors:
                 self.log.warning(
                     "poll of %s/%s failed (%d in a row): %s", self.namespace, self.job_name, errors, message
                 )
             if deadline is not None and loop.time() >= deadline:
-                yield self._event("timeout", last, f"still running after {self.timeout_s:.0f} s")
+                yield self._event(TIMEOUT, last, f"still running after {self.timeout_s:.0f} s")
                 return
             wait = self.poll_interval if deadline is None else min(self.poll_interval, deadline - loop.time())
             await self._quiet(wait)
 
 
-class _Client:
-    """The trigger's client to the cluster, made anew every ``WATCH_S`` (the hook reloads short-lived
-    credentials on each). One replaced is closed at the next renewal: nothing begun on it can still run
-    then (a watch lasts ``WATCH_S``, a read seconds)."""
-
-    def __init__(self, hook: AsyncKubernetesHook) -> None:
-        self.hook = hook
-        self._current: tuple[AsyncExitStack, api.ClientApis, float] | None = None
-        self._retired: AsyncExitStack | None = None
-        self._lock = asyncio.Lock()  # the poll and the watch may ask at once
-
-    async def apis(self) -> api.ClientApis:
-        async with self._lock:
-            now = time.monotonic()
-            if self._current is None or now - self._current[2] >= WATCH_S:
-                if self._retired is not None:
-                    await self._retired.aclose()
-                self._retired = self._current[0] if self._current else None
-                stack = AsyncExitStack()
-                client = await stack.enter_async_context(self.hook.get_conn())
-                self._current = (stack, aio.apis(client), now)
-            return self._current[1]
-
-    async def close(self) -> None:
-        for stack in (self._retired, self._current[0] if self._current else None):
-            if stack is not None:
-                await stack.aclose()
-        self._current = self._retired = None
-
-
-_STATUSES = ("succeeded", "failed", "hang", "timeout", "error", "fault")
+_STATUSES = REPORTS
+_BLIND = AttemptView(0, [], 0, Path(), 0.0, 0.0)
+"""The view of a trigger that reads no heartbeats: it judges the pods and the store only."""
 
 
 def reported(payload: Mapping[str, Any]) -> Reported:

@@ -109,6 +109,9 @@ class Backend(Protocol):
     name: str
     defers: bool
     """Whether a train task may leave an attempt to a trigger (pods need no babysitter; processes do)."""
+    wake_every_s: float | None
+    """How often a deferred train task wakes at the latest (its lease on the lineage is renewed then, and a
+    backoff is cut to it); None: its tasks never defer."""
     marks: str | None
     """The label that marks an evicted node (the ledger's ``nodes_marked``); None: the fleet history is the mark."""
 

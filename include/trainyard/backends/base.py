@@ -139,6 +139,15 @@ class Launcher(Protocol):
 
 
 @runtime_checkable
+class DefersAttempts(Launcher, Protocol):
+    """A launcher whose attempts a trigger can watch while the task is away (``Backend.defers``)."""
+
+    def describe(self, handle: Any) -> dict[str, Any]:
+        """The attempt's handle as plain JSON, for its backend's trigger (opaque to every layer between)."""
+        ...
+
+
+@runtime_checkable
 class RegroupingLauncher(Launcher, Protocol):
     """A launcher whose attempts can change their nodes while they run (in-place recovery: the local backend)."""
 

@@ -20,7 +20,7 @@ from trainyard.checkpoint.format import (
 from trainyard.checkpoint.validate import Validation, inspector, validate
 from trainyard.errors import CheckpointInvalid
 from trainyard.events.fold import TrainRun, fold
-from trainyard.pipeline.run import Run, check_resume, defers
+from trainyard.pipeline.run import Run, check_resume, wake_every_s
 from trainyard.protocol.steps import loss_points
 from trainyard.recovery.observations import Checkpoints
 from trainyard.text import printable
@@ -31,10 +31,8 @@ log = logging.getLogger(__name__)
 def lease_ttl(run: Run) -> float:
     """How long the run's claim on its lineage holds unrenewed. A deferred train task renews it only
     when it wakes (at least every ``wake_every_s``), so its lease outlasts two waits."""
-    k8s = run.spec.nodes.kubernetes
-    if defers(run.spec.nodes) and k8s is not None:
-        return max(lease.LEASE_S, 2 * k8s.wake_every_s + 60)
-    return lease.LEASE_S
+    wake = wake_every_s(run.spec.nodes)
+    return lease.LEASE_S if wake is None else max(lease.LEASE_S, 2 * wake + 60)
 
 
 def hold_lineage(run: Run, run_state: lease.RunState | None = None) -> lease.Lease:

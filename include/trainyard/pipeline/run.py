@@ -96,6 +96,12 @@ def defers(nodes: NodesSpec) -> bool:
     return backend_for(nodes).defers
 
 
+def wake_every_s(nodes: NodesSpec) -> float | None:
+    """How often a deferred train task wakes at the latest, as its backend says; None: the task does not defer."""
+    backend = backend_for(nodes)
+    return backend.wake_every_s if backend.defers else None
+
+
 def open_run(
     spec_path: str | Path,
     dag_id: str,

@@ -241,6 +241,7 @@ class TrainStage:
             run.spec.training.heartbeat_timeout_s,
             target,
             on_wake=None if start is None else lambda: watcher(run).carry_on(start).catch_up(),
+            startup_grace_s=run.spec.training.startup_grace_s,
         )
 
     def _context(self, elastic: bool = False) -> Context:

@@ -23,11 +23,12 @@ from trainyard.events.schema import AttemptStart
 from trainyard.recovery.classify import Failure
 from trainyard.recovery.commands import AttemptResult, Record
 from trainyard.recovery.controller import ended, succeeded
+from trainyard.recovery.look import PREEMPTED, AttemptView, Reads, look, seen
 from trainyard.recovery.observations import AttemptFailed as Failed
 from trainyard.recovery.observations import AttemptSucceeded, Beatless, Checkpoints, LeaseLost, SparesReady
 from trainyard.recovery.progress import ProgressLog
 from trainyard.recovery.state import STAGE
-from trainyard.recovery.watch import STARTUP_GRACE_S, detect, failed, last_step
+from trainyard.recovery.watch import CRASH, HANG, STARTUP_GRACE_S
 
 log = logging.getLogger(__name__)
 POLL_CPU_SHARE = 0.05
@@ -63,62 +64,44 @@ def watch_attempt(
     launcher: Launcher,
     handle: Any,
     plan: LaunchPlan,
-    started: float,
-    heartbeat_dir: Path,
-    heartbeat_timeout_s: float,
+    view: AttemptView,
     poll_s: float = 0.5,
-    startup_grace_s: float = STARTUP_GRACE_S,
     progress: ProgressLog | None = None,
     keep_alive: Callable[[], None] | None = None,
     checkpoints: Callable[[], Checkpoints] | None = None,
-    regrouped: bool = False,
     ready_spares: Callable[[AttemptStatus], list[str]] | None = None,
     pause: Callable[[float], None] = time.sleep,
     each_poll: Callable[[], None] | None = None,
     leaving: Callable[[], list[str]] | None = None,
-    beatless_said: bool = True,
-    beats_known: bool = False,
 ) -> AttemptSucceeded | Failed | LeaseLost | SparesReady | Beatless:
     """Poll the attempt until it succeeds, fails or the run loses its lineage: what was seen.
 
+    ``view``: the attempt as known before looking (its group, its start, the spec's watch settings); each poll
+    reads, then ``look.look`` decides what it saw (the one rule every driver shares).
     ``progress`` paces the progress lines this loop logs (the train task's log is all a person watching sees).
     ``keep_alive`` is called at every poll (the run's lease on its lineage); ``checkpoints`` describes the
-    hot checkpoints for the policy when a failure is seen. ``regrouped``: the attempt regrouped in place
-    (``started`` is then the regroup's time). ``ready_spares`` (an attempt that groups on the store): the
-    nodes outside the group that wait ready to join it, from the launcher's full status; any ends the
-    watch. Only the plan's nodes, the current group, are watched for success and failure then.
+    hot checkpoints for the policy when a failure is seen. ``ready_spares`` (an attempt that groups on the
+    store): the nodes outside the group that wait ready to join it, from the launcher's full status; any ends
+    the watch. Only the plan's nodes, the current group, are watched for success and failure then.
     ``pause`` waits between polls (at most ``poll_s``; an attempt on the store wakes on a fault report).
     ``each_poll`` acts before each poll (nodes due to start once their generation formed). ``leaving`` (an
     attempt on the store): the group's nodes that reported they leave on notice; any is a ``preempted`` failure
-    to regroup without them, seen before their processes end. ``beatless_said`` False: an attempt without a
-    single heartbeat past the first beat's grace ends the watch with ``Beatless`` (the run has not said yet
-    that hang detection is off); the attempt runs on. ``beats_known``: an earlier attempt of the run beat
-    (``watch.detect``).
+    to regroup without them, seen before their processes end.
     """
-    members = list(plan.nodes) if regrouped else None
     while True:
         cpu = time.thread_time()
         if each_poll is not None:
             each_poll()
         status = launcher.poll(handle)
-        if ready_spares is not None and (ready := ready_spares(status)):
-            return SparesReady(plan.attempt, time.time(), ready)
-        if members is not None or ready_spares is not None:  # spares, and nodes left out (killed, or exited)
+        spares = ready_spares(status) if ready_spares is not None else []
+        if view.regrouped or ready_spares is not None:  # spares, and nodes left out (killed, or exited)
             status = AttemptStatus([n for n in status.nodes if n.slot in plan.nodes])
-        if status.state == "succeeded":
-            return AttemptSucceeded(plan.attempt, time.time(), last_step(heartbeat_dir))
-        problem = detect(status, heartbeat_dir, plan.world_size, started, heartbeat_timeout_s, startup_grace_s, members,
-                         beatless_said, beats_known)  # fmt: skip
-        if problem and problem[0] == "beatless":
-            return Beatless(plan.attempt, time.time(), problem[2])
-        if not problem and leaving is not None and (left := [n for n in leaving() if n in plan.nodes]):
+        detection = view.detect(status) if status.state != "succeeded" else None
+        reads = Reads(status, detection, leaving() if leaving is not None and detection is None else [], spares=spares)
+        if (sight := look(view, reads)) is not None:
             at = time.time()
-            said = f"{', '.join(left)} given notice (SIGTERM), leaving at a step boundary"
-            scan = checkpoints() if checkpoints else None
-            return failed(plan, status, heartbeat_dir, "preempted", [], said, scan, at=at, leaving=left)
-        if problem:
-            at = time.time()
-            return failed(plan, status, heartbeat_dir, *problem, checkpoints() if checkpoints else None, at=at)
+            scan = checkpoints() if checkpoints is not None and sight.what in (CRASH, HANG, PREEMPTED) else None
+            return seen(view, plan, sight, status, scan, at=at)
         if progress is not None and (line := progress.poll(time.time())):
             log.info("%s", line)
         if (lost := kept(keep_alive)) is not None:
@@ -153,18 +136,8 @@ def run_attempt(
     started = time.time()
     handle = start_attempt(launcher, plan, ledger)
     try:
-        seen = watch_attempt(
-            launcher,
-            handle,
-            plan,
-            started,
-            heartbeat_dir,
-            heartbeat_timeout_s,
-            poll_s,
-            startup_grace_s,
-            progress,
-            keep_alive,
-        )
+        view = AttemptView.of(plan, started, heartbeat_timeout_s, heartbeat_dir, grace_s=startup_grace_s)
+        seen = watch_attempt(launcher, handle, plan, view, poll_s, progress, keep_alive)
     finally:
         launcher.cancel(handle)  # a no-op after success; ends every survivor after a failure
     if isinstance(seen, LeaseLost):

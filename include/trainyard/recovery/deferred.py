@@ -21,27 +21,25 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from trainyard.backends.base import AttemptStatus, Launcher
+from trainyard.backends.base import AttemptStatus, DefersAttempts, Launcher
 from trainyard.protocol.coordinator import Coordinator
 from trainyard.protocol.coordstore import Generation, faulted_key, peek
 from trainyard.recovery.commands import AttemptResult, Command, Fail, Finish, StartNodes, WaitUntil, Watch
-from trainyard.recovery.controller import grown_world
+from trainyard.recovery.look import ERROR, FAILED, PREEMPTED, SPARES, SUCCEEDED, Reads, look, seen
 from trainyard.recovery.observations import (
     AttemptSucceeded,
     BackoffOver,
-    Beatless,
     Context,
     LeaseLost,
     LostSight,
     Observation,
     Reported,
-    SparesReady,
     TaskStarted,
     Timeout,
 )
-from trainyard.recovery.state import STAGE, Attempt, Course
+from trainyard.recovery.state import STAGE, Course
 from trainyard.recovery.supervisor import Driver, Hooks, StateReader, failure_error
-from trainyard.recovery.watch import STARTUP_GRACE_S, detect, failed, last_step
+from trainyard.recovery.watch import CRASH, HANG, STARTUP_GRACE_S, failed, last_step
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +54,8 @@ class AttemptWatch:
 
     attempt: int
     started: float
-    namespace: str
-    job_name: str
+    handle: dict[str, Any]
+    """The backend's attempt handle as plain JSON (``DefersAttempts.describe``): only its trigger reads it."""
     nodes: list[str]
     world_size: int
     heartbeat_dir: str
@@ -80,7 +78,7 @@ class AttemptWatch:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> AttemptWatch:
-        return cls(**{**data, "nodes": list(data["nodes"])})
+        return cls(**{**data, "nodes": list(data["nodes"]), "handle": dict(data["handle"])})
 
 
 @dataclass(frozen=True)
@@ -112,9 +110,11 @@ class Deferred(Driver):
         heartbeat_timeout_s: float,
         target_step: int,
         on_wake: Callable[[], None] | None = None,
+        startup_grace_s: float = STARTUP_GRACE_S,
     ) -> None:
         super().__init__(launcher, reader, ctx, hooks)
         self.heartbeat_timeout_s, self.target_step, self.on_wake = heartbeat_timeout_s, target_step, on_wake
+        self.startup_grace_s = startup_grace_s
         if hooks.coordinator_for is not None:
             self.hooks = replace(hooks, coordinator_for=self._recalling(hooks.coordinator_for))
 
@@ -176,8 +176,7 @@ class Deferred(Driver):
         return AttemptWatch(
             attempt=attempt,
             started=last.regrouped_at or last.started,
-            namespace=handle.namespace,
-            job_name=handle.name,
+            handle=self.launcher.describe(handle) if isinstance(self.launcher, DefersAttempts) else {},
             nodes=list(plan.nodes),
             world_size=plan.world_size,
             heartbeat_dir=str(plan.heartbeat_dir),
@@ -221,55 +220,32 @@ class Deferred(Driver):
         beats = plan.heartbeat_dir
         handle = self.handle(attempt, current.course)
         # Look first, then judge the checkpoints: an attempt seen finished has its last one on disk.
-        status = self.launcher.poll(handle) if news.status not in ("succeeded", "error") else None
+        status = self.launcher.poll(handle) if news.status not in (SUCCEEDED, ERROR) else None
         if self.on_wake is not None:
             self.on_wake()
-        if news.status == "error":  # the cluster did not answer; the attempt may well be running
+        if news.status == ERROR:  # the cluster did not answer; the attempt may well be running
             return LostSight(attempt, now, news.message)
         if status is None:  # the trigger saw every pod succeed
             return AttemptSucceeded(attempt, time.time(), last_step(beats))
-        if news.status == "hang":
-            return failed(plan, status, beats, "hang", news.suspects, news.message, self.hooks.checkpoints(), at=now)
-        # Regrouped in place: the group's nodes' beats only, each with a full timeout from the regroup.
-        members = list(plan.nodes) if current.generation > 1 else None
-        started = current.regrouped_at or current.started
-        told = self.reader.now().run.hang_detection_off is not None  # a script without beats: said once a run
-        known = any(a.last_step is not None for a in state.run.attempts)  # an earlier attempt beat: hung, not quiet
-        problem = detect(status, beats, plan.world_size, started, self.heartbeat_timeout_s, STARTUP_GRACE_S, members,
-                         told, known)  # fmt: skip
-        if problem and problem[0] == "beatless":
-            return Beatless(attempt, now, problem[2])
-        if problem:
-            return failed(plan, status, beats, *problem, self.hooks.checkpoints(), at=now)
-        if self.hooks.coordinator_for is not None:
-            coordinator = self.hooks.coordinator_for(attempt)
-            if left := [n for n in coordinator.leaving(current.generation) if n in plan.nodes]:
-                said = f"{', '.join(left)} given notice (SIGTERM), leaving at a step boundary"
-                return failed(
-                    plan, status, beats, "preempted", [], said, self.hooks.checkpoints(), at=now, leaving=left
-                )
-        if news.status == "failed":  # the pods went before this look: the trigger's record is the evidence
+        if news.status == HANG:
+            return failed(plan, status, beats, HANG, news.suspects, news.message, self.hooks.checkpoints(), at=now)
+        view = self.view(plan, current)
+        coordinator = self.hooks.coordinator_for(attempt) if self.hooks.coordinator_for is not None else None
+        detection = view.detect(status) if status.state != "succeeded" else None
+        leaving = coordinator.leaving(current.generation) if coordinator is not None and detection is None else []
+        spares = self.spares_ready(attempt, [*self.ctx.nodes, *self.ctx.spares])
+        sight = look(view, Reads(status, detection, leaving, spares=spares))
+        if news.status == FAILED and (sight is None or sight.what in (SUCCEEDED, SPARES)):
+            # the pods went before this look: the trigger's record is the evidence
             evidence = AttemptStatus(list(news.nodes))
-            return failed(plan, evidence, beats, "crash", [], news.message, self.hooks.checkpoints(), at=now)
-        if status.state == "succeeded":
-            return AttemptSucceeded(attempt, time.time(), last_step(beats))
+            return failed(plan, evidence, beats, CRASH, [], news.message, self.hooks.checkpoints(), at=now)
+        if sight is not None and sight.what != SPARES:
+            scan = self.hooks.checkpoints() if sight.what in (CRASH, HANG, PREEMPTED) else None
+            return seen(view, plan, sight, status, scan, at=now)
         # A wake-up with nothing wrong. The task's own log gets a progress line per wake, since the
         # triggerer starts a new log file for each trigger and the earlier lines leave the UI's view.
         if self.hooks.progress_for is not None and (line := self.hooks.progress_for(plan).poll(time.time())):
             log.info("%s", line)
-        if ready := self._ready_spares(current):
-            return SparesReady(attempt, now, ready)
+        if sight is not None:
+            return seen(view, plan, sight, status, None, at=now)
         return Timeout(attempt, now)
-
-    def _ready_spares(self, current: Attempt) -> list[str]:
-        """Nodes outside the group that wait ready on the store (a node started again, a warm spare), when they
-        can grow it: the blocking driver's rule (``Supervisor._ready_spares``), not before the group formed,
-        never past the first attempt's size. Read at each wake (``AttemptWatch.wake_s`` brings one sooner)."""
-        if self.hooks.coordinator_for is None or len(current.course.nodes) >= len(self.ctx.nodes):
-            return []
-        coordinator = self.hooks.coordinator_for(current.number)
-        if not coordinator.formed(current.generation):
-            return []
-        outside = [n for n in dict.fromkeys([*self.ctx.nodes, *self.ctx.spares]) if n not in current.course.nodes]
-        ready = coordinator.spares_ready(outside)
-        return ready if ready and grown_world(current, self.ctx, ready) is not None else []

@@ -48,6 +48,7 @@ from trainyard.recovery.commands import (
 from trainyard.recovery.commands import Launch as LaunchCommand
 from trainyard.recovery.controller import grown_world, step
 from trainyard.recovery.drills import Actor
+from trainyard.recovery.look import AttemptView
 from trainyard.recovery.observations import (
     AttemptFailed,
     AttemptSucceeded,
@@ -59,7 +60,7 @@ from trainyard.recovery.observations import (
     TaskStarted,
 )
 from trainyard.recovery.progress import ProgressLog
-from trainyard.recovery.state import STAGE, Course, TrainState
+from trainyard.recovery.state import STAGE, Attempt, Course, TrainState
 from trainyard.recovery.watch import STARTUP_GRACE_S
 
 log = logging.getLogger(__name__)
@@ -108,6 +109,10 @@ class StateReader:
 
 class Driver:
     """Carries out the commands both drivers share; ``_terminal`` (each driver's own) waits, finishes or fails."""
+
+    heartbeat_timeout_s: float
+    startup_grace_s: float = STARTUP_GRACE_S
+    """The spec's watch settings (``training``), for every look (``view``)."""
 
     def __init__(self, launcher: Launcher, reader: StateReader, ctx: Context, hooks: Hooks) -> None:
         self.launcher, self.reader, self.ctx, self.hooks = launcher, reader, ctx, hooks
@@ -192,6 +197,30 @@ class Driver:
             return replace(seen, ungrouped=UNGROUPED)
         return seen
 
+    def view(self, plan: LaunchPlan, last: Attempt) -> AttemptView:
+        """The attempt as known before a look: its group and start (the last regroup's), the spec's watch
+        settings, and what the run said of its heartbeats."""
+        run = self.reader.now().run
+        return AttemptView.of(
+            plan, last.regrouped_at or last.started, self.heartbeat_timeout_s, grace_s=self.startup_grace_s,
+            regrouped=last.generation > 1, beatless_said=run.hang_detection_off is not None,
+            beats_known=any(a.last_step is not None for a in run.attempts),
+        )  # fmt: skip
+
+    def spares_ready(self, attempt: int, candidates: list[str]) -> list[str]:
+        """Of ``candidates``, the nodes outside the current group that wait ready on the store, when they can
+        grow it: never past the first attempt's size, and not before the group formed (a member that read
+        the older generation would form it alone)."""
+        current = self.reader.now().last
+        if self.hooks.coordinator_for is None or current is None or current.number != attempt:
+            return []
+        coordinator = self.hooks.coordinator_for(attempt)
+        if len(current.course.nodes) >= len(self.ctx.nodes) or not coordinator.formed(current.generation):
+            return []
+        outside = [n for n in dict.fromkeys(candidates) if n not in current.course.nodes]
+        ready = coordinator.spares_ready(outside) if outside else []
+        return ready if ready and grown_world(current, self.ctx, ready) is not None else []
+
     def followed(self, observation: Observation) -> Observation:
         """A failure with whether the script said it applies the batch settings: its rank 0's ``batch_followed``,
         in the writers' files (what the policy's decision may claim about the global batch)."""
@@ -275,21 +304,15 @@ class Supervisor(Driver):
             self.launcher,
             handle,
             plan,
-            last.regrouped_at or last.started,
-            plan.heartbeat_dir,
-            self.heartbeat_timeout_s,
+            self.view(plan, last),
             self.poll_s,
-            self.startup_grace_s,
             progress=progress,
             keep_alive=self.keep_alive,
             checkpoints=lambda: self.end_then_scan(attempt, handle),
-            regrouped=last.generation > 1,
             ready_spares=self._ready_spares(attempt, course) if on_store else None,
             pause=self._pause(attempt, last.generation) if on_store else time.sleep,
             each_poll=each_poll if on_store or actor is not None else None,
             leaving=self._leaving(attempt, last.generation) if on_store else None,
-            beatless_said=self.reader.now().run.hang_detection_off is not None,
-            beats_known=any(a.last_step is not None for a in self.reader.now().run.attempts),
         )
         if actor is not None and isinstance(seen, (AttemptSucceeded, AttemptFailed)):
             actor.ended(failed=isinstance(seen, AttemptFailed))
@@ -329,18 +352,9 @@ class Supervisor(Driver):
 
     def _ready_spares(self, attempt: int, course: Course) -> Callable[[AttemptStatus], list[str]]:
         """The nodes outside ``course``'s group that run and wait ready, when they can grow it (else none)."""
-        assert self.hooks.coordinator_for is not None
-        coordinator = self.hooks.coordinator_for(attempt)
-        current = self.reader.now().last
-        assert current is not None
 
         def ready(status: AttemptStatus) -> list[str]:
-            # Not before the group formed: a member that read the older generation would form it alone
-            if len(course.nodes) >= len(self.ctx.nodes) or not coordinator.formed(current.generation):
-                return []
-            waiting = [n.slot for n in status.nodes if n.state == "running" and n.slot not in course.nodes]
-            spares = coordinator.spares_ready(waiting) if waiting else []
-            return spares if spares and grown_world(current, self.ctx, spares) is not None else []
+            return self.spares_ready(attempt, [n.slot for n in status.nodes if n.state == "running"])
 
         return ready
 

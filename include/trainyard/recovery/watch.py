@@ -28,8 +28,9 @@ from __future__ import annotations
 import os
 import stat
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from trainyard.atomic import open_regular
 from trainyard.backends.base import AttemptStatus, LaunchPlan
@@ -41,6 +42,22 @@ from trainyard.recovery.observations import AttemptFailed, Checkpoints
 from trainyard.text import printable
 
 TAIL_LINES = 50
+CRASH: Final = "crash"
+HANG: Final = "hang"
+BEATLESS: Final = "beatless"
+"""What a look can find wrong with a running attempt (``Detection.trigger``), named once."""
+
+
+@dataclass(frozen=True)
+class Detection:
+    """What is wrong with a running attempt: ``trigger`` (``CRASH``, ``HANG`` or ``BEATLESS``), why, and the
+    nodes to blame (a hang's silent nodes; none for a crash, whose failed nodes are in the status)."""
+
+    trigger: str
+    reason: str
+    suspects: list[str] = field(default_factory=list)
+
+
 STARTUP_GRACE_S = 120.0  # interpreter, torch import, rendezvous and data before a rank's first step
 
 
@@ -177,8 +194,8 @@ def detect(
     members: list[str] | None = None,
     beatless_said: bool = True,
     beats_known: bool = False,
-) -> tuple[str, list[str], str] | None:
-    """What is wrong with a running attempt, if anything: ``(trigger, suspect nodes, reason)``.
+) -> Detection | None:
+    """What is wrong with a running attempt, if anything (``Detection``).
 
     A failed node is a crash. A rank without progress past the timeout is a
     hang; of those, ranks whose liveness pulse stopped are the suspects --
@@ -188,7 +205,7 @@ def detect(
     attempt of the run beat, so an attempt without a beat is stuck before its loop (hung), not beatless.
     """
     if status.state == "failed":
-        return "crash", [], _crash_reason(status)
+        return Detection(CRASH, _crash_reason(status))
     per_node = max(1, world_size // len(members)) if members else 1  # a member node brings all its ranks
     seen = scan(heartbeat_dir, _members_folder(members, per_node))
     beats = seen.beats
@@ -196,7 +213,9 @@ def detect(
         beats = {r: {**b, "time": max(b["time"], started)} for r, b in group_beats(beats, members, per_node).items()}
     now = time.time()
     if not beatless_said and not beats_known and beatless(beats, started, now, timeout_s, grace_s):
-        return "beatless", [], f"no heartbeat from any rank {first_beat_s(timeout_s, grace_s):.0f} s after the start"
+        return Detection(
+            BEATLESS, f"no heartbeat from any rank {first_beat_s(timeout_s, grace_s):.0f} s after the start"
+        )
     stale = stale_ranks(beats, world_size, started, now, timeout_s, grace_s, beats_known)
     if not stale:
         return None
@@ -222,7 +241,7 @@ def detect(
             f" though {others} (each rank must {HOW_TO_BEAT})"
         )
     refused = [f"{name} refused ({why})" for name, why in sorted(seen.refused.items())[:4]]
-    return "hang", nodes, "; ".join([*said, f"no pulse from {', '.join(silent) or 'none'}", *refused])
+    return Detection(HANG, "; ".join([*said, f"no pulse from {', '.join(silent) or 'none'}", *refused]), nodes)
 
 
 def where_nodes_ran(status: AttemptStatus) -> list[str]:

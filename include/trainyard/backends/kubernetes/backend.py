@@ -36,6 +36,7 @@ class KubernetesBackend:
     ) -> None:
         self.nodes, self.spec, self._client, self._connect = nodes, spec, api_client, connect
         self.defers = spec.deferrable
+        self.wake_every_s: float | None = spec.wake_every_s if spec.deferrable else None
         self.marks: str | None = spec.evicted_label
 
     @property

@@ -117,6 +117,10 @@ class KubernetesLauncher:
         )
         return handle
 
+    def describe(self, handle: KubernetesHandle) -> dict[str, Any]:
+        """What the attempt trigger needs of the handle (``airflow.operators.trigger_for`` reads it)."""
+        return {"namespace": handle.namespace, "name": handle.name, "podgroup": handle.podgroup}
+
     def attach(self, plan: LaunchPlan) -> KubernetesHandle:
         """The handle of ``plan``'s attempt, launched earlier (by another process: a task resumed after deferring)."""
         name = object_name(plan)

@@ -23,6 +23,7 @@ def local_kind() -> str:
 class LocalBackend:
     name = "local"
     defers = False
+    wake_every_s: float | None = None
     marks: str | None = None
 
     def __init__(self, nodes: NodesSpec) -> None:
