@@ -25,8 +25,9 @@ class BenchTimeout(RuntimeError):
     """A bounded wait in a bench ran out: what it waited for never came."""
 
 
-def add_smoke(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+def add_smoke(parser: argparse.ArgumentParser, what: str = SMOKE_HELP) -> None:
+    """``--smoke``: ``what`` says what the bench's smallest run leaves out, where it leaves something out."""
+    parser.add_argument("--smoke", action="store_true", help=what)
 
 
 def wait_until(check: Callable[[], T | None], timeout_s: float, what: str, every_s: float = 0.01) -> T:
