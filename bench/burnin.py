@@ -23,7 +23,7 @@
 
 Every burn-in runs as the stage runs it: the same judge, the same fleet history
 (under one temporary hot tier for the whole bench). Prints one JSON line last.
-``--smoke``: one burn-in of each kind, 1 s probes, one short harness round.
+``--smoke``: one drilled burn-in of half-second probes, one short harness round.
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ def main() -> None:
     add_smoke(parser)
     args = parser.parse_args()
     if args.smoke:
-        args.trials, args.pair_trials, args.link_trials, args.duration = 1, 1, 1, 1.0
+        args.trials, args.pair_trials, args.link_trials, args.duration = 1, 0, 0, 0.5
     rng = random.Random(args.seed)
     began = time.monotonic()
     ratio = harness_ratio(seconds=0.2, rounds=1) if args.smoke else harness_ratio()
