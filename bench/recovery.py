@@ -93,7 +93,7 @@ from trainyard.events.ledger import Ledger
 from trainyard.protocol.shards import write_synthetic_corpus
 from trainyard.recovery.figures import recovery_figures
 
-SMOKE_STEPS, SMOKE_AT, SMOKE_EVERY = 24, 12, 6  # --smoke: long enough to save, lose node-1, heal in place
+SMOKE_STEPS, SMOKE_AT, SMOKE_EVERY = 16, 8, 4  # --smoke: long enough to save, lose node-1, heal in place
 
 
 def sizing(root: Path, args: argparse.Namespace) -> dict:
