@@ -1,6 +1,6 @@
 """Pressure-test benchmark: harness overhead, and whether the verdict is right.
 
-    python bench/burnin.py [--trials 20] [--pair-trials 20] [--link-trials 10] [--duration 4]
+    python bench/burnin.py [--trials 20] [--pair-trials 20] [--link-trials 10] [--duration 4] [--smoke]
 
 (a) ``probe_ratio``: the compute probe's GFLOP/s over a bare ``torch.mm`` loop
     on the same matrices in the same process, one window each in alternating
@@ -23,12 +23,12 @@
 
 Every burn-in runs as the stage runs it: the same judge, the same fleet history
 (under one temporary hot tier for the whole bench). Prints one JSON line last.
+``--smoke``: one drilled burn-in of half-second probes, one short harness round.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import tempfile
@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from bounds import add_smoke, emit
 
 from trainyard.burnin.fleet import Fleet, record_verdict
 from trainyard.burnin.judge import Judge
@@ -157,10 +158,13 @@ def main() -> None:
     parser.add_argument("--link-trials", type=int, default=10)
     parser.add_argument("--duration", type=float, default=4.0)
     parser.add_argument("--seed", type=int, default=0)
+    add_smoke(parser)
     args = parser.parse_args()
+    if args.smoke:
+        args.trials, args.pair_trials, args.link_trials, args.duration = 1, 0, 0, 0.5
     rng = random.Random(args.seed)
     began = time.monotonic()
-    ratio = harness_ratio()
+    ratio = harness_ratio(seconds=0.2, rounds=1) if args.smoke else harness_ratio()
     gpu = gpu_fraction()
     with tempfile.TemporaryDirectory() as tmp:
         bench = Bench(Path(tmp), args.duration)
@@ -186,7 +190,7 @@ def main() -> None:
     }
     if gpu is not None:
         result["bf16_fraction_of_peak"] = round(gpu, 3)
-    print(json.dumps(result))
+    emit(result)
 
 
 if __name__ == "__main__":

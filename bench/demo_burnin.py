@@ -1,13 +1,13 @@
 """The demo's pressure test, as ``make demo`` runs it, many times in a row: does it ever evict a healthy node?
 
-    python bench/demo_burnin.py [--runs 10] [--home DIR]
+    python bench/demo_burnin.py [--runs 10] [--home DIR] [--smoke]
 
 Each run is the ``burn_in`` stage of ``dags/pipelines/nightly_pretrain.yaml``
 on its own Airflow-style run (one a night), all sharing one
 ``TRAINYARD_HOME`` and so one hot tier and fleet history, as nights do. No
 drill: every candidate is healthy, so any eviction is a false one. Prints one
 JSON line last: ``evictions`` (goal 0), ``suspects_cleared`` (how often the
-confirmation round saved a healthy node) and the stage's seconds.
+confirmation round saved a healthy node) and the stage's seconds. ``--smoke``: one night.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ import time
 from datetime import date, timedelta
 from pathlib import Path
 
+from bounds import add_smoke
+
 SPEC = Path(__file__).resolve().parent.parent / "dags" / "pipelines" / "nightly_pretrain.yaml"
 
 
@@ -28,7 +30,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--home", help="TRAINYARD_HOME to use (default: a new temporary folder)")
+    add_smoke(parser)
     args = parser.parse_args()
+    if args.smoke:
+        args.runs = 1
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["TRAINYARD_HOME"] = args.home or tmp  # the spec's ${TRAINYARD_HOME}, read when a run opens
         from trainyard.pipeline.run import open_run

@@ -1,18 +1,22 @@
 """Launch overhead: ``launch()`` to the first completed training step, versus bare torchrun.
 
-    python bench/launch.py [--repeats 3]
+    python bench/launch.py [--repeats 3] [--smoke]
 
 For 1, 2 and 3 local nodes, the same workload is started (a) through
 ``LocalLauncher.launch`` and (b) by hand: the torchrun command lines typed out
 here and started with ``subprocess``. The clock stops when every rank's
 heartbeat shows step 1. ``ratio_vs_torchrun`` is the worst node count's
 best-of-N ratio (goal <= 1.1). Prints one JSON line last.
+
+Each node's processes write their node's beat (``node.json``, one writer per node) in their own node folder
+of the heartbeat folder, as ``LocalLauncher`` gives it them; the hand-typed torchrun gets the same folders
+(a beat written in the heartbeat folder itself is no node's, and no reader takes it). A first step that does
+not come within ``FIRST_STEP_BOUND_S`` fails the bench. ``--smoke``: one node, one repeat.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import socket
@@ -22,13 +26,20 @@ import tempfile
 import time
 from pathlib import Path
 
+from bounds import add_smoke, emit, wait_until
+from bounds import main as bounded
+
 from trainyard.backends.base import LaunchPlan
 from trainyard.backends.local.launcher import LocalLauncher
 from trainyard.protocol.env import TrainEnv
-from trainyard.protocol.heartbeat import read_heartbeats
+from trainyard.protocol.heartbeat import node_folder, read_heartbeats
 from trainyard.protocol.shards import write_synthetic_corpus
 
 ARGS = ["--seq-len", "32", "--d-model", "32", "--n-heads", "2"]
+FIRST_STEP_BOUND_S = 180.0
+"""Seconds a launch may take to its first step on every rank (3 nodes took 6.6 s on 2 busy cores)."""
+STOP_BOUND_S = 30.0
+"""Seconds a hand-started torchrun gets to end after SIGTERM before its group is killed."""
 
 
 def contract(root: Path, data: Path) -> dict[str, str]:
@@ -44,11 +55,12 @@ def contract(root: Path, data: Path) -> dict[str, str]:
 
 
 def wait_first_step(hb: Path, ranks: int, started: float) -> float:
-    while True:
+    def stepped() -> bool:
         beats = read_heartbeats(hb)
-        if len(beats) == ranks and all(b.get("step", 0) >= 1 for b in beats.values()):
-            return time.perf_counter() - started
-        time.sleep(0.01)
+        return len(beats) == ranks and all(b.get("step", 0) >= 1 for b in beats.values())
+
+    wait_until(stepped, FIRST_STEP_BOUND_S, f"a first step on all {ranks} rank(s) in {hb}")
+    return time.perf_counter() - started
 
 
 def with_launcher(root: Path, data: Path, nodes: int) -> float:
@@ -69,6 +81,13 @@ def with_launcher(root: Path, data: Path, nodes: int) -> float:
         return wait_first_step(root / "hb", nodes, started)
     finally:
         launcher.cancel(handle)
+
+
+def hb(root: Path, node: int) -> Path:
+    """Node ``node``'s own heartbeat folder, made as the launcher makes it (the runtime writes into it)."""
+    folder = node_folder(root / "hb", f"node-{node}")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def by_hand(root: Path, data: Path, nodes: int) -> float:
@@ -94,7 +113,7 @@ def by_hand(root: Path, data: Path, nodes: int) -> float:
                 "trainyard.workload",
                 *ARGS,
             ],
-            env={**env, "TRAINYARD_NODE": f"node-{i}"},
+            env={**env, "TRAINYARD_NODE": f"node-{i}", "TRAINYARD_HEARTBEAT_DIR": str(hb(root, i))},
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
@@ -107,28 +126,34 @@ def by_hand(root: Path, data: Path, nodes: int) -> float:
         for proc in procs:
             os.killpg(proc.pid, signal.SIGTERM)
         for proc in procs:
-            proc.wait()
+            try:
+                proc.wait(timeout=STOP_BOUND_S)
+            except subprocess.TimeoutExpired:  # torchrun that ignores SIGTERM: end its whole group
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=STOP_BOUND_S)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
+    add_smoke(parser)
     args = parser.parse_args()
+    repeats, sizes = (1, (1,)) if args.smoke else (args.repeats, (1, 2, 3))
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
         write_synthetic_corpus(data, shards=2, tokens_per_shard=16_384)
         first_step: dict[str, float] = {}
         ratios = []
-        for nodes in (1, 2, 3):
+        for nodes in sizes:
             ours, bare = [], []
-            for r in range(args.repeats):  # interleaved, so drift hits both alike
+            for r in range(repeats):  # interleaved, so drift hits both alike
                 ours.append(with_launcher(Path(tmp) / f"l{nodes}-{r}", data, nodes))
                 bare.append(by_hand(Path(tmp) / f"b{nodes}-{r}", data, nodes))
             first_step[str(nodes)] = round(min(ours), 3)
             ratios.append(min(ours) / min(bare))
             print(f"{nodes} node(s): launch() {min(ours):.2f} s, bare torchrun {min(bare):.2f} s to the first step")
-    print(json.dumps({"bench": "launch", "ratio_vs_torchrun": round(max(ratios), 3), "first_step_s": first_step}))
+    emit({"bench": "launch", "ratio_vs_torchrun": round(max(ratios), 3), "first_step_s": first_step})
 
 
 if __name__ == "__main__":
-    main()
+    bounded(main)

@@ -63,7 +63,8 @@ The kill lands at the worst moment for a relaunch, just before a checkpoint is d
 loses ``--checkpoint-every`` minus one steps. Checkpoints are saved in the background unless ``--sync``;
 ``save_blocked_s`` is training's mean wait per save. With in-place recovery the on-disk checkpoint is for
 whole-job restarts and publishing, so the default saves every ~30 s of training (each save and its
-validation cost 1-3 s of CPU on these 2 cores); the peers save none.
+validation cost 1-3 s of CPU on these 2 cores); the peers save none. ``--smoke``: one in-place run of a few
+steps with node-1 killed, nothing else (its figures mean nothing; CI runs it to see the bench still works).
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ import time
 from collections.abc import Collection, Iterator
 from pathlib import Path
 
+from bounds import add_smoke, emit
 from peers.host import PEERS, peer_run  # bench/peers: this script's folder is first on sys.path
 from peers.versus import versus_best_peer
 from recovery_parts.configs import CONFIGS, print_lines, run_configs
@@ -90,6 +92,8 @@ from trainyard.backends.local.launcher import process_tree, signal_all
 from trainyard.events.ledger import Ledger
 from trainyard.protocol.shards import write_synthetic_corpus
 from trainyard.recovery.figures import recovery_figures
+
+SMOKE_STEPS, SMOKE_AT, SMOKE_EVERY = 16, 8, 4  # --smoke: long enough to save, lose node-1, heal in place
 
 
 def sizing(root: Path, args: argparse.Namespace) -> dict:
@@ -255,7 +259,14 @@ def main() -> None:
     parser.add_argument(
         "--configs-only", action="store_true", help="skip the default configuration (and torchrun): a short run"
     )
+    add_smoke(parser, f"one train stage of {SMOKE_STEPS} steps, node-1 killed at {SMOKE_AT}: no peers, no configs")
     args = parser.parse_args()
+    if args.smoke:
+        with _workdir(args.keep) as tmp:
+            ours = trainyard_run(Path(tmp) / "smoke", SMOKE_STEPS, SMOKE_AT, "kill", "node-1", args.heartbeat_timeout,
+                                 SMOKE_EVERY, not args.sync)  # fmt: skip
+        emit({"bench": "recovery", "smoke": True, **ours})
+        return
     peers, configs = _names(parser, "--peers", args.peers, PEERS), _names(parser, "--configs", args.configs, CONFIGS)
     if args.configs_only:
         with _workdir(args.keep) as tmp:

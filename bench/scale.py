@@ -1,6 +1,6 @@
 """How the checkpoint's costs grow with its size, beside the disk's own speed measured in the same run.
 
-    python bench/scale.py [--sizes 0.1,1,10] [--ranks 64,256,1024] [--k8s 16,128,512] [--repeats 3] [--dir DIR]
+    python bench/scale.py [--sizes 0.1,1,10] [--ranks 64,256,1024] [--k8s 16,128,512] [--repeats 3] [--dir DIR] [--smoke]
 
 For each size, a synthetic DCP checkpoint of that many GB (real bytes on disk, random, in tensors of
 at most 64 MB as a model's layers are, written as 4 files as 4 ranks write them):
@@ -31,7 +31,7 @@ candidates (``scale_parts.burnin``: ``burnin_s``, ``burnin_overhead_s`` over the
 goal: each grows at most linearly).
 
 Each figure is the median of ``--repeats``; every run's figures are printed. ``none`` skips a curve. Prints one
-JSON line last.
+JSON line last. ``--smoke``: one run each of 10 MB, 32 ranks (4 nodes: the hung one is node-3) and 4 pods.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from bounds import add_smoke, emit
 from scale_parts.burnin import stage_time  # bench/ is the script's folder, on the path
 from scale_parts.k8s import trigger_poll
 from scale_parts.ranks import one_hour_ledger, one_world
@@ -60,6 +61,8 @@ from trainyard.runtime.dcpwriter import HashingWriter
 
 TENSOR_MB = 64
 FILES = 4
+CHILD_BOUND_S = 1800.0
+"""Seconds one child process (``dd``, the inspector) may take: 10 GB from a slow disk, not forever."""
 
 
 def drop_caches() -> bool:
@@ -94,7 +97,11 @@ def dd(path: Path, mb: int) -> tuple[float, float]:
         )
     )
     drop_caches()
-    read = timed(lambda: subprocess.run(["dd", f"if={path}", "of=/dev/null", "bs=1M"], check=True, capture_output=True))
+    read = timed(
+        lambda: subprocess.run(
+            ["dd", f"if={path}", "of=/dev/null", "bs=1M"], check=True, capture_output=True, timeout=CHILD_BOUND_S
+        )
+    )
     path.unlink()
     return mb / write, mb / read
 
@@ -106,6 +113,7 @@ def inspector_peak_mb(path: Path) -> float:
         check=True,
         capture_output=True,
         text=True,
+        timeout=CHILD_BOUND_S,
     )
     answer = json.loads(done.stdout.strip().splitlines()[-1])
     if answer.get("problems"):
@@ -172,9 +180,12 @@ def main() -> None:
     parser.add_argument("--k8s", default="16,128,512", help="simulated cluster sizes (pods), comma-separated")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp folder)")
+    add_smoke(parser, "one run each of 10 MB, 32 ranks (4 nodes: the hung one is node-3) and 4 pods")
     args = parser.parse_args()
+    if args.smoke:
+        args.sizes, args.ranks, args.k8s, args.repeats = "0.01", "32", "4", 1
     root = Path(tempfile.mkdtemp(prefix="trainyard-scale-", dir=args.dir))
-    result: dict[str, Any] = {}
+    result: dict[str, Any] = {"bench": "scale"}
     try:
         for text in [] if args.sizes == "none" else args.sizes.split(","):
             gb = float(text)
@@ -197,7 +208,7 @@ def main() -> None:
             result[f"k8s_{text}"] = {**median_of(runs), "runs": runs}
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    print(json.dumps(result))
+    emit(result)
 
 
 if __name__ == "__main__":

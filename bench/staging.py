@@ -1,6 +1,6 @@
 """Staging throughput beside its peer, rclone, on the same data in the same run.
 
-    python bench/staging.py [--mb 256] [--repeats 3] [--small 2000]
+    python bench/staging.py [--mb 256] [--repeats 3] [--small 2000] [--smoke]
 
 rclone (Debian package ``rclone``; ``make bench`` installs it) is what a user would pick to
 copy a dataset; it runs with its own verification on (size and modification time, and the
@@ -35,7 +35,7 @@ figures are not the goal.
 Ratios are the peer's time over ours (above 1: we are faster). Each timing is the median
 of ``--repeats`` runs inside this run, the sides interleaved in each round; the per-run
 times are printed. Everything reads from the page cache (the data was just written), the
-same for every side. Prints one JSON line last.
+same for every side. Prints one JSON line last. ``--smoke``: 4 MB, 20 small objects, one run, no moto.
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ import io
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -54,17 +53,27 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bounds import add_smoke
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tools.seaweed
-from tools import seaweed
+from staging_parts.servers import (
+    COPY_BOUND_S,
+    REGION,
+    STOP_BOUND_S,
+    Server,
+    moto_server,
+    rclone,
+    rclone_env,
+    real_server,
+)
+
 from trainyard.storage import LocalTier, S3Settings, S3Tier
 from trainyard.storage.staged import read_staged
 from trainyard.storage.staging import stage
 
-KEY, SECRET, REGION = "bench", "bench-secret", "us-east-1"
 RCLONE_LOCAL = ["--transfers", "4", "--checkers", "8"]
 RCLONE_S3 = ["--transfers", "4", "--multi-thread-streams", "4", "--multi-thread-cutoff", "16M"]
 RCLONE_SMALL = ["--transfers", "16", "--checkers", "16"]
@@ -113,81 +122,6 @@ def clear(*paths: Path) -> Callable[[], None]:
                 path.rename(path.with_name(f".aside-{path.name}-{uuid.uuid4().hex[:8]}"))
 
     return reset
-
-
-@dataclass
-class Server:
-    """An S3 server the bench measures: its name, endpoint and keys, and how to stop it."""
-
-    name: str
-    url: str
-    key: str
-    secret: str
-    stop: Callable[[], None]
-
-
-def real_server() -> Server:
-    """SeaweedFS in a folder of its own (deleted at ``stop``)."""
-    server = seaweed.start()
-    version = subprocess.run([str(seaweed.binary()), "version"], capture_output=True, text=True).stdout.split()
-    name = "seaweedfs " + (version[2] if len(version) > 2 else "?")
-    return Server(name, server.endpoint, server.access_key, server.secret_key, server.discard)
-
-
-def moto_server() -> Server:
-    proc, port = _moto()
-
-    def stop() -> None:
-        proc.terminate()
-        proc.wait()
-
-    return Server("moto (a mock: one Python process)", f"http://127.0.0.1:{port}", KEY, SECRET, stop)
-
-
-def _moto() -> tuple[subprocess.Popen[bytes], int]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    for _ in range(100):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc, port
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError("moto server did not start")
-
-
-def rclone_env(server: Server, tmp: Path) -> dict[str, str]:
-    """An rclone remote ``s3:`` from the environment only (no config file is read or written; no key on a
-    command line)."""
-    env = {k: v for k, v in os.environ.items() if k != "AWS_CA_BUNDLE"}  # plain HTTP: a CA bundle breaks it
-    env.update(
-        RCLONE_CONFIG=str(tmp / "rclone.conf"),
-        RCLONE_CONFIG_S3_TYPE="s3",
-        RCLONE_CONFIG_S3_PROVIDER="Other",
-        RCLONE_CONFIG_S3_ENDPOINT=server.url,
-        RCLONE_CONFIG_S3_ACCESS_KEY_ID=server.key,
-        RCLONE_CONFIG_S3_SECRET_ACCESS_KEY=server.secret,
-        RCLONE_CONFIG_S3_REGION=REGION,
-        RCLONE_CONFIG_S3_FORCE_PATH_STYLE="true",
-    )
-    return env
-
-
-def rclone(env: dict[str, str], src: str, dst: Path, flags: list[str]) -> Callable[[], None]:
-    def run() -> None:
-        done = subprocess.run(
-            ["rclone", "copy", src, str(dst), *flags], env=env, capture_output=True, text=True, check=False
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"rclone copy {src} failed ({done.returncode}): {done.stderr[-2000:]}")
-
-    return run
 
 
 def put_small(tier: S3Tier, prefix: str, count: int, size: int) -> None:
@@ -279,7 +213,7 @@ def curl(url: str, dst: Path) -> Callable[[], None]:
     """``curl`` of one object to a file: the floor of a single client reading from the server."""
 
     def run() -> None:
-        subprocess.run(["curl", "-sS", "--fail", "-o", str(dst), url], check=True)
+        subprocess.run(["curl", "-sS", "--fail", "-o", str(dst), url], check=True, timeout=COPY_BOUND_S)
 
     return run
 
@@ -390,12 +324,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--small", type=int, default=2000, help="objects of 4 KB in the small-object set")
     parser.add_argument("--no-moto", action="store_true", help="skip the second column, against moto's mock")
+    add_smoke(parser, "4 MB, 20 small objects, one run, no moto")
     args = parser.parse_args()
+    if args.smoke:
+        args.mb, args.small, args.repeats, args.no_moto = 4, 20, 1, True
     rclone_on = shutil.which("rclone") is not None
     if rclone_on:
-        version = subprocess.run(["rclone", "version"], capture_output=True, text=True, check=True).stdout.split("\n")[
-            0
-        ]
+        version = subprocess.run(
+            ["rclone", "version"], capture_output=True, text=True, check=True, timeout=STOP_BOUND_S
+        ).stdout.split("\n")[0]
     else:
         version = "not installed (`apt-get install rclone`; make bench installs it where it can): no rclone ratios"
         print(f"rclone {version}")

@@ -17,6 +17,7 @@ Goal: ``page_s`` < 1 s and ``ledger_mb`` < 20. Prints one JSON line last.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -28,6 +29,7 @@ from urllib.parse import quote
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "unit"))
 
+from bounds import add_smoke, emit  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 from long_run import STEPS, write_long_run  # noqa: E402
 
@@ -47,11 +49,18 @@ def visit(client: TestClient, run_id: str) -> float:
     return seconds
 
 
+SMOKE_STEPS = 5000
+"""``--smoke``: the long run's steps (its every path, in a second)."""
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser()
+    add_smoke(parser)
+    steps = SMOKE_STEPS if parser.parse_args().smoke else STEPS
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         os.environ["TRAINYARD_HOME"] = str(root)
-        write_s, big = timed(lambda: write_long_run(root / "runs", run_id="long"))
+        write_s, big = timed(lambda: write_long_run(root / "runs", steps=steps, run_id="long"))
         write_long_run(root / "runs", steps=3000, run_id="small")
         ledger = big / LEDGER_FILE  # type: ignore[operator]
 
@@ -81,15 +90,15 @@ def main() -> None:
         "ratio_vs_parse": round(page / parse_s, 2),
         "small_page_s": round(small, 3),
         "index_s": round(index_s, 3),
-        "steps": STEPS,
+        "steps": steps,
         "events": len(events),
         "write_s": round(write_s, 1),  # type: ignore[arg-type]
     }
     print(
-        f"{STEPS} steps: {result['events']} events; page {page:.3f} s (revisit {revisit:.3f} s),"
+        f"{steps} steps: {result['events']} events; page {page:.3f} s (revisit {revisit:.3f} s),"
         f" json parse of the ledger {parse_s:.3f} s, small run page {small:.3f} s"
     )
-    print(json.dumps(result))
+    emit(result)
 
 
 if __name__ == "__main__":

@@ -184,4 +184,4 @@ def _kill_all(nodes: list[subprocess.Popen[bytes]], pids: Path) -> None:
         signal_all(process_tree(node.pid), signal.SIGKILL)
     signal_all(extra, signal.SIGKILL)
     for node in nodes:
-        node.wait()
+        node.wait(timeout=60)  # SIGKILLed: a node still there after a minute is stuck in the kernel, a failed bench

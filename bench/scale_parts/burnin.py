@@ -61,7 +61,7 @@ class LightKubelet:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join()
+        self._thread.join(timeout=30)  # a bound: its loop checks the stop every 0.05 s
 
     def _loop(self) -> None:
         while not self._stop.wait(0.05):
