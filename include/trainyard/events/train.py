@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from trainyard.events.records import AttemptRun, Decision, DecisionTaken, Drill, FailureSeen, Fault, Formed, Growth
-from trainyard.kinds import ACTIONS, KINDS, Action, FailureKind
+from trainyard.kinds import ACTIONS, KINDS, FailureKind
 
 TRAIN = "train"
 Event = Mapping[str, Any]
@@ -32,7 +32,7 @@ def _names(value: Any) -> tuple[str, ...]:
 
 W = TypeVar("W")
 _KINDS: dict[str, FailureKind] = {k: k for k in KINDS}
-_DECISIONS: dict[str, Decision] = {a: a for a in (*ACTIONS, "regroup")}
+_DECISIONS: dict[str, Decision] = {**{a: a for a in ACTIONS}, "regroup": "regroup"}
 
 
 def _word(words: dict[str, W], value: Any, what: str) -> W:
