@@ -8,6 +8,7 @@ here goes through SQLAlchemy, so it works on both.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import json
 import os
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+from waiting import WaitedTooLong, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -233,11 +235,10 @@ def processes_of(env: dict[str, str]) -> list[int]:
 
 def reap_leftovers(env: dict[str, str], wait_s: float = 10.0) -> list[str]:
     """Wait up to ``wait_s`` for ``env``'s processes to end, SIGKILL the survivors by pid; describe them."""
-    deadline = time.monotonic() + wait_s
-    while (left := processes_of(env)) and time.monotonic() < deadline:
-        time.sleep(0.5)
+    with contextlib.suppress(WaitedTooLong):  # those still there are ended below, and named
+        wait_for(lambda: not processes_of(env), wait_s, "the run's processes to end", every_s=0.5)
     described = []
-    for pid in left:
+    for pid in processes_of(env):
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             os.kill(pid, signal.SIGKILL)
@@ -255,17 +256,15 @@ def wait_until(
     services: list[Service] | None = None,
 ) -> Any:
     """Poll ``predicate`` until it returns something truthy; fail naming ``what`` (or a dead service)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+
+    def answer() -> Any:
         result = predicate()
-        if result:
-            return result
         dead = [s.name for s in services or [] if s.proc.poll() is not None]
-        if dead:
+        if not result and dead:
             raise AssertionError(f"{', '.join(dead)} exited while waiting for {what}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(every_s)
+        return result
+
+    return wait_for(answer, timeout_s, what, every_s=every_s)
 
 
 def api_healthy(env: dict[str, str]) -> bool:

@@ -16,12 +16,12 @@ import copy
 import json
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 from airflow_helpers import ROOT, TASKS, airflow, airflow_env, day, query, run_folder, run_state, task_states
+from waiting import wait_for
 
 from trainyard.events.ledger import Ledger
 from trainyard.report.pages import run_url
@@ -165,10 +165,11 @@ def test_a_spec_edited_mid_run_changes_only_the_next_run(env: dict[str, str], sm
         )
     try:
         # Once training has started, tighten the gate so that no checkpoint of this model could pass it.
-        deadline = time.monotonic() + 300
-        while not any(True for _ in ledger_of(env, "pinned_night", first).events("train", "stage_start")):
-            assert running.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.2)
+        def training() -> bool:
+            assert running.poll() is None, log.read_text()[-3000:]
+            return any(True for _ in ledger_of(env, "pinned_night", first).events("train", "stage_start"))
+
+        wait_for(training, 300, "the train stage's start", every_s=0.2, context=lambda: log.read_text()[-3000:])
         spec_file.write_text(small(**RECOVERS, checkpoint__expectations={"max_loss": 1e-6}))
         running.wait(timeout=600)
     finally:
