@@ -117,6 +117,18 @@ def test_the_fold_holds_what_the_readers_used_to_filter_from_event_dicts() -> No
     assert (state.started, state.ended) == (0, 16)
 
 
+def test_the_fold_holds_what_the_benches_used_to_filter_from_event_dicts() -> None:
+    """A save's cost and a script's last word are run state: the recovery bench and its peers read them here."""
+    state = fold([
+        ev(0, "stage_start"),
+        ev(1, "checkpoint_saved", path="/c/step_000010", step=10, attempt=1, blocked_s=0.25),
+        ev(2, "checkpoint_saved", path="/c/step_000020", step=20, attempt=1),
+    ])  # fmt: skip
+    assert [(r.step, r.blocked_s) for r in state.checkpoints] == [(10, 0.25), (20, None)]
+    assert not state.train.finished
+    assert fold([ev(0, "step", step=1), ev(1, "finished", step=1)]).train.finished
+
+
 def test_the_run_state_is_worked_out_once() -> None:
     state = fold(WHOLE_RUN)
     assert state.state() == "running"  # check_checkpoint is still open
