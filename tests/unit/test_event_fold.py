@@ -68,7 +68,11 @@ def test_the_controller_state_is_the_same_fold_folded_in_pieces() -> None:
     for cut in range(len(HEALED_TWICE)):
         assert TrainState.of(HEALED_TWICE[:cut]).fold(HEALED_TWICE[cut:]) == whole
     assert whole.run == TrainRun.of(HEALED_TWICE)
-    assert whole.last is not None and whole.last.regroups == (("node_lost", 30), ("hang", 70)) and whole.last.grown == 1
+    assert (
+        whole.last is not None
+        and whole.last.regroups == (("node_lost", 30), ("hang", 70))
+        and len(whole.last.run.growths) == 1
+    )
 
 
 # ---------------------------------------------------------------- the rest of the run: one fold for every reader
