@@ -32,9 +32,10 @@ import psutil
 from peers.versus import no_fault_step_ms
 
 from trainyard.backends.local.launcher import process_tree, signal_all
+from trainyard.events.fold import TrainRun, fold
 from trainyard.events.ledger import Ledger
 from trainyard.protocol.shards import write_synthetic_corpus
-from trainyard.recovery.figures import recovery_figures
+from trainyard.recovery.figures import figures_from
 
 HERE = Path(__file__).resolve().parent
 PEERS = {"torchft": "torchft", "nvrx": "nvidia_resiliency_ext"}
@@ -75,7 +76,7 @@ def _hosted(peer: str) -> Iterator[dict[str, str]]:
 
 def peer_run(peer: str, root: Path, steps: int, at: int, model_args: list[str], limit_s: float,
              stall_s: float) -> dict[str, Any]:  # fmt: skip
-    """One peer's figures (``recovery_figures`` over the events its nodes wrote), or ``ran: false`` and why."""
+    """One peer's figures (``figures_from`` the fold of the events its nodes wrote), or ``ran: false`` and why."""
     if importlib.util.find_spec(PEERS[peer]) is None:
         return {"ran": False, "why": f"{PEERS[peer]} is not installed: pip install -r requirements-bench.txt"}
     data = root / "data"
@@ -138,10 +139,10 @@ def peer_run(peer: str, root: Path, steps: int, at: int, model_args: list[str], 
 
 def peer_figures(ledger: Ledger, exits: list[int | None], stopped: str, seconds: float) -> dict[str, Any]:
     """The peer's figures as trainyard's are computed, plus the peer's no-fault median step time."""
-    figures = recovery_figures(ledger)
-    events = list(ledger.events("train"))
+    state = fold(ledger.events("train"))  # once, for the figures and what the peer said
+    figures = figures_from(state)
     resumed = any(f["resume_delay_s"] is not None for f in figures["failures"])
-    finished = not stopped and any(e["event"] == "finished" for e in events)
+    finished = not stopped and state.train.finished
     return {
         "ran": True,
         "resume_delay_s": figures["resume_delay_s"],
@@ -151,7 +152,7 @@ def peer_figures(ledger: Ledger, exits: list[int | None], stopped: str, seconds:
         "resumed": resumed,
         "finished": finished,
         "stopped": stopped,
-        "step_ms": None if (ms := no_fault_step_ms(events)) is None else round(ms, 1),
+        "step_ms": None if (ms := no_fault_step_ms(state.train)) is None else round(ms, 1),
         "wall_s": seconds,
         "exit_codes": exits,
     }
@@ -163,9 +164,9 @@ def _watch(nodes: list[subprocess.Popen[bytes]], ledger: Ledger, started: float,
     while any(p.poll() is None for p in nodes):
         if time.monotonic() - started > limit_s:
             return f"not finished within {limit_s:.0f} s"
-        events = list(ledger.events("train"))
-        fault = next((e["ts"] for e in events if e["event"] == "drill_fired"), None)
-        last = max((e["ts"] for e in events if e["event"] == "step"), default=0.0)
+        train = TrainRun.of(ledger.events("train"))
+        fault = train.fired[0].at if train.fired else None
+        last = max((e["ts"] for e in train.steps), default=0.0)
         if fault is not None and time.time() - max(fault, last) > stall_s:
             return f"no new step for {stall_s:.0f} s after the fault"
         time.sleep(0.5)

@@ -8,9 +8,11 @@ delay only if it resumed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import math
+from collections.abc import Mapping
 from typing import Any
 
+from trainyard.events.fold import TrainRun
 from trainyard.protocol.steps import weighted_median
 
 
@@ -36,15 +38,10 @@ def _ratio(ours: float | None, theirs: float | None) -> float | None:
     return round(ours / theirs, 3) if ours is not None and theirs else None
 
 
-def no_fault_step_ms(events: Iterable[Mapping[str, Any]]) -> float | None:
-    """The median step time (ms) of the ``step`` events before the first ``drill_fired`` (all, if none):
-    the cost of a step without a fault, comparable across runtimes. An event that sums up several
+def no_fault_step_ms(train: TrainRun) -> float | None:
+    """The median step time (ms) of the folded run's ``step`` events before its first drill fired (all, if
+    none): the cost of a step without a fault, comparable across runtimes. An event that sums up several
     steps stands for them with its mean."""
-    pairs: list[tuple[int, float]] = []
-    for e in events:
-        if e["event"] == "drill_fired":
-            break
-        ms = e.get("step_ms_mean", e.get("step_ms")) if e["event"] == "step" else None
-        if ms is not None:
-            pairs.append((int(e.get("steps", 1)), float(ms)))
-    return weighted_median(pairs)
+    fault = train.fired[0].at if train.fired else math.inf
+    timed = [(e, e.get("step_ms_mean", e.get("step_ms"))) for e in train.steps if e["ts"] < fault]
+    return weighted_median([(int(e.get("steps", 1)), float(ms)) for e, ms in timed if ms is not None])

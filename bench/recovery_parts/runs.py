@@ -4,7 +4,7 @@
 fault is a drill the workload acts out (``fault``/``node``/``at``), or, for a script that acts out no
 drills (``examples/byo_train.py``), a signal sent by hand (``by_hand``): the bench records the fault's
 time as the drill's ``drill_fired`` would, then signals the node's process, so the figures
-(``trainyard.recovery.figures.recovery_figures``) count from the same moment either way.
+(``trainyard.recovery.figures.figures_from``, over the one fold) count from the same moment either way.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import signal
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from trainyard.pipeline import stages
 from trainyard.pipeline.run import Run, open_run
 from trainyard.protocol.heartbeat import read_heartbeats
 from trainyard.protocol.shards import write_synthetic_corpus
-from trainyard.recovery.figures import figures_of
+from trainyard.recovery.figures import figures_from
 
 CALIBRATION_STEPS = 40
 # A model big enough that a step costs ~0.25-0.5 s on 2 cores: training time, not start-up, dominates.
@@ -125,22 +125,20 @@ def run_figures(run: Run) -> dict[str, Any]:
     A script's step events carry no step time (``runtime.heartbeat`` has none to give): there the step
     times are the gaps between its consecutive step events (``timed_steps``), so its ETTR is computed
     by the same definition, and ``step_ms_from`` says so."""
-    events = list(run.ledger.events("train"))
-    wall = next(e["seconds"] for e in events if e["event"] == "stage_end")
-    blocked = [e["blocked_s"] for e in events if e["event"] == "checkpoint_saved"]
-    steps = [e for e in events if e["event"] == "step"]
-    timed = any("step_ms" in e or "step_ms_mean" in e for e in steps)
+    state = fold(run.ledger.events("train"))
+    timed = any("step_ms" in e or "step_ms_mean" in e for e in state.train.steps)
     if not timed:
-        events = timed_steps(events)
-        steps = [e for e in events if e["event"] == "step"]
-    figures = figures_of(fold(events).train, steps, wall)
-    start = next((e["ts"] for e in events if e["event"] == "stage_start"), None)
-    first = next((e["ts"] for e in events if e["event"] == "step"), None)
+        state = replace(state, train=replace(state.train, steps=tuple(timed_steps(list(state.train.steps)))))
+    figures = figures_from(state)
+    wall = state.stages["train"]["seconds"]
+    blocked = [r.blocked_s for r in state.checkpoints if r.blocked_s is not None]
+    start, steps = state.train.stage_start, state.train.steps
+    first = steps[0]["ts"] if steps else None
     return {
         **figures,
         "wall_s": wall,
         "save_blocked_s": round(sum(blocked) / len(blocked), 3) if blocked else None,
-        "step_ms": _rounded(no_fault_step_ms(events)),
+        "step_ms": _rounded(no_fault_step_ms(state.train)),
         "startup_s": round(first - start, 3) if start is not None and first is not None else None,
         "step_ms_from": "events" if timed else "gaps between step events",
         "path": [f["path"] for f in figures["failures"]],

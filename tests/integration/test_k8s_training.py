@@ -20,6 +20,7 @@ import re
 import shutil
 import threading
 import time
+from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -197,7 +198,7 @@ def test_a_deferred_run_records_the_train_stage_as_a_blocking_one_does(fake: Fak
     recorded = [e["event"] for e in run.ledger.events("train") if e["event"] in STAGE_RECORD]
     assert recorded == ["stage_start", "resume_point", "recovery_path", "recovery_figures", "stage_end"]
     [end] = train_events(run, "stage_end")
-    assert end["result"] == result.as_dict() and end["seconds"] > 0
+    assert end["result"] == asdict(result) and end["seconds"] > 0
 
 
 # The train stage's own record (not the attempts' events), in the order both drivers write it.

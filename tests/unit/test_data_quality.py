@@ -54,7 +54,7 @@ def test_passing_dataset_reports_and_saves_the_result(
     assert report.expectations == 6
     saved = json.loads((tmp_path / "run" / RESULT_FILE).read_text())
     assert saved["success"] is True and saved["statistics"]["evaluated_expectations"] == 6
-    assert report.as_dict()["result"] == str(tmp_path / "run" / RESULT_FILE)
+    assert report.result == str(tmp_path / "run" / RESULT_FILE)
     # GX draws tqdm bars ("Calculating Metrics: ...") on stderr unless they are turned off.
     assert "Calculating Metrics" not in capfd.readouterr().err
     # Task logs run at INFO; GX's own INFO lines (one per context) are noise there.

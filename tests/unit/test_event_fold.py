@@ -68,7 +68,11 @@ def test_the_controller_state_is_the_same_fold_folded_in_pieces() -> None:
     for cut in range(len(HEALED_TWICE)):
         assert TrainState.of(HEALED_TWICE[:cut]).fold(HEALED_TWICE[cut:]) == whole
     assert whole.run == TrainRun.of(HEALED_TWICE)
-    assert whole.last is not None and whole.last.regroups == (("node_lost", 30), ("hang", 70)) and whole.last.grown == 1
+    assert (
+        whole.last is not None
+        and whole.last.regroups == (("node_lost", 30), ("hang", 70))
+        and len(whole.last.run.growths) == 1
+    )
 
 
 # ---------------------------------------------------------------- the rest of the run: one fold for every reader
@@ -115,6 +119,18 @@ def test_the_fold_holds_what_the_readers_used_to_filter_from_event_dicts() -> No
     assert state.errors["train"].error == "TrainingFailed" and state.errors["train"].message == "attempts spent"
     assert state.gated is not None and state.gated.problems == ("nan",) and not state.gated.valid
     assert (state.started, state.ended) == (0, 16)
+
+
+def test_the_fold_holds_what_the_benches_used_to_filter_from_event_dicts() -> None:
+    """A save's cost and a script's last word are run state: the recovery bench and its peers read them here."""
+    state = fold([
+        ev(0, "stage_start"),
+        ev(1, "checkpoint_saved", path="/c/step_000010", step=10, attempt=1, blocked_s=0.25),
+        ev(2, "checkpoint_saved", path="/c/step_000020", step=20, attempt=1),
+    ])  # fmt: skip
+    assert [(r.step, r.blocked_s) for r in state.checkpoints] == [(10, 0.25), (20, None)]
+    assert not state.train.finished
+    assert fold([ev(0, "step", step=1), ev(1, "finished", step=1)]).train.finished
 
 
 def test_the_run_state_is_worked_out_once() -> None:

@@ -20,6 +20,7 @@ from trainyard.atomic import UnsafePath, open_append, open_regular, read_json, w
 from trainyard.backends.base import LaunchPlan, NodeStatus
 from trainyard.backends.kubernetes.launcher import KubernetesHandle, KubernetesLauncher
 from trainyard.events import schema
+from trainyard.events.fold import fold
 from trainyard.events.ledger import Ledger, LedgerWriteError, safe_name
 from trainyard.protocol.env import TrainEnv
 from trainyard.report.summary import write_report
@@ -84,7 +85,7 @@ def test_the_report_replaces_a_planted_link_instead_of_writing_through_it(tmp_pa
     (run / "summary.json").symlink_to(secret)
     (run / ".report.html.tmp").symlink_to(secret)  # the fixed temporary name the report used to write through
 
-    write_report(run, ledger)
+    write_report(run, fold(ledger.events()))
 
     assert secret.read_text() == SECRET
     assert not (run / "report.html").is_symlink() and "<html" in (run / "report.html").read_text()

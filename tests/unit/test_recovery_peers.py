@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from peers.versus import no_fault_step_ms, versus_best_peer
 
+from trainyard.events.fold import TrainRun
+
 
 def test_best_peer_is_the_highest_ettr_that_finished_and_the_fastest_resume_is_its_own() -> None:
     peers = {
@@ -37,12 +39,13 @@ def test_equal_ettr_goes_to_the_faster_resume_and_missing_figures_give_none() ->
 
 def test_no_fault_step_time_is_the_median_before_the_drill() -> None:
     events = [
-        {"event": "attempt_start"},
+        {"event": "attempt_start", "attempt": 1},
         {"event": "step", "step": 1, "step_ms": 900.0},  # the first step pays for warm-up
         {"event": "step", "step": 2, "step_ms": 100.0},
         {"event": "step", "step": 12, "first_step": 3, "steps": 10, "step_ms": 130.0, "step_ms_mean": 110.0},
-        {"event": "drill_fired"},
+        {"event": "drill_fired", "fault": "kill"},
         {"event": "step", "step": 13, "step_ms": 5000.0},  # after the fault: not a no-fault step
     ]
-    assert no_fault_step_ms(events) == 110.0
-    assert no_fault_step_ms([{"event": "drill_fired"}]) is None
+    ledger = [{"ts": 100.0 + i, "stage": "train", **e} for i, e in enumerate(events)]
+    assert no_fault_step_ms(TrainRun.of(ledger)) == 110.0
+    assert no_fault_step_ms(TrainRun.of(ledger[:1] + ledger[4:5])) is None

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from trainyard.events.fold import fold
 from trainyard.events.ledger import Ledger, run_dir
 from trainyard.report.charts import burnin_svg, loss_svg
 from trainyard.report.pages import index_page, report_html, run_href, run_page, run_url, to_json
@@ -201,7 +202,7 @@ def test_run_state(stages: dict, running: list, state: str) -> None:
 def test_the_report_file_shows_every_section_and_escapes_the_ledger(tmp_path: Path) -> None:
     ledger = write_run(tmp_path)
     folder = ledger.path.parent
-    result = write_report(folder, ledger)
+    result = write_report(folder, fold(ledger.events()))
     page = Path(result["report"]).read_text()
     assert EVIL not in page and "&lt;script&gt;" in page
     for text in (

@@ -17,6 +17,7 @@ from test_report_pages import RUN_ID, write_run
 
 from trainyard.airflow import views
 from trainyard.events import tail
+from trainyard.events.fold import fold
 from trainyard.events.ledger import Ledger, run_dir
 from trainyard.protocol.steps import CURVE_POINTS
 from trainyard.report.summary import write_report
@@ -85,7 +86,7 @@ def secret(tmp_path: Path) -> Path:
 
 
 def test_the_report_is_sent_sandboxed_and_unsniffed(client: TestClient, tmp_path: Path) -> None:
-    write_report(_folder(tmp_path), Ledger.in_dir(_folder(tmp_path)))
+    write_report(_folder(tmp_path), fold(Ledger.in_dir(_folder(tmp_path)).events()))
     report = client.get(f"{RUN}/report.html")
     assert report.status_code == 200 and "<html" in report.text
     assert report.headers["content-type"].startswith("text/html")

@@ -41,7 +41,6 @@ from trainyard.pipeline.results import (
     TrainResult,
 )
 from trainyard.pipeline.run import SNAPSHOT, Run, load_run, open_run
-from trainyard.report.summary import format_summary, summarize
 from trainyard.spec import KubernetesSpec, PipelineSpec, load_spec
 from trainyard.storage.s3auth import S3Settings, settings_for
 
@@ -252,7 +251,6 @@ def report(spec: SpecSource, run_file: str | None) -> ReportResult:
     result = stages.report(run)
     # Every run keeps its pipeline's runs folder to [trainyard] runs_retention_days (provider config).
     drop_expired_runs(run.dir, conf.getfloat("trainyard", "runs_retention_days", fallback=RETENTION_DAYS), time.time())
-    log.info("%s", format_summary({**summarize(run.ledger), "report": result.report}))
     log.info("report: %s", Path(result.report).resolve().as_uri())
     # Airflow cannot guess its public address; without [api] base_url there is no link to give.
     if base_url := conf.get("api", "base_url", fallback=None):

@@ -35,6 +35,8 @@ class CheckpointRow:
     step: int | None = None
     attempt: int | None = None
     saved_at: float | None = None
+    blocked_s: float | None = None
+    """How long the save held training up (``checkpoint_saved``'s ``blocked_s``); None: not said."""
     valid: bool | None = None
     problems: list[str] = field(default_factory=list)
     fate: list[str] = field(default_factory=list)
@@ -182,6 +184,7 @@ def _checkpoints(events: list[Event]) -> tuple[list[CheckpointRow], str | None]:
         elif kind == "checkpoint_saved":
             r = row(path, e.get("step"))
             r.attempt, r.saved_at, r.valid, r.problems = e.get("attempt"), e["ts"], None, []
+            r.blocked_s = e.get("blocked_s")
         elif kind == "checkpoint_adopted":  # a framework's save, made a checkpoint by the orchestrator
             r = row(path, e.get("step"))
             r.saved_at, r.valid, r.problems = e["ts"], None, []

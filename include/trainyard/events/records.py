@@ -30,7 +30,12 @@ class FailureSeen:
 
 @dataclass(frozen=True)
 class DecisionTaken:
-    """A ``decision`` about a failure; ``path`` ``in_place`` (a regroup) names the generation and who joined."""
+    """A ``decision`` about a failure; ``path`` ``in_place`` (a regroup) names the generation and who joined.
+
+    Not the written event's class (``schema.DecisionMade``): that one is the wire's, every field optional
+    and in the schema's plain types so that older ledgers still read; this is what the run knows of the
+    decision, in the spec's vocabularies (its kind and action required), with when it was taken (``at``, the
+    ledger's time stamp) and what came of a rollback (``rolled_back_to``, a later ``rolled_back`` event)."""
 
     attempt: int
     kind: FailureKind

@@ -92,6 +92,8 @@ class TrainRun:
     """The last ``recovery_figures`` the train stage wrote (its fields); None: none written."""
     resume_decided_at: float | None = None
     """When the last ``resume_point`` was written (framework saves older than that are not this run's)."""
+    finished: bool = False
+    """A training process said it reached its last step (``finished``)."""
 
     @classmethod
     def of(cls, events: Iterable[Event]) -> TrainRun:
@@ -255,6 +257,7 @@ _TRAIN = {
     "drill_fired": _drill,
     "recovery_path": lambda s, e: replace(s, in_place=e.get("in_place"), why_not=e.get("why_not")),
     "batch_followed": lambda s, e: replace(s, batch_followed=True),
+    "finished": lambda s, e: replace(s, finished=True),
     "drill_refused": lambda s, e: replace(
         s, drills_refused=(*s.drills_refused, (str(e.get("fault")), str(e.get("reason") or "")))
     ),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 from trainyard.errors import SpecError
 from trainyard.events.ledger import safe_name
 from trainyard.pipeline.recorder import recorded
@@ -29,11 +31,9 @@ def stage_dataset(run: Run) -> StagingResult:
     room = HotRoom(run.hot_root, capacity, run.holder)
     # tok stages the whole prefix, as before formats existed; the others only their own files.
     suffixes = None if ds.format == "tok" else FORMAT_SUFFIXES[ds.format]
-    staged = stage(
+    return stage(
         source, run.hot_dataset_dir, ledger=run.ledger, concurrency=ds.concurrency, room=room, suffixes=suffixes
     )
-    return StagingResult(str(staged.hot_dir), staged.files, staged.bytes_total, staged.transferred,
-                         staged.bytes_transferred, staged.seconds)  # fmt: skip
 
 
 def set_lifecycle(tier: Tier, rule: Lifecycle, rule_id: str) -> None:
@@ -47,11 +47,9 @@ def check_dataset(run: Run) -> DataCheckResult:
     """Fail fast (``DataError``) unless the staged shards meet the spec's expectations."""
     ensure_this_boot(run.hot_dataset_dir, run.ledger, "check_dataset")  # staged unsynced in an earlier boot?
     ds = run.spec.dataset
-    report = _check_dataset(
+    result = _check_dataset(
         run.hot_dataset_dir, ds.expectations, result_dir=run.dir, format=ds.format, dtype=ds.dtype,
         text_column=ds.text_column,
     )  # fmt: skip
-    result = DataCheckResult(report.shards, report.non_empty, report.tokens, report.vocab_size, report.expectations,
-                             report.seconds, report.result, report.format, report.documents)  # fmt: skip
-    run.ledger.append("check_dataset", "dataset_checked", **result.as_dict())
+    run.ledger.append("check_dataset", "dataset_checked", **asdict(result))
     return result

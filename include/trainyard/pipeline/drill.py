@@ -21,7 +21,7 @@ from trainyard.errors import TrainingFailed
 from trainyard.events.fold import fold
 from trainyard.pipeline import stages
 from trainyard.pipeline.run import open_run
-from trainyard.recovery.figures import recovery_figures
+from trainyard.recovery.figures import figures_from
 from trainyard.spec import Drill, load_spec, spec_from_data
 from trainyard.spec.templating import render
 
@@ -96,10 +96,10 @@ def run_drill(spec_path: Path, drill: Drill, ds: str | None = None, run_id: str 
         stages.report(run)  # releases the staged dataset's pin and writes the drill's report
     finally:
         shutil.rmtree(path.parent, ignore_errors=True)
-    train = fold(run.ledger.events("train")).train
-    actions: list[str] = [d.action for d in train.decisions]
-    refused = [why for fault, why in train.drills_refused if fault == drill.fault]
-    return DrillReport(drill.fault, actions, end, EXPECTED[drill.fault], recovery_figures(run.ledger), run.dir,
+    state = fold(run.ledger.events("train"))  # once, for the decisions, the refusals and the figures
+    actions: list[str] = [d.action for d in state.train.decisions]
+    refused = [why for fault, why in state.train.drills_refused if fault == drill.fault]
+    return DrillReport(drill.fault, actions, end, EXPECTED[drill.fault], figures_from(state), run.dir,
                        refused)  # fmt: skip
 
 

@@ -12,6 +12,7 @@ import functools
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import asdict
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from trainyard.pipeline.results import StageResult
@@ -44,7 +45,7 @@ class StageRecorder:
         self.run.ledger.append(self.name, event, **fields)
 
     def end(self, result: StageResult) -> None:
-        self.run.ledger.append(self.name, "stage_end", seconds=self._seconds(), result=result.as_dict())
+        self.run.ledger.append(self.name, "stage_end", seconds=self._seconds(), result=asdict(result))
 
     def failed(self, exc: Exception) -> None:
         self.run.ledger.append(

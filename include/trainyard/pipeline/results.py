@@ -5,60 +5,27 @@ them; never a nested dataclass, whose type Airflow's serde would not keep). Airf
 dataclass as its fields with its class name, and rebuilds it in the task that pulls it, provided the
 class is allowed there: ``airflow.dag_builder`` allows these (``airflow.sdk.serde.allow_class``) in
 every process that parses the DAG file, which is every task process. The ledger's ``stage_end`` keeps
-``as_dict()``, so a ledger reads the same as before the results were typed.
+``dataclasses.asdict`` of it, so a ledger reads the same as before the results were typed.
 
-This module imports nothing but the standard library: the DAG file imports it at parse time.
+The data stages' results are the records their lower layers return, kept where they are made
+(``storage.results.StagingResult``, ``quality.results.DataCheckResult``): one class per record, never a
+field-for-field copy here. ``StageResult`` is any one of them (the stage recorder's type).
+
+This module imports nothing but the standard library and those two result modules (standard library
+only): the DAG file imports it at parse time.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
-
-@dataclass(frozen=True)
-class StageResult:
-    """What every stage result can do: be a dict (the ledger's ``stage_end``). Each stage builds its own
-    result type; nothing goes typed -> dict -> typed."""
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+from trainyard.quality.results import DataCheckResult
+from trainyard.storage.results import StagingResult
 
 
 @dataclass(frozen=True)
-class StagingResult(StageResult):
-    """``stage_dataset``: the cold shards copied to the hot tier."""
-
-    hot_dir: str
-    files: int
-    bytes_total: int
-    transferred: int
-    """Files copied this time (the rest were staged and unchanged)."""
-    bytes_transferred: int
-    seconds: float
-
-
-@dataclass(frozen=True)
-class DataCheckResult(StageResult):
-    """``check_dataset``: the staged shards met the spec's expectations."""
-
-    shards: int
-    non_empty: int
-    tokens: int
-    vocab_size: int
-    expectations: int
-    """How many expectations great-expectations evaluated (all passed)."""
-    seconds: float
-    result: str | None
-    """Where the validation result was saved, if anywhere."""
-    format: str = "tok"
-    """``dataset.format``: what ``shards`` counts (``*.tok`` shards, token arrays, text files)."""
-    documents: int = 0
-    """Text formats: the documents sampled and checked."""
-
-
-@dataclass(frozen=True)
-class BurnInResult(StageResult):
+class BurnInResult:
     """``burn_in``: the nodes to train on, best first, and what the pressure test found."""
 
     healthy: list[str]
@@ -76,7 +43,7 @@ class BurnInResult(StageResult):
 
 
 @dataclass(frozen=True)
-class TrainResult(StageResult):
+class TrainResult:
     """``train``: where training ended, and the checkpoint it left."""
 
     nodes: list[str]
@@ -89,7 +56,7 @@ class TrainResult(StageResult):
 
 
 @dataclass(frozen=True)
-class GateResult(StageResult):
+class GateResult:
     """``check_checkpoint``: the final checkpoint passed the gate."""
 
     checkpoint: str
@@ -98,7 +65,7 @@ class GateResult(StageResult):
 
 
 @dataclass(frozen=True)
-class PublishResult(StageResult):
+class PublishResult:
     """``publish``: the checkpoint's cold copy (``uri``, never written again) and the pointer to the latest."""
 
     uri: str
@@ -108,7 +75,7 @@ class PublishResult(StageResult):
 
 
 @dataclass(frozen=True)
-class ReportResult(StageResult):
+class ReportResult:
     """``report``: the run's HTML report and summary files. (Not ``Reported``: that is the attempt trigger's news.)"""
 
     report: str
@@ -116,6 +83,9 @@ class ReportResult(StageResult):
     steps_trained: int | None
     last_loss: float | None
 
+
+StageResult = StagingResult | DataCheckResult | BurnInResult | TrainResult | GateResult | PublishResult | ReportResult
+"""What a stage returns: one of the stages' results."""
 
 RESULTS: tuple[type[StageResult], ...] = (
     StagingResult,
@@ -127,3 +97,6 @@ RESULTS: tuple[type[StageResult], ...] = (
     ReportResult,
 )
 """Every stage result: the classes the Airflow layer allows through XCom."""
+
+__all__ = ["RESULTS", "BurnInResult", "DataCheckResult", "GateResult", "PublishResult", "ReportResult", "StageResult",
+           "StagingResult", "TrainResult"]  # fmt: skip

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +28,7 @@ from trainyard.protocol.arrays import ArrayError, read_array, scan_tokens
 from trainyard.protocol.shards import SHARD_SUFFIX, read_header
 from trainyard.quality import text
 from trainyard.quality.gx import Check, Suite, could_not_run, import_gx
+from trainyard.quality.results import DataCheckResult
 from trainyard.spec import FORMAT_SUFFIXES, DataExpectations, DataFormat, TokenDtype
 from trainyard.storage.hot import STAGED_MANIFEST
 from trainyard.storage.keys import key_path
@@ -48,28 +48,6 @@ COLUMNS = ("key", "size", "digest", "tokens", "vocab_size", "dtype", "header_err
 ARRAY_COLUMNS = ("key", "size", "digest", "tokens", "max_token", "dtype", "read_error")
 
 
-@dataclass(frozen=True)
-class DatasetReport:
-    shards: int
-    """Files of the dataset's format (``*.tok`` shards, token arrays, text files)."""
-    non_empty: int
-    tokens: int
-    vocab_size: int
-    """Token formats: the largest header vocab_size (``tok``) or largest token id + 1 (``numpy``); text: 0."""
-    expectations: int
-    """How many expectations great-expectations evaluated (all passed)."""
-    seconds: float
-    """Wall time of the check, GX import included (the bulk of it on a cold process)."""
-    result: str | None
-    """Where the GX validation result was saved, if anywhere."""
-    format: str = "tok"
-    documents: int = 0
-    """Text formats: the documents sampled and checked."""
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
 def check_dataset(
     hot_dir: Path,
     expect: DataExpectations,
@@ -78,7 +56,7 @@ def check_dataset(
     format: DataFormat = "tok",
     dtype: TokenDtype | None = None,
     text_column: str = "text",
-) -> DatasetReport:
+) -> DataCheckResult:
     """Validate the staged files of ``hot_dir`` against ``expect`` with great-expectations.
 
     ``format`` is ``dataset.format``; ``dtype`` (a ``numpy`` dataset's) and ``text_column`` (a text
@@ -115,7 +93,7 @@ def check_dataset(
     log.info("data quality: %d %s files passed %d expectations in %.2f s", len(table), format, checks, seconds)
     tokens = table["tokens"] if "tokens" in table else None
     vocab = table["vocab_size"] if "vocab_size" in table else table["max_token"] + 1 if "max_token" in table else None
-    return DatasetReport(
+    return DataCheckResult(
         shards=len(table),
         non_empty=int(((tokens if tokens is not None else table["documents"]) > 0).sum()),
         tokens=int(tokens.sum()) if tokens is not None else 0,

@@ -46,20 +46,15 @@ def recovery_figures(ledger: Ledger) -> dict[str, Any]:
     return figures_from(fold(ledger.events("train")))
 
 
-def figures_from(state: RunState) -> dict[str, Any]:
-    """The figures of a folded run: its training, its steps and the train stage's wall time (its last end or
-    failure)."""
-    wall = state.stages.get("train", {}).get("seconds")
-    return figures_of(state.train, state.train.steps, wall)
-
-
 NO_STEPS = "the script reports no steps (it writes no heartbeats: trainyard.runtime.heartbeat is never called)"
 """Why the figures that count steps are unknown for a script that makes no trainyard calls."""
 
 
-def figures_of(train: TrainRun, steps: Sequence[Mapping[str, Any]], wall: float | None) -> dict[str, Any]:
-    """The figures of the fold's ``train``, with the run's ``step`` events (times and step numbers) and the
-    stage's wall time."""
+def figures_from(state: RunState) -> dict[str, Any]:
+    """The figures of a folded run: its training, its ``step`` events (times and step numbers) and the train
+    stage's wall time (its last end or failure)."""
+    train, steps = state.train, state.train.steps
+    wall = state.stages.get("train", {}).get("seconds")
     failures: list[dict[str, Any]] = []
     seen_before = 0.0  # the previous classification: an attempt healed in place can fail again
     unhealed: float | None = None  # the fault of a regroup that never formed: the next failure carries it on

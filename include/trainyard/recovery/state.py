@@ -57,10 +57,6 @@ class Attempt:
         return self.run.started
 
     @property
-    def world_size(self) -> int:
-        return self.run.world_size
-
-    @property
     def state(self) -> AttemptState:
         """``running``: no ``attempt_end`` recorded (it runs, or the process watching it died)."""
         return self.run.state
@@ -96,11 +92,6 @@ class Attempt:
     def regrouped_at(self) -> float | None:
         """When the last regroup (or growth) was decided (its group's ranks start again from then)."""
         return self.run.regrouped_at
-
-    @property
-    def grown(self) -> int:
-        """Times the world grew back in place (spares or re-admitted nodes joined at a step boundary)."""
-        return len(self.run.growths)
 
     @property
     def generation(self) -> int:

@@ -182,10 +182,11 @@ def _known(figures: dict[str, Any], name: str, unit: str = "") -> str:
     return f"unknown ({why})" if why else "-"
 
 
-def write_report(run_dir: Path, ledger: Ledger) -> dict[str, Any]:
-    """Write the run's ``summary.json`` and ``report.html``; the summary written (``report``, ``summary``: where)."""
+def write_report(run_dir: Path, state: RunState) -> dict[str, Any]:
+    """Write the folded run's ``summary.json`` and ``report.html``; the summary written (``report``, ``summary``:
+    where)."""
     # Written by the report stage itself, which is still open: the run's outcome is the other stages'.
-    summary = summary_of(fold(ledger.events()), closing=True)
+    summary = summary_of(state, closing=True)
     summary["report"] = str(run_dir / "report.html")
     summary["summary"] = str(run_dir / "summary.json")
     write_json_atomic(run_dir / "summary.json", summary)

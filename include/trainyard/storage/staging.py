@@ -25,7 +25,7 @@ import dataclasses
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -35,24 +35,12 @@ from trainyard.events.ledger import Ledger
 from trainyard.storage.boot import BOOT_ID, current_boot_id, trusted
 from trainyard.storage.hot import JOURNAL, RESERVED, STAGED_MANIFEST, HotRoom, make_room, pin, reserved, touch
 from trainyard.storage.keys import key_path, key_paths
+from trainyard.storage.results import StagingResult
 from trainyard.storage.staged import plan, read_journal, read_manifest, recorded_digest
 from trainyard.storage.tier import Tier
 from trainyard.storage.transfer import Progress, transfer
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class StageResult:
-    hot_dir: Path
-    files: int
-    bytes_total: int
-    transferred: int
-    bytes_transferred: int
-    seconds: float
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**self.__dict__, "hot_dir": str(self.hot_dir)}
 
 
 def stage(
@@ -62,7 +50,7 @@ def stage(
     concurrency: int = 4,
     room: HotRoom | None = None,
     suffixes: tuple[str, ...] | None = None,
-) -> StageResult:
+) -> StagingResult:
     """Stage ``source`` into ``hot_dir``: every object, or with ``suffixes`` only the keys ending in one."""
     started = time.monotonic()
     listed = source.list()
@@ -127,8 +115,8 @@ def stage(
         os.unlink(hot_dir / JOURNAL)
         for stale in {k for k in set(staged) - set(entries) if not reserved(k)}:
             key_path(hot_dir, stale).unlink(missing_ok=True)  # gone at the source: not part of this dataset
-    result = StageResult(
-        hot_dir=hot_dir,
+    result = StagingResult(
+        hot_dir=str(hot_dir),
         files=len(objects),
         bytes_total=sum(o.size for o in objects),
         transferred=len(todo),
@@ -137,7 +125,7 @@ def stage(
     )
     if ledger:
         said = {"reserved_skipped": skipped[:20]} if skipped else {}  # the keys the warning names
-        ledger.append("stage_dataset", "staged", **result.as_dict(), **said)
+        ledger.append("stage_dataset", "staged", **asdict(result), **said)
     return result
 
 
