@@ -107,7 +107,13 @@ def end_leftovers(grace_s: float, say) -> int:
     if not leftovers:
         return 0
     say(f"{len(leftovers)} process(es) outlived the command: " + "; ".join(_describe(p) for p in leftovers))
+    began = time.monotonic()
     left = _wait_gone(leftovers, grace_s)
+    # Which ended by themselves says whether it was a late exit (a server noticing its pipe closed) or a leak.
+    if len(left) < len(leftovers):
+        say(f"{len(leftovers) - len(left)} of them ended by themselves within {time.monotonic() - began:.1f} s")
+    if left:
+        say(f"{len(left)} still running after the {grace_s:g} s grace: ending them")
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for process in left:
             try:

@@ -109,8 +109,16 @@ class Seaweed:
         return f"http://127.0.0.1:{self.port}"
 
     def sockets(self) -> list[Path]:
-        """The unix sockets SeaweedFS makes in /tmp, one per gRPC port, whatever TMPDIR says."""
-        return [Path(f"/tmp/seaweedfs-{name}-grpc-{port + GRPC_OFFSET}.sock") for name, port in self.ports.items()]
+        """The unix sockets SeaweedFS makes in /tmp, one per gRPC port, whatever TMPDIR says (and our local ones
+        where the folder's path was too long for them)."""
+        grpc = [Path(f"/tmp/seaweedfs-{name}-grpc-{port + GRPC_OFFSET}.sock") for name, port in self.ports.items()]
+        return grpc + [s for s in map(self.local_socket, ("s3", "filer")) if s.parent != self.folder]
+
+    def local_socket(self, name: str) -> Path:
+        """In the folder, unless its path is past a unix socket's 107 bytes (a deep TMPDIR, say pytest's
+        ``tmp_path``: the filer then dies with 'bind: invalid argument'); then in /tmp, named by the port."""
+        inside = self.folder / f"{name}.sock"
+        return inside if len(os.fsencode(inside)) <= 100 else Path(f"/tmp/trainyard-seaweed-{self.port}-{name}.sock")
 
     def argv(self) -> list[str]:
         argv = [str(binary()), "mini", f"-dir={self.folder / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1"]
@@ -120,8 +128,8 @@ class Seaweed:
             *argv,
             "-master.telemetry=false",
             f"-s3.config={self.folder / 's3.json'}",
-            f"-s3.localSocket={self.folder / 's3.sock'}",
-            f"-filer.localSocket={self.folder / 'filer.sock'}",
+            f"-s3.localSocket={self.local_socket('s3')}",
+            f"-filer.localSocket={self.local_socket('filer')}",
             "-s3.port.iceberg=0",
             "-s3.port.lance=0",
             "-webdav=false",

@@ -125,3 +125,16 @@ def test_the_demo_s3_environment_reaches_the_server_with_no_secret_in_the_connec
     conn = json.loads(conn_env)
     settings = settings_for(Connection(conn_id="trainyard_cold", conn_type="aws", extra=json.dumps(conn["extra"])))
     assert S3Tier(f"s3://{demo_s3.BUCKET}/tokens", settings).list() == []
+
+
+def test_a_server_in_a_folder_too_deep_for_a_unix_socket_starts_and_leaves_nothing(tmp_path: Path) -> None:
+    # pytest's tmp_path under an xdist worker, with a bench's own temp folder in it, was past a socket's 107 bytes:
+    # the filer died with 'bind: invalid argument' and the staging bench's smoke failed CI.
+    deep = tmp_path / ("d" * (120 - len(str(tmp_path))))
+    server = seaweed.start(deep)
+    try:
+        moved = [s for s in server.sockets() if s.name.startswith("trainyard-seaweed-")]
+        assert len(moved) == 2 and all(s.exists() for s in moved)  # the s3 and filer local sockets, in /tmp
+    finally:
+        server.stop()
+    assert not any(s.exists() for s in server.sockets())
