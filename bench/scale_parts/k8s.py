@@ -31,6 +31,7 @@ from trainyard.airflow.triggers import KubernetesAttemptTrigger
 from trainyard.backends.base import LaunchPlan
 from trainyard.backends.kubernetes.launcher import KubernetesLauncher
 from trainyard.protocol.env import TrainEnv
+from trainyard.recovery.deferred import AttemptWatch
 from trainyard.spec import KubernetesSpec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,7 +64,8 @@ def trigger_poll(n: int, root: Path) -> dict[str, Any]:
             "users": [{"name": "fake", "user": {"token": "t"}}],
             "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": NS}}],
         }))  # fmt: skip
-        trigger = KubernetesAttemptTrigger(NS, name, nodes, poll_interval=10.0, config_file=str(config))
+        watch = AttemptWatch(1, 0.0, {"namespace": NS, "name": name, "poll_s": 10.0}, nodes, len(nodes), "", 0)
+        trigger = KubernetesAttemptTrigger(watch, str(config))
 
         async def polls() -> tuple[float, list[float]]:
             cpu = []

@@ -111,11 +111,13 @@ def test_the_lease_asks_airflow_for_the_holders_run_state(
 
 
 def test_the_attempt_triggers_event_is_read_back_typed_in_one_place() -> None:
-    from trainyard.airflow.triggers import KubernetesAttemptTrigger, reported
+    from trainyard.airflow.triggers import KubernetesAttemptTrigger
     from trainyard.backends.base import AttemptStatus, NodeStatus
+    from trainyard.recovery.deferred import AttemptWatch
+    from trainyard.recovery.look import reported
     from trainyard.recovery.observations import Reported
 
-    trigger = KubernetesAttemptTrigger(namespace="ml", job_name="j", nodes=["a", "b"], attempt=3)
+    trigger = KubernetesAttemptTrigger(AttemptWatch(3, 0.0, {"namespace": "ml", "name": "j"}, ["a", "b"], 2, "", 10))
     status = AttemptStatus([NodeStatus("a", "running"), NodeStatus("b", "failed", 137, reason="OOMKilled")])
     payload = json.loads(json.dumps(trigger._event("hang", status, "no progress", ["a"]).payload))
     assert reported(payload) == Reported("hang", "no progress", 3, status.nodes, ["a"])
@@ -154,11 +156,12 @@ def test_a_backoff_waits_on_a_time_trigger_at_most_until_the_next_wake() -> None
 
 
 def test_the_kubernetes_trigger_judges_a_first_beat_by_the_specs_startup_grace(tmp_path: Path) -> None:
-    """``training.startup_grace_s: 600`` reaches the trigger a deferred Kubernetes task waits on: a rank that has
-    not beaten 200 s after the start (its peer has) is within the grace, not hung. The constant (120 s) would call
-    it hung."""
+    """``training.startup_grace_s: 600`` reaches the trigger a deferred Kubernetes task waits on, in the watch the
+    deferred driver hands it (``trigger_for`` adds nothing): a rank that has not beaten 200 s after the start (its
+    peer has) is within the grace, not hung. The constant (120 s) would call it hung."""
     import asyncio
     import time
+    from dataclasses import replace
     from types import SimpleNamespace
 
     from trainyard.airflow.operators import trigger_for
@@ -182,14 +185,14 @@ def test_the_kubernetes_trigger_judges_a_first_beat_by_the_specs_startup_grace(t
     run = SimpleNamespace(spec=SimpleNamespace(nodes=nodes, training=training), checkpoint_root=tmp_path / "ckpt")
     watch = AttemptWatch.from_json(
         {"attempt": 1, "started": time.time() - 200, "handle": {"namespace": "ml", "name": "j"}, "nodes": ["gpu-a", "gpu-b"],
-         "world_size": 2, "heartbeat_dir": str(hb), "target_step": 10}
+         "world_size": 2, "heartbeat_dir": str(hb), "target_step": 10,
+         "heartbeat_timeout_s": training.heartbeat_timeout_s, "startup_grace_s": training.startup_grace_s}
     )  # fmt: skip
     trigger = trigger_for(run, watch)
+    assert trigger.watch == watch
     running = AttemptStatus([NodeStatus(n, "running", host=n) for n in ("gpu-a", "gpu-b")])
     assert asyncio.run(trigger.hang(running)) is None
-    training = training.model_copy(update={"startup_grace_s": 100.0})
-    run.spec.training = training
-    hung = asyncio.run(trigger_for(run, watch).hang(running))
+    hung = asyncio.run(trigger_for(run, replace(watch, startup_grace_s=100.0)).hang(running))
     assert hung is not None and "no first heartbeat 100 s after the start from rank-1" in hung.reason, hung
 
 
@@ -207,7 +210,7 @@ def test_any_deferring_backend_sets_how_often_the_task_wakes(monkeypatch: pytest
     run = SimpleNamespace(spec=SimpleNamespace(nodes=NodesSpec(count=2)))
     blocking = backoff_trigger(run, Backoff(10_000.0), now=1_000.0).moment
     assert blocking == dt.datetime.fromtimestamp(10_000.0, tz=dt.UTC)
-    deferring = SimpleNamespace(defers=True, wake_every_s=2_000.0)
+    deferring = SimpleNamespace(defers=True, wake_every_s=2_000.0, trigger=None)
     monkeypatch.setitem(registry.BACKENDS, "local", lambda nodes, client, connect: deferring)
     assert backoff_trigger(run, Backoff(10_000.0), now=1_000.0).moment == dt.datetime.fromtimestamp(3_000.0, tz=dt.UTC)
     assert lease_ttl(run) == 2 * 2_000.0 + 60

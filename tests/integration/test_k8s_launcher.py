@@ -40,6 +40,7 @@ from trainyard.burnin.kubernetes import build_burnin_pod
 from trainyard.protocol.env import TrainEnv
 from trainyard.protocol.records import FailureRecord, write_record
 from trainyard.recovery.classify import classify
+from trainyard.recovery.deferred import AttemptWatch
 from trainyard.recovery.watch import failed
 from trainyard.spec import KubernetesSpec, PressureTestSpec
 
@@ -329,9 +330,7 @@ def test_a_pod_no_host_takes_fails_the_attempt_with_the_schedulers_words(fake: F
     assert "not placed" in evidence and "0/3 nodes are available" in evidence, evidence
     assert "didn't match Pod's node affinity/selector" in evidence
     event = first_event(
-        KubernetesAttemptTrigger(
-            NS, handle.name, plan.nodes, poll_interval=0.05, config_file=kubeconfig(tmp_path, fake.url)
-        )
+        KubernetesAttemptTrigger(watching(handle.name, plan.nodes, poll_s=0.05), kubeconfig(tmp_path, fake.url))
     )
     assert event["status"] == "failed" and "Unschedulable" in event["message"]
     assert len(pods) == 2
@@ -373,6 +372,12 @@ def kubeconfig(tmp_path: Path, url: str) -> str:
     return str(path)
 
 
+def watching(name: str, nodes: list[str], poll_s: float = 5.0, wake_s: float = 300.0, **handle: Any) -> AttemptWatch:
+    """The watch a deferred task hands the trigger, of attempt 1's Job ``name`` (no heartbeats in sight)."""
+    return AttemptWatch(1, 0.0, {"namespace": NS, "name": name, "poll_s": poll_s, **handle}, list(nodes), len(nodes),
+                        "", 0, wake_s=wake_s)  # fmt: skip
+
+
 def first_event(trigger: KubernetesAttemptTrigger) -> dict[str, Any]:
     async def wait() -> dict[str, Any]:
         async for event in trigger.run():
@@ -388,13 +393,7 @@ def test_trigger_fires_once_the_attempt_ends_with_the_launchers_records(fake: Fa
     handle = launcher.launch(plan)
     pods = fake.spawn_job_pods(NS, handle.name)
     running(fake, pods)
-    trigger = KubernetesAttemptTrigger(
-        namespace=NS,
-        job_name=handle.name,
-        nodes=plan.nodes,
-        poll_interval=0.05,
-        config_file=kubeconfig(tmp_path, fake.url),
-    )
+    trigger = KubernetesAttemptTrigger(watching(handle.name, plan.nodes, poll_s=0.05), kubeconfig(tmp_path, fake.url))
 
     # The pods finish once the trigger has polled them running a few times: it waited for the end.
     def jobs_read() -> int:
@@ -424,15 +423,11 @@ def test_trigger_reports_a_failed_node_and_times_out_and_gives_up_on_an_unreacha
     running(fake, pods)
     config = kubeconfig(tmp_path, fake.url)
     waiting = first_event(
-        KubernetesAttemptTrigger(
-            NS, handle.name, ["k8s-0", "k8s-1"], poll_interval=0.05, config_file=config, timeout_s=0.2
-        )
+        KubernetesAttemptTrigger(watching(handle.name, ["k8s-0", "k8s-1"], poll_s=0.05, wake_s=0.2), config)
     )
     assert waiting["status"] == "timeout" and {n["state"] for n in waiting["nodes"]} == {"running"}
     fake.set_pod(NS, pods[1], "Failed", node="k8s-0", state={"terminated": {"exitCode": 137, "reason": "OOMKilled"}})
-    failed = first_event(
-        KubernetesAttemptTrigger(NS, handle.name, ["k8s-0", "k8s-1"], poll_interval=0.05, config_file=config)
-    )
+    failed = first_event(KubernetesAttemptTrigger(watching(handle.name, ["k8s-0", "k8s-1"], poll_s=0.05), config))
     assert failed["status"] == "failed" and failed["message"] == "k8s-0: OOMKilled"  # the host, not the slot
     assert failed["nodes"][1] == {
         "slot": "k8s-1",
@@ -443,9 +438,7 @@ def test_trigger_reports_a_failed_node_and_times_out_and_gives_up_on_an_unreacha
         "reason": "OOMKilled",
     }
     gone = kubeconfig(tmp_path, "http://127.0.0.1:9")  # nothing listens on the discard port
-    error = first_event(
-        KubernetesAttemptTrigger(NS, handle.name, ["k8s-0"], poll_interval=0.01, config_file=gone, max_api_errors=2)
-    )
+    error = first_event(KubernetesAttemptTrigger(watching(handle.name, ["k8s-0"], poll_s=0.01), gone, max_api_errors=2))
     assert error["status"] == "error" and error["nodes"] == [] and "unreachable" in error["message"]
 
 
@@ -462,9 +455,7 @@ def test_the_trigger_lists_the_pods_once_then_watches_and_wakes_on_a_failed_pod(
     pods = fake.spawn_job_pods(NS, handle.name)
     running(fake, pods)
     config = kubeconfig(tmp_path, fake.url)
-    quiet = first_event(
-        KubernetesAttemptTrigger(NS, handle.name, plan.nodes, poll_interval=0.05, config_file=config, timeout_s=1.0)
-    )
+    quiet = first_event(KubernetesAttemptTrigger(watching(handle.name, plan.nodes, poll_s=0.05, wake_s=1.0), config))
     assert quiet["status"] == "timeout" and {n["state"] for n in quiet["nodes"]} == {"running"}
     jobs_read = sum(1 for c in fake.calls if (c.verb, c.resource) == ("get", "jobs"))
     assert jobs_read >= 10, "it polled"  # one small read a poll: why the Job failed, beyond its pods
@@ -480,7 +471,7 @@ def test_the_trigger_lists_the_pods_once_then_watches_and_wakes_on_a_failed_pod(
 
     threading.Thread(target=fails_once_watched, daemon=True).start()
     # Woken by the watch, not by the next poll: that is 30 s away, past ``first_event``'s 10 s bound.
-    failed = first_event(KubernetesAttemptTrigger(NS, handle.name, plan.nodes, poll_interval=30.0, config_file=config))
+    failed = first_event(KubernetesAttemptTrigger(watching(handle.name, plan.nodes, poll_s=30.0), config))
     assert failed["status"] == "failed" and failed["message"] == "k8s-4: OOMKilled"
     assert (pod_calls(fake, "list"), pod_calls(fake, "watch")) == (1, 1)
 
@@ -493,9 +484,7 @@ def test_a_watch_ended_by_the_server_goes_on_and_one_from_a_forgotten_version_li
     handle = launcher.launch(plan)
     pods = fake.spawn_job_pods(NS, handle.name)
     running(fake, pods)
-    trigger = KubernetesAttemptTrigger(
-        NS, handle.name, plan.nodes, poll_interval=0.05, config_file=kubeconfig(tmp_path, fake.url)
-    )
+    trigger = KubernetesAttemptTrigger(watching(handle.name, plan.nodes, poll_s=0.05), kubeconfig(tmp_path, fake.url))
 
     def watches(n: int) -> None:
         wait_until(lambda: pod_calls(fake, "watch") >= n, 10, f"the trigger's watch number {n}", every_s=0.02)
@@ -531,9 +520,7 @@ def test_without_leave_to_watch_the_trigger_lists_every_poll_and_says_why(
     fake.forbidden.add(("watch", "pods"))
     threading.Timer(0.5, succeed, (fake, pods)).start()
     event = first_event(
-        KubernetesAttemptTrigger(
-            NS, handle.name, plan.nodes, poll_interval=0.05, config_file=kubeconfig(tmp_path, fake.url)
-        )
+        KubernetesAttemptTrigger(watching(handle.name, plan.nodes, poll_s=0.05), kubeconfig(tmp_path, fake.url))
     )
     assert event["status"] == "succeeded"
     assert pod_calls(fake, "list") >= 5 and capsys.readouterr().out.count("may not watch pods") == 1
@@ -546,7 +533,7 @@ def test_a_user_kill_of_the_deferred_task_deletes_the_attempt_from_the_triggerer
     handle = launcher.launch(make_plan(tmp_path))
     running(fake, fake.spawn_job_pods(NS, handle.name))
     trigger = KubernetesAttemptTrigger(
-        NS, handle.name, ["k8s-0", "k8s-1"], config_file=kubeconfig(tmp_path, fake.url), podgroup=True
+        watching(handle.name, ["k8s-0", "k8s-1"], podgroup=True), kubeconfig(tmp_path, fake.url)
     )
     asyncio.run(trigger.on_kill())
     assert fake.items(BATCH, "jobs", NS) == [] and fake.items(CORE, "services", NS) == []
@@ -661,9 +648,7 @@ def test_rbac_grants_exactly_the_calls_trainyard_makes(fake: FakeKube, tmp_path:
 
     threading.Thread(target=once_watched, daemon=True).start()
     event = first_event(
-        KubernetesAttemptTrigger(
-            NS, handle.name, plan.nodes, poll_interval=0.05, config_file=kubeconfig(tmp_path, fake.url)
-        )
+        KubernetesAttemptTrigger(watching(handle.name, plan.nodes, poll_s=0.05), kubeconfig(tmp_path, fake.url))
     )
     assert event["status"] == "succeeded" and launcher.poll(handle).state == "succeeded"
     launcher.cancel(handle)
@@ -707,7 +692,7 @@ def test_rbac_grants_exactly_the_calls_trainyard_makes(fake: FakeKube, tmp_path:
 
 def test_only_a_pod_that_ends_wakes_the_trigger_before_its_poll() -> None:
     """Hundreds of pods starting are changes too: they wait for the next poll, not a status each."""
-    trigger = KubernetesAttemptTrigger(NS, "job", ["k8s-0"])
+    trigger = KubernetesAttemptTrigger(watching("job", ["k8s-0"]))
 
     def pod(phase: str) -> client.V1Pod:
         return client.V1Pod(metadata=client.V1ObjectMeta(name="p"), status=client.V1PodStatus(phase=phase))

@@ -33,7 +33,7 @@ from fake_k8s import FakeKube, Kubelet, airflow_connection
 
 from trainyard.airflow import tasks
 from trainyard.airflow.operators import TrainOperator, backoff_trigger, launcher_for, trigger_for
-from trainyard.airflow.triggers import KubernetesAttemptTrigger, reported
+from trainyard.airflow.triggers import KubernetesAttemptTrigger
 from trainyard.checkpoint.format import read_manifest
 from trainyard.events.ledger import Ledger
 from trainyard.pipeline import stages
@@ -43,6 +43,7 @@ from trainyard.pipeline.train import TrainStage
 from trainyard.protocol.heartbeat import read_heartbeats
 from trainyard.protocol.shards import write_synthetic_corpus
 from trainyard.recovery.deferred import AttemptWatch, Backoff
+from trainyard.recovery.look import reported
 from trainyard.recovery.observations import BackoffOver, Reported
 
 pytestmark = pytest.mark.integration

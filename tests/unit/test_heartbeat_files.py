@@ -149,6 +149,7 @@ def test_a_malformed_beat_is_no_beat_and_never_raises(
 
 def test_the_trigger_and_the_progress_line_read_garbage_without_raising(tmp_path: Path) -> None:
     from trainyard.airflow.triggers import KubernetesAttemptTrigger
+    from trainyard.recovery.deferred import AttemptWatch
 
     hb = tmp_path / "hb"
     honest(hb, 0, "node-0", step=7)
@@ -156,13 +157,14 @@ def test_the_trigger_and_the_progress_line_read_garbage_without_raising(tmp_path
     (hb / "node-1").mkdir()
     (hb / "node-1" / "rank-1.json").write_text('{"step": 1}')
     (hb / "rank-2.json").write_text("[]")
-    trigger = KubernetesAttemptTrigger(
-        "ml", "job", NODES, heartbeat_dir=str(hb), heartbeat_timeout_s=10.0, startup_grace_s=10.0,
-        started=time.time() - 100, world_size=3, progress_every_s=1.0, attempt=1, target_step=20,
+    watch = AttemptWatch(
+        1, time.time() - 100, {"namespace": "ml", "name": "job"}, NODES, 3, str(hb), 20,
+        heartbeat_timeout_s=10.0, startup_grace_s=10.0, progress_every_s=1.0,
     )  # fmt: skip
+    trigger = KubernetesAttemptTrigger(watch)
     hung = asyncio.run(trigger.hang(RUNNING))
     assert hung is not None and "rank-1" in hung.reason and "rank-2" in hung.reason and hung.suspects == []
-    pace = trigger.progress_log()
+    pace = watch.progress_log(time.time())
     assert pace is not None
     pace.poll(time.time())
     line = pace.poll(time.time() + 5)

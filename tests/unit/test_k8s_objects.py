@@ -24,7 +24,7 @@ import pytest
 import yaml
 from kubernetes.client import ApiClient
 
-from trainyard.backends.base import AttemptStatus, LaunchPlan, NodeStatus
+from trainyard.backends.base import AttemptStatus, LaunchPlan, NodeStatus, status_from_dicts, status_to_dicts
 from trainyard.backends.kubernetes.names import (
     GROUP_NAME_ANNOTATION,
     LABEL_JOB,
@@ -35,7 +35,7 @@ from trainyard.backends.kubernetes.names import (
 )
 from trainyard.backends.kubernetes.objects import build_objects
 from trainyard.backends.kubernetes.paths import hot_mount_path
-from trainyard.backends.kubernetes.status import attempt_status, pod_node_status, status_from_dicts, status_to_dicts
+from trainyard.backends.kubernetes.status import attempt_status, pod_node_status
 from trainyard.burnin.args import Drill, node_args
 from trainyard.burnin.kubernetes import build_burnin_pod
 from trainyard.protocol.env import TrainEnv
@@ -895,38 +895,54 @@ def test_hot_tier_claim_is_shared_read_write() -> None:
 # ---------------------------------------------------------------- the trigger
 
 
-def test_trigger_serialize_round_trips() -> None:
-    from trainyard.airflow.triggers import KubernetesAttemptTrigger
+WATCH = {
+    "attempt": 2,
+    "started": 1795996612.5,
+    "handle": {"namespace": "ml", "name": "ty-run-a1-0123abcd", "podgroup": False, "poll_s": 5.0, "connection": "k8s"},
+    "nodes": ["node-0", "node-1"],
+    "world_size": 2,
+    "heartbeat_dir": "/hot/runs/r/attempt-1/heartbeat",
+    "target_step": 1000,
+    "in_place": True,
+    "regrouped": True,
+    "store": "10.96.0.7:29500",
+    "generation": 2,
+    "faults_seen": "1",
+    "wake_s": 3600.0,
+    "heartbeat_timeout_s": 60.0,
+    "startup_grace_s": 120.0,
+    "progress_every_s": 30.0,
+    "tokens_per_step": 4096,
+    "checkpoint_dir": "/hot/checkpoints/p",
+}
 
-    trigger = KubernetesAttemptTrigger(
-        namespace="ml",
-        job_name="ty-run-a1-0123abcd",
-        nodes=["node-0", "node-1"],
-        poll_interval=5.0,
-        kubernetes_conn_id="k8s",
-        cluster_context="prod",
-        timeout_s=3600.0,
-        heartbeat_dir="/hot/runs/r/attempt-1/heartbeat",
-        heartbeat_timeout_s=60.0,
-        world_size=2,
-        started=1795996612.5,
-        attempt=2,
-        target_step=1000,
-        tokens_per_step=4096,
-        progress_every_s=30.0,
-        checkpoint_dir="/hot/checkpoints/p",
-        in_place=True,
-        regrouped=True,
-        store="10.96.0.7:29500",
-        generation=2,
-        faults_seen="1",
-    )
-    classpath, kwargs = trigger.serialize()
-    assert classpath == "trainyard.airflow.triggers.KubernetesAttemptTrigger"
+
+def rebuilt(classpath: str, kwargs: dict[str, Any]) -> Any:
+    """The trigger as the triggerer rebuilds it from the metadata DB's JSON."""
     module, _, cls = classpath.rpartition(".")
-    rebuilt = getattr(__import__(module, fromlist=[cls]), cls)(**kwargs)
-    assert rebuilt.serialize() == (classpath, kwargs)
-    assert kwargs == {
+    return getattr(__import__(module, fromlist=[cls]), cls)(**json.loads(json.dumps(kwargs)))
+
+
+def test_trigger_serializes_the_watch_it_was_given_as_is() -> None:
+    from trainyard.airflow.triggers import CLASSPATH, KubernetesAttemptTrigger
+    from trainyard.recovery.deferred import AttemptWatch
+
+    watch = AttemptWatch.from_json(WATCH)
+    classpath, kwargs = KubernetesAttemptTrigger(watch).serialize()
+    assert classpath == CLASSPATH == "trainyard.airflow.triggers.KubernetesAttemptTrigger"
+    assert kwargs == {"watch": WATCH, "config_file": None, "max_api_errors": 5}  # every field, none beside it
+    again = rebuilt(classpath, kwargs)
+    assert again.watch == watch and again.serialize() == (classpath, kwargs)
+    assert (again.namespace, again.job_name, again.poll_interval) == ("ml", "ty-run-a1-0123abcd", 5.0)
+
+
+def test_a_trigger_serialized_in_the_old_form_is_rebuilt_with_its_watch() -> None:
+    """A task deferred by a version whose trigger took 26 arguments resumes under this one: the triggerer rebuilds
+    the trigger from the old kwargs in the metadata DB, and it watches the same attempt the same way."""
+    from trainyard.airflow.triggers import CLASSPATH
+    from trainyard.recovery.deferred import AttemptWatch
+
+    old = {
         "namespace": "ml",
         "job_name": "ty-run-a1-0123abcd",
         "nodes": ["node-0", "node-1"],
@@ -954,10 +970,9 @@ def test_trigger_serialize_round_trips() -> None:
         "generation": 2,
         "faults_seen": "1",
     }
-    assert json.loads(json.dumps(kwargs)) == kwargs  # what the triggerer stores must be plain JSON
-    import inspect
-
-    assert set(kwargs) == set(inspect.signature(KubernetesAttemptTrigger).parameters)  # no argument forgotten
+    trigger = rebuilt(CLASSPATH, old)
+    assert trigger.watch == AttemptWatch.from_json(WATCH)
+    assert trigger.serialize() == (CLASSPATH, {"watch": WATCH, "config_file": None, "max_api_errors": 5})
 
 
 def test_the_local_pressure_test_and_classify_need_no_kubernetes_sdk() -> None:

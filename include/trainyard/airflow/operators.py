@@ -11,7 +11,7 @@ publishing. Every stage carries the "Training run" link to the run's page in the
 failed in the UI, a timeout, a SIGTERM), and torchrun agents run in sessions of their own, so without it
 they would outlive the task. Where the run defers (``pipeline.run.defers``: the Kubernetes backend) the task
 defers while an attempt runs (the pods need no babysitter in the worker): ``TrainStage.begin`` launches,
-the ``KubernetesAttemptTrigger`` watches from the triggerer, and each of its events resumes the task in
+the backend's trigger (``Backend.trigger``) watches from the triggerer, and each of its events resumes the task in
 ``attempt_event``, whose ``TrainStage.resume`` decides and launches again or returns the result. A retry's
 backoff is a deferral too, on the provider's ``DateTimeTrigger`` (resumed in ``backoff_over``): no worker
 slot sleeps through it.
@@ -22,7 +22,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator, BaseOperatorLink, conf
@@ -49,7 +49,6 @@ if TYPE_CHECKING:  # the Kubernetes clients take a second to import: at run time
     from airflow.providers.standard.triggers.temporal import DateTimeTrigger
     from airflow.triggers.base import BaseTrigger
 
-    from trainyard.airflow.triggers import KubernetesAttemptTrigger
     from trainyard.backends.base import Launcher
     from trainyard.pipeline.run import Run
     from trainyard.pipeline.train import TrainStage
@@ -65,49 +64,17 @@ def launcher_for(nodes: NodesSpec) -> Launcher:
 
 
 def trigger_for(run: Run, watch: AttemptWatch) -> BaseTrigger:
-    """The trigger watching the attempt ``TrainStage.begin`` / ``resume`` launched or re-attached: its backend's
-    (``TRIGGERS``, by the backend's name; no layer below asks which backend defers)."""
+    """The trigger watching the attempt ``TrainStage.begin`` / ``resume`` launched or re-attached: the one its
+    backend names (``Backend.trigger``), handed the watch and nothing else (no layer asks which backend defers)."""
+    from airflow.sdk.module_loading import import_string
+
     from trainyard.backends.registry import backend_for
 
-    return TRIGGERS[backend_for(run.spec.nodes).name](run, watch)
-
-
-def kubernetes_trigger(run: Run, watch: AttemptWatch) -> KubernetesAttemptTrigger:
-    """The Kubernetes backend's trigger, from the watch and the spec's ``nodes.kubernetes``."""
-    from trainyard.airflow.triggers import KubernetesAttemptTrigger
-    from trainyard.recovery.progress import tokens_per_step
-
-    k8s = run.spec.nodes.kubernetes
-    assert k8s is not None
-    training = run.spec.training
-    return KubernetesAttemptTrigger(
-        namespace=watch.handle["namespace"],
-        job_name=watch.handle["name"],
-        nodes=list(watch.nodes),
-        poll_interval=k8s.poll_s,
-        kubernetes_conn_id=k8s.connection,
-        timeout_s=min(k8s.wake_every_s, watch.wake_s) if watch.wake_s else k8s.wake_every_s,
-        heartbeat_dir=watch.heartbeat_dir,
-        heartbeat_timeout_s=training.heartbeat_timeout_s,
-        world_size=watch.world_size,
-        started=watch.started,
-        startup_grace_s=training.startup_grace_s,
-        podgroup=bool(watch.handle.get("podgroup", k8s.scheduler == "volcano")),
-        attempt=watch.attempt,
-        target_step=watch.target_step,
-        tokens_per_step=tokens_per_step(training.global_batch, training.args),
-        progress_every_s=training.progress_every_s,
-        checkpoint_dir=str(run.checkpoint_root),
-        in_place=watch.in_place,
-        regrouped=watch.regrouped,
-        store=watch.store,
-        generation=watch.generation,
-        faults_seen=watch.faults_seen,
-    )
-
-
-TRIGGERS: dict[str, Callable[[Run, AttemptWatch], BaseTrigger]] = {"kubernetes": kubernetes_trigger}
-"""Each deferring backend's trigger, by ``Backend.name``: what a deferred train task waits on."""
+    backend = backend_for(run.spec.nodes)
+    if backend.trigger is None:
+        raise TypeError(f"nodes.backend {backend.name} names no trigger: its train tasks cannot defer")
+    trigger: BaseTrigger = import_string(backend.trigger)(watch)
+    return trigger
 
 
 def backoff_trigger(run: Run, backoff: Backoff, now: float | None = None) -> DateTimeTrigger:
@@ -332,7 +299,7 @@ class TrainOperator(StageOperator):
         Which attempt the event is about comes from the run's ledger, not from
         deferral kwargs (``airflow dags test`` does not pass those back).
         """
-        from trainyard.airflow.triggers import reported
+        from trainyard.recovery.look import reported
 
         return self._resumed(reported(event))
 

@@ -36,54 +36,22 @@ from trainyard.airflow.podwatch import PodFollower, _Client
 from trainyard.backends.base import AttemptStatus
 from trainyard.backends.kubernetes import aio, api
 from trainyard.backends.kubernetes.podcache import PodCache
-from trainyard.backends.kubernetes.status import (
-    status_from_dicts,
-    status_to_dicts,
-)
 from trainyard.protocol.coordstore import attempt_prefix, faulted_key, peek
-from trainyard.recovery.look import ERROR, FAILED, FAULT, REPORTS, SUCCEEDED, TIMEOUT, AttemptView, Reads, look
-from trainyard.recovery.observations import Reported
+from trainyard.recovery.deferred import AttemptWatch
+from trainyard.recovery.look import AS_REPORTED, ERROR, FAILED, SUCCEEDED, TIMEOUT, AttemptView, Reads, look, report
 from trainyard.recovery.progress import ProgressLog
-from trainyard.recovery.watch import CRASH, HANG, STARTUP_GRACE_S, Detection
+from trainyard.recovery.watch import CRASH, HANG, Detection
 
 CLASSPATH = "trainyard.airflow.triggers.KubernetesAttemptTrigger"
-_ARGUMENTS = (
-    "namespace",
-    "job_name",
-    "nodes",
-    "poll_interval",
-    "kubernetes_conn_id",
-    "config_file",
-    "cluster_context",
-    "in_cluster",
-    "timeout_s",
-    "max_api_errors",
-    "heartbeat_dir",
-    "heartbeat_timeout_s",
-    "world_size",
-    "started",
-    "startup_grace_s",
-    "podgroup",
-    "attempt",
-    "target_step",
-    "tokens_per_step",
-    "progress_every_s",
-    "checkpoint_dir",
-    "in_place",
-    "regrouped",
-    "store",
-    "generation",
-    "faults_seen",
-)
 
 
 class KubernetesAttemptTrigger(PodFollower, BaseTrigger):
     """Fire when the attempt's Job ends: every pod succeeded, or any failed, or a rank hung (or the waiting timed out).
 
-    The event payload (read back by ``reported``, the one place that knows it): ``status``
-    (``succeeded``, ``failed``, ``hang``, ``timeout`` or ``error``), ``attempt``, ``namespace``, ``job_name``, ``nodes``
-    (``NodeStatus`` records as dicts, in node order; empty with ``error``),
-    ``suspects`` (with ``hang``: the nodes whose ranks stopped pulsing) and ``message``.
+    It takes the ``AttemptWatch`` the deferred driver built and serializes it as is; of its ``handle`` (the
+    launcher's ``describe``) it reads the Job's ``namespace`` and ``name``, ``podgroup``, the seconds between
+    polls (``poll_s``) and the Airflow connection (``connection``). The event payload is ``look.report``'s
+    (read back by ``look.reported``), with the ``namespace`` and ``job_name`` for the log.
 
     Hangs are seen only where the triggerer can read the attempt's heartbeat
     folder (it mounts the hot tier); elsewhere the task checks them when it wakes.
@@ -91,92 +59,34 @@ class KubernetesAttemptTrigger(PodFollower, BaseTrigger):
     triggerer writes a trigger's log lines beside the task's log file
     (``<task log>.trigger.<triggerer id>.log``), and the UI shows them in the task's log.
 
-    :param namespace: namespace of the Job.
-    :param job_name: the Job (and label value ``trainyard.io/job`` of its pods).
-    :param nodes: node names of the plan, in completion-index order.
-    :param poll_interval: seconds between polls.
-    :param kubernetes_conn_id: Airflow Kubernetes connection; ignored when ``config_file`` is set.
-    :param config_file: path of a kubeconfig file on the triggerer.
-    :param cluster_context: kubeconfig context to use.
-    :param in_cluster: use the triggerer pod's service account.
-    :param timeout_s: give up waiting after this long (``timeout`` event); None: wait as long as the Job runs.
+    In place (``in_place``: bare pods per node and a coordinator pod, no Job) a node without a pod failed
+    (deleted), and so does every node once the coordinator is gone; a change of the store's fault counter of
+    ``generation`` from ``faults_seen`` (a rank's fault or notice to leave) is a ``fault`` event at once. The
+    counter is only a wake-up (anyone on the pod network can add to it): the task believes only the sealed
+    records it then reads, and hands the next trigger the value it saw.
+
+    :param watch: the attempt's ``AttemptWatch`` (or its JSON, as ``serialize`` stored it).
+    :param config_file: path of a kubeconfig file on the triggerer, instead of the watch's connection.
     :param max_api_errors: consecutive failed polls (5xx, connection errors) before an ``error`` event.
-    :param heartbeat_dir: the attempt's heartbeat folder (``TRAINYARD_HEARTBEAT_DIR``); None: no hang check.
-    :param heartbeat_timeout_s: a rank without progress for this long is hung.
-    :param world_size: ranks expected to beat.
-    :param started: when the attempt was launched (epoch seconds), for the startup grace.
-    :param startup_grace_s: how long a rank may take to beat for the first time.
-    :param podgroup: the attempt has a Volcano PodGroup (deleted with the Job on a kill).
-    :param attempt: the attempt's number, for the progress lines.
-    :param target_step: the run's final step, for the progress lines.
-    :param tokens_per_step: tokens of one optimizer step where the spec knows them; None: from the heartbeats or unknown.
-    :param progress_every_s: seconds between progress lines; None: none logged.
-    :param checkpoint_dir: the pipeline's hot checkpoint root, for the last valid checkpoint; None: unknown.
-    :param in_place: the attempt regroups in place: bare pods per node and a coordinator pod, no Job; a node
-        without a pod failed (deleted), and so does every node once the coordinator is gone.
-    :param regrouped: it regrouped since its launch (``started``: the regroup's time); only ``nodes`` beat.
-    :param store: in place, ``host:port`` of the attempt's coordination store: a change of generation
-        ``generation``'s fault counter from ``faults_seen`` (a rank's fault or notice to leave) is a ``fault``
-        event at once. The counter is only a wake-up (anyone on the pod network can add to it): the task
-        believes only the sealed records it then reads, and hands the next trigger the value it saw.
+    :param legacy: the 26 arguments of a trigger serialized before it took a watch (``old_form``).
     """
 
     def __init__(
         self,
-        namespace: str,
-        job_name: str,
-        nodes: list[str],
-        poll_interval: float = 10.0,
-        kubernetes_conn_id: str | None = None,
+        watch: AttemptWatch | Mapping[str, Any] | None = None,
         config_file: str | None = None,
-        cluster_context: str | None = None,
-        in_cluster: bool | None = None,
-        timeout_s: float | None = None,
         max_api_errors: int = 5,
-        heartbeat_dir: str | None = None,
-        heartbeat_timeout_s: float = 300.0,
-        world_size: int = 0,
-        started: float = 0.0,
-        startup_grace_s: float = STARTUP_GRACE_S,
-        podgroup: bool = False,
-        attempt: int = 0,
-        target_step: int = 0,
-        tokens_per_step: int | None = None,
-        progress_every_s: float | None = None,
-        checkpoint_dir: str | None = None,
-        in_place: bool = False,
-        regrouped: bool = False,
-        store: str = "",
-        generation: int = 0,
-        faults_seen: str = "",
+        **legacy: Any,
     ) -> None:
         super().__init__()
-        self.namespace = namespace
-        self.job_name = job_name
-        self.nodes = list(nodes)
-        self.poll_interval = poll_interval
-        self.kubernetes_conn_id = kubernetes_conn_id
-        self.config_file = config_file
-        self.cluster_context = cluster_context
-        self.in_cluster = in_cluster
-        self.timeout_s = timeout_s
-        self.max_api_errors = max_api_errors
-        self.heartbeat_dir = heartbeat_dir
-        self.heartbeat_timeout_s = heartbeat_timeout_s
-        self.world_size = world_size
-        self.started = started
-        self.startup_grace_s = startup_grace_s
-        self.podgroup = podgroup
-        self.attempt = attempt
-        self.target_step = target_step
-        self.tokens_per_step = tokens_per_step
-        self.progress_every_s = progress_every_s
-        self.checkpoint_dir = checkpoint_dir
-        self.in_place = in_place
-        self.regrouped = regrouped
-        self.store = store
-        self.generation = generation
-        self.faults_seen = faults_seen
+        watch = old_form(legacy) if watch is None else watch
+        self.watch = watch if isinstance(watch, AttemptWatch) else AttemptWatch.from_json(dict(watch))
+        self.config_file, self.max_api_errors = config_file, max_api_errors
+        handle = self.watch.handle
+        # What the pod follower reads (``PodFollower``).
+        self.namespace, self.job_name = str(handle["namespace"]), str(handle["name"])
+        self.nodes, self.in_place = list(self.watch.nodes), self.watch.in_place
+        self.poll_interval = float(handle.get("poll_s", 5.0))
         self._counter: Any = None  # the store's client, once connected
         self._blind = False  # warned once that the heartbeats are out of sight
         # While ``watching`` (made there: asyncio's events belong to the loop that runs the trigger):
@@ -187,81 +97,58 @@ class KubernetesAttemptTrigger(PodFollower, BaseTrigger):
         self._list_only = False  # the Role allows no watch: a list every poll
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        # Every constructor argument, as stored: the triggerer rebuilds the trigger from these.
-        return CLASSPATH, {name: getattr(self, name) for name in _ARGUMENTS}
+        # The watch as it came: the triggerer rebuilds the trigger from it.
+        return CLASSPATH, {"watch": self.watch.to_json(), "config_file": self.config_file,
+                           "max_api_errors": self.max_api_errors}  # fmt: skip
 
     def hook(self) -> AsyncKubernetesHook:
         # The provider's async hook reads a kubeconfig path only from the connection's
         # extras (its config_file argument is for the sync hook), so a file is passed as extras.
         extras = {"kube_config_path": self.config_file} if self.config_file else None
-        return AsyncKubernetesHook(
-            conn_id=self.kubernetes_conn_id,
-            in_cluster=self.in_cluster,
-            cluster_context=self.cluster_context,
-            connection_extras=extras,
-        )
+        return AsyncKubernetesHook(conn_id=self.watch.handle.get("connection"), connection_extras=extras)
 
     async def on_kill(self) -> None:
         """The user marked the deferred task failed (or cleared it): end the attempt, as ``on_kill`` does
         in the worker. Not on a triggerer restart or a timeout: those leave the attempt running."""
         async with self.hook().get_conn() as client:
-            await aio.drive(aio.apis(client), api.delete(self.namespace, self.job_name, self.podgroup, self.in_place))
+            podgroup = bool(self.watch.handle.get("podgroup"))
+            await aio.drive(aio.apis(client), api.delete(self.namespace, self.job_name, podgroup, self.in_place))
         self.log.info("task killed: deleted attempt %s/%s", self.namespace, self.job_name)
-
-    def view(self) -> AttemptView:
-        """The attempt as the task saw it when it deferred (the one view every driver's look takes)."""
-        assert self.heartbeat_dir
-        return AttemptView(self.attempt, list(self.nodes), self.world_size, Path(self.heartbeat_dir), self.started,
-                           self.heartbeat_timeout_s, self.startup_grace_s, self.regrouped)  # fmt: skip
 
     async def hang(self, status: AttemptStatus) -> Detection | None:
         """A hung rank, by the supervisor's own rule (``AttemptView.detect``); file reads off the loop."""
-        if not self.heartbeat_dir:
+        if not self.watch.heartbeat_dir:
             return None
-        folder = Path(self.heartbeat_dir)
+        folder = Path(self.watch.heartbeat_dir)
         if not await asyncio.to_thread(os.path.isdir, folder):
             if not self._blind:
                 self._blind = True  # created before the launch: the triggerer does not mount the hot tier
                 self.log.warning("heartbeat folder %s is not visible here; the task checks hangs when it wakes", folder)
             return None
-        found = await asyncio.to_thread(self.view().detect, status)
+        found = await asyncio.to_thread(self.watch.view().detect, status)
         return found if found is not None and found.trigger == HANG else None
 
     async def faulted(self) -> bool:
         """Whether generation ``generation``'s fault counter changed since the task looked (read off the loop)."""
-        if not self.store or not self.generation:
+        if not self.watch.store or not self.watch.generation:
             return False
         return await asyncio.to_thread(self._counter_changed)
 
     def _counter_changed(self) -> bool:
         from torch.distributed import PrefixStore, TCPStore
 
+        watch = self.watch
         try:
             if self._counter is None:
-                host, _, port = self.store.rpartition(":")
+                host, _, port = watch.store.rpartition(":")
                 client = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=5))
-                self._counter = PrefixStore(attempt_prefix(self.attempt), client)
-            raw = peek(self._counter, faulted_key(self.generation))
+                self._counter = PrefixStore(attempt_prefix(watch.attempt), client)
+            raw = peek(self._counter, faulted_key(watch.generation))
         except (RuntimeError, ValueError, OSError) as exc:  # the pods' status still tells a dead pod
             self._counter = None
-            self.log.warning("coordination store %s unreadable: %s", self.store, exc)
+            self.log.warning("coordination store %s unreadable: %s", watch.store, exc)
             return False
-        return (raw or b"").decode(errors="replace") != self.faults_seen
-
-    def progress_log(self) -> ProgressLog | None:
-        """Paces this trigger's progress lines, from now (each wake-up starts a new trigger)."""
-        if not self.progress_every_s or not self.heartbeat_dir:
-            return None
-        return ProgressLog(
-            self.progress_every_s,
-            time.time(),
-            attempt=self.attempt,
-            world_size=self.world_size,
-            target=self.target_step,
-            tokens_per_step=self.tokens_per_step,
-            heartbeat_dir=Path(self.heartbeat_dir),
-            checkpoint_root=Path(self.checkpoint_dir) if self.checkpoint_dir else None,
-        )
+        return (raw or b"").decode(errors="replace") != watch.faults_seen
 
     async def progress(self, pace: ProgressLog | None) -> None:
         """Log a progress line if one is due; not while the heartbeats are out of sight (all would be unknown)."""
@@ -273,17 +160,8 @@ class KubernetesAttemptTrigger(PodFollower, BaseTrigger):
     def _event(
         self, status: str, nodes: AttemptStatus | None, message: str, suspects: Sequence[str] = ()
     ) -> TriggerEvent:
-        return TriggerEvent(
-            {
-                "status": status,
-                "attempt": self.attempt,
-                "namespace": self.namespace,
-                "job_name": self.job_name,
-                "nodes": status_to_dicts(nodes) if nodes is not None else [],
-                "suspects": list(suspects),
-                "message": message,
-            }
-        )
+        return TriggerEvent(report(status, self.watch.attempt, nodes, message, suspects,
+                                   namespace=self.namespace, job_name=self.job_name))  # fmt: skip
 
     async def _looked(self, status: AttemptStatus) -> TriggerEvent | None:
         """What this poll saw (``recovery.look``, the rule every driver shares) as the event that wakes the
@@ -295,13 +173,12 @@ class KubernetesAttemptTrigger(PodFollower, BaseTrigger):
         if status.state == "running":
             found = await self.hang(status)
         faulted = status.state != SUCCEEDED and (found is None or found.trigger == CRASH) and await self.faulted()
-        sight = look(self.view() if self.heartbeat_dir else _BLIND, Reads(status, found, faulted=faulted))
+        sight = look(self.watch.view() if self.watch.heartbeat_dir else _BLIND, Reads(status, found, faulted=faulted))
         if sight is None:
             return None
         if sight.what == SUCCEEDED:
             return self._event(SUCCEEDED, status, "every node succeeded")
-        status_of = {CRASH: FAILED, HANG: HANG, FAULT: FAULT}
-        return self._event(status_of[sight.what], status, sight.reason, sight.nodes)
+        return self._event(AS_REPORTED[sight.what], status, sight.reason, sight.nodes)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         async with self.watching():
@@ -311,8 +188,9 @@ class KubernetesAttemptTrigger(PodFollower, BaseTrigger):
 
     async def _events(self) -> AsyncIterator[TriggerEvent]:
         loop = asyncio.get_running_loop()
-        deadline = None if self.timeout_s is None else loop.time() + self.timeout_s
-        pace = self.progress_log()
+        timeout_s = self.watch.wake_s
+        deadline = loop.time() + timeout_s
+        pace = self.watch.progress_log(time.time())
         errors, last = 0, None
         while True:
             try:
@@ -337,28 +215,26 @@ class KubernetesAttemptTrigger(PodFollower, BaseTrigger):
                 self.log.warning(
                     "poll of %s/%s failed (%d in a row): %s", self.namespace, self.job_name, errors, message
                 )
-            if deadline is not None and loop.time() >= deadline:
-                yield self._event(TIMEOUT, last, f"still running after {self.timeout_s:.0f} s")
+            if loop.time() >= deadline:
+                yield self._event(TIMEOUT, last, f"still running after {timeout_s:.0f} s")
                 return
-            wait = self.poll_interval if deadline is None else min(self.poll_interval, deadline - loop.time())
+            wait = min(self.poll_interval, deadline - loop.time())
             await self._quiet(wait)
 
 
-_STATUSES = REPORTS
 _BLIND = AttemptView(0, [], 0, Path(), 0.0, 0.0)
 """The view of a trigger that reads no heartbeats: it judges the pods and the store only."""
+_RENAMED = {"job_name": "name", "poll_interval": "poll_s", "kubernetes_conn_id": "connection"}
+_HANDLE = ("namespace", "job_name", "podgroup", "poll_interval", "kubernetes_conn_id")
+_DROPPED = ("cluster_context", "in_cluster")  # never set by the task that deferred
 
 
-def reported(payload: Mapping[str, Any]) -> Reported:
-    """The ``KubernetesAttemptTrigger`` event's payload, typed for the deferred driver."""
-    status = payload.get("status")
-    if status not in _STATUSES:
-        raise ValueError(f"attempt trigger event: status {status!r} is not one of {', '.join(_STATUSES)}")
-    attempt = payload.get("attempt")
-    return Reported(
-        status=status,
-        message=str(payload.get("message", "")),
-        attempt=int(attempt) if attempt else None,  # 0: a trigger not told its attempt
-        nodes=status_from_dicts(payload.get("nodes") or []).nodes,
-        suspects=[str(n) for n in payload.get("suspects") or []],
-    )
+def old_form(kwargs: Mapping[str, Any]) -> AttemptWatch:
+    """The watch of a trigger serialized before it took one (a task deferred by an older version, resumed by
+    this one): its arguments were the watch's fields, its handle's, and ``timeout_s`` for ``wake_s``."""
+    old = {k: v for k, v in kwargs.items() if k not in _DROPPED and v is not None}
+    handle = {_RENAMED.get(k, k): old.pop(k) for k in _HANDLE if k in old}
+    if "timeout_s" in old:
+        old["wake_s"] = old.pop("timeout_s")
+    known = {"attempt": 0, "started": 0.0, "world_size": 0, "heartbeat_dir": "", "target_step": 0}
+    return AttemptWatch(**{**known, **old, "nodes": list(old["nodes"]), "handle": handle})

@@ -112,6 +112,9 @@ class Backend(Protocol):
     wake_every_s: float | None
     """How often a deferred train task wakes at the latest (its lease on the lineage is renewed then, and a
     backoff is cut to it); None: its tasks never defer."""
+    trigger: str | None
+    """The classpath of the Airflow trigger that watches its attempts while a task defers (it takes the
+    ``recovery.deferred.AttemptWatch`` and nothing else); None: its tasks never defer."""
     marks: str | None
     """The label that marks an evicted node (the ledger's ``nodes_marked``); None: the fleet history is the mark."""
 

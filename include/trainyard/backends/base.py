@@ -7,8 +7,8 @@ backend ran the attempt.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -104,6 +104,24 @@ class AttemptStatus:
 
     def failed(self) -> list[NodeStatus]:
         return [n for n in self.nodes if n.state == "failed"]
+
+
+def status_to_dicts(status: AttemptStatus) -> list[dict[str, Any]]:
+    """JSON-safe records (a trigger event's payload, whatever the backend)."""
+    return [asdict(n) for n in status.nodes]
+
+
+def status_from_dicts(items: Iterable[Mapping[str, Any]]) -> AttemptStatus:
+    """The records back; one written before slot and host were told apart (``node``) has that name as both."""
+    out = []
+    for item in items:
+        fields = dict(item)
+        if "node" in fields:
+            old = fields.pop("node")
+            fields.setdefault("slot", old)
+            fields.setdefault("host", old)
+        out.append(NodeStatus(**fields))
+    return AttemptStatus(out)
 
 
 class Launcher(Protocol):

@@ -11,7 +11,7 @@ from typing import Any
 
 from trainyard.backends.backend import Backend
 from trainyard.errors import SpecError
-from trainyard.spec import KubernetesSpec, NodesSpec
+from trainyard.spec import KubernetesSpec, NodesSpec, models
 
 Connect = Callable[[KubernetesSpec], Any]
 """Makes a ``kubernetes`` ``ApiClient`` for a cluster's settings (the Airflow layer's, from its connection)."""
@@ -32,6 +32,10 @@ def _kubernetes(nodes: NodesSpec, api_client: Any, connect: Connect | None) -> B
 
 
 BACKENDS: dict[str, Callable[[NodesSpec, Any, Connect | None], Backend]] = {"local": _local, "kubernetes": _kubernetes}
+if set(BACKENDS) != set(models.BACKENDS):  # one vocabulary: a name the spec takes has a backend, and no other
+    raise ImportError(
+        f"backends {sorted(BACKENDS)} and the spec's nodes.backend names {sorted(models.BACKENDS)} differ"
+    )
 
 
 def backend_for(nodes: NodesSpec, api_client: Any | None = None, *, connect: Connect | None = None) -> Backend:

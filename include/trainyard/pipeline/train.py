@@ -30,11 +30,11 @@ from trainyard.errors import LineageBusy
 from trainyard.pipeline.lineage import final_checkpoint, hold_lineage, hot_checkpoints, resume_point, rollback, watcher
 from trainyard.pipeline.recorder import StageRecorder
 from trainyard.pipeline.results import TrainResult
-from trainyard.pipeline.run import Run, defers
+from trainyard.pipeline.run import Run, defers, wake_every_s
 from trainyard.protocol.env import FaultDrill, TrainEnv
 from trainyard.protocol.live_metrics import otlp_endpoint
 from trainyard.recovery.commands import AttemptResult
-from trainyard.recovery.deferred import Deferral, Deferred, Done, Outcome
+from trainyard.recovery.deferred import Deferral, Deferred, Done, Outcome, Pace
 from trainyard.recovery.figures import recovery_figures
 from trainyard.recovery.observations import BackoffOver, Checkpoints, Context, Reported
 from trainyard.recovery.progress import ProgressLog, tokens_per_step
@@ -242,6 +242,7 @@ class TrainStage:
             target,
             on_wake=None if start is None else lambda: watcher(run).carry_on(start).catch_up(),
             startup_grace_s=run.spec.training.startup_grace_s,
+            pace=_pace(run),
         )
 
     def _context(self, elastic: bool = False) -> Context:
@@ -302,6 +303,17 @@ def _outside_drills(run: Run, attempt: int) -> list[FaultDrill]:
 
 def _drill(d: Drill) -> FaultDrill:
     return FaultDrill(d.fault, d.step, d.node, d.factor, d.attempt)
+
+
+def _pace(run: Run) -> Pace:
+    """How the deferred task's waits are paced: its backend's wake, the spec's progress lines."""
+    training = run.spec.training
+    return Pace(
+        wake_every_s=wake_every_s(run.spec.nodes) or Pace().wake_every_s,
+        progress_every_s=training.progress_every_s,
+        tokens_per_step=tokens_per_step(training.global_batch, training.args),
+        checkpoint_dir=str(run.checkpoint_root),
+    )
 
 
 def _progress(run: Run, plan: LaunchPlan, target: int, every_s: float | None = None) -> ProgressLog:

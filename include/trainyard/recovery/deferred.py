@@ -19,13 +19,14 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from trainyard.backends.base import AttemptStatus, DefersAttempts, Launcher
 from trainyard.protocol.coordinator import Coordinator
 from trainyard.protocol.coordstore import Generation, faulted_key, peek
 from trainyard.recovery.commands import AttemptResult, Command, Fail, Finish, StartNodes, WaitUntil, Watch
-from trainyard.recovery.look import ERROR, FAILED, PREEMPTED, SPARES, SUCCEEDED, Reads, look, seen
+from trainyard.recovery.look import ERROR, FAILED, PREEMPTED, SPARES, SUCCEEDED, AttemptView, Reads, look, seen
 from trainyard.recovery.observations import (
     AttemptSucceeded,
     BackoffOver,
@@ -37,6 +38,7 @@ from trainyard.recovery.observations import (
     TaskStarted,
     Timeout,
 )
+from trainyard.recovery.progress import ProgressLog
 from trainyard.recovery.state import STAGE, Course
 from trainyard.recovery.supervisor import Driver, Hooks, StateReader, failure_error
 from trainyard.recovery.watch import CRASH, HANG, STARTUP_GRACE_S, failed, last_step
@@ -49,8 +51,20 @@ sees them: a ready node writes no counter)."""
 
 
 @dataclass(frozen=True)
+class Pace:
+    """How a deferred task's waits are paced, beside the attempt: the backend's ``wake_every_s`` and the spec's
+    progress lines (the train stage's, from the spec)."""
+
+    wake_every_s: float = 300.0
+    progress_every_s: float | None = None
+    tokens_per_step: int | None = None
+    checkpoint_dir: str = ""
+
+
+@dataclass(frozen=True)
 class AttemptWatch:
-    """What the attempt trigger needs to watch one attempt; JSON-safe (it travels through the metadata DB)."""
+    """Everything an attempt trigger needs to watch one attempt, and all it serializes: JSON-safe (it travels
+    through the metadata DB). Only ``handle`` is the backend's; the rest every backend's trigger reads alike."""
 
     attempt: int
     started: float
@@ -69,12 +83,36 @@ class AttemptWatch:
     generation: int = 0
     faults_seen: str = ""
     """That counter's value when the task last looked (it wakes for a change only: a counter is no proof)."""
-    wake_s: float | None = None
-    """Wake within this long even with no news (the group is smaller than it may grow back to: a node started
-    again may be waiting ready by then); None: the spec's ``wake_every_s``."""
+    wake_s: float = 300.0
+    """Wake the task within this long even with no news (``Pace.wake_every_s``, shorter while the group is
+    smaller than it may grow back to: a node started again may be waiting ready by then)."""
+    heartbeat_timeout_s: float = 300.0
+    """``training.heartbeat_timeout_s``: a rank without progress for this long is hung."""
+    startup_grace_s: float = STARTUP_GRACE_S
+    """``training.startup_grace_s``: how long a rank may take to beat for the first time."""
+    progress_every_s: float | None = None
+    """Seconds between the trigger's progress lines (``training.progress_every_s``); None: none logged."""
+    tokens_per_step: int | None = None
+    """Tokens of one optimizer step, where the spec knows them (for the progress lines)."""
+    checkpoint_dir: str = ""
+    """The pipeline's hot checkpoint root, for the progress lines' last valid checkpoint ("": unknown)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    def view(self) -> AttemptView:
+        """The attempt as the task saw it when it deferred: the one view every driver's look takes."""
+        return AttemptView(self.attempt, list(self.nodes), self.world_size, Path(self.heartbeat_dir), self.started,
+                           self.heartbeat_timeout_s, self.startup_grace_s, self.regrouped)  # fmt: skip
+
+    def progress_log(self, now: float) -> ProgressLog | None:
+        """Paces a trigger's progress lines from ``now`` (each wake-up starts a new trigger); None: none logged."""
+        if not self.progress_every_s or not self.heartbeat_dir:
+            return None
+        checkpoints = Path(self.checkpoint_dir) if self.checkpoint_dir else None
+        return ProgressLog(self.progress_every_s, now, attempt=self.attempt, world_size=self.world_size,
+                           target=self.target_step, tokens_per_step=self.tokens_per_step,
+                           heartbeat_dir=Path(self.heartbeat_dir), checkpoint_root=checkpoints)  # fmt: skip
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> AttemptWatch:
@@ -111,10 +149,11 @@ class Deferred(Driver):
         target_step: int,
         on_wake: Callable[[], None] | None = None,
         startup_grace_s: float = STARTUP_GRACE_S,
+        pace: Pace | None = None,
     ) -> None:
         super().__init__(launcher, reader, ctx, hooks)
         self.heartbeat_timeout_s, self.target_step, self.on_wake = heartbeat_timeout_s, target_step, on_wake
-        self.startup_grace_s = startup_grace_s
+        self.startup_grace_s, self.pace = startup_grace_s, pace or Pace()
         if hooks.coordinator_for is not None:
             self.hooks = replace(hooks, coordinator_for=self._recalling(hooks.coordinator_for))
 
@@ -171,7 +210,7 @@ class Deferred(Driver):
     def watch(self, attempt: int, course: Course) -> AttemptWatch:
         plan = self.hooks.plan_for(attempt, course)
         handle = self.handle(attempt, course)
-        last = self.reader.now().last
+        last, pace = self.reader.now().last, self.pace
         assert handle is not None and last is not None and last.number == attempt, (attempt, last)
         return AttemptWatch(
             attempt=attempt,
@@ -183,9 +222,14 @@ class Deferred(Driver):
             target_step=self.target_step,
             in_place=self.hooks.coordinator_for is not None,
             regrouped=last.generation > 1,
-            wake_s=GROW_WAKE_S
+            wake_s=min(GROW_WAKE_S, pace.wake_every_s)
             if self.hooks.coordinator_for is not None and len(course.nodes) < len(self.ctx.nodes)
-            else None,
+            else pace.wake_every_s,
+            heartbeat_timeout_s=self.heartbeat_timeout_s,
+            startup_grace_s=self.startup_grace_s,
+            progress_every_s=pace.progress_every_s,
+            tokens_per_step=pace.tokens_per_step,
+            checkpoint_dir=pace.checkpoint_dir,
             **self._fault_counter(attempt, last.generation),
         )
 

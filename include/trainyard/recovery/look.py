@@ -5,17 +5,26 @@ trigger (``airflow.triggers``) each read what they can reach (the launcher's sta
 ``AttemptView.detect``, the store's word) into ``Reads``; ``look`` (pure) decides what that shows, in one
 order for all three; the driver carries it out (``seen`` turns it into the controller's observation, with
 its evidence). What is known of the attempt before looking (its nodes, its start, the spec's watch settings)
-is the ``AttemptView``, built once.
+is the ``AttemptView``, built once. An attempt trigger, whatever its backend, fires with ``report``'s payload,
+which the task reads back with ``reported``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from trainyard.backends.base import AttemptStatus, LaunchPlan
-from trainyard.recovery.observations import AttemptFailed, AttemptSucceeded, Beatless, Checkpoints, SparesReady
+from trainyard.backends.base import AttemptStatus, LaunchPlan, status_from_dicts, status_to_dicts
+from trainyard.recovery.observations import (
+    AttemptFailed,
+    AttemptSucceeded,
+    Beatless,
+    Checkpoints,
+    Reported,
+    SparesReady,
+)
 from trainyard.recovery.watch import BEATLESS, CRASH, HANG, STARTUP_GRACE_S, Detection, detect, failed, last_step
 
 SUCCEEDED: Final = "succeeded"
@@ -29,6 +38,32 @@ ERROR: Final = "error"
 REPORTS = (SUCCEEDED, FAILED, HANG, TIMEOUT, ERROR, FAULT)
 """The statuses an attempt trigger reports (``Reported.status``): what its look saw (a crash is ``FAILED``),
 or that it waited its time out, or that the cluster did not answer."""
+AS_REPORTED = {SUCCEEDED: SUCCEEDED, CRASH: FAILED, HANG: HANG, FAULT: FAULT}
+"""A trigger's sight (``Sight.what``) as the status it reports."""
+
+
+def report(
+    status: str, attempt: int, nodes: AttemptStatus | None, message: str, suspects: Sequence[str] = (), **extra: Any
+) -> dict[str, Any]:
+    """An attempt trigger's event payload, whatever its backend (``extra``: what else its log should show, which
+    the task ignores); ``reported`` reads it back."""
+    return {**extra, "status": status, "attempt": attempt, "nodes": status_to_dicts(nodes) if nodes is not None else [],
+            "suspects": list(suspects), "message": message}  # fmt: skip
+
+
+def reported(payload: Mapping[str, Any]) -> Reported:
+    """An attempt trigger's event payload, typed for the deferred driver (the one place that reads it)."""
+    status = payload.get("status")
+    if status not in REPORTS:
+        raise ValueError(f"attempt trigger event: status {status!r} is not one of {', '.join(REPORTS)}")
+    attempt = payload.get("attempt")
+    return Reported(
+        status=status,
+        message=str(payload.get("message", "")),
+        attempt=int(attempt) if attempt else None,  # 0: a trigger not told its attempt
+        nodes=status_from_dicts(payload.get("nodes") or []).nodes,
+        suspects=[str(n) for n in payload.get("suspects") or []],
+    )
 
 
 @dataclass(frozen=True)

@@ -227,6 +227,20 @@ def _pod_service_account(value: str) -> str:
 
 PodServiceAccount = Annotated[str, AfterValidator(_dns_subdomain), AfterValidator(_pod_service_account)]
 
+BACKENDS: tuple[str, ...] = ("local", "kubernetes")
+"""The names ``nodes.backend`` takes: each is an entry of ``backends.registry.BACKENDS`` (a backend adds its name
+here and its entry there; the registry's import fails when they disagree)."""
+
+
+def _backend(value: str) -> str:
+    if value not in BACKENDS:
+        names = [repr(b) for b in BACKENDS]
+        raise ValueError(f"{value!r} is not allowed; expected {', '.join(names[:-1])} or {names[-1]}")
+    return value
+
+
+BackendName = Annotated[str, AfterValidator(_backend)]
+
 Scalar = str | int | float | bool
 
 
@@ -401,7 +415,7 @@ class NodesSpec(_Model):
     """``local`` backend: GPUs of this host each node gets (``CUDA_VISIBLE_DEVICES``; node i has GPUs
     i*g to i*g+g-1), refused if the host has fewer than count x this; 0: none, training runs on CPUs.
     On Kubernetes, ``kubernetes.gpus`` says it."""
-    backend: Literal["local", "kubernetes"] = "local"
+    backend: BackendName = Field("local", json_schema_extra={"enum": list(BACKENDS)})
     """``local``: one torchrun agent process per node on this machine; ``kubernetes``: pods."""
     kubernetes: KubernetesSpec | None = None
     """Settings of the kubernetes backend (required with it)."""

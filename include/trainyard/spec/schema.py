@@ -53,7 +53,7 @@ def markdown_reference() -> str:
             key = field.alias or name
             default = "(required)" if field.is_required() else f"`{_default(field)}`"
             meaning = " ".join((field.description or "").split()).replace("|", "\\|")
-            lines.append(f"| `{key}` | {_type(field.annotation)} | {default} | {meaning} |")
+            lines.append(f"| `{key}` | {_type(field.annotation, field.json_schema_extra)} | {default} | {meaning} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -73,8 +73,11 @@ def _models(annotation: Any) -> list[type[BaseModel]]:
     return [m for arg in getattr(annotation, "__args__", ()) for m in _models(arg)]
 
 
-def _type(annotation: Any) -> str:
-    return f"`{_name(annotation)}`".replace("|", "\\|")
+def _type(annotation: Any, extra: Any = None) -> str:
+    """``extra``: the field's JSON Schema additions; an ``enum`` there (a vocabulary others may add to, such as
+    ``nodes.backend``) is its type."""
+    enum = extra.get("enum") if isinstance(extra, dict) else None
+    return f"`{'one of ' + ', '.join(map(str, enum)) if enum else _name(annotation)}`".replace("|", "\\|")
 
 
 def _name(annotation: Any) -> str:

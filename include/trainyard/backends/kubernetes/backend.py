@@ -23,6 +23,9 @@ from trainyard.backends.kubernetes.probes import KubernetesProbes
 from trainyard.errors import NodeUnhealthy, SpecError
 from trainyard.spec import KubernetesSpec, NodesSpec
 
+TRIGGER = "trainyard.airflow.triggers.KubernetesAttemptTrigger"
+"""The trigger of its deferred attempts (in the Airflow layer, above this one: named, not imported)."""
+
 
 class KubernetesBackend:
     name = "kubernetes"
@@ -37,6 +40,7 @@ class KubernetesBackend:
         self.nodes, self.spec, self._client, self._connect = nodes, spec, api_client, connect
         self.defers = spec.deferrable
         self.wake_every_s: float | None = spec.wake_every_s if spec.deferrable else None
+        self.trigger: str | None = TRIGGER if spec.deferrable else None
         self.marks: str | None = spec.evicted_label
 
     @property

@@ -118,8 +118,10 @@ class KubernetesLauncher:
         return handle
 
     def describe(self, handle: KubernetesHandle) -> dict[str, Any]:
-        """What the attempt trigger needs of the handle (``airflow.operators.trigger_for`` reads it)."""
-        return {"namespace": handle.namespace, "name": handle.name, "podgroup": handle.podgroup}
+        """What the attempt trigger (``airflow.triggers.KubernetesAttemptTrigger``) needs of the handle, and of
+        the cluster: how often it polls, and the Airflow connection it calls the API through."""
+        return {"namespace": handle.namespace, "name": handle.name, "podgroup": handle.podgroup,
+                "poll_s": self.spec.poll_s, "connection": self.spec.connection}  # fmt: skip
 
     def attach(self, plan: LaunchPlan) -> KubernetesHandle:
         """The handle of ``plan``'s attempt, launched earlier (by another process: a task resumed after deferring)."""

@@ -9,8 +9,8 @@ pod's completion index, its ``host`` the node the scheduler put the pod on.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
-from dataclasses import asdict, replace
+from collections.abc import Iterable
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -194,21 +194,3 @@ def attempt_status(
     if job_reason and not any(s.state == "failed" for s in statuses):
         statuses = [s if s.state == "succeeded" else replace(s, state="failed", reason=job_reason) for s in statuses]
     return AttemptStatus(statuses)
-
-
-def status_to_dicts(status: AttemptStatus) -> list[dict[str, Any]]:
-    """JSON-safe records (a trigger event's payload)."""
-    return [asdict(n) for n in status.nodes]
-
-
-def status_from_dicts(items: Iterable[Mapping[str, Any]]) -> AttemptStatus:
-    """The records back; one written before slot and host were told apart (``node``) has that name as both."""
-    out = []
-    for item in items:
-        fields = dict(item)
-        if "node" in fields:
-            old = fields.pop("node")
-            fields.setdefault("slot", old)
-            fields.setdefault("host", old)
-        out.append(NodeStatus(**fields))
-    return AttemptStatus(out)

@@ -24,6 +24,7 @@ class LocalBackend:
     name = "local"
     defers = False
     wake_every_s: float | None = None
+    trigger: str | None = None
     marks: str | None = None
 
     def __init__(self, nodes: NodesSpec) -> None:
