@@ -35,7 +35,8 @@ class RgwLike:
         self.corrupt, self.meta, self.stored = corrupt, {}, b""
 
     def _keep(self, data: bytes, metadata: dict[str, str]) -> SimpleNamespace:
-        self.stored = (b"X" + data[1:]) if self.corrupt else data
+        # The first byte flipped: a fixed b"X" left random data whose first byte was already "X" (1 in 256) intact.
+        self.stored = (bytes([data[0] ^ 0xFF]) + data[1:]) if self.corrupt and data else data
         self.meta = {f"X-Amz-Meta-{k}": v for k, v in metadata.items() if not k.lower().startswith("x-amz-")}
         return SimpleNamespace(etag="")  # the completion reply's empty ETag: never relied on
 
