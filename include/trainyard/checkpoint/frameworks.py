@@ -33,6 +33,13 @@ DCP_METADATA = ".metadata"  # metadata.METADATA (that module imports torch)
 _EOCD = b"PK\x05\x06"
 _EOCD_SPAN = 22 + 65535  # the end-of-central-directory record and the longest zip comment
 
+STEP_KEYS = ("step", "global_step", "iter_num", "iteration", "epoch")
+"""The top-level keys of a torch.save file that hold its step, in order of preference (a spec's
+``checkpoint.step_key`` comes first): trainyard's own and torchtitan's ``step``, Lightning's and Hugging Face's
+``global_step``, nanoGPT's ``iter_num``, Megatron's ``iteration``. ``epoch`` last: it counts passes over the
+data, not optimizer steps, so a file that holds both (Lightning's) says its step in the other; alone it is the
+only count a script that saves once per epoch keeps."""
+
 Inspector = Literal["dcp", "torch"]
 """How the sandboxed inspector reads a save: torch.distributed.checkpoint's metadata and data files (as
 trainyard's own checkpoints), or each torch.save file weights-only."""

@@ -276,13 +276,17 @@ def _no_writes() -> None:
 
 
 def inspect(
-    ckpt_dir: Path, bounded: bool = False, fmt: str | None = None, files: list[str] | None = None
+    ckpt_dir: Path,
+    bounded: bool = False,
+    fmt: str | None = None,
+    files: list[str] | None = None,
+    key: str | None = None,
 ) -> dict[str, Any]:
     """The answer for one request: ``{"problems": [...], "digests": {file: [size, sha256]}}``, with ``notes``
     for a framework save and ``step`` for a step request; any failure is a reason instead of a traceback.
 
     ``fmt``: None, or a format of ``checkpoint.frameworks`` read as DCP (trainyard's own, torchtitan's):
-    ``tensor_problems``; a format read as torch.save files: ``torchfiles.file_problems``; "step": the ``global_step`` a Lightning file holds. ``files``: the files to
+    ``tensor_problems``; a format read as torch.save files: ``torchfiles.file_problems``; "step": the step a torch.save file holds (``key`` first, then ``frameworks.STEP_KEYS``). ``files``: the files to
     read and hash, as the manifest lists them (None: those the folder holds)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -290,7 +294,7 @@ def inspect(
             if fmt == "step":
                 if bounded:
                     _limit(ENTRIES_CPU_S, ENTRY_MEMORY + 4 * _size(ckpt_dir), True)
-                return {"problems": [], "step": torchfiles.file_step(ckpt_dir)}
+                return {"problems": [], "step": torchfiles.file_step(ckpt_dir, key)}
             fw = FORMATS.get(fmt) if fmt is not None else None
             if fw is not None and fw.inspector == "torch":
                 if files is None:
@@ -325,21 +329,25 @@ def serve() -> int:
     return 0  # stdin closed: the process that started this server is gone or done
 
 
-def request(line: str) -> tuple[Path, str | None, list[str] | None]:
+def request(line: str) -> tuple[Path, str | None, list[str] | None, str | None]:
     """A request line: a folder's path (trainyard's own checkpoint), or ``{"path": ..., "format": ...,
-    "files": [...]}`` (the files to read and hash, as the manifest lists them)."""
+    "files": [...], "key": ...}`` (the files to read and hash, as the manifest lists them; the spec's
+    ``checkpoint.step_key`` for a step request)."""
     if line.startswith("{"):
         try:
             asked = json.loads(line)
-            files = asked.get("files")
+            files, key = asked.get("files"), asked.get("key")
             named = [str(f) for f in files] if isinstance(files, list) else None
-            return Path(str(asked["path"])), str(asked["format"]) if asked.get("format") else None, named
+            fmt = str(asked["format"]) if asked.get("format") else None
+            return Path(str(asked["path"])), fmt, named, key[:100] if isinstance(key, str) and key else None
         except (ValueError, KeyError, TypeError, AttributeError):
-            return Path(line), None, None
-    return Path(line), None, None
+            return Path(line), None, None, None
+    return Path(line), None, None, None
 
 
-def _in_fork(ckpt_dir: Path, fmt: str | None = None, files: list[str] | None = None) -> dict[str, Any]:
+def _in_fork(
+    ckpt_dir: Path, fmt: str | None = None, files: list[str] | None = None, key: str | None = None
+) -> dict[str, Any]:
     read_end, write_end = os.pipe()
     server = os.getpid()
     pid = os.fork()
@@ -350,7 +358,7 @@ def _in_fork(ckpt_dir: Path, fmt: str | None = None, files: list[str] | None = N
             devnull = os.open(os.devnull, os.O_RDWR)
             os.dup2(devnull, 0)
             os.dup2(devnull, 1)
-            answer = {**inspect(ckpt_dir, bounded=True, fmt=fmt, files=files), "pid": os.getpid()}
+            answer = {**inspect(ckpt_dir, bounded=True, fmt=fmt, files=files, key=key), "pid": os.getpid()}
             with os.fdopen(write_end, "w") as out:
                 out.write(json.dumps(answer))
         finally:

@@ -20,6 +20,7 @@ import torch
 from torch import _weights_only_unpickler
 
 from trainyard.checkpoint import pickles
+from trainyard.checkpoint.frameworks import STEP_KEYS
 from trainyard.checkpoint.readonce import Once
 
 # What must be finite in a Lightning checkpoint: the model and the optimizer. Its callbacks' bookkeeping holds
@@ -136,13 +137,18 @@ def file_problems(folder: Path, files: list[str], finite: tuple[str, ...] = ()) 
     return problems, notes, digests
 
 
-def file_step(path: Path) -> int | None:
-    """The ``global_step`` (Lightning) or ``step`` a torch.save file holds at its top, loaded weights-only."""
+def file_step(path: Path, key: str | None = None) -> int | None:
+    """The step a torch.save file holds at its top, loaded weights-only: ``key`` (the spec's
+    ``checkpoint.step_key``) if given and there, else the first of ``frameworks.STEP_KEYS`` that is."""
     with Once(path.parent, path.name) as once:
         raw = once.read(once.size)
     value, found, _ = load(raw, path.name, weights_only())
-    for key in ("global_step", "step"):
-        step = value.get(key) if isinstance(value, dict) and not found else None
+    if found or not isinstance(value, dict):
+        return None
+    for name in ([key] if key else []) + list(STEP_KEYS):
+        step = value.get(name)
+        if isinstance(step, torch.Tensor) and step.numel() == 1 and not step.is_floating_point():
+            step = int(step.item())  # a counter kept as a 0-d integer tensor
         if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
             return step
     return None

@@ -133,9 +133,10 @@ class Inspector:
         with self.asking(ckpt_dir, timeout_s, fmt, files) as answer:
             return answer()
 
-    def step_of(self, file: Path, timeout_s: float = 300.0) -> int | None:
-        """The step a framework's torch.save file holds (``global_step``), read weights-only by the child."""
-        with self.asking(file, timeout_s, "step") as answer:
+    def step_of(self, file: Path, timeout_s: float = 300.0, key: str | None = None) -> int | None:
+        """The step a framework's torch.save file holds (``key``, the spec's ``checkpoint.step_key``, else the
+        first of ``frameworks.STEP_KEYS``), read weights-only by the child: never unpickled here."""
+        with self.asking(file, timeout_s, "step", key=key) as answer:
             if answer():
                 return None
             step = self.last.get("step")
@@ -143,7 +144,12 @@ class Inspector:
 
     @contextmanager
     def asking(
-        self, ckpt_dir: Path, timeout_s: float = CHILD_TIMEOUT_S, fmt: str | None = None, files: list[str] | None = None
+        self,
+        ckpt_dir: Path,
+        timeout_s: float = CHILD_TIMEOUT_S,
+        fmt: str | None = None,
+        files: list[str] | None = None,
+        key: str | None = None,
     ) -> Iterator[Callable[[], list[str]]]:
         """Send ``ckpt_dir`` now, take the answer when called: the caller hashes while the child loads.
 
@@ -152,7 +158,7 @@ class Inspector:
         An answer not taken is still read before the next request, so each request reads its own.
         """
         with self.lock:
-            failed = self._send(ckpt_dir, fmt, files)
+            failed = self._send(ckpt_dir, fmt, files, key)
             taken = False
 
             def answer() -> list[str]:
@@ -174,11 +180,13 @@ class Inspector:
             except OSError:
                 pass  # the first request says why
 
-    def _send(self, ckpt_dir: Path, fmt: str | None = None, files: list[str] | None = None) -> list[str]:
+    def _send(
+        self, ckpt_dir: Path, fmt: str | None = None, files: list[str] | None = None, key: str | None = None
+    ) -> list[str]:
         self.last = {}
         path = str(ckpt_dir.resolve())
         asked = fmt or files is not None or path.startswith("{")
-        line = json.dumps({"path": path, "format": fmt, "files": files}) if asked else path
+        line = json.dumps({"path": path, "format": fmt, "files": files, "key": key}) if asked else path
         try:
             proc = self._running()
             assert proc.stdin is not None

@@ -128,11 +128,17 @@ def _lineage_start_ns(run: Run) -> int:
     return int(decided * 1e9) if decided is not None else 0
 
 
+def step_reader(run: Run) -> Callable[[Path], int | None]:
+    """The sandboxed inspector's step of a save whose name carries none, the spec's ``checkpoint.step_key`` first."""
+    key = run.spec.checkpoint.step_key
+    return lambda path: inspector().step_of(path, key=key)
+
+
 def adoption(run: Run, since_ns: int | None = None) -> foreign.Adoption:
     return foreign.Adoption(
         shape=lambda: run_shape(run),
         since_ns=_lineage_start_ns(run) if since_ns is None else since_ns,
-        step_reader=inspector().step_of,
+        step_reader=step_reader(run),
     )
 
 
@@ -150,7 +156,7 @@ def adopt_newest(run: Run) -> Path | None:
 
     An invalid one is quarantined (its reasons in the ledger), so ``latest_valid`` goes further back."""
     root = run.checkpoint_root
-    chosen = foreign.adoptable(root, foreign.scan(root), {}, time.time_ns(), 0, inspector().step_of)
+    chosen = foreign.adoptable(root, foreign.scan(root), {}, time.time_ns(), 0, step_reader(run))
     if not chosen:
         return None
     newest = chosen[-1]  # the older ones would only be retired again
@@ -218,6 +224,16 @@ def final_checkpoint(run: Run) -> Path | None:
         used = str(final) if final else None
         run.ledger.append("train", "pointer_refused", path=str(root / registry.LATEST), problem=problem, used=used)
     return final
+
+
+def resume_checkpoint(run: Run, chosen: str) -> Path | None:
+    """The checkpoint folder an attempt's ``resume_from`` names: ``latest`` is the lineage's last promotion as
+    the orchestrator's own ledger records it (never ``LATEST``, which ranks can write); a path only if it is
+    a checkpoint folder of this pipeline's root; None for a fresh start."""
+    if chosen == "none":
+        return None
+    named = fold(run.ledger.events_since(0)[0]).latest_checkpoint if chosen == "latest" else chosen
+    return registry.in_root(run.checkpoint_root, named) if named else None
 
 
 def rollback(run: Run, step: int) -> str:

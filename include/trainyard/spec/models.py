@@ -563,6 +563,10 @@ class CheckpointSpec(_Model):
     """Metric bounds a checkpoint must meet."""
     lifecycle: Lifecycle | None = None
     """Expiration or transition rule set on the ``s3://`` cold prefix of published checkpoints."""
+    step_key: str | None = Field(None, min_length=1, max_length=100, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    """A top-level key of the script's own ``torch.save`` file (``ckpt.pt``) that holds its step, read before the
+    common ones (``step``, ``global_step``, ``iter_num``, ``iteration``, ``epoch``) when the file's name carries
+    no step; null: only the common ones."""
 
 
 class RecoverySpec(_Model):
