@@ -38,7 +38,7 @@ from trainyard.checkpoint.format import (
     step_of,
     supersede,
 )
-from trainyard.checkpoint.frameworks import FORMATS
+from trainyard.checkpoint.frameworks import FORMATS, STEP_KEYS
 from trainyard.checkpoint.saves import MAX_DEPTH, SETTLE_S, Found, scan, settled
 from trainyard.errors import CheckpointInvalid
 from trainyard.text import printable
@@ -183,6 +183,10 @@ def adopt(root: Path, found: Found, shape: RunShape, metrics: dict[str, Any] | N
                 extra={"framework": found.kind, "source": found.source, "source_signature": found.signature},
             )
             held.write_atomic(staging, MANIFEST, json_bytes(manifest))  # last: the commit record
+        except CheckpointInvalid:
+            if held.entry_identity(root_fd, tmp) == made:  # a torn copy leaves nothing behind (only ours)
+                held.remove_tree(root_fd, tmp)
+            raise
         finally:
             os.close(staging)
         return _commit(root_fd, root, tmp, made, found.step)
@@ -230,6 +234,8 @@ def _bring(src: int, rel: str, staging: int, size: int, mtime_ns: int, link: boo
                 sha, count = held.sha256_copy(fd, size, None if linked else out, name)
             finally:
                 os.close(out)
+            if not linked:
+                _unchanged_by_copy(rel, fd, parent, name, st)
         finally:
             os.close(fd)
     finally:
@@ -237,6 +243,15 @@ def _bring(src: int, rel: str, staging: int, size: int, mtime_ns: int, link: boo
     if count != size:
         raise CheckpointInvalid(f"{printable(rel)}: {count} bytes read, {size} expected (written meanwhile)")
     return {"size": size, "sha256": sha}
+
+
+def _unchanged_by_copy(rel: str, fd: int, parent: int, name: str, before: os.stat_result) -> None:
+    """A copy is of one save only if the file was not written during it: the same size and mtime as before
+    (rewritten in place, ``torch.save`` over the name) and still the file the name leads to (replaced by a
+    rename). Else the copy may be torn: refused for this look, the next look tries the next save."""
+    after, now = os.fstat(fd), held.entry_identity(parent, name)
+    if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns) or now != held.identity(fd):
+        raise CheckpointInvalid(f"{printable(rel)}: written again while it was copied; this copy is not adopted")
 
 
 def _commit(root_fd: int, root: Path, tmp: str, made: tuple[int, int], step: int) -> Path:
@@ -339,7 +354,9 @@ FORMATS_HELP = (
     "trainyard understands: its own saves (trainyard.runtime's checkpointer: step_NNNNNN/ with manifest.json); "
     + "; ".join(fw.help for fw in FORMATS.values())
     + f". Save them under TRAINYARD_CHECKPOINT_DIR (or a folder of it, up to {MAX_DEPTH} deep), with the step in"
-    " the name (step=120, _000120, checkpoint-120)."
+    " the name (step=120, _000120, checkpoint-120) or, for a torch.save file, in it (its top-level "
+    + ", ".join(STEP_KEYS)
+    + ", or checkpoint.step_key)."
 )
 """Built from the registered formats when this module is imported (a format registered later is not named)."""
 
