@@ -25,8 +25,9 @@ from trainyard.backends.base import (
     SignalsNodes,
 )
 from trainyard.backends.registry import backend_for
-from trainyard.checkpoint import lease
+from trainyard.checkpoint import lease, putback
 from trainyard.errors import LineageBusy
+from trainyard.pipeline import lineage
 from trainyard.pipeline.lineage import final_checkpoint, hold_lineage, hot_checkpoints, resume_point, rollback, watcher
 from trainyard.pipeline.recorder import StageRecorder
 from trainyard.pipeline.results import TrainResult
@@ -345,9 +346,16 @@ def _trained(run: Run, nodes: list[str], start: int, target: int, result: Attemp
     )
 
 
+def _resume_target(run: Run, course: Course) -> str:
+    """The resumed checkpoint as the script's own file at its own place, put back there ("": a fresh start)."""
+    ckpt = lineage.resume_checkpoint(run, course.resume_from)
+    return str(putback.put_back(run.checkpoint_root, ckpt)) if ckpt is not None else ""
+
+
 def _plan(run: Run, attempt: int, course: Course, target: int, store: CoordinationStore | None = None) -> LaunchPlan:
     training = run.spec.training
     attempt_dir = run.dir / f"attempt-{attempt}"
+    _resume_target(run, course)  # before its ranks start: they find the chosen save where they wrote it
     return LaunchPlan(
         run_id=run.dir.name,
         attempt=attempt,
