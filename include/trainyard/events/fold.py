@@ -103,7 +103,7 @@ def _gated(events: list[Event]) -> Gated | None:
     last = checked[-1]
     return Gated(str(last["path"]), last.get("valid") is True, last.get("manifest_sha256"),
                  tuple(last.get("problems") or ()), tuple(last.get("notes") or ()), last.get("seconds"),
-                 last.get("ts"))  # fmt: skip
+                 last.get("ts"), last.get("step"), last.get("target_step"), last.get("steps_short"))  # fmt: skip
 
 
 def _burn_in(events: list[Event]) -> tuple[dict[str, NodeJudged], Limits | None]:

@@ -177,6 +177,10 @@ class Gated:
     notes: tuple[str, ...] = ()
     seconds: float | None = None
     at: float | None = None
+    step: int | None = None
+    """The step it checked; ``target_step`` the run's final step; ``steps_short`` how far the one is from the other."""
+    target_step: int | None = None
+    steps_short: int | None = None
 
 
 @dataclass(frozen=True)

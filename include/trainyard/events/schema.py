@@ -499,6 +499,9 @@ class CheckpointChecked(Event):
     seconds: float | None = None
     notes: list[str] | None = None  # what the gate could not check, and why (a script that reports no loss)
     manifest_sha256: str | None = None  # the manifest it passed: publish takes only that one (issue 49)
+    step: int | None = None  # the step it checked (a script saving every N steps: its last save)
+    target_step: int | None = None  # the run's final step (max_steps beyond its start)
+    steps_short: int | None = None  # target_step - step: how far the passed save is from max_steps
 
 
 @dataclass(frozen=True)

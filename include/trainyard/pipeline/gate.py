@@ -50,8 +50,9 @@ def check_checkpoint(
     digest = _digest(Path(checkpoint))  # before validating: a manifest swapped meanwhile is not the one passed
     result = validate(Path(checkpoint), expect, history, hashed=_in_cluster(run, Path(checkpoint), connect))
     problems = list(result.problems)
-    if result.step is not None and result.step != target_step:
-        problems.append(f"step {result.step} is not the run's final step {target_step}")
+    ended_well = fold(run.ledger.events("train")).stages.get("train", {}).get("ok") is True
+    if (why := step_problem(result.step, target_step, ended_well)) is not None:
+        problems.append(why)
     if not problems and (digest is None or _digest(Path(checkpoint)) != digest):
         problems.append("manifest.json changed while the gate checked it")
     notes = []
@@ -59,6 +60,7 @@ def check_checkpoint(
         problems += [p for p in check_metrics(history, result.step, expect, run.dir) if p not in problems]
     elif result.step is not None:  # a script that reports no loss at all: nothing to hold the loss to
         notes.append(f"loss expectations not checked: the training script reports no loss; to have them, {HOW_TO_BEAT}")
+    short = target_step - result.step if result.step is not None else None
     run.ledger.append(
         "check_checkpoint",
         "checkpoint_checked",
@@ -68,13 +70,45 @@ def check_checkpoint(
         seconds=result.seconds,
         manifest_sha256=digest,
         **({"notes": notes} if notes else {}),
+        step=result.step,
+        target_step=target_step,
+        steps_short=short,
     )
     for note in notes:
         log.warning("%s", note)
+    if not problems:
+        log.info("%s", passed_line(Path(checkpoint).name, result.step, target_step))
     if problems:
         raise CheckpointInvalid(f"{checkpoint}: " + "; ".join(problems))
     return GateResult(
         checkpoint=checkpoint, step=result.step, metrics=read_manifest(Path(checkpoint)).get("metrics", {})
+    )
+
+
+def step_problem(step: int | None, target_step: int, ended_well: bool) -> str | None:
+    """Why the final checkpoint's step fails the gate (None: it passes). A script that saves every N steps
+    leaves its last save short of ``max_steps`` (a save at 180 of 200): that save is the run's final
+    checkpoint when the train stage itself ended well; short of it after a failed or unrecorded train stage,
+    or beyond the target, it is not."""
+    if step is None or step == target_step:
+        return None
+    if step < target_step and ended_well:
+        return None
+    if step < target_step:
+        return (
+            f"step {step} is not the run's final step {target_step} ({target_step - step} short), and the train"
+            " stage did not end well: a last save short of max_steps passes only after a train stage that succeeded"
+        )
+    return f"step {step} is not the run's final step {target_step} (beyond it)"
+
+
+def passed_line(name: str, step: int | None, target_step: int) -> str:
+    """The task log's line of a passed gate: the step passed and how far it is from ``max_steps``."""
+    if step is None or step == target_step:
+        return f"gate passed {name} at step {step}, the run's final step"
+    return (
+        f"gate passed {name} at step {step}, {target_step - step} step(s) short of the final step {target_step}"
+        " (the script's last save; the train stage ended well)"
     )
 
 

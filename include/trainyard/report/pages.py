@@ -184,6 +184,8 @@ def checkpoints_section(summary: Mapping[str, Any]) -> str:
     if gate:
         lines.append(
             f"Gate (check_checkpoint): {_badge('valid' if gate.get('valid') else 'invalid')} {esc(gate.get('path'))}"
+            + (f" at step {esc(gate.get('step'))}" if gate.get("step") is not None else "")
+            + (f" ({esc(gate.get('steps_short'))} short of max_steps)" if gate.get("steps_short") else "")
             + (f" {_long('; '.join(gate.get('problems') or []))}" if gate.get("problems") else "")
         )
     lines.append(f"Published: {esc(summary.get('published') or '-')}")
