@@ -40,7 +40,10 @@ def put_back(root: Path, ckpt_dir: Path) -> Path:
     Trainyard's own checkpoints, and one not adopted from a script's save: ``ckpt_dir`` itself.
     ``CheckpointInvalid`` when a link is on the way or a copy is not the manifest's bytes."""
     root, ckpt_dir = Path(root), Path(ckpt_dir)
-    manifest = read_manifest(ckpt_dir)
+    try:
+        manifest = read_manifest(ckpt_dir)
+    except CheckpointInvalid:  # nothing known to put back: the ranks' own resume says what is wrong with it
+        return ckpt_dir
     kind, source = manifest.get("framework"), manifest.get("source")
     parts = _parts(source)
     if kind not in FORMATS or parts is None or ckpt_dir.parent != root:
