@@ -1,0 +1,22 @@
+# a tiny character-level model, as nanoGPT's config/train_shakespeare_char.py but small enough for a CPU
+out_dir = 'out-tiny'
+eval_interval = 10
+eval_iters = 2
+log_interval = 1
+always_save_checkpoint = True
+dataset = 'tiny_char'
+gradient_accumulation_steps = 2
+batch_size = 4
+block_size = 32
+n_layer = 2
+n_head = 2
+n_embd = 64
+dropout = 0.0
+learning_rate = 1e-3
+max_iters = 60
+lr_decay_iters = 60
+min_lr = 1e-4
+warmup_iters = 5
+device = 'cpu'
+dtype = 'float32'
+backend = 'gloo'

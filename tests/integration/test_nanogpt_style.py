@@ -1,0 +1,145 @@
+"""A public-style training script as its author wrote it, unmodified, under a real ``airflow dags test`` run on 2
+local nodes (issue 51): nanoGPT's shape (``tests/integration/scripts/nanogpt_style``) — a configurator it execs
+from the folder it runs in, a config file path and ``--key=value`` overrides, its data and ``meta.pkl`` read
+from ``data/<dataset>``, one ``ckpt.pt`` it overwrites with ``iter_num``, resume only with ``--init_from=resume``,
+a line per iteration on stdout, and no trainyard import.
+
+The spec alone makes it run: args in order with a positional item and ``--key=value``/``True/False`` rendering,
+templates naming trainyard's folders, the script's folder as the working folder (the default), its resume flag
+on a relaunch, its ``ckpt.pt`` adopted at each save (the step from ``iter_num``), ``meta.pkl`` staged beside the
+token arrays, and the figures read from its log. node-1 is killed mid-run: the relaunch resumes from the script's
+own file at the step it saved last, and the summary and the report give steps trained, lost steps and the resume
+delay as numbers.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from airflow_helpers import ROOT, airflow, airflow_env, run_folder, run_state, task_states
+
+from trainyard.checkpoint.format import read_manifest
+from trainyard.events.ledger import Ledger
+
+pytestmark = pytest.mark.integration
+
+SCRIPT = Path(__file__).parent / "scripts" / "nanogpt_style"
+BASE = yaml.safe_load((ROOT / "dags" / "pipelines" / "nightly_pretrain.yaml").read_text())
+DATE = "2026-12-06"
+STEPS, EVERY, KILL = 120, 20, 50  # the script saves at each eval (every EVERY iterations); node-1 dies at KILL
+
+
+def spec(cold: Path) -> str:
+    spec = copy.deepcopy(BASE)
+    spec.pop("schedule")
+    spec["pressure_test"] = {"enabled": False}
+    spec["dataset"] = {
+        "source": f"file://{cold}",
+        "name": "tiny_char",
+        "format": "numpy",
+        "dtype": "uint16",
+        "files": [{"name": "meta.pkl"}],
+        "expectations": {"min_shards": 2, "min_tokens_per_shard": 1000, "max_vocab": 256},
+    }
+    spec["training"] = {
+        "entrypoint": str(SCRIPT / "train.py"),
+        # As its README runs it: a config file, then overrides; the data folder and out_dir are trainyard's.
+        "args": [
+            "config/train_tiny.py",
+            {
+                "compile": False,
+                "dataset": "{{ data_dir }}",
+                "out_dir": "{{ checkpoint_dir }}",
+                "max_iters": "{{ max_steps }}",
+                "lr_decay_iters": "{{ max_steps }}",
+                "eval_interval": EVERY,
+                "n_embd": 128,
+                "n_layer": 3,
+            },
+        ],
+        "args_form": "--key=value",
+        "booleans": "True/False",
+        "resume_args": ["--init_from=resume"],
+        "max_steps": STEPS,
+        "checkpoint_every": EVERY,
+        "global_batch": 8,
+        "micro_batch": 2,
+        "heartbeat_timeout_s": 60,
+        "progress_every_s": 0,
+    }
+    spec["checkpoint"]["expectations"] = {"max_loss": 10.0}
+    spec["recovery"]["backoff_s"] = 0.5
+    spec["drills"] = [{"fault": "kill", "step": KILL, "node": "node-1"}]
+    return yaml.safe_dump(spec, sort_keys=False)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    home = tmp_path_factory.mktemp("nanogpt")
+    dags = home / "dags"
+    (dags / "pipelines").mkdir(parents=True)
+    shutil.copy(ROOT / "dags" / "pipelines.py", dags / "pipelines.py")
+    shutil.copy(ROOT / "dags" / "pipeline_spec_errors.py", dags / "pipeline_spec_errors.py")
+    cold = home / "cold" / "tiny_char"
+    subprocess.run([sys.executable, str(SCRIPT / "prepare.py"), str(cold)], check=True, timeout=60)
+    (dags / "pipelines" / "nanogpt_style.yaml").write_text(spec(cold))
+    return airflow_env(home, dags)
+
+
+def test_a_nanogpt_style_script_runs_unmodified_and_resumes_from_its_own_ckpt(env: dict[str, str]) -> None:
+    check = subprocess.run(
+        ["trainyard", "check", str(Path(env["AIRFLOW__CORE__DAGS_FOLDER"]) / "pipelines" / "nanogpt_style.yaml")],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert check.returncode == 0, check.stdout + check.stderr
+    done = airflow(env, "dags", "test", "nanogpt_style", DATE)
+    out = done.stdout + done.stderr
+    states = {t: s for t, (s, _) in task_states(env, "nanogpt_style", DATE).items()}
+    run = run_folder(env, "nanogpt_style", DATE)
+    assert run_state(env, "nanogpt_style", DATE) == "success", (states, out[-4000:])
+    ledger = Ledger.in_dir(run)
+
+    # Its vocabulary was staged beside the token arrays, so it built the small model, not GPT-2's 50304.
+    first_log = (run / "attempt-1" / "node-0.log").read_text()
+    assert "found vocab_size = " in first_log and "defaulting to vocab_size of GPT-2" not in first_log
+    # The first attempt started fresh (no resume flag); the relaunch told it to resume.
+    assert "Resuming training" not in first_log
+    second_log = (run / "attempt-2" / "node-0.log").read_text()
+    assert "Resuming training from" in second_log, second_log[-2000:]
+
+    [fired] = ledger.events("train", "drill_fired")
+    assert fired["fault"] == "kill" and fired["node"] == "node-1"
+    # It resumed from its own ckpt.pt, adopted at the step its iter_num says, put back where it reads it.
+    adopted = [read_manifest(Path(e["path"])) for e in ledger.events("train", "checkpoint_adopted")]
+    assert adopted and all(m["framework"] == "torch" and m["source"] == "ckpt.pt" for m in adopted), adopted
+    assert [m["step"] for m in adopted] == sorted({m["step"] for m in adopted})
+    first_resumed = next(int(line.split()[0]) for line in _iters(second_log))
+    resumed_at = max(m["step"] for m in adopted if m["step"] <= KILL + EVERY)
+    assert KILL // EVERY * EVERY <= first_resumed <= resumed_at, (first_resumed, adopted)
+
+    # The gate passed on its file.
+    [checked] = ledger.events("check_checkpoint", "checkpoint_checked")
+    assert checked.get("valid") is not False, checked
+    [gate] = ledger.events("check_checkpoint", "stage_end")
+    assert gate["result"]["step"] == STEPS, gate
+
+    # Figures from its log, as numbers.
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps_trained"] == STEPS + 1 or summary["steps_trained"] >= STEPS, summary["steps_trained"]
+    assert isinstance(summary["lost_steps"], int) and summary["lost_steps"] >= 0, summary
+    assert isinstance(summary["resume_delay_s"], float) and summary["resume_delay_s"] > 0, summary
+    assert "unknown" not in str(summary.get("lost_steps_why")), summary
+    html = (run / "report.html").read_text()
+    assert "steps trained" in html and "0 steps trained" not in html
+
+
+def _iters(log: str) -> list[str]:
+    """The numbers after 'iter ' in the script's own lines."""
+    return [line.split("iter ", 1)[1] for line in log.splitlines() if line.startswith("iter ")]
