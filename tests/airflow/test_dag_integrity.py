@@ -184,9 +184,27 @@ def test_a_parsed_dag_lets_its_tasks_pull_the_stages_typed_results() -> None:
     results = [
         # The data stages' results are the storage and quality layers' own classes, allowed the same way.
         StagingResult(
-            hot_dir="/hot/tokens", files=4, bytes_total=4096, transferred=1, bytes_transferred=1024, seconds=0.5
+            hot_dir="/hot/tokens",
+            files=4,
+            bytes_total=4096,
+            transferred=1,
+            bytes_transferred=1024,
+            seconds=0.5,
+            extra_files=1,
+            unstaged=1,
+            warnings=["input.txt at the source is not staged"],
         ),
-        DataCheckResult(shards=4, non_empty=4, tokens=8192, vocab_size=256, expectations=6, seconds=1.5, result=None),
+        DataCheckResult(
+            shards=4,
+            non_empty=4,
+            tokens=8192,
+            vocab_size=256,
+            expectations=6,
+            seconds=1.5,
+            result=None,
+            extra_files=["meta.pkl"],
+            warnings=["input.txt at the source is not staged"],
+        ),
         BurnInResult(
             healthy=["node-0"], spare=["node-1"], evicted={"node-2": "slow"}, references={"local": {"mm": 1.0}}
         ),

@@ -118,3 +118,50 @@ def test_format_mistakes_get_one_line_naming_field_and_fix(
     problems = check_files([path])
     assert len(problems) == 1, problems
     assert problems[0].startswith(f"{path}: ") and expected in problems[0], problems
+
+
+NPY = ", format: numpy, dtype: uint16"
+SHA = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+
+
+def test_dataset_files_name_what_the_script_reads_beside_its_shards(tmp_path: Path) -> None:
+    files = f", files: [{{name: meta.pkl, sha256: {SHA}, size: 4}}, {{name: tok/vocab.json, required: false}}]"
+    assert check_files([write(tmp_path, NPY + files)]) == []
+    ds = load_spec(write(tmp_path, NPY + files)).dataset
+    assert [(f.name, f.sha256, f.size, f.required) for f in ds.files] == [
+        ("meta.pkl", SHA, 4, True),
+        ("tok/vocab.json", None, None, False),
+    ]
+    assert load_spec(write(tmp_path)).dataset.files == []  # a spec without the field reads as before
+
+
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        ("[{name: ../meta.pkl}]", "dataset.files[0].name: '../meta.pkl' is not a relative path inside the dataset"),
+        ("[{name: /data/meta.pkl}]", "dataset.files[0].name: '/data/meta.pkl' is not a relative path inside the"),
+        ("[{name: 'a//b'}]", "dataset.files[0].name: 'a//b' is not a relative path inside the dataset"),
+        ("[{name: ''}]", "dataset.files[0].name: string should have at least 1 character"),
+        ("[{name: m.pkl, sha256: ABC}]", "dataset.files[0].sha256: 'ABC' is not a sha256 digest: 64 lowercase hex"),
+        ("[{name: m.pkl, size: -1}]", "dataset.files[0].size: -1 is out of range"),
+        (
+            "[{name: m.pkl, hash: x}]",
+            "dataset.files[0].hash: unknown field; allowed here: name, required, sha256, size",
+        ),
+        (
+            "[{name: meta.pkl}, {name: meta.pkl, required: false}]",
+            "dataset.files[1].name: 'meta.pkl' is listed twice (first as dataset.files[0])",
+        ),
+        (
+            "[{name: train.bin}]",
+            "dataset.files[0].name: 'train.bin' is a shard of dataset.format numpy (its .bin/.npy files are staged"
+            " and checked as shards already); remove it from dataset.files",
+        ),
+    ],
+    ids=["dotdot", "absolute", "empty_part", "empty", "sha_shape", "negative_size", "unknown_field", "twice", "shard"],
+)
+def test_dataset_files_mistakes_name_the_item_and_the_fix(tmp_path: Path, files: str, expected: str) -> None:
+    path = write(tmp_path, f"{NPY}, files: {files}")
+    problems = check_files([path])
+    assert len(problems) == 1, problems
+    assert problems[0].startswith(f"{path}: ") and expected in problems[0], problems

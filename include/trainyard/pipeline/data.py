@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from trainyard.errors import SpecError
+from trainyard.events.fold import fold
 from trainyard.events.ledger import safe_name
 from trainyard.pipeline.recorder import recorded
 from trainyard.pipeline.results import DataCheckResult, StagingResult
@@ -32,8 +33,9 @@ def stage_dataset(run: Run) -> StagingResult:
     # tok stages the whole prefix, as before formats existed; the others only their own files.
     suffixes = None if ds.format == "tok" else FORMAT_SUFFIXES[ds.format]
     return stage(
-        source, run.hot_dataset_dir, ledger=run.ledger, concurrency=ds.concurrency, room=room, suffixes=suffixes
-    )
+        source, run.hot_dataset_dir, ledger=run.ledger, concurrency=ds.concurrency, room=room, suffixes=suffixes,
+        files=ds.files,
+    )  # fmt: skip
 
 
 def set_lifecycle(tier: Tier, rule: Lifecycle, rule_id: str) -> None:
@@ -47,9 +49,11 @@ def check_dataset(run: Run) -> DataCheckResult:
     """Fail fast (``DataError``) unless the staged shards meet the spec's expectations."""
     ensure_this_boot(run.hot_dataset_dir, run.ledger, "check_dataset")  # staged unsynced in an earlier boot?
     ds = run.spec.dataset
+    # Staging's warnings (files left at the source, an optional file missing) are the data check's to show too.
+    staged = fold(run.ledger.events()).results.get("stage_dataset") or {}
     result = _check_dataset(
         run.hot_dataset_dir, ds.expectations, result_dir=run.dir, format=ds.format, dtype=ds.dtype,
-        text_column=ds.text_column,
+        text_column=ds.text_column, files=ds.files, warnings=[str(w) for w in staged.get("warnings") or []],
     )  # fmt: skip
     run.ledger.append("check_dataset", "dataset_checked", **asdict(result))
     return result

@@ -10,6 +10,10 @@ that names each failed expectation and its files in plain words. Per ``dataset.f
   largest token id found by a bounded scan: ``protocol.arrays``);
 - ``parquet``/``jsonl``: a table of files and a table of sampled documents (``quality.text``).
 
+Beside the shards, the files ``dataset.files`` names (a vocabulary, a tokenizer) are checked by size and
+sha256 as staged (``storage.datafiles``; never opened as data, never unpickled): a required one missing
+or not as the spec says fails the gate with the rest; an optional one missing is a warning in the result.
+
 GX is called directly (see ``trainyard.quality.gx``); GX and pandas take
 seconds to import, and DAG files import this module indirectly, so both are
 imported inside ``check_dataset`` only.
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +34,8 @@ from trainyard.protocol.shards import SHARD_SUFFIX, read_header
 from trainyard.quality import text
 from trainyard.quality.gx import Check, Suite, could_not_run, import_gx
 from trainyard.quality.results import DataCheckResult
-from trainyard.spec import FORMAT_SUFFIXES, DataExpectations, DataFormat, TokenDtype
+from trainyard.spec import FORMAT_SUFFIXES, DataExpectations, DataFile, DataFormat, TokenDtype
+from trainyard.storage.datafiles import check_staged
 from trainyard.storage.hot import STAGED_MANIFEST
 from trainyard.storage.keys import key_path
 from trainyard.storage.staged import read_staged
@@ -56,6 +62,8 @@ def check_dataset(
     format: DataFormat = "tok",
     dtype: TokenDtype | None = None,
     text_column: str = "text",
+    files: Sequence[DataFile] = (),
+    warnings: Sequence[str] = (),
 ) -> DataCheckResult:
     """Validate the staged files of ``hot_dir`` against ``expect`` with great-expectations.
 
@@ -63,9 +71,11 @@ def check_dataset(
     one's) come from the spec beside it. Raise ``DataError`` naming each failed expectation and up
     to ten offending files (or documents). With ``result_dir``, the GX validation result is saved to
     ``result_dir / "data_quality.json"`` whether the check passes or fails (a text format's holds
-    two: ``files`` and ``documents``).
+    two: ``files`` and ``documents``). ``files`` (``dataset.files``) are checked beside the shards; ``warnings``
+    (staging's) are carried into the result with the check's own.
     """
     started = time.monotonic()
+    extra = check_staged(hot_dir, files, read_staged(hot_dir))
     gx = import_gx()
     if format in ("parquet", "jsonl"):
         files, docs = text.tables(hot_dir, read_staged(hot_dir), format, text_column, expect.sample_rows)
@@ -87,7 +97,11 @@ def check_dataset(
         result_path = Path(result_dir) / RESULT_FILE
         write_json_atomic(result_path, saved)
     if not all(r["success"] for r in results):
-        raise DataError(_failure_message(hot_dir, format, parts, results, result_path))
+        raise DataError("; ".join([_failure_message(hot_dir, format, parts, results, result_path), *extra.problems]))
+    if extra.problems:
+        raise DataError(f"dataset.files in {hot_dir}: " + "; ".join(extra.problems))
+    for warning in extra.warnings:
+        log.warning("data quality: %s", warning)
     seconds = round(time.monotonic() - started, 3)
     table, checks = parts[0][1], sum(len(suite.checks) for _, _, suite in parts)
     log.info("data quality: %d %s files passed %d expectations in %.2f s", len(table), format, checks, seconds)
@@ -103,6 +117,8 @@ def check_dataset(
         result=str(result_path) if result_path else None,
         format=format,
         documents=len(parts[1][1]) if len(parts) > 1 else 0,
+        extra_files=extra.verified,
+        warnings=[*warnings, *extra.warnings],
     )
 
 

@@ -8,7 +8,7 @@ itself (GX, pandas, numpy) takes seconds to import.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -31,3 +31,7 @@ class DataCheckResult:
     """``dataset.format``: what ``shards`` counts."""
     documents: int = 0
     """Text formats: the documents sampled and checked."""
+    extra_files: list[str] = field(default_factory=list)
+    """The ``dataset.files`` found staged and as the spec says (size, sha256); not counted in ``shards``."""
+    warnings: list[str] = field(default_factory=list)
+    """What the check passed despite: an optional file missing, files left unstaged at the source (staging's)."""

@@ -71,6 +71,19 @@ def stages_section(summary: Mapping[str, Any]) -> str:
     return "<h2>Stages</h2>" + _table(["stage", "start", "end", "seconds", "state"], rows, "stages")
 
 
+def data_section(summary: Mapping[str, Any]) -> str:
+    """What the data check passed, the files beside the shards it verified, and what it warned about."""
+    data = summary.get("data")
+    if not data:
+        return ""
+    text = ""
+    if "shards" in data:
+        beside = ", ".join(esc(name) for name in data["extra_files"]) or "none named (dataset.files)"
+        text = f"<p>{esc(data['shards'])} {esc(data['format'])} files passed; files beside them verified: {beside}.</p>"
+    warnings = "".join(f"<li>{esc(w)}</li>" for w in data["warnings"])
+    return f"<h2>Data</h2>{text}" + (f"<p>Warnings:</p><ul>{warnings}</ul>" if warnings else "")
+
+
 def _probes(summary: Mapping[str, Any]) -> list[str]:
     limits = (summary.get("thresholds") or {}).get("thresholds") or {}
     if limits:
@@ -219,6 +232,7 @@ def sections(summary: Mapping[str, Any]) -> str:
         f(summary)
         for f in (
             stages_section,
+            data_section,
             burn_in_section,
             attempts_section,
             loss_section,

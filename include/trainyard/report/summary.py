@@ -66,7 +66,21 @@ def summary_of(state: RunState, closing: bool = False) -> dict[str, Any]:
         "gate": None if gate is None else {**asdict(gate), "problems": list(gate.problems)},
         "checkpoint": state.results.get("check_checkpoint", {}).get("checkpoint"),
         "published": state.results.get("publish", {}).get("uri"),
+        "data": _data(state),
     }
+
+
+def _data(state: RunState) -> dict[str, Any] | None:
+    """What the data check passed (its shards, the ``dataset.files`` verified) and its warnings, which hold
+    staging's; before the check has passed, staging's warnings alone. None before either said anything."""
+    checked, staged = state.results.get("check_dataset"), state.results.get("stage_dataset")
+    if checked is None and not (staged or {}).get("warnings"):
+        return None
+    data = {"warnings": list((checked or staged or {}).get("warnings") or [])}
+    if checked is not None:
+        data.update({name: checked.get(name) for name in ("format", "shards", "tokens", "documents")})
+        data["extra_files"] = list(checked.get("extra_files") or [])
+    return data
 
 
 def _recovery_path(train: TrainRun) -> str | None:
@@ -144,6 +158,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         if name in summary["stages"]:
             s = summary["stages"][name]
             lines.append(f"    {name:<17} {s['seconds']:>8.1f} s  {'ok' if s['ok'] else 'FAILED'}")
+    lines += _data_lines(summary.get("data"))
     lines.append(f"  nodes used:       {', '.join(summary['nodes_used']) or '-'}")
     if summary["steps_trained"]:
         lines.append(
@@ -171,6 +186,16 @@ def format_summary(summary: dict[str, Any]) -> str:
     if summary.get("report"):
         lines.append(f"  report:           {summary['report']}")
     return "\n".join(lines)
+
+
+def _data_lines(data: dict[str, Any] | None) -> list[str]:
+    if not data:
+        return []
+    lines = []
+    if "shards" in data:
+        beside = f"; beside them {', '.join(data['extra_files'])}" if data["extra_files"] else ""
+        lines.append(f"  data checked:     {data['shards']} {data['format']} files{beside}")
+    return lines + [f"  data warning:     {w}" for w in data["warnings"]]
 
 
 def _known(figures: dict[str, Any], name: str, unit: str = "") -> str:

@@ -20,7 +20,14 @@ from pydantic import BaseModel
 
 from trainyard.reference import REFERENCE_WORKLOAD, flag_problems
 from trainyard.spec.folders import dataset_name_problems
-from trainyard.spec.models import TEXT_EXPECTATIONS, TEXT_FORMATS, TOKEN_EXPECTATIONS, Lifecycle, PipelineSpec
+from trainyard.spec.models import (
+    FORMAT_SUFFIXES,
+    TEXT_EXPECTATIONS,
+    TEXT_FORMATS,
+    TOKEN_EXPECTATIONS,
+    Lifecycle,
+    PipelineSpec,
+)
 from trainyard.spec.resume import resume_root_fields, resume_shape
 from trainyard.spec.templating import placeholder_problems
 
@@ -118,6 +125,24 @@ def _format(spec: PipelineSpec) -> list[str]:
     expect = ds.expectations
     if expect.max_chars is not None and expect.max_chars < expect.min_chars:
         problems.append(f"dataset.expectations.max_chars: {expect.max_chars} must be >= min_chars ({expect.min_chars})")
+    return problems
+
+
+def _files(spec: PipelineSpec) -> list[str]:
+    """A file named twice, or one that is a shard of the format: the gate checks shards as shards, never as files."""
+    ds, problems = spec.dataset, []
+    names = [f.name for f in ds.files]
+    suffixes = FORMAT_SUFFIXES[ds.format]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            problems.append(
+                f"dataset.files[{i}].name: {name!r} is listed twice (first as dataset.files[{names.index(name)}])"
+            )
+        if name.endswith(suffixes):
+            problems.append(
+                f"dataset.files[{i}].name: {name!r} is a shard of dataset.format {ds.format} (its {'/'.join(suffixes)}"
+                " files are staged and checked as shards already); remove it from dataset.files"
+            )
     return problems
 
 
@@ -318,6 +343,7 @@ CHECKS: tuple[tuple[tuple[str, ...], Check], ...] = (
     (("dataset.expectations",), _expectations),
     (("dataset.format", "dataset.dtype", "dataset.text_column", "dataset.expectations"), _format),
     (("dataset.format", "dataset.dtype", "training.entrypoint", "training.args"), _workload_format),
+    (("dataset.files", "dataset.format"), _files),
     (("training.global_batch", "training.micro_batch", "nodes.count", "nodes.procs_per_node"), _batch),
     (("training.entrypoint",), _entrypoint),
     (("drills", "training.entrypoint", "nodes.backend"), _drills),

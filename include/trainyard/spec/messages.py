@@ -57,6 +57,8 @@ def allowed_fields(loc: tuple[Any, ...]) -> list[str]:
     """The field names of the model at ``loc`` in the spec tree (empty where ``loc`` is no model)."""
     model: Any = PipelineSpec
     for part in loc:
+        if isinstance(part, int):
+            continue  # an item of a list of models (dataset.files[0]): the model is the list's item type
         field = getattr(model, "model_fields", {}).get(part)
         if field is None:
             return []

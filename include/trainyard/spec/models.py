@@ -139,6 +139,21 @@ PassedVariable = Annotated[
 ]
 AbsolutePath = Annotated[str, AfterValidator(_absolute_path)]
 
+
+def _relative_key(value: str) -> str:
+    # The rules staging holds every object key to (storage.keys.check_key): the name becomes a path in the hot folder.
+    parts = value.split("/")
+    if value.startswith("/") or "\\" in value or "\x00" in value or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(
+            f"{value!r} is not a relative path inside the dataset: no leading '/', no empty, '.' or '..' parts,"
+            " no backslashes or NUL (e.g. meta.pkl or tokenizer/vocab.json)"
+        )
+    return value
+
+
+RelativeKey = Annotated[str, Field(min_length=1, max_length=1024), AfterValidator(_relative_key)]
+Sha256Hex = Annotated[str, _rule(r"[0-9a-f]{64}", "a sha256 digest: 64 lowercase hex digits, as sha256sum prints it")]
+
 # One address, no display name: a local part, '@', a domain with a dot (no spaces, commas or angle
 # brackets, which would smuggle a second recipient into the To header).
 _EMAIL = re.compile(r"[^@\s,;<>\"]+@[^@\s,;<>\"]+\.[^@\s,;<>\".]+\Z")
@@ -314,6 +329,18 @@ class Lifecycle(_Model):
     """Target storage class of the transition (e.g. GLACIER, or a MinIO tier name)."""
 
 
+class DataFile(_Model):
+    name: RelativeKey
+    """The file's path relative to ``dataset.source`` (and to the staged folder), e.g. ``meta.pkl``."""
+    sha256: Sha256Hex | None = None
+    """The sha256 the file must have (hex, as ``sha256sum`` prints it); null: not checked beyond staging's own
+    verification of the copy."""
+    size: int | None = Field(None, ge=0, le=1 << 50)
+    """The size in bytes the file must have; null: any."""
+    required: bool = True
+    """A required file missing at the source fails staging; an optional one is a warning in the data check."""
+
+
 class DatasetSpec(_Model):
     source: str
     """Cold-tier URI of the shard folder (``file:///abs/path`` or ``s3://bucket/prefix``); may use ``{{ ds }}`` and ``${VAR}``."""
@@ -343,6 +370,10 @@ class DatasetSpec(_Model):
     """Objects transferred at once."""
     lifecycle: Lifecycle | None = None
     """Expiration or transition rule set on the ``s3://`` source prefix."""
+    files: list[DataFile] = Field([], max_length=1000)
+    """Files the training script reads beside its shards (a vocabulary such as nanoGPT's ``meta.pkl``, a tokenizer):
+    staged with the dataset in every format, verified by size and hash (never opened, never unpickled), and
+    required by the data check. They are not shards: a name with the format's own suffix is refused."""
 
 
 class KubernetesSpec(_Model):

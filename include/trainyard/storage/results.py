@@ -7,7 +7,7 @@ imports nothing but the standard library: the DAG file imports it at parse time.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -21,3 +21,9 @@ class StagingResult:
     """Files copied this time (the rest were staged and unchanged)."""
     bytes_transferred: int
     seconds: float
+    extra_files: int = 0
+    """Of ``files``, those named in ``dataset.files`` (not shards), verified against the spec."""
+    unstaged: int = 0
+    """Files at the source that the format does not stage and ``dataset.files`` does not name."""
+    warnings: list[str] = field(default_factory=list)
+    """An optional file missing, unstaged files at the source: said in the task log and carried to the data check."""

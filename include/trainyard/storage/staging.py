@@ -12,6 +12,10 @@ or reboot since, which can take back unsynced copies) is not trusted: its
 objects are copied again (``storage.boot``). Elsewhere each copy, and each
 folder before its journal lines, is fsynced.
 
+Files the script reads beside its shards (``dataset.files``: a vocabulary, a tokenizer) are staged with
+them in every format and verified against the spec (``storage.datafiles``); what a format leaves at the
+source unnamed is a warning, in the task log and in the result.
+
 A source key named like the hot folder's own files (``hot.RESERVED``: pins, the journal, a
 staged manifest, at any depth) was written by someone else: it is never staged, only named.
 
@@ -25,6 +29,7 @@ import dataclasses
 import logging
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -32,7 +37,9 @@ from typing import Any
 from trainyard.atomic import write_json_atomic
 from trainyard.errors import DataError
 from trainyard.events.ledger import Ledger
+from trainyard.spec import DataFile
 from trainyard.storage.boot import BOOT_ID, current_boot_id, trusted
+from trainyard.storage.datafiles import check_staged, pick, unstaged_keys, unstaged_warning
 from trainyard.storage.hot import JOURNAL, RESERVED, STAGED_MANIFEST, HotRoom, make_room, pin, reserved, touch
 from trainyard.storage.keys import key_path, key_paths
 from trainyard.storage.results import StagingResult
@@ -50,22 +57,31 @@ def stage(
     concurrency: int = 4,
     room: HotRoom | None = None,
     suffixes: tuple[str, ...] | None = None,
+    files: Sequence[DataFile] = (),
 ) -> StagingResult:
-    """Stage ``source`` into ``hot_dir``: every object, or with ``suffixes`` only the keys ending in one."""
+    """Stage ``source`` into ``hot_dir``: every object, or with ``suffixes`` only the keys ending in one; and
+    the ``files`` named beside them (``dataset.files``) whatever their names."""
     started = time.monotonic()
     listed = source.list()
     objects = [o for o in listed if not reserved(o.key)]
     skipped = sorted(o.key for o in listed if reserved(o.key))
     _say_reserved(source, skipped)
+    picked = pick(files, {o.key: o for o in objects}, source.uri)  # a required file missing: fail before copying
+    named = {o.key for o in picked.objects}
+    warnings = list(picked.warnings)
+    unstaged: list[str] = []
     if suffixes is not None:
-        others = [o.key for o in objects if not o.key.endswith(suffixes)]
-        objects = [o for o in objects if o.key.endswith(suffixes)]
-        _say_other_files(source, others, suffixes)
-    if not objects:
+        unstaged = unstaged_keys([o.key for o in objects if not o.key.endswith(suffixes) and o.key not in named])
+        objects = [o for o in objects if o.key.endswith(suffixes) or o.key in named]
+        warnings += [w] if (w := unstaged_warning(unstaged, suffixes)) else []
+    for warning in warnings:
+        log.warning("%s: %s", source.uri, warning)
+    if len(objects) == len(named):
         which = f" with a {'/'.join(suffixes)} suffix" if suffixes is not None else ""
         hint = " and dataset.format" if suffixes is not None else ""
+        beside = " beside dataset.files" if named else ""
         raise DataError(
-            f"{source.uri} holds no objects{which} to stage; check dataset.source{hint} and the partition date"
+            f"{source.uri} holds no objects{which} to stage{beside}; check dataset.source{hint} and the partition date"
         )
     boot_id = current_boot_id()
     durable = boot_id is None  # no boot to record: each copy is fsynced instead
@@ -115,6 +131,8 @@ def stage(
         os.unlink(hot_dir / JOURNAL)
         for stale in {k for k in set(staged) - set(entries) if not reserved(k)}:
             key_path(hot_dir, stale).unlink(missing_ok=True)  # gone at the source: not part of this dataset
+    if problems := check_staged(hot_dir, files, entries).problems:  # the bytes the script will read, as promised
+        raise DataError("; ".join(problems))
     result = StagingResult(
         hot_dir=str(hot_dir),
         files=len(objects),
@@ -122,6 +140,9 @@ def stage(
         transferred=len(todo),
         bytes_transferred=progress.bytes,
         seconds=round(time.monotonic() - started, 3),
+        extra_files=len(named),
+        unstaged=len(unstaged),
+        warnings=warnings,
     )
     if ledger:
         said = {"reserved_skipped": skipped[:20]} if skipped else {}  # the keys the warning names
@@ -139,18 +160,6 @@ def _say_reserved(source: Tier, keys: list[str], shown: int = 20) -> None:
             len(keys),
             ", ".join(sorted(RESERVED)),
             ", ".join(keys[:shown]) + (" ..." if len(keys) > shown else ""),
-        )
-
-
-def _say_other_files(source: Tier, keys: list[str], suffixes: tuple[str, ...], shown: int = 20) -> None:
-    """Objects of another format (a Spark ``_SUCCESS``, nanoGPT's ``meta.pkl``) stay cold: say so, once per stage."""
-    if keys:
-        log.info(
-            "%s: %d objects are not %s files of the dataset's format; not staged: %s",
-            source.uri,
-            len(keys),
-            "/".join(suffixes),
-            ", ".join(sorted(keys)[:shown]) + (" ..." if len(keys) > shown else ""),
         )
 
 
