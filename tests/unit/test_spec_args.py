@@ -190,6 +190,13 @@ def test_resume_args_join_only_an_attempt_that_resumes_from_a_checkpoint(tmp_pat
     assert _resume_target(run, Course(["n0"], 2, str(ckpt))) == str(ckpt)
 
 
+def test_a_trigger_lr_reaches_the_named_argument_in_a_list(tmp_path: Path) -> None:
+    training = "  args: [cfg.py, {lr: 0.1, n_layer: 2}]\nparams: [lr]"
+    run = open_run(write(tmp_path, training), "dag", "manual__1", "2026-01-02", params={"lr": 0.5})
+    assert run.spec.training.arg("lr") == 0.5
+    assert attempt_command(run, 10, None).args == ["cfg.py", "--lr", "0.5", "--n_layer", "2"]
+
+
 # ---------------------------------------------------------------- 8: the order
 
 
