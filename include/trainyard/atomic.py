@@ -274,13 +274,14 @@ def write_text_atomic(path: Path, text: str) -> None:
     write_bytes_atomic(path, text.encode("utf-8"))
 
 
-def json_bytes(data: Any) -> bytes:
-    """How trainyard writes a JSON file (a manifest, a pointer): one spelling whatever the writer."""
-    return (json.dumps(data, indent=1, sort_keys=True) + "\n").encode("utf-8")
+def json_bytes(data: Any, sort_keys: bool = True) -> bytes:
+    """How trainyard writes a JSON file (a manifest, a pointer): one spelling whatever the writer. ``sort_keys``
+    False: for data whose mappings mean something in their order (a pinned spec's ``training.args``)."""
+    return (json.dumps(data, indent=1, sort_keys=sort_keys) + "\n").encode("utf-8")
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    write_bytes_atomic(path, json_bytes(data))
+def write_json_atomic(path: Path, data: Any, sort_keys: bool = True) -> None:
+    write_bytes_atomic(path, json_bytes(data, sort_keys))
 
 
 def read_json(path: Path) -> Any:

@@ -5,7 +5,7 @@ ranks do. No imports: the orchestrator and every training process read it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,13 +39,18 @@ FLAGS: dict[str, Flag] = {
 }
 
 
-def flag_problems(args: Mapping[str, Any]) -> list[str]:
-    """What the reference workload would refuse in ``training.args``: unknown flags and values of the wrong type."""
+def flag_problems(entries: Iterable[Any]) -> list[str]:
+    """What the reference workload would refuse in ``training.args`` (its ``spec.args.arg_entries``, either form):
+    positional items, unknown flags and values of the wrong type."""
     problems = []
-    for key, value in args.items():
-        flag = FLAGS.get(key)
-        field = f"training.args.{key}"
-        if flag is None:
+    for entry in entries:
+        key, value, field = entry.key, entry.value, entry.field
+        flag = FLAGS.get(key) if key is not None else None
+        if key is None:
+            problems.append(
+                f"{field}: {REFERENCE_WORKLOAD} takes no positional arguments (it takes {', '.join(FLAGS)})"
+            )
+        elif flag is None:
             near = f"; did you mean {key.replace('_', '-')}?" if key.replace("_", "-") in FLAGS else ""
             problems.append(f"{field}: {REFERENCE_WORKLOAD} has no --{key}{near} (it takes {', '.join(FLAGS)})")
         elif flag.choices and value not in flag.choices:

@@ -222,6 +222,15 @@ def test_a_script_entrypoint_and_a_custom_cluster_domain() -> None:
     assert f"--rdzv-endpoint={objects.name}-0.{objects.name}.default.svc.corp.example:29400" in args
 
 
+def test_the_specs_folder_and_variables_reach_the_container_and_the_image_keeps_its_workdir() -> None:
+    given = LaunchPlan(**{**make_plan().__dict__, "workdir": "/src/nanogpt", "script_env": {"WANDB_MODE": "$(x)"}})
+    trainer = container(wire(build_objects(given, SETTINGS["default-cpu"]).job))
+    validate(wire(build_objects(given, SETTINGS["default-cpu"]).job))
+    assert trainer["workingDir"] == "/src/nanogpt"
+    assert {"name": "WANDB_MODE", "value": "$$(x)"} in trainer["env"]
+    assert "workingDir" not in container(wire(build_objects(make_plan(), SETTINGS["default-cpu"]).job))
+
+
 def test_dollars_in_the_plan_reach_the_process_literally() -> None:
     # Kubernetes expands $(VAR) in args and env values; "$$" is its escape for "$".
     plan = make_plan(

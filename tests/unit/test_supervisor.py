@@ -9,13 +9,13 @@ import pytest
 from trainyard.backends.base import AttemptStatus, LaunchPlan, NodeStatus
 from trainyard.backends.local.launcher import torchrun_argv
 from trainyard.events.ledger import Ledger
-from trainyard.pipeline.train import _cli_args
 from trainyard.protocol.env import TrainEnv
 from trainyard.recovery.observations import Checkpoints, Context
 from trainyard.recovery.state import Course
 from trainyard.recovery.supervisor import Hooks, supervise
 from trainyard.recovery.watch import beatless, group_beats, stale_ranks
 from trainyard.spec import RecoverySpec
+from trainyard.spec.args import command_line
 
 
 def beat(t: float, status: str = "running") -> dict:
@@ -53,7 +53,7 @@ def test_torchrun_argv_is_an_argument_list_per_node(tmp_path: Path) -> None:
         nodes=["node-0", "node-1"],
         procs_per_node=1,
         entrypoint="trainyard.workload",
-        args=_cli_args({"lr": 0.1, "compile": True, "debug": False}),
+        args=command_line({"lr": 0.1, "compile": True}, "--key value", "flag", lambda _, text: text),
         train_env=TrainEnv(data_dir=tmp_path, checkpoint_dir=tmp_path, max_steps=1),
         log_dir=tmp_path,
     )

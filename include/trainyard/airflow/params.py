@@ -41,7 +41,7 @@ def param_schemas(spec: PipelineSpec) -> dict[str, dict[str, Any]]:
     # When the other knob is a Param too, any value it could take keeps a choice open (its smallest: 1).
     least_micro = 1 if "micro_batch" in spec.params else training.micro_batch
     least_nodes = 1 if "nodes" in spec.params else nodes.count
-    given_lr = training.args.get("lr")
+    given_lr = training.arg("lr")
     lr = given_lr if positive_number(given_lr) else MAX_LR  # exposed only when it is one
     batch_rule = f"micro-batch x nodes x {ranks} rank(s) per node must divide the global batch ({batch})"
     schemas: dict[str, dict[str, Any]] = {

@@ -33,6 +33,11 @@ class LaunchPlan:
     """Names of the worker's variables a local process may also see (``training.pass_env``)."""
     store_keys: Mapping[str, str] = field(default_factory=dict, repr=False)
     """Node -> its key to the attempt's coordination store (secrets: each node gets only its own, ``for_node``)."""
+    workdir: str | None = None
+    """``training.workdir`` rendered: where the ranks start; None: the backend's default (``local_workdir``; on
+    Kubernetes the image's ``WORKDIR``)."""
+    script_env: Mapping[str, str] = field(default_factory=dict)
+    """``training.env`` rendered: set for every rank, under the contract (which wins)."""
 
     @property
     def env(self) -> dict[str, str]:
@@ -53,6 +58,13 @@ class LaunchPlan:
     @property
     def world_size(self) -> int:
         return len(self.nodes) * self.procs_per_node
+
+    def local_workdir(self) -> Path:
+        """Where a local node starts: ``workdir``, else a ``.py`` entrypoint's folder (as ``python train.py`` is
+        run from its repo), else the run's folder (the attempt's log folder is in it)."""
+        if self.workdir:
+            return Path(self.workdir)
+        return Path(self.entrypoint).absolute().parent if self.entrypoint.endswith(".py") else self.log_dir.parent
 
     def entry_argv(self) -> list[str]:
         target = [self.entrypoint] if self.entrypoint.endswith(".py") else ["-m", self.entrypoint]

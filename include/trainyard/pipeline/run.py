@@ -153,6 +153,7 @@ def open_run(
             "run_id": run_id,
             "ds": ds,
         },
+        sort_keys=False,  # the spec's mappings in the order written: training.args reach the script so
     )
     return run
 
@@ -186,6 +187,8 @@ def param_overrides(file_spec: PipelineSpec, spec: PipelineSpec) -> dict[str, di
 
 
 def _field(spec: PipelineSpec, path: tuple[str, ...]) -> Any:
+    if path[:2] == ("training", "args"):  # a mapping or a list of items: one reader (``TrainingSpec.arg``)
+        return spec.training.arg(path[2])
     node: Any = spec
     for key in path:
         node = node.get(key) if isinstance(node, dict) else getattr(node, key, None)

@@ -14,7 +14,6 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from trainyard.backends.base import (
     CoordinationStore,
@@ -28,6 +27,7 @@ from trainyard.backends.registry import backend_for
 from trainyard.checkpoint import lease, putback
 from trainyard.errors import LineageBusy
 from trainyard.pipeline import lineage
+from trainyard.pipeline.command import attempt_command
 from trainyard.pipeline.lineage import final_checkpoint, hold_lineage, hot_checkpoints, resume_point, rollback, watcher
 from trainyard.pipeline.recorder import StageRecorder
 from trainyard.pipeline.results import TrainResult
@@ -43,6 +43,7 @@ from trainyard.recovery.state import Course
 from trainyard.recovery.storehost import StoreHost
 from trainyard.recovery.supervisor import Hooks, StateReader, supervise
 from trainyard.spec import Drill
+from trainyard.spec.args import named
 from trainyard.spec.checks import acts_drills
 from trainyard.storage.boot import ensure_this_boot
 
@@ -51,18 +52,6 @@ STAGE = "train"
 DEFERRED_WHY_NOT = "the train task defers: no process of it stays to serve the store the ranks regroup on"
 
 log = logging.getLogger(__name__)
-
-
-def _cli_args(args: dict[str, Any]) -> list[str]:
-    out: list[str] = []
-    for key, value in args.items():
-        if value is True:
-            out.append(f"--{key}")
-        elif isinstance(value, list):  # --key v1 v2 (argparse nargs)
-            out += [f"--{key}", *map(str, value)]
-        elif value is not False:
-            out += [f"--{key}", str(value)]
-    return out
 
 
 def in_place_why_not(run: Run, launcher: Launcher) -> str:
@@ -312,7 +301,7 @@ def _pace(run: Run) -> Pace:
     return Pace(
         wake_every_s=wake_every_s(run.spec.nodes) or Pace().wake_every_s,
         progress_every_s=training.progress_every_s,
-        tokens_per_step=tokens_per_step(training.global_batch, training.args),
+        tokens_per_step=tokens_per_step(training.global_batch, named(training.args)),
         checkpoint_dir=str(run.checkpoint_root),
     )
 
@@ -326,7 +315,7 @@ def _progress(run: Run, plan: LaunchPlan, target: int, every_s: float | None = N
         attempt=plan.attempt,
         world_size=plan.world_size,
         target=target,
-        tokens_per_step=tokens_per_step(training.global_batch, training.args),
+        tokens_per_step=tokens_per_step(training.global_batch, named(training.args)),
         heartbeat_dir=plan.heartbeat_dir,
         checkpoint_root=run.checkpoint_root,
     )
@@ -346,23 +335,18 @@ def _trained(run: Run, nodes: list[str], start: int, target: int, result: Attemp
     )
 
 
-def _resume_target(run: Run, course: Course) -> str:
-    """The resumed checkpoint as the script's own file at its own place, put back there ("": a fresh start)."""
-    ckpt = lineage.resume_checkpoint(run, course.resume_from)
-    return str(putback.put_back(run.checkpoint_root, ckpt)) if ckpt is not None else ""
-
-
 def _plan(run: Run, attempt: int, course: Course, target: int, store: CoordinationStore | None = None) -> LaunchPlan:
     training = run.spec.training
     attempt_dir = run.dir / f"attempt-{attempt}"
-    _resume_target(run, course)  # before its ranks start: they find the chosen save where they wrote it
+    # Before its ranks start: they find the chosen save where they wrote it, and resume_args name it.
+    command = attempt_command(run, target, _resume_target(run, course))
     return LaunchPlan(
         run_id=run.dir.name,
         attempt=attempt,
         nodes=list(course.nodes),
         procs_per_node=run.spec.nodes.procs_per_node,
         entrypoint=training.entrypoint,
-        args=_cli_args(training.args),
+        args=command.args,
         log_dir=attempt_dir,
         pass_env=tuple(training.pass_env),
         store_keys=store.keys(attempt) if store is not None else {},
@@ -391,7 +375,17 @@ def _plan(run: Run, attempt: int, course: Course, target: int, store: Coordinati
             drills=tuple(_drill(d) for d in run.spec.drills if d.attempt == attempt),
             metrics_otlp=_live_metrics_endpoint(),
         ),
+        workdir=command.workdir,
+        script_env=command.env,
     )
+
+
+def _resume_target(run: Run, course: Course) -> str | None:
+    """What ``{{ resume_from }}`` names for this attempt: the checkpoint it resumes from as the script's own file
+    at its own place, put back there first (``checkpoint.putback``); None when it starts fresh, and gets no
+    ``resume_args``."""
+    ckpt = lineage.resume_checkpoint(run, course.resume_from)
+    return str(putback.put_back(run.checkpoint_root, ckpt)) if ckpt is not None else None
 
 
 def _live_metrics_endpoint() -> str | None:

@@ -19,6 +19,7 @@ from croniter import croniter
 from pydantic import BaseModel
 
 from trainyard.reference import REFERENCE_WORKLOAD, flag_problems
+from trainyard.spec.args import arg_entries, arg_problems, env_problems, workdir_problems
 from trainyard.spec.folders import dataset_name_problems
 from trainyard.spec.models import (
     FORMAT_SUFFIXES,
@@ -151,14 +152,14 @@ def _workload_format(spec: PipelineSpec) -> list[str]:
     ds, training = spec.dataset, spec.training
     if training.entrypoint != REFERENCE_WORKLOAD:
         return []
-    if problems := flag_problems(training.args):
+    if problems := flag_problems(arg_entries(training.args)):
         return problems
     if ds.format in TEXT_FORMATS:
         return [
             f"dataset.format: {ds.format} is text, which {REFERENCE_WORKLOAD} cannot train on (it reads token"
             " ids); set training.entrypoint to your script, which tokenizes the text, or use tok or numpy"
         ]
-    passed = training.args.get("data-dtype", "uint16")
+    passed = training.arg("data-dtype") or "uint16"
     if ds.format == "numpy" and ds.dtype is not None and passed != ds.dtype:
         return [
             f"training.args.data-dtype: {passed!r} but dataset.dtype is {ds.dtype!r}; {REFERENCE_WORKLOAD} reads"
@@ -314,7 +315,7 @@ def _params(spec: PipelineSpec) -> list[str]:
     for i, name in enumerate(spec.params):
         if name in spec.params[:i]:
             problems.append(f"params[{i}]: {name!r} is listed twice")
-        if name == "lr" and not positive_number(spec.training.args.get("lr")):
+        if name == "lr" and not positive_number(spec.training.arg("lr")):
             problems.append(
                 f"params[{i}]: 'lr' overrides training.args.lr, which is not set to a positive number;"
                 " set it (the entrypoint's --lr) or drop 'lr' from params"
@@ -329,6 +330,15 @@ def _pass_env(spec: PipelineSpec) -> list[str]:
             " variables from its image or the cluster (a Secret in its namespace): drop the field"
         ]
     return _repeated("training.pass_env", spec.training.pass_env)
+
+
+def _command(spec: PipelineSpec) -> list[str]:
+    t = spec.training
+    return (
+        arg_problems(t.args, t.args_form, t.booleans, t.resume_args)
+        + env_problems(t.env)
+        + workdir_problems(t.workdir, spec.nodes.backend)
+    )
 
 
 def _repeated(field: str, items: Sequence[str]) -> list[str]:
@@ -357,6 +367,7 @@ CHECKS: tuple[tuple[tuple[str, ...], Check], ...] = (
     (("dataset.source", "dataset.lifecycle", "checkpoint.cold", "checkpoint.lifecycle"), _lifecycles),
     (("notify",), _notify),
     (("params", "training.args"), _params),
+    (("training", "nodes.backend"), _command),
 )
 
 

@@ -20,6 +20,7 @@ import yaml
 from pydantic import ValidationError
 
 from trainyard.errors import SpecError
+from trainyard.spec.args import resolve_relative, with_arg
 from trainyard.spec.checks import cross_field_problems
 from trainyard.spec.folders import nested_roots
 from trainyard.spec.messages import describe, type_name
@@ -81,6 +82,7 @@ def spec_from_text(text: str, path: Path) -> PipelineSpec:
 
 
 def spec_from_data(data: Mapping[str, Any], path: Path) -> PipelineSpec:
+    data = resolve_relative(data, path.parent)
     try:
         spec = PipelineSpec.model_validate(data)
     except ValidationError as exc:
@@ -199,7 +201,10 @@ def with_params(spec: PipelineSpec, params: Mapping[str, Any], source: Path) -> 
             continue  # Airflow's own params (and ones this spec does not expose) pass by
         *parents, field = PARAM_FIELDS[name]
         node = data
-        for key in parents:
+        for key in parents[:-1] if parents[-1:] == ["args"] else parents:
             node = node.setdefault(key, {})
-        node[field] = value
+        if parents[-1:] == ["args"]:  # a mapping or a list of items (``spec.args``)
+            node["args"] = with_arg(node.get("args"), field, value)
+        else:
+            node[field] = value
     return spec_from_data(data, source)

@@ -19,7 +19,12 @@ _RANGES = ("greater_than_equal", "greater_than", "less_than_equal", "less_than")
 
 def describe(exc: ValidationError) -> list[str]:
     """One ``field.path: message`` line per error of ``exc``."""
-    return [f"{dotted(err['loc'])}: {message(err)}" for err in exc.errors()]
+    return [_line(dotted(err["loc"]), message(err)) for err in exc.errors()]
+
+
+def _line(field: str, text: str) -> str:
+    # A validator of a whole tree (``training.args``) starts its message with the place inside it.
+    return f"{field}{text}" if text[:1] in (".", "[") and ": " in text else f"{field}: {text}"
 
 
 def dotted(loc: tuple[Any, ...]) -> str:

@@ -10,7 +10,6 @@ and re-exported here. Checks that relate two fields live in ``checks``.
 from __future__ import annotations
 
 import datetime as dt
-import math
 import re
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal, get_args
@@ -26,6 +25,15 @@ from trainyard.spec.admin import (
     notify_connections,
     pod_service_accounts,
     setting_env,
+)
+from trainyard.spec.args import (
+    ArgItem,
+    ArgMap,
+    ArgsForm,
+    ArgValue,
+    Booleans,
+    named,
+    valid_args,
 )
 
 # ---------------------------------------------------------------- vocabularies
@@ -256,28 +264,8 @@ def _backend(value: str) -> str:
 
 BackendName = Annotated[str, AfterValidator(_backend)]
 
-Scalar = str | int | float | bool
-
-
-def _arg_value(value: Any) -> Scalar | list[Scalar]:
-    if isinstance(value, list):
-        return [_arg_scalar(item, "a list item") for item in value]
-    return _arg_scalar(value, "an argument's value")
-
-
-def _arg_scalar(value: Any, what: str) -> Scalar:
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"{value!r} is not a finite number")
-    if isinstance(value, (str, int, float)):  # bool is an int
-        return value
-    kind = {dict: "a mapping", list: "a list", type(None): "null"}.get(type(value), type(value).__name__)
-    raise ValueError(
-        f"{kind} is not allowed as {what}; write a string, number or boolean"
-        + ("" if what == "a list item" else ", or a list of them (passed as --key v1 v2 ...)")
-    )
-
-
-ArgValue = Annotated[Scalar | list[Scalar], PlainValidator(_arg_value)]
+# The command line's types and rules are ``spec.args``'s; here only the field's validation.
+ArgsValue = Annotated[ArgMap | list[ArgItem], PlainValidator(valid_args)]
 
 # ---------------------------------------------------------------- models
 
@@ -528,9 +516,13 @@ def _unknown_probe(probe: str) -> float:
 class TrainingSpec(_Model):
     entrypoint: str = "trainyard.workload"
     """Python module (``-m``) or ``.py`` script run by torchrun on every rank."""
-    args: dict[str, ArgValue] = {}
-    """Extra ``--key value`` arguments of the entrypoint (model size, learning rate): each value a string,
-    number or boolean (``true``: a bare ``--key``; ``false``: left out), or a list of them (``--key v1 v2``)."""
+    args: ArgsValue = {}
+    """The entrypoint's arguments, in the order written: a mapping (each entry written as ``args_form`` says,
+    a boolean as ``booleans`` says, a list as ``--key v1 v2``), or a list whose string items are passed as
+    is (a config file, a literal flag) and whose mapping items are written like the mapping. A number reaches
+    the script as Python writes it (``1.0e-4`` as ``0.0001``; quote it to keep your spelling). Strings may hold
+    templates: ``{{ ds }}``, ``{{ run_id }}``, ``${VAR}``, ``{{ data_dir }}``, ``{{ checkpoint_dir }}``,
+    ``{{ run_dir }}``, ``{{ max_steps }}``."""
     max_steps: Steps
     """Optimizer steps to train."""
     global_batch: Batch
@@ -566,6 +558,29 @@ class TrainingSpec(_Model):
     (an experiment tracker's key, a proxy). Nothing else crosses but an allow-list of paths, locale and
     CUDA/OMP/MKL/TORCH/NCCL/GLOO tuning: training code is untrusted. Kubernetes pods take theirs from the
     image or the cluster, never from the worker."""
+    workdir: str | None = None
+    """Where the ranks start. Null: the folder holding a ``.py`` entrypoint (as ``python train.py`` is run from
+    its repo), the run's folder for a module; on Kubernetes the image's ``WORKDIR`` (the container's
+    ``workingDir`` only when given). A relative path (and a relative ``.py`` entrypoint) is the spec file's
+    folder's on the local backend, the image's on Kubernetes. May hold the templates ``args`` may."""
+    args_form: ArgsForm = "--key value"
+    """How a mapping's entry is written: ``--key value`` (two words) or ``--key=value`` (one; nanoGPT's
+    configurator, ``HfArgumentParser``). A list value needs ``--key value``."""
+    booleans: Booleans = "flag"
+    """How a boolean in ``args`` is written: ``flag`` (true: a bare ``--key``; false is refused, never dropped),
+    ``flag/--no-flag`` (false: ``--no-key``), or the value as ``true/false``, ``True/False`` or ``1/0``."""
+    resume_args: list[str] = Field([], max_length=64)
+    """Arguments added after ``args`` only when an attempt resumes from a checkpoint (a relaunch after a fault,
+    a run resuming the lineage): ``["--init_from=resume"]``. Besides the ``args`` templates, ``{{ resume_from }}``
+    is the checkpoint trainyard chose, as the script's own file."""
+    env: dict[str, str] = Field({}, max_length=256)
+    """Variables set for the ranks, locally and in pods (``WANDB_MODE: offline``); values may hold the ``args``
+    templates. Not ``TRAINYARD_*`` nor what the launchers set (``RANK``, ``MASTER_ADDR``, ...)."""
+
+    def arg(self, name: str) -> ArgValue | None:
+        """The value of the named argument ``--name`` (a later one wins), None when not given: whichever form
+        ``args`` takes, every reader asks here."""
+        return named(self.args).get(name)
 
 
 class MetricExpectations(_Model):

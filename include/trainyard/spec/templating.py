@@ -48,18 +48,27 @@ def default_home() -> str:
     return str(Path.home() / ".trainyard")
 
 
-def placeholder_problems(text: str, environ: Mapping[str, str] | None = None) -> list[str]:
-    """What is wrong with the placeholders in ``text`` (empty when all are known and allowed)."""
+def placeholder_problems(
+    text: str,
+    environ: Mapping[str, str] | None = None,
+    names: tuple[str, ...] = RUN_VARIABLES,
+    require_set: bool = False,
+) -> list[str]:
+    """What is wrong with the placeholders in ``text`` (empty when all are known and allowed): template ``names``
+    only; ``require_set``: a ``${VAR}`` must also have a value (a training argument would get the literal text)."""
     problems = []
-    allowed = allowed_variables(environ)
+    env = os.environ if environ is None else environ
+    allowed = allowed_variables(env)
     for name in TEMPLATE.findall(text):
-        if name not in RUN_VARIABLES:
-            problems.append(f"unknown template variable {{{{ {name} }}}}; allowed: {', '.join(RUN_VARIABLES)}")
+        if name not in names:
+            problems.append(f"unknown template variable {{{{ {name} }}}}; allowed: {', '.join(names)}")
     for name in ENV_REF.findall(text):
         if not _ENV_NAME.match(name):
             problems.append(f"${{{name}}} is not an environment variable name")
         elif name not in allowed:
             problems.append(f"${{{name}}} is not an allowed variable: {HOW_TO_ALLOW}")
+        elif require_set and not env.get(name) and name != HOME_VARIABLE:
+            problems.append(f"environment variable {name} is not set here; set it where trainyard runs, or drop it")
     leftover = ENV_REF.sub("", TEMPLATE.sub("", text))
     if "{{" in leftover or "}}" in leftover:
         problems.append("unbalanced '{{ }}' template braces")

@@ -116,6 +116,8 @@ def training_env(plan: LaunchPlan, mounted_per_node: bool = False) -> list[k8s.V
             for name in NODE_VARIABLES
         ),
         k8s.V1EnvVar(name="PYTHONUNBUFFERED", value="1"),  # pod logs are the node's evidence
+        # The spec's own (``training.env``), before the contract: its names never clash (``spec.args``).
+        *(k8s.V1EnvVar(name=key, value=_literal(value)) for key, value in plan.script_env.items()),
         *(
             k8s.V1EnvVar(name=key, value=own.get(key, _literal(value)))
             for key, value in plan.env.items()
@@ -138,6 +140,7 @@ def training_pod_template(
         command=["python", "-m", "torch.distributed.run"],
         args=torchrun_args(plan, rendezvous_endpoint(name, spec.namespace, spec.cluster_domain)),
         env=[*training_env(plan, bool(spec.hot_pvc)), *scratch_env()],
+        working_dir=plan.workdir,  # None: the image's WORKDIR
         resources=resources(spec),
         volume_mounts=mounts,
         ports=[k8s.V1ContainerPort(name="rdzv", container_port=RDZV_PORT, protocol="TCP")],

@@ -181,7 +181,12 @@ def node_env(plan: LaunchPlan, node: str, parent: Mapping[str, str] | None = Non
     and its GPUs (``CUDA_VISIBLE_DEVICES``; "" hides them all)."""
     env = child_env(
         os.environ if parent is None else parent,
-        {"GLOO_SOCKET_IFNAME": "lo", **node_contract(plan, node).to_env(), "CUDA_VISIBLE_DEVICES": gpus},
+        {
+            "GLOO_SOCKET_IFNAME": "lo",
+            **plan.script_env,
+            **node_contract(plan, node).to_env(),
+            "CUDA_VISIBLE_DEVICES": gpus,
+        },
         plan.pass_env,
     )
     # Local nodes share this machine's cores: one thread per rank unless told otherwise.
@@ -237,10 +242,10 @@ class LocalLauncher:
     def _start(self, handle: LocalHandle, node: str, index: int, gpus: str = "") -> None:
         plan = handle.plan
         path = plan.log_dir / f"{node}.log"  # a node's ranks append to its one log, as torchrun's do
-        env = node_env(plan, node, gpus=gpus)
+        env, cwd = node_env(plan, node, gpus=gpus), plan.local_workdir()
         handle.logs[node] = path
         if not plan.train_env.store:
-            handle.ranks[node] = [self._process(torchrun_argv(plan, handle.port, index)[1:], env, path)]
+            handle.ranks[node] = [self._process(torchrun_argv(plan, handle.port, index)[1:], env, path, cwd)]
             return
         # With a coordination store each rank is one plain process that forms its groups there
         # (``trainyard.runtime.elastic``): no torchrun agent and no rendezvous hosted by node 0, so any
@@ -248,24 +253,27 @@ class LocalLauncher:
         per_node, world = plan.procs_per_node, len(plan.nodes)
         handle.ranks[node] = [
             self._process(
-                plan.entry_argv(), {**env, **rank_env(index, r, per_node, max(world, index + 1), handle.port)}, path
+                plan.entry_argv(),
+                {**env, **rank_env(index, r, per_node, max(world, index + 1), handle.port)},
+                path,
+                cwd,
             )
             for r in range(per_node)
         ]
 
-    def _process(self, argv: list[str], env: dict[str, str], path: Path) -> Proc:
-        """A node's process running ``python <argv>``: forked from the zygote where the zygote has imported what it
-        runs (a torchrun agent, a rank of the reference workload), else a new process."""
+    def _process(self, argv: list[str], env: dict[str, str], path: Path, cwd: Path) -> Proc:
+        """A node's process running ``python <argv>`` in ``cwd``: forked from the zygote where the zygote has imported
+        what it runs (a torchrun agent, a rank of the reference workload), else a new process."""
         if usable(argv):
             # Forked from a process that imported torch already: no start-up, no import's CPU beside training.
             try:
-                return self._zygote(env).spawn(argv, env, path)
+                return self._zygote(env).spawn(argv, env, path, cwd)
             except RuntimeError as exc:
                 log.warning("%s: %s; starting it as a new process", env.get("TRAINYARD_NODE", "a node"), exc)
                 self.zygote = None
-        return self._popen([sys.executable, *argv], env, path)
+        return self._popen([sys.executable, *argv], env, path, cwd)
 
-    def _popen(self, argv: list[str], env: dict[str, str], path: Path) -> subprocess.Popen:
+    def _popen(self, argv: list[str], env: dict[str, str], path: Path, cwd: Path) -> subprocess.Popen:
         with open_append(path) as out:  # training code may have planted a link for the next attempt
             return subprocess.Popen(
                 argv,
@@ -273,6 +281,7 @@ class LocalLauncher:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=env,
+                cwd=cwd,
                 start_new_session=True,
                 preexec_fn=die_with_parent,
             )

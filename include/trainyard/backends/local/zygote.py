@@ -71,6 +71,8 @@ def _child(request: dict[str, Any]) -> None:
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.close(devnull)
+        if request.get("cwd"):
+            os.chdir(request["cwd"])  # where the launcher says the ranks start (``LaunchPlan.local_workdir``)
         os.environ.clear()
         os.environ.update(request["env"])
         sys.argv = [sys.executable, *request["argv"]]
@@ -164,7 +166,7 @@ def _agent(argv: list[str], log: Path) -> None:
             if self._stdout is None and self._stderr is None and args[:2] == (sys.executable, "-u"):
                 if usable(worker := [str(a) for a in args[2:]]) and worker[:2] != TORCHRUN:
                     try:
-                        return server.spawn(worker, env, log)
+                        return server.spawn(worker, env, log, Path.cwd())  # the agent's, as torchrun's workers
                     except RuntimeError as exc:
                         print(f"trainyard zygote: {exc}; starting the worker as a new process", file=sys.stderr)
             return super()._popen(args, env)

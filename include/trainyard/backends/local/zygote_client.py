@@ -187,11 +187,14 @@ class Zygote:
             return False
         return True
 
-    def spawn(self, argv: list[str], env: Mapping[str, str], log: Path, timeout_s: float = 60.0) -> Forked:
-        """Fork a node running ``python <argv>`` (``argv`` starts with ``-m trainyard.workload``) with ``env``,
-        its output appended to ``log``. ``RuntimeError`` if the zygote cannot."""
+    def spawn(
+        self, argv: list[str], env: Mapping[str, str], log: Path, cwd: Path | None = None, timeout_s: float = 60.0
+    ) -> Forked:
+        """Fork a node running ``python <argv>`` (``argv`` starts with ``-m trainyard.workload``) with ``env`` in
+        ``cwd`` (None: the zygote's), its output appended to ``log``. ``RuntimeError`` if the zygote cannot."""
         ident = secrets.token_hex(16)  # its answer must name it: a line written by anyone else cannot
-        request = json.dumps({"id": ident, "argv": argv, "env": dict(env), "log": str(log)}) + "\n"
+        where = {"cwd": str(cwd)} if cwd is not None else {}
+        request = json.dumps({"id": ident, "argv": argv, "env": dict(env), "log": str(log), **where}) + "\n"
         with self._lock, self._changed:
             assert self.proc.stdin is not None
             self._awaited = ident
