@@ -184,7 +184,7 @@ def test_resume_args_join_only_an_attempt_that_resumes_from_a_checkpoint(tmp_pat
     assert fresh.args == nothing_yet.args == ["--n_layer=2"]
     ckpt = run.checkpoint_root / "step_000004"
     ckpt.mkdir(parents=True)
-    registry.promote(run.checkpoint_root, ckpt)
+    registry.promote(run.checkpoint_root, ckpt, run.ledger)  # the ledger says what is latest, never LATEST
     relaunch = _plan(run, 3, Course(["n0"], 2, "latest"), 10)
     assert relaunch.args == ["--n_layer=2", "--init_from=resume", f"--ckpt={ckpt}"]
     assert _resume_target(run, Course(["n0"], 2, str(ckpt))) == str(ckpt)
