@@ -535,6 +535,14 @@ class TrainingSpec(_Model):
     (an experiment tracker's key, a proxy). Nothing else crosses but an allow-list of paths, locale and
     CUDA/OMP/MKL/TORCH/NCCL/GLOO tuning: training code is untrusted. Kubernetes pods take theirs from the
     image or the cluster, never from the worker."""
+    log_pattern: str | None = Field(None, max_length=1000)
+    """For a script that writes no heartbeats: a regular expression finding its step in a line of its log,
+    with a named group ``step`` and optionally ``loss`` (``'it (?P<step>\\d+) .* loss=(?P<loss>[0-9.]+)'``).
+    null: the common forms (nanoGPT's ``iter N: loss X``, ``step N``, Hugging Face's and Lightning's progress
+    bars; ``recovery/logsteps.py``). The steps read become the run's progress line, step events and figures."""
+    log_silence_s: float | None = Field(None, gt=0, le=DAY_S)
+    """For a script that writes no heartbeats: a node whose log gained no step line for this long, after its
+    first one, is hung (as a silent heartbeat is). null: off."""
 
 
 class MetricExpectations(_Model):
