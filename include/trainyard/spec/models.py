@@ -540,9 +540,6 @@ class TrainingSpec(_Model):
     with a named group ``step`` and optionally ``loss`` (``'it (?P<step>\\d+) .* loss=(?P<loss>[0-9.]+)'``).
     null: the common forms (nanoGPT's ``iter N: loss X``, ``step N``, Hugging Face's and Lightning's progress
     bars; ``recovery/logsteps.py``). The steps read become the run's progress line, step events and figures."""
-    log_silence_s: float | None = Field(None, gt=0, le=DAY_S)
-    """For a script that writes no heartbeats: a node whose log gained no step line for this long, after its
-    first one, is hung (as a silent heartbeat is). null: off."""
 
 
 class MetricExpectations(_Model):
