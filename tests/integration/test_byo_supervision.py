@@ -20,6 +20,7 @@ from test_recovery import events
 from trainyard.pipeline import stages
 from trainyard.pipeline.run import open_run
 from trainyard.protocol.shards import write_synthetic_corpus
+from trainyard.recovery.figures import recovery_figures
 from trainyard.report.summary import format_summary, summarize
 
 pytestmark = pytest.mark.integration
@@ -78,9 +79,46 @@ def test_a_script_without_trainyard_calls_is_supervised_and_drilled_from_outside
 
     summary = summarize(run.ledger)
     assert summary["nodes_used"] == ["node-0"]
+    # It printed no step: the figures that count steps are unknown, with why, never 0 (issue 51).
+    assert summary["steps_trained"] is None and "reports no steps" in summary["steps_trained_why"]
+    assert summary["recovery"]["productive_s"] is None and "reports no steps" in summary["recovery"]["productive_why"]
     text = format_summary(summary)
     assert "lost steps unknown (the script reports no steps" in text
+    assert "steps trained:    unknown (the script reports no steps" in text
     assert "hang detection:   off: the training script writes no heartbeats" in text
+
+
+def test_a_script_that_prints_its_steps_gets_figures_from_its_log(tmp_path: Path) -> None:
+    """Issue 51: the same script printing nanoGPT's ``iter N: loss X`` line. The supervisor reads the nodes' logs
+    (no heartbeats): the ledger gets ``step`` events marked ``source: log``, and the figures are numbers."""
+    write_synthetic_corpus(tmp_path / "cold", shards=1, tokens_per_shard=1024)
+    spec = tmp_path / "byo.yaml"
+    text = SPEC.format(root=tmp_path, script=SCRIPT).replace("args: {}", "args: {print-steps: true}")
+    spec.write_text(text.replace("max_steps: 120", "max_steps: 80"))
+    run = open_run(spec, "byo", f"byo-log-{time.monotonic_ns()}", "2026-12-03")
+    stages.stage_dataset(run)
+    stages.train(run, ["node-0", "node-1"])
+
+    logged = [e for e in events(run, "step") if e.get("source") == "log"]
+    assert {e["attempt"] for e in logged} == {1, 2}, logged
+    assert logged[-1]["step"] == 80 and all(e["node"] == "node-0" for e in logged)
+    assert all(isinstance(e.get("loss"), float) for e in logged)
+    [start2] = [e for e in events(run, "attempt_start") if e["attempt"] == 2]
+    assert isinstance(start2["resume_step"], int)  # the orchestrator's checkpoint, the resumed step's word
+
+    summary = summarize(run.ledger)
+    assert summary["steps_trained"] == 80 and summary["last_step"] == 80
+    figures = summary["recovery"]
+    assert isinstance(figures["lost_steps"], int) and figures["lost_steps"] >= 0
+    assert figures["resume_delay_s"] > 0 and figures["productive_s"] > 0
+    after = recovery_figures(run.ledger)  # the stage's wall time is known once it ended: ETTR too
+    assert 0 < after["ettr"] <= 1 and after["failures"][0]["resumed_by"] == "orchestrator"
+    # A script that never said it reads the batch settings: unknown, not "does not read".
+    [decision] = events(run, "decision")
+    assert "global batch unknown" in decision["reason"] and "does not read" not in decision["reason"]
+    text = format_summary(summary)
+    assert "steps trained:    80 (step" in text and "lost steps unknown" not in text
+    assert "recovery path:    relaunch: recovery.in_place is false" in text
 
 
 def test_trainyard_drill_acts_out_a_kill_for_a_script_without_trainyard_calls(tmp_path: Path) -> None:

@@ -798,9 +798,10 @@ def test_decisions_name_their_action() -> None:
     ]
 
 
-# The batch claim: "kept" only where the script applies the settings (its batch_followed event); else what a
-# script that keeps its own per-rank batch trains with, and the fix.
-NOT_READ = "(the script does not read TRAINYARD_GLOBAL_BATCH or TRAINYARD_MICRO_BATCH"
+# The batch claim: "kept" only where the script applies the settings (its batch_followed event); else unknown
+# (trainyard cannot see into the script: never "does not read"), what a script that keeps its own per-rank batch
+# trains with, and the fix.
+NOT_READ = "global batch unknown: the script has not confirmed it read TRAINYARD_GLOBAL_BATCH/TRAINYARD_MICRO_BATCH"
 FIX = "call trainyard.runtime.follow_batch()"
 
 
@@ -810,11 +811,12 @@ FIX = "call trainyard.runtime.follow_batch()"
         (failed("node_lost", "node-1"), world(2, global_batch=16, micro=4),
          "scale down 2 -> 1 nodes, micro-batch 4 x 4 accumulation, global batch 16 kept", NOT_READ),
         (failed("node_lost", "node-1"), world(2, global_batch=16, micro=4, followed=False),
-         f"scale down 2 -> 1 nodes, global batch changes from 16 to 8 {NOT_READ}", "kept"),
+         f"scale down 2 -> 1 nodes, {NOT_READ} (no batch_followed event); if it keeps its own per-rank batch,"
+         " the global batch changes from 16 to 8", "does not read"),
         (failed("node_lost", "node-1"), world(4, global_batch=12, micro=3, followed=False),
-         "scale down 4 -> 3 nodes, global batch changes from 12 to 9", "kept"),
+         "the global batch changes from 12 to 9", "kept"),
         (failed("oom", "node-0"), world(2, global_batch=16, micro=4, followed=False),
-         f"retry with micro-batch 4 -> 2 (global batch stays 16 {NOT_READ}", "kept"),
+         f"retry with micro-batch 4 -> 2 ({NOT_READ}", "global batch 16 kept"),
     ],
 )  # fmt: skip
 def test_a_decision_says_the_global_batch_is_kept_only_where_the_script_applies_it(

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from trainyard.checkpoint.registry import promote
+from trainyard.recovery.logwatch import LogSteps
 from trainyard.recovery.progress import Look, Progress, ProgressLog, duration, furthest, tokens_per_step
 
 
@@ -278,3 +279,21 @@ def test_a_checkpoint_folder_named_to_forge_a_line_cannot(tmp_path: Path) -> Non
     line = pace.poll(1.0)
     assert line is not None and len(line.splitlines()) == 1 and line.startswith("progress: attempt 1,")
     assert not any(ord(c) < 32 or 127 <= ord(c) < 160 for c in line), repr(line)
+
+
+def test_a_script_without_heartbeats_shows_its_log_s_step(tmp_path: Path) -> None:
+    """Issue 51: a script that prints ``iter N: loss X`` and writes no heartbeats. Its first step is recorded at
+    the first poll that sees it (it times a resumption), later ones at the pace; the line says the log's step."""
+    log = tmp_path / "attempt-1" / "node-0.log"
+    log.parent.mkdir()
+    written: list[dict] = []
+    logs = LogSteps({"node-0": log}, None, attempt=1, world_size=1, record=written.append)
+    pace = ProgressLog(10.0, 0.0, attempt=1, world_size=1, target=200, tokens_per_step=None,
+                       heartbeat_dir=tmp_path / "absent", checkpoint_root=None, logs=logs)  # fmt: skip
+    log.write_text("iter 1: loss 4.0\n")
+    assert pace.poll(1.0) is None and [e["step"] for e in written] == [1]  # not due, but recorded at once
+    log.write_text("iter 1: loss 4.0\niter 120: loss 2.5, time 10ms\n")
+    assert pace.poll(5.0) is None and len(written) == 1  # after the first step: at the pace only
+    line = pace.poll(10.0)
+    assert line is not None and "step 120/200 (from the log), loss 2.5000" in line and "no heartbeats" not in line
+    assert written[-1]["step"] == 120 and written[-1]["source"] == "log"

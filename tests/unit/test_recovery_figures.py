@@ -9,6 +9,9 @@ import pytest
 
 from trainyard.events.ledger import Ledger
 from trainyard.recovery.figures import recovery_figures
+from trainyard.report.notice import RunFacts, notice_from_ledger
+from trainyard.report.pages import report_html
+from trainyard.report.summary import format_summary, summarize
 
 
 def at(ledger: Ledger, ts: float, event: str, **fields) -> None:
@@ -151,3 +154,56 @@ def test_a_script_that_reports_no_steps_has_unknown_lost_steps_and_resume_delay(
 def test_figures_that_are_known_carry_no_why(ledger: Ledger) -> None:
     figures = recovery_figures(ledger)
     assert figures["lost_steps_why"] is None and figures["resume_delay_why"] is None
+
+
+@pytest.fixture
+def blind(tmp_path: Path) -> Ledger:
+    """A script that reports no steps at all (no heartbeats, no log line that says one): node-1 dies, attempt 2
+    relaunches from the orchestrator's checkpoint of step 30 and succeeds."""
+    ledger = Ledger(tmp_path / "events.jsonl")
+    at(ledger, 99.0, "stage_start")
+    at(ledger, 99.0, "recovery_path", in_place=False, why_not="recovery.in_place is false")
+    at(ledger, 100.0, "attempt_start", attempt=1, nodes=["node-0", "node-1"], world_size=2, resume_step=0)
+    at(ledger, 106.0, "attempt_end", attempt=1, state="failed", trigger="crash", reason="node-1 exited -9")
+    at(ledger, 106.5, "failure_classified", attempt=1, kind="node_lost", detected_at=106.4)
+    at(ledger, 106.6, "decision", attempt=1, kind="node_lost", action="scale_down", reason="scale down")
+    at(ledger, 108.0, "attempt_start", attempt=2, nodes=["node-0"], world_size=1, resume_step=30)
+    at(ledger, 119.0, "attempt_end", attempt=2, state="succeeded")
+    at(ledger, 119.0, "stage_end", seconds=20.0)
+    return ledger
+
+
+def test_a_run_with_no_steps_says_unknown_and_why_never_0(blind: Ledger) -> None:
+    figures = recovery_figures(blind)
+    assert figures["productive_s"] is None and figures["ettr"] is None and figures["lost_steps"] is None
+    assert "reports no steps" in figures["productive_why"] and "training.log_pattern" in figures["productive_why"]
+    at(blind, 119.5, "recovery_figures", **{k: v for k, v in figures.items() if k != "failures"})
+    summary = summarize(blind)
+    assert summary["steps_trained"] is None and "reports no steps" in summary["steps_trained_why"]
+    text = format_summary(summary)
+    assert "steps trained:    unknown (the script reports no steps" in text
+    assert "ETTR unknown (the script reports no steps" in text
+    html = report_html(summary)
+    assert "productive training time (s)</td><td>unknown (the script reports no steps" in html
+    assert "Steps trained: unknown (the script reports no steps" in html
+    lines = notice_from_ledger(blind, RunFacts("byo", "r1", failed=False), ("recovery",)).lines  # type: ignore[union-attr]
+    assert any(ln.startswith("Productive training time: unknown (the script reports no steps") for ln in lines)
+
+
+def test_a_relaunch_without_a_resumed_event_resumes_at_the_orchestrator_s_checkpoint(tmp_path: Path) -> None:
+    """Steps read from the script's log (``source: log``), no ``resumed`` from any rank: the step the
+    orchestrator chose for attempt 2 (``attempt_start``'s ``resume_step``) is the resumed step, said as such."""
+    ledger = Ledger(tmp_path / "events.jsonl")
+    at(ledger, 100.0, "attempt_start", attempt=1, resume_step=0)
+    for step in (1, 20, 40, 46):
+        at(ledger, 100.0 + step / 10, "step", step=step, source="log", step_ms=100.0)
+    at(ledger, 106.5, "failure_classified", attempt=1, kind="node_lost", detected_at=106.4)
+    at(ledger, 108.0, "attempt_start", attempt=2, resume_step=40)
+    at(ledger, 110.0, "step", step=41, source="log")
+    at(ledger, 115.0, "step", step=60, source="log", first_step=42, steps=19, step_ms=100.0)
+    at(ledger, 116.0, "stage_end", seconds=20.0)
+    figures = recovery_figures(ledger)
+    [failure] = figures["failures"]
+    assert failure["lost_steps"] == 6 and failure["resumed_by"] == "orchestrator"  # 41..46 ran twice
+    assert figures["resume_delay_s"] == pytest.approx(110.0 - 106.4)
+    assert figures["productive_s"] is not None and figures["productive_s"] > 0

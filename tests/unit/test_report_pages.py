@@ -168,7 +168,9 @@ def test_the_summary_has_every_section_from_the_ledger(tmp_path: Path) -> None:
     ("paths", "line"),
     [
         ([], None),  # the train stage has not started: nothing to say
-        ([(True, "")], "in place"),
+        # Allowed, but no group formed on the store yet (a script that may never group): not said as done.
+        ([(True, "")], "in place (not yet: no group formed)"),
+        ([(True, ""), "group_formed"], "in place"),  # the ranks formed a group on the store
         ([(False, "recovery.in_place is false")], "relaunch: recovery.in_place is false"),
         # The first failure of a script that never formed the elastic group: the stage's later word wins.
         ([(True, ""), (False, "its ranks never formed a group")], "relaunch: its ranks never formed a group"),
@@ -177,8 +179,11 @@ def test_the_summary_has_every_section_from_the_ledger(tmp_path: Path) -> None:
 def test_the_summary_says_how_a_lost_node_is_healed(tmp_path: Path, paths: list, line: str | None) -> None:
     ledger = Ledger.in_dir(tmp_path)
     ledger.append("train", "stage_start")
-    for in_place, why_not in paths:
-        ledger.append("train", "recovery_path", in_place=in_place, why_not=why_not)
+    for path in paths:
+        if path == "group_formed":
+            ledger.append("train", "group_formed", attempt=1)
+        else:
+            ledger.append("train", "recovery_path", in_place=path[0], why_not=path[1])
     summary = summarize(ledger)
     assert summary["recovery_path"] == line
     said = [t for t in format_summary(summary).splitlines() if t.startswith("  recovery path:")]

@@ -119,6 +119,9 @@ class AttemptRun:
     growths: tuple[Growth, ...] = ()
     regrouped_at: float | None = None
     """When the last regroup or growth was decided (its group's ranks start again from then)."""
+    resume_step: int | None = None
+    """The step of the checkpoint the orchestrator chose for it (``attempt_start``): its resumed step where no
+    rank wrote a ``resumed``."""
 
     @property
     def failures(self) -> list[FailureSeen]:

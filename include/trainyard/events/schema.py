@@ -270,6 +270,15 @@ class RecoveryPath(Event):
 
 
 @dataclass(frozen=True)
+class GroupFormed(Event):
+    """An attempt's ranks formed their first group on the coordination store: in place is real, not only allowed
+    (the summary's ``recovery path``). Once a run, by the blocking driver."""
+
+    event = "group_formed"
+    attempt: int | None = None
+
+
+@dataclass(frozen=True)
 class HangDetectionOff(Event):
     """The training script writes no heartbeats: nothing is called hung until its first beat (once a run)."""
 
@@ -308,6 +317,9 @@ class AttemptStart(Event):
     world_size: int | None = None
     micro_batch: int | None = None
     resume_from: str | None = None
+    resume_step: int | None = None
+    """The step of the checkpoint the orchestrator chose for the attempt (``resume_from`` resolved when it
+    started; 0: from scratch): the resumed step of a script that writes no ``resumed`` of its own."""
 
 
 @dataclass(frozen=True)
@@ -612,7 +624,7 @@ KINDS: dict[str, type[Event]] = {
     for kind in (
         StageStart, StageEnd, StageFailed, Params, Notified, NotifyFailed, Progress, Plan, Staged, EarlierBoot,
         EarlierBootReverified, TrustOnFirstFetch, Evicted, DatasetChecked, SittingOut, NodesMarked, NodesRetested,
-        NodeVerdict, Thresholds, ResumePoint, RecoveryPath, HangDetectionOff, DrillRefused, RecoveryFigures, AttemptStart, AttemptEnd, AttemptEvent,
+        NodeVerdict, Thresholds, ResumePoint, RecoveryPath, GroupFormed, HangDetectionOff, DrillRefused, RecoveryFigures, AttemptStart, AttemptEnd, AttemptEvent,
         FailureClassified, DecisionMade, Grown, SparesWarm, Rejoining, RolledBack, LineageHeld, LineageReset,
         CheckpointAdopted, CheckpointValidated, CheckpointPromoted, CheckpointQuarantined, CheckpointRetired, CheckpointTiered,
         CheckpointChecked, Published, Step, Finished, CheckpointSaved, CheckpointSkipped, Resumed, Regrouped,

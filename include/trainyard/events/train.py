@@ -94,6 +94,8 @@ class TrainRun:
     """When the last ``resume_point`` was written (framework saves older than that are not this run's)."""
     finished: bool = False
     """A training process said it reached its last step (``finished``)."""
+    grouped: bool = False
+    """Some attempt's ranks formed a group on the coordination store (``group_formed``)."""
 
     @classmethod
     def of(cls, events: Iterable[Event]) -> TrainRun:
@@ -137,7 +139,8 @@ def _attempt_start(s: TrainRun, e: Event) -> TrainRun:
     nodes, micro = _names(e.get("nodes")), _int(e.get("micro_batch")) or 0
     world = int(e.get("world_size") or 0)
     attempt = AttemptRun(int(e["attempt"]), float(e["ts"]), nodes, world, micro,
-                         str(e.get("resume_from") or "latest"), nodes, micro)  # fmt: skip
+                         str(e.get("resume_from") or "latest"), nodes, micro,
+                         resume_step=_int(e.get("resume_step")))  # fmt: skip
     worlds = (*s.worlds, (float(e["ts"]), world)) if "world_size" in e else s.worlds
     return replace(s, attempts=(*s.attempts, attempt), used=s.used | set(nodes), worlds=worlds)
 
@@ -256,6 +259,7 @@ _TRAIN = {
     "resumed": _resumed,
     "drill_fired": _drill,
     "recovery_path": lambda s, e: replace(s, in_place=e.get("in_place"), why_not=e.get("why_not")),
+    "group_formed": lambda s, e: replace(s, grouped=True),
     "batch_followed": lambda s, e: replace(s, batch_followed=True),
     "finished": lambda s, e: replace(s, finished=True),
     "drill_refused": lambda s, e: replace(

@@ -37,6 +37,7 @@ from trainyard.protocol.live_metrics import otlp_endpoint
 from trainyard.recovery.commands import AttemptResult
 from trainyard.recovery.deferred import Deferral, Deferred, Done, Outcome, Pace
 from trainyard.recovery.figures import recovery_figures
+from trainyard.recovery.logwatch import LogSteps
 from trainyard.recovery.observations import BackoffOver, Checkpoints, Context, Reported
 from trainyard.recovery.progress import ProgressLog, tokens_per_step
 from trainyard.recovery.state import Course
@@ -318,6 +319,8 @@ def _progress(run: Run, plan: LaunchPlan, target: int, every_s: float | None = N
         tokens_per_step=tokens_per_step(training.global_batch, named(training.args)),
         heartbeat_dir=plan.heartbeat_dir,
         checkpoint_root=run.checkpoint_root,
+        # While no rank beats, each node's log is read for its steps (``recovery.logwatch``).
+        logs=LogSteps.of(plan, training.log_pattern, lambda fields: run.ledger.append("train", "step", **fields)),
     )
 
 

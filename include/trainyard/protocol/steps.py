@@ -33,6 +33,11 @@ from typing import Any
 
 SUMMARISED = ("loss", "step_ms")
 """Metrics whose min/mean/max over the covered steps an event carries (others: the last value)."""
+NO_STEPS = (
+    "the script reports no steps (it writes no heartbeats: trainyard.runtime.heartbeat is never called, and no"
+    " line of its log says a step: give training.log_pattern)"
+)
+"""Why the figures that count steps are unknown for a run without step events (never 0 stated as a fact)."""
 CURVE_POINTS = 2000
 """Most points of a loss curve in a summary (a chart needs no more; a 1M-step run would have 1M)."""
 

@@ -23,6 +23,7 @@ from trainyard.events.schema import AttemptStart
 from trainyard.recovery.classify import Failure
 from trainyard.recovery.commands import AttemptResult, Record
 from trainyard.recovery.controller import ended, succeeded
+from trainyard.recovery.logwatch import resume_step
 from trainyard.recovery.look import PREEMPTED, AttemptView, Reads, look, seen
 from trainyard.recovery.observations import AttemptFailed as Failed
 from trainyard.recovery.observations import AttemptSucceeded, Beatless, Checkpoints, LeaseLost, SparesReady
@@ -55,7 +56,8 @@ def start_attempt(launcher: Launcher, plan: LaunchPlan, ledger: Ledger) -> Any:
         plan.train_env.heartbeat_dir.mkdir(parents=True, exist_ok=True)
     env = plan.train_env
     start = AttemptStart(attempt=plan.attempt, nodes=plan.nodes, world_size=plan.world_size,
-                         micro_batch=env.micro_batch, resume_from=env.resume_from)  # fmt: skip
+                         micro_batch=env.micro_batch, resume_from=env.resume_from,
+                         resume_step=resume_step(env.resume_from, env.checkpoint_dir))  # fmt: skip
     ledger.append(STAGE, start.event, **start.fields())
     return launcher.launch(plan)
 
@@ -100,6 +102,8 @@ def watch_attempt(
         reads = Reads(status, detection, leaving() if leaving is not None and detection is None else [], spares=spares)
         if (sight := look(view, reads)) is not None:
             at = time.time()
+            if progress is not None:
+                progress.last_look(at)
             scan = checkpoints() if checkpoints is not None and sight.what in (CRASH, HANG, PREEMPTED) else None
             return seen(view, plan, sight, status, scan, at=at)
         if progress is not None and (line := progress.poll(time.time())):

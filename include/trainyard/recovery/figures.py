@@ -35,7 +35,8 @@ from typing import Any
 
 from trainyard.events.fold import RunState, TrainRun, fold
 from trainyard.events.ledger import Ledger
-from trainyard.protocol.steps import kept_stretches, weighted_median
+from trainyard.events.records import AttemptRun
+from trainyard.protocol.steps import NO_STEPS, kept_stretches, weighted_median
 
 
 def _first_step(steps: Sequence[Mapping[str, Any]], after: float) -> Mapping[str, Any] | None:
@@ -44,10 +45,6 @@ def _first_step(steps: Sequence[Mapping[str, Any]], after: float) -> Mapping[str
 
 def recovery_figures(ledger: Ledger) -> dict[str, Any]:
     return figures_from(fold(ledger.events("train")))
-
-
-NO_STEPS = "the script reports no steps (it writes no heartbeats: trainyard.runtime.heartbeat is never called)"
-"""Why the figures that count steps are unknown for a script that makes no trainyard calls."""
 
 
 def figures_from(state: RunState) -> dict[str, Any]:
@@ -88,7 +85,7 @@ def figures_from(state: RunState) -> dict[str, Any]:
             path, first_step, resumed_from = "in_place", _first_step(steps, regrouped.at), regrouped.from_step
         else:
             first_step = _first_step(steps, nxt.started) if nxt else None
-            path, resumed_from = "relaunch", (nxt.resumed_step or 0) if nxt else None
+            path, resumed_from = "relaunch", _resumed(nxt)
         failures.append(
             {
                 "attempt": attempt.number,
@@ -98,9 +95,24 @@ def figures_from(state: RunState) -> dict[str, Any]:
                 "detection_s": round(failure.at - fault_at, 3),
                 "resume_delay_s": round(first_step["ts"] - fault_at, 3) if first_step else None,
                 "lost_steps": max(reached) - resumed_from if steps and reached and resumed_from is not None else None,
+                **(
+                    {"resumed_by": "orchestrator"}
+                    if nxt and path == "relaunch" and nxt.resumed_step is None and nxt.resume_step is not None
+                    else {}
+                ),
             }
         )
     return {**_failures_figures(train, failures, steps), **_training_figures(steps, wall)}
+
+
+def _resumed(nxt: AttemptRun | None) -> int | None:
+    """The step a relaunch resumed from: its rank's word (``resumed``), else the orchestrator's (the checkpoint
+    it chose, ``attempt_start``'s ``resume_step``: a script that writes no ``resumed``), else a fresh start."""
+    if nxt is None:
+        return None
+    if nxt.resumed_step is not None:
+        return nxt.resumed_step
+    return nxt.resume_step if nxt.resume_step is not None else 0
 
 
 def _failures_figures(
@@ -127,10 +139,17 @@ def _failures_figures(
 
 
 def _training_figures(steps: Sequence[Mapping[str, Any]], wall: float | None) -> dict[str, Any]:
-    """Productive time and ETTR from the step events."""
-    kept = [(n, (ms or 0.0) / 1000) for n, ms in kept_stretches(steps)]
-    productive = sum(n for n, _ in kept) * (weighted_median(kept) or 0.0)
+    """Productive time and ETTR from the step events; unknown, with why, where there are none (a script that
+    reports no steps trained for an unknown time, not for 0 s)."""
+    if not steps:
+        return {"productive_s": None, "ettr": None, "productive_why": NO_STEPS, "ettr_why": NO_STEPS}
+    kept = kept_stretches(steps)
+    # A stretch without a time (the log's first steps of an attempt, seen at once) counts at the median of the rest.
+    timed = [(n, ms / 1000) for n, ms in kept if ms is not None]
+    productive = sum(n for n, _ in kept) * (weighted_median(timed) or 0.0)
     return {
         "productive_s": round(productive, 3),
         "ettr": round(productive / wall, 4) if wall else None,
+        "productive_why": None,
+        "ettr_why": None,
     }

@@ -210,15 +210,17 @@ FOLLOW_BATCH = "call trainyard.runtime.follow_batch() and train with the micro-b
 
 def _batch(s: Situation, nodes: int, micro: int) -> str:
     """The batch after a change to ``nodes`` nodes at micro-batch ``micro``: kept where the script applies the
-    settings; else what a script that keeps its own per-rank batch trains with, and the fix."""
+    settings; else unknown, with what a script that keeps its own per-rank batch trains with, and the fix."""
     ranks = nodes * s.procs_per_node
     if s.batch_followed:
         accum = s.global_batch // (ranks * micro)
         return f"micro-batch {micro} x {accum} accumulation, global batch {s.global_batch} kept"
     after = s.global_batch * ranks // max(1, len(s.nodes) * s.procs_per_node)
     change = f"changes from {s.global_batch} to {after}" if after != s.global_batch else f"stays {s.global_batch}"
-    return (f"global batch {change} (the script does not read TRAINYARD_GLOBAL_BATCH or TRAINYARD_MICRO_BATCH:"
-            f" no batch_followed event, so micro-batch {micro} is not applied; {FOLLOW_BATCH})")  # fmt: skip
+    # Unknown, not denied: trainyard cannot see into a script that never said whether it reads the settings.
+    return (f"global batch unknown: the script has not confirmed it read TRAINYARD_GLOBAL_BATCH/TRAINYARD_MICRO_BATCH"
+            f" (no batch_followed event); if it keeps its own per-rank batch, the global batch {change} and"
+            f" micro-batch {micro} is not applied; {FOLLOW_BATCH}")  # fmt: skip
 
 
 # ---------------------------------------------------------------- actions

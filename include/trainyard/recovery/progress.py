@@ -28,6 +28,7 @@ from typing import Any
 from trainyard.checkpoint import registry
 from trainyard.checkpoint.format import list_checkpoints, step_of
 from trainyard.protocol.heartbeat import read_heartbeats
+from trainyard.recovery.logwatch import LogSteps
 from trainyard.text import printable
 
 UNKNOWN = "-"
@@ -55,6 +56,8 @@ class Progress:
     """Name of the last valid checkpoint, ``none``, or None where it cannot be seen."""
     saved: str | None = None
     """A newer committed checkpoint not judged yet (a deferred task judges them when it wakes)."""
+    from_log: bool = False
+    """The step and loss are the script's log's (``recovery.logwatch``): it writes no heartbeats."""
 
     @classmethod
     def from_heartbeats(
@@ -70,6 +73,7 @@ class Progress:
         checkpoint: str | None,
         saved: str | None = None,
         last_rate: float | None = None,
+        from_log: bool = False,
     ) -> Progress:
         """Progress from the heartbeats (``rank-N`` -> record) at ``now``; speed since the look ``before``.
 
@@ -101,12 +105,15 @@ class Progress:
             eta_s=eta,
             checkpoint=checkpoint,
             saved=saved,
+            from_log=from_log,
         )
 
     def line(self) -> str:
         step = f"{UNKNOWN}/{self.target} (no heartbeats)"  # not stuck: the script may write none
         if self.step is not None:
             step = f"{self.step}/{self.target} ({100 * self.step / self.target:.0f}%)"
+        if self.step is not None and self.from_log:
+            step = f"{self.step}/{self.target} (from the log)"
         return (
             f"progress: attempt {self.attempt}, world size {self.world_size}, step {step},"
             f" loss {_fmt(self.loss, '.4f')}, {_fmt(self.steps_per_s, '.3g')} steps/s,"
@@ -213,6 +220,7 @@ class ProgressLog:
         tokens_per_step: int | None,
         heartbeat_dir: Path,
         checkpoint_root: Path | None,
+        logs: LogSteps | None = None,
     ):
         self.every_s, self.next_at = every_s, started + every_s
         self.attempt, self.world_size, self.target = attempt, world_size, target
@@ -220,15 +228,25 @@ class ProgressLog:
         self.heartbeat_dir, self.checkpoint_root = heartbeat_dir, checkpoint_root
         self.before: Look | None = None
         self.rate: float | None = None
+        self.logs = logs
+        """The nodes' logs, read while no rank wrote a heartbeat (None: not read, or a rank beat)."""
 
     def poll(self, now: float) -> str | None:
         """The progress line if one is due at ``now``, else None."""
-        if self.before is not None and now < self.next_at:
+        # Until the log showed its first step it is read at every poll: that step times the resumption.
+        first_logged = self.logs is not None and self.logs.written is None
+        if self.before is not None and now < self.next_at and not first_logged:
             return None
         beats = read_heartbeats(self.heartbeat_dir) if self.heartbeat_dir.is_dir() else {}
+        if beats:
+            self.logs = None  # the heartbeats say more than the log; the runtime writes the step events
+        logged = self.logs.look(now) if self.logs is not None else None
+        if logged is not None:  # the log's step as a beat of its own, seen now: speeds and ETA as for beats
+            beats = {"log": {"step": logged.step, "time": now, "metrics": {"loss": logged.loss}}}
         look = furthest(beats, now)
         if now < self.next_at:
-            self.before = look  # a starting point for the first line's rates
+            if self.before is None or (look and look.step > self.before.step):
+                self.before = look  # a starting point for the first line's rates
             return None
         # A late poll (a long save, a busy triggerer) skips lines, not the cadence; every_s 0: a line per poll.
         self.next_at = (
@@ -246,11 +264,17 @@ class ProgressLog:
             checkpoint=valid,
             saved=saved,
             last_rate=self.rate,
+            from_log=logged is not None,
         )
         self.rate = progress.steps_per_s
         if look and (self.before is None or look.step > self.before.step):
             self.before = look
         return progress.line()
+
+    def last_look(self, now: float) -> None:
+        """As the attempt ends: the logs' last steps into the ledger, before any figure reads it."""
+        if self.logs is not None:
+            self.logs.look(now)
 
     def _checkpoints(self) -> tuple[str | None, str | None]:
         """The last valid checkpoint's name (``none`` if none yet) and a newer committed one's, if any."""

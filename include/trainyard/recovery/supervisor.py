@@ -113,6 +113,7 @@ class Driver:
     heartbeat_timeout_s: float
     startup_grace_s: float = STARTUP_GRACE_S
     """The spec's watch settings (``training``), for every look (``view``)."""
+    grouped = False  # this process said the ranks formed a group on the store
 
     def __init__(self, launcher: Launcher, reader: StateReader, ctx: Context, hooks: Hooks) -> None:
         self.launcher, self.reader, self.ctx, self.hooks = launcher, reader, ctx, hooks
@@ -128,6 +129,9 @@ class Driver:
         """Start the nodes whose generation every member formed (the watch's ``each_poll``)."""
         assert self.hooks.coordinator_for is not None
         coordinator = self.hooks.coordinator_for(attempt)
+        if not self.grouped and coordinator.ready(1):  # in place is real once the ranks grouped (``recovery path``)
+            self.grouped = True
+            self.ledger.append(STAGE, "group_formed", attempt=attempt)
         for command in [c for c in self.starts if c.attempt == attempt]:
             if command.once_formed is not None and not coordinator.formed(command.once_formed):
                 continue
@@ -387,12 +391,9 @@ def supervise(
     keep_alive: Callable[[], None] | None = None,
     startup_grace_s: float = STARTUP_GRACE_S,
 ) -> AttemptResult:
-    """Attempts until success; ``TrainingFailed`` (with the kind) once the policy says fail.
-
-    Carries on from the ledger (a retried task): see ``controller.carry_on``.
-    ``keep_alive`` is called at every poll and backoff slice; ``LineageBusy``
-    from it ends the attempt and the task.
-    """
+    """Attempts until success; ``TrainingFailed`` (with the kind) once the policy says fail. Carries on from the
+    ledger (a retried task): see ``controller.carry_on``. ``keep_alive`` is called at every poll and backoff
+    slice; ``LineageBusy`` from it ends the attempt and the task."""
     supervisor = Supervisor(launcher, StateReader(ledger), ctx, hooks, heartbeat_timeout_s, poll_s, keep_alive,
                             startup_grace_s)  # fmt: skip
     return supervisor.run()

@@ -221,6 +221,8 @@ def _recovery_lines(recovered: list[dict[str, Any]], figures: dict[str, Any]) ->
         lines.append(f"Steps lost in all: unknown ({figures['lost_steps_why']})")
     else:
         lines.append(f"Steps lost in all: {figures.get('lost_steps') or 0}")
+    if figures.get("productive_s") is None and figures.get("productive_why"):
+        lines.append(f"Productive training time: unknown ({figures['productive_why']})")
     return lines
 
 

@@ -162,6 +162,8 @@ def loss_section(summary: Mapping[str, Any]) -> str:
             f" {esc(summary['last_step'])}); loss {_num(summary['first_loss'], 4)} \u2192"
             f" {_num(summary['last_loss'], 4)}. Dashed: where a later attempt resumed.</p>"
         )
+    elif summary.get("steps_trained_why"):
+        text = f"<p>Steps trained: unknown ({esc(summary['steps_trained_why'])}).</p>"
     return f"<h2>Loss</h2>{loss_svg(summary['loss_curve'], boundaries)}{text}"
 
 
@@ -304,7 +306,7 @@ def index_page(runs: Sequence[Mapping[str, Any]], root_label: str = "") -> str:
                 _when(r.get("started")),
                 _num((r["ended"] - r["started"]) if r.get("ended") and r.get("started") else None, 1),
                 esc(r.get("attempts") or 0),
-                esc(r.get("steps_trained") or 0),
+                esc("unknown" if r.get("steps_trained") is None else r["steps_trained"]),
                 _num(r.get("last_loss"), 4),
             ]
             for r in items

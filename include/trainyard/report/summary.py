@@ -48,7 +48,9 @@ def summary_of(state: RunState, closing: bool = False) -> dict[str, Any]:
         "nodes_used": list(last.nodes) if (last := train.last) else state.results.get("train", {}).get("nodes", []),
         "node_verdicts": {n: asdict(v) for n, v in state.verdicts.items()},
         "thresholds": None if limits is None else asdict(limits),
-        "steps_trained": progress.steps_trained(train.steps),
+        # No step events: a script that reports none trained an unknown number of steps, not 0.
+        "steps_trained": progress.steps_trained(train.steps) if train.steps else None,
+        "steps_trained_why": None if train.steps else progress.NO_STEPS,
         "first_step": steps[0][0] if steps else None,
         "last_step": steps[-1][0] if steps else None,
         "first_loss": steps[0][1] if steps else None,
@@ -84,11 +86,14 @@ def _data(state: RunState) -> dict[str, Any] | None:
 
 
 def _recovery_path(train: TrainRun) -> str | None:
-    """How a lost node is healed, as the train stage's latest ``recovery_path`` says: in place (the default
-    where it applies), or a relaunch and why; None before the train stage starts."""
+    """How a lost node is healed, as the train stage's latest ``recovery_path`` says: a relaunch and why, or in
+    place -- said as done only once a group formed on the store (the ranks joined it, or a regroup happened);
+    allowed but unproven (a script that may never group), "not yet". None before the train stage starts."""
     if train.in_place is None:
         return None
-    return "in place" if train.in_place else f"relaunch: {train.why_not or 'no reason recorded'}"
+    if not train.in_place:
+        return f"relaunch: {train.why_not or 'no reason recorded'}"
+    return "in place" if train.grouped or train.formed else "in place (not yet: no group formed)"
 
 
 def _hang_detection(train: TrainRun) -> str | None:
@@ -165,12 +170,14 @@ def format_summary(summary: dict[str, Any]) -> str:
             f"  steps trained:    {summary['steps_trained']} (step {summary['first_step']} to {summary['last_step']})"
         )
         lines.append(f"  loss:             {summary['first_loss']:.4f} -> {summary['last_loss']:.4f}")
+    elif summary.get("steps_trained_why") and summary["attempts"]:
+        lines.append(f"  steps trained:    unknown ({summary['steps_trained_why']})")
     recovery = summary.get("recovery") or {}
     if summary["attempts"] > 1 and recovery:
         lines.append(
             f"  attempts:         {summary['attempts']} (detection {recovery.get('detection_s')} s, resume delay"
             f" {_known(recovery, 'resume_delay_s', ' s')}, lost steps {_known(recovery, 'lost_steps')},"
-            f" ETTR {recovery.get('ettr')})"
+            f" ETTR {_known(recovery, 'ettr')})"
         )
     for row in summary.get("attempt_details") or []:
         lines.append(f"  attempt {row['attempt']}:        {row['state']} on {', '.join(row.get('nodes') or []) or '-'}")

@@ -347,6 +347,20 @@ def _repeated(field: str, items: Sequence[str]) -> list[str]:
 
 # The fields each check reads (dotted paths; a prefix covers everything under it). A check that reads
 # a field whose value was broken is skipped: its answer would be about a stand-in default.
+def _log_pattern(spec: PipelineSpec) -> list[str]:
+    """The pattern the driver matches the script's log lines with: it must compile and name its step."""
+    pattern = spec.training.log_pattern
+    if pattern is None:
+        return []
+    try:
+        groups = re.compile(pattern).groupindex
+    except re.error as exc:
+        return [f"training.log_pattern: not a regular expression ({exc}); fix it or remove it for the default forms"]
+    if "step" not in groups:
+        return ["training.log_pattern: has no named group 'step'; write the step's digits as (?P<step>\\d+)"]
+    return []
+
+
 CHECKS: tuple[tuple[tuple[str, ...], Check], ...] = (
     (("nodes",), _nodes),
     (("nodes", "training.entrypoint"), _gpus),
@@ -360,6 +374,7 @@ CHECKS: tuple[tuple[tuple[str, ...], Check], ...] = (
     (("training.resume_from",), _resume_from),
     (("training.allowed_resume_roots",), _resume_roots),
     (("training.pass_env", "nodes.backend"), _pass_env),
+    (("training.log_pattern",), _log_pattern),
     (("schedule",), _schedule),
     (("runs_root", "dataset.source", "dataset.hot", "checkpoint.hot", "checkpoint.cold"), _uris),
     (("dataset.name",), _dataset_name),

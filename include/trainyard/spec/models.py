@@ -577,6 +577,12 @@ class TrainingSpec(_Model):
     """Variables set for the ranks, locally and in pods (``WANDB_MODE: offline``); values may hold the ``args``
     templates. Not ``TRAINYARD_*`` nor what the launchers set (``RANK``, ``MASTER_ADDR``, ...)."""
 
+    log_pattern: str | None = Field(None, max_length=1000)
+    """For a script that writes no heartbeats: a regular expression finding its step in a line of its log,
+    with a named group ``step`` and optionally ``loss`` (``'it (?P<step>\\d+) .* loss=(?P<loss>[0-9.]+)'``).
+    null: the common forms (nanoGPT's ``iter N: loss X``, ``step N``, Hugging Face's and Lightning's progress
+    bars; ``recovery/logsteps.py``). The steps read become the run's progress line, step events and figures."""
+
     def arg(self, name: str) -> ArgValue | None:
         """The value of the named argument ``--name`` (a later one wins), None when not given: whichever form
         ``args`` takes, every reader asks here."""

@@ -4,11 +4,13 @@ reads no TRAINYARD_GLOBAL_BATCH), no heartbeats, no events.
 Every ``TRAINYARD_CHECKPOINT_EVERY`` steps (and at the last) rank 0 writes a ``torch.save`` file
 ``ckpt_NNNNNN.pt`` into ``$TRAINYARD_CHECKPOINT_DIR`` (a temporary name first, then a rename), and on start it
 resumes from the newest of its own files. A short sleep per step makes it last longer than a short heartbeat
-timeout.
+timeout. With ``--print-steps`` rank 0 prints nanoGPT's line per step (``iter N: loss X, time T``): its only word
+on its progress, which trainyard reads from its log.
 """
 
 import os
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -17,6 +19,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 STEP_S, PER_RANK = 0.05, 8
+PRINT_STEPS = "--print-steps" in sys.argv[1:]
 
 
 def newest(folder: Path) -> Path | None:
@@ -49,6 +52,8 @@ def main() -> None:
         loss.backward()
         optimizer.step()
         time.sleep(STEP_S)
+        if rank == 0 and PRINT_STEPS:
+            print(f"iter {step}: loss {loss.item():.4f}, time {1000 * STEP_S:.1f}ms", flush=True)
         if rank == 0 and (step % every == 0 or step == max_steps):
             tmp = folder / f".ckpt_{step:06d}.pt.tmp"
             torch.save({"model": module.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, tmp)
