@@ -8,8 +8,8 @@ for any other script the blocking driver acts out ``kill`` (SIGKILL of the node'
 drill is acted twice and none is silently dropped.
 
 A drill strikes at the first look where the node's progress reached its step: the step its ranks' heartbeats
-report, or, for a script that writes none, the newest checkpoint folder (``step_NNNNNN``) that appeared in the
-checkpoint root since the attempt started. Looks are a poll apart, so the fault may come a few steps late.
+report, or, for a script that writes none, the furthest step its nodes' logs show (``recovery.logwatch``), else
+the newest checkpoint folder (``step_NNNNNN``) that appeared in the checkpoint root since the attempt started. Looks are a poll apart, so the fault may come a few steps late.
 ``due`` and ``refused`` decide (pure); ``Actor`` looks and carries them out, recording ``drill_fired`` and
 ``drill_refused`` in the ledger.
 """
@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from trainyard.events.ledger import Ledger
 from trainyard.events.schema import DrillRefused
 from trainyard.protocol.env import FaultDrill
 from trainyard.protocol.heartbeat import HOW_TO_BEAT, scan
+from trainyard.recovery.logsteps import LogStep
 from trainyard.recovery.state import STAGE
 from trainyard.recovery.watch import STARTUP_GRACE_S, beatless
 from trainyard.spec.checks import OUTSIDE_FAULTS
@@ -53,6 +55,9 @@ class Progress:
     """The newest checkpoint step saved since the attempt started (None: none)."""
     beatless: bool = False
     """No rank beat by the time one that did would have been called hung: the script writes no heartbeats."""
+    logged: int | None = None
+    """The furthest step the nodes' logs show, for a script that writes no heartbeats (``recovery.logwatch``):
+    the job's, not one node's (often only rank 0 prints), so every node has reached it."""
 
 
 def target(drill: FaultDrill, nodes: list[str]) -> str:
@@ -69,6 +74,8 @@ def due(drills: list[FaultDrill], nodes: list[str], seen: Progress) -> list[tupl
             reached, source = seen.steps.get(node), "heartbeats"
         elif drill.fault == "hang":  # only a script that beats has its frozen node found: wait for its beats
             continue
+        elif seen.logged is not None:
+            reached, source = seen.logged, "log"
         else:
             reached, source = seen.checkpoint, "checkpoints"
         if reached is not None and reached >= drill.step:
@@ -94,8 +101,8 @@ def unreached(drill: FaultDrill, seen: Progress) -> str:
     if seen.steps or not seen.beatless:
         return f"its node's heartbeats never reported step {drill.step}"
     return (
-        f"the script reports no step (no heartbeats) and saved no checkpoint of step {drill.step} or later in the"
-        f" checkpoint root; {HOW_TO_BEAT}"
+        f"the script reports no step (no heartbeats, no step line in its log) and saved no checkpoint of step"
+        f" {drill.step} or later in the checkpoint root; {HOW_TO_BEAT}"
     )
 
 
@@ -125,6 +132,8 @@ class Actor:
         self.started, self.timeout_s, self.grace_s = started, timeout_s, grace_s
         self.seen = Progress({})
         self.acting = False
+        self.logged: Callable[[], LogStep | None] | None = None
+        """The furthest step the nodes' logs show (``LogSteps.read``, read at every poll), while no rank beats."""
 
     def look(self) -> Progress:
         beats = scan(self.plan.heartbeat_dir).beats
@@ -133,7 +142,9 @@ class Actor:
             node = str(beat.get("folder") or beat.get("node") or "")
             steps[node] = max(steps.get(node, 0), int(beat.get("step") or 0))
         quiet = beatless(beats, self.started, time.time(), self.timeout_s, self.grace_s)
-        return Progress(steps, newest_checkpoint(self.plan.train_env.checkpoint_dir, self.started), quiet)
+        read = self.logged() if self.logged is not None and not steps else None
+        logged = read.step if read is not None else None
+        return Progress(steps, newest_checkpoint(self.plan.train_env.checkpoint_dir, self.started), quiet, logged)
 
     def __call__(self, handle: Any) -> None:
         outside = [d for d in self.left if d.fault in OUTSIDE_FAULTS]

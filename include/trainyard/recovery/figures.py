@@ -151,5 +151,5 @@ def _training_figures(steps: Sequence[Mapping[str, Any]], wall: float | None) ->
         "productive_s": round(productive, 3),
         "ettr": round(productive / wall, 4) if wall else None,
         "productive_why": None,
-        "ettr_why": None,
+        "ettr_why": None if wall else "the train stage has not ended: its wall time is not known yet",
     }

@@ -112,13 +112,17 @@ class LogSteps:
         start = resume_step(plan.train_env.resume_from, plan.train_env.checkpoint_dir)
         return cls(logs, re.compile(pattern) if pattern else None, plan.attempt, plan.world_size, record, start)
 
-    def look(self, now: float) -> LogStep | None:
-        """Read the logs; write a ``step`` event if the furthest step moved since the last one. The furthest step."""
+    def read(self) -> LogStep | None:
+        """Read what the logs gained; the furthest step any of them showed (no event written)."""
         for node, tail in self.tails.items():
             seen = self.scans[node].feed(tail.read())
             if seen is not None and (self.furthest is None or seen.step > self.furthest.step):
                 self.furthest, self.node = seen, node
-        ahead = self.furthest
+        return self.furthest
+
+    def look(self, now: float) -> LogStep | None:
+        """Read the logs; write a ``step`` event if the furthest step moved since the last one. The furthest step."""
+        ahead = self.read()
         if ahead is None or (self.written is not None and ahead.step <= self.written[1]):
             return ahead
         fields: dict[str, Any] = {"step": ahead.step, "source": SOURCE, "attempt": self.attempt,

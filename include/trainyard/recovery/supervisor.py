@@ -89,10 +89,9 @@ class Hooks:
     None: none (the script acts out its own, or the launcher cannot signal nodes)."""
 
 
-UNGROUPED = (
-    "its ranks never formed a group on the coordination store: the training script does not train through"
-    " trainyard.runtime.elastic_group (or failed before its first group formed), so no survivor holds the state"
-)
+UNGROUPED = ("its ranks never formed a group on the coordination store: the training script does not train through"
+             " trainyard.runtime.elastic_group (or failed before its first group formed), so no survivor holds the"
+             " state")  # fmt: skip
 
 
 class StateReader:
@@ -297,6 +296,8 @@ class Supervisor(Driver):
         progress = self.hooks.progress_for(plan) if self.hooks.progress_for else None
         on_store = self.hooks.coordinator_for is not None  # the attempt groups on the supervisor's store
         actor = self._actor(attempt, plan, last.started)
+        if actor is not None and progress is not None:  # a beatless script's drills strike at its log's step
+            actor.logged = progress.logs.read if progress.logs is not None else None
 
         def each_poll() -> None:
             if on_store:

@@ -17,6 +17,7 @@ from trainyard.events.ledger import Ledger
 from trainyard.events.records import DecisionTaken, FailureSeen, Growth
 from trainyard.protocol import steps as progress
 from trainyard.protocol.heartbeat import HOW_TO_BEAT
+from trainyard.recovery.figures import figures_from
 from trainyard.report.faults import attempt_lines
 from trainyard.report.pages import report_html
 
@@ -62,7 +63,7 @@ def summary_of(state: RunState, closing: bool = False) -> dict[str, Any]:
         "recovery_path": _recovery_path(train),
         "hang_detection": _hang_detection(train),
         "attempt_starts": list(train.resumed_steps),
-        "recovery": None if train.figures is None else dict(train.figures),
+        "recovery": _figures(state),
         "checkpoints": [asdict(r) for r in state.checkpoints],
         "latest_checkpoint": state.latest_checkpoint,
         "gate": None if gate is None else {**asdict(gate), "problems": list(gate.problems)},
@@ -70,6 +71,14 @@ def summary_of(state: RunState, closing: bool = False) -> dict[str, Any]:
         "published": state.results.get("publish", {}).get("uri"),
         "data": _data(state),
     }
+
+
+def _figures(state: RunState) -> dict[str, Any] | None:
+    """The recovery figures: once the train stage has ended, from the whole fold (its wall time known, so ETTR
+    is); before, what the train stage recorded as it finished its attempts."""
+    if "train" in state.stages and state.train.figures is not None:
+        return {k: v for k, v in figures_from(state).items() if k != "failures"}
+    return None if state.train.figures is None else dict(state.train.figures)
 
 
 def _data(state: RunState) -> dict[str, Any] | None:
