@@ -121,6 +121,28 @@ def test_a_script_that_prints_its_steps_gets_figures_from_its_log(tmp_path: Path
     assert "recovery path:    relaunch: recovery.in_place is false" in text
 
 
+def test_a_log_silent_past_log_silence_s_is_a_hang_and_the_run_recovers(tmp_path: Path) -> None:
+    """Issue 51: hang detection for a script that writes no heartbeats, from its log. It stalls at step 35 (its
+    processes alive, silent); with ``training.log_silence_s: 2`` the attempt is called hung, no node blamed (the
+    logs cannot say which stalled the others), and relaunched from the script's own checkpoint."""
+    write_synthetic_corpus(tmp_path / "cold", shards=1, tokens_per_shard=1024)
+    spec = tmp_path / "byo.yaml"
+    text = SPEC.format(root=tmp_path, script=SCRIPT).replace("args: {}", "args: {print-steps: true, stall-at: 35}")
+    text = text.replace("max_steps: 120", "max_steps: 50").replace("  startup_grace_s: 2\n", "  log_silence_s: 2\n")
+    spec.write_text(text.replace("drills: [{fault: kill, node: node-1, step: 30}]\n", ""))
+    run = open_run(spec, "byo", f"byo-silent-{time.monotonic_ns()}", "2026-12-03")
+    stages.stage_dataset(run)
+    result = stages.train(run, ["node-0", "node-1"])
+
+    [hang] = events(run, "failure_classified")
+    assert hang["kind"] == "hang" and hang["culprits"] == [], hang
+    assert "showed no new step for" in hang["evidence"] and "iter 34" in hang["evidence"], hang["evidence"]
+    assert result.attempts == 2
+    log = (run.dir / "attempt-2" / "node-0.log").read_text()
+    assert int(log.split("starting at step ")[1].split()[0]) == 31, log[-2000:]  # after its save of step 30
+    assert summarize(run.ledger)["steps_trained"] == 50
+
+
 def test_trainyard_drill_acts_out_a_kill_for_a_script_without_trainyard_calls(tmp_path: Path) -> None:
     """The CLI rehearsal of a fault, for a script that does not act drills out: the kill comes from outside.
     (A fault only the process can act out is said not acted out, with why: ``tests/unit/test_outside_drills``.)"""

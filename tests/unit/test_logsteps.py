@@ -113,3 +113,24 @@ def test_log_steps_become_step_events_in_the_runtime_s_shape(tmp_path: Path) -> 
         {"step": 11, "loss": 2.5, "source": "log", "attempt": 2, "world_size": 2, "node": "node-0",
          "first_step": 2, "steps": 10, "step_ms": 200.0},
     ]  # fmt: skip
+
+
+def test_the_logs_silence_is_timed_from_the_last_new_step_until_the_attempt_s_last_step(tmp_path: Path) -> None:
+    """``training.log_silence_s``: timed only once a step line was seen, reset by each new step, and not at all
+    once the log showed the attempt's last step (the final save and the teardown print none)."""
+    log = tmp_path / "node-0.log"
+    steps = LogSteps({"node-0": log}, None, attempt=1, world_size=1, record=lambda _: None, silence_s=5.0)
+    steps.target = 50
+    assert steps.silence(100.0) is None  # no log, no step yet: the start-up is not timed
+    log.write_text("loading\n")
+    assert steps.silence(200.0) is None
+    log.write_text("loading\niter 3: loss 3.0\n")
+    assert steps.silence(201.0) == logwatch.LogSilence(0.0, 5.0, "iter 3: loss 3.0")
+    quiet = steps.silence(207.5)
+    assert quiet is not None and quiet.quiet_s == 6.5 and "no new step for 6 s" in quiet.reason()
+    log.write_text("loading\niter 3: loss 3.0\niter 4: loss 2.9\n")
+    assert steps.silence(208.0) == logwatch.LogSilence(0.0, 5.0, "iter 4: loss 2.9")  # moved: timed again
+    log.write_text("loading\niter 3: loss 3.0\niter 4: loss 2.9\niter 50: loss 1.0\n")
+    assert steps.silence(209.0) is None and steps.silence(900.0) is None  # the last step: the run is ending
+    off = LogSteps({"node-0": log}, None, attempt=1, world_size=1, record=lambda _: None)
+    assert off.silence(1000.0) is None  # log_silence_s null: never timed

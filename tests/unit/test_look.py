@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from trainyard.backends.base import AttemptStatus, NodeStatus
+from trainyard.recovery.logwatch import LogSilence
 from trainyard.recovery.look import FAULT, PREEMPTED, SPARES, SUCCEEDED, AttemptView, Reads, Sight, look
 from trainyard.recovery.watch import BEATLESS, CRASH, HANG, Detection
 
@@ -17,6 +18,8 @@ FAILED = AttemptStatus([NodeStatus("a", "running"), NodeStatus("b", "failed", 1)
 DONE = AttemptStatus([NodeStatus("a", "succeeded"), NodeStatus("b", "succeeded")])
 CRASHED = Detection(CRASH, "b exited 1")
 STORE = "a rank reported a fault or a notice to leave on the store"
+QUIET = LogSilence(12.0, 10.0, "iter 34: loss 3.58")
+CALM = LogSilence(9.9, 10.0, "iter 34: loss 3.58")
 
 CASES = [
     ("nothing wrong", Reads(RUNNING), None),
@@ -38,6 +41,14 @@ CASES = [
     ),
     ("a node outside the group leaving is no news", Reads(RUNNING, leaving=["z"]), None),
     ("the fault counter alone", Reads(RUNNING, faulted=True), Sight(FAULT, STORE)),
+    # Issue 51: a script without heartbeats whose log stopped showing steps past training.log_silence_s.
+    (
+        "a log silent past its limit is a hang, no node named",
+        Reads(RUNNING, log=QUIET),
+        Sight(HANG, QUIET.reason(), from_log=True),
+    ),
+    ("a log quiet within its limit is no news", Reads(RUNNING, log=CALM), None),
+    ("a crash before a silent log", Reads(FAILED, CRASHED, log=QUIET), Sight(CRASH, "b exited 1")),
     ("spares once nothing is wrong", Reads(RUNNING, spares=["c"]), Sight(SPARES, "", ["c"])),
 ]
 

@@ -320,7 +320,7 @@ def _progress(run: Run, plan: LaunchPlan, target: int, every_s: float | None = N
         heartbeat_dir=plan.heartbeat_dir,
         checkpoint_root=run.checkpoint_root,
         # While no rank beats, each node's log is read for its steps (``recovery.logwatch``).
-        logs=LogSteps.of(plan, training.log_pattern, lambda fields: run.ledger.append("train", "step", **fields)),
+        logs=LogSteps.of(plan, training, lambda fields: run.ledger.append("train", "step", **fields)),
     )
 
 

@@ -99,7 +99,10 @@ def watch_attempt(
         if view.regrouped or ready_spares is not None:  # spares, and nodes left out (killed, or exited)
             status = AttemptStatus([n for n in status.nodes if n.slot in plan.nodes])
         detection = view.detect(status) if status.state != "succeeded" else None
-        reads = Reads(status, detection, leaving() if leaving is not None and detection is None else [], spares=spares)
+        logs = progress.logs if progress is not None else None  # a beatless script's: its silence is a hang
+        silence = logs.silence(time.time()) if logs is not None and detection is None else None
+        reads = Reads(status, detection, leaving() if leaving is not None and detection is None else [], spares=spares,
+                      log=silence)  # fmt: skip
         if (sight := look(view, reads)) is not None:
             at = time.time()
             if progress is not None:

@@ -120,6 +120,8 @@ class Failure:
     """The ranks' failure records (``records.failure_records``), earliest first."""
     leaving: list[str] = field(default_factory=list)
     """Nodes that reported on the coordination store that they leave on notice (trigger ``preempted``)."""
+    silence: str = ""
+    """A hang seen in the nodes' logs rather than the heartbeats (``training.log_silence_s``): what they showed."""
 
 
 @dataclass(frozen=True)
@@ -262,6 +264,8 @@ def _hang(seen: Seen) -> Finding | None:
     if failure.trigger != "hang":
         return None
     after = f" after step {failure.last_step}" if failure.last_step is not None else ""
+    if failure.silence:  # a script without heartbeats, whose log went quiet: no node can be named
+        return Finding(failure.silence, [])
     if not failure.stale_nodes:
         return Finding(f"heartbeats went stale{after}, but no silent node was identified", [])
     return Finding(f"no heartbeat from {', '.join(failure.stale_nodes)}{after}", list(failure.stale_nodes))

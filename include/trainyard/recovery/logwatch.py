@@ -18,7 +18,9 @@ from __future__ import annotations
 import os
 import re
 import stat
+import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,7 @@ from trainyard.backends.base import LaunchPlan
 from trainyard.checkpoint import registry
 from trainyard.checkpoint.format import step_of
 from trainyard.recovery.logsteps import LogStep, Scan
+from trainyard.spec.models import TrainingSpec
 from trainyard.text import printable
 
 TAIL_BYTES = 256 * 1024
@@ -88,11 +91,28 @@ class LogTail:
         return said
 
 
+@dataclass(frozen=True)
+class LogSilence:
+    """How long the job's log has shown no new step, against ``training.log_silence_s`` (what ``look`` judges)."""
+
+    quiet_s: float
+    limit_s: float
+    last_line: str
+    """The last step line seen (the evidence: where the job stopped)."""
+
+    def reason(self) -> str:
+        return (
+            f"the nodes' logs showed no new step for {self.quiet_s:.0f} s (training.log_silence_s:"
+            f" {self.limit_s:g}); last step line: {self.last_line!r}"
+        )
+
+
 class LogSteps:
     """One attempt's nodes' logs as steps; ``look(now)`` returns the ``step`` event due, if the step moved."""
 
     def __init__(self, logs: Mapping[str, Path], pattern: re.Pattern[str] | None, attempt: int, world_size: int,
-                 record: Callable[[dict[str, Any]], object], start_step: int | None = None) -> None:  # fmt: skip
+                 record: Callable[[dict[str, Any]], object], start_step: int | None = None,
+                 silence_s: float | None = None) -> None:  # fmt: skip
         self.tails = {node: LogTail(path) for node, path in logs.items()}
         self.scans = {node: Scan(pattern) for node in logs}
         self.attempt, self.world_size, self.record = attempt, world_size, record
@@ -103,26 +123,50 @@ class LogSteps:
         since, trained before the first look saw one (None: unknown, it covers its own step only)."""
         self.furthest: LogStep | None = None
         self.node: str | None = None
+        self.silence_s = silence_s
+        self.target: int | None = None
+        """The attempt's last step (``TRAINYARD_MAX_STEPS``): once the log shows it, silence is the ending."""
+        """``training.log_silence_s``: a job whose log shows no new step for this long is hung (None: never)."""
+        self.moved_at: float | None = None
+        """When a read last found the furthest step moved (None: no step line yet, so no silence is timed)."""
 
     @classmethod
-    def of(cls, plan: LaunchPlan, pattern: str | None, record: Callable[[dict[str, Any]], object]) -> LogSteps:
+    def of(cls, plan: LaunchPlan, training: TrainingSpec, record: Callable[[dict[str, Any]], object]) -> LogSteps:
         """An attempt's: each node's log where the local launcher writes it (``<log_dir>/<node>.log``); a node
-        whose log is not on this machine (a pod's) is not read. ``pattern``: the spec's ``training.log_pattern``."""
+        whose log is not on this machine (a pod's) is not read. The spec's ``training.log_pattern`` finds the
+        steps; its ``training.log_silence_s`` times their silence."""
         logs = {node: plan.log_dir / f"{node}.log" for node in plan.nodes}
         start = resume_step(plan.train_env.resume_from, plan.train_env.checkpoint_dir)
-        return cls(logs, re.compile(pattern) if pattern else None, plan.attempt, plan.world_size, record, start)
+        pattern = re.compile(training.log_pattern) if training.log_pattern else None
+        steps = cls(logs, pattern, plan.attempt, plan.world_size, record, start, training.log_silence_s)
+        steps.target = plan.train_env.max_steps
+        return steps
 
-    def read(self) -> LogStep | None:
+    def read(self, now: float | None = None) -> LogStep | None:
         """Read what the logs gained; the furthest step any of them showed (no event written)."""
+        before = self.furthest.step if self.furthest is not None else None
         for node, tail in self.tails.items():
             seen = self.scans[node].feed(tail.read())
             if seen is not None and (self.furthest is None or seen.step > self.furthest.step):
                 self.furthest, self.node = seen, node
+        if self.furthest is not None and self.furthest.step != before:
+            self.moved_at = time.time() if now is None else now
         return self.furthest
+
+    def silence(self, now: float) -> LogSilence | None:
+        """Read the logs; how long they have shown no new step, where ``silence_s`` is set and a step was seen."""
+        if self.silence_s is None:
+            return None
+        self.read(now)
+        if self.moved_at is None or self.furthest is None:
+            return None
+        if self.target is not None and self.furthest.step >= self.target:
+            return None  # trained to the end: what follows (a last save, the teardown) prints no step
+        return LogSilence(round(now - self.moved_at, 3), self.silence_s, self.furthest.line)
 
     def look(self, now: float) -> LogStep | None:
         """Read the logs; write a ``step`` event if the furthest step moved since the last one. The furthest step."""
-        ahead = self.read()
+        ahead = self.read(now)
         if ahead is None or (self.written is not None and ahead.step <= self.written[1]):
             return ahead
         fields: dict[str, Any] = {"step": ahead.step, "source": SOURCE, "attempt": self.attempt,

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from trainyard.backends.base import AttemptStatus, LaunchPlan, status_from_dicts, status_to_dicts
+from trainyard.recovery.logwatch import LogSilence
 from trainyard.recovery.observations import (
     AttemptFailed,
     AttemptSucceeded,
@@ -116,6 +117,9 @@ class Reads:
     """The store's fault counter changed (the trigger's read: a wake-up, no proof)."""
     spares: list[str] = field(default_factory=list)
     """Nodes outside the group that wait ready and can grow it (``Driver.spares_ready``)."""
+    log: LogSilence | None = None
+    """How long the nodes' logs showed no new step, for a script that writes no heartbeats and a spec that set
+    ``training.log_silence_s`` (``recovery.logwatch``; None: not timed)."""
 
 
 @dataclass(frozen=True)
@@ -126,6 +130,8 @@ class Sight:
     what: str
     reason: str = ""
     nodes: list[str] = field(default_factory=list)
+    from_log: bool = False
+    """A hang the nodes' logs showed (``Reads.log``), not the heartbeats: its reason is the evidence."""
 
 
 def notice(nodes: list[str]) -> str:
@@ -136,7 +142,8 @@ def look(view: AttemptView, reads: Reads) -> Sight | None:
     """What one look at the attempt sees (None: it runs on, nothing to act on). Pure.
 
     The order: the end of the group (every node succeeded); a crash, explained by the store's word where a
-    rank reported there first (a late look sees only the end); a hang; no beat at all; nodes leaving on
+    rank reported there first (a late look sees only the end); a hang; no beat at all; a log silent past
+    ``training.log_silence_s`` (a hang of a script without heartbeats); nodes leaving on
     notice; the store's fault counter; spares ready to grow the group (only once nothing is wrong)."""
     found = reads.detection
     if reads.status.state == "succeeded":
@@ -147,6 +154,10 @@ def look(view: AttemptView, reads: Reads) -> Sight | None:
         )  # fmt: skip
     if found is not None:
         return Sight(found.trigger, found.reason, list(found.suspects))
+    if reads.log is not None and reads.log.quiet_s >= reads.log.limit_s:
+        # Often only rank 0 prints, and a node that hangs stalls every rank's collective: the logs cannot say which
+        # node hung, so none is blamed (the policy relaunches from the checkpoint rather than guess survivors).
+        return Sight(HANG, reads.log.reason(), from_log=True)
     if left := [n for n in reads.leaving if n in view.nodes]:
         return Sight(PREEMPTED, notice(left), left)
     if reads.faulted:
@@ -172,4 +183,5 @@ def seen(
         return failed(plan, status, view.heartbeat_dir, PREEMPTED, [], sight.reason, checkpoints, at=at,
                       leaving=list(sight.nodes))  # fmt: skip
     assert sight.what in (CRASH, HANG), sight
-    return failed(plan, status, view.heartbeat_dir, sight.what, sight.nodes, sight.reason, checkpoints, at=at)
+    return failed(plan, status, view.heartbeat_dir, sight.what, sight.nodes, sight.reason, checkpoints, at=at,
+                  silence=sight.reason if sight.from_log else "")  # fmt: skip

@@ -274,11 +274,13 @@ def failed(
     *,
     at: float,
     leaving: list[str] | None = None,
+    silence: str = "",
 ) -> AttemptFailed:
     """The observation of a failed attempt, with its evidence: node statuses, their log tails, the last step.
 
     ``at``: when the failure was seen, before any evidence was gathered; ``leaving``: the nodes that reported
-    on the coordination store that they leave on notice (trigger ``preempted``)."""
+    on the coordination store that they leave on notice (trigger ``preempted``); ``silence``: a hang the
+    nodes' logs showed (``training.log_silence_s``), what they showed."""
     tails = {n.where: tail(n.log) for n in status.nodes}
     refused: list[str] = []
     records = host_records(heartbeat_dir, status, refused)
@@ -290,6 +292,7 @@ def failed(
         nodes=node_failures(status.nodes, tails),
         records=records,
         leaving=list(leaving or []),
+        silence=silence,
     )
     reason = "; ".join([reason, *refused[:4]])  # a forged or broken record is evidence, not a verdict
     return AttemptFailed(plan.attempt, at, failure, reason, checkpoints or Checkpoints())

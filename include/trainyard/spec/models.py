@@ -583,6 +583,12 @@ class TrainingSpec(_Model):
     null: the common forms (nanoGPT's ``iter N: loss X``, ``step N``, Hugging Face's and Lightning's progress
     bars; ``recovery/logsteps.py``). The steps read become the run's progress line, step events and figures."""
 
+    log_silence_s: float | None = Field(None, ge=1, le=DAY_S)
+    """For a script that writes no heartbeats: hang detection from its log. When the nodes' logs show no new step
+    (by ``log_pattern`` or the common forms) for this long after their first one, the attempt is hung and
+    relaunched from its checkpoint; set it above the longest quiet stretch a healthy run has (an evaluation, a
+    save). No node is blamed: the logs cannot say which node stalled the others. null: off."""
+
     def arg(self, name: str) -> ArgValue | None:
         """The value of the named argument ``--name`` (a later one wins), None when not given: whichever form
         ``args`` takes, every reader asks here."""

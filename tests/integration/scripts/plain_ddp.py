@@ -5,7 +5,8 @@ Every ``TRAINYARD_CHECKPOINT_EVERY`` steps (and at the last) rank 0 writes a ``t
 ``ckpt_NNNNNN.pt`` into ``$TRAINYARD_CHECKPOINT_DIR`` (a temporary name first, then a rename), and on start it
 resumes from the newest of its own files. A short sleep per step makes it last longer than a short heartbeat
 timeout. With ``--print-steps`` rank 0 prints nanoGPT's line per step (``iter N: loss X, time T``): its only word
-on its progress, which trainyard reads from its log.
+on its progress, which trainyard reads from its log. With ``--stall-at N`` a run that started fresh stops at
+step N for good (a deadlock's stand-in: its processes live on, silent); one that resumed does not.
 """
 
 import os
@@ -20,6 +21,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 STEP_S, PER_RANK = 0.05, 8
 PRINT_STEPS = "--print-steps" in sys.argv[1:]
+STALL_AT = int(sys.argv[sys.argv.index("--stall-at") + 1]) if "--stall-at" in sys.argv else None
 
 
 def newest(folder: Path) -> Path | None:
@@ -52,6 +54,8 @@ def main() -> None:
         loss.backward()
         optimizer.step()
         time.sleep(STEP_S)
+        if step == STALL_AT and start == 0:
+            time.sleep(3600)
         if rank == 0 and PRINT_STEPS:
             print(f"iter {step}: loss {loss.item():.4f}, time {1000 * STEP_S:.1f}ms", flush=True)
         if rank == 0 and (step % every == 0 or step == max_steps):
