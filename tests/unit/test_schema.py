@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -51,3 +52,14 @@ def test_the_schema_refuses_what_the_spec_refuses() -> None:
     spec["nodes"]["cuont"] = 2  # a typo an editor should underline
     with pytest.raises(jsonschema.ValidationError, match="cuont"):
         jsonschema.validate(spec, json_schema())
+
+
+def test_the_your_script_walkthrough_spec_passes_trainyard_check(tmp_path: Path) -> None:
+    """docs/your-script.md's walkthrough spec (a nanoGPT-style script brought unmodified) is one that
+    ``trainyard check`` passes, with its entrypoint pointed at the test copy of such a script."""
+    page = (ROOT / "docs" / "your-script.md").read_text()
+    [walk] = re.findall(r"### A script as its author wrote it.*?```yaml\n(.*?)```", page, re.S)
+    script = ROOT / "tests" / "integration" / "scripts" / "nanogpt_style" / "train.py"
+    spec = tmp_path / "nanogpt.yaml"
+    spec.write_text("nodes: {count: 2}\n" + walk.replace("/src/nanoGPT/train.py", str(script)))
+    assert main(["check", str(spec)]) == 0
