@@ -116,6 +116,11 @@ def test_a_nanogpt_style_script_runs_unmodified_and_resumes_from_its_own_ckpt(en
     second_log = (run / "attempt-2" / "node-0.log").read_text()
     assert "Resuming training from" in second_log, second_log[-2000:]
 
+    # Once its log shows a step, its progress line is the log's (before, it starts up: no step known).
+    lines = [line.split("progress: ", 1)[1] for line in out.splitlines() if "progress: attempt 1," in line]
+    first = next(i for i, line in enumerate(lines) if f"/{STEPS} (from the log)" in line)
+    assert not [line for line in lines[first:] if "no heartbeats" in line], lines[first:]
+
     [fired] = ledger.events("train", "drill_fired")
     assert fired["fault"] == "kill" and fired["node"] == "node-1"
     # It resumed from its own ckpt.pt, adopted at each save at the step its iter_num says (a copy per save: the
