@@ -73,12 +73,20 @@ def summary_of(state: RunState, closing: bool = False) -> dict[str, Any]:
     }
 
 
+WALL_FIGURES = ("productive_s", "productive_why", "ettr", "ettr_why")
+"""The figures that need the train stage's wall time, which the stage records only as it ends."""
+
+
 def _figures(state: RunState) -> dict[str, Any] | None:
-    """The recovery figures: once the train stage has ended, from the whole fold (its wall time known, so ETTR
-    is); before, what the train stage recorded as it finished its attempts."""
-    if "train" in state.stages and state.train.figures is not None:
-        return {k: v for k, v in figures_from(state).items() if k != "failures"}
-    return None if state.train.figures is None else dict(state.train.figures)
+    """The recovery figures the train stage recorded as it finished its attempts; once the stage has ended, the
+    ones that need its wall time (ETTR) from the whole fold."""
+    if state.train.figures is None:
+        return None
+    figures = dict(state.train.figures)
+    if "train" in state.stages:
+        timed = figures_from(state)
+        figures.update({k: timed[k] for k in WALL_FIGURES if k in timed})
+    return figures
 
 
 def _data(state: RunState) -> dict[str, Any] | None:

@@ -82,7 +82,7 @@ def spec_from_text(text: str, path: Path) -> PipelineSpec:
 
 
 def spec_from_data(data: Mapping[str, Any], path: Path) -> PipelineSpec:
-    data = resolve_relative(data, path.parent)
+    data = resolve_relative(data, Path(path).parent)
     try:
         spec = PipelineSpec.model_validate(data)
     except ValidationError as exc:
