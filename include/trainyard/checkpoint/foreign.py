@@ -3,7 +3,7 @@
 ``checkpoint.saves`` recognizes a complete Hugging Face, Lightning, torch.save or DCP save under the
 lineage root. ``adopt`` makes one an ordinary trainyard checkpoint ``step_NNNNNN/`` through the usual
 staging -> manifest -> commit path: its files hard-linked in (copied across file systems, or when the
-framework rewrites that name in place, e.g. ``last.ckpt``), and the manifest names the ``framework`` and
+framework rewrites that name in place, e.g. ``last.ckpt`` or a ``latest/`` folder), and the manifest names the ``framework`` and
 the ``source``. Nothing of the user's is moved or deleted: when a framework rotates its own folders
 away (``save_total_limit``) the links keep the adopted bytes. From then on validation, promotion,
 retention, the cold copy, publishing and the lineage treat it like any other checkpoint. Each save is
@@ -274,12 +274,14 @@ class Adoption:
     """How a watcher adopts framework saves: the manifest's run fields (``shape``, asked at each adoption: the
     attempt's world size changes), only saves written since ``since_ns`` (the lineage's start: a fresh run
     does not take last night's ``checkpoint-120``), and who reads the step of a file whose name does not say
-    it (the sandboxed inspector; None: such files are not adopted)."""
+    it (the sandboxed inspector; None: such files are not adopted); ``save_folder``: the spec's name of a folder
+    the script overwrites in place (``checkpoint.save_folder``)."""
 
     shape: Callable[[], RunShape]
     since_ns: int = 0
     step_reader: Callable[[Path], int | None] | None = None
     settle_s: float = SETTLE_S
+    save_folder: str | None = None
 
 
 class Adopter:
@@ -289,7 +291,7 @@ class Adopter:
     def __init__(self, root: Path, adoption: Adoption, on_adopted: Callable[[Path, Found], None]):
         self.root, self.adoption, self.on_adopted = root, adoption, on_adopted
         self.scanned: dict[str, str] = {}  # source -> signature at the last look: unchanged since is complete
-        self.steps: dict[str, int | None] = {}  # a file's version -> the inspector's step, asked once
+        self.steps: dict[str, int | None] = {}  # a save's version -> the inspector's step, asked once
 
     def adopt(self, wait_s: float = 0.0) -> list[Path]:
         """The checkpoints made. ``wait_s`` (a final sweep): if a save it could adopt is still too fresh to
@@ -302,8 +304,9 @@ class Adopter:
 
     def _once(self) -> tuple[list[Path], bool]:
         a = self.adoption
-        found, now = scan(self.root), time.time_ns()
-        reader = self._step if a.step_reader else None
+        found, now = scan(self.root, a.save_folder), time.time_ns()
+        versions = {f.path: f.signature for f in found}
+        reader = (lambda path: self._step(path, versions[path])) if a.step_reader else None
         chosen = adoptable(self.root, found, self.scanned, now, a.since_ns, reader, a.settle_s)
         pending = unsettled(self.root, found, self.scanned, now, a.since_ns, a.settle_s)
         self.scanned = {f.source: f.signature for f in found}
@@ -319,10 +322,10 @@ class Adopter:
             made.append(ckpt)
         return made, pending
 
-    def _step(self, path: Path) -> int | None:
+    def _step(self, path: Path, signature: str) -> int | None:
+        # By the signature of all its files: a folder overwritten in place keeps its own mtime.
         assert self.adoption.step_reader is not None
-        st = os.lstat(path)
-        key = f"{path}:{st.st_size}:{st.st_mtime_ns}"
+        key = f"{path}:{signature}"
         if key not in self.steps:
             if len(self.steps) > 1024:  # a file rewritten at every save (last.ckpt): never grow without bound
                 self.steps.clear()
@@ -361,9 +364,9 @@ FORMATS_HELP = (
 """Built from the registered formats when this module is imported (a format registered later is not named)."""
 
 
-def explain(root: Path) -> list[str]:
+def explain(root: Path, save_folder: str | None = None) -> list[str]:
     """One line per foreign save under ``root``: what it is and, if it was not taken, why (for the gate)."""
-    return [printable(f.describe(), 400) for f in scan(root)]  # rank-chosen names: one line each
+    return [printable(f.describe(), 400) for f in scan(root, save_folder)]  # rank-chosen names: one line each
 
 
 __all__ = [

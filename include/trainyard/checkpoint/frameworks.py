@@ -62,7 +62,9 @@ class Framework:
     name: str
     """The manifest's ``framework`` of a save adopted from it."""
     folder: re.Pattern[str] | None
-    """A save that is a folder: the folder's name, with its step as group 1. None: a save that is one file."""
+    """A save that is a folder: the folder's name, with its step as group 1 (written once, adopted by hard links);
+    a pattern without a group: a folder the script overwrites in place, its step in its files, adopted as a copy
+    (``checkpoint.save_folder`` names another such folder). None: a save that is one file."""
     suffixes: tuple[str, ...]
     """A save that is one file: its suffixes; its step is in its name, else the inspector reads it from the file.
     Also what a framework loads to resume from the adopted checkpoint (a folder save resumes from the folder)."""
@@ -165,6 +167,12 @@ def _torch_file(path: Path, names: frozenset[str]) -> Reading:
     return Reading(zip_problems(path.parent, names))
 
 
+def _torch_folder(path: Path, names: frozenset[str]) -> Reading:
+    # Every torch file whole, not only the one holding the step: a resume loads them all.
+    torch = [n for n in names if n.endswith(TORCH_FILES)]
+    return Reading(zip_problems(path, torch) if torch else f"no torch.save file ({', '.join(TORCH_FILES)})")
+
+
 # ---------------------------------------------------------------- the registry
 
 FORMATS: dict[str, Framework] = {
@@ -181,6 +189,11 @@ FORMATS: dict[str, Framework] = {
         Framework("torch", None, (".pt", ".pth"), _torch_file, "torch", (), (), None,
                   "torch.save *.pt/*.pth files (zip format, tensors in plain dicts and lists: loadable with"
                   " torch.load(weights_only=True))"),
+        # A folder of torch.save files a script overwrites in place (latest/ with model.pt and optim.pt): one save,
+        # its step from the first of its files to hold a step key (read by the inspector), adopted as a copy.
+        Framework("torch_folder", re.compile(r"(?:latest|last|checkpoint|ckpt)\Z"), (), _torch_folder, "torch", (), (),
+                  None, "a folder of torch.save files overwritten in place (latest/, last/, checkpoint/, ckpt/, or"
+                  " checkpoint.save_folder), its step in one of its files"),
         # torch.distributed.checkpoint as torchtitan writes it: step-N/ with .metadata and a file per rank.
         Framework("dcp", re.compile(r"step-([0-9]+)\Z"), (), _dcp, "dcp", (), (), re.compile(r"__(\d+)_\d+\.distcp\Z"),
                   "torch.distributed.checkpoint step-N/ folders (.metadata, as torchtitan writes them)"),
@@ -189,12 +202,15 @@ FORMATS: dict[str, Framework] = {
 """Every format, by the manifest's ``framework`` name. Scanning tries the folder formats in this order."""
 
 
-def of_folder(name: str) -> tuple[Framework, int] | None:
-    """The folder format whose save folder is called ``name``, and the step its name carries."""
+def of_folder(name: str, save_folder: str | None = None) -> tuple[Framework, int | None] | None:
+    """The folder format whose save folder is called ``name``, and the step its name carries (None: a folder
+    overwritten in place, its step in its files). ``save_folder``: the spec's name of another such folder."""
     for fw in FORMATS.values():
         match = fw.folder.match(name) if fw.folder is not None else None
         if match:
-            return fw, int(match.group(1))
+            return fw, int(match.group(1)) if match.re.groups else None
+    if name == save_folder:
+        return next((fw, None) for fw in FORMATS.values() if fw.folder is not None and not fw.folder.groups)
     return None
 
 

@@ -1,8 +1,8 @@
 """An adopted save put back at the script's own place before an attempt resumes from it.
 
 A script that resumes from its own file (nanoGPT's ``out/ckpt.pt`` read with ``--init_from=resume``, a Lightning
-``last.ckpt``) looks for it where it wrote it, not in trainyard's ``step_NNNNNN/``. The attempt that was killed may
-have left that file torn, or a later save there that failed validation. ``put_back`` copies the checkpoint
+``last.ckpt``, a ``latest/`` folder) looks for it where it wrote it, not in trainyard's ``step_NNNNNN/``. The
+attempt that was killed may have left that file torn, or a later save there that failed validation. ``put_back`` copies the checkpoint
 trainyard chose back to the manifest's ``source`` (relative to the lineage root), so the script resumes from the
 chosen bytes as it wrote them; nothing of the lineage is moved.
 

@@ -8,6 +8,8 @@ root, or a folder of it up to ``MAX_DEPTH`` deep: ``<root>/lightning_logs/versio
     <root>/lightning/epoch=0-step=120.ckpt   "lightning": a ModelCheckpoint file (torch.save zip)
     <root>/ckpt_000120.pt              "torch": a plain torch.save file (.pt, .pth)
     <root>/dcp/step-120/               "dcp": torch.distributed.checkpoint as torchtitan writes them (.metadata)
+    <root>/out/latest/                 "torch_folder": torch.save files the script overwrites in place (latest/,
+                                             last/, checkpoint/, ckpt/ or the spec's ``checkpoint.save_folder``)
 
 Each format is one record of ``checkpoint.frameworks`` (how it is recognised, when it is complete, where its
 step comes from); ``scan`` finds them (never following a link, never entering trainyard's own ``step_NNNNNN/``, ``.tmp``,
@@ -32,6 +34,7 @@ from pathlib import Path
 from trainyard.checkpoint import frameworks
 from trainyard.checkpoint.format import MANIFEST, SUPERSEDED, is_step_name
 from trainyard.checkpoint.frameworks import Framework, Reading
+from trainyard.checkpoint.pickles import TORCH_FILES
 from trainyard.text import printable
 
 log = logging.getLogger(__name__)
@@ -85,9 +88,12 @@ class Found:
 
     @property
     def step_named(self) -> bool:
-        """Whether its name carries the step (a framework writes such a name once; ``last.ckpt`` it rewrites)."""
+        """Whether its name carries the step (a framework writes such a name once; ``last.ckpt`` and ``latest/``
+        it rewrites, so their files are copied, never linked)."""
         fw = frameworks.FORMATS.get(self.kind)
-        return (fw is not None and fw.folder is not None) or _name_step(self.path.stem) is not None
+        if fw is not None and fw.folder is not None:
+            return fw.folder.groups > 0
+        return _name_step(self.path.stem) is not None
 
     def describe(self) -> str:
         step = "step unknown" if self.step is None else f"step {self.step}"
@@ -112,11 +118,12 @@ def _skipped(name: str) -> bool:
     return name in SKIP or name.startswith(".") or name.endswith(".tmp") or is_step_name(name)
 
 
-def scan(root: Path) -> list[Found]:
+def scan(root: Path, save_folder: str | None = None) -> list[Found]:
     """Every foreign save under ``root`` (complete or not), lowest step first (unknown steps last); at most
-    ``SCAN_ENTRIES`` entries listed (a warning when it stops short)."""
+    ``SCAN_ENTRIES`` entries listed (a warning when it stops short). ``save_folder``: the spec's
+    ``checkpoint.save_folder``, a folder name the script overwrites in place beside the common ones."""
     found: list[Found] = []
-    budget = _Budget(SCAN_ENTRIES)
+    budget = _Budget(SCAN_ENTRIES, save_folder)
     _scan_folder(Path(root), Path(root), 0, found, budget)
     key = str(root)
     if budget.over and key not in _capped:
@@ -135,10 +142,10 @@ def scan(root: Path) -> list[Found]:
 
 
 class _Budget:
-    """How many more entries this scan may list."""
+    """How many more entries this scan may list (and the spec's ``save_folder``, which the whole scan asks)."""
 
-    def __init__(self, left: int):
-        self.left, self.over = left, False
+    def __init__(self, left: int, save_folder: str | None = None):
+        self.left, self.over, self.save_folder = left, False, save_folder
 
     def listing(self, folder: Path) -> list[os.DirEntry[str]]:
         """At most what is left of the budget of ``folder``'s entries (never the whole of a huge folder)."""
@@ -162,13 +169,31 @@ def _scan_folder(root: Path, folder: Path, depth: int, found: list[Found], budge
             continue
         path = Path(entry.path)
         if entry.is_dir(follow_symlinks=False):
-            named = frameworks.of_folder(entry.name)
-            if named is not None:
+            named = frameworks.of_folder(entry.name, budget.save_folder)
+            if named is not None and not _a_parent(path, named[1], entry.name == budget.save_folder, budget):
                 found.append(_folder_save(root, path, *named, budget))
             elif depth < MAX_DEPTH:
                 _scan_folder(root, path, depth + 1, found, budget)
         elif entry.is_file(follow_symlinks=False) and (fw := frameworks.of_file(entry.name)) is not None:
             found.append(_file_save(root, path, fw))
+
+
+def _a_parent(path: Path, step: int | None, named_by_spec: bool, budget: _Budget) -> bool:
+    """Whether a folder with a common name and no step (``checkpoint/``) is a parent of saves rather than a save
+    overwritten in place: it holds saves named with their step (``checkpoint-120/``, ``step_120.pt``), or no
+    torch.save file at its top. The spec's ``save_folder`` is a save whatever it holds: the user said so."""
+    if step is not None or named_by_spec:
+        return False
+    try:
+        names = [e.name for e in budget.listing(path)]
+    except OSError:
+        return False
+    return any(map(_names_a_step, names)) or not any(n.endswith(TORCH_FILES) for n in names)
+
+
+def _names_a_step(name: str) -> bool:
+    folder = frameworks.of_folder(name)
+    return _STEP_WORD.search(name) is not None or (folder is not None and folder[1] is not None)
 
 
 def _files(folder: Path, budget: _Budget) -> tuple[tuple[tuple[str, int, int], ...], str]:
@@ -202,7 +227,7 @@ def _files(folder: Path, budget: _Budget) -> tuple[tuple[tuple[str, int, int], .
     return tuple(sorted(out)), ""
 
 
-def _folder_save(root: Path, path: Path, fw: Framework, named: int, budget: _Budget) -> Found:
+def _folder_save(root: Path, path: Path, fw: Framework, named: int | None, budget: _Budget) -> Found:
     files, problem = _files(path, budget)
     reading = fw.read(path, frozenset(rel for rel, _, _ in files)) if not problem else Reading(problem)
     step = reading.step if reading.step is not None else named

@@ -286,14 +286,14 @@ def inspect(
     for a framework save and ``step`` for a step request; any failure is a reason instead of a traceback.
 
     ``fmt``: None, or a format of ``checkpoint.frameworks`` read as DCP (trainyard's own, torchtitan's):
-    ``tensor_problems``; a format read as torch.save files: ``torchfiles.file_problems``; "step": the step a torch.save file holds (``key`` first, then ``frameworks.STEP_KEYS``). ``files``: the files to
+    ``tensor_problems``; a format read as torch.save files: ``torchfiles.file_problems``; "step": the step a torch.save file (or a folder of them) holds (``key`` first, then ``frameworks.STEP_KEYS``). ``files``: the files to
     read and hash, as the manifest lists them (None: those the folder holds)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
             if fmt == "step":
                 if bounded:
-                    _limit(ENTRIES_CPU_S, ENTRY_MEMORY + 4 * _size(ckpt_dir), True)
+                    _limit(ENTRIES_CPU_S, ENTRY_MEMORY + 4 * torchfiles.largest(ckpt_dir), True)
                 return {"problems": [], "step": torchfiles.file_step(ckpt_dir, key)}
             fw = FORMATS.get(fmt) if fmt is not None else None
             if fw is not None and fw.inspector == "torch":

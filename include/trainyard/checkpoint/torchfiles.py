@@ -12,6 +12,7 @@ numpy's array and dtype builders are numpy's own, which only build arrays.
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from torch import _weights_only_unpickler
 
 from trainyard.checkpoint import pickles
 from trainyard.checkpoint.frameworks import STEP_KEYS
+from trainyard.checkpoint.pickles import TORCH_FILES
 from trainyard.checkpoint.readonce import Once
 
 # What must be finite in a Lightning checkpoint: the model and the optimizer. Its callbacks' bookkeeping holds
@@ -138,17 +140,52 @@ def file_problems(folder: Path, files: list[str], finite: tuple[str, ...] = ()) 
 
 
 def file_step(path: Path, key: str | None = None) -> int | None:
-    """The step a torch.save file holds at its top, loaded weights-only: ``key`` (the spec's
-    ``checkpoint.step_key``) if given and there, else the first of ``frameworks.STEP_KEYS`` that is."""
-    with Once(path.parent, path.name) as once:
-        raw = once.read(once.size)
-    value, found, _ = load(raw, path.name, weights_only())
-    if found or not isinstance(value, dict):
-        return None
+    """The step a torch.save file (or a folder of them, overwritten in place) holds at its top, loaded
+    weights-only: ``key`` (the spec's ``checkpoint.step_key``) if given and there, else the first of
+    ``frameworks.STEP_KEYS`` that is. In a folder, a key's rank wins over a file's order (``model.pt``'s ``epoch``
+    loses to ``optim.pt``'s ``iter_num``), files by name."""
+    folder = path.is_dir() and not path.is_symlink()
+    held = [_counters(path, rel) for rel in torch_files(path)] if folder else [_counters(path.parent, path.name)]
     for name in ([key] if key else []) + list(STEP_KEYS):
-        step = value.get(name)
+        for counters in held:
+            if name in counters:
+                return counters[name]
+    return None
+
+
+def torch_files(folder: Path) -> list[str]:
+    """The torch.save files of a save's folder and its subfolders one deep, by name; never through a link."""
+    found: list[str] = []
+    for top in sorted(os.scandir(folder), key=lambda e: e.name):
+        if top.is_dir(follow_symlinks=False):
+            found += [f"{top.name}/{e.name}" for e in sorted(os.scandir(top.path), key=lambda e: e.name)
+                      if e.name.endswith(TORCH_FILES) and e.is_file(follow_symlinks=False)]  # fmt: skip
+        elif top.name.endswith(TORCH_FILES) and top.is_file(follow_symlinks=False):
+            found.append(top.name)
+    return found
+
+
+def largest(path: Path) -> int:
+    """The bytes of the largest file a step request loads at once (the file itself, or a folder's largest)."""
+    try:
+        if not path.is_dir() or path.is_symlink():
+            return path.lstat().st_size
+        return max(((path / rel).lstat().st_size for rel in torch_files(path)), default=0)
+    except OSError:  # gone meanwhile: the load says why
+        return 0
+
+
+def _counters(folder: Path, rel: str) -> dict[str, int]:
+    """The top-level step counters of one torch.save file, by key (only these kept: the rest is freed)."""
+    with Once(folder, rel) as once:
+        raw = once.read(once.size)
+    value, found, _ = load(raw, rel, weights_only())
+    if found or not isinstance(value, dict):
+        return {}
+    counters: dict[str, int] = {}
+    for name, step in value.items():
         if isinstance(step, torch.Tensor) and step.numel() == 1 and not step.is_floating_point():
             step = int(step.item())  # a counter kept as a 0-d integer tensor
-        if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
-            return step
-    return None
+        if isinstance(name, str) and isinstance(step, int) and not isinstance(step, bool) and step >= 0:
+            counters[name] = step
+    return counters

@@ -134,8 +134,9 @@ class Inspector:
             return answer()
 
     def step_of(self, file: Path, timeout_s: float = 300.0, key: str | None = None) -> int | None:
-        """The step a framework's torch.save file holds (``key``, the spec's ``checkpoint.step_key``, else the
-        first of ``frameworks.STEP_KEYS``), read weights-only by the child: never unpickled here."""
+        """The step a framework's torch.save file (or a folder of them) holds (``key``, the spec's
+        ``checkpoint.step_key``, else the first of ``frameworks.STEP_KEYS``), read weights-only by the child:
+        never unpickled here."""
         with self.asking(file, timeout_s, "step", key=key) as answer:
             if answer():
                 return None

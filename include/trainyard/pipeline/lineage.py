@@ -139,6 +139,7 @@ def adoption(run: Run, since_ns: int | None = None) -> foreign.Adoption:
         shape=lambda: run_shape(run),
         since_ns=_lineage_start_ns(run) if since_ns is None else since_ns,
         step_reader=step_reader(run),
+        save_folder=run.spec.checkpoint.save_folder,
     )
 
 
@@ -156,7 +157,8 @@ def adopt_newest(run: Run) -> Path | None:
 
     An invalid one is quarantined (its reasons in the ledger), so ``latest_valid`` goes further back."""
     root = run.checkpoint_root
-    chosen = foreign.adoptable(root, foreign.scan(root), {}, time.time_ns(), 0, step_reader(run))
+    found = foreign.scan(root, run.spec.checkpoint.save_folder)
+    chosen = foreign.adoptable(root, found, {}, time.time_ns(), 0, step_reader(run))
     if not chosen:
         return None
     newest = chosen[-1]  # the older ones would only be retired again
@@ -254,7 +256,7 @@ def why_none(run: Run) -> str:
         for r in fold(run.ledger.events_since(0)[0]).checkpoints
         if r.valid is False and r.problems
     ]
-    found = foreign.explain(root)
+    found = foreign.explain(root, run.spec.checkpoint.save_folder)
     if found or refused:
         lines.append("Found: " + " | ".join([*found[:20], *refused[:20]]))
     else:

@@ -625,6 +625,10 @@ class CheckpointSpec(_Model):
     """A top-level key of the script's own ``torch.save`` file (``ckpt.pt``) that holds its step, read before the
     common ones (``step``, ``global_step``, ``iter_num``, ``iteration``, ``epoch``) when the file's name carries
     no step; null: only the common ones."""
+    save_folder: str | None = Field(None, min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.=+-]*$")
+    """The name of a folder the script overwrites in place at each save (its ``torch.save`` files, one of them
+    holding the step), beside the common ``latest``, ``last``, ``checkpoint`` and ``ckpt``: each completed
+    overwrite is adopted as one save, copied; null: only the common names."""
 
 
 class RecoverySpec(_Model):
