@@ -32,7 +32,7 @@ pytestmark = pytest.mark.integration
 SCRIPT = Path(__file__).parent / "scripts" / "nanogpt_style"
 BASE = yaml.safe_load((ROOT / "dags" / "pipelines" / "nightly_pretrain.yaml").read_text())
 DATE = "2026-12-06"
-STEPS, EVERY, KILL = 100, 20, 50  # the script saves at each eval (every EVERY iterations); node-1 dies at KILL
+STEPS, EVERY, KILL = 60, 20, 30  # the script saves at each eval (every EVERY iterations); node-1 dies at KILL
 
 
 def spec(cold: Path) -> str:

@@ -79,7 +79,7 @@ def test_the_script_gets_its_command_line_folder_and_variables_and_its_resume_fl
 
     ckpt = run.checkpoint_root / "step_000005"  # the lineage's newest, as after a save and a fault
     ckpt.mkdir(parents=True)
-    registry.promote(run.checkpoint_root, ckpt)
+    registry.promote(run.checkpoint_root, ckpt, run.ledger)  # as the watcher does: resume trusts the ledger, not LATEST
     relaunched = attempt(run, 2, "latest")  # what the controller gives an attempt after a fault
     for rank in relaunched:
         assert rank["argv"] == [*written, "--init_from=resume", f"--ckpt={ckpt}"]
