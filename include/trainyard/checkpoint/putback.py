@@ -16,8 +16,6 @@ manifest.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import stat
@@ -28,6 +26,7 @@ from typing import Any
 from trainyard import held
 from trainyard.checkpoint.format import read_manifest
 from trainyard.checkpoint.frameworks import FORMATS
+from trainyard.checkpoint.saves import Found
 from trainyard.errors import CheckpointInvalid
 from trainyard.text import printable
 
@@ -108,7 +107,7 @@ def _signature(dst: int, kind: str, source: str, files: dict[str, Any]) -> str |
         if entry is None:
             return None
         now.append((rel, *entry))
-    return hashlib.sha256(json.dumps([kind, source, now]).encode()).hexdigest()[:32]
+    return Found(kind, Path(source), source, None, tuple(now)).signature
 
 
 def _copy_unless_same(src: int, dst: int, rel: str, entry: dict[str, Any]) -> bool:
