@@ -145,7 +145,10 @@ def test_a_nanogpt_style_script_runs_unmodified_and_resumes_from_its_own_ckpt(en
     # nanoGPT trains iterations 0 to max_iters: one more than max_iters.
     assert summary["steps_trained"] == STEPS + 1, summary
     figures = summary["recovery"]
-    assert figures["lost_steps"] == fired["step"] - resumed_at, figures
+    # Lost: from the save it resumed at to the furthest step attempt 1's log showed, which is at least the drill's
+    # step (the ranks may train a step or two more between the look that fired it and the kill landing).
+    reached = max(e["step"] for e in ledger.events("train", "step") if e.get("attempt") == 1)
+    assert fired["step"] - resumed_at <= figures["lost_steps"] <= reached - resumed_at, (figures, fired, reached)
     assert isinstance(figures["resume_delay_s"], float) and figures["resume_delay_s"] > 0, figures
     assert 0 < figures["ettr"] < 1, figures
     text = subprocess.run(["trainyard", "summary", str(run)], env=env, capture_output=True, text=True, timeout=120)

@@ -115,6 +115,29 @@ def test_log_steps_become_step_events_in_the_runtime_s_shape(tmp_path: Path) -> 
     ]  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("start", "lines", "first_step"),
+    [
+        (0, range(0, 6), 0),  # nanoGPT counts from 0: its step 0 is trained too, whenever the first look comes
+        (0, range(1, 6), 1),  # a script counting from 1 trains 5 steps, not 6
+        (20, range(20, 26), 20),  # resumed from its save at 20, it trains step 20 again
+        (20, range(23, 26), 21),  # the log's first lines were not seen: the steps after the resume point count
+    ],
+)
+def test_the_first_event_covers_every_step_the_attempt_trained_before_the_first_look(
+    tmp_path: Path, start: int, lines: range, first_step: int
+) -> None:
+    """Whether the first look comes at step 0 or step 5 must not change the steps trained (CI saw 60 for 61)."""
+    log = tmp_path / "node-0.log"
+    written: list[dict] = []
+    steps = LogSteps({"node-0": log}, None, attempt=1, world_size=1, record=written.append, start_step=start)
+    log.write_text("".join(f"iter {i}: loss 3.0\n" for i in lines))
+    steps.look(10.0)
+    [event] = written
+    assert (event["first_step"], event["step"]) == (first_step, lines[-1])
+    assert event["steps"] == lines[-1] - first_step + 1  # the steps it covers, both ends counted
+
+
 def test_the_logs_silence_is_timed_from_the_last_new_step_until_the_attempt_s_last_step(tmp_path: Path) -> None:
     """``training.log_silence_s``: timed only once a step line was seen, reset by each new step, and not at all
     once the log showed the attempt's last step (the final save and the teardown print none)."""

@@ -138,11 +138,13 @@ class LogStep:
 
 
 class Scan:
-    """The lines of one node's log, folded in order: the furthest step and its loss (steps only grow)."""
+    """The lines of one node's log, folded in order: the furthest step and its loss (steps only grow), and the
+    first step it showed (a script counting from 0 trains step 0 too)."""
 
     def __init__(self, pattern: re.Pattern[str] | None = None) -> None:
         self.pattern = pattern
         self.last: LogStep | None = None
+        self.first: int | None = None
 
     def feed(self, lines: list[str]) -> LogStep | None:
         """Take ``lines`` (in order); the furthest step now (None: none yet)."""
@@ -154,5 +156,6 @@ class Scan:
                 if self.last is not None and seen.loss is not None:
                     self.last = LogStep(self.last.step, seen.loss, self.last.line)
             elif self.last is None or seen.step >= self.last.step:
+                self.first = seen.step if self.first is None else self.first
                 self.last = LogStep(seen.step, seen.loss, clean(line))
         return self.last

@@ -178,11 +178,20 @@ class LogSteps:
             fields.update(first_step=step + 1, steps=ahead.step - step)
             if now > at:
                 fields["step_ms"] = round(1000 * (now - at) / (ahead.step - step), 3)
-        elif self.start_step is not None and ahead.step > self.start_step + 1:
-            fields.update(first_step=self.start_step + 1, steps=ahead.step - self.start_step)  # no time: unknown
+        elif (first := self._first()) is not None and first < ahead.step:
+            fields.update(first_step=first, steps=ahead.step - first + 1)  # no time: unknown
         self.record(fields)
         self.written = (now, ahead.step)
         return ahead
+
+    def _first(self) -> int | None:
+        """The first step the attempt trained, for its first event: the lowest its logs showed (a script counting
+        from 0 shows 0, after a resume the step it trains again), else the one after the step it resumes after,
+        whichever is lower: steps trained before the first look saw a line count too (None: unknown)."""
+        shown = [scan.first for scan in self.scans.values() if scan.first is not None]
+        after = None if self.start_step is None else self.start_step + 1
+        known = [*shown, *([after] if after is not None else [])]
+        return min(known) if known else None
 
     def last_lines(self) -> dict[str, str | None]:
         return {node: tail.last_line for node, tail in self.tails.items()}
