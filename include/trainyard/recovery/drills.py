@@ -112,9 +112,10 @@ def waiting(drills: list[FaultDrill], nodes: list[str], warm: list[str]) -> list
         group = ", ".join(nodes)
         where = (f"a warm spare waiting outside the attempt's group ({group})" if node in warm else
                  f"not a node of the attempt ({group}) and not started with it")  # fmt: skip
-        out.append((drill, f"{node} is {where}: the pressure test ranked it below them; the drill strikes only if"
-                           f" {node} joins the group before step {drill.step} (in place, when a node of the group"
-                           f" fails or leaves), else never; to drill a node that trains, name one of {group}"))  # fmt: skip
+        # Which nodes train is the pressure test's choice (its ranking), made after the spec named the drill's node.
+        out.append((drill, f"{node} is {where}: the drill strikes only if {node} joins the group before step"
+                           f" {drill.step} (in place, when a node of the group fails or leaves), else never; to drill"
+                           f" a node that trains, name one of {group}"))  # fmt: skip
     return out
 
 
