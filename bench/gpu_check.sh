@@ -133,7 +133,9 @@ try:
         **{k: report.figures.get(k) for k in ("detection_s", "resume_delay_s", "lost_steps")},
     }  # fmt: skip
     if not report.ok:
-        problems.append(f"drill: expected {report.expected}, got actions {report.actions}, run {report.end}")
+        want = report.expected
+        problems.append(f"drill: expected {want.action}, run {want.end} ({want.reason}); got actions {report.actions},"
+                        f" run {report.end}")  # fmt: skip
 except Exception as exc:
     import traceback
 

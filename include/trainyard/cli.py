@@ -169,7 +169,7 @@ def cmd_drill(args: argparse.Namespace) -> int:
 
     drill = Drill(fault=args.fault, step=args.step, node=args.node, factor=args.factor)
     report = run_drill(args.spec, drill, args.date)
-    action, end = report.expected
+    action, end = report.expected.action, report.expected.end
     print(
         f"drill {report.fault} at step {args.step}{' on ' + args.node if args.node else ''}: "
         f"actions {report.actions or ['none']}, run {report.end}"
@@ -177,7 +177,9 @@ def cmd_drill(args: argparse.Namespace) -> int:
     for why in report.refused:
         print(f"not acted out: {why}")
     print(f"expected: {action or 'no recovery needed'}, run {end} -> {'OK' if report.ok else 'UNEXPECTED'}")
-    figures = {k: v for k, v in report.figures.items() if k != "failures"}
+    print(f"because: {report.expected.reason}")  # the policy's reason: the path (in place or relaunch) and why
+    # world_sizes is the timed series behind world_path; a None figure or reason is one the run has none of
+    figures = {k: v for k, v in report.figures.items() if k not in ("failures", "world_sizes") and v is not None}
     print("recovery figures: " + ", ".join(f"{k} {v}" for k, v in figures.items()))
     print(f"run folder: {report.run_dir}")
     return 0 if report.ok else 1

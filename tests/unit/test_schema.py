@@ -63,3 +63,12 @@ def test_the_your_script_walkthrough_spec_passes_trainyard_check(tmp_path: Path)
     spec = tmp_path / "nanogpt.yaml"
     spec.write_text("nodes: {count: 2}\n" + walk.replace("/src/nanoGPT/train.py", str(script)))
     assert main(["check", str(spec)]) == 0
+
+
+def test_the_staging_text_corpus_example_passes_trainyard_check(tmp_path: Path) -> None:
+    """docs/staging.md's text-corpus example is a whole spec, as it says: ``trainyard check`` passes it as written."""
+    page = (ROOT / "docs" / "staging.md").read_text()
+    [text] = re.findall(r"A text corpus, which your script tokenizes, as a whole spec.*?```yaml\n(.*?)```", page, re.S)
+    spec = tmp_path / "web_docs.yaml"
+    spec.write_text(text)
+    assert main(["check", str(spec)]) == 0

@@ -85,6 +85,17 @@ class Drill:
 
 
 @dataclass(frozen=True)
+class DrillWaited:
+    """A drill armed for an attempt whose node was not in its group (``drill_waiting``), and why."""
+
+    attempt: int | None
+    fault: str | None
+    node: str | None
+    step: int | None
+    reason: str
+
+
+@dataclass(frozen=True)
 class Formed:
     """A group formed in place (a training process's ``regrouped``): its generation, world size, first step."""
 

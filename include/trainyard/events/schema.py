@@ -303,6 +303,19 @@ class DrillRefused(Event):
 
 
 @dataclass(frozen=True)
+class DrillWaiting(Event):
+    """A drill armed for an attempt whose node is not in its group (a spare the pressure test left out): it
+    strikes only once that node joins, and why (``recovery.drills.waiting``)."""
+
+    event = "drill_waiting"
+    attempt: int | None = None
+    fault: str | None = None
+    node: str | None = None
+    step: int | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
 class RecoveryFigures(Event):
     event = "recovery_figures"
     open = True
@@ -624,7 +637,7 @@ KINDS: dict[str, type[Event]] = {
     for kind in (
         StageStart, StageEnd, StageFailed, Params, Notified, NotifyFailed, Progress, Plan, Staged, EarlierBoot,
         EarlierBootReverified, TrustOnFirstFetch, Evicted, DatasetChecked, SittingOut, NodesMarked, NodesRetested,
-        NodeVerdict, Thresholds, ResumePoint, RecoveryPath, GroupFormed, HangDetectionOff, DrillRefused, RecoveryFigures, AttemptStart, AttemptEnd, AttemptEvent,
+        NodeVerdict, Thresholds, ResumePoint, RecoveryPath, GroupFormed, HangDetectionOff, DrillRefused, DrillWaiting, RecoveryFigures, AttemptStart, AttemptEnd, AttemptEvent,
         FailureClassified, DecisionMade, Grown, SparesWarm, Rejoining, RolledBack, LineageHeld, LineageReset,
         CheckpointAdopted, CheckpointValidated, CheckpointPromoted, CheckpointQuarantined, CheckpointRetired, CheckpointTiered,
         CheckpointChecked, Published, Step, Finished, CheckpointSaved, CheckpointSkipped, Resumed, Regrouped,

@@ -13,7 +13,17 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from trainyard.events.records import AttemptRun, Decision, DecisionTaken, Drill, FailureSeen, Fault, Formed, Growth
+from trainyard.events.records import (
+    AttemptRun,
+    Decision,
+    DecisionTaken,
+    Drill,
+    DrillWaited,
+    FailureSeen,
+    Fault,
+    Formed,
+    Growth,
+)
 from trainyard.kinds import ACTIONS, KINDS, FailureKind
 
 TRAIN = "train"
@@ -78,6 +88,9 @@ class TrainRun:
     """The script applies the batch settings (a ``batch_followed`` of any attempt: the same script runs them all)."""
     drills_refused: tuple[tuple[str, str], ...] = ()
     """``(fault, why)`` of every drill the supervisor could not act out (``drill_refused``), in order."""
+    drills_waiting: tuple[DrillWaited, ...] = ()
+    """Every drill armed for an attempt whose node was not in its group (``drill_waiting``), in order
+    (``still_waiting``: those that have not struck since)."""
     hang_detection_off: str | None = None
     """Why hang detection is off (the script writes no heartbeats: ``hang_detection_off``); None: on."""
     fired: tuple[Drill, ...] = ()
@@ -115,6 +128,12 @@ class TrainRun:
     @property
     def last(self) -> AttemptRun | None:
         return self.attempts[-1] if self.attempts else None
+
+    @property
+    def still_waiting(self) -> list[DrillWaited]:
+        """The waiting drills that have not struck (no ``drill_fired`` of their fault on their node since)."""
+        fired = {(d.fault, d.node) for d in self.fired}
+        return [w for w in self.drills_waiting if (w.fault, w.node) not in fired]
 
     @property
     def world_path(self) -> str | None:
@@ -236,6 +255,11 @@ def _resumed(s: TrainRun, e: Event) -> TrainRun:
     return s._with_last(_int(e.get("attempt")), resumed_step=_int(e.get("step")))
 
 
+def _waited(e: Event) -> DrillWaited:
+    return DrillWaited(_int(e.get("attempt")), e.get("fault"), e.get("node"), _int(e.get("step")),
+                       str(e.get("reason") or ""))  # fmt: skip
+
+
 def _drill(s: TrainRun, e: Event) -> TrainRun:  # written by the workload, which may not know the attempt number
     drill = Drill(float(e["ts"]), e.get("fault"), e.get("node"), _int(e.get("step")))
     s = replace(s, fired=(*s.fired, drill))
@@ -265,6 +289,7 @@ _TRAIN = {
     "drill_refused": lambda s, e: replace(
         s, drills_refused=(*s.drills_refused, (str(e.get("fault")), str(e.get("reason") or "")))
     ),
+    "drill_waiting": lambda s, e: replace(s, drills_waiting=(*s.drills_waiting, _waited(e))),
     "hang_detection_off": lambda s, e: replace(s, hang_detection_off=str(e.get("reason") or "no heartbeats")),
     "drills_acted": lambda s, e: (
         s if (n := _int(e.get("attempt"))) is None else replace(s, drills_acted=s.drills_acted | {n})

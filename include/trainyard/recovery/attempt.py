@@ -20,9 +20,11 @@ from trainyard.backends.base import AttemptStatus, Launcher, LaunchPlan
 from trainyard.errors import LineageBusy, TrainingFailed
 from trainyard.events.ledger import Ledger
 from trainyard.events.schema import AttemptStart
+from trainyard.protocol.env import FaultDrill
 from trainyard.recovery.classify import Failure
 from trainyard.recovery.commands import AttemptResult, Record
 from trainyard.recovery.controller import ended, succeeded
+from trainyard.recovery.drills import announce_waiting
 from trainyard.recovery.logwatch import resume_step
 from trainyard.recovery.look import PREEMPTED, AttemptView, Reads, look, seen
 from trainyard.recovery.observations import AttemptFailed as Failed
@@ -50,8 +52,12 @@ class AttemptError(TrainingFailed):
         super().__init__(message, kind=failure.trigger, evidence="")
 
 
-def start_attempt(launcher: Launcher, plan: LaunchPlan, ledger: Ledger) -> Any:
-    """Record the attempt and launch it; the heartbeat folder exists before any rank (or watcher) looks."""
+def start_attempt(launcher: Launcher, plan: LaunchPlan, ledger: Ledger, warm: list[str] | None = None,
+                  outside: list[FaultDrill] | None = None) -> Any:  # fmt: skip
+    """Record the attempt and launch it; the heartbeat folder exists before any rank (or watcher) looks.
+    ``warm``: spares started outside its group; ``outside``: its drills acted out from outside the processes
+    (one whose node is outside the group is refused by its ``drills.Actor``); the script's own drills on such a
+    node wait for it (``drill_waiting``)."""
     if plan.train_env.heartbeat_dir is not None:
         plan.train_env.heartbeat_dir.mkdir(parents=True, exist_ok=True)
     env = plan.train_env
@@ -59,6 +65,7 @@ def start_attempt(launcher: Launcher, plan: LaunchPlan, ledger: Ledger) -> Any:
                          micro_batch=env.micro_batch, resume_from=env.resume_from,
                          resume_step=resume_step(env.resume_from, env.checkpoint_dir))  # fmt: skip
     ledger.append(STAGE, start.event, **start.fields())
+    announce_waiting(ledger, plan.attempt, [d for d in env.drills if d not in (outside or [])], plan.nodes, warm or [])
     return launcher.launch(plan)
 
 

@@ -12,6 +12,11 @@ report, or, for a script that writes none, the furthest step its nodes' logs sho
 the newest checkpoint folder (``step_NNNNNN``) that appeared in the checkpoint root since the attempt started. Looks are a poll apart, so the fault may come a few steps late.
 ``due`` and ``refused`` decide (pure); ``Actor`` looks and carries them out, recording ``drill_fired`` and
 ``drill_refused`` in the ledger.
+
+A drill the script acts out itself whose node is not in the attempt's group (the pressure test ranked it below
+the others and left it a spare) does nothing until that node joins: ``waiting`` says so (pure), and
+``announce_waiting`` records it as the attempt starts (``drill_waiting``), so a rehearsal that never struck is
+never silent.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from trainyard.backends.base import LaunchPlan, SignalsNodes
 from trainyard.checkpoint.format import step_of
 from trainyard.events.fold import TrainRun
 from trainyard.events.ledger import Ledger
-from trainyard.events.schema import DrillRefused
+from trainyard.events.schema import DrillRefused, DrillWaiting
 from trainyard.protocol.env import FaultDrill
 from trainyard.protocol.heartbeat import HOW_TO_BEAT, scan
 from trainyard.recovery.logsteps import LogStep
@@ -94,6 +99,33 @@ def refused(drill: FaultDrill, nodes: list[str], seen: Progress) -> str | None:
             f"the script writes no heartbeats, so hang detection is off and a frozen node is never found; {HOW_TO_BEAT}"
         )
     return None
+
+
+def waiting(drills: list[FaultDrill], nodes: list[str], warm: list[str]) -> list[tuple[FaultDrill, str]]:
+    """The drills armed for an attempt on ``nodes`` (``warm``: its spares started outside the group) whose node
+    is not in its group, with why: they strike only if that node joins the group in time."""
+    out = []
+    for drill in drills:
+        node = target(drill, nodes)
+        if node in nodes:
+            continue
+        group = ", ".join(nodes)
+        where = (f"a warm spare waiting outside the attempt's group ({group})" if node in warm else
+                 f"not a node of the attempt ({group}) and not started with it")  # fmt: skip
+        # Which nodes train is the pressure test's choice (its ranking), made after the spec named the drill's node.
+        out.append((drill, f"{node} is {where}: the drill strikes only if {node} joins the group before step"
+                           f" {drill.step} (in place, when a node of the group fails or leaves), else never; to drill"
+                           f" a node that trains, name one of {group}"))  # fmt: skip
+    return out
+
+
+def announce_waiting(ledger: Ledger, attempt: int, drills: list[FaultDrill], nodes: list[str], warm: list[str]) -> None:
+    """Record (``drill_waiting``) and log each of the attempt's ``drills`` that ``waiting`` finds."""
+    for drill, why in waiting(drills, nodes, warm):
+        record = DrillWaiting(attempt=attempt, fault=drill.fault, node=target(drill, nodes), step=drill.step,
+                              reason=why)  # fmt: skip
+        ledger.append(STAGE, record.event, **record.fields())
+        log.warning("attempt %d: drill %s at step %d waits: %s", attempt, drill.fault, drill.step, why)
 
 
 def unreached(drill: FaultDrill, seen: Progress) -> str:

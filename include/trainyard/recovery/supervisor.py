@@ -10,8 +10,7 @@ which on a failure ends every node of the attempt at once -- survivors of a
 dead collective would otherwise wait out gloo's timeout -- unless they can
 regroup, and sleeps out backoffs renewing the lease. Every decision is a
 ledger event, so a retried Airflow task carries on from the ledger instead
-of starting over. The deferred driver (``recovery.deferred``) waits its own
-way.
+of starting over. The deferred driver (``recovery.deferred``) waits its own way.
 """
 
 from __future__ import annotations
@@ -165,7 +164,8 @@ class Driver:
                 plan = self.hooks.plan_for(attempt, course)
                 if self.hooks.coordinator_for is not None:  # the first group, before any rank looks for it
                     self._publish(Publish(attempt, 1, list(course.nodes), course.micro_batch, []))
-                self.handles[attempt] = start_attempt(self.launcher, plan, self.ledger)
+                outside = self.hooks.drills_for(attempt) if self.hooks.drills_for else []
+                self.handles[attempt] = start_attempt(self.launcher, plan, self.ledger, command.warm, outside)
                 if command.warm:  # outside the group: they wait on the store to be listed
                     self._regrouping().add_nodes(self.handles[attempt], command.warm)
             case KillNodes(attempt=attempt, nodes=nodes):

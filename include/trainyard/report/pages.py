@@ -219,6 +219,7 @@ def recovery_section(summary: Mapping[str, Any]) -> str:
     figures = summary.get("recovery")
     off = summary.get("hang_detection")
     said = f"<p>Hang detection: {esc(off)}</p>" if off else ""
+    said += "".join(f"<p>Drill waiting: {esc(w)}</p>" for w in summary.get("drills_waiting") or [])
     if not figures:
         return ('<h2>Recovery figures</h2><p class="empty">No recovery figures recorded (training did not finish).</p>'
                 + said)  # fmt: skip

@@ -62,6 +62,8 @@ def summary_of(state: RunState, closing: bool = False) -> dict[str, Any]:
         "world_path": train.world_path,
         "recovery_path": _recovery_path(train),
         "hang_detection": _hang_detection(train),
+        # A rehearsal that did nothing says so: its node was a spare outside the group and never joined in time.
+        "drills_waiting": [f"{w.fault} at step {w.step} on {w.node}: {w.reason}" for w in train.still_waiting],
         "attempt_starts": list(train.resumed_steps),
         "recovery": _figures(state),
         "checkpoints": [asdict(r) for r in state.checkpoints],
@@ -205,6 +207,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         lines.append(f"  world path:       {summary['world_path']}")
     if summary.get("hang_detection"):
         lines.append(f"  hang detection:   {summary['hang_detection']}")
+    lines += [f"  drill waiting:    {said}" for said in summary.get("drills_waiting") or []]
     lines.append(f"  valid checkpoint: {summary['checkpoint'] or '-'}")
     lines.append(f"  published to:     {summary['published'] or '-'}")
     if summary.get("report"):
