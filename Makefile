@@ -16,7 +16,7 @@ DEMO_DATE ?= 2026-11-28
 # `make airflow`'s PostgreSQL cluster (metadata DB); delete the folder to start from an empty DB.
 PGDATA_DIR := $(CURDIR)/.pgdata
 
-.PHONY: help venv airflow-db demo demo-s3 lint test test-rgw test-unit airflow bench bench-peers clean clean-pg browser postgres rclone
+.PHONY: help venv airflow-db demo demo-s3 lint test test-rgw test-unit airflow bench bench-peers clean clean-pg browser postgres rclone newcomer
 
 help:
 	@echo "make demo     - install, set up Airflow, run the demo pipeline on 2 local nodes"
@@ -152,8 +152,12 @@ bench: venv rclone bench-peers
 	mkdir -p bench/results
 	set -e; for b in bench/*.py; do name=$$(basename $$b .py); \
 	  $(BIN)/python $$b 2>bench/results/$$name.err | tee bench/results/$$name.log; \
-	  tail -n 1 bench/results/$$name.log | $(BIN)/python -c 'import json,sys; json.loads(sys.stdin.read())'; \
-	  tail -n 1 bench/results/$$name.log > bench/results/$$name.json; rm bench/results/$$name.log bench/results/$$name.err; done
+	  tail -n 1 bench/results/$$name.log | $(BIN)/python -m tools.bench_stamp > bench/results/$$name.json.new; \
+	  mv bench/results/$$name.json.new bench/results/$$name.json; rm bench/results/$$name.log bench/results/$$name.err; done
+
+# A newcomer's first day on a clean clone of HEAD (minutes: a venv and the demo): tools/newcomer.sh says each step.
+newcomer:
+	bash tools/newcomer.sh $(NEWCOMER_DIR)
 
 clean: clean-pg
 	rm -rf $(AIRFLOW_HOME) $(TRAINYARD_HOME)
