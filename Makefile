@@ -26,6 +26,7 @@ help:
 	@echo "make lint     - ruff (lint and format check), mypy and the import layers (config in pyproject.toml)"
 	@echo "make airflow  - Airflow UI on http://127.0.0.1:8080 with the project's DAGs"
 	@echo "make bench    - benchmarks, results in bench/results/"
+	@echo "make newcomer - a clean clone's first day: demo, summary -o json, check of a bad folder, report screenshot"
 
 # The venv is rebuilt when the pinned requirements change. uv (pinned in requirements-dev.txt, bootstrapped with the
 # venv's pip) installs them: it downloads in parallel and compiles every installed module on every core. A clean
