@@ -61,5 +61,8 @@ def test_the_your_script_walkthrough_spec_passes_trainyard_check(tmp_path: Path)
     [walk] = re.findall(r"### A script as its author wrote it.*?```yaml\n(.*?)```", page, re.S)
     script = ROOT / "tests" / "integration" / "scripts" / "nanogpt_style" / "train.py"
     spec = tmp_path / "nanogpt.yaml"
-    spec.write_text("nodes: {count: 2}\n" + walk.replace("/src/nanoGPT/train.py", str(script)))
+    data = tmp_path / "shakespeare_char"  # the dataset the walkthrough prepared; check refuses a missing one
+    data.mkdir()
+    walk = walk.replace("/src/nanoGPT/train.py", str(script)).replace("/data/cold/shakespeare_char", str(data))
+    spec.write_text("nodes: {count: 2}\n" + walk)
     assert main(["check", str(spec)]) == 0
