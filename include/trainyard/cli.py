@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from trainyard.errors import TrainyardError
 from trainyard.events.ledger import Ledger, safe_name
 from trainyard.report.summary import format_summary, summarize
-from trainyard.spec import check_files, spec_files
+from trainyard.spec import review
 from trainyard.spec.templating import HOME_VARIABLE, render
 
 if TYPE_CHECKING:
@@ -21,13 +21,12 @@ if TYPE_CHECKING:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """One line per problem: ``FILE: field.path: what is wrong``; exit 1 on any. A folder: its *.yaml files."""
-    problems = check_files(args.files)
-    for line in problems:
-        print(line)
-    if not problems:
-        print(f"{len(spec_files(args.files))} spec(s) valid")
-    return 1 if problems else 0
+    """Every error and warning of every file (a folder: its *.yaml files, checked together); exit 1 on any error."""
+    from trainyard.spec.present import exit_code, render
+
+    reports = review(args.files)
+    print(render(reports, args.output))
+    return exit_code(reports)
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -232,6 +231,7 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="validate pipeline spec files (a folder: its *.yaml files, checked together)")
     check.add_argument("files", nargs="+", type=Path)
+    check.add_argument("-o", "--output", choices=["text", "json"], default="text", help="text lines or one JSON list")
     check.set_defaults(func=cmd_check)
     schema = sub.add_parser(
         "schema", help="print the spec's JSON Schema (for editors), or with --markdown its reference"

@@ -124,6 +124,8 @@ def test_a_cheap_quoted_command_prints_what_the_doc_says(
 ) -> None:
     monkeypatch.chdir(ROOT)  # the docs' paths are the checkout's
     monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path))  # specs render ${TRAINYARD_HOME}; no demo folder read
+    for cold in ("tokens", "finetune"):  # the cold tier as `make demo` leaves it: check finds the sources
+        (tmp_path / "cold" / cold).mkdir(parents=True)
     monkeypatch.setenv("COLUMNS", "80")  # argparse wraps --help to the terminal's width
     try:
         code = cli.main(list(quoted.argv[1:]))

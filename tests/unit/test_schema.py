@@ -61,7 +61,10 @@ def test_the_your_script_walkthrough_spec_passes_trainyard_check(tmp_path: Path)
     [walk] = re.findall(r"### A script as its author wrote it.*?```yaml\n(.*?)```", page, re.S)
     script = ROOT / "tests" / "integration" / "scripts" / "nanogpt_style" / "train.py"
     spec = tmp_path / "nanogpt.yaml"
-    spec.write_text("nodes: {count: 2}\n" + walk.replace("/src/nanoGPT/train.py", str(script)))
+    data = tmp_path / "shakespeare_char"  # the dataset the walkthrough prepared; check refuses a missing one
+    data.mkdir()
+    walk = walk.replace("/src/nanoGPT/train.py", str(script)).replace("/data/cold/shakespeare_char", str(data))
+    spec.write_text("nodes: {count: 2}\n" + walk)
     assert main(["check", str(spec)]) == 0
 
 
@@ -71,4 +74,6 @@ def test_the_staging_text_corpus_example_passes_trainyard_check(tmp_path: Path) 
     [text] = re.findall(r"A text corpus, which your script tokenizes, as a whole spec.*?```yaml\n(.*?)```", page, re.S)
     spec = tmp_path / "web_docs.yaml"
     spec.write_text(text)
+    (tmp_path / "my_team").mkdir()  # its script, where the page says a relative entrypoint resolves
+    (tmp_path / "my_team" / "train.py").write_text("print('training')\n")
     assert main(["check", str(spec)]) == 0

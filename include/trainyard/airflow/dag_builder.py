@@ -29,6 +29,7 @@ from trainyard.airflow.params import param_schemas
 from trainyard.errors import SpecError
 from trainyard.report.pages import URL_PREFIX
 from trainyard.spec import PipelineSpec, load_spec, nested_specs
+from trainyard.spec.ids import dag_id_problems, duplicate_ids
 
 # Airflow pool of training nodes (airflow_settings.yaml declares it): one slot per node.
 NODE_POOL = "training_nodes"
@@ -130,7 +131,7 @@ def dag_doc(spec_path: Path, spec: PipelineSpec, schemas: dict[str, dict[str, An
 
 def scan(folder: str | Path) -> tuple[dict[str, tuple[Path, PipelineSpec]], list[str]]:
     """Valid specs by DAG id, and one line per problem of the others."""
-    valid: dict[str, tuple[Path, PipelineSpec]] = {}
+    valid: dict[Path, PipelineSpec] = {}
     problems: list[str] = []
     for spec_path in sorted(Path(folder).glob("*.y*ml")):
         try:
@@ -138,15 +139,18 @@ def scan(folder: str | Path) -> tuple[dict[str, tuple[Path, PipelineSpec]], list
         except SpecError as exc:
             problems.extend(exc.problems)
             continue
-        dag_id = spec.dag_id(spec_path)
-        if dag_id in valid:
-            problems.append(f"{spec_path}: pipeline: DAG id {dag_id!r} is already used by {valid[dag_id][0].name}")
+        # A file name Airflow refuses as a DAG id would raise in DAG() and take every pipeline of this file down.
+        if bad := dag_id_problems(spec_path, spec):
+            problems.extend(f"{spec_path}: {line}" for line in bad)
             continue
-        valid[dag_id] = (spec_path, spec)
+        valid[spec_path] = spec
+    duplicates = duplicate_ids(valid)
+    problems.extend(f"{path}: {line}" for path, line in duplicates.items())
+    valid = {path: spec for path, spec in valid.items() if path not in duplicates}
     # Staging or evicting a dataset folder nested in another's would touch that pipeline's files.
-    nested = nested_specs({path: spec for path, spec in valid.values()})
+    nested = nested_specs(valid)
     problems.extend(nested.values())
-    return {dag_id: entry for dag_id, entry in valid.items() if entry[0] not in nested}, problems
+    return {spec.dag_id(path): (path, spec) for path, spec in valid.items() if path not in nested}, problems
 
 
 def build_dags(folder: str | Path) -> dict[str, DAG]:

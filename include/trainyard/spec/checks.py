@@ -3,7 +3,7 @@
 ``cross_field_problems(spec)`` runs the table ``CHECKS``; each row names the
 fields it reads, so a file whose structure is partly wrong still gets every
 check that does not read a broken field. ``uri_problems`` checks a tier
-URI. Every line starts with the field it is about. Dataset folders
+URI (``spec.uris``). Every line starts with the field it is about. Dataset folders
 (``spec.folders``) and resuming (``spec.resume``) have modules of their
 own: both are checked again at run time on rendered values.
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Sequence
-from pathlib import PurePosixPath
 from typing import TypeGuard
 
 from croniter import croniter
@@ -31,9 +30,9 @@ from trainyard.spec.models import (
 )
 from trainyard.spec.resume import resume_root_fields, resume_shape
 from trainyard.spec.templating import placeholder_problems
+from trainyard.spec.uris import URI_SCHEMES, uri_problems
 
 CRON_PRESETS = ("@hourly", "@daily", "@weekly", "@monthly", "@yearly", "@once")
-URI_SCHEMES = ("file", "s3")
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 
 Check = Callable[[PipelineSpec], list[str]]
@@ -398,18 +397,3 @@ def _overlaps(reads: Sequence[str], broken: Sequence[str]) -> bool:
 
 def positive_number(value: object) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
-
-
-def uri_problems(uri: str, schemes: tuple[str, ...]) -> list[str]:
-    """Problems with a tier URI; ``file://`` paths must be absolute and stay inside their root."""
-    scheme, sep, rest = uri.partition("://")
-    if not sep or scheme not in schemes:
-        return [f"{uri!r} must start with {' or '.join(s + '://' for s in schemes)}"]
-    problems = placeholder_problems(uri)
-    if scheme == "file" and not (rest.startswith("/") or rest.startswith("${")):
-        problems.append(f"{uri!r} must be an absolute path (file:///abs/path or file://${{TRAINYARD_HOME}}/...)")
-    if scheme == "s3" and not re.match(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/|\Z)", rest):
-        problems.append(f"{uri!r} must name a valid bucket (s3://bucket/prefix)")
-    if ".." in PurePosixPath(rest).parts or "\\" in rest or "\x00" in rest:
-        problems.append(f"{uri!r} may not contain '..', backslashes or NUL")
-    return problems

@@ -22,8 +22,7 @@ from pydantic import ValidationError
 from trainyard.errors import SpecError
 from trainyard.spec.args import resolve_relative, with_arg
 from trainyard.spec.checks import cross_field_problems
-from trainyard.spec.folders import nested_roots
-from trainyard.spec.messages import describe, type_name
+from trainyard.spec.messages import describe, type_name, yaml_hint
 from trainyard.spec.models import PipelineSpec
 
 
@@ -54,7 +53,10 @@ def parse_yaml(text: str) -> Any:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        raise ValueError(f"{where}invalid YAML: {exc.problem or exc.context}") from None
+        lines = text.splitlines()
+        line = lines[mark.line] if mark and mark.line < len(lines) else ""
+        problem = str(exc.problem or exc.context)
+        raise ValueError(f"{where}invalid YAML: {problem}{yaml_hint(problem, line)}") from None
     except yaml.YAMLError as exc:
         raise ValueError(f"invalid YAML: {exc}") from None
 
@@ -104,15 +106,21 @@ _SALVAGE_ROUNDS = 32
 def _without_broken_fields(data: Mapping[str, Any], exc: ValidationError) -> tuple[PipelineSpec | None, list[str]]:
     """The spec with every broken field left out (its default stands in), and those fields' dotted paths.
 
-    A field that is required has no stand-in: its parent is left out next, up to
-    a required section, where salvage stops (None) and only the structural
-    errors are reported.
+    A required field (or section) takes its value from ``STAND_IN``, so a typo in
+    ``nodes.count`` does not hide the checks of ``training``; one without a
+    stand-in has its parent left out next, up to a required section, where
+    salvage stops (None) and only the structural errors are reported. A stand-in
+    is never judged: every check reading it is skipped as broken.
     """
     tree = copy.deepcopy(dict(data))
     broken: list[str] = []
     for _ in range(_SALVAGE_ROUNDS):
         removed = False
         for err in exc.errors():
+            if err["type"] == "missing" and _stand_in(tree, err["loc"]):
+                broken.append(".".join(map(str, err["loc"])))
+                removed = True
+                continue
             keys = _present(tree, err["loc"][:-1] if err["type"] == "missing" else err["loc"])
             if keys and err["type"] != "extra_forbidden":
                 broken.append(".".join(map(str, keys)))
@@ -125,6 +133,28 @@ def _without_broken_fields(data: Mapping[str, Any], exc: ValidationError) -> tup
         except ValidationError as again:
             exc = again
     return None, broken
+
+
+# Valid values for the required fields, by path: placeholders that let the rest of a broken file be checked.
+STAND_IN: dict[str, Any] = {
+    "dataset": {"source": "file:///stand-in", "name": "stand-in"},
+    "nodes": {"count": 1},
+    "training": {"max_steps": 1, "global_batch": 1, "micro_batch": 1, "checkpoint_every": 1},
+}
+
+
+def _stand_in(data: dict[str, Any], loc: tuple[Any, ...]) -> bool:
+    """Put ``STAND_IN``'s value at ``loc`` into ``data``; False where it has none or the parent is no mapping."""
+    node: Any = data
+    value: Any = STAND_IN
+    for part in loc[:-1]:
+        if not (isinstance(value, dict) and part in value and isinstance(node, dict)):
+            return False
+        node, value = node.setdefault(part, {}), value[part]
+    if not (isinstance(node, dict) and isinstance(value, dict) and loc[-1] in value):
+        return False
+    node[loc[-1]] = copy.deepcopy(value[loc[-1]])
+    return True
 
 
 def _present(data: dict[str, Any], loc: tuple[Any, ...]) -> tuple[str, ...]:
@@ -157,25 +187,6 @@ def spec_files(paths: Iterable[str | Path]) -> list[Path]:
     for path in map(Path, paths):
         files += sorted(path.glob("*.y*ml")) if path.is_dir() else [path]
     return files
-
-
-def check_files(paths: Iterable[str | Path]) -> list[str]:
-    """Every problem in every file (or folder of files), one line each; empty when all are valid.
-
-    Besides each file's own problems, the valid specs are checked together:
-    no dataset folder may nest in another's (``checks.nested_roots``).
-    """
-    problems: list[str] = []
-    for folder in (Path(p) for p in paths):
-        if folder.is_dir() and not spec_files([folder]):
-            problems.append(f"{folder}: no spec files (*.yaml, *.yml) in this folder; name a folder of specs or a file")
-    valid: dict[Path, PipelineSpec] = {}
-    for path in spec_files(paths):
-        try:
-            valid[path] = load_spec(path)
-        except SpecError as exc:
-            problems.extend(exc.problems)
-    return problems + nested_roots(valid)
 
 
 # ---------------------------------------------------------------- trigger Params

@@ -7,6 +7,7 @@ pattern, a label key, a service account) is quoted as the validator wrote it.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from typing import Any, get_args
 
@@ -43,7 +44,7 @@ def message(err: Mapping[str, Any]) -> str:
         return "required field is missing"
     if kind == "extra_forbidden":
         allowed = allowed_fields(err["loc"][:-1])
-        return f"unknown field; allowed here: {', '.join(allowed)}"
+        return f"unknown field{did_you_mean(str(err['loc'][-1]), allowed)}; allowed here: {', '.join(allowed)}"
     msg: str = err["msg"]
     if kind == "literal_error":
         return f"{show(value)} is not allowed; expected {msg.removeprefix('Input should be ')}"
@@ -56,6 +57,27 @@ def message(err: Mapping[str, Any]) -> str:
     if kind == "string_pattern_mismatch":  # a field without a rule of its own: quote the pattern itself
         return f"{show(value)} does not match the pattern {err.get('ctx', {}).get('pattern')!r}"
     return msg[0].lower() + msg[1:] + f" (got {show(value)})"
+
+
+def did_you_mean(word: str, choices: list[str]) -> str:
+    """`` (did you mean 'count'?)`` for the closest of ``choices`` to a typo, or nothing."""
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def yaml_hint(problem: str, line: str) -> str:
+    """What to do about a YAML syntax error, from PyYAML's ``problem`` and the source ``line`` it is on."""
+    if "\\t" in problem or "\t" in line[: len(line) - len(line.lstrip())]:
+        return "; YAML indents with spaces, never tabs: replace the tab with spaces"
+    key, colon, value = line.partition(":")
+    if colon and value.strip().startswith("*"):
+        return (
+            "; a value starting with '*' is read as a YAML alias (a reference to an '&' anchor); quote it:"
+            f" {key.strip()}: '{value.strip()}'"
+        )
+    if "alias" in problem:
+        return "; '*' starts a YAML alias (a reference to an '&' anchor): quote a value that starts with '*'"
+    return ""
 
 
 def allowed_fields(loc: tuple[Any, ...]) -> list[str]:
