@@ -88,5 +88,16 @@ def _faults(summary: Mapping[str, Any], attempts: Sequence[Mapping[str, Any]]) -
     """Every fault of every attempt with its decision, and every growth, in order; then the world path."""
     items = [f"<li>attempt {esc(a['attempt'])}: {esc(line)}</li>" for a in attempts for line in attempt_lines(a)]
     faults = f"<h3>Faults and what was done</h3><ol>{''.join(items)}</ol>" if items else ""
-    path = summary.get("world_path")
-    return faults + (f"<p>World path: {esc(path)}</p>" if path else "")
+    return faults + world_path(summary.get("world_path"))
+
+
+def world_path(path: str | None) -> str:
+    """The world size over time (``2 -> 1``: ranks at the start, then after each relaunch or regroup), in words."""
+    if not path:
+        return ""
+    sizes = path.split(" -> ")
+    if len(set(sizes)) == 1:
+        said = f"{sizes[0]} ranks throughout: no relaunch or regroup changed it"
+    else:
+        said = f"{path}: ranks at the start, then after each relaunch or regroup that changed the world"
+    return f"<p>World size over time: {esc(said)}.</p>"

@@ -16,6 +16,8 @@ from urllib.parse import quote
 
 from trainyard.report.attempts import attempts_section
 from trainyard.report.charts import burnin_svg, esc, loss_svg
+from trainyard.report.context import config_section, data_checks_section, gate_section, links_section, metrics_section
+from trainyard.report.details import STAGES
 from trainyard.report.html import badge as _badge
 from trainyard.report.html import long as _long
 from trainyard.report.html import num as _num
@@ -54,20 +56,26 @@ def run_url(base_url: str, dag_id: str, run_id: str) -> str:
     return f"{base_url.rstrip('/')}{URL_PREFIX}/{run_href(dag_id, run_id)}"
 
 
+def _stage_state(s: Mapping[str, Any]) -> str:
+    """A finished stage's badge; a failed one's whole error below it (the fix is often at its end)."""
+    if s["ok"]:
+        return _badge("ok")
+    return _badge("failed") + (f'<pre class="error">{esc(s["error"])}</pre>' if s.get("error") else "")
+
+
 def stages_section(summary: Mapping[str, Any]) -> str:
-    rows = [
-        [
-            esc(name),
-            _when(s.get("start")),
-            _when(s.get("end")),
-            f"{s['seconds']:.1f}",
-            _badge("ok" if s["ok"] else "failed") + (f" {_long(s['error'])}" if s.get("error") else ""),
-        ]
-        for name, s in summary["stages"].items()
-    ]
-    rows += [[esc(name), "", "", "", _badge("running")] for name in summary.get("running") or []]
-    if not rows:
-        return '<h2>Stages</h2><p class="empty">No stage recorded yet.</p>'
+    """Every stage of the pipeline in order, one that never ran said so: the pipeline's shape stays visible."""
+    done, running = summary["stages"], summary.get("running") or []
+    names = [*STAGES, *(n for n in [*done, *running] if n not in STAGES)]
+    rows = []
+    for name in names:
+        if name in done:
+            s = done[name]
+            rows.append([esc(name), _when(s.get("start")), _when(s.get("end")), f"{s['seconds']:.1f}", _stage_state(s)])
+        elif name in running:
+            rows.append([esc(name), "", "", "", _badge("running")])
+        else:
+            rows.append([esc(name), "", "", "", '<span class="empty">did not run</span>'])
     return "<h2>Stages</h2>" + _table(["stage", "start", "end", "seconds", "state"], rows, "stages")
 
 
@@ -133,6 +141,7 @@ def burn_in_section(summary: Mapping[str, Any]) -> str:
             thresholds.get(p),
             medians.get(p),
             states,
+            {n: (v.get("again") or {}).get(p) for n, v in verdicts.items() if v.get("again")},
         )
         for p in probes
     )
@@ -164,7 +173,8 @@ def loss_section(summary: Mapping[str, Any]) -> str:
         )
     elif summary.get("steps_trained_why"):
         text = f"<p>Steps trained: unknown ({esc(summary['steps_trained_why'])}).</p>"
-    return f"<h2>Loss</h2>{loss_svg(summary['loss_curve'], boundaries)}{text}"
+    bands = ((summary.get("metrics") or {}).get("loss") or {}).get("bands") or []
+    return f"<h2>Loss</h2>{loss_svg(summary['loss_curve'], boundaries, bands=bands)}{text}"
 
 
 def checkpoints_section(summary: Mapping[str, Any]) -> str:
@@ -222,6 +232,12 @@ def recovery_section(summary: Mapping[str, Any]) -> str:
     if not figures:
         return ('<h2>Recovery figures</h2><p class="empty">No recovery figures recorded (training did not finish).</p>'
                 + said)  # fmt: skip
+    faulted = any(a.get("faults") for a in summary.get("attempt_details") or []) or summary.get("attempts", 0) > 1
+    if not faulted:  # a healthy run: a table of dashes would read as figures missing
+        kept = [(k, label) for k, label in RECOVERY_FIGURES if k in ("productive_s", "ettr", "world_path")]
+        rows = [[esc(label), esc(_figure(figures, key))] for key, label in kept]
+        return (f"<h2>Recovery figures</h2><p>No faults: the run trained in one attempt, nothing to recover from.</p>"
+                f"{_table(['figure', 'value'], rows, 'recovery')}{said}")  # fmt: skip
     rows = [[esc(label), esc(_figure(figures, key))] for key, label in RECOVERY_FIGURES]
     return (
         f"<h2>Recovery figures</h2>{_table(['figure', 'value'], rows, 'recovery')}"
@@ -234,11 +250,15 @@ def sections(summary: Mapping[str, Any]) -> str:
         f(summary)
         for f in (
             stages_section,
+            config_section,
             data_section,
+            data_checks_section,
             burn_in_section,
             attempts_section,
             loss_section,
+            metrics_section,
             checkpoints_section,
+            gate_section,
             recovery_section,
         )
     )
@@ -268,7 +288,7 @@ def report_html(summary: Mapping[str, Any], identity: Mapping[str, Any] | None =
     identity = identity or {}
     return _document(
         f"trainyard run report {identity.get('run_id', '')}",
-        f"<h1>trainyard run report</h1>{_heading(summary, identity)}{sections(summary)}",
+        f"<h1>trainyard run report</h1>{_heading(summary, identity)}{sections(summary)}{links_section(summary)}",
     )
 
 
@@ -280,7 +300,7 @@ def run_page(summary: Mapping[str, Any], identity: Mapping[str, Any], has_report
         links.append(f'<a href="{esc(here)}/report.html">report file</a>')
     body = (
         f"<nav>{''.join(links)}</nav><h1>Training run {esc(identity['run_id'])}</h1>"
-        f"{_heading(summary, identity)}{sections(summary)}"
+        f"{_heading(summary, identity)}{sections(summary)}{links_section(summary, here + '/')}"
     )
     return _document(f"trainyard {identity['dag_id']} {identity['run_id']}", body)
 
