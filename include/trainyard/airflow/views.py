@@ -197,9 +197,10 @@ async def node_log(dag_id: str, run_id: str, folder: str, name: str, may_read: M
     try:
         run = await _run(dag_id, run_id, may_read)
         body = await run_in_threadpool(read_node_log, run, f"{folder}/{name}")
-    except (RunNotFound, PermissionError, OSError) as exc:
-        return _error(exc if not isinstance(exc, OSError) else RunNotFound(f"no node log {folder}/{name}: {exc}"),
-                      as_json=False, home="../../../../")  # fmt: skip
+    except (RunNotFound, PermissionError) as exc:  # PermissionError first: it is an OSError too
+        return _error(exc, as_json=False, home="../../../../")
+    except OSError as exc:  # missing, a link, not a file: the message says which, no path outside the run
+        return _error(RunNotFound(f"no node log {folder}/{name}: {exc}"), as_json=False, home="../../../../")
     return PlainTextResponse(body.decode("utf-8", "replace"), headers={"Content-Security-Policy": SANDBOX})
 
 
