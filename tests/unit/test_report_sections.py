@@ -7,10 +7,11 @@ import re
 from typing import Any
 
 from trainyard.report.attempts import world_path
+from trainyard.report.burn_in import burn_in_section
 from trainyard.report.charts import burnin_svg
 from trainyard.report.context import config_section, gate_section, links_section, metrics_section
 from trainyard.report.details import STAGES, airflow_links
-from trainyard.report.pages import burn_in_section, recovery_section, run_page, stages_section
+from trainyard.report.pages import recovery_section, run_page, stages_section
 
 ERROR = "DataError: " + "shard_0003.tok has 12 tokens, fewer than 1000 " * 5 + "; check dataset.source and the path"
 
