@@ -74,3 +74,11 @@ def test_a_script_that_reports_only_a_loss_gets_only_a_loss_series() -> None:
         [{"event": "step", "ts": 1.0, "step": 1, "loss": 3.0}, {"event": "step", "ts": 2.0, "step": 2, "loss": 2.9}]
     )
     assert set(got) == {"loss", "world_size", "faults"}
+
+
+def test_past_the_cap_the_widest_bands_are_kept() -> None:
+    events = [step(float(n), n * 10, first=n * 10 - 9, step_ms_min=90.0, step_ms_max=110.0) for n in range(1, 301)]
+    events[150] = step(151.0, 1510, first=1501, step_ms_min=90.0, step_ms_max=900.0)
+    bands = series(events, most=20)["step_ms"]["bands"]
+    assert len(bands) == 10 and [1501, 1510, 90.0, 900.0] in bands
+    assert bands == sorted(bands)

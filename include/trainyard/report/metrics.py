@@ -11,7 +11,6 @@ each bucket's lowest and highest value survive, so a spike does too.
 from __future__ import annotations
 
 import bisect
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -54,9 +53,11 @@ def _bands(events: Sequence[Mapping[str, Any]], name: str) -> list[tuple[int, in
     return bands
 
 
-def _thin(points: list[tuple[int, float]], most: int) -> list[tuple[int, float]]:
-    """At most about ``most`` points, each bucket's lowest and highest kept (NaN kept: it is evidence)."""
-    return progress.downsample(points, most)
+def _widest(bands: list[tuple[int, int, float, float]], most: int) -> list[tuple[int, int, float, float]]:
+    """At most ``most`` bands: the widest ranges (where the spikes are), in step order."""
+    if len(bands) <= most:
+        return bands
+    return sorted(sorted(bands, key=lambda b: b[3] - b[2], reverse=True)[:most])
 
 
 def _step_at(events: Sequence[Mapping[str, Any]], ts: float | None) -> int | None:
@@ -109,14 +110,9 @@ def series(
         points = _points(events, name)
         if points:
             out[name] = {
-                "points": [list(p) for p in _thin(points, most)],
-                "bands": [list(b) for b in _bands(events, name)][: most // 2],
+                "points": [list(p) for p in progress.downsample(points, most)],
+                "bands": [list(b) for b in _widest(_bands(events, name), most // 2)],
             }
     out["world_size"] = [list(p) for p in _worlds(worlds, events)]
     out["faults"] = _faults(attempts, events)
     return out
-
-
-def finite(values: Sequence[Any]) -> list[float]:
-    """The finite numbers of ``values`` (a chart's range ignores a NaN loss)."""
-    return [float(v) for v in values if _number(v) is not None and math.isfinite(v)]
