@@ -62,8 +62,13 @@ def test_burn_in_section_passes_the_second_rounds_figures() -> None:
 
 
 def test_the_world_path_is_said_in_words() -> None:
-    assert "2 ranks throughout" in world_path("2")
-    assert "2 -&gt; 1: ranks at the start, then after each relaunch or regroup" in world_path("2 -> 1")
+    assert (
+        world_path("2")
+        == "<p>World path: 2 (the world size, 2 ranks throughout: no relaunch or regroup changed it).</p>"
+    )
+    assert "World path: 2 -&gt; 1 (the world size in ranks at the start, then after each relaunch" in world_path(
+        "2 -> 1"
+    )
     assert world_path(None) == ""
 
 

@@ -92,12 +92,13 @@ def _faults(summary: Mapping[str, Any], attempts: Sequence[Mapping[str, Any]]) -
 
 
 def world_path(path: str | None) -> str:
-    """The world size over time (``2 -> 1``: ranks at the start, then after each relaunch or regroup), in words."""
+    """The world path (``2 -> 1``: the world size at the start, then after each relaunch or regroup), explained;
+    it keeps the words ``World path:`` of ``trainyard summary`` and the notice."""
     if not path:
         return ""
     sizes = path.split(" -> ")
     if len(set(sizes)) == 1:
-        said = f"{sizes[0]} ranks throughout: no relaunch or regroup changed it"
+        said = f"the world size, {sizes[0]} ranks throughout: no relaunch or regroup changed it"
     else:
-        said = f"{path}: ranks at the start, then after each relaunch or regroup that changed the world"
-    return f"<p>World size over time: {esc(said)}.</p>"
+        said = "the world size in ranks at the start, then after each relaunch or regroup that changed it"
+    return f"<p>World path: {esc(path)} ({esc(said)}).</p>"
