@@ -318,7 +318,7 @@ def test_run_page_links_stay_relative_and_json_has_no_nan(tmp_path: Path) -> Non
 
 
 def test_the_burn_in_section_shows_both_rounds_and_a_cleared_suspect() -> None:
-    from trainyard.report.pages import burn_in_section
+    from trainyard.report.burn_in import burn_in_section
 
     figures = {"matmul_gflops": 120.0, "membw_gbps": 15.0}
     summary = {

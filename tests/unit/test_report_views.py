@@ -108,6 +108,29 @@ def test_a_report_linked_to_a_secret_is_not_served(client: TestClient, tmp_path:
     assert "report file" not in client.get(RUN).text  # the run page does not offer it either
 
 
+def test_a_node_log_is_served_as_text_and_never_through_a_link_or_a_path(
+    client: TestClient, tmp_path: Path, secret: Path
+) -> None:
+    folder = _folder(tmp_path)
+    (folder / "attempt-1").mkdir()
+    (folder / "attempt-1" / "node-0.log").write_text("step 10 loss 4.1\nRuntimeError: <b>boom</b>\n")
+    os.symlink(secret, folder / "attempt-1" / "node-1.log")
+    (_folder(tmp_path, "secret") / "attempt-1").mkdir()
+    (_folder(tmp_path, "secret") / "attempt-1" / "node-0.log").write_text("hunter2")
+    page = client.get(RUN)
+    assert f'href="../../runs/nightly/{quote(RUN_ID, safe="")}/attempt-1/node-0.log"' in page.text
+    assert 'href="../../../dags/nightly/runs/' in page.text  # the DAG run in Airflow, under any base URL
+    log = client.get(f"{RUN}/attempt-1/node-0.log")
+    assert log.status_code == 200 and log.headers["content-type"].startswith("text/plain")
+    assert "RuntimeError: <b>boom</b>" in log.text
+    assert log.headers["content-security-policy"].split(";")[0] == "sandbox"
+    for path in (f"{RUN}/attempt-1/node-1.log", f"{RUN}/attempt-1/..%2F..%2Fsecret.log", f"{RUN}/x/spec.json",
+                 f"{RUN}/attempt-1/%2E%2E"):  # fmt: skip
+        response = client.get(path)
+        assert response.status_code == 404 and "hunter2" not in response.text, path
+    assert client.get(f"/runs/secret/{quote(RUN_ID, safe='')}/attempt-1/node-0.log").status_code == 403
+
+
 def test_a_ledger_linked_to_another_dags_ledger_is_not_served(client: TestClient, tmp_path: Path) -> None:
     ledger = _folder(tmp_path) / "events.jsonl"
     ledger.unlink()

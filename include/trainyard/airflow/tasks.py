@@ -248,7 +248,8 @@ def report(spec: SpecSource, run_file: str | None) -> ReportResult:
 
     with mapped_errors():
         run = open_pinned(spec, run_file)
-    result = stages.report(run)
+    # The report's links to the DAG run and task logs: the UI's public root, else this host's ("/").
+    result = stages.report(run, airflow_base=conf.get("api", "base_url", fallback="") or "/")
     # Every run keeps its pipeline's runs folder to [trainyard] runs_retention_days (provider config).
     drop_expired_runs(run.dir, conf.getfloat("trainyard", "runs_retention_days", fallback=RETENTION_DAYS), time.time())
     log.info("report: %s", Path(result.report).resolve().as_uri())

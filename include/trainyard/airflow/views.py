@@ -24,13 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from trainyard.atomic import open_regular
 from trainyard.events.ledger import Ledger
 from trainyard.report import pages
+from trainyard.report.details import read_node_log, run_details
 from trainyard.report.runs import RunNotFound, check_id, find_run, overview, run_folders, runs_root, servable
 from trainyard.report.summary import run_identity, summarize
 from trainyard.text import printable
@@ -91,7 +92,10 @@ def _summary(folder: Path) -> dict[str, Any]:
     key = _stamp(folder)
     cached = _summaries.pop(folder, None)
     if cached is None or cached[0] != key:
-        cached = (key, summarize(Ledger.in_dir(folder)))
+        identity = run_identity(folder)
+        # Airflow's pages from the run page (runs/<dag>/<run> under the view's prefix): up to the UI's root.
+        details = run_details(folder, identity["dag_id"], identity["run_id"], "../../..")
+        cached = (key, {**summarize(Ledger.in_dir(folder)), "details": details})
     _summaries[folder] = cached  # most recently viewed last
     while len(_summaries) > SUMMARIES_KEPT:
         _summaries.pop(next(iter(_summaries)))
@@ -184,6 +188,20 @@ async def run_json(dag_id: str, run_id: str, may_read: MayRead = Access) -> Resp
     except (RunNotFound, PermissionError, OSError) as exc:
         return _error(exc, as_json=True)
     return Response(pages.to_json({**run_identity(folder), **summary}), media_type="application/json")
+
+
+@app.get("/runs/{dag_id}/{run_id}/{folder}/{name}")
+async def node_log(dag_id: str, run_id: str, folder: str, name: str, may_read: MayRead = Access) -> Response:
+    """A node log of the run (``burn-in/node-0.log``, ``attempt-2/node-1.log``), as plain text: its end, read by
+    descriptors from the run folder down (``details.read_node_log``: no link followed, no other name served)."""
+    try:
+        run = await _run(dag_id, run_id, may_read)
+        body = await run_in_threadpool(read_node_log, run, f"{folder}/{name}")
+    except (RunNotFound, PermissionError) as exc:  # PermissionError first: it is an OSError too
+        return _error(exc, as_json=False, home="../../../../")
+    except OSError as exc:  # missing, a link, not a file: the message says which, no path outside the run
+        return _error(RunNotFound(f"no node log {folder}/{name}: {exc}"), as_json=False, home="../../../../")
+    return PlainTextResponse(body.decode("utf-8", "replace"), headers={"Content-Security-Policy": SANDBOX})
 
 
 @app.get("/runs/{dag_id}/{run_id}/report.html")

@@ -10,7 +10,7 @@ validated, quarantined, tiered, published) and the gate's verdict. The
 controller (``recovery.state``), the report, ``trainyard summary``, the
 recovery figures, the metrics, the notice, the drill and the resume point all
 read it; none reads an event dict itself (docs/architecture.md, the event
-model). Old ledgers' names are read here, and only here.
+model). The run's pinned Params are kept too. Old ledgers' names are read here, and only here.
 """
 
 from __future__ import annotations
@@ -67,6 +67,9 @@ class RunState:
     """The first event's time; None: an empty ledger."""
     ended: float | None = None
     """The last event's time."""
+    pinned: dict[str, Any] | None = None
+    """The run's ``params`` event (written as its spec was pinned): the trigger's Params, which of them differ
+    from the spec file (``overrides``: param -> spec and run values) and the spec file; None: not pinned yet."""
 
     def state(self, closing: bool = False) -> str:
         """The run's state (see ``run_state``); ``closing``: asked by the report stage, which ends the run."""
@@ -92,8 +95,16 @@ def fold(events: Iterable[Event]) -> RunState:
     verdicts, limits = _burn_in(events)
     return RunState(
         stages, running, TrainRun.of(events), checkpoints, latest, _gated(events), results, errors, verdicts, limits,
-        events[0]["ts"] if events else None, events[-1]["ts"] if events else None,
+        events[0]["ts"] if events else None, events[-1]["ts"] if events else None, _pinned(events),
     )  # fmt: skip
+
+
+def _pinned(events: list[Event]) -> dict[str, Any] | None:
+    pinned = next((e for e in events if e["event"] == "params"), None)
+    if pinned is None:
+        return None
+    return {"params": dict(pinned.get("params") or {}), "overrides": dict(pinned.get("overrides") or {}),
+            "spec_file": pinned.get("spec_file")}  # fmt: skip
 
 
 def _gated(events: list[Event]) -> Gated | None:

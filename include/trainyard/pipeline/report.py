@@ -16,11 +16,12 @@ log = logging.getLogger(__name__)
 
 
 @recorded("report")
-def report(run: Run) -> ReportResult:
-    """Write the run's summary and HTML report from its ledger; release the run's hot data and checkpoints."""
+def report(run: Run, airflow_base: str = "/") -> ReportResult:
+    """Write the run's summary and HTML report from its ledger; release the run's hot data and checkpoints.
+    ``airflow_base``: Airflow's UI root, for the report's links to the DAG run and its task logs."""
     unpin(run.hot_dataset_dir, run.holder)
     lease.release(run.checkpoint_root, run.run_id)
     # One fold of the ledger for the files and the task log alike: what the log says is what the report says.
-    summary = write_report(run.dir, fold(run.ledger.events()))
+    summary = write_report(run.dir, fold(run.ledger.events()), airflow_base)
     log.info("%s", format_summary(summary))
     return ReportResult(summary["report"], summary["summary"], summary["steps_trained"], summary["last_loss"])

@@ -88,5 +88,17 @@ def _faults(summary: Mapping[str, Any], attempts: Sequence[Mapping[str, Any]]) -
     """Every fault of every attempt with its decision, and every growth, in order; then the world path."""
     items = [f"<li>attempt {esc(a['attempt'])}: {esc(line)}</li>" for a in attempts for line in attempt_lines(a)]
     faults = f"<h3>Faults and what was done</h3><ol>{''.join(items)}</ol>" if items else ""
-    path = summary.get("world_path")
-    return faults + (f"<p>World path: {esc(path)}</p>" if path else "")
+    return faults + world_path(summary.get("world_path"))
+
+
+def world_path(path: str | None) -> str:
+    """The world path (``2 -> 1``: the world size at the start, then after each relaunch or regroup), explained;
+    it keeps the words ``World path:`` of ``trainyard summary`` and the notice."""
+    if not path:
+        return ""
+    sizes = path.split(" -> ")
+    if len(set(sizes)) == 1:
+        said = f"the world size, {sizes[0]} ranks throughout: no relaunch or regroup changed it"
+    else:
+        said = "the world size in ranks at the start, then after each relaunch or regroup that changed it"
+    return f"<p>World path: {esc(path)} ({esc(said)}).</p>"

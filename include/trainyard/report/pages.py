@@ -15,7 +15,10 @@ from typing import Any
 from urllib.parse import quote
 
 from trainyard.report.attempts import attempts_section
-from trainyard.report.charts import burnin_svg, esc, loss_svg
+from trainyard.report.burn_in import burn_in_section
+from trainyard.report.charts import esc, loss_svg
+from trainyard.report.context import config_section, data_checks_section, gate_section, links_section, metrics_section
+from trainyard.report.details import STAGES
 from trainyard.report.html import badge as _badge
 from trainyard.report.html import long as _long
 from trainyard.report.html import num as _num
@@ -54,20 +57,26 @@ def run_url(base_url: str, dag_id: str, run_id: str) -> str:
     return f"{base_url.rstrip('/')}{URL_PREFIX}/{run_href(dag_id, run_id)}"
 
 
+def _stage_state(s: Mapping[str, Any]) -> str:
+    """A finished stage's badge; a failed one's whole error below it (the fix is often at its end)."""
+    if s["ok"]:
+        return _badge("ok")
+    return _badge("failed") + (f'<pre class="error">{esc(s["error"])}</pre>' if s.get("error") else "")
+
+
 def stages_section(summary: Mapping[str, Any]) -> str:
-    rows = [
-        [
-            esc(name),
-            _when(s.get("start")),
-            _when(s.get("end")),
-            f"{s['seconds']:.1f}",
-            _badge("ok" if s["ok"] else "failed") + (f" {_long(s['error'])}" if s.get("error") else ""),
-        ]
-        for name, s in summary["stages"].items()
-    ]
-    rows += [[esc(name), "", "", "", _badge("running")] for name in summary.get("running") or []]
-    if not rows:
-        return '<h2>Stages</h2><p class="empty">No stage recorded yet.</p>'
+    """Every stage of the pipeline in order, one that never ran said so: the pipeline's shape stays visible."""
+    done, running = summary["stages"], summary.get("running") or []
+    names = [*STAGES, *(n for n in [*done, *running] if n not in STAGES)]
+    rows = []
+    for name in names:
+        if name in done:
+            s = done[name]
+            rows.append([esc(name), _when(s.get("start")), _when(s.get("end")), f"{s['seconds']:.1f}", _stage_state(s)])
+        elif name in running:
+            rows.append([esc(name), "", "", "", _badge("running")])
+        else:
+            rows.append([esc(name), "", "", "", '<span class="empty">did not run</span>'])
     return "<h2>Stages</h2>" + _table(["stage", "start", "end", "seconds", "state"], rows, "stages")
 
 
@@ -82,70 +91,6 @@ def data_section(summary: Mapping[str, Any]) -> str:
         text = f"<p>{esc(data['shards'])} {esc(data['format'])} files passed; files beside them verified: {beside}.</p>"
     warnings = "".join(f"<li>{esc(w)}</li>" for w in data["warnings"])
     return f"<h2>Data</h2>{text}" + (f"<p>Warnings:</p><ul>{warnings}</ul>" if warnings else "")
-
-
-def _probes(summary: Mapping[str, Any]) -> list[str]:
-    limits = (summary.get("thresholds") or {}).get("thresholds") or {}
-    if limits:
-        return list(limits)
-    found: dict[str, None] = {}
-    for v in summary["node_verdicts"].values():
-        for key, value in (v.get("figures") or {}).items():
-            if isinstance(value, (int, float)):
-                found[key] = None
-    return list(found)
-
-
-def _why(verdict: Mapping[str, Any]) -> str:
-    """The reason of an eviction, or what a cleared suspect was suspected of."""
-    if verdict.get("reason"):
-        return str(verdict["reason"])
-    return f"suspect, cleared by the second round: {verdict['suspect']}" if verdict.get("suspect") else ""
-
-
-def burn_in_section(summary: Mapping[str, Any]) -> str:
-    verdicts = summary["node_verdicts"]
-    if not verdicts:
-        return (
-            '<h2>Burn-in</h2><p class="empty">No burn-in verdicts recorded (pressure test skipped or not run yet).</p>'
-        )
-    limits = summary.get("thresholds") or {}
-    thresholds, medians = limits.get("thresholds") or {}, limits.get("references") or {}
-    probes = _probes(summary)
-    rows = []
-    for node, v in verdicts.items():
-        rows.append(
-            [esc(node)]
-            + [_num((v.get("figures") or {}).get(p)) for p in probes]
-            + [_badge(v.get("verdict")), _long(_why(v))]
-        )
-        if v.get("again"):  # a suspect, measured again beside the reference node
-            rows.append(["<i>again</i>"] + [_num(v["again"].get(p)) for p in probes] + ["", ""])
-    if thresholds:
-        rows.append(["<b>threshold</b>"] + [_num(thresholds.get(p)) for p in probes] + ["", ""])
-        rows.append(["<i>reference</i>"] + [_num(medians.get(p)) for p in probes] + ["", ""])
-    table = _table(["node", *probes, "verdict", "reason"], rows, "verdicts")
-    states = {n: str(v.get("verdict")) for n, v in verdicts.items()}
-    charts = "".join(
-        burnin_svg(
-            p,
-            {n: (v.get("figures") or {}).get(p) for n, v in verdicts.items()},
-            thresholds.get(p),
-            medians.get(p),
-            states,
-        )
-        for p in probes
-    )
-    note = (
-        f"<p>Each node against the threshold it had to reach: the larger of the probe's floor and the straggler"
-        f" ratio times its reference (the batch median; with fewer than three nodes, or a batch below its"
-        f" history, the fleet history). A node below it was only a suspect: measured again beside the best"
-        f" healthy node, it was evicted only when the deficit held"
-        f" (pressure test: {_num(limits.get('seconds'), 1)} s).</p>"
-        if thresholds
-        else ""
-    )
-    return f'<h2>Burn-in</h2>{table}{note}<div class="charts">{charts}</div>'
 
 
 def loss_section(summary: Mapping[str, Any]) -> str:
@@ -164,7 +109,8 @@ def loss_section(summary: Mapping[str, Any]) -> str:
         )
     elif summary.get("steps_trained_why"):
         text = f"<p>Steps trained: unknown ({esc(summary['steps_trained_why'])}).</p>"
-    return f"<h2>Loss</h2>{loss_svg(summary['loss_curve'], boundaries)}{text}"
+    bands = ((summary.get("metrics") or {}).get("loss") or {}).get("bands") or []
+    return f"<h2>Loss</h2>{loss_svg(summary['loss_curve'], boundaries, bands=bands)}{text}"
 
 
 def checkpoints_section(summary: Mapping[str, Any]) -> str:
@@ -223,6 +169,12 @@ def recovery_section(summary: Mapping[str, Any]) -> str:
     if not figures:
         return ('<h2>Recovery figures</h2><p class="empty">No recovery figures recorded (training did not finish).</p>'
                 + said)  # fmt: skip
+    faulted = any(a.get("faults") for a in summary.get("attempt_details") or []) or summary.get("attempts", 0) > 1
+    if not faulted:  # a healthy run: a table of dashes would read as figures missing
+        kept = [(k, label) for k, label in RECOVERY_FIGURES if k in ("productive_s", "ettr", "world_path")]
+        rows = [[esc(label), esc(_figure(figures, key))] for key, label in kept]
+        return (f"<h2>Recovery figures</h2><p>No faults: the run trained in one attempt, nothing to recover from.</p>"
+                f"{_table(['figure', 'value'], rows, 'recovery')}{said}")  # fmt: skip
     rows = [[esc(label), esc(_figure(figures, key))] for key, label in RECOVERY_FIGURES]
     return (
         f"<h2>Recovery figures</h2>{_table(['figure', 'value'], rows, 'recovery')}"
@@ -235,11 +187,15 @@ def sections(summary: Mapping[str, Any]) -> str:
         f(summary)
         for f in (
             stages_section,
+            config_section,
             data_section,
+            data_checks_section,
             burn_in_section,
             attempts_section,
             loss_section,
+            metrics_section,
             checkpoints_section,
+            gate_section,
             recovery_section,
         )
     )
@@ -269,7 +225,7 @@ def report_html(summary: Mapping[str, Any], identity: Mapping[str, Any] | None =
     identity = identity or {}
     return _document(
         f"trainyard run report {identity.get('run_id', '')}",
-        f"<h1>trainyard run report</h1>{_heading(summary, identity)}{sections(summary)}",
+        f"<h1>trainyard run report</h1>{_heading(summary, identity)}{sections(summary)}{links_section(summary)}",
     )
 
 
@@ -281,7 +237,7 @@ def run_page(summary: Mapping[str, Any], identity: Mapping[str, Any], has_report
         links.append(f'<a href="{esc(here)}/report.html">report file</a>')
     body = (
         f"<nav>{''.join(links)}</nav><h1>Training run {esc(identity['run_id'])}</h1>"
-        f"{_heading(summary, identity)}{sections(summary)}"
+        f"{_heading(summary, identity)}{sections(summary)}{links_section(summary, here + '/')}"
     )
     return _document(f"trainyard {identity['dag_id']} {identity['run_id']}", body)
 

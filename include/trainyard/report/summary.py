@@ -18,10 +18,11 @@ from trainyard.events.records import DecisionTaken, FailureSeen, Growth
 from trainyard.protocol import steps as progress
 from trainyard.protocol.heartbeat import HOW_TO_BEAT
 from trainyard.recovery.figures import figures_from
+from trainyard.report.details import STAGES, run_details
 from trainyard.report.faults import attempt_lines
+from trainyard.report.metrics import series
 from trainyard.report.pages import report_html
 
-STAGES = ("stage_dataset", "check_dataset", "burn_in", "train", "check_checkpoint", "publish", "report")
 __all__ = ["STAGES", "attempt_table", "format_summary", "run_state", "summarize", "summary_of", "write_report"]
 DECISION_FIELDS = ("new_nodes", "micro_batch", "delay_s", "to_step", "path", "left_out", "joiners", "generation")
 """The decision's fields an attempt row keeps beside its kind, action and reason (those that were set)."""
@@ -58,7 +59,10 @@ def summary_of(state: RunState, closing: bool = False) -> dict[str, Any]:
         "last_loss": steps[-1][1] if steps else None,
         "loss_curve": progress.downsample(steps),  # a chart's worth, however long the run
         "attempts": len(train.attempts),
-        "attempt_details": attempt_table(train),
+        "attempt_details": (attempts := attempt_table(train)),
+        # Every step event's loss, throughput, step time and lr, with the world size and the faults by step.
+        "metrics": series(train.steps, train.worlds, attempts),
+        "pinned": state.pinned,
         "world_path": train.world_path,
         "recovery_path": _recovery_path(train),
         "hang_detection": _hang_detection(train),
@@ -234,15 +238,17 @@ def _known(figures: dict[str, Any], name: str, unit: str = "") -> str:
     return f"unknown ({why})" if why else "-"
 
 
-def write_report(run_dir: Path, state: RunState) -> dict[str, Any]:
+def write_report(run_dir: Path, state: RunState, airflow_base: str = "/") -> dict[str, Any]:
     """Write the folded run's ``summary.json`` and ``report.html``; the summary written (``report``, ``summary``:
-    where)."""
+    where). ``airflow_base``: Airflow's UI root for the report's links (``[api] base_url``; "/": this host's)."""
     # Written by the report stage itself, which is still open: the run's outcome is the other stages'.
     summary = summary_of(state, closing=True)
+    identity = run_identity(run_dir)
+    summary["details"] = run_details(run_dir, identity["dag_id"], identity["run_id"], airflow_base)
     summary["report"] = str(run_dir / "report.html")
     summary["summary"] = str(run_dir / "summary.json")
     write_json_atomic(run_dir / "summary.json", summary)
-    write_text_atomic(run_dir / "report.html", report_html(summary, run_identity(run_dir)))
+    write_text_atomic(run_dir / "report.html", report_html(summary, identity))
     return summary
 
 
