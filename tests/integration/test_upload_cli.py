@@ -159,7 +159,7 @@ def test_no_credentials_is_one_line_naming_the_fix(
     monkeypatch.delenv("AWS_ACCESS_KEY_ID")
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
     corpus(tmp_path / "src")
-    assert main(["upload", str(tmp_path / "src"), f"s3://{bucket}/x"]) == 2
+    assert main(["upload", str(tmp_path / "src"), f"s3://{bucket}/x"]) == 3  # credentials: infrastructure
     err = capsys.readouterr().err
     assert err.startswith("trainyard upload: no S3 credentials found (tried the environment")
     assert len(err.strip().splitlines()) == 1 and "AWS_ACCESS_KEY_ID" in err and "AWS_PROFILE" in err
