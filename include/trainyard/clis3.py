@@ -77,10 +77,25 @@ def _connection(conn_id: str) -> object:
 
     from trainyard.storage.s3auth import missing_connection
 
+    _logs_to_stderr()
     try:
         return Connection.get(conn_id)
     except AirflowNotFoundException:
         raise UsageError(f"--connection: {missing_connection(conn_id)}") from None
+
+
+def _logs_to_stderr() -> None:
+    """Importing Airflow points the root logger at stdout; stdout is the command's report (``-o json``)."""
+    import logging
+    import sys
+
+    loggers = [
+        logging.getLogger(),
+        *(v for v in logging.Logger.manager.loggerDict.values() if isinstance(v, logging.Logger)),
+    ]
+    for handler in (h for logger in loggers for h in logger.handlers):
+        if isinstance(handler, logging.StreamHandler) and handler.stream is sys.stdout:
+            handler.setStream(sys.stderr)
 
 
 def s3_errors(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
