@@ -19,6 +19,7 @@ from trainyard.checkpoint.format import step_dir, write_manifest
 from trainyard.cli import main
 from trainyard.clikit import Exit
 from trainyard.events.ledger import Ledger
+from trainyard.pipeline.dagtest import _last, project_env
 from trainyard.pipeline.drill import DrillReport
 
 
@@ -225,3 +226,31 @@ def test_usage_errors_are_argparses_code(capsys: pytest.CaptureFixture[str]) -> 
     with pytest.raises(SystemExit) as exited:
         main(["summary"])
     assert exited.value.code == Exit.USAGE
+
+
+# ------------------------------------------------------------------ trainyard run's environment (its run: integration)
+
+
+def test_run_gives_airflow_the_makefiles_environment_and_a_dags_folder_of_the_spec(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
+    (tmp_path / ".airflow").mkdir()
+    (tmp_path / "plugins").mkdir()
+    spec = tmp_path / "specs" / "tiny.yaml"
+    env = project_env(spec, "tiny", {"PATH": "/usr/bin", "TRAINYARD_HOME": str(tmp_path / "home")})
+    assert env["AIRFLOW_HOME"] == str(tmp_path / ".airflow") and env["TRAINYARD_HOME"] == str(tmp_path / "home")
+    assert env["AIRFLOW__CORE__PLUGINS_FOLDER"] == str(tmp_path / "plugins")
+    assert env["AIRFLOW__CORE__LOAD_EXAMPLES"] == "False"
+    [dag_file] = Path(env["AIRFLOW__CORE__DAGS_FOLDER"]).iterdir()  # this pipeline alone
+    assert repr(str(spec)) in dag_file.read_text() and "build_dag" in dag_file.read_text()
+    mine = project_env(spec, "tiny", {"AIRFLOW_HOME": str(tmp_path / "mine"), "AIRFLOW__CORE__LOAD_EXAMPLES": "True"})
+    assert mine["AIRFLOW_HOME"] == str(tmp_path / "mine") and mine["AIRFLOW__CORE__LOAD_EXAMPLES"] == "True"
+    assert mine["TRAINYARD_HOME"] == str(tmp_path / "user" / ".trainyard")  # as every other command finds it
+
+
+def test_an_airflow_failure_is_named_by_the_exception_it_ended_with() -> None:
+    log = "INFO starting\nTraceback (most recent call last):\n  File x\nsqlalchemy.exc.DatabaseError: not a db\n(Background)\n"
+    assert _last(log) == "sqlalchemy.exc.DatabaseError: not a db"
+    assert _last("just this\n\n") == "just this" and _last("") == "(it printed nothing)"

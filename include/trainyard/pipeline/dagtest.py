@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -25,8 +26,9 @@ from trainyard.spec.templating import HOME_VARIABLE, default_home
 
 SETTINGS_FILE = "airflow_settings.yaml"
 """Connections, pools and variables of a project checkout (the Makefile's ``airflow-db`` loads it too)."""
-TAIL = 40
-"""Lines of the ``dags test`` log shown when Airflow itself failed."""
+
+EXCEPTION_LINE = re.compile(r"^[\w.]+(Error|Exception|Exit): ")
+"""A traceback's last line (``sqlalchemy.exc.DatabaseError: ...``)."""
 
 DAG_FILE = '''"""The Airflow DAG of one trainyard pipeline spec, for `trainyard run` (generated; wiring only)."""
 
@@ -68,14 +70,20 @@ def run_pipeline(spec_path: Path, ds: str | None = None) -> DagTestRun:
     log = Path(env[HOME_VARIABLE]) / "dags-test" / f"{safe_name(dag_id)}_{ds}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     ready_db(env)
-    with log.open("w") as out:
+    with log.open("w", errors="replace") as out:
         done = subprocess.run(["airflow", "dags", "test", dag_id, ds], env=env, stdout=out, stderr=subprocess.STDOUT)
-    run = _run_at(env, dag_id, ds)
+    failed = (
+        f"airflow dags test {dag_id} {ds} left no DAG run (exit {done.returncode}):"
+        f" {_last(log.read_text(errors='replace'))} (all it printed: {log})"
+    )
+    try:
+        run = _run_at(env, dag_id, ds)
+    except InfrastructureError:
+        if done.returncode != 0:  # Airflow failed before list-runs did: say where it failed first
+            raise InfrastructureError(failed) from None
+        raise
     if run is None:
-        raise InfrastructureError(
-            f"airflow dags test {dag_id} {ds} left no DAG run (exit {done.returncode}); its log {log} ends:\n"
-            + _tail(log)
-        )
+        raise InfrastructureError(failed)
     run_id, state = run
     folder = Run(spec=spec, spec_path=spec_path, dag_id=dag_id, run_id=run_id, ds=ds).dir
     return DagTestRun(dag_id, ds, state, run_id, folder if (folder / "events.jsonl").is_file() else None, log)
@@ -99,7 +107,6 @@ def project_env(spec_path: Path, dag_id: str, base: Mapping[str, str]) -> dict[s
     env["AIRFLOW__CORE__DAGS_FOLDER"] = str(dags)
     # This interpreter's airflow, as the Makefile puts the venv's bin first.
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    Path(env[HOME_VARIABLE]).mkdir(parents=True, exist_ok=True)
     return env
 
 
@@ -153,9 +160,11 @@ def _airflow(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str
 
 def _check(done: subprocess.CompletedProcess[str], what: str) -> None:
     if done.returncode != 0:
-        lines = (done.stdout + done.stderr).strip().splitlines()[-TAIL:]
-        raise InfrastructureError(f"{what} failed (exit {done.returncode}):\n" + "\n".join(lines))
+        raise InfrastructureError(f"{what} failed (exit {done.returncode}): {_last(done.stdout + done.stderr)}")
 
 
-def _tail(log: Path) -> str:
-    return "\n".join(log.read_text(errors="replace").splitlines()[-TAIL:])
+def _last(output: str) -> str:
+    """The exception a traceback ended with, else the last line Airflow printed (errors stay one line)."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    raised = [line for line in lines if EXCEPTION_LINE.match(line)]
+    return (raised or lines or ["(it printed nothing)"])[-1][:500]
