@@ -44,6 +44,14 @@ class LineageBusy(TrainyardError):
     """Another run of the pipeline is training on the same checkpoints: wait for it to finish."""
 
 
+class UsageError(TrainyardError):
+    """A command line names something that is not there or not what the command takes (exit 2): fix the call."""
+
+
+class InfrastructureError(TrainyardError):
+    """S3, credentials, the network or Airflow failed a command (exit 3): fix them or wait, then run again."""
+
+
 class TrainingFailed(TrainyardError):
     """A training attempt failed; ``kind`` says how, ``evidence`` says why we think so."""
 

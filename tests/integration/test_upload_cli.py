@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -128,6 +129,26 @@ def test_ls_prints_size_sha256_and_key_per_object(
     ]
 
 
+def test_an_airflow_connection_gives_endpoint_and_keys_and_results_print_as_json(
+    s3_server: Any, bucket: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    corpus(tmp_path / "src")
+    # Nothing in the chain's environment: the connection alone, as a spec's dataset.connection is read.
+    for name in ("AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name)
+    conn = {"conn_type": "aws", "login": s3_server.access_key, "password": s3_server.secret_key,
+            "extra": {"endpoint_url": s3_server.url, "region_name": "us-east-1"}}  # fmt: skip
+    monkeypatch.setenv("AIRFLOW_CONN_TRAINYARD_COLD", json.dumps(conn))
+    argv = ["upload", str(tmp_path / "src"), f"s3://{bucket}/ds", "--connection", "trainyard_cold", "-o", "json"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)  # the progress lines went to stderr
+    assert result["dest"] == f"s3://{bucket}/ds" and (result["uploaded"], result["skipped"]) == (5, 0)
+    assert main(["ls", f"s3://{bucket}/ds", "--connection", "trainyard_cold", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert {o["key"]: (o["size"], o["sha256"]) for o in listed}["ds/b.tok"] == (5000, True) and len(listed) == 5
+
+
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
@@ -159,7 +180,7 @@ def test_no_credentials_is_one_line_naming_the_fix(
     monkeypatch.delenv("AWS_ACCESS_KEY_ID")
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
     corpus(tmp_path / "src")
-    assert main(["upload", str(tmp_path / "src"), f"s3://{bucket}/x"]) == 2
+    assert main(["upload", str(tmp_path / "src"), f"s3://{bucket}/x"]) == 3  # credentials: infrastructure
     err = capsys.readouterr().err
     assert err.startswith("trainyard upload: no S3 credentials found (tried the environment")
     assert len(err.strip().splitlines()) == 1 and "AWS_ACCESS_KEY_ID" in err and "AWS_PROFILE" in err

@@ -35,7 +35,7 @@ def test_summary_elsewhere_says_the_variable_is_not_set(
     monkeypatch.delenv("TRAINYARD_HOME", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "user"))
     monkeypatch.chdir(tmp_path)
-    assert main(["summary", "--dag-id", "nightly_pretrain"]) == 1
+    assert main(["summary", "--dag-id", "nightly_pretrain"]) == 2  # no run found: a usage error
     err = capsys.readouterr().err
     assert f"no runs of nightly_pretrain under {tmp_path / 'user' / '.trainyard' / 'runs'}" in err
     assert "TRAINYARD_HOME is not set" in err

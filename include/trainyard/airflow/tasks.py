@@ -42,7 +42,7 @@ from trainyard.pipeline.results import (
 )
 from trainyard.pipeline.run import SNAPSHOT, Run, load_run, open_run
 from trainyard.spec import KubernetesSpec, PipelineSpec, load_spec
-from trainyard.storage.s3auth import S3Settings, settings_for
+from trainyard.storage.s3auth import S3Settings, missing_connection, settings_for
 
 log = logging.getLogger(__name__)
 
@@ -80,12 +80,7 @@ def _s3_settings(conn_id: str) -> S3Settings:
         connection = Connection.get(conn_id)
     except AirflowNotFoundException:
         # A missing connection will not appear by retrying the task: fail fast, saying how to add it.
-        raise SpecError(
-            [
-                f"connection {conn_id!r} is not defined: add it (type aws) in the Airflow UI, airflow_settings.yaml"
-                f" or AIRFLOW_CONN_{conn_id.upper()}; with no login it uses the AWS credential chain"
-            ]
-        ) from None
+        raise SpecError([missing_connection(conn_id)]) from None
     return settings_for(connection)
 
 

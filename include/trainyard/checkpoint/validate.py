@@ -46,7 +46,7 @@ from trainyard.atomic import loads_untrusted
 from trainyard.checkpoint import foreign, frameworks, safetensor
 from trainyard.checkpoint.format import digest_problems, read_manifest, verify
 from trainyard.errors import CheckpointInvalid
-from trainyard.quality.metrics import History, metric_problems
+from trainyard.quality.metrics import MAX_LOSS_FIELD, History, metric_problems
 from trainyard.spec import MetricExpectations
 from trainyard.text import printable
 
@@ -288,10 +288,11 @@ def validate(
     after_step: int | None = None,
     timeout_s: float = CHILD_TIMEOUT_S,
     hashed: Callable[[dict[str, Any]], list[str]] | None = None,
+    max_loss_from: str = MAX_LOSS_FIELD,
 ) -> Validation:
     """Every check on ``ckpt_dir``; ``after_step`` is the latest valid step it must follow; ``timeout_s``
     bounds the inspecting child's answer; ``hashed`` checks the listed files instead of this process
-    (``format.verify``).
+    (``format.verify``); ``max_loss_from`` names where ``expect.max_loss`` came from.
 
     An adopted framework save (``checkpoint.foreign``; its manifest's ``framework``) is checked by its
     format: DCP (torchtitan) like trainyard's own; Hugging Face's ``*.safetensors`` here, without torch
@@ -337,7 +338,7 @@ def validate(
         if loss is None and fw is not None:
             notes.append(f"no loss known at step {step} (a {fw} save, no step events): loss expectations not checked")
         else:
-            problems += metric_problems(history or [(step, loss)], step, loss, expect)
+            problems += metric_problems(history or [(step, loss)], step, loss, expect, max_loss_from)
     return Validation(path, step, _shown(problems), round(time.monotonic() - started, 3), _shown(notes))
 
 

@@ -21,6 +21,8 @@ from trainyard.spec import MetricExpectations
 
 RESULT_FILE = "metric_quality.json"
 SHOWN = 10
+MAX_LOSS_FIELD = "checkpoint.expectations.max_loss"
+"""Where a loss limit comes from unless its caller names another source (``trainyard ckpt verify --max-loss``)."""
 History = Sequence[tuple[int, float]]
 """(step, loss) pairs in step order, up to the checkpoint's step."""
 
@@ -36,13 +38,16 @@ def spike_ratios(history: History, window: int) -> list[float | None]:
     return ratios
 
 
-def metric_problems(history: History, step: int, loss: float | None, expect: MetricExpectations) -> list[str]:
-    """Why the checkpoint of ``step`` (with ``loss``) fails ``expect``; empty when it passes."""
+def metric_problems(
+    history: History, step: int, loss: float | None, expect: MetricExpectations, max_loss_from: str = MAX_LOSS_FIELD
+) -> list[str]:
+    """Why the checkpoint of ``step`` (with ``loss``) fails ``expect``; empty when it passes. ``max_loss_from``
+    names where ``expect.max_loss`` came from, so a problem blames what the user can change."""
     problems = []
     if loss is None or not math.isfinite(loss):
         problems.append(f"loss at step {step} is {loss}, not a finite number")
     elif expect.max_loss is not None and loss > expect.max_loss:
-        problems.append(f"loss {loss:.4f} at step {step} is above checkpoint.expectations.max_loss {expect.max_loss}")
+        problems.append(f"loss {loss:.4f} at step {step} is above {max_loss_from} {expect.max_loss}")
     upto = [(s, v) for s, v in history if s <= step and v is not None]
     bad = [s for s, v in upto if not math.isfinite(v)]
     if bad:
@@ -91,7 +96,7 @@ def check_metrics(history: History, step: int, expect: MetricExpectations, resul
     )
     if expect.max_loss is not None:
         suite.add(
-            f"loss at the checkpoint at most checkpoint.expectations.max_loss {expect.max_loss}",
+            f"loss at the checkpoint at most {MAX_LOSS_FIELD} {expect.max_loss}",
             "ExpectColumnValuesToBeBetween",
             lambda row: f"step {row['step']} (loss {row['loss']:.4f})",
             column="loss",

@@ -186,6 +186,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         if name in summary["stages"]:
             s = summary["stages"][name]
             lines.append(f"    {name:<17} {s['seconds']:>8.1f} s  {'ok' if s['ok'] else 'FAILED'}")
+            if not s["ok"] and s.get("error"):  # the ledger's reason: without it FAILED says nothing to act on
+                lines += [f"      {line}" for line in str(s["error"]).splitlines()]
     lines += _data_lines(summary.get("data"))
     lines.append(f"  nodes used:       {', '.join(summary['nodes_used']) or '-'}")
     if summary["steps_trained"]:

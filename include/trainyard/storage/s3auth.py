@@ -160,6 +160,14 @@ def endpoint_from(env: Mapping[str, str], region: str | None) -> tuple[str, bool
     return f"s3.{region}.amazonaws.com{'.cn' if region.startswith('cn-') else ''}", True
 
 
+def missing_connection(conn_id: str) -> str:
+    """What to do about a connection id that Airflow does not know (a task's spec, the CLI's ``--connection``)."""
+    return (
+        f"connection {conn_id!r} is not defined: add it (type aws) in the Airflow UI, airflow_settings.yaml"
+        f" or AIRFLOW_CONN_{conn_id.upper()}; with no login it uses the AWS credential chain"
+    )
+
+
 def settings_for(connection: Any) -> S3Settings:
     """``S3Settings`` from an Airflow connection object (type aws), its extras read as the Amazon provider does.
 
