@@ -85,9 +85,15 @@ def _connection(conn_id: str) -> object:
 
 
 def _logs_to_stderr() -> None:
-    """Importing Airflow points the root logger at stdout; stdout is the command's report (``-o json``)."""
+    """Importing Airflow points the root logger at stdout, at INFO; stdout is the command's report (``-o json``),
+    and a command's stderr is its one-line error, not a task log: warnings and errors only, on stderr (as before
+    Airflow was imported; ``TRAINYARD_DEBUG=1`` keeps the info lines)."""
     import logging
+    import os
     import sys
+
+    if not os.environ.get("TRAINYARD_DEBUG"):
+        logging.getLogger().setLevel(logging.WARNING)
 
     loggers = [
         logging.getLogger(),
@@ -95,7 +101,22 @@ def _logs_to_stderr() -> None:
     ]
     for handler in (h for logger in loggers for h in logger.handlers):
         if isinstance(handler, logging.StreamHandler) and handler.stream is sys.stdout:
-            handler.setStream(sys.stderr)
+            handler.setStream(_Stderr())
+
+
+class _Stderr:
+    """Whatever ``sys.stderr`` is when a record is written, not the object it was when the handler was moved: a
+    process that swaps stderr later (a test's capture, a daemon redirecting it) keeps getting the log lines."""
+
+    def write(self, text: str) -> int:
+        import sys
+
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        import sys
+
+        sys.stderr.flush()
 
 
 def s3_errors(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
