@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import random
@@ -190,3 +191,33 @@ def test_step_ranges_in_any_order_match_the_step_by_step_reading(seed: int) -> N
     assert progress.steps_trained(events) == len(
         {s for e in events for s in range(progress._first_step(e), e["step"] + 1)}
     )
+
+
+def test_a_summed_up_stretch_samples_its_steps_evenly_for_the_charts() -> None:
+    """A 60-step demo writes 4 step events (``progress_every_s: 30``): its charts drew 4 points. Each event now
+    carries its stretch's values at evenly spaced steps, at most ``2 x SAMPLES`` of them however long it is."""
+    digest = progress.ProgressDigest(30.0, clock=lambda: 0.0)  # the clock never moves: one stretch
+    digest.add(0, {"loss": 5.0})  # the first step is written at once
+    for step in range(1, 60):
+        assert digest.add(step, {"loss": 5.0 - step / 100, "step_ms": 100.0 + step}) == []
+    [short] = [e for e in [digest.flush()] if e]
+    assert short["samples"]["step"] == list(range(1, 60)) and short["samples"]["loss"][0] == 4.99
+    assert [p for p, _ in progress.loss_points([short])] == list(range(1, 60))  # every step of the stretch
+
+    for step in range(60, 100_060):
+        digest.add(step, {"loss": 3.0, "step_ms": 99.0, "tokens_per_s": 1e5})
+    [long] = [e for e in [digest.flush()] if e]
+    sampled = long["samples"]["step"]
+    assert progress.SAMPLES <= len(sampled) < 2 * progress.SAMPLES, len(sampled)
+    gaps = {b - a for a, b in itertools.pairwise(sampled)}
+    assert len(gaps) == 1 and sampled[0] == 60, gaps  # evenly spaced from the stretch's first step
+    assert set(long["samples"]) == {"step", "loss", "step_ms", "tokens_per_s"}  # lr was never given
+
+
+@pytest.mark.parametrize(
+    "samples",
+    [[1, 2], {"step": [1, 2], "loss": [1.0]}, {"step": "1", "loss": [1.0]}, {"step": [True], "loss": [1.0]}],
+)
+def test_malformed_samples_a_rank_wrote_are_ignored(samples: object) -> None:
+    event = {"event": "step", "step": 10, "first_step": 1, "steps": 10, "loss": 2.0, "samples": samples}
+    assert progress.loss_points([event]) == [(10, 2.0)]

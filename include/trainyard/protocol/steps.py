@@ -16,7 +16,12 @@ one step, so a one-step event is the per-step event of older ledgers)::
     {"event": "step", "step": 240, "first_step": 181, "steps": 60,
      "loss": 3.1, "lr": 0.01, "step_ms": 98.0,          # the values at ``step``
      "loss_min": 3.0, "loss_mean": 3.2, "loss_max": 3.9, "loss_max_step": 190,
-     "step_ms_min": 95.1, "step_ms_mean": 99.0, "step_ms_max": 130.2}
+     "step_ms_min": 95.1, "step_ms_mean": 99.0, "step_ms_max": 130.2,
+     "samples": {"step": [181, 183, ...], "loss": [...], "step_ms": [...], ...}}
+
+``samples`` holds the ``SAMPLED`` metrics of evenly spaced steps of the stretch (at most ``2 x SAMPLES``,
+every step of a short one), so a chart of a short run shows its curve rather than one point per
+``progress_every_s`` (a 60-step demo had 4).
 
 The readers below turn those events back into what consumers need: the loss
 history of the metric gate, the steps trained, the kept steps' times for ETTR,
@@ -38,6 +43,11 @@ NO_STEPS = (
     " line of its log says a step: give training.log_pattern)"
 )
 """Why the figures that count steps are unknown for a run without step events (never 0 stated as a fact)."""
+SAMPLED = ("loss", "step_ms", "tokens_per_s", "lr")
+"""Metrics whose value at evenly spaced steps of a stretch an event carries (``samples``), for the charts."""
+SAMPLES = 32
+"""A stretch keeps every step's ``SAMPLED`` metrics up to ``2 x SAMPLES`` steps, then every other one, and so on:
+between ``SAMPLES`` and ``2 x SAMPLES`` samples an event (a few hundred bytes), whatever the stretch's length."""
 CURVE_POINTS = 2000
 """Most points of a loss curve in a summary (a chart needs no more; a 1M-step run would have 1M)."""
 
@@ -53,11 +63,17 @@ class _Stretch:
         self.high: dict[str, float] = {}
         self.sum: dict[str, float] = {}
         self.high_step: dict[str, int] = {}
+        self.stride = 1
+        self.samples: list[tuple[int, Mapping[str, Any]]] = []
         self.add(step, metrics)
 
     def add(self, step: int, metrics: Mapping[str, Any]) -> None:
         # Called on every step of rank 0: kept to plain dict operations.
         self.last, self.count, self.metrics = step, self.count + 1, metrics
+        if (self.count - 1) % self.stride == 0:
+            self.samples.append((step, metrics))
+            if len(self.samples) == 2 * SAMPLES:  # thin to every other one: the spacing stays even
+                self.samples, self.stride = self.samples[::2], self.stride * 2
         low, high, total = self.low, self.high, self.sum
         for name in SUMMARISED:
             value = metrics.get(name)
@@ -84,7 +100,21 @@ class _Stretch:
             )
         if "loss" in self.high_step:
             out["loss_max_step"] = self.high_step["loss"]
+        sampled: dict[str, list[Any]] = {"step": [step for step, _ in self.samples]}
+        for name in SAMPLED:
+            values = [_sample(metrics.get(name)) for _, metrics in self.samples]
+            if any(v is not None for v in values):
+                sampled[name] = values
+        if len(sampled) > 1:
+            out["samples"] = sampled
         return out
+
+
+def _sample(value: Any) -> float | None:
+    """A sampled metric's value as JSON carries it: a finite number (a non-finite step gets its own event)."""
+    if value.__class__ is float or value.__class__ is int:
+        return value if math.isfinite(value) else None
+    return None
 
 
 def _finite(metrics: Mapping[str, Any]) -> bool:
@@ -159,12 +189,28 @@ def loss_points(events: Iterable[Mapping[str, Any]]) -> list[tuple[int, float]]:
     cover = _Cover(events)
     for e in reversed(events):  # newest first: a later event's range hides older points in it
         if "loss" in e:
-            seen = [(e["step"], e["loss"])]
+            seen = [*sampled(e, "loss"), (e["step"], e["loss"])]
             if e.get("loss_max_step") not in (None, e["step"]) and "loss_max" in e:
                 seen.append((e["loss_max_step"], e["loss_max"]))
             points.update((int(s), v) for s, v in seen if not cover.covers(int(s)))
         cover.take(_first_step(e), int(e["step"]))
     return sorted(points.items())
+
+
+def sampled(e: Mapping[str, Any], name: str) -> list[tuple[int, float]]:
+    """(step, value) of ``name`` at the steps an event sampled (``samples``; none in older ledgers, or where the
+    samples are malformed: a rank writes them)."""
+    samples = e.get("samples")
+    if not isinstance(samples, dict):
+        return []
+    steps, values = samples.get("step"), samples.get(name)
+    if not isinstance(steps, list) or not isinstance(values, list) or len(steps) != len(values):
+        return []
+    return [
+        (s, float(v))
+        for s, v in zip(steps, values, strict=True)
+        if isinstance(s, int) and not isinstance(s, bool) and isinstance(v, (int, float)) and not isinstance(v, bool)
+    ]
 
 
 class _Cover:

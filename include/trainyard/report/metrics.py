@@ -1,7 +1,8 @@
 """The run's training metrics over steps, from its step events: loss, throughput, step time, learning rate,
 the world size and the faults, all on one step axis (the report's metrics charts read only this).
 
-Every step event gives a point (its value at its last step) and, where it sums up several steps
+Every step event gives a point (its value at its last step) and its ``samples`` (the values at evenly spaced
+steps of the stretch it sums up, ``protocol.steps.SAMPLED``) and, where it sums up several steps
 (``progress_every_s``), the band of what those steps saw (min to max): a spike inside a stretch stays
 visible though no event was written at it. A step trained again after a recovery keeps its latest
 value. Past ``CURVE_POINTS`` a series is downsampled the way the loss curve is (``protocol.steps``):
@@ -37,6 +38,7 @@ def _points(events: Sequence[Mapping[str, Any]], name: str) -> list[tuple[int, f
         return progress.loss_points(events)  # the gate's and the summary's reading: one reader of the loss
     seen: dict[int, float] = {}
     for e in events:
+        seen.update(progress.sampled(e, name))  # the stretch's evenly spaced steps, then its last step's value
         value = _number(e.get(name))
         if value is not None:
             seen[int(e["step"])] = value

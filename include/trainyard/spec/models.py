@@ -602,7 +602,7 @@ class MetricExpectations(_Model):
     """No step's loss may exceed this multiple of the running median before it; null: no check."""
     spike_window: int = Field(20, ge=2, le=100_000)
     """Recorded losses in the running median of the spike check: one per step when
-    ``training.progress_every_s`` is 0, else the end and the peak of each progress record."""
+    ``training.progress_every_s`` is 0, else each progress record's sampled steps, end and peak."""
 
 
 class CheckpointSpec(_Model):
