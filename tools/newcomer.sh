@@ -27,7 +27,7 @@ trainyard summary --dag-id nightly_pretrain -o json > "$work/summary.json"
 python - "$work/summary.json" <<'PY'
 import json, sys
 summary = json.load(open(sys.argv[1]))
-assert summary["state"] == "success", summary["state"]
+assert summary["state"] == "succeeded", summary["state"]
 print(f"state {summary['state']}, steps trained {summary['steps_trained']}, report {summary.get('report')}")
 PY
 
