@@ -33,7 +33,8 @@ PY
 
 say "trainyard check dags/pipelines with 'my pipeline.yaml' and a duplicate id beside the good spec"
 cp dags/pipelines/nightly_pretrain.yaml "dags/pipelines/my pipeline.yaml"
-cp dags/pipelines/nightly_pretrain.yaml dags/pipelines/nightly_copy.yaml  # the same `pipeline:` id
+# A second spec naming the good one's DAG id (without `pipeline:`, the id is the file name's).
+{ echo "pipeline: nightly_pretrain"; cat dags/pipelines/nightly_pretrain.yaml; } > dags/pipelines/nightly_copy.yaml
 set +e
 trainyard check dags/pipelines > "$work/check.txt" 2>&1
 rc=$?

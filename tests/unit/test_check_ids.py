@@ -54,6 +54,16 @@ def test_a_file_stem_and_a_pipeline_field_may_collide(tmp_path: Path) -> None:
     assert duplicate_ids({p: load_spec(p) for p in sorted(tmp_path.glob("*.yaml"))}).keys() == {other}
 
 
+def test_a_copy_that_sorts_first_does_not_take_the_dag_of_the_file_named_after_its_id(tmp_path: Path) -> None:
+    """Copying nightly_pretrain.yaml to a new name that keeps ``pipeline: nightly_pretrain``: the new file is refused,
+    and the DAG stays the one of the file named after it (file-name order alone gave it to the copy)."""
+    original = write(tmp_path, "nightly_pretrain.yaml", dataset='{source: "file:///a", name: a}')
+    copy = write(tmp_path, "nightly_copy.yaml", pipeline="nightly_pretrain", dataset='{source: "file:///b", name: b}')
+    problems = duplicate_ids({p: load_spec(p) for p in sorted(tmp_path.glob("*.yaml"))})
+    assert problems.keys() == {copy}, problems
+    assert f"already used by {original.name}" in problems[copy]
+
+
 def test_the_command_exits_1_and_prints_every_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write(tmp_path, "good.yaml", dataset='{source: "file:///g", name: g}')
     write(tmp_path, "my pipeline.yaml", dataset='{source: "file:///m", name: m}')

@@ -54,17 +54,20 @@ def suggest(stem: str) -> str:
 
 
 def duplicate_ids(specs: Mapping[Path, PipelineSpec]) -> dict[Path, str]:
-    """Each spec whose DAG id an earlier one (in file-name order, as the DAG folder is read) already has,
-    with its problem line; the first keeps its id."""
-    first: dict[str, Path] = {}
-    problems: dict[Path, str] = {}
+    """Each spec that may not have the DAG id another one has too, with its problem line. The one that keeps it
+    is the spec whose file is named after the id (``nightly_pretrain.yaml``: a copy of it under a new name that
+    still says ``pipeline: nightly_pretrain`` must not take its DAG over), else the first in file-name order (as
+    the DAG folder is read)."""
+    by_id: dict[str, list[Path]] = {}
     for path in sorted(specs):
-        dag_id = specs[path].dag_id(path)
-        if dag_id in first:
-            problems[path] = (
-                f"pipeline: DAG id {dag_id!r} is already used by {first[dag_id].name}; Airflow would keep one of"
-                " the two: give this spec a pipeline: id of its own"
-            )
-        else:
-            first[dag_id] = path
+        by_id.setdefault(specs[path].dag_id(path), []).append(path)
+    problems: dict[Path, str] = {}
+    for dag_id, paths in by_id.items():
+        keeper = next((p for p in paths if p.stem == dag_id), paths[0])
+        for path in paths:
+            if path != keeper:
+                problems[path] = (
+                    f"pipeline: DAG id {dag_id!r} is already used by {keeper.name}; Airflow would keep one of"
+                    " the two: give this spec a pipeline: id of its own"
+                )
     return problems
