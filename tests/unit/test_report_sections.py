@@ -28,6 +28,14 @@ def test_every_stage_is_listed_and_a_failed_stages_error_is_whole() -> None:
     assert f'<pre class="error">{ERROR}</pre>' in html and "<details>" not in html  # not folded at 120 characters
 
 
+def test_the_report_stage_writing_this_report_is_not_said_not_to_have_run() -> None:
+    """The report stage writes the report while it runs: its row said "did not run" in every report."""
+    done = {name: {"seconds": 1.0, "ok": True, "start": 1.0, "end": 2.0} for name in STAGES if name != "report"}
+    html = stages_section({"stages": done, "running": [], "writing_report": True})
+    [(_, cells)] = [row for row in re.findall(r"<tr><td>([a-z_]+)</td>(.*?)</tr>", html) if row[0] == "report"]
+    assert "writing this report" in cells and "did not run" not in cells
+
+
 def test_a_node_cleared_by_the_second_round_is_not_drawn_red() -> None:
     svg = burnin_svg(
         "matmul_gflops",

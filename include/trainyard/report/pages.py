@@ -75,6 +75,8 @@ def stages_section(summary: Mapping[str, Any]) -> str:
             rows.append([esc(name), _when(s.get("start")), _when(s.get("end")), f"{s['seconds']:.1f}", _stage_state(s)])
         elif name in running:
             rows.append([esc(name), "", "", "", _badge("running")])
+        elif name == "report" and summary.get("writing_report"):
+            rows.append([esc(name), "", "", "", '<span class="empty">writing this report</span>'])
         else:
             rows.append([esc(name), "", "", "", '<span class="empty">did not run</span>'])
     return "<h2>Stages</h2>" + _table(["stage", "start", "end", "seconds", "state"], rows, "stages")

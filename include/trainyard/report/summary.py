@@ -46,6 +46,7 @@ def summary_of(state: RunState, closing: bool = False) -> dict[str, Any]:
         "stages": state.stages,
         # The report stage is still open as it writes its own summary: it is not what runs.
         "running": [s for s in state.running if not (closing and s == "report")],
+        "writing_report": closing and "report" in state.running,  # its own row says so, not "did not run"
         # The final attempt's group (after a scale-down or a regroup), not the nodes the stage started on.
         "nodes_used": list(last.nodes) if (last := train.last) else state.results.get("train", {}).get("nodes", []),
         "node_verdicts": {n: asdict(v) for n, v in state.verdicts.items()},
