@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from airflow.sdk._shared.observability.metrics.validators import stat_name_default_handler, stat_name_otel_handler
@@ -351,3 +352,20 @@ def test_every_metric_is_documented() -> None:
     for group, names in kinds.items():
         for name in names:
             assert f"trainyard.{group}.{name}." in section, name
+
+
+def test_a_relaunch_sends_where_its_seconds_went(tmp_path: Path) -> None:
+    """Issue 53, item 4: the fault's restart, restore and replay as live timers, beside detection."""
+    ledger = Ledger(tmp_path / "events.jsonl")
+    at = time.time() - 100
+    with mock.patch("trainyard.events.ledger.time.time", side_effect=[at + t for t in (0, 1, 2, 3, 5, 6, 7)]):
+        ledger.append("train", "attempt_start", attempt=1)
+        ledger.append("train", "step", step=1, step_ms=1000)
+        ledger.append("train", "failure_classified", attempt=1, kind="node_lost", detected_at=at + 1.5)
+        ledger.append("train", "attempt_start", attempt=2)
+        ledger.append("train", "resumed", step=1, seconds=1.5)
+        ledger.append("train", "step", step=2, step_ms=1000)
+        ledger.append("train", "stage_end", seconds=7.0)
+    sent = {m.name.rsplit(".", 1)[0]: m.value for m in recovery_metrics(ledger, DAG)}
+    assert sent["trainyard.recovery.restart"] == 1500.0 and sent["trainyard.recovery.restore"] == 2500.0
+    assert sent["trainyard.recovery.replay"] == 0.0

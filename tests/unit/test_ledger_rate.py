@@ -189,7 +189,7 @@ def test_step_ranges_in_any_order_match_the_step_by_step_reading(seed: int) -> N
     assert progress.loss_points(events) == want_points
     assert [count for count, _ in progress.kept_stretches(events)] == want_counts
     assert progress.steps_trained(events) == len(
-        {s for e in events for s in range(progress._first_step(e), e["step"] + 1)}
+        {s for e in events for s in range(progress.first_step(e), e["step"] + 1)}
     )
 
 

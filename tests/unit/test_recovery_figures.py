@@ -207,3 +207,80 @@ def test_a_relaunch_without_a_resumed_event_resumes_at_the_orchestrator_s_checkp
     assert failure["lost_steps"] == 6 and failure["resumed_by"] == "orchestrator"  # 41..46 ran twice
     assert figures["resume_delay_s"] == pytest.approx(110.0 - 106.4)
     assert figures["productive_s"] is not None and figures["productive_s"] > 0
+
+
+def test_a_relaunch_s_cost_is_split_into_detection_restart_restore_and_replay(ledger: Ledger) -> None:
+    """Issue 53, item 4: where a fault's seconds went. The resumed event (no load time of its own, as an
+    adapter's) at 110 ends the restart; the first step at 115 ends the restore; 2 lost steps at the 1 s median."""
+    [failure] = recovery_figures(ledger)["failures"]
+    assert (failure["detection_s"], failure["restart_s"], failure["restore_s"]) == (0.5, 3.5, 5.0)
+    assert failure["detection_s"] + failure["restart_s"] + failure["restore_s"] == failure["resume_delay_s"]
+    assert failure["replay_s"] == 2.0
+
+
+def test_a_timed_state_load_is_restore_not_restart(tmp_path: Path) -> None:
+    """The runtime's resumed says how long the load took: the ranks were up that much earlier."""
+    ledger = Ledger(tmp_path / "events.jsonl")
+    at(ledger, 100.0, "attempt_start", attempt=1)
+    at(ledger, 101.0, "step", step=1, step_ms=1000)
+    at(ledger, 102.0, "failure_classified", attempt=1, kind="node_lost", detected_at=101.5)
+    at(ledger, 103.0, "attempt_start", attempt=2)
+    at(ledger, 105.0, "resumed", step=1, seconds=1.5)
+    at(ledger, 106.0, "step", step=2, step_ms=1000)
+    at(ledger, 107.0, "stage_end", seconds=7.0)
+    figures = recovery_figures(ledger)
+    [failure] = figures["failures"]
+    assert (failure["restart_s"], failure["restore_s"], failure["replay_s"]) == (1.5, 2.5, 0.0)
+    assert figures["restart_total_s"] == 1.5 and figures["restore_total_s"] == 2.5 and figures["replay_total_s"] == 0.0
+
+
+def test_in_place_the_restart_ends_when_the_new_generation_formed(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "events.jsonl")
+    at(ledger, 100.0, "attempt_start", attempt=1, world_size=3)
+    for step in range(1, 5):
+        at(ledger, 100.0 + step, "step", step=step, step_ms=1000)
+    at(ledger, 104.0, "drill_fired", fault="kill", node="node-1", step=5)
+    at(ledger, 104.6, "failure_classified", attempt=1, kind="node_lost", detected_at=104.5)
+    at(ledger, 105.0, "regrouped", generation=2, world_size=2, micro_batch=2, from_step=4)
+    at(ledger, 105.5, "step", step=5, step_ms=1000)
+    at(ledger, 106.0, "stage_end", seconds=6.0)
+    [failure] = recovery_figures(ledger)["failures"]
+    assert (failure["detection_s"], failure["restart_s"], failure["restore_s"]) == (0.6, 0.4, 0.5)
+
+
+def test_a_script_without_a_resumed_event_has_its_restore_unknown_not_0(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "events.jsonl")
+    at(ledger, 100.0, "attempt_start", attempt=1)
+    at(ledger, 101.0, "step", step=1, step_ms=1000)
+    at(ledger, 102.0, "failure_classified", attempt=1, kind="node_lost", detected_at=101.5)
+    at(ledger, 103.0, "attempt_start", attempt=2, resume_step=1)
+    at(ledger, 106.0, "step", step=2, step_ms=1000)
+    at(ledger, 107.0, "stage_end", seconds=7.0)
+    figures = recovery_figures(ledger)
+    [failure] = figures["failures"]
+    assert failure["restart_s"] == 4.0 and failure["restore_s"] is None  # start-up, load and first step, together
+    assert figures["restore_total_s"] is None
+
+
+def test_the_summary_the_notice_and_the_report_say_where_the_seconds_went(ledger: Ledger) -> None:
+    figures = recovery_figures(ledger)  # as the train stage records them when it ends
+    at(ledger, 119.5, "recovery_figures", **{k: v for k, v in figures.items() if k != "failures"})
+    text = format_summary(summarize(ledger))
+    assert "fault cost:       detection 0.5 s + restart 3.5 s + restore 5.0 s; replay 2.0 s" in text, text
+    html = report_html(summarize(ledger))
+    assert "cost, restart: classified to the new ranks loading state (s)</td><td>3.5" in html
+    lines = notice_from_ledger(ledger, RunFacts("d", "r1", failed=False), ("recovery",)).lines  # type: ignore[union-attr]
+    assert "Fault cost in all: detection 0.5 s + restart 3.5 s + restore 5.0 s; replay 2.0 s" in lines, lines
+
+
+def test_steps_without_a_loss_are_still_a_summary(tmp_path: Path) -> None:
+    """A log that says "Step 5/200" and no loss: the summary printed "step None to None" and then raised a
+    TypeError formatting the missing loss (trainyard summary and the report stage alike)."""
+    ledger = Ledger(tmp_path / "events.jsonl")
+    at(ledger, 100.0, "attempt_start", attempt=1)
+    at(ledger, 101.0, "step", step=5, first_step=1, steps=5, source="log")
+    at(ledger, 102.0, "step", step=9, first_step=6, steps=4, step_ms=250.0, source="log")
+    at(ledger, 103.0, "stage_end", seconds=3.0)
+    text = format_summary(summarize(ledger))
+    assert "steps trained:    9 (step 1 to 9)" in text and "loss:" not in text, text
+    assert "9 steps trained (step 1 to 9)" in report_html(summarize(ledger))

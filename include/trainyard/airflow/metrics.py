@@ -45,6 +45,9 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 RECOVERY: dict[str, tuple[str, Literal["timing", "gauge"]]] = {
     "detection_s": ("detection", "timing"),
     "resume_delay_s": ("resume_delay", "timing"),
+    "restart_total_s": ("restart", "timing"),
+    "restore_total_s": ("restore", "timing"),
+    "replay_total_s": ("replay", "timing"),
     "productive_s": ("productive", "timing"),
     "lost_steps": ("lost_steps", "gauge"),
     "ettr": ("ettr", "gauge"),

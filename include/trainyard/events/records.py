@@ -133,6 +133,10 @@ class AttemptRun:
     resume_step: int | None = None
     """The step of the checkpoint the orchestrator chose for it (``attempt_start``): its resumed step where no
     rank wrote a ``resumed``."""
+    resumed_at: float | None = None
+    """When rank 0 had its state back (its ``resumed``): the end of the state restore."""
+    restore_s: float | None = None
+    """How long rank 0 took to load that state (the ``resumed`` event's ``seconds``)."""
 
     @property
     def failures(self) -> list[FailureSeen]:

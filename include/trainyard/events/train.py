@@ -252,7 +252,10 @@ def _resumed(s: TrainRun, e: Event) -> TrainRun:
     s = replace(s, resumed_steps=(*s.resumed_steps, _int(e.get("step"))))
     if s.last is None or s.last.resumed_step is not None:
         return s
-    return s._with_last(_int(e.get("attempt")), resumed_step=_int(e.get("step")))
+    seconds = e.get("seconds")
+    restore = float(seconds) if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) else None
+    return s._with_last(_int(e.get("attempt")), resumed_step=_int(e.get("step")), resumed_at=float(e["ts"]),
+                        restore_s=restore if restore is not None and restore >= 0 else None)  # fmt: skip
 
 
 def _waited(e: Event) -> DrillWaited:

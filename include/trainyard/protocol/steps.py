@@ -172,7 +172,8 @@ class ProgressDigest:
 # --- readers: step events (new or older per-step ones) back into what consumers need ---
 
 
-def _first_step(e: Mapping[str, Any]) -> int:
+def first_step(e: Mapping[str, Any]) -> int:
+    """The first step a step event covers (its own where it covers one)."""
     return min(int(e.get("first_step", e["step"])), int(e["step"]))
 
 
@@ -193,7 +194,7 @@ def loss_points(events: Iterable[Mapping[str, Any]]) -> list[tuple[int, float]]:
             if e.get("loss_max_step") not in (None, e["step"]) and "loss_max" in e:
                 seen.append((e["loss_max_step"], e["loss_max"]))
             points.update((int(s), v) for s, v in seen if not cover.covers(int(s)))
-        cover.take(_first_step(e), int(e["step"]))
+        cover.take(first_step(e), int(e["step"]))
     return sorted(points.items())
 
 
@@ -224,7 +225,7 @@ class _Cover:
     """
 
     def __init__(self, events: Iterable[Mapping[str, Any]]):
-        self.bounds = sorted({b for e in events for b in (_first_step(e), int(e["step"]) + 1)})
+        self.bounds = sorted({b for e in events for b in (first_step(e), int(e["step"]) + 1)})
         # Stretch i is [bounds[i], bounds[i + 1]); _next[i] == i: not marked. The last index never is.
         self._next = list(range(len(self.bounds)))
 
@@ -256,7 +257,7 @@ def kept_stretches(events: Sequence[Mapping[str, Any]]) -> list[tuple[int, float
     latest time (the earlier event loses the steps a later one covers)."""
     cover, kept = _Cover(events), []
     for e in reversed(events):
-        count = cover.take(_first_step(e), int(e["step"]))
+        count = cover.take(first_step(e), int(e["step"]))
         if count > 0:
             kept.append((count, e.get("step_ms_mean", e.get("step_ms"))))
     kept.reverse()

@@ -6,6 +6,9 @@ attempts, failures, drills, the groups formed in place, the spares) and the run'
 - resume delay: fault to the first step of the next attempt, or, where the
   survivors regrouped in place (a ``regrouped`` event after the classification and
   before any next attempt), to the first step after the regroup;
+- the cost split: detection, ``restart_s`` (classified to the new ranks loading their state), ``restore_s``
+  (from there to the first step after the fault) and ``replay_s`` (the lost steps at the median step time),
+  per failure and in all (``<part>_total_s``): detection, restart and restore add up to the resume delay;
 - lost steps: the last step reached before the fault (the latest of the step
   events and the heartbeats' step in the attempt's ``attempt_end``, or in place
   in the ``failure_classified``) minus the
@@ -38,6 +41,9 @@ from trainyard.events.ledger import Ledger
 from trainyard.events.records import AttemptRun
 from trainyard.protocol.steps import NO_STEPS, kept_stretches, weighted_median
 
+COST_PARTS = ("detection", "restart", "restore", "replay")
+"""A fault's cost, part by part (``<part>_s`` per failure, ``<part>_total_s`` over the run)."""
+
 
 def _first_step(steps: Sequence[Mapping[str, Any]], after: float) -> Mapping[str, Any] | None:
     return next((e for e in steps if e["ts"] >= after), None)
@@ -57,6 +63,7 @@ def figures_from(state: RunState) -> dict[str, Any]:
     unhealed: float | None = None  # the fault of a regroup that never formed: the next failure carries it on
     drills = [d for a in train.attempts for d in a.drills]
     classified = [(a, f) for a in train.attempts for f in a.failures]
+    step_s = _step_s(steps)
     for i, (attempt, failure) in enumerate(classified):
         drill = next((d for d in drills if d.at >= max(attempt.started, seen_before)), None)
         seen_before = failure.at
@@ -75,7 +82,8 @@ def figures_from(state: RunState) -> dict[str, Any]:
             unhealed = fault_at
             failures.append({"attempt": attempt.number, "kind": failure.kind, "path": "in_place_unformed",
                              "fault_at": fault_at, "detection_s": round(failure.at - fault_at, 3),
-                             "resume_delay_s": None, "lost_steps": None})  # fmt: skip
+                             "resume_delay_s": None, "restart_s": None, "restore_s": None, "replay_s": None,
+                             "lost_steps": None})  # fmt: skip
             continue
         # The heartbeats' last step: the attempt's end has it (in place, the attempt ends long after: the
         # classification has it, as seen at the fault).
@@ -83,9 +91,14 @@ def figures_from(state: RunState) -> dict[str, Any]:
         reached += [last] if last is not None else []
         if regrouped and in_place:
             path, first_step, resumed_from = "in_place", _first_step(steps, regrouped.at), regrouped.from_step
+            ready: float | None = regrouped.at  # the new generation formed: its state is the survivors'
         else:
             first_step = _first_step(steps, nxt.started) if nxt else None
             path, resumed_from = "relaunch", _resumed(nxt)
+            # The new ranks began loading their state: rank 0's resumed, less the load it timed (an adapter's
+            # resumed is written before its framework loads: no time of its own); unknown without a resumed.
+            ready = None if nxt is None or nxt.resumed_at is None else nxt.resumed_at - (nxt.restore_s or 0.0)
+        lost = max(reached) - resumed_from if steps and reached and resumed_from is not None else None
         failures.append(
             {
                 "attempt": attempt.number,
@@ -94,7 +107,8 @@ def figures_from(state: RunState) -> dict[str, Any]:
                 "fault_at": fault_at,
                 "detection_s": round(failure.at - fault_at, 3),
                 "resume_delay_s": round(first_step["ts"] - fault_at, 3) if first_step else None,
-                "lost_steps": max(reached) - resumed_from if steps and reached and resumed_from is not None else None,
+                **_split(failure.at, ready, first_step["ts"] if first_step else None, lost, step_s),
+                "lost_steps": lost,
                 **(
                     {"resumed_by": "orchestrator"}
                     if nxt and path == "relaunch" and nxt.resumed_step is None and nxt.resume_step is not None
@@ -103,6 +117,30 @@ def figures_from(state: RunState) -> dict[str, Any]:
             }
         )
     return {**_failures_figures(train, failures, steps), **_training_figures(steps, wall)}
+
+
+def _split(
+    classified: float, ready: float | None, first: float | None, lost: int | None, step_s: float | None
+) -> dict[str, float | None]:
+    """Where one fault's seconds went after its detection (``detection_s`` is the fault to its classification):
+    ``restart_s``, classified to the new ranks loading their state (a relaunch: the back-off, the launch, the
+    processes' start-up and imports; in place: the new generation formed); ``restore_s``, from there to the
+    first step trained after it (the state read, broadcast to a joiner, and that first step); ``replay_s``, the
+    steps lost trained again, at the run's median step time. Detection, restart and restore add up to the resume
+    delay. Unknown (None) where the ledger cannot say: no step after the fault, or a relaunch whose ranks wrote
+    no ``resumed`` (a script without trainyard calls: restart then runs to its first step, restore unknown)."""
+    if first is None:
+        return {"restart_s": None, "restore_s": None, "replay_s": None}
+    replay = None if lost is None or step_s is None else round(lost * step_s, 3)
+    if ready is None or not classified <= ready <= first:
+        return {"restart_s": round(max(first - classified, 0.0), 3), "restore_s": None, "replay_s": replay}
+    return {"restart_s": round(ready - classified, 3), "restore_s": round(first - ready, 3), "replay_s": replay}
+
+
+def _step_s(steps: Sequence[Mapping[str, Any]]) -> float | None:
+    """The run's median step time in seconds (None: no step was timed)."""
+    timed = [(n, ms / 1000) for n, ms in kept_stretches(steps) if ms is not None]
+    return weighted_median(timed)
 
 
 def _resumed(nxt: AttemptRun | None) -> int | None:
@@ -131,6 +169,7 @@ def _failures_figures(
         "spares_joined": ", ".join(dict.fromkeys(train.joined)) or None,
         "spares_idle": ", ".join(train.waiting) or None,
         "detection_s": max((f["detection_s"] for f in failures), default=None),
+        **_totals(failures),
         "resume_delay_s": max(delays, default=None),
         "resume_delay_why": delay_why,
         "lost_steps": None if blind else sum(f["lost_steps"] or 0 for f in failures),
@@ -138,15 +177,23 @@ def _failures_figures(
     }
 
 
+def _totals(failures: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Every fault's cost, part by part, in all (``<part>_total_s``): where the seconds went (None: no fault had
+    that part known)."""
+    totals: dict[str, float | None] = {}
+    for part in COST_PARTS:
+        known = [f[f"{part}_s"] for f in failures if f.get(f"{part}_s") is not None]
+        totals[f"{part}_total_s"] = round(sum(known), 3) if known else None
+    return totals
+
+
 def _training_figures(steps: Sequence[Mapping[str, Any]], wall: float | None) -> dict[str, Any]:
     """Productive time and ETTR from the step events; unknown, with why, where there are none (a script that
     reports no steps trained for an unknown time, not for 0 s)."""
     if not steps:
         return {"productive_s": None, "ettr": None, "productive_why": NO_STEPS, "ettr_why": NO_STEPS}
-    kept = kept_stretches(steps)
     # A stretch without a time (the log's first steps of an attempt, seen at once) counts at the median of the rest.
-    timed = [(n, ms / 1000) for n, ms in kept if ms is not None]
-    productive = sum(n for n, _ in kept) * (weighted_median(timed) or 0.0)
+    productive = sum(n for n, _ in kept_stretches(steps)) * (_step_s(steps) or 0.0)
     return {
         "productive_s": round(productive, 3),
         "ettr": round(productive / wall, 4) if wall else None,

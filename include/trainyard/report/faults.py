@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from trainyard.recovery.figures import COST_PARTS
+
 
 def fault_line(fault: Mapping[str, Any]) -> str:
     """``node_lost on node-0 -> regroup in place, generation 2, joined by node-3``; a relaunch's decision
@@ -42,3 +44,13 @@ def attempt_lines(row: Mapping[str, Any]) -> list[str]:
     dated = [((f.get("failure") or f.get("decision") or {}).get("ts") or 0.0, fault_line(f)) for f in row["faults"]]
     dated += [(g.get("ts") or 0.0, growth_line(g)) for g in row.get("growths") or []]
     return [line for _, line in sorted(dated, key=lambda d: d[0])]
+
+
+def cost_line(figures: Mapping[str, Any]) -> str | None:
+    """Where the faults' seconds went, in all: ``detection 0.5 s + restart 3.5 s + restore 5.0 s; replay 2.0 s``
+    (``-`` for a part no fault had known); None for a run without a fault timed."""
+    totals = {part: figures.get(f"{part}_total_s") for part in COST_PARTS}
+    if all(value is None for value in totals.values()):
+        return None
+    said = {part: f"{part} {'-' if value is None else f'{value} s'}" for part, value in totals.items()}
+    return f"{said['detection']} + {said['restart']} + {said['restore']}; {said['replay']}"

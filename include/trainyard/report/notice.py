@@ -22,7 +22,7 @@ from typing import Any, Literal
 from trainyard.events.fold import RunState, fold
 from trainyard.events.ledger import Ledger
 from trainyard.recovery.figures import figures_from
-from trainyard.report.faults import fault_line, growth_line
+from trainyard.report.faults import cost_line, fault_line, growth_line
 from trainyard.report.summary import STAGES, attempt_table
 
 NoticeKind = Literal["failure", "recovery"]
@@ -217,6 +217,8 @@ def _recovery_lines(recovered: list[dict[str, Any]], figures: dict[str, Any]) ->
         lines += [line for _, said in sorted(dated, key=lambda d: d[0]) for line in said]
     if figures.get("world_path"):
         lines.append(f"World path: {figures['world_path']}")
+    if cost := cost_line(figures):
+        lines.append(f"Fault cost in all: {cost}")
     if figures.get("lost_steps") is None and figures.get("lost_steps_why"):
         lines.append(f"Steps lost in all: unknown ({figures['lost_steps_why']})")
     else:

@@ -31,6 +31,10 @@ URL_PREFIX = "/trainyard"
 RECOVERY_FIGURES = (
     ("detection_s", "failure detected after (s)"),
     ("resume_delay_s", "first step after the fault (s)"),
+    ("detection_total_s", "cost, detection: fault to classified, all faults (s)"),
+    ("restart_total_s", "cost, restart: classified to the new ranks loading state (s)"),
+    ("restore_total_s", "cost, restore: state loaded and the first step again (s)"),
+    ("replay_total_s", "cost, replay: lost steps trained again (s)"),
     ("lost_steps", "steps lost"),
     ("productive_s", "productive training time (s)"),
     ("ettr", "effective training time ratio"),

@@ -19,7 +19,7 @@ from trainyard.protocol import steps as progress
 from trainyard.protocol.heartbeat import HOW_TO_BEAT
 from trainyard.recovery.figures import figures_from
 from trainyard.report.details import STAGES, run_details
-from trainyard.report.faults import attempt_lines
+from trainyard.report.faults import attempt_lines, cost_line
 from trainyard.report.metrics import series
 from trainyard.report.pages import report_html
 
@@ -54,8 +54,9 @@ def summary_of(state: RunState, closing: bool = False) -> dict[str, Any]:
         # No step events: a script that reports none trained an unknown number of steps, not 0.
         "steps_trained": progress.steps_trained(train.steps) if train.steps else None,
         "steps_trained_why": None if train.steps else progress.NO_STEPS,
-        "first_step": steps[0][0] if steps else None,
-        "last_step": steps[-1][0] if steps else None,
+        # The steps trained, whether or not their events carry a loss (a log may say "Step 5/200" and no loss).
+        "first_step": min((progress.first_step(e) for e in train.steps), default=None),
+        "last_step": max((int(e["step"]) for e in train.steps), default=None),
         "first_loss": steps[0][1] if steps else None,
         "last_loss": steps[-1][1] if steps else None,
         "loss_curve": progress.downsample(steps),  # a chart's worth, however long the run
@@ -195,7 +196,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         lines.append(
             f"  steps trained:    {summary['steps_trained']} (step {summary['first_step']} to {summary['last_step']})"
         )
-        lines.append(f"  loss:             {summary['first_loss']:.4f} -> {summary['last_loss']:.4f}")
+        if summary["first_loss"] is not None and summary["last_loss"] is not None:
+            lines.append(f"  loss:             {summary['first_loss']:.4f} -> {summary['last_loss']:.4f}")
     elif summary.get("steps_trained_why") and summary["attempts"]:
         lines.append(f"  steps trained:    unknown ({summary['steps_trained_why']})")
     recovery = summary.get("recovery") or {}
@@ -205,6 +207,8 @@ def format_summary(summary: dict[str, Any]) -> str:
             f" {_known(recovery, 'resume_delay_s', ' s')}, lost steps {_known(recovery, 'lost_steps')},"
             f" ETTR {_known(recovery, 'ettr')})"
         )
+    if cost := cost_line(recovery):  # in place, every fault is in one attempt: not only when there were several
+        lines.append(f"  fault cost:       {cost}")
     for row in summary.get("attempt_details") or []:
         lines.append(f"  attempt {row['attempt']}:        {row['state']} on {', '.join(row.get('nodes') or []) or '-'}")
         lines += [f"    {line}" for line in attempt_lines(row)]
