@@ -17,7 +17,8 @@ goal (``ettr_goal``) is the one for that rate, or none for a run shorter than a 
   place and (``big_model.relaunch``) on the relaunch path, with its parameter count, checkpoint bytes
   and the save's blocked seconds, beside the default configuration's model.
 
-Every object has ``resume_delay_s``, ``lost_steps``, ``ettr``, ``path``, ``step_ms``, ``wall_s`` and
+Every object has ``resume_delay_s``, ``lost_steps``, ``ettr``, ``path``, ``step_ms``, ``wall_s``, the
+fault's cost split (``restart_total_s``, ``restore_total_s``, ``replay_total_s``, beside ``detection_s``) and
 ``startup_s`` (stage start to first step: a short run's ETTR is mostly that), what was measured
 (``steps``, ``fault_at``, ``checkpoint_every``, ``fault``), ``goals`` and ``peers``: which peer ran on it,
 and why not where one did not.
@@ -46,7 +47,19 @@ configuration's (3.3 M); with Adam's state its checkpoint is ~74 MB (the default
 A step costs ~2x the default one."""
 BYO = Workload(args={}, entrypoint=str(ROOT / "examples" / "byo_train.py"), global_batch=6, spike_check=False)
 BYO_CALIBRATION_STEPS = 400  # its steps take milliseconds: 40 would measure start-up noise
-FIGURES = ("resume_delay_s", "lost_steps", "ettr", "detection_s", "step_ms", "step_ms_from", "wall_s", "startup_s")
+FIGURES = (
+    "resume_delay_s",
+    "lost_steps",
+    "ettr",
+    "detection_s",
+    "step_ms",
+    "step_ms_from",
+    "wall_s",
+    "startup_s",
+    "restart_total_s",  # the fault's cost split, with detection_s (docs/recovery.md)
+    "restore_total_s",
+    "replay_total_s",
+)
 NOT_HERE = {
     "two_ranks": "the peers' nodes are one process each (bench/peers/host.py): a node of two ranks is not built",
     "byo": "a peer trains its own loop (bench/peers/*_peer.py), not a user's script",
