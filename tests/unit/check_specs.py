@@ -1,4 +1,5 @@
-"""Spec text for the ``trainyard check`` tests (tests/unit/test_check_*.py)."""
+"""Spec text for the spec tests (``trainyard check``, boundaries, folders, resume): a valid spec, and one with
+some sections replaced."""
 
 from __future__ import annotations
 

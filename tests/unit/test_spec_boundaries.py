@@ -12,6 +12,7 @@ from typing import get_args
 
 import pytest
 import yaml
+from check_specs import text
 
 from trainyard.airflow.params import param_schemas
 from trainyard.errors import SpecError
@@ -30,15 +31,6 @@ from trainyard.spec import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-GOOD = {
-    "dataset": '{source: "file:///data/tokens/{{ ds }}", name: "tokens/{{ ds }}"}',
-    "nodes": "{count: 2}",
-    "training": "{max_steps: 10, global_batch: 8, micro_batch: 2, checkpoint_every: 5}",
-}
-
-
-def text(**sections: str) -> str:
-    return "".join(f"{key}: {value}\n" for key, value in {**GOOD, **sections}.items())
 
 
 def problems(source: str) -> list[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from check_specs import text
 
 from trainyard.cli import main as cli
 from trainyard.errors import SpecError
@@ -13,15 +14,6 @@ from trainyard.pipeline.run import open_run
 from trainyard.spec import check_files, dataset_name_problems, load_spec, nested_roots
 
 ROOT = Path(__file__).resolve().parents[2]
-GOOD = {
-    "dataset": '{source: "file:///data/tokens/{{ ds }}", name: "tokens/{{ ds }}"}',
-    "nodes": "{count: 2}",
-    "training": "{max_steps: 10, global_batch: 8, micro_batch: 2, checkpoint_every: 5}",
-}
-
-
-def text(**sections: str) -> str:
-    return "".join(f"{key}: {value}\n" for key, value in {**GOOD, **sections}.items())
 
 
 def write_specs(folder: Path, **names: tuple[str, str]) -> list[Path]:

@@ -6,18 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from check_specs import text
 
 from trainyard.spec import load_spec, resume_problems, resume_root_fields
-
-GOOD = {
-    "dataset": '{source: "file:///data/tokens/{{ ds }}", name: "tokens/{{ ds }}"}',
-    "nodes": "{count: 2}",
-    "training": "{max_steps: 10, global_batch: 8, micro_batch: 2, checkpoint_every: 5}",
-}
-
-
-def text(**sections: str) -> str:
-    return "".join(f"{key}: {value}\n" for key, value in {**GOOD, **sections}.items())
 
 
 def training(extra: str) -> str:
