@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import argparse
 import functools
+import logging
+import os
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -88,10 +91,6 @@ def _logs_to_stderr() -> None:
     """Importing Airflow points the root logger at stdout, at INFO; stdout is the command's report (``-o json``),
     and a command's stderr is its one-line error, not a task log: warnings and errors only, on stderr (as before
     Airflow was imported; ``TRAINYARD_DEBUG=1`` keeps the info lines)."""
-    import logging
-    import os
-    import sys
-
     if not os.environ.get("TRAINYARD_DEBUG"):
         logging.getLogger().setLevel(logging.WARNING)
 
@@ -109,13 +108,9 @@ class _Stderr:
     process that swaps stderr later (a test's capture, a daemon redirecting it) keeps getting the log lines."""
 
     def write(self, text: str) -> int:
-        import sys
-
         return sys.stderr.write(text)
 
     def flush(self) -> None:
-        import sys
-
         sys.stderr.flush()
 
 

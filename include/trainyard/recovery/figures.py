@@ -63,7 +63,8 @@ def figures_from(state: RunState) -> dict[str, Any]:
     unhealed: float | None = None  # the fault of a regroup that never formed: the next failure carries it on
     drills = [d for a in train.attempts for d in a.drills]
     classified = [(a, f) for a in train.attempts for f in a.failures]
-    step_s = _step_s(steps)
+    kept = kept_stretches(steps)  # once: the median step time prices replay and productive time alike
+    step_s = _step_s(kept)
     for i, (attempt, failure) in enumerate(classified):
         drill = next((d for d in drills if d.at >= max(attempt.started, seen_before)), None)
         seen_before = failure.at
@@ -116,7 +117,7 @@ def figures_from(state: RunState) -> dict[str, Any]:
                 ),
             }
         )
-    return {**_failures_figures(train, failures, steps), **_training_figures(steps, wall)}
+    return {**_failures_figures(train, failures, steps), **_training_figures(steps, kept, step_s, wall)}
 
 
 def _split(
@@ -137,9 +138,9 @@ def _split(
     return {"restart_s": round(ready - classified, 3), "restore_s": round(first - ready, 3), "replay_s": replay}
 
 
-def _step_s(steps: Sequence[Mapping[str, Any]]) -> float | None:
-    """The run's median step time in seconds (None: no step was timed)."""
-    timed = [(n, ms / 1000) for n, ms in kept_stretches(steps) if ms is not None]
+def _step_s(kept: Sequence[tuple[int, float | None]]) -> float | None:
+    """The run's median step time in seconds, over its kept stretches (None: no step was timed)."""
+    timed = [(n, ms / 1000) for n, ms in kept if ms is not None]
     return weighted_median(timed)
 
 
@@ -187,13 +188,19 @@ def _totals(failures: list[dict[str, Any]]) -> dict[str, float | None]:
     return totals
 
 
-def _training_figures(steps: Sequence[Mapping[str, Any]], wall: float | None) -> dict[str, Any]:
-    """Productive time and ETTR from the step events; unknown, with why, where there are none (a script that
+def _training_figures(
+    steps: Sequence[Mapping[str, Any]],
+    kept: Sequence[tuple[int, float | None]],
+    step_s: float | None,
+    wall: float | None,
+) -> dict[str, Any]:
+    """Productive time and ETTR from the step events (``kept``: their kept stretches, ``step_s``: the median step
+    time); unknown, with why, where there are none (a script that
     reports no steps trained for an unknown time, not for 0 s)."""
     if not steps:
         return {"productive_s": None, "ettr": None, "productive_why": NO_STEPS, "ettr_why": NO_STEPS}
     # A stretch without a time (the log's first steps of an attempt, seen at once) counts at the median of the rest.
-    productive = sum(n for n, _ in kept_stretches(steps)) * (_step_s(steps) or 0.0)
+    productive = sum(n for n, _ in kept) * (step_s or 0.0)
     return {
         "productive_s": round(productive, 3),
         "ettr": round(productive / wall, 4) if wall else None,

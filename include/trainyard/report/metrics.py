@@ -103,13 +103,15 @@ def series(
     worlds: Sequence[Sequence[float]] = (),
     attempts: Sequence[Mapping[str, Any]] = (),
     most: int = progress.CURVE_POINTS,
+    loss: Sequence[tuple[int, float]] | None = None,
 ) -> dict[str, Any]:
     """The metrics charts' data: ``{metric: {"points", "bands"}}`` for each of ``METRICS`` the run reported,
-    ``world_size`` ((step, size) per change) and ``faults`` (step and label), JSON-ready."""
+    ``world_size`` ((step, size) per change) and ``faults`` (step and label), JSON-ready. ``loss``: the events'
+    ``progress.loss_points`` where the caller has them already (the summary reads them for its own figures)."""
     events = sorted(events, key=lambda e: float(e.get("ts") or 0.0))
     out: dict[str, Any] = {}
     for name, _ in METRICS:
-        points = _points(events, name)
+        points = list(loss) if name == "loss" and loss is not None else _points(events, name)
         if points:
             out[name] = {
                 "points": [list(p) for p in progress.downsample(points, most)],

@@ -63,7 +63,7 @@ def summary_of(state: RunState, closing: bool = False) -> dict[str, Any]:
         "attempts": len(train.attempts),
         "attempt_details": (attempts := attempt_table(train)),
         # Every step event's loss, throughput, step time and lr, with the world size and the faults by step.
-        "metrics": series(train.steps, train.worlds, attempts),
+        "metrics": series(train.steps, train.worlds, attempts, loss=steps),
         "pinned": state.pinned,
         "world_path": train.world_path,
         "recovery_path": _recovery_path(train),
