@@ -44,6 +44,8 @@ drills: {drills}
 # (scale down by relaunch, resume from the newest committed or valid checkpoint, the attempt budget) pin it,
 # since in place (the default) heals a lost node without a relaunch; test_in_place.py covers that path.
 RELAUNCH = SPEC.replace("backoff_s: 0.2}}", "backoff_s: 0.2, in_place: false}}")
+# Which checkpoint a relaunch resumes from, where no in-memory snapshot is newer (none is kept).
+CHECKPOINTS_ONLY = SPEC.replace("backoff_s: 0.2}}", "backoff_s: 0.2, in_place: false, snapshot_every: 0}}")
 
 
 def run_with(tmp_path: Path, drills: str, attempts: int = 3, background: bool = False, spec: str = SPEC):
@@ -80,16 +82,43 @@ def test_a_killed_node_is_excluded_and_the_run_finishes_on_two(tmp_path: Path) -
     [path] = events(run, "recovery_path")  # the relaunch path, and why
     assert path["in_place"] is False and path["why_not"] == "recovery.in_place is false"
     assert manifest["world_size"] == 2  # the global batch of 12 kept by accumulation
-    assert [e["step"] for e in events(run, "resumed")] == [10]
+    # From the survivors' in-memory snapshot of the step before the fault, not the checkpoint of step 10.
+    [resumed] = events(run, "resumed")
+    assert resumed["source"] == "snapshot" and resumed["step"] == 11, resumed
+    assert resumed["why"] == "the snapshot of step 11 is newer than the checkpoint of step 10"
     figures = events(run, "recovery_figures")[-1]
     # Seen by its exit (node_lost above, not a hang), measured, and cheap in steps; how fast is bench/recovery.py's
     # detection_s: a wall-clock bound here failed a CI run at 10.4 s beside other tests on two cores.
-    assert figures["detection_s"] > 0 and figures["lost_steps"] <= 2
+    assert figures["detection_s"] > 0 and figures["lost_steps"] <= 1
+    assert not snapshot_tier(run).exists()  # dropped with the train stage
+
+
+def snapshot_tier(run) -> Path:
+    from trainyard.pipeline.train import snapshot_dir
+
+    tier = snapshot_dir(run)
+    assert tier is not None
+    return tier
+
+
+def test_a_replacement_node_resumes_from_a_peers_snapshot(tmp_path: Path) -> None:
+    # node-1 is lost with its memory; the spare that replaces it holds no snapshot and receives a survivor's.
+    spec = RELAUNCH.replace("nodes: {{count: 3, min: 2}}", "nodes: {{count: 3, min: 2, spare: 1}}")
+    run = run_with(tmp_path, "[{fault: kill, node: node-1, step: 12}]", spec=spec)
+    result = stages.train(run, ["node-0", "node-1", "node-2"], spares=["node-3"])
+    assert result.last_step == 20
+    [decision] = events(run, "decision")
+    assert "node-3" in decision["new_nodes"] and "node-1" not in decision["new_nodes"], decision
+    [resumed] = events(run, "resumed")
+    assert resumed["source"] == "snapshot" and resumed["step"] == 11
+    spare_rank = decision["new_nodes"].index("node-3")  # one rank per node
+    assert resumed["copied_to_ranks"] == [spare_rank]
+    assert read_manifest(Path(result.checkpoint))["world_size"] == 3
 
 
 def test_a_save_in_flight_at_the_fault_is_never_resumed_from(tmp_path: Path) -> None:
     # Which save a relaunch resumes from: the relaunch path (in place reads no checkpoint).
-    run = run_with(tmp_path, "[{fault: kill, node: node-1, step: 12}]", background=True, spec=RELAUNCH)
+    run = run_with(tmp_path, "[{fault: kill, node: node-1, step: 12}]", background=True, spec=CHECKPOINTS_ONLY)
     manifest = finish(run)
     relaunched = events(run, "attempt_start")[1]["ts"]
     committed = [e["step"] for e in events(run, "checkpoint_saved") if e["ts"] < relaunched]
@@ -116,7 +145,7 @@ def test_a_hung_node_is_detected_within_the_heartbeat_timeout(tmp_path: Path) ->
 def test_a_corrupted_checkpoint_is_skipped_for_the_previous_valid_one(tmp_path: Path) -> None:
     # The checkpoint a relaunch resumes from: the relaunch path (in place reads no checkpoint).
     drills = "[{fault: corrupt_checkpoint, step: 10}, {fault: kill, node: node-1, step: 12}]"
-    run = run_with(tmp_path, drills, spec=RELAUNCH)
+    run = run_with(tmp_path, drills, spec=CHECKPOINTS_ONLY)
     finish(run)
     quarantined = [e for e in events(run, "checkpoint_quarantined")]
     assert [Path(e["path"]).name for e in quarantined] == ["step_000010"]

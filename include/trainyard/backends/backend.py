@@ -117,6 +117,9 @@ class Backend(Protocol):
     ``recovery.deferred.AttemptWatch`` and nothing else); None: its tasks never defer."""
     marks: str | None
     """The label that marks an evicted node (the ledger's ``nodes_marked``); None: the fleet history is the mark."""
+    snapshot_root: Path | None
+    """Node-local memory that outlives a relaunch of an attempt's processes, where each node keeps its in-memory
+    snapshots (``runtime.snapshots``); None: a relaunch starts on fresh nodes' memory (a pod scheduled again)."""
 
     def candidates(self) -> list[str]:
         """The nodes training may run on, ``nodes.count + nodes.spare`` at most; ``NodeUnhealthy`` under ``nodes.min``."""

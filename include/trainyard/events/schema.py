@@ -595,6 +595,13 @@ class Resumed(WorkerEvent):
     seconds: float | None = None
     iteration: int | None = None  # bench/peers: the peer's own restart count (NVRx) or quorum (torchft)
     quorum_id: Any = None
+    source: str | None = None
+    """What the state came from: ``checkpoint`` (a saved one) or ``snapshot`` (an in-memory snapshot of this run (``runtime.snapshots``)."""
+    why: str | None = None
+    """Why that one, in words (e.g. the snapshot of step 61 is newer than the checkpoint of step 60)."""
+    copied_to_ranks: list[int] | None = None
+    """From a snapshot: the ranks whose node lacked it (a replacement node, a node whose memory was lost),
+    which received it from a peer that held it."""
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,10 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
+from trainyard import held
+from trainyard.atomic import UnsafePath
 from trainyard.backends.base import (
     CoordinationStore,
     Launcher,
@@ -135,15 +138,18 @@ class TrainStage:
             store = self._store(target) if not why_not else None
             stage.note("recovery_path", in_place=not why_not, why_not=why_not)
             with watcher(run) as judged:
-                result = supervise(
-                    self.launcher,
-                    run.ledger,
-                    self._context(elastic=store is not None),
-                    self._hooks(target, store=store, catch_up=judged.catch_up),
-                    run.spec.training.heartbeat_timeout_s,
-                    keep_alive=held.keep,
-                    startup_grace_s=run.spec.training.startup_grace_s,
-                )
+                try:
+                    result = supervise(
+                        self.launcher,
+                        run.ledger,
+                        self._context(elastic=store is not None),
+                        self._hooks(target, store=store, catch_up=judged.catch_up),
+                        run.spec.training.heartbeat_timeout_s,
+                        keep_alive=held.keep,
+                        startup_grace_s=run.spec.training.startup_grace_s,
+                    )
+                finally:
+                    drop_snapshots(run)
             trained = self._result(start, target, result)
         stage.end(trained)
         return trained
@@ -377,10 +383,47 @@ def _plan(run: Run, attempt: int, course: Course, target: int, store: Coordinati
             # acts out kill, hang and slow (``recovery.drills``).
             drills=tuple(_drill(d) for d in run.spec.drills if d.attempt == attempt),
             metrics_otlp=_live_metrics_endpoint(),
+            snapshot_dir=snapshot_dir(run),
+            snapshot_every=run.spec.recovery.snapshot_every,
         ),
         workdir=command.workdir,
         script_env=command.env,
     )
+
+
+def snapshot_dir(run: Run) -> Path | None:
+    """The run's in-memory snapshot tier (each node's folder below it), where its backend keeps one."""
+    root = backend_for(run.spec.nodes).snapshot_root
+    if root is None or run.spec.recovery.snapshot_every <= 0:
+        return None
+    return root / run.dag_id / run.dir.name
+
+
+def drop_snapshots(run: Run) -> None:
+    """The run's snapshots go with its train stage (they are for relaunching its attempts, never checkpoints).
+
+    The ranks write the tier (and could make any level of it a link): it is reached from the operator's
+    folder above the backend's root by held descriptors, no link followed (``held``)."""
+    tier = snapshot_dir(run)
+    if tier is None:
+        return
+    root = tier.parent.parent.parent  # /dev/shm for /dev/shm/trainyard/<dag>/<run>
+    try:
+        top = held.open_root(root)
+    except OSError:
+        return
+    try:
+        parent = held.descend(top, [tier.parent.parent.name, tier.parent.name])
+    except (OSError, UnsafePath) as exc:  # never made (no snapshot was taken), or a link: nothing of ours there
+        if not isinstance(exc, FileNotFoundError):
+            log.warning("in-memory snapshots of %s left in place: %s", run.run_id, exc)
+        return
+    finally:
+        os.close(top)
+    try:
+        held.remove_tree(parent, tier.name)
+    finally:
+        os.close(parent)
 
 
 def _resume_target(run: Run, course: Course) -> str | None:

@@ -275,6 +275,24 @@ class TrainEnv:
         ),
     )
 
+    snapshot_dir: Path | None = field(
+        default=None,
+        metadata=_meta(
+            "TRAINYARD_SNAPSHOT_DIR",
+            "the run's in-memory snapshot tier (node-local shared memory): each node keeps the training state of"
+            " recent steps in <dir>/<node>/ for a relaunch of the same run (``trainyard.runtime.snapshots``);"
+            " unset: no snapshots",
+            _path,
+        ),
+    )
+    snapshot_every: int = field(
+        default=1,
+        metadata=_meta(
+            "TRAINYARD_SNAPSHOT_EVERY",
+            "with TRAINYARD_SNAPSHOT_DIR: steps between snapshots, default 1 (0: none)",
+            _int_from(0),
+        ),
+    )
     metrics_otlp: str | None = field(
         default=None,
         metadata=_meta(

@@ -74,6 +74,10 @@ Environment (set by the launcher; ``trainyard.protocol.env`` declares it):
                                 command line
     TRAINYARD_COLLECTIVE_TIMEOUT_S with TRAINYARD_STORE: seconds a collective may wait for a silent peer before
                                 the node regroups (default 10)
+    TRAINYARD_SNAPSHOT_DIR      the run's in-memory snapshot tier (node-local shared memory): each node keeps
+                                the training state of recent steps in <dir>/<node>/ for a relaunch of the same
+                                run (``trainyard.runtime.snapshots``); unset: no snapshots
+    TRAINYARD_SNAPSHOT_EVERY    with TRAINYARD_SNAPSHOT_DIR: steps between snapshots, default 1 (0: none)
     TRAINYARD_METRICS_OTLP      the OTLP/HTTP URL rank 0 pushes live training metrics to, once per progress
                                 interval (``trainyard.protocol.live_metrics``); unset: none
 
@@ -100,6 +104,7 @@ from trainyard.runtime.failures import record_failure
 from trainyard.runtime.group import ElasticGroup, elastic_group
 from trainyard.runtime.process import RunContext, context, rank, share_with_group, world_size
 from trainyard.runtime.progress import finish, flush_progress, heartbeat, regrouped
+from trainyard.runtime.snapshots import Snapshotter
 from trainyard.runtime.state import TrainState
 
 __all__ = [
@@ -107,6 +112,7 @@ __all__ = [
     "Checkpointer",
     "ElasticGroup",
     "RunContext",
+    "Snapshotter",
     "TrainState",
     "context",
     "elastic_group",

@@ -25,6 +25,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from trainyard.checkpoint import format as ckpt_format
 from trainyard.errors import CheckpointInvalid
+from trainyard.runtime import snapshots
 from trainyard.runtime.dcpwriter import HashingWriter
 from trainyard.runtime.process import RunContext, context, ledger_event, on_rank0, rank, world_size
 from trainyard.runtime.progress import flush_progress, write_heartbeat
@@ -265,6 +266,11 @@ def load_latest(state_dict: dict[str, Any], *, ctx: RunContext | None = None) ->
     """
     ctx = ctx or context()
     chosen = on_rank0(lambda: resolve_resume(ctx))
+    why = "resume_from names this checkpoint"
+    if ctx.resume_from.strip().lower() == "latest":  # a relaunch of this run: a newer in-memory snapshot wins
+        from_snapshot, why = snapshots.restore(ctx, stateful(state_dict), int(chosen[1]["step"]) if chosen else 0)
+        if from_snapshot is not None:
+            return from_snapshot
     if chosen is None:
         return 0
     path, manifest = chosen
@@ -276,5 +282,6 @@ def load_latest(state_dict: dict[str, Any], *, ctx: RunContext | None = None) ->
         ledger_event(
             ctx, "resumed", step=step, path=str(path), from_world_size=manifest["world_size"],
             from_global_batch=manifest["global_batch"], seconds=round(time.monotonic() - started, 3),
+            source="checkpoint", why=why,
         )  # fmt: skip
     return step

@@ -75,6 +75,7 @@ from trainyard.runtime.checkpoints import Checkpointer, load_latest
 from trainyard.runtime.device import local_ranks
 from trainyard.runtime.elastic import Membership, Superseded, is_collective_error
 from trainyard.runtime.progress import regrouped, regrouping
+from trainyard.runtime.snapshots import Snapshotter
 from trainyard.runtime.state import stateful
 
 log = logging.getLogger("trainyard.workload")
@@ -118,6 +119,8 @@ class ElasticGroup:
         self.micro_batch: int | None = ctx.micro_batch
         self.left_out = False
         """True when a generation left this process out: it stops without finishing (the others go on)."""
+        self.snapshots = Snapshotter(ctx)
+        """Each trained step's state in the node's memory (``runtime.snapshots``), for a relaunch of the run."""
 
     def form(self) -> bool:
         """Form the next generation: wrap the model, resume or receive the state. False: there is none (the run
@@ -131,7 +134,9 @@ class ElasticGroup:
 
     def steps(self) -> Iterator[int]:
         """The steps this generation trains: after the committed one, to ``ctx.max_steps``."""
-        yield from range(self.step + 1, self.ctx.max_steps + 1)
+        for step in range(self.step + 1, self.ctx.max_steps + 1):
+            yield step
+            self.snapshots.take(step, self.state)  # the loop's body is done: the step is whole
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum ``tensor`` over the group in place and return it: the step's last collective, once per step."""
@@ -295,6 +300,7 @@ class InPlaceGroup(ElasticGroup):
         for step in range(self.step + 1, self.ctx.max_steps + 1):
             self._word, self._noticed = None, 0
             yield step
+            self.snapshots.take(step, self.state)
             if self._word is None:  # the loop reduced nothing through the group: agree on the word alone
                 self.all_reduce(torch.zeros(()))
             if self._noticed and self.step < self.ctx.max_steps:  # notice: every rank leaves after this step

@@ -651,6 +651,15 @@ class RecoverySpec(_Model):
     the world grows back to ``nodes.count`` at the next step boundary, the global batch kept. Warm spares
     join the same way. False: it stays out until the attempt ends (a hung node always does)."""
 
+    snapshot_every: int = Field(1, ge=0, le=1_000_000)
+    """Steps between in-memory snapshots of the training state (0: none). Where the backend keeps a node's
+    memory across a relaunch (the local backend: ``/dev/shm``), each node keeps the state of its newest steps,
+    and a relaunch of the run resumes from the newest whole snapshot the nodes hold when it is newer than the
+    checkpoint (the ledger's ``resumed`` says which and why). Snapshots are never checkpoints: the gate,
+    publishing and the lineage use only the saved ones; they are dropped when the train stage ends. Taken by
+    ``runtime.elastic_group`` (the reference workload, ``examples/byo_train.py``) and the Hugging Face and
+    Lightning adapters; a script without trainyard calls takes none."""
+
     def action_for(self, kind: FailureKind) -> Action:
         return self.actions.get(kind, DEFAULT_ACTIONS[kind])
 

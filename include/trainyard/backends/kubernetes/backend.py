@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 from trainyard.backends.backend import History, Pool
@@ -42,6 +43,7 @@ class KubernetesBackend:
         self.wake_every_s: float | None = spec.wake_every_s if spec.deferrable else None
         self.trigger: str | None = TRIGGER if spec.deferrable else None
         self.marks: str | None = spec.evicted_label
+        self.snapshot_root: Path | None = None  # a relaunch schedules its pods again: their memory is gone
 
     @property
     def api_client(self) -> Any:

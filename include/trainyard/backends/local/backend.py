@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from trainyard.backends.backend import History, Pool
 from trainyard.backends.local.launcher import LocalLauncher
 from trainyard.backends.local.probes import LocalProbes
 from trainyard.spec import NodesSpec
+
+SHM = Path("/dev/shm")
 
 
 def local_kind() -> str:
@@ -29,6 +32,8 @@ class LocalBackend:
 
     def __init__(self, nodes: NodesSpec) -> None:
         self.nodes = nodes
+        # Shared memory (RAM, not the disk): a local node's processes end at a relaunch, this host's memory stays.
+        self.snapshot_root: Path | None = SHM / "trainyard" if SHM.is_dir() else None
 
     def candidates(self) -> list[str]:
         return [f"node-{i}" for i in range(self.nodes.count + self.nodes.spare)]

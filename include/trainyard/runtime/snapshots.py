@@ -1,0 +1,304 @@
+"""In-memory snapshots: the training state of recent steps in node-local shared memory, for a relaunch.
+
+A checkpoint is written to shared storage every few hundred steps; a relaunch from it replays every step
+since. A snapshot is the same state (model, optimizer, scheduler, RNG, the step; the data position follows
+from the step or is the framework's own) kept at every step (``TRAINYARD_SNAPSHOT_EVERY``) in the node's
+memory tier, ``TRAINYARD_SNAPSHOT_DIR/<node>/`` (``/dev/shm``: RAM, not the hot tier), so a relaunch of
+the same run loses at most the step in flight.
+
+Snapshots are not checkpoints: the gate, publishing and the lineage never see them; a relaunch uses one only
+when it is newer than the checkpoint it would otherwise resume, only when it is whole, and only within its
+run (the tier is the run's; the orchestrator drops it when the train stage ends).
+
+A snapshot is a folder ``step_NNNNNN/`` of files and ``WHOLE``, written last, which lists each file with its
+size: a folder without ``WHOLE``, with a file missing or of another size (torn: a process killed while
+writing, memory lost) is never resumed from. Folders are written under a temporary name and renamed.
+
+Replicated state (data parallel: every rank holds the whole model and optimizer) is kept once per node, by
+its local rank 0, so every node holds a whole copy: a node lost with its memory is resumed from a peer's
+copy. At a relaunch the ranks agree on the newest snapshot any of them holds (``fetch``); a rank whose node
+lacks it receives its files from the lowest rank that has it and keeps them in its own tier.
+
+The copy of the state is the only stall of the training step: writing it to the tier happens in the
+background (``Snapshotter``); a snapshot due while the previous one is still being written is skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import stat
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trainyard.runtime.process import RunContext, ledger_event, rank, world_size
+
+log = logging.getLogger("trainyard.workload")
+
+WHOLE = "WHOLE"
+"""The file written last into a snapshot's folder: its step, run and files with their sizes."""
+KEEP = 2
+"""Whole snapshots a node keeps: the newest, and the one before while the newest may still be read."""
+STATE_FILE = "state.pt"
+"""The reference runtime's snapshot: one ``torch.save`` of the state's ``state_dict``s."""
+_PREFIX = "step_"
+
+
+def node_tier(ctx: RunContext) -> Path | None:
+    """This node's folder in the run's snapshot tier; None where snapshots are off."""
+    if ctx.snapshot_dir is None or ctx.snapshot_every <= 0:
+        return None
+    return Path(ctx.snapshot_dir) / (ctx.node or "node")
+
+
+def due(ctx: RunContext, step: int) -> bool:
+    """Whether ``step`` is one to snapshot (every ``snapshot_every`` steps; never past the last step)."""
+    return node_tier(ctx) is not None and step % ctx.snapshot_every == 0 and step < ctx.max_steps
+
+
+def local_writer() -> bool:
+    """Whether this process keeps its node's copy (its local rank 0)."""
+    return os.environ.get("LOCAL_RANK", "0") == "0"
+
+
+# --- a tier's folders --------------------------------------------------------------------------------------
+
+
+def folder(tier: Path, step: int) -> Path:
+    return tier / f"{_PREFIX}{step:06d}"
+
+
+def whole(path: Path, run_id: str | None = None) -> dict[str, Any] | None:
+    """The ``WHOLE`` record of the snapshot folder ``path`` when every file it lists is there at its size (and
+    it belongs to ``run_id``, where given); None for a torn or foreign one."""
+    try:
+        record = json.loads((path / WHOLE).read_text())
+        files = record["files"]
+        if not isinstance(files, dict) or not isinstance(record["step"], int):
+            return None
+        if run_id is not None and record.get("run_id") != run_id:
+            return None
+        for name, size in files.items():
+            if "/" in name or name in ("", ".", ".."):
+                return None
+            seen = (path / name).lstat()  # never a link: only a regular file of the listed size
+            if not stat.S_ISREG(seen.st_mode) or seen.st_size != size:
+                return None
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return None
+    return record
+
+
+def whole_steps(tier: Path, run_id: str | None = None) -> list[int]:
+    """The steps of the whole snapshots in ``tier``, newest first."""
+    steps = []
+    try:
+        names = os.listdir(tier)
+    except OSError:
+        return []
+    for name in names:
+        if name.startswith(_PREFIX) and name[len(_PREFIX) :].isdigit():
+            record = whole(tier / name, run_id)
+            if record is not None and record["step"] == int(name[len(_PREFIX) :]):
+                steps.append(record["step"])
+    return sorted(steps, reverse=True)
+
+
+def commit(tier: Path, step: int, fill: Callable[[Path], None], run_id: str, kind: str) -> Path:
+    """Write the snapshot of ``step``: ``fill`` writes its files into a fresh folder, then ``WHOLE`` lists them
+    and the folder is renamed into place; older snapshots beyond ``KEEP`` go. Its final path."""
+    tier.mkdir(parents=True, exist_ok=True)
+    staging = tier / f".{_PREFIX}{step:06d}.{os.getpid()}.{threading.get_ident()}.tmp"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    try:
+        fill(staging)
+        files = {p.name: p.stat().st_size for p in sorted(staging.iterdir()) if p.is_file()}
+        record = {"step": step, "run_id": run_id, "kind": kind, "files": files, "ts": time.time()}
+        (staging / WHOLE).write_text(json.dumps(record))
+        final = folder(tier, step)
+        if final.exists():  # this step's snapshot again (a replay after a relaunch): the new one replaces it
+            shutil.rmtree(final, ignore_errors=True)
+        os.rename(staging, final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    prune(tier, run_id)
+    return final
+
+
+def prune(tier: Path, run_id: str) -> None:
+    """Keep the ``KEEP`` newest whole snapshots; drop older ones, torn ones older than the newest, and leftovers."""
+    keep = whole_steps(tier, run_id)[:KEEP]
+    newest = keep[0] if keep else None
+    for entry in os.scandir(tier):
+        name = entry.name
+        if name.startswith(f".{_PREFIX}") and name.endswith(".tmp"):
+            stale = newest is not None and _step_of(name[1:]) < newest
+            if stale:
+                shutil.rmtree(entry.path, ignore_errors=True)
+        elif name.startswith(_PREFIX) and name[len(_PREFIX) :].isdigit():
+            step = int(name[len(_PREFIX) :])
+            if step not in keep and (newest is None or step < newest):
+                shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def _step_of(name: str) -> int:
+    digits = name[len(_PREFIX) :].split(".", 1)[0]
+    return int(digits) if digits.isdigit() else -1
+
+
+# --- at a relaunch: the newest snapshot any rank holds ------------------------------------------------------
+
+
+def fetch(ctx: RunContext, newer_than: int) -> Fetched | None:
+    """Collectively: the newest whole snapshot of this run that some rank holds, if newer than step
+    ``newer_than`` (the checkpoint a resume would otherwise load): this rank's path to it, its step and the
+    ranks that received it from a peer.
+
+    Every rank of the default group must call it (one process without a group: its own tier). A rank whose
+    node lacks the chosen snapshot receives its files from the lowest rank that holds it and keeps them in
+    its node's tier."""
+    tier = node_tier(ctx)
+    held = whole_steps(tier, ctx.run_id)[:1] if tier is not None else []
+    mine = held[0] if held else -1
+    steps = [mine]
+    if dist.is_initialized() and world_size() > 1:
+        gathered: list[Any] = [None] * world_size()
+        dist.all_gather_object(gathered, mine)
+        steps = [int(s) for s in gathered]
+    best = max(steps)
+    if best <= newer_than or best < 0:
+        return None
+    source = steps.index(best)
+    lacking = [r for r, s in enumerate(steps) if s != best]
+    if lacking:
+        box: list[Any] = [_files(folder(tier, best)) if rank() == source and tier is not None else None]
+        dist.broadcast_object_list(box, src=source)
+        if mine != best:
+            if tier is None:
+                return None  # pragma: no cover - every rank of a run has the same settings
+            received: dict[str, bytes] = box[0]
+            return Fetched(_keep(tier, best, received, ctx.run_id), best, lacking)
+    assert tier is not None
+    return Fetched(folder(tier, best), best, lacking)
+
+
+@dataclass(frozen=True)
+class Fetched:
+    path: Path
+    """This rank's whole copy of the chosen snapshot, in its node's tier."""
+    step: int
+    copied_to: list[int]
+    """The ranks whose node lacked it and received it from a peer."""
+
+
+def _files(path: Path) -> dict[str, bytes]:
+    record = whole(path)
+    assert record is not None
+    return {name: (path / name).read_bytes() for name in record["files"]}
+
+
+def _keep(tier: Path, step: int, files: Mapping[str, bytes], run_id: str) -> Path:
+    """A peer's copy of a snapshot, kept in this node's tier (another local rank may have kept it first)."""
+
+    def fill(staging: Path) -> None:
+        for name, data in files.items():
+            (staging / Path(name).name).write_bytes(data)
+
+    try:
+        return commit(tier, step, fill, run_id, "replica")
+    except OSError:
+        if whole(folder(tier, step), run_id) is not None:
+            return folder(tier, step)
+        raise
+
+
+# --- the reference runtime: a snapshot per step of the ``Stateful`` state ---------------------------------
+
+
+def _cpu_copy(tree: Any) -> Any:
+    """``tree`` with every tensor copied to the CPU (the step's only stall: training goes on while it is written)."""
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().to("cpu", copy=True)
+    if isinstance(tree, Mapping):
+        return {k: _cpu_copy(v) for k, v in tree.items()}
+    if isinstance(tree, list | tuple):
+        return type(tree)(_cpu_copy(v) for v in tree)
+    return tree
+
+
+class Snapshotter:
+    """Takes the snapshot of a due step: copies the state on the training thread, writes it in the background.
+
+    ``take`` returns the seconds the step was held up (the copy). The state is ``Stateful`` values; what is
+    written is ``{name: value.state_dict()}`` and the step, loaded back by ``restore``.
+    """
+
+    def __init__(self, ctx: RunContext):
+        self.ctx = ctx
+        self.tier = node_tier(ctx)
+        self._writing: threading.Thread | None = None
+        self.skipped = 0
+        self.failed: str | None = None
+
+    def take(self, step: int, state: Mapping[str, Any]) -> float:
+        if not due(self.ctx, step) or not local_writer() or self.tier is None or self.failed:
+            return 0.0
+        if self._writing is not None and self._writing.is_alive():
+            self.skipped += 1  # the last one is still being written: never stall the step for it
+            return 0.0
+        began = time.perf_counter()
+        copy = {"step": step, "state": {k: _cpu_copy(v.state_dict()) for k, v in state.items()}}
+        held = time.perf_counter() - began
+        tier = self.tier
+        self._writing = threading.Thread(
+            target=self._write, args=(tier, step, copy), name="trainyard-snapshot", daemon=True
+        )
+        self._writing.start()
+        return held
+
+    def _write(self, tier: Path, step: int, copy: dict[str, Any]) -> None:
+        try:
+            commit(tier, step, lambda staging: torch.save(copy, staging / STATE_FILE), self.ctx.run_id, "runtime")
+        except Exception as exc:  # a full tier must not stop training: the checkpoints still hold
+            self.failed = f"{type(exc).__name__}: {exc}"
+            log.warning("snapshots off for this process: writing step %d to %s failed: %s", step, tier, self.failed)
+
+    def wait(self) -> None:
+        if self._writing is not None:
+            self._writing.join()
+
+
+def restore(ctx: RunContext, state: Mapping[str, Any], checkpoint_step: int) -> tuple[int | None, str]:
+    """Collectively load the newest snapshot newer than ``checkpoint_step`` into ``state``: its step, or None
+    where the caller's checkpoint stands; and why, in words (the ``resumed`` event's ``why``)."""
+    if node_tier(ctx) is None:
+        return None, "in-memory snapshots are off"
+    found = fetch(ctx, checkpoint_step)
+    if found is None:
+        return None, "no whole in-memory snapshot is newer"
+    path, step = found.path, found.step
+    started = time.monotonic()
+    saved = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+    for name, value in state.items():
+        value.load_state_dict(saved["state"][name])
+    why = f"the snapshot of step {step} is newer than " + (
+        f"the checkpoint of step {checkpoint_step}" if checkpoint_step > 0 else "any checkpoint"
+    )
+    if rank() == 0:
+        log.info("resumed from the in-memory snapshot of step %d (%s)", step, why)
+    ledger_event(
+        ctx, "resumed", step=step, path=str(path), source="snapshot", why=why, copied_to_ranks=found.copied_to,
+        seconds=round(time.monotonic() - started, 3),
+    )  # fmt: skip
+    return step, why
