@@ -13,6 +13,13 @@
 #      generation must be aborted (runtime/collectives.py) and regrouped in place, not relaunched,
 #      without waiting out the collective timeout. Needs 2 CUDA devices; with fewer its object says
 #      so ("skipped") and the other checks still count.
+#   5. the relaunch drill from in-memory snapshots (issue 53): the same nodes with recovery.in_place
+#      false, node-1 SIGKILLed at step 30: the relaunch must resume from the snapshot of a CUDA model
+#      kept in host shared memory (the ledger's `resumed` with source "snapshot" at step 29, not the
+#      checkpoint), losing at most one step; its object carries the fault's cost split (detection,
+#      restart, restore, replay) so the first GPU machine shows where a GPU relaunch's seconds go
+#      (CUDA and NCCL start-up are in `restart_total_s`: standby processes with CUDA contexts are not
+#      built yet).
 #
 #     bench/gpu_check.sh            # PYTHON=/path/to/python to choose the interpreter (default: the
 #                                   # project's .venv, made by `make venv`; else python3 on the PATH)
@@ -190,6 +197,40 @@ else:
         traceback.print_exc()
         result["in_place_drill"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
         problems.append("in_place_drill failed")
+
+# ---- 5. the relaunch drill: in place off, node-1 killed, resumed from the in-memory snapshot of a CUDA model
+from trainyard.events.ledger import Ledger  # noqa: E402
+
+relaunched = {**spec, "recovery": {**spec.get("recovery", {}), "in_place": False}}
+relaunched_path = spec_path.with_name("gpu_relaunch.yaml")
+relaunched_path.write_text(yaml.safe_dump(relaunched, sort_keys=False))
+began = time.monotonic()
+try:
+    report = run_drill(relaunched_path, Drill(fault="kill", step=30, node="node-1" if count == 2 else None), DATE)
+    resumed = list(Ledger.in_dir(report.run_dir).events("train", "resumed"))
+    last = resumed[-1] if resumed else {}
+    lost = report.figures.get("lost_steps")
+    result["relaunch_drill"] = {
+        "ok": False, "end": report.end, "seconds": round(time.monotonic() - began, 1),
+        "resumed_from": last.get("source"), "resumed_step": last.get("step"), "why": last.get("why"),
+        **{k: report.figures.get(k) for k in ("detection_s", "resume_delay_s", "lost_steps", "restart_total_s",
+                                              "restore_total_s", "replay_total_s")},
+    }  # fmt: skip
+    why = [
+        f"run {report.end}" if report.end != "succeeded" else "",
+        f"resumed from {last.get('source')} at step {last.get('step')}, not a snapshot" if last.get("source") != "snapshot" else "",
+        f"{lost} steps lost" if lost is None or lost > 1 else "",
+    ]  # fmt: skip
+    if why := [w for w in why if w]:
+        problems.append("relaunch_drill: " + "; ".join(why))
+    else:
+        result["relaunch_drill"]["ok"] = True
+except Exception as exc:
+    import traceback
+
+    traceback.print_exc()
+    result["relaunch_drill"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
+    problems.append("relaunch_drill failed")
 
 done({**result, "ok": not problems, "problems": problems}, 0 if not problems else 1)
 PY
