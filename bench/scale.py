@@ -31,7 +31,8 @@ candidates (``scale_parts.burnin``: ``burnin_s``, ``burnin_overhead_s`` over the
 goal: each grows at most linearly).
 
 Each figure is the median of ``--repeats``; every run's figures are printed. ``none`` skips a curve. Prints one
-JSON line last. ``--smoke``: one run each of 10 MB, 32 ranks (4 nodes: the hung one is node-3) and 4 pods.
+JSON line last. ``--smoke``: one run each of 10 MB, 32 ranks (4 nodes: the hung one is node-3) and 4 pods, with 3 s of
+steady watch (not 8) and 1 s of granted probing (not 8).
 """
 
 from __future__ import annotations
@@ -51,9 +52,9 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from bounds import add_smoke, emit
-from scale_parts.burnin import stage_time  # bench/ is the script's folder, on the path
+from scale_parts.burnin import DURATION_S, stage_time  # bench/ is the script's folder, on the path
 from scale_parts.k8s import trigger_poll
-from scale_parts.ranks import one_hour_ledger, one_world
+from scale_parts.ranks import STEADY_S, one_hour_ledger, one_world
 from torch.distributed.checkpoint import FileSystemWriter
 
 from trainyard.checkpoint import format as ckpt_format
@@ -180,8 +181,10 @@ def main() -> None:
     parser.add_argument("--k8s", default="16,128,512", help="simulated cluster sizes (pods), comma-separated")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp folder)")
-    add_smoke(parser, "one run each of 10 MB, 32 ranks (4 nodes: the hung one is node-3) and 4 pods")
+    add_smoke(parser, "one run each of 10 MB, 32 ranks (4 nodes: the hung one is node-3) and 4 pods, shorter waits")
     args = parser.parse_args()
+    # The smoke's waits shrink too (its numbers are not judged): 3 s of steady watch, 1 s of granted probing.
+    steady_s, probe_s = (3.0, 1.0) if args.smoke else (STEADY_S, DURATION_S)
     if args.smoke:
         args.sizes, args.ranks, args.k8s, args.repeats = "0.01", "32", "4", 1
     root = Path(tempfile.mkdtemp(prefix="trainyard-scale-", dir=args.dir))
@@ -197,13 +200,17 @@ def main() -> None:
         for text in [] if args.ranks == "none" else args.ranks.split(","):
             runs = []
             for i in range(args.repeats):
-                runs.append({**one_world(int(text), root / f"w{i}"), **one_hour_ledger(root / f"l-{text}-{i}")})
+                runs.append(
+                    {**one_world(int(text), root / f"w{i}", steady_s), **one_hour_ledger(root / f"l-{text}-{i}")}
+                )
                 print(f"ranks {text}: {json.dumps(runs[-1])}", flush=True)
             result[f"ranks_{text}"] = {**median_of(runs), "runs": runs}
         for text in [] if args.k8s == "none" else args.k8s.split(","):
             runs = []
             for i in range(args.repeats):
-                runs.append({**trigger_poll(int(text), root / f"k{i}"), **stage_time(int(text), root / f"k{i}")})
+                runs.append(
+                    {**trigger_poll(int(text), root / f"k{i}"), **stage_time(int(text), root / f"k{i}", probe_s)}
+                )
                 print(f"k8s {text}: {json.dumps(runs[-1])}", flush=True)
             result[f"k8s_{text}"] = {**median_of(runs), "runs": runs}
     finally:

@@ -78,7 +78,8 @@ class LightKubelet:
                 threading.Thread(target=candidate, args=(args, env[KEY_ENV]), daemon=True).start()
 
 
-def stage_time(n: int, root: Path) -> dict[str, Any]:
+def stage_time(n: int, root: Path, duration_s: float = DURATION_S) -> dict[str, Any]:
+    """The stage beside ``n`` light candidates, granting ``duration_s`` of probing (smaller in ``--smoke``)."""
     for name, probe in LIGHT.items():  # node.protocol looks its probes up at each call
         setattr(node, name, probe)
     logging.getLogger("trainyard").setLevel(logging.WARNING)  # the verdict's table of every node
@@ -89,7 +90,7 @@ def stage_time(n: int, root: Path) -> dict[str, Any]:
         for i in range(n):
             fake.add_node(f"k8s-{i}", {"pool": "train"})
         spec = home / "p.yaml"
-        spec.write_text(SPEC.format(root=home, n=n, ns=NS, duration=DURATION_S))
+        spec.write_text(SPEC.format(root=home, n=n, ns=NS, duration=duration_s))
         run = open_run(spec, "scale", f"burnin-{n}", "2026-12-04")
         with LightKubelet(fake):
             started = time.monotonic()
@@ -101,4 +102,4 @@ def stage_time(n: int, root: Path) -> dict[str, Any]:
         assert fake.items("api/v1", "pods", NS) == [], "burn-in pods left behind"
     finally:
         fake.stop()
-    return {"burnin_s": round(seconds, 2), "burnin_overhead_s": round(seconds - DURATION_S, 2)}
+    return {"burnin_s": round(seconds, 2), "burnin_overhead_s": round(seconds - duration_s, 2)}

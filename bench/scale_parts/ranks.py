@@ -54,6 +54,8 @@ PER_WRITER = 256
 STEP_S = 0.25  # 4 steps/s
 TIMEOUT_S = 5.0
 HUNG_NODE = 3
+STEADY_S = 8.0
+"""Seconds the watch runs beside stepping ranks before a node exits: its steady state, whose CPU share is measured."""
 
 
 def _writer(hb: Path, ranks: range, hang_flag: Path, stop_flag: Path) -> None:
@@ -105,7 +107,9 @@ class Launcher:
         )  # fmt: skip
 
 
-def one_world(n: int, root: Path) -> dict[str, Any]:
+def one_world(n: int, root: Path, steady_s: float = STEADY_S) -> dict[str, Any]:
+    """``n`` ranks watched for ``steady_s`` (the CPU share's window; shorter in ``--smoke``), then a node's exit, then
+    a hang."""
     hb, flags = root / f"hb-{n}", root / f"flags-{n}"
     nodes = [f"node-{i}" for i in range(n // PER_NODE)]
     for node in nodes:
@@ -127,9 +131,9 @@ def one_world(n: int, root: Path) -> dict[str, Any]:
             polls.append(s)
             time.sleep(s)
 
-        # A node exits 8 s in: the watch's CPU until then is its steady state.
+        # A node exits steady_s in: the watch's CPU until then is its steady state.
         wall, cpu = time.time(), time.thread_time()
-        killer = _after(8.0, lambda: setattr(launcher, "failed", nodes[-1]))
+        killer = _after(steady_s, lambda: setattr(launcher, "failed", nodes[-1]))
         seen = watch_attempt(launcher, None, plan, AttemptView.of(plan, time.time(), TIMEOUT_S, hb), pause=pause)
         detection = time.time() - killer.at
         cpu_fraction = (time.thread_time() - cpu) / (time.time() - wall)

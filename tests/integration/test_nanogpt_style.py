@@ -10,20 +10,23 @@ on a relaunch, its ``ckpt.pt`` adopted at each save (the step from ``iter_num``)
 token arrays, and the figures read from its log. node-1 is killed mid-run: the relaunch resumes from the script's
 own file at the step it saved last, and the summary and the report give steps trained, lost steps and the resume
 delay as numbers.
+
+It runs through ``trainyard run SPEC --date D -o json`` (one real ``airflow dags test`` in the project's environment,
+the DAGs folder made by the command): a run that succeeded exits 0 and prints its summary as JSON. A failed run's
+exit 1 is in test_run_state.py.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from airflow_helpers import ROOT, airflow, airflow_env, run_folder, run_state, task_states
+from airflow_helpers import ROOT, airflow_env, run_folder, run_state, task_states
 
 from trainyard.events.ledger import Ledger
 
@@ -31,6 +34,7 @@ pytestmark = pytest.mark.integration
 
 SCRIPT = Path(__file__).parent / "scripts" / "nanogpt_style"
 BASE = yaml.safe_load((ROOT / "dags" / "pipelines" / "nightly_pretrain.yaml").read_text())
+DAG_ID = "nanogpt_style"
 DATE = "2026-12-06"
 STEPS, EVERY, KILL = 60, 20, 30  # the script saves at each eval (every EVERY iterations); node-1 dies at KILL
 
@@ -83,29 +87,39 @@ def spec(cold: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     home = tmp_path_factory.mktemp("nanogpt")
-    dags = home / "dags"
-    (dags / "pipelines").mkdir(parents=True)
-    shutil.copy(ROOT / "dags" / "pipelines.py", dags / "pipelines.py")
-    shutil.copy(ROOT / "dags" / "pipeline_spec_errors.py", dags / "pipeline_spec_errors.py")
     cold = home / "cold" / "tiny_char"
     subprocess.run([sys.executable, str(SCRIPT / "prepare.py"), str(cold)], check=True, timeout=60)
-    (dags / "pipelines" / "nanogpt_style.yaml").write_text(spec(cold))
-    return airflow_env(home, dags)
+    (home / "specs").mkdir()
+    (home / "specs" / f"{DAG_ID}.yaml").write_text(spec(cold))
+    return home
 
 
-def test_a_nanogpt_style_script_runs_unmodified_and_resumes_from_its_own_ckpt(env: dict[str, str]) -> None:
-    check = subprocess.run(
-        ["trainyard", "check", str(Path(env["AIRFLOW__CORE__DAGS_FOLDER"]) / "pipelines" / "nanogpt_style.yaml")],
-        env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+def test_a_nanogpt_style_script_runs_unmodified_and_resumes_from_its_own_ckpt(home: Path) -> None:
+    spec_file = home / "specs" / f"{DAG_ID}.yaml"
+    env = airflow_env(home)
+    del env["AIRFLOW__CORE__DAGS_FOLDER"]  # trainyard run makes the DAGs folder of the spec itself
+    check = subprocess.run(["trainyard", "check", str(spec_file)], env=env, capture_output=True, text=True, timeout=120)
     assert check.returncode == 0, check.stdout + check.stderr
-    done = airflow(env, "dags", "test", "nanogpt_style", DATE)
-    out = done.stdout + done.stderr
-    states = {t: s for t, (s, _) in task_states(env, "nanogpt_style", DATE).items()}
-    run = run_folder(env, "nanogpt_style", DATE)
-    assert run_state(env, "nanogpt_style", DATE) == "success", (states, out[-4000:])
+    done = subprocess.run(
+        ["trainyard", "run", f"file://{spec_file}", "--date", DATE, "-o", "json"],
+        env=env, cwd=home, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    log = Path(env["TRAINYARD_HOME"]) / "dags-test" / f"{DAG_ID}_{DATE}.log"  # what airflow dags test printed
+    out = log.read_text(errors="replace") if log.exists() else f"(no {log})"
+    states = {t: s for t, (s, _) in task_states(env, DAG_ID, DATE).items()}
+    run = run_folder(env, DAG_ID, DATE)
+    assert run_state(env, DAG_ID, DATE) == "success", (states, done.stderr[-2000:], out[-4000:])
+    # It exits by the DAG run's state as Airflow records it (``dags test`` itself exits 0 either way), naming its
+    # log, and prints the run's summary as JSON.
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert f"airflow dags test {DAG_ID} {DATE}: run success; its log: {log}" in done.stderr
+    assert "Traceback" not in done.stderr
+    printed = json.loads(done.stdout)
+    assert printed["run_dir"] == str(run) and run.parent == Path(env["TRAINYARD_HOME"]) / "runs" / DAG_ID
+    assert printed["state"] == "succeeded" and all(s["ok"] for s in printed["stages"].values()), printed["stages"]
+    assert printed["report"] == str(run / "report.html")
     ledger = Ledger.in_dir(run)
 
     # Its vocabulary was staged beside the token arrays, so it built the small model, not GPT-2's 50304.
@@ -151,6 +165,7 @@ def test_a_nanogpt_style_script_runs_unmodified_and_resumes_from_its_own_ckpt(en
     assert fired["step"] - resumed_at <= figures["lost_steps"] <= reached - resumed_at, (figures, fired, reached)
     assert isinstance(figures["resume_delay_s"], float) and figures["resume_delay_s"] > 0, figures
     assert 0 < figures["ettr"] < 1, figures
+    assert printed["steps_trained"] == STEPS + 1 and printed["recovery"]["lost_steps"] == figures["lost_steps"]
     text = subprocess.run(["trainyard", "summary", str(run)], env=env, capture_output=True, text=True, timeout=120)
     assert f"steps trained:    {STEPS + 1}" in text.stdout, text.stdout
     assert f"lost steps {figures['lost_steps']}" in text.stdout, text.stdout

@@ -102,6 +102,27 @@ def dags_test(env: dict[str, str], smtp_server, dag_id: str, date: str) -> str:
     return out
 
 
+def trainyard_run(env: dict[str, str], smtp_server, dag_id: str, date: str) -> tuple[int, dict, str, str]:
+    """``trainyard run`` of the DAG's spec for ``date`` with the SMTP connection in the environment, the DAGs folder
+    made by the command itself: its exit code, the summary it printed (``-o json``), its stderr, and what Airflow
+    printed (its log)."""
+    spec = Path(env["AIRFLOW__CORE__DAGS_FOLDER"]) / "pipelines" / f"{dag_id}.yaml"
+    run_env = smtp_env(env, smtp_server)
+    del run_env["AIRFLOW__CORE__DAGS_FOLDER"]
+    done = subprocess.run(
+        ["trainyard", "run", f"file://{spec}", "--date", date, "-o", "json"],
+        env=run_env, cwd=Path(env["AIRFLOW_HOME"]).parent, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    log = Path(env["TRAINYARD_HOME"]) / "dags-test" / f"{dag_id}_{date}.log"
+    out = log.read_text(errors="replace") if log.exists() else f"(no {log})"
+    assert smtp_server.password not in out + done.stdout + done.stderr  # the connection's password is never logged
+    try:
+        summary = json.loads(done.stdout)
+    except ValueError:
+        raise AssertionError(f"exit {done.returncode}, no JSON: {done.stdout[-2000:]}{done.stderr[-2000:]}") from None
+    return done.returncode, summary, done.stderr, out
+
+
 def smtp_env(env: dict[str, str], smtp_server) -> dict[str, str]:
     return {**env, "AIRFLOW_CONN_SMTP_DEFAULT": smtp_server.connection(from_email="trainyard@example.com")}
 
@@ -143,8 +164,16 @@ def test_too_few_healthy_nodes_fails_the_run(env: dict[str, str], smtp_server) -
 
 def test_an_exhausted_recovery_budget_fails_the_run(env: dict[str, str], smtp_server) -> None:
     [date] = DATES["no_budget"]
-    out = dags_test(env, smtp_server, "no_budget", date)
+    # Through `trainyard run`: it exits 1 by the DAG run's state as Airflow records it (`dags test` itself exits 0
+    # either way) and prints the failed run's summary, the stage's reason in it.
+    code, summary, err, out = trainyard_run(env, smtp_server, "no_budget", date)
     states = assert_failed_with_a_report(env, "no_budget", date, out)
+    assert code == 1, (summary, err[-2000:])
+    assert f"airflow dags test no_budget {date}: run failed" in err and "Traceback" not in err
+    assert summary["state"] == "failed" and not summary["stages"]["train"]["ok"]
+    assert summary["stages"]["train"]["error"].startswith("TrainingFailed: "), summary["stages"]["train"]
+    assert Path(summary["run_dir"]) == run_folder(env, "no_budget", date)
+    assert Path(summary["run_dir"]).parent == Path(env["TRAINYARD_HOME"]) / "runs" / "no_budget"
     assert states["train"] == "failed" and states["check_checkpoint"] == "upstream_failed"
     assert failed_stage(env, "no_budget", date)["error"] == "TrainingFailed"
     subject, body = the_one_mail(env, smtp_server, "no_budget", date, out)

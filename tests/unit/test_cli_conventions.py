@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sqlite3
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -18,8 +20,10 @@ from trainyard import cli
 from trainyard.checkpoint.format import step_dir, write_manifest
 from trainyard.cli import main
 from trainyard.clikit import Exit
+from trainyard.errors import InfrastructureError
 from trainyard.events.ledger import Ledger
-from trainyard.pipeline.dagtest import _last, project_env
+from trainyard.pipeline import dagtest
+from trainyard.pipeline.dagtest import DagTestRun, _last, _run_at, project_env, sqlite_db
 from trainyard.pipeline.drill import DrillReport, Expected
 
 
@@ -254,3 +258,127 @@ def test_an_airflow_failure_is_named_by_the_exception_it_ended_with() -> None:
     log = "INFO starting\nTraceback (most recent call last):\n  File x\nsqlalchemy.exc.DatabaseError: not a db\n(Background)\n"
     assert _last(log) == "sqlalchemy.exc.DatabaseError: not a db"
     assert _last("just this\n\n") == "just this" and _last("") == "(it printed nothing)"
+
+
+# ------------------------------------------------------------------ trainyard run's reading of the run's state
+
+
+def a_metadata_db(path: Path, *runs: tuple[str, str, str, str, str | None]) -> Path:
+    """A SQLite file with Airflow's ``dag_run`` columns that ``trainyard run`` reads, holding ``runs`` (dag_id,
+    run_id, state, logical_date, start_date) as Airflow stores them: UTC timestamps as text."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with sqlite3.connect(path) as conn:
+        conn.execute(
+            "CREATE TABLE dag_run (id INTEGER PRIMARY KEY, dag_id VARCHAR(250) NOT NULL, run_id VARCHAR(250) NOT NULL,"
+            " state VARCHAR(50), logical_date TIMESTAMP, start_date TIMESTAMP)"
+        )
+        conn.executemany(
+            "INSERT INTO dag_run (dag_id, run_id, state, logical_date, start_date) VALUES (?,?,?,?,?)", runs
+        )
+    conn.close()
+    return path
+
+
+def test_run_reads_the_runs_state_from_the_sqlite_metadata_db_without_starting_airflow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_airflow(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"started Airflow: {args}")
+
+    monkeypatch.setattr(dagtest, "_airflow", no_airflow)
+    env = {"AIRFLOW_HOME": str(tmp_path / "airflow")}
+    a_metadata_db(
+        tmp_path / "airflow" / "airflow.db",
+        ("tiny", "manual__2026-11-27T08:00:00+00:00", "failed", "2026-11-27 00:00:00.000000", "2026-11-27 08:00:01.5"),
+        ("tiny", "manual__2026-11-27T09:00:00+00:00", "success", "2026-11-27 00:00:00.000000", "2026-11-27 09:00:02.1"),
+        ("tiny", "manual__2026-11-28T09:00:00+00:00", "running", "2026-11-28 00:00:00.000000", None),
+        ("other", "manual__2026-11-26T09:00:00+00:00", "success", "2026-11-26 00:00:00.000000", "2026-11-26 09:00:00"),
+    )
+    # The latest run at that logical date (a rerun of the same night), the day of the date alone compared.
+    assert _run_at(env, "tiny", "2026-11-27") == ("manual__2026-11-27T09:00:00+00:00", "success")
+    assert _run_at(env, "tiny", "2026-11-28") == ("manual__2026-11-28T09:00:00+00:00", "running")
+    assert _run_at(env, "tiny", "2026-11-26") is None  # another DAG's run is not this one's
+    assert _run_at({"AIRFLOW_HOME": str(tmp_path / "none")}, "tiny", "2026-11-27") is None  # no DB: no run
+    assert not (tmp_path / "none" / "airflow.db").exists()  # and none made by looking
+    (tmp_path / "airflow" / "airflow.db").write_text("not a database")
+    with pytest.raises(InfrastructureError, match=r"tiny's DAG runs from Airflow's metadata DB .*airflow\.db: "):
+        _run_at(env, "tiny", "2026-11-27")
+
+
+def test_run_finds_the_metadata_db_as_airflow_does_and_asks_airflow_for_any_other(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "airflow"
+    home.mkdir()
+    assert sqlite_db({"AIRFLOW_HOME": str(home)}) == home / "airflow.db"  # Airflow's default, no airflow.cfg yet
+    (home / "airflow.cfg").write_text(
+        f"[core]\ndags_folder = x\n[database]\nsql_alchemy_conn = sqlite:///{tmp_path}/a.db\n"
+    )
+    assert sqlite_db({"AIRFLOW_HOME": str(home)}) == tmp_path / "a.db"
+    own = {"AIRFLOW_HOME": str(home), "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{tmp_path}/b.db?timeout=9"}
+    assert sqlite_db(own) == tmp_path / "b.db"  # the environment wins over the file
+    cfg = tmp_path / "elsewhere.cfg"
+    cfg.write_text("[database]\nsql_alchemy_conn = sqlite:///relative.db\n")
+    assert sqlite_db({"AIRFLOW_HOME": str(home), "AIRFLOW_CONFIG": str(cfg)}) == Path("relative.db")
+    postgres = "postgresql+psycopg2://u:p@127.0.0.1/airflow"
+    for other in (
+        {"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": postgres},
+        {"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_CMD": "cat /run/secrets/db"},
+        {"AIRFLOW__CORE__SQL_ALCHEMY_CONN": postgres},
+        {"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": "sqlite://"},  # in memory
+    ):
+        assert sqlite_db({"AIRFLOW_HOME": str(home), **other}) is None, other
+    (home / "airflow.cfg").write_text("[database]\nsql_alchemy_conn_secret = db_url\n")
+    assert sqlite_db({"AIRFLOW_HOME": str(home)}) is None
+
+    # Another database: Airflow's own list-runs, whose JSON line may follow warnings.
+    asked: list[tuple[str, ...]] = []
+    listed = [
+        {"run_id": "manual__1", "state": "failed", "logical_date": "2026-11-27T00:00:00+00:00", "start_date": "1"},
+        {"run_id": "manual__2", "state": "success", "logical_date": "2026-11-27T00:00:00+00:00", "start_date": "2"},
+    ]
+
+    def airflow(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+        asked.append(args)
+        return subprocess.CompletedProcess(args, 0, f"[warning] deprecated\n{json.dumps(listed)}\n", "")
+
+    monkeypatch.setattr(dagtest, "_airflow", airflow)
+    env = {"AIRFLOW_HOME": str(home), "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": postgres}
+    assert _run_at(env, "tiny", "2026-11-27") == ("manual__2", "success")
+    assert asked == [("dags", "list-runs", "tiny", "-o", "json")]
+
+
+@pytest.mark.parametrize(
+    ("state", "failed_stage", "code"),
+    [("success", False, Exit.OK), ("failed", True, Exit.FAILED), ("failed", False, Exit.FAILED)],
+)
+def test_run_exits_by_the_dag_runs_state_and_prints_its_summary(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    state: str,
+    failed_stage: bool,
+    code: int,
+) -> None:
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text("unread: the run is faked\n")
+    run_dir = a_run(tmp_path / "runs", failed=failed_stage)
+    log = tmp_path / "dags-test.log"
+
+    def run_pipeline(path: Path, ds: str | None) -> DagTestRun:
+        assert path == spec and ds == "2026-11-27"
+        return DagTestRun("tiny", "2026-11-27", state, "manual__1", run_dir, log)
+
+    monkeypatch.setattr(dagtest, "run_pipeline", run_pipeline)
+    assert main(["run", str(spec), "--date", "2026-11-27", "-o", "json"]) == code
+    out, err = capsys.readouterr()
+    summary = json.loads(out)
+    assert summary["run_dir"] == str(run_dir) and summary["stages"]["stage_dataset"]["ok"] is not failed_stage
+    assert one_line(err) == f"airflow dags test tiny 2026-11-27: run {state}; its log: {log}\n"
+
+    # A run that stopped before pinning its spec left no folder: its state alone, and the same exit.
+    monkeypatch.setattr(
+        dagtest, "run_pipeline", lambda path, ds: DagTestRun("tiny", "2026-11-27", state, "m", None, log)
+    )
+    assert main(["run", str(spec), "--date", "2026-11-27", "-o", "json"]) == code
+    assert json.loads(capsys.readouterr().out) == {"state": state, "run_dir": None}

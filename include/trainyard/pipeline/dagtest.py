@@ -1,17 +1,22 @@
 """``trainyard run``: one run of a pipeline spec through the real ``airflow dags test``, in the environment the
 Makefile's ``airflow-db`` and ``demo`` targets give Airflow, so a user need not retype it.
 
-``airflow dags test`` exits 0 even when the run fails, so the run's state is read back from Airflow itself
-(``airflow dags list-runs -o json``), never from the command's exit code or its log text. Airflow runs as a
-separate process: this module imports none of it.
+``airflow dags test`` exits 0 even when the run fails, so the run's state is read back from Airflow's own record,
+never from the command's exit code or its log text: the ``dag_run`` row in its metadata DB, read with one query
+where that DB is a SQLite file (the default; a second Airflow process, ``airflow dags list-runs``, costs ~7 s of
+imports), else with ``airflow dags list-runs -o json``. Airflow runs as a separate process: this module imports
+none of it.
 """
 
 from __future__ import annotations
 
+import configparser
+import contextlib
 import datetime as dt
 import json
 import os
 import re
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -23,6 +28,14 @@ from trainyard.events.ledger import safe_name
 from trainyard.pipeline.run import Run
 from trainyard.spec import load_spec
 from trainyard.spec.templating import HOME_VARIABLE, default_home
+
+CONN_SETTING = "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"
+"""The metadata DB's URL in the environment (it wins over ``airflow.cfg``'s ``[database] sql_alchemy_conn``)."""
+
+OTHER_CONN_SETTINGS = (CONN_SETTING, "AIRFLOW__CORE__SQL_ALCHEMY_CONN")
+"""Settings that name the metadata DB in ways read here by Airflow alone (``..._CMD``, ``..._SECRET``, the old name)."""
+
+SQLITE_URL = "sqlite:///"
 
 SETTINGS_FILE = "airflow_settings.yaml"
 """Connections, pools and variables of a project checkout (the Makefile's ``airflow-db`` loads it too)."""
@@ -126,19 +139,68 @@ def ready_db(env: dict[str, str]) -> None:
         _check(subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300), f"loading {settings}")
 
 
+def sqlite_db(env: Mapping[str, str]) -> Path | None:
+    """The SQLite file of the metadata DB Airflow uses in ``env``, found as Airflow finds it: the environment's
+    URL, else ``airflow.cfg``'s, else ``AIRFLOW_HOME/airflow.db``. None where it is another database, or where it is
+    named in a way only Airflow reads (``_CMD``/``_SECRET`` settings, the ``[core]`` name of before 3.0, templates)."""
+    if any(key.startswith(OTHER_CONN_SETTINGS) and key != CONN_SETTING for key in env):
+        return None
+    url = env.get(CONN_SETTING)
+    if url is None:
+        parser = configparser.ConfigParser(interpolation=None, strict=False)
+        try:
+            parser.read(env.get("AIRFLOW_CONFIG") or Path(env["AIRFLOW_HOME"]) / "airflow.cfg", encoding="utf-8")
+        except (configparser.Error, UnicodeDecodeError):
+            return None
+        if parser.has_option("core", "sql_alchemy_conn") or any(
+            parser.has_option("database", f"sql_alchemy_conn{tail}") for tail in ("_cmd", "_secret")
+        ):
+            return None
+        url = parser.get("database", "sql_alchemy_conn", fallback=None)
+        if url is None:
+            return Path(env["AIRFLOW_HOME"]) / "airflow.db"
+    path = url.split("?", 1)[0].removeprefix(SQLITE_URL) if url.startswith(SQLITE_URL) else ""
+    if not path or path == ":memory:" or "{" in path or "%(" in path:
+        return None
+    return Path(path)
+
+
 def _run_at(env: dict[str, str], dag_id: str, ds: str) -> tuple[str, str] | None:
     """(run id, state) of ``dag_id``'s latest run at logical date ``ds``, as Airflow records it."""
+    db = sqlite_db(env)
+    runs = _runs_in(db, dag_id) if db is not None else _listed_runs(env, dag_id)
+    at = [r for r in runs if str(r.get("logical_date") or "")[:10] == ds]
+    if not at:
+        return None
+    latest = max(at, key=lambda r: str(r.get("start_date") or ""))
+    return str(latest["run_id"]), str(latest["state"])
+
+
+def _runs_in(db: Path, dag_id: str) -> list[dict[str, object]]:
+    """``dag_id``'s rows of the ``dag_run`` table of the SQLite metadata DB ``db`` (its timestamps are UTC text,
+    ``2026-11-27 00:00:00.000000``: the date first, as in list-runs' JSON). A DB not there holds no run."""
+    if not db.is_file():
+        return []
+    try:
+        # mode=rw: never create a file where there was none; a connection per read, closed after.
+        with contextlib.closing(sqlite3.connect(f"{db.resolve().as_uri()}?mode=rw", uri=True, timeout=30)) as conn:
+            rows = conn.execute(
+                "SELECT run_id, state, logical_date, start_date FROM dag_run WHERE dag_id = ?", (dag_id,)
+            ).fetchall()
+    except sqlite3.Error as exc:
+        raise InfrastructureError(f"reading {dag_id}'s DAG runs from Airflow's metadata DB {db}: {exc}") from None
+    return [dict(zip(("run_id", "state", "logical_date", "start_date"), row, strict=True)) for row in rows]
+
+
+def _listed_runs(env: dict[str, str], dag_id: str) -> list[dict[str, object]]:
+    """``dag_id``'s runs as ``airflow dags list-runs -o json`` prints them (any metadata DB)."""
     done = _airflow(env, "dags", "list-runs", dag_id, "-o", "json")
     _check(done, f"airflow dags list-runs {dag_id}")
     # Its JSON is one line; Airflow may print warnings (also starting with "[") before it.
     runs = next((r for line in reversed(done.stdout.splitlines()) if (r := _json_list(line)) is not None), None)
     if runs is None:
         raise InfrastructureError(f"airflow dags list-runs {dag_id}: no JSON list in its output")
-    at = [r for r in runs if str(r.get("logical_date") or "")[:10] == ds]
-    if not at:
-        return None
-    latest = max(at, key=lambda r: str(r.get("start_date") or ""))
-    return str(latest["run_id"]), str(latest["state"])
+    return runs
 
 
 def _json_list(line: str) -> list[dict[str, object]] | None:
