@@ -113,9 +113,10 @@ def whole_steps(tier: Path, run_id: str | None = None) -> list[int]:
     return sorted(steps, reverse=True)
 
 
-def commit(tier: Path, step: int, fill: Callable[[Path], None], run_id: str, kind: str) -> Path:
+def commit(tier: Path, step: int, fill: Callable[[Path], None], run_id: str, kind: str, replace: bool = True) -> Path:
     """Write the snapshot of ``step``: ``fill`` writes its files into a fresh folder, then ``WHOLE`` lists them
-    and the folder is renamed into place; older snapshots beyond ``KEEP`` go. Its final path."""
+    and the folder is renamed into place; older snapshots beyond ``KEEP`` go. Its final path. ``replace``: an
+    existing snapshot of the step (a step trained again after a relaunch) is replaced; else ``OSError``."""
     tier.mkdir(parents=True, exist_ok=True)
     staging = tier / f".{_PREFIX}{step:06d}.{os.getpid()}.{threading.get_ident()}.tmp"
     shutil.rmtree(staging, ignore_errors=True)
@@ -126,7 +127,7 @@ def commit(tier: Path, step: int, fill: Callable[[Path], None], run_id: str, kin
         record = {"step": step, "run_id": run_id, "kind": kind, "files": files, "ts": time.time()}
         (staging / WHOLE).write_text(json.dumps(record))
         final = folder(tier, step)
-        if final.exists():  # this step's snapshot again (a replay after a relaunch): the new one replaces it
+        if replace and final.exists():  # this step's snapshot again (a replay after a relaunch): the new one wins
             shutil.rmtree(final, ignore_errors=True)
         os.rename(staging, final)
     except BaseException:
@@ -209,14 +210,15 @@ def _files(path: Path) -> dict[str, bytes]:
 
 
 def _keep(tier: Path, step: int, files: Mapping[str, bytes], run_id: str) -> Path:
-    """A peer's copy of a snapshot, kept in this node's tier (another local rank may have kept it first)."""
+    """A peer's copy of a snapshot, kept in this node's tier; another local rank may have kept it first (then
+    that one is used: it may be being read already)."""
 
     def fill(staging: Path) -> None:
         for name, data in files.items():
             (staging / Path(name).name).write_bytes(data)
 
     try:
-        return commit(tier, step, fill, run_id, "replica")
+        return commit(tier, step, fill, run_id, "replica", replace=False)
     except OSError:
         if whole(folder(tier, step), run_id) is not None:
             return folder(tier, step)
