@@ -1,7 +1,9 @@
 """Recovery from a lost node: trainyard in place and relaunched, torchrun's elastic restart, and the peers.
 
     python bench/recovery.py [--train-s-per-fault 180] [--steps N --kill-at K --checkpoint-every E] [--sync]
-                             [--configs two_ranks,byo,preempt,kubernetes,big_model|none] [--config-train-s 60]
+                             [--configs two_ranks,byo,preempt,kubernetes,big_model,relaunch,hf_relaunch,
+                                        lightning_relaunch,kubernetes_relaunch,snapshot_cost|none]
+                             [--config-train-s 60]
                              [--configs-only] [--peers torchft,nvrx|none] [--keep DIR]
 
 The same workload on 3 local nodes, node-1 SIGKILLed (agent and worker) at
@@ -46,8 +48,11 @@ peers that finished) with ``ettr_vs_best_peer``, and ``best_resume_peer`` with
 Then the configurations (issue 30; ``--configs``, default all, ``none`` skips them; ``recovery_parts.configs``
 says what each runs): ``two_ranks`` (3 nodes x 2 ranks, node-1 killed), ``byo`` and ``preempt``
 (``examples/byo_train.py``: node-1 SIGKILLed, or given notice by SIGTERM), ``kubernetes`` (the fake
-cluster: a pod killed, and ``kubernetes.node_lost``: a host lost) and ``big_model`` (~50x the reference
-workload's default size, in place and ``big_model.relaunch``, with its checkpoint's bytes and save cost).
+cluster: a pod killed, and ``kubernetes.node_lost``: a host lost), ``big_model`` (~50x the reference
+workload's default size, in place and ``big_model.relaunch``, with its checkpoint's bytes and save cost), the
+relaunch path with in-memory snapshots beside its ``baseline`` without them (issue 53: ``relaunch``,
+``hf_relaunch``, ``lightning_relaunch``, ``kubernetes_relaunch``; where ``relaunch`` runs, it replaces the default
+configuration's own relaunch run under that key) and ``snapshot_cost`` (a step with snapshots over one without).
 Each is one short run of its own (``--config-train-s`` of training, default 60 s, the fault half way:
 one fault per ``train_s_per_fault``, start-up included, not per 3 minutes), sized to its own step time,
 and reports ``resume_delay_s``, ``lost_steps``, ``ettr``, ``path``, ``step_ms``, ``wall_s``, what was
@@ -284,8 +289,10 @@ def main() -> None:
                              args.heartbeat_timeout, *saves)  # fmt: skip
         # The same fault on the relaunch path (recovery.in_place: false), and in place: node 0 (no special
         # node: the store is the supervisor's) and a hang, on shorter runs (their figures are delays).
-        relaunch = trainyard_run(Path(tmp) / "relaunch", args.steps, args.kill_at, "kill", "node-1",
-                                 args.heartbeat_timeout, *saves, in_place=False)  # fmt: skip
+        # (the ``relaunch`` configuration, where it runs, measures this path with and without snapshots)
+        relaunch = None if "relaunch" in configs else trainyard_run(
+            Path(tmp) / "relaunch", args.steps, args.kill_at, "kill", "node-1", args.heartbeat_timeout, *saves,
+            in_place=False)  # fmt: skip
         node0 = trainyard_run(Path(tmp) / "node0", args.steps // 3, args.kill_at // 3, "kill", "node-0",
                               args.heartbeat_timeout, *saves)  # fmt: skip
         # A fault about every minute of training, on node-1, node-2 then node-0, with a warm spare (node-3)
@@ -325,10 +332,12 @@ def main() -> None:
         f"checkpoints every {args.checkpoint_every} steps, {'blocking' if args.sync else 'in the background'}:"
         f" training waited {ours['save_blocked_s']} s per save"
     )
-    print(
-        f"relaunch path: resume delay {relaunch['resume_delay_s']} s, lost steps {relaunch['lost_steps']},"
-        f" ETTR {relaunch['ettr']}; node-0 killed: resume delay {node0['resume_delay_s']} s"
-    )
+    if relaunch is not None:
+        print(
+            f"relaunch path: resume delay {relaunch['resume_delay_s']} s, lost steps {relaunch['lost_steps']},"
+            f" ETTR {relaunch['ettr']}"
+        )
+    print(f"node-0 killed: resume delay {node0['resume_delay_s']} s")
     print(
         f"a fault every {per_min['wall_s'] / len(per_min['failures']):.0f} s ({len(per_min['failures'])} faults):"
         f" ETTR {per_min['ettr']}, worst resume delay {per_min['resume_delay_s']} s, lost steps"
@@ -386,7 +395,15 @@ def main() -> None:
                 "checkpoint_async": not args.sync,
                 "save_blocked_s": ours["save_blocked_s"],
                 "step_ms": ours["step_ms"],
-                "relaunch": {k: relaunch[k] for k in ("resume_delay_s", "lost_steps", "ettr", "detection_s", "path")},
+                **(
+                    {
+                        "relaunch": {
+                            k: relaunch[k] for k in ("resume_delay_s", "lost_steps", "ettr", "detection_s", "path")
+                        }
+                    }
+                    if relaunch is not None
+                    else {}
+                ),  # else the relaunch configuration's object, below
                 **others,
                 **versus_best_peer(ours, {"torchrun": theirs, **others}),
                 "config_train_s": args.config_train_s,  # asked of each configuration; each says what it got

@@ -15,7 +15,18 @@ goal (``ettr_goal``) is the one for that rate, or none for a run shorter than a 
   killed, and in a second run a host lost with its pod; ``path`` is whichever the backend took;
 - ``big_model``: a model ~50x the reference workload's default size (``BIG_MODEL``), node-1 killed, in
   place and (``big_model.relaunch``) on the relaunch path, with its parameter count, checkpoint bytes
-  and the save's blocked seconds, beside the default configuration's model.
+  and the save's blocked seconds, beside the default configuration's model;
+- the relaunch path (issue 53), node-1 (or gpu-b's pod) killed at the middle save's step, with in-memory
+  snapshots every step, and the same configuration again without them (``baseline``: ``recovery.snapshot_every:
+  0``, the relaunch from the checkpoint that main did before snapshots) in the same bench run: ``relaunch``
+  (the reference workload, ``recovery.in_place: false``), ``hf_relaunch`` and ``lightning_relaunch``
+  (``examples/byo_hf.py``, ``examples/byo_lightning.py``: their ranks never form a group, so they relaunch) and
+  ``kubernetes_relaunch`` (the fake cluster, ``in_place: false``). Each adds ``resumed_from`` (``snapshot`` or
+  ``checkpoint``: the ``resumed`` event's source; None where the runtime did not say) and ``resumed_why``,
+  ``ettr_fault_per_3min`` and ``ettr_fault_per_min`` (``ettr_at``: a 3-minute run with one start-up and one or
+  three faults, each costing what this run's fault cost) and issue 53's ``goals``;
+- ``snapshot_cost``: runs without a fault, with and without snapshots, of the default configuration's model
+  and ``big_model``'s: the wall time between step events with over without, less 1 (goal <= 0.05).
 
 Every object has ``resume_delay_s``, ``lost_steps``, ``ettr``, ``path``, ``step_ms``, ``wall_s``, the
 fault's cost split (``restart_total_s``, ``restore_total_s``, ``replay_total_s``, beside ``detection_s``) and
@@ -37,16 +48,25 @@ from typing import Any
 
 from peers.host import peer_run
 from peers.versus import versus_best_peer
-from recovery_parts.runs import MODEL, ByHand, Workload, calibrated_step_ms, fault_plan, trainyard_run
+from recovery_parts.runs import DEFAULT, MODEL, ByHand, Workload, calibrated_step_ms, fault_plan, trainyard_run
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIGS = ("two_ranks", "byo", "preempt", "kubernetes", "big_model")
+CONFIGS = ("two_ranks", "byo", "preempt", "kubernetes", "big_model", "relaunch", "hf_relaunch", "lightning_relaunch",
+           "kubernetes_relaunch", "snapshot_cost")  # fmt: skip
 BIG_MODEL = {**MODEL, "d-model": 352}
 """6.1 M parameters: 50x the reference workload's default (d-model 64, 2 layers: 0.12 M) and 1.9x the default
 configuration's (3.3 M); with Adam's state its checkpoint is ~74 MB (the default configuration's ~40 MB).
 A step costs ~2x the default one."""
 BYO = Workload(args={}, entrypoint=str(ROOT / "examples" / "byo_train.py"), global_batch=6, spike_check=False)
 BYO_CALIBRATION_STEPS = 400  # its steps take milliseconds: 40 would measure start-up noise
+# The framework adapters' examples (a tiny GPT-2 under a Hugging Face Trainer, a Lightning module): their ranks
+# never form a group, so a fault relaunches them; they act the kill drill out themselves. Their loss is a tiny
+# model's on random tokens: a "spike" there is no fault.
+HF = Workload(args={}, entrypoint=str(ROOT / "examples" / "byo_hf.py"), spike_check=False)
+LIGHTNING = Workload(args={}, entrypoint=str(ROOT / "examples" / "byo_lightning.py"), spike_check=False)
+FRAMEWORK_CALIBRATION_STEPS = 100
+SNAPSHOT_COST_GOAL = 0.05
+"""The snapshot's cost: at most 5% of a step (issue 53)."""
 FIGURES = (
     "resume_delay_s",
     "lost_steps",
@@ -65,6 +85,10 @@ NOT_HERE = {
     "byo": "a peer trains its own loop (bench/peers/*_peer.py), not a user's script",
     "preempt": "a peer trains its own loop, not a user's script, and takes no SIGTERM notice",
     "kubernetes": "the peers run as local processes: neither has a backend on the fake cluster",
+    "relaunch": "the peers are the in-place side: they are measured in the default configuration",
+    "hf_relaunch": "a peer trains its own loop, not a Hugging Face Trainer",
+    "lightning_relaunch": "a peer trains its own loop, not a Lightning Trainer",
+    "snapshot_cost": "no fault: a cost without one, of trainyard's own snapshots",
 }
 TORCHRUN_WHY = "torchrun runs in the default configuration only (its re-rendezvous stalls; see torchrun_resumed)"
 
@@ -141,10 +165,22 @@ def summary(run: Mapping[str, Any], plan: Mapping[str, int], fault: str) -> dict
 
 def config_line(obj: Mapping[str, Any]) -> str:
     """A configuration's figures in words, for the bench's summary lines."""
-    return (
+    if "snapshot_cost" in obj and "path" not in obj:
+        return "snapshot cost (step time with / without, less 1): " + ", ".join(
+            f"{name} {cost}" for name, cost in obj["snapshot_cost"].items()
+        )
+    line = (
         f"{obj['path']}, resume delay {obj['resume_delay_s']} s, lost steps {obj['lost_steps']}, ETTR {obj['ettr']}"
         f" (one fault in {obj['train_s_per_fault']} s, start-up {obj['startup_s']} s), step {obj['step_ms']} ms"
     )
+    if base := obj.get("baseline"):
+        line += (
+            f"; resumed from {obj['resumed_from']}, ETTR at a fault per 3 min {obj['ettr_fault_per_3min']}, per"
+            f" minute {obj['ettr_fault_per_min']}; without snapshots: resume delay {base['resume_delay_s']} s, lost"
+            f" steps {base['lost_steps']}, resumed from {base['resumed_from']}, ETTR per 3 min"
+            f" {base['ettr_fault_per_3min']}, per minute {base['ettr_fault_per_min']}"
+        )
+    return line
 
 
 def finish(obj: dict[str, Any], peers: dict[str, Any], resume_goal_s: float = 2.0) -> dict[str, Any]:
@@ -247,10 +283,139 @@ def kubernetes(root: Path, settings: Settings) -> dict[str, Any]:
     return kubernetes_runs(root, settings)
 
 
+# --- the relaunch path (issue 53): each configuration with in-memory snapshots and its baseline without ----------
+
+
+def ettr_at(figures: Mapping[str, Any], every_s: float, span_s: float = 180.0) -> float | None:
+    """The ETTR the default configuration would measure with a fault every ``every_s`` seconds: a ``span_s`` run
+    (3 minutes) with one start-up and ``span_s / every_s`` faults, each costing what this run's faults cost,
+    training between them at this run's steady rate.
+
+    A fault's cost is the wall time it took from training: its resume delay (detection, restart, restore) and its
+    replayed steps. The steady rate is the run's productive time over its wall time less its start-up and its
+    faults' cost (what saves and snapshots take stays in it). At the run's own length and fault count this is
+    the run's ETTR. None where a part is unknown."""
+    ettr, wall, startup = figures.get("ettr"), figures.get("wall_s"), figures.get("startup_s")
+    costs = [(f.get("resume_delay_s"), f.get("replay_s")) for f in figures.get("failures") or []]
+    if ettr is None or not wall or startup is None or not costs or any(d is None or r is None for d, r in costs):
+        return None
+    cost = sum(d + r for d, r in costs)
+    steady = wall - startup - cost
+    if steady <= 0:
+        return None
+    rate = ettr * wall / steady
+    return round(rate * max(0.0, span_s - startup - span_s / every_s * cost / len(costs)) / span_s, 4)
+
+
+def relaunch_figures(run: Mapping[str, Any], plan: Mapping[str, int], fault: str) -> dict[str, Any]:
+    """A relaunch configuration's object: the configuration's figures, what the relaunch resumed from, and its
+    ETTR at one fault per 3 minutes and per minute (``ettr_at``)."""
+    sources = [f.get("resumed_source") for f in run["failures"]]
+    return {
+        **summary(run, plan, fault),
+        "resumed_from": sources[0] if len(sources) == 1 else (sources or None),
+        "resumed_why": [f.get("resumed_why") for f in run["failures"]],
+        "ettr_fault_per_3min": ettr_at(run, 180.0),
+        "ettr_fault_per_min": ettr_at(run, 60.0),
+        "wall_step_ms": run.get("wall_step_ms"),
+    }
+
+
+def relaunch_goals(figures: Mapping[str, Any], resume_goal_s: float = 2.0) -> dict[str, Any]:
+    """Issue 53's goals: resume within ``resume_goal_s`` (2 s locally, 5 s on Kubernetes), at most a step lost,
+    ETTR >= 0.95 at one fault per 3 minutes and >= 0.90 at one a minute."""
+    resume, lost = figures.get("resume_delay_s"), figures.get("lost_steps")
+    per_3min, per_min = figures.get("ettr_fault_per_3min"), figures.get("ettr_fault_per_min")
+    return {
+        "resume_ok": None if resume is None else resume <= resume_goal_s,
+        "lost_ok": None if lost is None else lost <= 1,
+        "ettr_fault_per_3min_ok": None if per_3min is None else per_3min >= 0.95,
+        "ettr_fault_per_min_ok": None if per_min is None else per_min >= 0.90,
+    }
+
+
+def relaunch_pair(run: Callable[[str, int], Mapping[str, Any]], plan: Mapping[str, int], fault: str,
+                  resume_goal_s: float = 2.0) -> dict[str, Any]:  # fmt: skip
+    """The configuration run twice, one after the other: ``run(folder, snapshot_every)`` with snapshots every step,
+    then without (``baseline``: the relaunch path before snapshots, from the checkpoint)."""
+    ours = relaunch_figures(run("snapshots", 1), plan, fault)
+    base = relaunch_figures(run("baseline", 0), plan, fault)
+    return {**ours, "baseline": {**base, "goals": relaunch_goals(base, resume_goal_s)}}
+
+
+def finish_relaunch(obj: dict[str, Any], peers: dict[str, Any], resume_goal_s: float = 2.0) -> dict[str, Any]:
+    obj["peers"] = {"torchrun": {"ran": False, "why": TORCHRUN_WHY}, **peers}
+    return {**obj, "goals": relaunch_goals(obj, resume_goal_s)}
+
+
+def _relaunched(root: Path, settings: Settings, name: str, workload: Workload, calibration: int | None) -> dict:
+    plan = _plan(root, settings, workload, calibration)
+
+    def run(sub: str, every: int) -> Mapping[str, Any]:
+        return trainyard_run(root / sub, plan["steps"], plan["fault_at"], "kill", "node-1", settings.hb,
+                             plan["checkpoint_every"], settings.background, in_place=False, workload=workload,
+                             snapshot_every=every)  # fmt: skip
+
+    obj = relaunch_pair(run, plan, f"drill: node-1 SIGKILLed at step {plan['fault_at']}, relaunched")
+    return finish_relaunch(obj, not_here(name, settings))
+
+
+def relaunch(root: Path, settings: Settings) -> dict[str, Any]:
+    return _relaunched(root, settings, "relaunch", DEFAULT, None)
+
+
+def hf_relaunch(root: Path, settings: Settings) -> dict[str, Any]:
+    return _relaunched(root, settings, "hf_relaunch", HF, FRAMEWORK_CALIBRATION_STEPS)
+
+
+def lightning_relaunch(root: Path, settings: Settings) -> dict[str, Any]:
+    return _relaunched(root, settings, "lightning_relaunch", LIGHTNING, FRAMEWORK_CALIBRATION_STEPS)
+
+
+def kubernetes_relaunch(root: Path, settings: Settings) -> dict[str, Any]:
+    from recovery_parts.k8s import kubernetes_relaunch as runs  # the fake cluster's helpers come from tests/integration
+
+    return runs(root, settings)
+
+
+def snapshot_cost(root: Path, settings: Settings) -> dict[str, Any]:
+    """What a snapshot every step costs a step without a fault: the wall time between step events with snapshots
+    over without, less 1, for the default configuration's model and ``big_model``'s, each pair one after the
+    other (``snapshot_cost``, goal <= 0.05); half ``--config-train-s`` of training per run."""
+    step_ms = settings.step_ms or calibrated_step_ms(root / "calibration", settings.hb)
+    steps = max(20, round(settings.train_s / 2 / (step_ms / 1000)))
+    out: dict[str, Any] = {}
+    for name, workload, n in (
+        ("default", DEFAULT, steps),
+        ("big_model", Workload(args=BIG_MODEL), max(10, steps // 2)),
+    ):
+        off, on = (
+            trainyard_run(root / f"{name}-{every}", n, [], "kill", [], settings.hb, n, settings.background,
+                          workload=workload, snapshot_every=every)
+            for every in (0, 1)
+        )  # fmt: skip
+        cost = on["wall_step_ms"] / off["wall_step_ms"] - 1 if on["wall_step_ms"] and off["wall_step_ms"] else None
+        out[name] = {"snapshot_cost": None if cost is None else round(cost, 4), "steps": n,
+                     "wall_step_ms": on["wall_step_ms"], "wall_step_ms_without": off["wall_step_ms"],
+                     "step_ms": on["step_ms"], "step_ms_without": off["step_ms"]}  # fmt: skip
+    costs = {name: obj["snapshot_cost"] for name, obj in out.items()}
+    return {
+        **out,
+        "snapshot_cost": costs,
+        "goals": {f"{name}_ok": None if c is None else c <= SNAPSHOT_COST_GOAL for name, c in costs.items()},
+        "peers": not_here("snapshot_cost", settings),
+    }
+
+
 RUNNERS: dict[str, Callable[[Path, Settings], dict[str, Any]]] = {
     "two_ranks": two_ranks,
     "byo": byo,
     "preempt": preempt,
     "kubernetes": kubernetes,
     "big_model": big_model,
+    "relaunch": relaunch,
+    "hf_relaunch": hf_relaunch,
+    "lightning_relaunch": lightning_relaunch,
+    "kubernetes_relaunch": kubernetes_relaunch,
+    "snapshot_cost": snapshot_cost,
 }

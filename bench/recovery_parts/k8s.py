@@ -18,10 +18,11 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from recovery_parts.configs import ROOT, Settings, finish, goals, not_here, summary
+from recovery_parts.configs import ROOT, Settings, finish, finish_relaunch, goals, not_here, relaunch_pair, summary
 from recovery_parts.runs import MODEL, calibrated_step_ms, fault_plan, run_figures
 
 from trainyard.pipeline import stages
@@ -55,7 +56,7 @@ training:
   heartbeat_timeout_s: {hb}
   progress_every_s: 0
 checkpoint: {{hot: "file://{root}/ckpt", cold: "file://{root}/coldckpt"}}
-recovery: {{max_attempts: 3, backoff_s: 0, in_place: true}}
+recovery: {{max_attempts: 3, backoff_s: 0, in_place: {in_place}, snapshot_every: {snapshot_every}}}
 drills: [{drills}]
 """
 
@@ -73,7 +74,25 @@ def kubernetes_runs(root: Path, settings: Settings) -> dict[str, Any]:
     return finish(obj, not_here("kubernetes", settings), RESUME_GOAL_S)
 
 
-def _run(root: Path, settings: Settings, plan: dict[str, int], drills: str, lose_at: int | None = None) -> dict:
+def kubernetes_relaunch(root: Path, settings: Settings) -> dict[str, Any]:
+    """The pod-killed run on the relaunch path (``recovery.in_place: false``): with in-memory snapshots, and its
+    ``baseline`` without them (``snapshot_every: 0``), in the same bench run."""
+    step_ms = settings.step_ms or calibrated_step_ms(root / "calibration", settings.hb)
+    plan = fault_plan(step_ms, settings.train_s)
+    at = plan["fault_at"]
+
+    def run(sub: str, every: int) -> dict[str, Any]:
+        return _run(root / sub, settings, plan, f"{{fault: kill, node: gpu-b, step: {at}}}", in_place=False,
+                    snapshot_every=every)  # fmt: skip
+
+    fault = f"drill: the pod on gpu-b SIGKILLed (its processes) at step {at}, relaunched"
+    obj = relaunch_pair(run, plan, fault, RESUME_GOAL_S)
+    obj["driver"] = "blocking (deferrable: false)"
+    return finish_relaunch(obj, not_here("kubernetes", settings), RESUME_GOAL_S)
+
+
+def _run(root: Path, settings: Settings, plan: Mapping[str, int], drills: str, lose_at: int | None = None,
+         in_place: bool = True, snapshot_every: int = 1) -> dict:  # fmt: skip
     write_synthetic_corpus(root / "cold", shards=2, tokens_per_shard=16_384)
     spec = root / "k8s.yaml"
     spec.write_text(
@@ -86,6 +105,8 @@ def _run(root: Path, settings: Settings, plan: dict[str, int], drills: str, lose
             background=str(settings.background).lower(),
             hb=settings.hb,
             drills=drills,
+            in_place=str(in_place).lower(),
+            snapshot_every=snapshot_every,
         )
     )
     run = open_run(spec, "bench", f"k8s-{time.time_ns()}", "2026-11-28")

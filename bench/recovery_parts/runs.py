@@ -10,7 +10,9 @@ time as the drill's ``drill_fired`` would, then signals the node's process, so t
 from __future__ import annotations
 
 import json
+import math
 import signal
+import statistics
 import threading
 import time
 from collections.abc import Mapping
@@ -21,7 +23,7 @@ from typing import Any
 from peers.versus import no_fault_step_ms
 
 from trainyard.backends.local.launcher import LocalLauncher, process_tree, signal_all
-from trainyard.events.fold import fold
+from trainyard.events.fold import TrainRun, fold
 from trainyard.pipeline import stages
 from trainyard.pipeline.run import Run, open_run
 from trainyard.protocol.heartbeat import read_heartbeats
@@ -48,7 +50,7 @@ training:
   heartbeat_timeout_s: {hb}
   progress_every_s: 0  # a step event per step, as the torchrun baseline gets: same ETTR definition on both
 checkpoint: {{hot: "file://{root}/ckpt", cold: "file://{root}/coldckpt"{expect}}}
-recovery: {{max_attempts: 3, backoff_s: 0, in_place: {in_place}}}
+recovery: {{max_attempts: 3, backoff_s: 0, in_place: {in_place}, snapshot_every: {snapshot_every}}}
 drills: [{drills}]
 """
 
@@ -81,8 +83,9 @@ class ByHand:
 
 def trainyard_run(root: Path, steps: int, at: int | list[int], fault: str, node: str | list[str], hb: float,
                   every: int, background: bool, in_place: bool = True, spares: int = 0,
-                  workload: Workload = DEFAULT, by_hand: ByHand | None = None) -> dict:  # fmt: skip
-    """One train stage; ``at``/``node``: a fault's step and node, or lists of them (a fault at each)."""
+                  workload: Workload = DEFAULT, by_hand: ByHand | None = None, snapshot_every: int = 1) -> dict:  # fmt: skip
+    """One train stage; ``at``/``node``: a fault's step and node, or lists of them (a fault at each);
+    ``snapshot_every``: ``recovery.snapshot_every`` (0: no in-memory snapshots, the relaunch path before them)."""
     write_synthetic_corpus(root / "cold", shards=2, tokens_per_shard=16_384)
     steps_at, nodes_at = (at, node) if isinstance(at, list) else ([at], [node])  # [] and []: no fault
     drills = ", ".join(f"{{fault: {fault}, node: {n}, step: {a}}}" for a, n in zip(steps_at, nodes_at, strict=True))
@@ -102,6 +105,7 @@ def trainyard_run(root: Path, steps: int, at: int | list[int], fault: str, node:
             every=every,
             background=str(background).lower(),
             in_place=str(in_place).lower(),
+            snapshot_every=snapshot_every,
         )
     )
     run = open_run(spec, "bench", f"{fault}-{time.time_ns()}", "2026-11-28")
@@ -139,11 +143,23 @@ def run_figures(run: Run) -> dict[str, Any]:
         "wall_s": wall,
         "save_blocked_s": round(sum(blocked) / len(blocked), 3) if blocked else None,
         "step_ms": _rounded(no_fault_step_ms(state.train)),
+        "wall_step_ms": _rounded(wall_step_ms(state.train)),
         "startup_s": round(first - start, 3) if start is not None and first is not None else None,
         "step_ms_from": "events" if timed else "gaps between step events",
         "path": [f["path"] for f in figures["failures"]],
         "checkpoint_root": str(run.checkpoint_root),
     }
+
+
+def wall_step_ms(train: TrainRun) -> float | None:
+    """The median wall time (ms) from one step event to its writer's next, before the first fault: a step with
+    all that happens between steps (the snapshot's copy, which the workload's own ``step_ms`` leaves out)."""
+    fault = train.fired[0].at if train.fired else math.inf
+    bare = [
+        {k: v for k, v in e.items() if k not in ("step_ms", "step_ms_mean")} for e in train.steps if e["ts"] < fault
+    ]
+    gaps = [e["step_ms"] for e in timed_steps(bare) if "step_ms" in e]
+    return statistics.median(gaps) if gaps else None
 
 
 def timed_steps(events: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from recovery_parts.configs import checkpoint_bytes, ettr_goal, goals, summary
+from recovery_parts.configs import checkpoint_bytes, ettr_at, ettr_goal, goals, relaunch_goals, relaunch_pair, summary
 from recovery_parts.runs import fault_plan, timed_steps
 
 
@@ -110,3 +110,63 @@ def test_checkpoint_bytes_are_the_newest_step_folders(tmp_path: Path) -> None:
         (folder / "0.distcp").write_bytes(b"x" * size)
         (folder / "manifest.json").write_bytes(b"{}")
     assert checkpoint_bytes(tmp_path) == 9
+
+
+def faulted(ettr: float, wall: float, *costs: tuple[float | None, float | None], startup: float = 6.0) -> dict:
+    failures = [{"resume_delay_s": d, "replay_s": r} for d, r in costs]
+    return {"ettr": ettr, "wall_s": wall, "startup_s": startup, "failures": failures}
+
+
+def test_the_ettr_at_a_fault_rate_is_a_3_minute_run_with_one_start_up_and_faults_costing_the_run_s() -> None:
+    """Issue 53: a 60 s run, 6 s of start-up, one fault costing 3 s (2 s to resume, 1 s replayed), ETTR 0.8:
+    0.8 x 60 / 51 of its steady time is productive; 3 minutes hold one start-up and 1 fault (per 3 minutes) or 3
+    (per minute)."""
+    run = faulted(0.8, 60.0, (2.0, 1.0))
+    rate = 0.8 * 60 / 51
+    assert ettr_at(run, 180.0) == round(rate * (180 - 6 - 3) / 180, 4)
+    assert ettr_at(run, 60.0) == round(rate * (180 - 6 - 9) / 180, 4)
+    assert ettr_at(run, 60.0, span_s=60.0) == 0.8  # the run's own length and fault count: its own ETTR
+    two = faulted(0.8, 120.0, (2.0, 1.0), (3.0, 0.0))  # two faults: their mean cost, 3 s each
+    assert ettr_at(two, 60.0, span_s=120.0) == 0.8
+
+
+@pytest.mark.parametrize(
+    "run",
+    [
+        faulted(0.9, 60.0),  # no fault: no cost to charge
+        faulted(0.9, 60.0, (None, 1.0)),  # a fault never resumed from
+        faulted(0.9, 60.0, (2.0, None)),  # its replay unknown (no step time)
+        {**faulted(0.9, 60.0, (2.0, 1.0)), "ettr": None},
+        {**faulted(0.9, 60.0, (2.0, 1.0)), "startup_s": None},
+        faulted(0.1, 10.0, (3.0, 3.0)),  # start-up and the fault fill the run: no steady time to measure
+    ],
+)
+def test_no_ettr_at_a_rate_where_a_part_is_unknown(run: dict) -> None:
+    assert ettr_at(run, 60.0) is None
+
+
+def test_the_relaunch_goals_are_issue_53_s() -> None:
+    met = {"resume_delay_s": 1.9, "lost_steps": 1, "ettr_fault_per_3min": 0.95, "ettr_fault_per_min": 0.90}
+    assert relaunch_goals(met) == dict.fromkeys(
+        ("resume_ok", "lost_ok", "ettr_fault_per_3min_ok", "ettr_fault_per_min_ok"), True
+    )
+    missed = {"resume_delay_s": 4.5, "lost_steps": 2, "ettr_fault_per_3min": 0.949, "ettr_fault_per_min": 0.89}
+    assert set(relaunch_goals(missed).values()) == {False}
+    assert relaunch_goals(missed, resume_goal_s=5.0)["resume_ok"] is True  # Kubernetes: <= 5 s
+    assert set(relaunch_goals({}).values()) == {None}
+
+
+def test_a_relaunch_says_what_it_resumed_from_beside_its_baseline() -> None:
+    def run(folder: str, every: int) -> dict:
+        source = "snapshot" if every else "checkpoint"
+        failure = {"path": "relaunch", "resumed_source": source, "resumed_why": f"{folder} why",
+                   "resume_delay_s": 1.0, "replay_s": 0.1 if every else 2.0}  # fmt: skip
+        ettr = 0.9 if every else 0.87  # the baseline replays 2 s of steps: less productive
+        return {"failures": [failure], "path": ["relaunch"], "wall_s": 60.0, "startup_s": 6.0, "ettr": ettr,
+                "lost_steps": every and 1}  # fmt: skip
+
+    obj = relaunch_pair(run, {"steps": 60, "fault_at": 30, "checkpoint_every": 10}, "drill")
+    assert (obj["resumed_from"], obj["resumed_why"], obj["path"]) == ("snapshot", ["snapshots why"], "relaunch")
+    base = obj["baseline"]
+    assert base["resumed_from"] == "checkpoint" and base["goals"]["lost_ok"] is True
+    assert obj["ettr_fault_per_3min"] > base["ettr_fault_per_3min"]  # less replayed per fault

@@ -277,3 +277,83 @@ def test_steps_without_a_loss_are_still_a_summary(tmp_path: Path) -> None:
     text = format_summary(summarize(ledger))
     assert "steps trained:    9 (step 1 to 9)" in text and "loss:" not in text, text
     assert "9 steps trained (step 1 to 9)" in report_html(summarize(ledger))
+
+
+def relaunched(tmp_path: Path, **resumed) -> Ledger:
+    """Attempt 1 trains steps 1-12, node-1 is lost; attempt 2 says where it resumed (``resumed``'s fields)."""
+    ledger = Ledger(tmp_path / "events.jsonl")
+    at(ledger, 100.0, "attempt_start", attempt=1, resume_step=0)
+    for step in range(1, 13):
+        at(ledger, 100.0 + step / 10, "step", step=step, step_ms=100)
+    at(ledger, 101.3, "drill_fired", fault="kill", node="node-1", step=12)
+    at(ledger, 101.5, "failure_classified", attempt=1, kind="node_lost", detected_at=101.4)
+    at(ledger, 102.0, "attempt_start", attempt=2, resume_step=10)
+    at(ledger, 103.0, "resumed", **resumed)
+    for step in range(resumed["step"] + 1, 21):
+        at(ledger, 103.0 + step / 10, "step", step=step, step_ms=100)
+    at(ledger, 106.0, "stage_end", seconds=6.0)
+    figures = recovery_figures(ledger)
+    at(ledger, 106.5, "recovery_figures", **{k: v for k, v in figures.items() if k != "failures"})
+    return ledger
+
+
+SNAPSHOT_WHY = "the snapshot of step 11 is newer than the checkpoint of step 10"
+
+
+def test_each_fault_says_what_its_relaunch_resumed_from_and_why(tmp_path: Path) -> None:
+    """Issue 53, item 2: the resumed event's source and why, per fault, in the figures, the summary, the report's
+    recovery table and the notice (the same words)."""
+    ledger = relaunched(tmp_path, step=11, source="snapshot", why=SNAPSHOT_WHY, copied_to_ranks=[2])
+    [failure] = recovery_figures(ledger)["failures"]
+    assert (failure["resumed_step"], failure["resumed_source"]) == (11, "snapshot")
+    assert failure["resumed_why"] == SNAPSHOT_WHY and failure["copied_to_ranks"] == [2] and failure["lost_steps"] == 1
+    said = f"resumed from the in-memory snapshot of step 11 ({SNAPSHOT_WHY}); rank 2 received it from a peer"
+    assert f"  fault 1 (node_lost, attempt 1): {said}" in format_summary(summarize(ledger)).splitlines()
+    assert f"<td>fault 1 (node_lost, attempt 1)</td><td>{said}</td>" in report_html(summarize(ledger))
+    lines = notice_from_ledger(ledger, RunFacts("d", "r1", failed=False), ("recovery",)).lines  # type: ignore[union-attr]
+    assert f"Fault 1 (node_lost, attempt 1): {said}" in lines, lines
+
+
+@pytest.mark.parametrize(
+    ("resumed", "said"),
+    [
+        (
+            {"step": 10, "source": "checkpoint", "why": "no whole in-memory snapshot is newer"},
+            "resumed from the checkpoint of step 10 (no whole in-memory snapshot is newer)",
+        ),
+        (
+            {"step": 10, "source": "checkpoint", "why": "in-memory snapshots are off"},
+            "resumed from the checkpoint of step 10 (in-memory snapshots are off)",
+        ),
+        ({"step": 10}, "resumed from step 10"),  # a runtime from before snapshots, or an adapter: no source said
+        # Worker text: a source outside the vocabulary is not said; a why is one printable line.
+        ({"step": 10, "source": "disk\n", "why": "a\nforged: line"}, "resumed from step 10 (a\\nforged: line)"),
+    ],
+)
+def test_a_checkpoint_resume_says_so_and_why_and_an_unsaid_source_is_not_guessed(
+    tmp_path: Path, resumed: dict, said: str
+) -> None:
+    ledger = relaunched(tmp_path, **resumed)
+    assert f"  fault 1 (node_lost, attempt 1): {said}" in format_summary(summarize(ledger)).splitlines()
+
+
+def test_a_fault_healed_in_place_says_the_step_its_group_went_on_from(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "events.jsonl")
+    at(ledger, 100.0, "attempt_start", attempt=1)
+    for step in range(1, 5):
+        at(ledger, 100.0 + step, "step", step=step, step_ms=1000)
+    at(ledger, 104.5, "failure_classified", attempt=1, kind="node_lost", detected_at=104.4)
+    at(ledger, 105.0, "regrouped", generation=2, world_size=2, from_step=4)
+    at(ledger, 106.0, "step", step=5, step_ms=1000)
+    at(ledger, 107.0, "stage_end", seconds=7.0)
+    at(ledger, 107.5, "recovery_figures", resume_delay_s=1.6)
+    assert "  fault 1 (node_lost, attempt 1): regrouped in place from step 4" in format_summary(summarize(ledger))
+
+
+def test_a_run_without_faults_has_no_resume_lines(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "events.jsonl")
+    at(ledger, 100.0, "attempt_start", attempt=1)
+    at(ledger, 101.0, "step", step=1, step_ms=1000)
+    at(ledger, 102.0, "stage_end", seconds=2.0)
+    at(ledger, 102.5, "recovery_figures", resume_delay_s=None)
+    assert "fault 1" not in format_summary(summarize(ledger))

@@ -13,6 +13,8 @@ from trainyard.spec.models import Action, FailureKind
 Decision = Action | Literal["regroup"]
 """What a decision did: one of the spec's actions, or a regroup in place (the attempt runs on)."""
 AttemptState = Literal["running", "succeeded", "failed"]
+ResumeSource = Literal["snapshot", "checkpoint"]
+"""What a relaunched attempt's state came from (the ``resumed`` event's ``source``)."""
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,13 @@ class AttemptRun:
     """When rank 0 had its state back (its ``resumed``): the end of the state restore."""
     restore_s: float | None = None
     """How long rank 0 took to load that state (the ``resumed`` event's ``seconds``)."""
+    resumed_source: ResumeSource | None = None
+    """What rank 0 resumed from (the ``resumed`` event's ``source``): ``snapshot`` (an in-memory snapshot of the
+    run) or ``checkpoint``; None where it did not say (a runtime from before snapshots, an adapter)."""
+    resumed_why: str | None = None
+    """Why that one, in the runtime's words (``resumed``'s ``why``), made printable: worker text."""
+    copied_to_ranks: tuple[int, ...] = ()
+    """From a snapshot: the ranks whose node lacked it and received a peer's copy."""
 
     @property
     def failures(self) -> list[FailureSeen]:

@@ -23,8 +23,10 @@ from trainyard.events.records import (
     Fault,
     Formed,
     Growth,
+    ResumeSource,
 )
 from trainyard.kinds import ACTIONS, KINDS, FailureKind
+from trainyard.text import printable
 
 TRAIN = "train"
 Event = Mapping[str, Any]
@@ -43,6 +45,7 @@ def _names(value: Any) -> tuple[str, ...]:
 W = TypeVar("W")
 _KINDS: dict[str, FailureKind] = {k: k for k in KINDS}
 _DECISIONS: dict[str, Decision] = {**{a: a for a in ACTIONS}, "regroup": "regroup"}
+_SOURCES: dict[str, ResumeSource] = {"snapshot": "snapshot", "checkpoint": "checkpoint"}
 
 
 def _word(words: dict[str, W], value: Any, what: str) -> W:
@@ -255,7 +258,17 @@ def _resumed(s: TrainRun, e: Event) -> TrainRun:
     seconds = e.get("seconds")
     restore = float(seconds) if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) else None
     return s._with_last(_int(e.get("attempt")), resumed_step=_int(e.get("step")), resumed_at=float(e["ts"]),
-                        restore_s=restore if restore is not None and restore >= 0 else None)  # fmt: skip
+                        restore_s=restore if restore is not None and restore >= 0 else None,
+                        resumed_source=_SOURCES.get(str(e.get("source"))),
+                        resumed_why=printable(why) if isinstance(why := e.get("why"), str) and why else None,
+                        copied_to_ranks=_ranks(e.get("copied_to_ranks")))  # fmt: skip
+
+
+def _ranks(value: Any) -> tuple[int, ...]:
+    """A worker's list of ranks; anything else (it is worker-written) is none."""
+    if not isinstance(value, list):
+        return ()
+    return tuple(r for r in value if isinstance(r, int) and not isinstance(r, bool))
 
 
 def _waited(e: Event) -> DrillWaited:

@@ -16,6 +16,8 @@ attempts, failures, drills, the groups formed in place, the spares) and the run'
 - unknown, and why (``resume_delay_why``, ``lost_steps_why``), where the script reports no steps (it makes
   no ``trainyard.runtime.heartbeat`` calls, so the run has no step events): neither the first step after a
   fault nor the steps lost are known, and they are not shown as 0;
+- what a fault's training resumed from, per failure: ``resumed_step``, and for a relaunch the ``resumed``
+  event's ``resumed_source`` (``snapshot`` or ``checkpoint``), ``resumed_why`` and ``copied_to_ranks``;
 - path: ``in_place`` or ``relaunch``, per failure; ``in_place_unformed`` for a regroup decided in place
   whose group never formed before the attempt failed again: that next failure carries its fault's time
   on and its resumption and lost steps count once, there;
@@ -84,7 +86,7 @@ def figures_from(state: RunState) -> dict[str, Any]:
             failures.append({"attempt": attempt.number, "kind": failure.kind, "path": "in_place_unformed",
                              "fault_at": fault_at, "detection_s": round(failure.at - fault_at, 3),
                              "resume_delay_s": None, "restart_s": None, "restore_s": None, "replay_s": None,
-                             "lost_steps": None})  # fmt: skip
+                             "lost_steps": None, **_resumed_from("in_place_unformed", None, None)})  # fmt: skip
             continue
         # The heartbeats' last step: the attempt's end has it (in place, the attempt ends long after: the
         # classification has it, as seen at the fault).
@@ -110,6 +112,7 @@ def figures_from(state: RunState) -> dict[str, Any]:
                 "resume_delay_s": round(first_step["ts"] - fault_at, 3) if first_step else None,
                 **_split(failure.at, ready, first_step["ts"] if first_step else None, lost, step_s),
                 "lost_steps": lost,
+                **_resumed_from(path, resumed_from, nxt),
                 **(
                     {"resumed_by": "orchestrator"}
                     if nxt and path == "relaunch" and nxt.resumed_step is None and nxt.resume_step is not None
@@ -152,6 +155,19 @@ def _resumed(nxt: AttemptRun | None) -> int | None:
     if nxt.resumed_step is not None:
         return nxt.resumed_step
     return nxt.resume_step if nxt.resume_step is not None else 0
+
+
+def _resumed_from(path: str, step: int | None, nxt: AttemptRun | None) -> dict[str, Any]:
+    """What the fault's training resumed from: ``resumed_step``, and for a relaunch ``resumed_source``
+    (``snapshot``/``checkpoint``, None where its ranks did not say), ``resumed_why`` and ``copied_to_ranks``
+    (the ``resumed`` event's words)."""
+    said = nxt if path == "relaunch" and nxt is not None and nxt.resumed_step is not None else None
+    return {
+        "resumed_step": step,
+        "resumed_source": said.resumed_source if said else None,
+        "resumed_why": said.resumed_why if said else None,
+        "copied_to_ranks": list(said.copied_to_ranks) if said else [],
+    }
 
 
 def _failures_figures(

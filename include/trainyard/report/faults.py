@@ -54,3 +54,38 @@ def cost_line(figures: Mapping[str, Any]) -> str | None:
         return None
     said = {part: f"{part} {'-' if value is None else f'{value} s'}" for part, value in totals.items()}
     return f"{said['detection']} + {said['restart']} + {said['restore']}; {said['replay']}"
+
+
+SOURCE_WORDS = {"snapshot": "the in-memory snapshot", "checkpoint": "the checkpoint"}
+"""How a relaunch's ``resumed_source`` reads in a line."""
+
+
+def resume_line(failure: Mapping[str, Any]) -> str | None:
+    """What one fault's training went on from (a failure of the recovery figures): ``resumed from the in-memory
+    snapshot of step 11 (the snapshot of step 11 is newer than the checkpoint of step 10)``, ``regrouped in
+    place from step 12``; None where the ledger does not say (no step after the fault)."""
+    step = failure.get("resumed_step")
+    if step is None:
+        return None
+    if failure.get("path") == "in_place":
+        return f"regrouped in place from step {step}"
+    source = SOURCE_WORDS.get(failure.get("resumed_source") or "")
+    said = f"resumed from {source} of step {step}" if source else f"resumed from step {step}"
+    if not source and failure.get("resumed_by") == "orchestrator":
+        said += " (the checkpoint the orchestrator chose: the script wrote no resumed event)"
+    if failure.get("resumed_why"):
+        said += f" ({failure['resumed_why']})"
+    copied = failure.get("copied_to_ranks") or []
+    if copied:
+        said += f"; rank{'s' if len(copied) > 1 else ''} {', '.join(map(str, copied))} received it from a peer"
+    return said
+
+
+def resumed_by_fault(figures: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """``("fault 1 (node_lost, attempt 1)", "resumed from ...")`` for every fault of the run's recovery figures
+    whose resumption the ledger tells: the summary's lines and the report's recovery table's rows."""
+    rows = []
+    for i, failure in enumerate(figures.get("failures") or [], start=1):
+        if said := resume_line(failure):
+            rows.append((f"fault {i} ({failure.get('kind')}, attempt {failure.get('attempt')})", said))
+    return rows

@@ -22,7 +22,7 @@ from typing import Any, Literal
 from trainyard.events.fold import RunState, fold
 from trainyard.events.ledger import Ledger
 from trainyard.recovery.figures import figures_from
-from trainyard.report.faults import cost_line, fault_line, growth_line
+from trainyard.report.faults import cost_line, fault_line, growth_line, resumed_by_fault
 from trainyard.report.summary import STAGES, attempt_table
 
 NoticeKind = Literal["failure", "recovery"]
@@ -219,6 +219,7 @@ def _recovery_lines(recovered: list[dict[str, Any]], figures: dict[str, Any]) ->
         lines.append(f"World path: {figures['world_path']}")
     if cost := cost_line(figures):
         lines.append(f"Fault cost in all: {cost}")
+    lines += [f"{label[0].upper()}{label[1:]}: {said}" for label, said in resumed_by_fault(figures)]
     if figures.get("lost_steps") is None and figures.get("lost_steps_why"):
         lines.append(f"Steps lost in all: unknown ({figures['lost_steps_why']})")
     else:

@@ -19,6 +19,7 @@ from trainyard.report.burn_in import burn_in_section
 from trainyard.report.charts import esc, loss_svg
 from trainyard.report.context import config_section, data_checks_section, gate_section, links_section, metrics_section
 from trainyard.report.details import STAGES
+from trainyard.report.faults import resumed_by_fault
 from trainyard.report.html import badge as _badge
 from trainyard.report.html import long as _long
 from trainyard.report.html import num as _num
@@ -182,6 +183,7 @@ def recovery_section(summary: Mapping[str, Any]) -> str:
         return (f"<h2>Recovery figures</h2><p>No faults: the run trained in one attempt, nothing to recover from.</p>"
                 f"{_table(['figure', 'value'], rows, 'recovery')}{said}")  # fmt: skip
     rows = [[esc(label), esc(_figure(figures, key))] for key, label in RECOVERY_FIGURES]
+    rows += [[esc(label), esc(said)] for label, said in resumed_by_fault(figures)]  # what each went on from
     return (
         f"<h2>Recovery figures</h2>{_table(['figure', 'value'], rows, 'recovery')}"
         f"<p>Attempts: {esc(summary.get('attempts'))}</p>{said}"

@@ -19,7 +19,7 @@ from trainyard.protocol import steps as progress
 from trainyard.protocol.heartbeat import HOW_TO_BEAT
 from trainyard.recovery.figures import figures_from
 from trainyard.report.details import STAGES, run_details
-from trainyard.report.faults import attempt_lines, cost_line
+from trainyard.report.faults import attempt_lines, cost_line, resumed_by_fault
 from trainyard.report.metrics import series
 from trainyard.report.pages import report_html
 
@@ -86,14 +86,16 @@ WALL_FIGURES = ("productive_s", "productive_why", "ettr", "ettr_why")
 
 
 def _figures(state: RunState) -> dict[str, Any] | None:
-    """The recovery figures the train stage recorded as it finished its attempts; once the stage has ended, the
-    ones that need its wall time (ETTR) from the whole fold."""
+    """The recovery figures the train stage recorded as it finished its attempts, with each fault's row from the
+    whole fold; once the stage has ended, the ones that need its wall time (ETTR) from it too."""
     if state.train.figures is None:
         return None
     figures = dict(state.train.figures)
+    folded = figures_from(state)
+    # Each fault's own row (what it resumed from and why, its split) is not in the recorded event: the fold's.
+    figures["failures"] = folded["failures"]
     if "train" in state.stages:
-        timed = figures_from(state)
-        figures.update({k: timed[k] for k in WALL_FIGURES if k in timed})
+        figures.update({k: folded[k] for k in WALL_FIGURES if k in folded})
     return figures
 
 
@@ -209,6 +211,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         )
     if cost := cost_line(recovery):  # in place, every fault is in one attempt: not only when there were several
         lines.append(f"  fault cost:       {cost}")
+    lines += [f"  {label}: {said}" for label, said in resumed_by_fault(recovery)]
     for row in summary.get("attempt_details") or []:
         lines.append(f"  attempt {row['attempt']}:        {row['state']} on {', '.join(row.get('nodes') or []) or '-'}")
         lines += [f"    {line}" for line in attempt_lines(row)]
