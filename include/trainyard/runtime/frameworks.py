@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.distributed as dist
+
 from trainyard.checkpoint import foreign
 from trainyard.errors import TrainingFailed
+from trainyard.runtime import snapshots
 from trainyard.runtime.checkpoints import resolve_resume
 from trainyard.runtime.drills import Drills
 from trainyard.runtime.process import RunContext, context, ledger_event, on_rank0, rank
@@ -72,13 +77,43 @@ def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def resume_checkpoint(kind: str, ctx: RunContext | None = None) -> Path | None:
+def resume_checkpoint(
+    kind: str, ctx: RunContext | None = None, snapshot_file: str | None = None, snapshot_folder: bool = False
+) -> Path | None:
     """What a framework of ``kind`` (``hf``, ``lightning``, ``torch``, ``dcp``) resumes from, per
     ``TRAINYARD_RESUME_FROM``: the adopted checkpoint's folder (``hf``, ``dcp``) or its one file (``lightning``:
     ``.ckpt``, ``torch``: ``.pt``); None for a fresh start, or when the checkpoint trainyard chose was written
-    by another format (a script changed its framework: it starts fresh rather than load what it cannot read)."""
+    by another format (a script changed its framework: it starts fresh rather than load what it cannot read).
+
+    On a relaunch of the run (``latest``) where the adapter keeps in-memory snapshots (``snapshot_file``: the file
+    of its snapshots the framework loads; ``snapshot_folder``: it loads their folder), the newest whole snapshot any rank
+    holds wins when it is newer than that checkpoint (``runtime.snapshots.fetch``, collective: the default
+    process group is formed here where the framework has not formed it yet). Every rank must call it."""
     ctx = ctx or context()
+    relaunch = ctx.resume_from.strip().lower() == "latest"
+    snapshotting = relaunch and snapshot_file is not None and snapshots.node_tier(ctx) is not None
+    if snapshotting:
+        join_group()
     chosen = on_rank0(lambda: resolve_resume(ctx))
+    target = _adopted(chosen, kind)
+    why = "resume_from names this checkpoint"
+    if snapshotting and snapshot_file is not None:
+        from_snapshot, why = _snapshot(ctx, int(chosen[1]["step"]) if target and chosen else 0, snapshot_file)
+        if from_snapshot is not None:
+            return from_snapshot.parent if snapshot_folder else from_snapshot
+    if target is None or chosen is None:
+        return None
+    path, manifest = chosen
+    if rank() == 0:  # the framework loads it next: the step it resumes from, as load_latest
+        ledger_event(
+            ctx, "resumed", step=int(manifest["step"]), path=str(path), source="checkpoint", why=why,
+            from_world_size=manifest.get("world_size"), from_global_batch=manifest.get("global_batch"),
+        )  # fmt: skip
+    return target
+
+
+def _adopted(chosen: tuple[Path, dict[str, Any]] | None, kind: str) -> Path | None:
+    """The file or folder of the chosen checkpoint the framework loads; None where it starts fresh."""
     if chosen is None:
         return None
     path, manifest = chosen
@@ -86,10 +121,40 @@ def resume_checkpoint(kind: str, ctx: RunContext | None = None) -> Path | None:
     if written != kind:
         log.warning("the checkpoint to resume, %s, was written as %r, not %r: starting fresh", path, written, kind)
         return None
-    target = foreign.resume_file(path, kind)
-    if rank() == 0:  # the framework loads it next: the step it resumes from, as load_latest
-        ledger_event(
-            ctx, "resumed", step=int(manifest["step"]), path=str(path),
-            from_world_size=manifest.get("world_size"), from_global_batch=manifest.get("global_batch"),
-        )  # fmt: skip
-    return target
+    return foreign.resume_file(path, kind)
+
+
+def _snapshot(ctx: RunContext, checkpoint_step: int, name: str) -> tuple[Path | None, str]:
+    """Collectively: the newest whole snapshot newer than ``checkpoint_step`` (its file ``name``, which every rank
+    now holds in its node's tier), or None where the checkpoint stands; and why, in words."""
+    found = snapshots.fetch(ctx, checkpoint_step)
+    if found is None:
+        return None, "no whole in-memory snapshot is newer"
+    target = found.path / name
+    if not target.exists():  # the run's script changed its framework between attempts: never load a stranger
+        log.warning("the in-memory snapshot %s holds no %s: resuming from the checkpoint", found.path, name)
+        return None, f"the snapshot of step {found.step} is not this framework's"
+    why = f"the snapshot of step {found.step} is newer than " + (
+        f"the checkpoint of step {checkpoint_step}" if checkpoint_step > 0 else "any checkpoint"
+    )
+    if rank() == 0:
+        log.info("resuming from the in-memory snapshot of step %d (%s)", found.step, why)
+    ledger_event(
+        ctx, "resumed", step=found.step, path=str(found.path), source="snapshot", why=why,
+        copied_to_ranks=found.copied_to,
+    )  # fmt: skip
+    return target, why
+
+
+def join_group() -> None:
+    """Form the default process group from torchrun's variables (``env://``) where a world of several processes
+    has none yet: gloo on the CPU, NCCL on this rank's GPU. Trainer (accelerate) and Lightning's DDP strategy
+    use a group that exists rather than form their own."""
+    if dist.is_initialized() or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        dist.init_process_group("gloo")

@@ -13,20 +13,35 @@ scale-down keeps the global batch), ``max_steps``, ``save_steps`` and the seed f
 Trainer's ``checkpoint-N/`` folders under ``TRAINYARD_CHECKPOINT_DIR/hf``, where trainyard adopts each complete
 save into its lineage. ``resume_checkpoint`` is the adopted folder trainyard chose to resume from (None: fresh).
 
+The callback also keeps an in-memory snapshot of every due step (``TRAINYARD_SNAPSHOT_EVERY``) in the node's
+memory tier (``trainyard.runtime.snapshots``), in the Trainer's own ``checkpoint-N/`` layout: weights
+(``pytorch_model.bin``), ``optimizer.pt``, ``scheduler.pt``, ``trainer_state.json`` and the writer's
+``rng_state*.pth``. On a relaunch of the run ``resume_checkpoint`` names the newest whole one when it is newer
+than the adopted checkpoint, and ``Trainer.train(resume_from_checkpoint=)`` loads it as its own save (skipping
+the batches already seen). Replicated state only: under DeepSpeed or FSDP the Trainer's own saves stand alone.
+
 Importing this module imports transformers; ``trainyard.runtime`` itself does not.
 """
 
 from __future__ import annotations
 
+import copy
+import random
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME
+from transformers.training_args import ParallelMode
+from transformers.utils import WEIGHTS_NAME
 
 from trainyard.runtime import frameworks
 from trainyard.runtime.batch import follow_batch
 from trainyard.runtime.frameworks import StepReporter
 from trainyard.runtime.process import RunContext, context
+from trainyard.runtime.snapshots import Snapshotter, cpu_copy
 
 KIND = "hf"
 FOLDER = "hf"
@@ -34,10 +49,12 @@ FOLDER = "hf"
 
 
 class TrainyardCallback(TrainerCallback):
-    """Reports every optimizer step of a ``Trainer`` to trainyard (``trainyard.runtime.frameworks.StepReporter``)."""
+    """Reports every optimizer step of a ``Trainer`` to trainyard (``trainyard.runtime.frameworks.StepReporter``)
+    and keeps its state in the node's memory at every due step (``snapshot``)."""
 
     def __init__(self, ctx: RunContext | None = None):
         self.reporter = StepReporter(ctx)
+        self.snapshots = Snapshotter(self.reporter.ctx, KIND)
 
     def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
         self.reporter.before(state.global_step + 1)
@@ -51,11 +68,55 @@ class TrainyardCallback(TrainerCallback):
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
         self.reporter.after(state.global_step, {})
+        self.snapshot(args, state, kw)
         if control.should_save:
             self.reporter.saving(state.global_step)
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
         self.reporter.done(state.global_step)
+
+    def snapshot(self, args: TrainingArguments, state: TrainerState, kw: dict[str, Any]) -> float:
+        """The step's state, copied now and written in the background: the seconds the step was held up."""
+        if args.deepspeed or args.fsdp or kw.get("optimizer") is None or kw.get("lr_scheduler") is None:
+            return 0.0  # sharded (each rank holds a part) or not built: the Trainer's own saves stand alone
+        return self.snapshots.keep(state.global_step, lambda: _copy(args, state, kw), _write)
+
+
+def _copy(args: TrainingArguments, state: TrainerState, kw: dict[str, Any]) -> dict[str, Any]:
+    """What ``Trainer._save_checkpoint`` writes, by its file names, copied off the training state."""
+    kept = copy.copy(state)
+    kept.log_history = list(state.log_history)  # its entries are never changed once logged: no deep copy
+    kept.stateful_callbacks = copy.deepcopy(state.stateful_callbacks)
+    distributed = args.parallel_mode == ParallelMode.DISTRIBUTED
+    rng = "rng_state.pth" if args.world_size <= 1 else f"rng_state_{args.process_index}.pth"
+    return {
+        WEIGHTS_NAME: cpu_copy(kw["model"].state_dict()),
+        OPTIMIZER_NAME: cpu_copy(kw["optimizer"].state_dict()),
+        SCHEDULER_NAME: cpu_copy(kw["lr_scheduler"].state_dict()),
+        rng: rng_states(distributed),
+        TRAINER_STATE_NAME: kept,
+    }
+
+
+def _write(copied: dict[str, Any], folder: Path) -> None:
+    for name, value in copied.items():
+        if isinstance(value, TrainerState):
+            value.save_to_json(str(folder / name))
+        else:
+            torch.save(value, folder / name)
+
+
+def rng_states(distributed: bool) -> dict[str, Any]:
+    """This process's random generators as ``Trainer._save_rng_state`` saves them (``_load_rng_state`` reads
+    them back): Python, NumPy, the CPU and CUDA's (every device's in a distributed run)."""
+    states: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "cpu": torch.random.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.random.get_rng_state_all() if distributed else torch.cuda.random.get_rng_state()
+    return states
 
 
 def training_args(ctx: RunContext | None = None, **overrides: Any) -> TrainingArguments:
@@ -81,6 +142,7 @@ def training_args(ctx: RunContext | None = None, **overrides: Any) -> TrainingAr
 
 
 def resume_checkpoint(ctx: RunContext | None = None) -> str | None:
-    """The ``checkpoint-N`` folder (as trainyard adopted it) to pass to ``Trainer.train(resume_from_checkpoint=)``."""
-    path = frameworks.resume_checkpoint(KIND, ctx)
+    """The ``checkpoint-N`` folder (as trainyard adopted it) to pass to ``Trainer.train(resume_from_checkpoint=)``;
+    on a relaunch the newest in-memory snapshot's folder where it is newer. Every rank must call it."""
+    path = frameworks.resume_checkpoint(KIND, ctx, snapshot_file=WEIGHTS_NAME, snapshot_folder=True)
     return str(path) if path is not None else None

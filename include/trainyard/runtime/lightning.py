@@ -13,6 +13,13 @@ drills, a failure record for an exception, the ``finished`` word, a checkpoint o
 is ``micro_batch()``), and the devices and nodes of the torchrun world it runs in. ``resume_checkpoint`` is the
 ``.ckpt`` trainyard chose to resume from (None: fresh).
 
+The callback also keeps an in-memory snapshot of every due step (``TRAINYARD_SNAPSHOT_EVERY``) in the node's
+memory tier (``trainyard.runtime.snapshots``): Lightning's own checkpoint dict, as ``trainer.save_checkpoint``
+makes it (weights, optimizers, schedulers, loops, callbacks; the module's ``on_save_checkpoint`` hook runs), in
+one ``snapshot.ckpt``. On a relaunch of the run ``resume_checkpoint`` names the newest whole one when it is newer
+than the adopted checkpoint, for ``fit(ckpt_path=)``. Replicated state only (single device, DDP): under
+DeepSpeed, FSDP or model parallelism the ``ModelCheckpoint`` saves stand alone.
+
 Importing this module imports lightning; ``trainyard.runtime`` itself does not.
 """
 
@@ -23,27 +30,35 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, SingleDeviceStrategy
 
 from trainyard.runtime import frameworks
 from trainyard.runtime.batch import follow_batch
 from trainyard.runtime.failures import record_failure
 from trainyard.runtime.frameworks import StepReporter
 from trainyard.runtime.process import RunContext, context
+from trainyard.runtime.snapshots import Snapshotter, cpu_copy
 
 KIND = "lightning"
 FOLDER = "lightning"
 """Where under the checkpoint root the ``.ckpt`` files go."""
+SNAPSHOT_FILE = "snapshot.ckpt"
+"""The checkpoint file in an in-memory snapshot's folder."""
 
 
 class TrainyardCallback(pl.Callback):
     """Reports every optimizer step of a Lightning ``Trainer`` to trainyard, and saves the last step's checkpoint
-    (a run's gate needs the step it trained to; ``ModelCheckpoint`` saves only every n steps)."""
+    (a run's gate needs the step it trained to; ``ModelCheckpoint`` saves only every n steps), and keeps its state
+    in the node's memory at every due step (``snapshot``)."""
 
     def __init__(self, ctx: RunContext | None = None, dirpath: Path | None = None):
         self.reporter = StepReporter(ctx)
         self.dirpath = dirpath or Path(self.reporter.ctx.checkpoint_dir) / FOLDER
         self._stepped = -1
+        self.snapshots = Snapshotter(self.reporter.ctx, KIND)
+        self._dumping = False
 
     def on_train_batch_start(self, trainer: pl.Trainer, module: pl.LightningModule, batch: Any, index: int) -> None:
         if trainer.global_step != self._stepped:  # the first micro-batch of an optimizer step
@@ -60,9 +75,24 @@ class TrainyardCallback(pl.Callback):
         if loss is not None:
             metrics["loss"] = float(loss)
         self.reporter.after(trainer.global_step, metrics)
+        self.snapshot(trainer)
+
+    def snapshot(self, trainer: pl.Trainer) -> float:
+        """The step's checkpoint dict, copied now and written in the background: the seconds the step was held up."""
+        if not _replicated(trainer.strategy):
+            return 0.0  # each rank holds a part, and dumping it is collective: the ModelCheckpoint saves stand alone
+        return self.snapshots.keep(trainer.global_step, lambda: self._dump(trainer), _write)
+
+    def _dump(self, trainer: pl.Trainer) -> dict[str, Any]:
+        self._dumping = True
+        try:
+            return cpu_copy(trainer._checkpoint_connector.dump_checkpoint(weights_only=False))
+        finally:
+            self._dumping = False
 
     def on_save_checkpoint(self, trainer: pl.Trainer, module: pl.LightningModule, checkpoint: dict) -> None:
-        self.reporter.saving(trainer.global_step)
+        if not self._dumping:  # a snapshot is no save: the steps reach the ledger at their own pace
+            self.reporter.saving(trainer.global_step)
 
     def on_train_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
         step = trainer.global_step
@@ -73,6 +103,17 @@ class TrainyardCallback(pl.Callback):
 
     def on_exception(self, trainer: pl.Trainer, module: pl.LightningModule, exception: BaseException) -> None:
         record_failure(exception, self.reporter.ctx)
+
+
+def _replicated(strategy: Any) -> bool:
+    """Whether every rank holds the whole state (one device, DDP), so a node's one copy is whole."""
+    return isinstance(strategy, SingleDeviceStrategy) or (
+        isinstance(strategy, DDPStrategy) and not isinstance(strategy, DeepSpeedStrategy)
+    )
+
+
+def _write(checkpoint: dict[str, Any], folder: Path) -> None:
+    torch.save(checkpoint, folder / SNAPSHOT_FILE)
 
 
 def micro_batch(ctx: RunContext | None = None) -> int:
@@ -107,6 +148,7 @@ def trainer_kwargs(ctx: RunContext | None = None, **overrides: Any) -> dict[str,
 
 
 def resume_checkpoint(ctx: RunContext | None = None) -> str | None:
-    """The ``.ckpt`` (as trainyard adopted it) to pass to ``Trainer.fit(ckpt_path=)``."""
-    path = frameworks.resume_checkpoint(KIND, ctx)
+    """The ``.ckpt`` (as trainyard adopted it) to pass to ``Trainer.fit(ckpt_path=)``; on a relaunch the newest
+    in-memory snapshot's where it is newer. Every rank must call it."""
+    path = frameworks.resume_checkpoint(KIND, ctx, snapshot_file=SNAPSHOT_FILE)
     return str(path) if path is not None else None

@@ -228,14 +228,24 @@ def _keep(tier: Path, step: int, files: Mapping[str, bytes], run_id: str) -> Pat
 # --- the reference runtime: a snapshot per step of the ``Stateful`` state ---------------------------------
 
 
-def _cpu_copy(tree: Any) -> Any:
-    """``tree`` with every tensor copied to the CPU (the step's only stall: training goes on while it is written)."""
+def cpu_copy(tree: Any, _seen: dict[tuple[Any, ...], torch.Tensor] | None = None) -> Any:
+    """``tree`` with every tensor copied to the CPU (the step's only stall: training goes on while it is written).
+
+    Tensors that share memory (tied weights: an embedding and the output layer) are copied once and stay shared,
+    so the copy costs what the state holds and ``torch.save`` writes them once."""
+    seen = {} if _seen is None else _seen
     if isinstance(tree, torch.Tensor):
-        return tree.detach().to("cpu", copy=True)
+        key = (tree.device, tree.untyped_storage().data_ptr(), tree.storage_offset(), tree.shape, tree.stride(),
+               tree.dtype)  # fmt: skip
+        if key not in seen or tree.untyped_storage().data_ptr() == 0:
+            seen[key] = tree.detach().to("cpu", copy=True)
+        return seen[key]
     if isinstance(tree, Mapping):
-        return {k: _cpu_copy(v) for k, v in tree.items()}
+        return {k: cpu_copy(v, seen) for k, v in tree.items()}
+    if isinstance(tree, tuple) and hasattr(tree, "_fields"):  # a named tuple takes its fields by position
+        return type(tree)(*(cpu_copy(v, seen) for v in tree))
     if isinstance(tree, list | tuple):
-        return type(tree)(_cpu_copy(v) for v in tree)
+        return type(tree)(cpu_copy(v, seen) for v in tree)
     return tree
 
 
@@ -243,38 +253,56 @@ class Snapshotter:
     """Takes the snapshot of a due step: copies the state on the training thread, writes it in the background.
 
     ``take`` returns the seconds the step was held up (the copy). The state is ``Stateful`` values; what is
-    written is ``{name: value.state_dict()}`` and the step, loaded back by ``restore``.
+    written is ``{name: value.state_dict()}`` and the step, loaded back by ``restore``. ``keep`` is the same for
+    any state: a framework adapter's copy and its own files (``runtime.hf``, ``runtime.lightning``).
     """
 
-    def __init__(self, ctx: RunContext):
+    def __init__(self, ctx: RunContext, kind: str = "runtime"):
         self.ctx = ctx
+        self.kind = kind
         self.tier = node_tier(ctx)
         self._writing: threading.Thread | None = None
         self.skipped = 0
         self.failed: str | None = None
 
     def take(self, step: int, state: Mapping[str, Any]) -> float:
+        return self.keep(
+            step,
+            lambda: {"step": step, "state": {k: cpu_copy(v.state_dict()) for k, v in state.items()}},
+            lambda copy, staging: torch.save(copy, staging / STATE_FILE),
+        )
+
+    def keep(self, step: int, copy: Callable[[], Any], write: Callable[[Any, Path], None]) -> float:
+        """Where ``step`` is due and this process keeps its node's copy: ``copy()`` now, ``write(copied, folder)``
+        in the background into the snapshot's folder. The seconds the step was held up."""
         if not due(self.ctx, step) or not local_writer() or self.tier is None or self.failed:
             return 0.0
         if self._writing is not None and self._writing.is_alive():
             self.skipped += 1  # the last one is still being written: never stall the step for it
             return 0.0
         began = time.perf_counter()
-        copy = {"step": step, "state": {k: _cpu_copy(v.state_dict()) for k, v in state.items()}}
+        try:
+            copied = copy()
+        except Exception as exc:  # as a failed write: the step goes on, the checkpoints still hold
+            self._off(step, exc)
+            return time.perf_counter() - began
         held = time.perf_counter() - began
-        tier = self.tier
         self._writing = threading.Thread(
-            target=self._write, args=(tier, step, copy), name="trainyard-snapshot", daemon=True
+            target=self._write, args=(self.tier, step, copied, write), name="trainyard-snapshot", daemon=True
         )
         self._writing.start()
         return held
 
-    def _write(self, tier: Path, step: int, copy: dict[str, Any]) -> None:
+    def _write(self, tier: Path, step: int, copied: Any, write: Callable[[Any, Path], None]) -> None:
         try:
-            commit(tier, step, lambda staging: torch.save(copy, staging / STATE_FILE), self.ctx.run_id, "runtime")
+            commit(tier, step, lambda staging: write(copied, staging), self.ctx.run_id, self.kind)
         except Exception as exc:  # a full tier must not stop training: the checkpoints still hold
-            self.failed = f"{type(exc).__name__}: {exc}"
-            log.warning("snapshots off for this process: writing step %d to %s failed: %s", step, tier, self.failed)
+            self._off(step, exc)
+
+    def _off(self, step: int, exc: Exception) -> None:
+        self.failed = f"{type(exc).__name__}: {exc}"
+        log.warning("snapshots off for this process: the snapshot of step %d to %s failed: %s", step, self.tier,
+                    self.failed)  # fmt: skip
 
     def wait(self) -> None:
         if self._writing is not None:
