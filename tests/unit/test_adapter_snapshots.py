@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from trainyard.protocol.env import TrainEnv
-from trainyard.runtime import frameworks, snapshots
+from trainyard.runtime import snapshots
 
 STEPS = 4
 
@@ -25,20 +25,6 @@ def ctx(tmp_path: Path, resume_from: str = "none", checkpoint_every: int = 100) 
         node="node-0", snapshot_dir=tmp_path / "shm", snapshot_every=1, resume_from=resume_from, global_batch=4,
         micro_batch=2, checkpoint_every=checkpoint_every,
     )  # fmt: skip
-
-
-@pytest.fixture(autouse=True)
-def written_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each snapshot written before the next step (these steps take a millisecond: most would be skipped, as the
-    one still being written is never waited for)."""
-    keep = snapshots.Snapshotter.keep
-
-    def keep_and_wait(self: snapshots.Snapshotter, *args: Any) -> float:
-        held = keep(self, *args)
-        self.wait()
-        return held
-
-    monkeypatch.setattr(snapshots.Snapshotter, "keep", keep_and_wait)
 
 
 def tier(c: TrainEnv) -> Path:
@@ -75,27 +61,29 @@ def hf_train(c: TrainEnv, resume: str | None) -> tuple[dict[str, torch.Tensor], 
         callbacks=[callback],
     )
     trainer.train(resume_from_checkpoint=resume)
-    callback.snapshots.wait()
     return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}, callback
 
 
 def test_a_hugging_face_trainer_resumes_from_its_snapshot_as_from_its_own_save(tmp_path: Path) -> None:
+    from trainyard.runtime import hf
+
     c = ctx(tmp_path)
     straight, callback = hf_train(c, None)
     assert callback.snapshots.failed is None
     # The step before the last (a snapshot is never due at the last step: the checkpoint of it is the run's end).
     assert snapshots.whole_steps(tier(c), "run-1") == [STEPS - 1, STEPS - 2]
     folder = snapshots.folder(tier(c), STEPS - 1)
-    names = {p.name for p in folder.iterdir()}
-    expected = {"pytorch_model.bin", "optimizer.pt", "scheduler.pt", "trainer_state.json", "rng_state.pth"}
-    assert names == expected | {snapshots.WHOLE}, names
-    assert json.loads((folder / "trainer_state.json").read_text())["global_step"] == STEPS - 1
+    assert {p.name for p in folder.iterdir()} == {snapshots.TENSORS_FILE, snapshots.LAYOUT_FILE, snapshots.WHOLE}
     assert json.loads((folder / snapshots.WHOLE).read_text())["kind"] == "hf"
 
-    # A relaunch: the snapshot is newer than any checkpoint, so it is what the Trainer resumes from.
+    # A relaunch: the snapshot is newer than any checkpoint, so it is what the Trainer resumes from, written out
+    # once as the checkpoint-N folder the Trainer reads.
     again = ctx(tmp_path, resume_from="latest")
-    chosen = frameworks.resume_checkpoint("hf", again, snapshot_file="pytorch_model.bin", snapshot_folder=True)
-    assert chosen == folder
+    chosen = hf.resume_checkpoint(again)
+    assert chosen is not None and Path(chosen).parent == folder
+    names = {p.name for p in Path(chosen).iterdir()}
+    assert names == {"pytorch_model.bin", "optimizer.pt", "scheduler.pt", "trainer_state.json", "rng_state.pth"}
+    assert json.loads((Path(chosen) / "trainer_state.json").read_text())["global_step"] == STEPS - 1
     resumed, _ = hf_train(again, str(chosen))
     for name, value in straight.items():  # the RNG (dropout), the data position, the optimizer: all as they were
         torch.testing.assert_close(resumed[name], value, msg=name)
@@ -127,20 +115,24 @@ def lightning_train(c: TrainEnv, resume: str | None) -> tuple[dict[str, torch.Te
     module = Tiny()
     trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=ty.micro_batch(c)), ckpt_path=resume)
     [callback] = [cb for cb in trainer.callbacks if isinstance(cb, ty.TrainyardCallback)]
-    callback.snapshots.wait()
     return {k: v.detach().clone() for k, v in module.state_dict().items()}, callback
 
 
 def test_a_lightning_trainer_resumes_from_its_snapshot_as_from_its_own_checkpoint(tmp_path: Path) -> None:
     """Lightning's own checkpoint of the same step is the reference: mid-epoch, a DataLoader without state starts
     its epoch again (Lightning warns so), from either."""
+    ty = pytest.importorskip("trainyard.runtime.lightning")
     c = ctx(tmp_path, checkpoint_every=STEPS - 1)
     _, callback = lightning_train(c, None)
     assert callback.snapshots.failed is None
     assert snapshots.whole_steps(tier(c), "run-1") == [STEPS - 1, STEPS - 2]
     folder = snapshots.folder(tier(c), STEPS - 1)
-    assert {p.name for p in folder.iterdir()} == {"snapshot.ckpt", snapshots.WHOLE}
-    saved = torch.load(folder / "snapshot.ckpt", weights_only=False)
+    assert {p.name for p in folder.iterdir()} == {snapshots.TENSORS_FILE, snapshots.LAYOUT_FILE, snapshots.WHOLE}
+
+    again = ctx(tmp_path, resume_from="latest", checkpoint_every=STEPS - 1)
+    chosen = ty.resume_checkpoint(again)
+    assert chosen is not None and Path(chosen).parent.parent == folder and Path(chosen).name == "snapshot.ckpt"
+    saved = torch.load(chosen, weights_only=False)
     [own_file] = c.checkpoint_dir.rglob(f"step={STEPS - 1}.ckpt")
     own = torch.load(own_file, weights_only=False)
     assert saved["global_step"] == own["global_step"] == STEPS - 1
@@ -148,9 +140,6 @@ def test_a_lightning_trainer_resumes_from_its_snapshot_as_from_its_own_checkpoin
     for name, value in own["state_dict"].items():
         torch.testing.assert_close(saved["state_dict"][name], value, msg=name)
 
-    again = ctx(tmp_path, resume_from="latest", checkpoint_every=STEPS - 1)
-    chosen = frameworks.resume_checkpoint("lightning", again, snapshot_file="snapshot.ckpt")
-    assert chosen == folder / "snapshot.ckpt"
     from_snapshot, _ = lightning_train(again, str(chosen))
     from_own, _ = lightning_train(again, str(own_file))
     for name, value in from_own.items():
@@ -159,7 +148,10 @@ def test_a_lightning_trainer_resumes_from_its_snapshot_as_from_its_own_checkpoin
 
 def test_without_a_newer_snapshot_the_relaunch_resumes_as_before(tmp_path: Path) -> None:
     """No snapshot (a fresh tier): nothing to resume; snapshots off: no fetch, no group."""
+    from trainyard.runtime import hf
+    from trainyard.runtime import lightning as ty
+
     c = ctx(tmp_path, resume_from="latest")
-    assert frameworks.resume_checkpoint("hf", c, snapshot_file="pytorch_model.bin", snapshot_folder=True) is None
+    assert hf.resume_checkpoint(c) is None
     off = TrainEnv(**{**c.__dict__, "snapshot_dir": None})
-    assert frameworks.resume_checkpoint("lightning", off, snapshot_file="snapshot.ckpt") is None
+    assert ty.resume_checkpoint(off) is None

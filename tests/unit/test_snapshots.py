@@ -38,7 +38,6 @@ def take(c: TrainEnv, step: int, seed: int) -> dict[str, TrainState]:
     taken = state(seed)
     shot = snapshots.Snapshotter(c)
     shot.take(step, taken)
-    shot.wait()
     assert shot.failed is None
     return taken
 
@@ -74,7 +73,7 @@ def test_a_torn_snapshot_is_never_resumed_from(tmp_path: Path, tear: str) -> Non
     older = take(c, 7, seed=1)
     take(c, 8, seed=2)
     torn = snapshots.folder(tmp_path / "shm" / "node-0", 8)
-    part = torn / snapshots.STATE_FILE
+    part = torn / snapshots.TENSORS_FILE
     if tear == "missing":
         part.unlink()
     elif tear == "truncated":
@@ -104,7 +103,11 @@ def test_the_tier_keeps_the_two_newest_and_skips_the_last_step(tmp_path: Path) -
     assert snapshots.whole_steps(tier) == [5, 4]
     assert sorted(p.name for p in tier.iterdir()) == ["step_000004", "step_000005"]
     record = json.loads((tier / "step_000005" / snapshots.WHOLE).read_text())
-    assert record["step"] == 5 and record["run_id"] == "run-1" and set(record["files"]) == {snapshots.STATE_FILE}
+    assert (
+        record["step"] == 5
+        and record["run_id"] == "run-1"
+        and set(record["files"]) == {snapshots.TENSORS_FILE, snapshots.LAYOUT_FILE}
+    )
     assert not snapshots.due(c, c.max_steps)  # the last step is the checkpoint's
 
 
@@ -120,6 +123,5 @@ def test_a_full_tier_turns_snapshots_off_and_training_goes_on(tmp_path: Path) ->
     c = ctx(tmp_path)
     shot = snapshots.Snapshotter(c)
     shot.take(3, state(1))
-    shot.wait()
     assert shot.failed is not None
     assert shot.take(4, state(1)) == 0.0  # off for the rest of the process

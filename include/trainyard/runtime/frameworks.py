@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,8 @@ from trainyard.runtime.process import RunContext, context, ledger_event, on_rank
 from trainyard.runtime.progress import finish, flush_progress, heartbeat
 
 log = logging.getLogger("trainyard.workload")
+Materialize = Callable[[Any, Path], Path]
+"""Writes a snapshot's state (``snapshots.read_tree``) as a framework's own files under the folder given; what it loads."""
 
 
 class StepReporter:
@@ -77,30 +80,29 @@ def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def resume_checkpoint(
-    kind: str, ctx: RunContext | None = None, snapshot_file: str | None = None, snapshot_folder: bool = False
-) -> Path | None:
+def resume_checkpoint(kind: str, ctx: RunContext | None = None, materialize: Materialize | None = None) -> Path | None:
     """What a framework of ``kind`` (``hf``, ``lightning``, ``torch``, ``dcp``) resumes from, per
     ``TRAINYARD_RESUME_FROM``: the adopted checkpoint's folder (``hf``, ``dcp``) or its one file (``lightning``:
     ``.ckpt``, ``torch``: ``.pt``); None for a fresh start, or when the checkpoint trainyard chose was written
     by another format (a script changed its framework: it starts fresh rather than load what it cannot read).
 
-    On a relaunch of the run (``latest``) where the adapter keeps in-memory snapshots (``snapshot_file``: the file
-    of its snapshots the framework loads; ``snapshot_folder``: it loads their folder), the newest whole snapshot any rank
-    holds wins when it is newer than that checkpoint (``runtime.snapshots.fetch``, collective: the default
-    process group is formed here where the framework has not formed it yet). Every rank must call it."""
+    On a relaunch of the run (``latest``) where the adapter keeps in-memory snapshots (``materialize``: writes a
+    snapshot's state as the files the framework loads, under a folder it is given, and returns what to load),
+    the newest whole snapshot any rank holds wins when it is newer than that checkpoint
+    (``runtime.snapshots.fetch``, collective: the default process group is formed here where the framework has
+    not formed it yet). Every rank must call it."""
     ctx = ctx or context()
     relaunch = ctx.resume_from.strip().lower() == "latest"
-    snapshotting = relaunch and snapshot_file is not None and snapshots.node_tier(ctx) is not None
+    snapshotting = relaunch and materialize is not None and snapshots.node_tier(ctx) is not None
     if snapshotting:
         join_group()
     chosen = on_rank0(lambda: resolve_resume(ctx))
     target = _adopted(chosen, kind)
     why = "resume_from names this checkpoint"
-    if snapshotting and snapshot_file is not None:
-        from_snapshot, why = _snapshot(ctx, int(chosen[1]["step"]) if target and chosen else 0, snapshot_file)
+    if snapshotting and materialize is not None:
+        from_snapshot, why = _snapshot(ctx, int(chosen[1]["step"]) if target and chosen else 0, kind, materialize)
         if from_snapshot is not None:
-            return from_snapshot.parent if snapshot_folder else from_snapshot
+            return from_snapshot
     if target is None or chosen is None:
         return None
     path, manifest = chosen
@@ -124,16 +126,20 @@ def _adopted(chosen: tuple[Path, dict[str, Any]] | None, kind: str) -> Path | No
     return foreign.resume_file(path, kind)
 
 
-def _snapshot(ctx: RunContext, checkpoint_step: int, name: str) -> tuple[Path | None, str]:
-    """Collectively: the newest whole snapshot newer than ``checkpoint_step`` (its file ``name``, which every rank
-    now holds in its node's tier), or None where the checkpoint stands; and why, in words."""
+def _snapshot(ctx: RunContext, checkpoint_step: int, kind: str, materialize: Materialize) -> tuple[Path | None, str]:
+    """Collectively: the newest whole snapshot newer than ``checkpoint_step``, written out in the framework's own
+    files for this rank (``materialize``: what it loads, under the snapshot's folder), or None where the
+    checkpoint stands; and why, in words."""
     found = snapshots.fetch(ctx, checkpoint_step)
     if found is None:
         return None, "no whole in-memory snapshot is newer"
-    target = found.path / name
-    if not target.exists():  # the run's script changed its framework between attempts: never load a stranger
-        log.warning("the in-memory snapshot %s holds no %s: resuming from the checkpoint", found.path, name)
+    if found.kind != kind:  # the run's script changed its framework between attempts: never load a stranger
+        log.warning("the in-memory snapshot %s is %r's, not %r's: resuming from the checkpoint", found.path,
+                    found.kind, kind)  # fmt: skip
         return None, f"the snapshot of step {found.step} is not this framework's"
+    started = time.monotonic()
+    # The framework reads files of its own format: written now, once per relaunch, never at a training step.
+    target = materialize(snapshots.read_tree(found.path), found.path / f"{kind}-rank-{rank()}")
     why = f"the snapshot of step {found.step} is newer than " + (
         f"the checkpoint of step {checkpoint_step}" if checkpoint_step > 0 else "any checkpoint"
     )
@@ -141,7 +147,7 @@ def _snapshot(ctx: RunContext, checkpoint_step: int, name: str) -> tuple[Path | 
         log.info("resuming from the in-memory snapshot of step %d (%s)", found.step, why)
     ledger_event(
         ctx, "resumed", step=found.step, path=str(found.path), source="snapshot", why=why,
-        copied_to_ranks=found.copied_to,
+        copied_to_ranks=found.copied_to, seconds=round(time.monotonic() - started, 3),
     )  # fmt: skip
     return target, why
 

@@ -41,7 +41,7 @@ from trainyard.runtime import frameworks
 from trainyard.runtime.batch import follow_batch
 from trainyard.runtime.frameworks import StepReporter
 from trainyard.runtime.process import RunContext, context
-from trainyard.runtime.snapshots import Snapshotter, cpu_copy
+from trainyard.runtime.snapshots import Snapshotter
 
 KIND = "hf"
 FOLDER = "hf"
@@ -76,34 +76,37 @@ class TrainyardCallback(TrainerCallback):
         self.reporter.done(state.global_step)
 
     def snapshot(self, args: TrainingArguments, state: TrainerState, kw: dict[str, Any]) -> float:
-        """The step's state, copied now and written in the background: the seconds the step was held up."""
+        """The step's state, copied into the node's memory tier: the seconds the step was held up."""
         if args.deepspeed or args.fsdp or kw.get("optimizer") is None or kw.get("lr_scheduler") is None:
             return 0.0  # sharded (each rank holds a part) or not built: the Trainer's own saves stand alone
-        return self.snapshots.keep(state.global_step, lambda: _copy(args, state, kw), _write)
+        return self.snapshots.keep(state.global_step, lambda: _state(args, state, kw))
 
 
-def _copy(args: TrainingArguments, state: TrainerState, kw: dict[str, Any]) -> dict[str, Any]:
-    """What ``Trainer._save_checkpoint`` writes, by its file names, copied off the training state."""
+def _state(args: TrainingArguments, state: TrainerState, kw: dict[str, Any]) -> dict[str, Any]:
+    """What ``Trainer._save_checkpoint`` writes, by its file names (the tensors are copied into the tier next)."""
     kept = copy.copy(state)
     kept.log_history = list(state.log_history)  # its entries are never changed once logged: no deep copy
     kept.stateful_callbacks = copy.deepcopy(state.stateful_callbacks)
     distributed = args.parallel_mode == ParallelMode.DISTRIBUTED
     rng = "rng_state.pth" if args.world_size <= 1 else f"rng_state_{args.process_index}.pth"
     return {
-        WEIGHTS_NAME: cpu_copy(kw["model"].state_dict()),
-        OPTIMIZER_NAME: cpu_copy(kw["optimizer"].state_dict()),
-        SCHEDULER_NAME: cpu_copy(kw["lr_scheduler"].state_dict()),
+        WEIGHTS_NAME: kw["model"].state_dict(),
+        OPTIMIZER_NAME: kw["optimizer"].state_dict(),
+        SCHEDULER_NAME: kw["lr_scheduler"].state_dict(),
         rng: rng_states(distributed),
         TRAINER_STATE_NAME: kept,
     }
 
 
-def _write(copied: dict[str, Any], folder: Path) -> None:
-    for name, value in copied.items():
+def _materialize(state: dict[str, Any], folder: Path) -> Path:
+    """A snapshot as the ``checkpoint-N`` folder ``Trainer.train(resume_from_checkpoint=)`` loads."""
+    folder.mkdir(exist_ok=True)
+    for name, value in state.items():
         if isinstance(value, TrainerState):
             value.save_to_json(str(folder / name))
         else:
             torch.save(value, folder / name)
+    return folder
 
 
 def rng_states(distributed: bool) -> dict[str, Any]:
@@ -144,5 +147,5 @@ def training_args(ctx: RunContext | None = None, **overrides: Any) -> TrainingAr
 def resume_checkpoint(ctx: RunContext | None = None) -> str | None:
     """The ``checkpoint-N`` folder (as trainyard adopted it) to pass to ``Trainer.train(resume_from_checkpoint=)``;
     on a relaunch the newest in-memory snapshot's folder where it is newer. Every rank must call it."""
-    path = frameworks.resume_checkpoint(KIND, ctx, snapshot_file=WEIGHTS_NAME, snapshot_folder=True)
+    path = frameworks.resume_checkpoint(KIND, ctx, materialize=_materialize)
     return str(path) if path is not None else None

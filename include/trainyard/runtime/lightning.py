@@ -39,7 +39,7 @@ from trainyard.runtime.batch import follow_batch
 from trainyard.runtime.failures import record_failure
 from trainyard.runtime.frameworks import StepReporter
 from trainyard.runtime.process import RunContext, context
-from trainyard.runtime.snapshots import Snapshotter, cpu_copy
+from trainyard.runtime.snapshots import Snapshotter
 
 KIND = "lightning"
 FOLDER = "lightning"
@@ -78,15 +78,15 @@ class TrainyardCallback(pl.Callback):
         self.snapshot(trainer)
 
     def snapshot(self, trainer: pl.Trainer) -> float:
-        """The step's checkpoint dict, copied now and written in the background: the seconds the step was held up."""
+        """The step's checkpoint dict, copied into the node's memory tier: the seconds the step was held up."""
         if not _replicated(trainer.strategy):
             return 0.0  # each rank holds a part, and dumping it is collective: the ModelCheckpoint saves stand alone
-        return self.snapshots.keep(trainer.global_step, lambda: self._dump(trainer), _write)
+        return self.snapshots.keep(trainer.global_step, lambda: self._dump(trainer))
 
     def _dump(self, trainer: pl.Trainer) -> dict[str, Any]:
         self._dumping = True
         try:
-            return cpu_copy(trainer._checkpoint_connector.dump_checkpoint(weights_only=False))
+            return trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
         finally:
             self._dumping = False
 
@@ -112,8 +112,11 @@ def _replicated(strategy: Any) -> bool:
     )
 
 
-def _write(checkpoint: dict[str, Any], folder: Path) -> None:
+def _materialize(checkpoint: dict[str, Any], folder: Path) -> Path:
+    """A snapshot as the ``.ckpt`` file ``Trainer.fit(ckpt_path=)`` loads."""
+    folder.mkdir(exist_ok=True)
     torch.save(checkpoint, folder / SNAPSHOT_FILE)
+    return folder / SNAPSHOT_FILE
 
 
 def micro_batch(ctx: RunContext | None = None) -> int:
@@ -150,5 +153,5 @@ def trainer_kwargs(ctx: RunContext | None = None, **overrides: Any) -> dict[str,
 def resume_checkpoint(ctx: RunContext | None = None) -> str | None:
     """The ``.ckpt`` (as trainyard adopted it) to pass to ``Trainer.fit(ckpt_path=)``; on a relaunch the newest
     in-memory snapshot's where it is newer. Every rank must call it."""
-    path = frameworks.resume_checkpoint(KIND, ctx, snapshot_file=SNAPSHOT_FILE)
+    path = frameworks.resume_checkpoint(KIND, ctx, materialize=_materialize)
     return str(path) if path is not None else None
