@@ -1,0 +1,117 @@
+"""A user's script on the relaunch path is forked warm: real torchrun agents, real forks, real exit codes.
+
+The local launcher starts 1 node (a torchrun agent forked from the zygote) running a small plain script with
+``training.framework: hf``. What a new interpreter would give the script must hold in the fork (argv,
+``sys.path[0]``, ``__main__``, the working folder, the environment), and so must how it ends (a
+``SystemExit`` code, an uncaught exception's traceback and exit 1); what shows it IS a fork of the agent's fork
+server: its parent is not the agent but a child of the agent, and transformers was imported before the
+script's first line. With ``framework: none`` the same script is torchrun's new interpreter.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from trainyard.backends.base import LaunchPlan
+from trainyard.backends.local.launcher import LocalLauncher
+from trainyard.protocol.env import TrainEnv
+
+pytestmark = pytest.mark.integration
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys
+    preloaded = "transformers" in sys.modules  # before this script imports anything of its own
+    import helper  # beside the script: found through sys.path[0], as python script.py finds it
+    with open(f"/proc/{os.getppid()}/stat") as stat:
+        gppid = int(stat.read().rsplit(")", 1)[1].split()[1])
+    with open(os.path.join(sys.argv[2], "rank-" + os.environ["RANK"] + ".json"), "w") as out:
+        json.dump({"pid": os.getpid(), "ppid": os.getppid(), "gppid": gppid, "preloaded": preloaded, "argv": sys.argv,
+                   "path0": sys.path[0], "cwd": os.getcwd(), "name": __name__, "file": __file__,
+                   "helper": helper.WHERE, "node": os.environ.get("TRAINYARD_NODE")}, out)
+    mode = sys.argv[1]
+    if mode == "exit":
+        sys.exit(3)
+    if mode == "raise":
+        def deep():
+            raise ValueError("the script's own error")
+        deep()
+    """
+)
+
+
+def plan(root: Path, mode: str, framework: str) -> LaunchPlan:
+    (root / "out").mkdir(parents=True, exist_ok=True)
+    return LaunchPlan(
+        run_id=root.name,
+        attempt=1,
+        nodes=["node-0"],
+        procs_per_node=2,
+        entrypoint=str(root / "code" / "train.py"),
+        framework=framework,
+        args=[mode, str(root / "out")],
+        log_dir=root / "attempt-1",
+        train_env=TrainEnv(data_dir=root, checkpoint_dir=root / "ckpt", max_steps=1, heartbeat_dir=root / "hb"),
+    )
+
+
+def run(root: Path, mode: str, framework: str = "hf") -> tuple[int, str, list[dict], int]:
+    """Launch, wait for the node's agent; its exit code, the node's log, what each rank wrote, the agent's pid."""
+    code = root / "code"
+    code.mkdir(parents=True, exist_ok=True)
+    (code / "train.py").write_text(SCRIPT)
+    (code / "helper.py").write_text("WHERE = __file__\n")
+    launcher, p = LocalLauncher(), plan(root, mode, framework)
+    handle = launcher.launch(p)
+    try:
+        agent = handle.procs["node-0"]
+        ended = agent.wait(timeout=120)
+    finally:
+        launcher.cancel(handle)
+        launcher.close()
+    ranks = [json.loads(f.read_text()) for f in sorted((root / "out").glob("rank-*.json"))]
+    return ended, (p.log_dir / "node-0.log").read_text(), ranks, agent.pid
+
+
+def test_a_scripts_workers_are_forks_of_the_agents_fork_server_and_see_a_new_interpreter(tmp_path: Path) -> None:
+    code, log, ranks, agent = run(tmp_path, "ok")
+    assert code == 0, log
+    assert len(ranks) == 2, log
+    script = tmp_path / "code" / "train.py"
+    for rank in ranks:
+        assert rank["preloaded"], "transformers was not imported before the script: not a warm fork"
+        # The worker's parent is the fork server, the agent's child; torchrun's own workers are the agent's children.
+        assert rank["ppid"] != agent and rank["gppid"] == agent, "not a fork of the agent's fork server"
+        assert rank["name"] == "__main__" and rank["file"] == str(script)
+        assert rank["argv"] == [str(script), "ok", str(tmp_path / "out")]
+        assert rank["path0"] == str(script.parent) and rank["helper"] == str(script.parent / "helper.py")
+        assert rank["cwd"] == str(script.parent) and rank["node"] == "node-0"
+
+
+def test_without_a_framework_the_workers_are_new_interpreters(tmp_path: Path) -> None:
+    code, log, ranks, agent = run(tmp_path, "ok", framework="none")
+    assert code == 0, log
+    assert len(ranks) == 2 and not any(r["preloaded"] for r in ranks), ranks
+    assert all(r["ppid"] == agent for r in ranks), ranks  # torchrun's own children
+
+
+def test_a_scripts_exit_code_reaches_the_agent_as_a_new_interpreters_would(tmp_path: Path) -> None:
+    code, log, ranks, _ = run(tmp_path, "exit")
+    assert len(ranks) == 2 and all(r["preloaded"] for r in ranks), log
+    assert code == 1, log  # torchrun's agent fails the node when a worker does
+    assert "exitcode  : 3" in log, log  # torchrun's report of the worker's own code
+
+
+def test_an_uncaught_exception_prints_the_scripts_traceback_and_exits_1(tmp_path: Path) -> None:
+    code, log, ranks, _ = run(tmp_path, "raise")
+    assert len(ranks) == 2 and all(r["preloaded"] for r in ranks), log
+    assert code == 1 and "exitcode  : 1" in log, log
+    assert "ValueError: the script's own error" in log, log
+    traceback = log.split("Traceback (most recent call last):", 1)[1].split("ValueError")[0]
+    # As python train.py prints it: the script's frames only, not the zygote's or runpy's.
+    assert f'File "{tmp_path / "code" / "train.py"}", line' in traceback and "in deep" in traceback, traceback
+    assert "zygote" not in traceback and "runpy" not in traceback, traceback
