@@ -5,19 +5,23 @@ The local launcher starts 1 node (a torchrun agent forked from the zygote) runni
 ``sys.path[0]``, ``__main__``, the working folder, the environment), and so must how it ends (a
 ``SystemExit`` code, an uncaught exception's traceback and exit 1); what shows it IS a fork of the agent's fork
 server: its parent is not the agent but a child of the agent, and transformers was imported before the
-script's first line. With ``framework: none`` the same script is torchrun's new interpreter.
+script's first line. With ``framework: none``, or a framework whose import starts a thread (said once), the same
+script is torchrun's new interpreter.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from trainyard.backends.base import LaunchPlan
-from trainyard.backends.local.launcher import LocalLauncher
+from trainyard.backends.local.launcher import LocalLauncher, free_port, torchrun_argv
+from trainyard.backends.local.zygote_client import Zygote
 from trainyard.protocol.env import TrainEnv
 
 pytestmark = pytest.mark.integration
@@ -115,3 +119,40 @@ def test_an_uncaught_exception_prints_the_scripts_traceback_and_exits_1(tmp_path
     # As python train.py prints it: the script's frames only, not the zygote's or runpy's.
     assert f'File "{tmp_path / "code" / "train.py"}", line' in traceback and "in deep" in traceback, traceback
     assert "zygote" not in traceback and "runpy" not in traceback, traceback
+
+
+THREADED = """
+import sys
+import trainyard.preload as preload
+preload.TABLE["hf"] = preload.Preload(("starts_a_thread",), reveals=())  # a framework that is not fork-safe
+sys.argv = ["zygote", "--framework", "hf"]
+from trainyard.backends.local.zygote import serve
+serve()
+"""
+
+
+def test_a_framework_whose_import_starts_a_thread_leaves_the_workers_cold_and_says_why_once(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "starts_a_thread.py").write_text(
+        "import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True, name='pool').start()\n"
+    )
+    p = plan(tmp_path, "ok", "hf")
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "train.py").write_text(SCRIPT)
+    (tmp_path / "code" / "helper.py").write_text("WHERE = __file__\n")
+    env = {"PATH": os.environ["PATH"], "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "TRAINYARD_NODE": "node-0"}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "lib"), os.environ.get("PYTHONPATH", "")])
+    zygote = Zygote(env, argv=[sys.executable, "-c", THREADED])
+    try:
+        p.log_dir.mkdir(parents=True)
+        agent = zygote.spawn(torchrun_argv(p, free_port(), 0)[1:], env, p.log_dir / "node-0.log", tmp_path / "code")
+        assert agent.wait(timeout=120) == 0, (p.log_dir / "node-0.log").read_text()
+    finally:
+        zygote.close()
+        zygote.proc.wait(timeout=30)
+    ranks = [json.loads(f.read_text()) for f in sorted((tmp_path / "out").glob("rank-*.json"))]
+    assert len(ranks) == 2 and all(r["ppid"] == agent.pid and not r["preloaded"] for r in ranks), ranks
+    said = [line for line in capfd.readouterr().err.splitlines() if "trainyard zygote:" in line]
+    assert len(said) == 1 and "importing starts_a_thread started 1 thread(s) (pool)" in said[0], said
