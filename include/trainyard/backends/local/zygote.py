@@ -273,6 +273,7 @@ def _preload(modules: list[str]) -> str | None:
     """Import ``modules`` (the script's framework); why this process may not fork any more, or None."""
     import torch
 
+    driver = _cuda_driver_loaded()
     for name in modules:
         try:
             importlib.import_module(name)
@@ -281,9 +282,18 @@ def _preload(modules: list[str]) -> str | None:
         if threading.active_count() != 1:
             names = ", ".join(t.name for t in threading.enumerate() if t is not threading.main_thread())
             return f"importing {name} started {threading.active_count() - 1} thread(s) ({names[:200]})"
-        if torch.cuda.is_initialized():
+        # torch's own flag, and the driver itself: torch.cuda.is_available() starts the driver without the flag.
+        if torch.cuda.is_initialized() or (not driver and _cuda_driver_loaded()):
             return f"importing {name} initialised CUDA"
     return None
+
+
+def _cuda_driver_loaded() -> bool:
+    """Whether the CUDA driver library is mapped into this process (a framework that asked for a device)."""
+    try:
+        return "libcuda.so" in Path("/proc/self/maps").read_text()
+    except OSError:
+        return False
 
 
 def _serve() -> None:
