@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import textwrap
 from pathlib import Path
 
+import psutil
 import pytest
+from waiting import wait_for
 
 from trainyard.backends.base import LaunchPlan
 from trainyard.backends.local.launcher import LocalLauncher, free_port, torchrun_argv
@@ -38,6 +41,10 @@ SCRIPT = textwrap.dedent(
                    "path0": sys.path[0], "cwd": os.getcwd(), "name": __name__, "file": __file__,
                    "helper": helper.WHERE, "node": os.environ.get("TRAINYARD_NODE")}, out)
     mode = sys.argv[1]
+    if mode == "wait":  # a node killed while it trains: a SIGTERM handler (a preemption notice) must not run
+        import signal, time
+        signal.signal(signal.SIGTERM, lambda *_: open(os.path.join(sys.argv[2], "sigterm"), "w").close())
+        time.sleep(120)
     if mode == "exit":
         sys.exit(3)
     if mode == "raise":
@@ -156,3 +163,25 @@ def test_a_framework_whose_import_starts_a_thread_leaves_the_workers_cold_and_sa
     assert len(ranks) == 2 and all(r["ppid"] == agent.pid and not r["preloaded"] for r in ranks), ranks
     said = [line for line in capfd.readouterr().err.splitlines() if "trainyard zygote:" in line]
     assert len(said) == 1 and "importing starts_a_thread started 1 thread(s) (pool)" in said[0], said
+
+
+def test_a_worker_dies_with_its_killed_node_and_runs_no_sigterm_handler(tmp_path: Path) -> None:
+    """A drill's or a host's kill of the node's agent group (the fork server with it) ends its workers as it would
+    a node: SIGKILL, never the SIGTERM a script reads as a preemption notice (torchrun's own workers get none)."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text(SCRIPT)
+    (code / "helper.py").write_text("WHERE = __file__\n")
+    launcher, p = LocalLauncher(), plan(tmp_path, "wait", "hf")
+    handle = launcher.launch(p)
+    try:
+        wait_for(lambda: len(list((tmp_path / "out").glob("rank-*.json"))) == 2, 120, "both ranks", every_s=0.1)
+        ranks = [json.loads(f.read_text()) for f in (tmp_path / "out").glob("rank-*.json")]
+        assert all(r["preloaded"] for r in ranks), ranks
+        os.killpg(os.getpgid(handle.procs["node-0"].pid), signal.SIGKILL)  # as runtime.drills kills a node
+        assert handle.procs["node-0"].wait(timeout=30) == -signal.SIGKILL
+        wait_for(lambda: not any(psutil.pid_exists(r["pid"]) for r in ranks), 30, "the workers' end", every_s=0.1)
+    finally:
+        launcher.cancel(handle)
+        launcher.close()
+    assert not (tmp_path / "out" / "sigterm").exists()

@@ -62,8 +62,15 @@ from trainyard.backends.local import asmain
 from trainyard.backends.local.zygote_client import MODULE, REAP_S, TORCHRUN, Zygote, usable
 from trainyard.preload import modules_for
 
-_WARM = {"scripts": False}
-"""Whether the zygote imported the script's framework (``serve``): its forks' workers of any script are forks."""
+
+class _Warm:
+    scripts = False
+    """Whether the zygote imported the script's framework (``serve``): its forks' workers of any script are forks."""
+    parent_death = signal.SIGTERM
+    """The signal a fork gets when the process that forked it dies (SIGKILL in an agent's fork server)."""
+
+
+_WARM = _Warm()
 
 MAX_REQUEST = 16 << 20
 """Bytes of one request line (a node's environment): the zygote drops a longer one."""
@@ -81,7 +88,10 @@ def _child(request: dict[str, Any]) -> None:
     code = 1
     try:
         os.setsid()
-        die_with_parent()  # the zygote's death ends the node, as a launcher's death ends a node it started
+        # The zygote's death ends the node, as a launcher's death ends a node it started. A fork server dies only
+        # with its agent, killed (it ignores SIGTERM): its workers die as the node did, with no handler run (a
+        # SIGTERM there would read as a preemption notice, torchrun's own workers get none).
+        die_with_parent(_WARM.parent_death)
         with open_append(Path(request["log"])) as out:  # training code may have planted a link
             os.dup2(out.fileno(), 1)
             os.dup2(out.fileno(), 2)
@@ -176,7 +186,7 @@ def _agent(argv: list[str], log: Path) -> None:
 
     entry = parse_args(argv)
     target = ["-m", entry.training_script] if entry.module else [entry.training_script]
-    if entry.no_python or not usable(target, scripts=_WARM["scripts"]):
+    if entry.no_python or not usable(target, scripts=_WARM.scripts):
         main(argv)
         return
     server = Zygote.over(_fork_server())
@@ -184,7 +194,7 @@ def _agent(argv: list[str], log: Path) -> None:
     class Handler(SubprocessHandler):
         def _popen(self, args: tuple, env: dict[str, str]) -> Any:
             if self._stdout is None and self._stderr is None and args[:2] == (sys.executable, "-u"):
-                if usable(worker := [str(a) for a in args[2:]], _WARM["scripts"]) and worker[:2] != TORCHRUN:
+                if usable(worker := [str(a) for a in args[2:]], _WARM.scripts) and worker[:2] != TORCHRUN:
                     try:  # in the agent's folder, as torchrun's workers; python -u as theirs
                         return server.spawn(worker, env, log, Path.cwd(), unbuffered=True)
                     except RuntimeError as exc:
@@ -229,6 +239,7 @@ def _fork_server() -> _ServerProcess:
             from trainyard.backends.local.procs import die_with_parent
 
             die_with_parent()
+            _WARM.parent_death = signal.SIGKILL
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             _serve()
@@ -258,7 +269,7 @@ def serve(argv: list[str] | None = None) -> None:
         if why := _preload(modules_for(options.framework, script)):
             print(f"trainyard zygote: {why}; this run's ranks start as new interpreters", file=sys.stderr, flush=True)
             os.execv(sys.executable, [sys.executable, "-m", "trainyard.backends.local.zygote", "--framework", "none"])
-        _WARM["scripts"] = True
+        _WARM.scripts = True
     _serve()
 
 
