@@ -86,8 +86,11 @@ def test_a_killed_node_reports_the_signal_and_lives_in_a_session_of_its_own(zygo
     assert node.wait(timeout=30) == -signal.SIGKILL
 
 
-def test_only_the_reference_workload_and_torchrun_agents_are_forked() -> None:
+def test_a_script_is_forked_only_from_a_zygote_that_imported_its_framework() -> None:
     assert usable(["-m", "trainyard.workload", "--d-model", "16"])
-    assert usable(["-m", "torch.distributed.run", "--nnodes=2", "train.py"])  # torch's code; its worker is not
-    assert not usable(["train.py", "--d-model", "16"])
+    assert usable(["-m", "torch.distributed.run", "--nnodes=2", "train.py"])  # torch's code, whatever its worker
+    assert not usable(["train.py", "--d-model", "16"])  # training.framework: none
     assert not usable(["-m", "my_company.train"])
+    assert usable(["train.py", "--d-model", "16"], scripts=True)
+    assert usable(["-m", "my_company.train"], scripts=True)
+    assert not usable(["-m"], scripts=True) and not usable(["./run.sh"], scripts=True)

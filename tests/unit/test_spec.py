@@ -164,6 +164,11 @@ BAD = [
         spec_text(pressure_test="{straggler_ratio: 1.5}"),
         "pressure_test.straggler_ratio: 1.5 is out of range",
     ),
+    (
+        "unknown-framework",
+        spec_text(training="{max_steps: 10, global_batch: 8, micro_batch: 2, checkpoint_every: 5, framework: jax}"),
+        "training.framework: 'jax' is not allowed; expected 'auto', 'none', 'torch', 'hf' or 'lightning'",
+    ),
     ("notify-nobody", spec_text(notify="{email: []}"), "notify: nowhere to send: give email (a list of addresses)"),
     (
         "notify-not-an-address",

@@ -38,6 +38,9 @@ class LaunchPlan:
     Kubernetes the image's ``WORKDIR``)."""
     script_env: Mapping[str, str] = field(default_factory=dict)
     """``training.env`` rendered: set for every rank, under the contract (which wins)."""
+    framework: str = "auto"
+    """``training.framework``: what the script trains with (``trainyard.preload``), imported before its ranks start
+    where a backend can (the local zygote)."""
 
     @property
     def env(self) -> dict[str, str]:

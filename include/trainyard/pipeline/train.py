@@ -355,6 +355,7 @@ def _plan(run: Run, attempt: int, course: Course, target: int, store: Coordinati
         nodes=list(course.nodes),
         procs_per_node=run.spec.nodes.procs_per_node,
         entrypoint=training.entrypoint,
+        framework=training.framework,
         args=command.args,
         log_dir=attempt_dir,
         pass_env=tuple(training.pass_env),

@@ -19,6 +19,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidato
 from trainyard.kinds import DEFAULT_ACTIONS as DEFAULT_ACTIONS
 from trainyard.kinds import Action as Action
 from trainyard.kinds import FailureKind as FailureKind
+from trainyard.preload import Framework
 from trainyard.spec.admin import (
     NOTIFY_CONNECTIONS,
     POD_SERVICE_ACCOUNTS,
@@ -516,6 +517,12 @@ def _unknown_probe(probe: str) -> float:
 class TrainingSpec(_Model):
     entrypoint: str = "trainyard.workload"
     """Python module (``-m``) or ``.py`` script run by torchrun on every rank."""
+    framework: Framework = "auto"
+    """What the script trains with, imported once on the local backend before its ranks are forked, so a
+    relaunch's ranks start without importing it again: ``torch``, ``hf`` (transformers and
+    ``trainyard.runtime.hf``), ``lightning`` (``lightning.pytorch`` and ``trainyard.runtime.lightning``);
+    ``auto`` reads it from a ``.py`` script's imports (torch for a module); ``none`` starts every rank as a new
+    interpreter, for a script that must not share a process's imports."""
     args: ArgsValue = {}
     """The entrypoint's arguments, in the order written: a mapping (each entry written as ``args_form`` says,
     a boolean as ``booleans`` says, a list as ``--key v1 v2``), or a list whose string items are passed as

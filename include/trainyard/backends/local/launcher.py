@@ -5,9 +5,10 @@ and log file; the agents meet through c10d rendezvous on a free 127.0.0.1
 port and train over gloo, or NCCL where they have GPUs. Node 0's agent hosts
 the rendezvous store. The agents get an allow-listed environment
 (``trainyard.backends.local.environ``), never the Airflow worker's secrets.
-Each agent is a fork of a zygote that imported torch once, and so is each
-worker of the reference workload (``trainyard.backends.local.zygote``): a
-node starts without two imports of torch.
+Each agent is a fork of a zygote that imported torch and the script's framework
+(``training.framework``) once, and so is each worker of any Python script
+(``trainyard.backends.local.zygote``): a node starts without importing torch
+or its framework again, at every relaunch.
 
 In place (the plan names a coordination store), a node is no agent but its
 ``procs_per_node`` ranks, each a process of its own (a fork of the zygote for the
@@ -44,7 +45,7 @@ from trainyard.atomic import open_append
 from trainyard.backends.base import AttemptStatus, LaunchPlan, NodeState, NodeStatus
 from trainyard.backends.local.environ import child_env
 from trainyard.backends.local.procs import die_with_parent
-from trainyard.backends.local.zygote_client import Forked, Zygote, usable
+from trainyard.backends.local.zygote_client import Forked, Zygote, usable, zygote_argv
 from trainyard.errors import SpecError
 from trainyard.protocol.env import TrainEnv
 from trainyard.protocol.heartbeat import drop_local_folder, node_folder
@@ -204,7 +205,9 @@ class LocalLauncher:
         self.active: list[LocalHandle] = []
         """Attempts launched and not yet cancelled, so ``cancel_all`` can end them on a kill."""
         self.zygote: Zygote | None = None
-        """Torchrun agents and in-place ranks of the reference workload are forks of it (``backends.local.zygote``)."""
+        """Torchrun agents and in-place ranks of any Python script are forks of it (``backends.local.zygote``)."""
+        self._zygote_key: tuple[list[str], dict[str, str]] | None = None
+        """What ``zygote`` was started with: its command line and environment."""
 
     def close(self) -> None:
         """Let the zygote go (it exits once its forks have ended); a later launch starts another."""
@@ -245,7 +248,7 @@ class LocalLauncher:
         env, cwd = node_env(plan, node, gpus=gpus), plan.local_workdir()
         handle.logs[node] = path
         if not plan.train_env.store:
-            handle.ranks[node] = [self._process(torchrun_argv(plan, handle.port, index)[1:], env, path, cwd)]
+            handle.ranks[node] = [self._process(plan, torchrun_argv(plan, handle.port, index)[1:], env, path, cwd)]
             return
         # With a coordination store each rank is one plain process that forms its groups there
         # (``trainyard.runtime.elastic``): no torchrun agent and no rendezvous hosted by node 0, so any
@@ -253,6 +256,7 @@ class LocalLauncher:
         per_node, world = plan.procs_per_node, len(plan.nodes)
         handle.ranks[node] = [
             self._process(
+                plan,
                 plan.entry_argv(),
                 {**env, **rank_env(index, r, per_node, max(world, index + 1), handle.port)},
                 path,
@@ -261,13 +265,14 @@ class LocalLauncher:
             for r in range(per_node)
         ]
 
-    def _process(self, argv: list[str], env: dict[str, str], path: Path, cwd: Path) -> Proc:
+    def _process(self, plan: LaunchPlan, argv: list[str], env: dict[str, str], path: Path, cwd: Path) -> Proc:
         """A node's process running ``python <argv>`` in ``cwd``: forked from the zygote where the zygote has imported
-        what it runs (a torchrun agent, a rank of the reference workload), else a new process."""
-        if usable(argv):
+        what it runs (a torchrun agent, a rank of the reference workload or of a script whose framework it
+        imported), else a new process."""
+        if usable(argv, scripts=plan.framework != "none"):
             # Forked from a process that imported torch already: no start-up, no import's CPU beside training.
             try:
-                return self._zygote(env).spawn(argv, env, path, cwd)
+                return self._zygote(env, plan).spawn(argv, env, path, cwd)
             except RuntimeError as exc:
                 log.warning("%s: %s; starting it as a new process", env.get("TRAINYARD_NODE", "a node"), exc)
                 self.zygote = None
@@ -286,11 +291,18 @@ class LocalLauncher:
                 preexec_fn=die_with_parent,
             )
 
-    def _zygote(self, env: Mapping[str, str]) -> Zygote:
-        """The zygote, started with the part of a node's environment that every node shares."""
-        if self.zygote is None or not self.zygote.alive():
-            shared = {k: v for k, v in env.items() if not k.startswith("TRAINYARD_") and k not in WORLD_NAMES}
-            self.zygote = Zygote(shared, preexec_fn=die_with_parent)
+    def _zygote(self, env: Mapping[str, str], plan: LaunchPlan) -> Zygote:
+        """The zygote, started with the part of a node's environment that every node shares and importing the
+        plan's framework; started again when either changes (a framework may read its environment at import)."""
+        shared = {k: v for k, v in env.items() if not k.startswith("TRAINYARD_") and k not in WORLD_NAMES}
+        shared.pop("CUDA_VISIBLE_DEVICES", None)  # each node's own; read by torch when CUDA starts, in the rank
+        script = plan.local_workdir() / plan.entrypoint if plan.entrypoint.endswith(".py") else None
+        argv = zygote_argv(plan.framework, script)
+        if self.zygote is None or not self.zygote.alive() or self._zygote_key != (argv, shared):
+            if self.zygote is not None:
+                self.zygote.close()  # it ends once its forks have; their handles still read their ends from it
+            self.zygote = Zygote(shared, preexec_fn=die_with_parent, argv=argv)
+            self._zygote_key = (argv, shared)
         return self.zygote
 
     def add_nodes(self, handle: LocalHandle, nodes: list[str]) -> None:

@@ -10,11 +10,22 @@ thread, no torch operation (an OpenMP pool or CUDA context must not exist
 across a fork), so each child is as fresh as a new interpreter.
 
 On the relaunch path a node is a torchrun agent (``torch.distributed.run``, torch's
-code whatever the entry point): it is forked too, and forks the workers of the
-reference workload in turn from a fork server of its own, forked before the
-agent starts its threads (``_agent``); any other worker is started as torchrun
-starts it, a new interpreter. A node on the relaunch path thus costs two
-imports of torch less (~3 s and ~5 s of CPU each here) at every attempt.
+code whatever the entry point): it is forked too, and forks its workers in turn
+from a fork server of its own, forked before the agent starts its threads
+(``_agent``). A node on the relaunch path thus costs two imports of torch less
+(~3 s and ~5 s of CPU each here) at every attempt.
+
+Warm for any script: the zygote also imports the script's framework before it
+serves (``--framework``, the spec's ``training.framework``; its modules are
+``trainyard.preload``'s: transformers' trainer and ``trainyard.runtime.hf`` for
+``hf``, ``lightning.pytorch`` and ``trainyard.runtime.lightning`` for
+``lightning``; ``auto`` reads the script's imports), so a worker of any ``.py``
+script or ``-m`` module, the reference workload's or a user's, is a fork that
+runs the script as a new interpreter would (``asmain``: its argv, ``sys.path[0]``,
+``__main__``, exit codes, traceback, signals). A framework whose import starts
+a thread or initialises CUDA cannot be forked from: the zygote says so once on
+the task's log and becomes one that imported only torch (``--framework none``),
+whose agents start their workers as new interpreters.
 
 Its environment is the part every node shares (allow-listed by the launcher,
 never the Airflow worker's secrets, since training code is untrusted and a
@@ -33,9 +44,10 @@ launcher still trusts no line it reads (``zygote_client``).
 
 from __future__ import annotations
 
-import atexit
-import contextlib
+import argparse
 import ctypes
+import importlib
+import io
 import json
 import os
 import select
@@ -46,7 +58,19 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from trainyard.backends.local import asmain
 from trainyard.backends.local.zygote_client import MODULE, REAP_S, TORCHRUN, Zygote, usable
+from trainyard.preload import modules_for
+
+
+class _Warm:
+    scripts = False
+    """Whether the zygote imported the script's framework (``serve``): its forks' workers of any script are forks."""
+    parent_death = signal.SIGTERM
+    """The signal a fork gets when the process that forked it dies (SIGKILL in an agent's fork server)."""
+
+
+_WARM = _Warm()
 
 MAX_REQUEST = 16 << 20
 """Bytes of one request line (a node's environment): the zygote drops a longer one."""
@@ -64,7 +88,10 @@ def _child(request: dict[str, Any]) -> None:
     code = 1
     try:
         os.setsid()
-        die_with_parent()  # the zygote's death ends the node, as a launcher's death ends a node it started
+        # The zygote's death ends the node, as a launcher's death ends a node it started. A fork server dies only
+        # with its agent, killed (it ignores SIGTERM): its workers die as the node did, with no handler run (a
+        # SIGTERM there would read as a preemption notice, torchrun's own workers get none).
+        die_with_parent(_WARM.parent_death)
         with open_append(Path(request["log"])) as out:  # training code may have planted a link
             os.dup2(out.fileno(), 1)
             os.dup2(out.fileno(), 2)
@@ -76,8 +103,12 @@ def _child(request: dict[str, Any]) -> None:
         os.environ.clear()
         os.environ.update(request["env"])
         sys.argv = [sys.executable, *request["argv"]]
-        sys.stdout = open(1, "w", buffering=1, closefd=False)  # the log, line by line
-        sys.stderr = open(2, "w", buffering=1, closefd=False)
+        # The log, line by line; python -u (torchrun's workers) writes through.
+        unbuffered = request.get("unbuffered") is True
+        sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=True, write_through=unbuffered)
+        sys.stderr = io.TextIOWrapper(
+            io.FileIO(2, "w", closefd=False), line_buffering=True, write_through=True, errors="backslashreplace"
+        )
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a fork server's children: it ignores them (``_agent``)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         if request["argv"][:2] == TORCHRUN:
@@ -87,21 +118,19 @@ def _child(request: dict[str, Any]) -> None:
             import torch
 
             torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
-            from trainyard.workload.__main__ import main
+            if request["argv"][:2] == ["-m", MODULE]:
+                from trainyard.workload.__main__ import main
 
-            code = main(request["argv"][2:])
+                code = main(request["argv"][2:])
+            else:
+                asmain.run(request["argv"])
+                code = 0
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
+        code = asmain.exit_code(exc.code)
+    except BaseException as exc:
+        code = asmain.uncaught(exc)
     finally:
-        with contextlib.suppress(BaseException):
-            atexit._run_exitfuncs()  # what an interpreter's exit runs (the runtime's last progress, logging)
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code)
+        asmain.finish(code)  # as an interpreter's exit: threads joined, atexit (the runtime's last progress)
 
 
 def _not_dumpable() -> None:
@@ -145,18 +174,19 @@ def _fork(line: bytes, children: dict[int, float]) -> None:
 
 
 def _agent(argv: list[str], log: Path) -> None:
-    """Run a torchrun agent (``torch.distributed.run`` with ``argv``) whose workers of the reference workload are
-    forks: of a server forked first, while this process has one thread (the agent starts threads for its
-    rendezvous). The server is the agent's child, so the node's process tree holds every worker as before; it
-    ignores SIGTERM (the agent ends the workers itself, and the server must report how they ended) and exits
-    once the agent has (its stdin closes) and its children have. An agent of any other entry point runs as
-    torchrun's own, with no server."""
+    """Run a torchrun agent (``torch.distributed.run`` with ``argv``) whose workers are forks: of a server forked
+    first, while this process has one thread (the agent starts threads for its rendezvous). The server is the
+    agent's child, so the node's process tree holds every worker as before; it ignores SIGTERM (the agent ends
+    the workers itself, and the server must report how they ended) and exits once the agent has (its stdin
+    closes) and its children have. An agent of an entry point the zygote cannot run warm (a script when it
+    imported no framework, ``--no-python``) runs as torchrun's own, with no server."""
     from torch.distributed.elastic.multiprocessing import api
     from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
     from torch.distributed.run import main, parse_args
 
     entry = parse_args(argv)
-    if not (entry.module and entry.training_script == MODULE):
+    target = ["-m", entry.training_script] if entry.module else [entry.training_script]
+    if entry.no_python or not usable(target, scripts=_WARM.scripts):
         main(argv)
         return
     server = Zygote.over(_fork_server())
@@ -164,9 +194,9 @@ def _agent(argv: list[str], log: Path) -> None:
     class Handler(SubprocessHandler):
         def _popen(self, args: tuple, env: dict[str, str]) -> Any:
             if self._stdout is None and self._stderr is None and args[:2] == (sys.executable, "-u"):
-                if usable(worker := [str(a) for a in args[2:]]) and worker[:2] != TORCHRUN:
-                    try:
-                        return server.spawn(worker, env, log, Path.cwd())  # the agent's, as torchrun's workers
+                if usable(worker := [str(a) for a in args[2:]], _WARM.scripts) and worker[:2] != TORCHRUN:
+                    try:  # in the agent's folder, as torchrun's workers; python -u as theirs
+                        return server.spawn(worker, env, log, Path.cwd(), unbuffered=True)
                     except RuntimeError as exc:
                         print(f"trainyard zygote: {exc}; starting the worker as a new process", file=sys.stderr)
             return super()._popen(args, env)
@@ -209,6 +239,7 @@ def _fork_server() -> _ServerProcess:
             from trainyard.backends.local.procs import die_with_parent
 
             die_with_parent()
+            _WARM.parent_death = signal.SIGKILL
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             _serve()
@@ -219,8 +250,9 @@ def _fork_server() -> _ServerProcess:
     return _ServerProcess(pid, os.fdopen(requests[1], "wb"), os.fdopen(replies[0], "rb"))
 
 
-def serve() -> None:
+def serve(argv: list[str] | None = None) -> None:
     """Read requests on stdin, fork a node for each, report each child's end; exit at EOF once none is left."""
+    options = _options(argv)
     # The point of the zygote: torch, the workload and torchrun imported once, and what each fork needs.
     import torch.distributed.elastic.multiprocessing.api
     import torch.distributed.run  # noqa: F401
@@ -232,7 +264,47 @@ def serve() -> None:
     _not_dumpable()
     if threading.active_count() != 1:  # a fork copies only the forking thread: a lock another held stays held
         raise SystemExit(f"trainyard zygote: {threading.active_count()} threads after the imports; not forking")
+    if options.framework != "none":
+        script = Path(options.script) if options.script else None
+        if why := _preload(modules_for(options.framework, script)):
+            print(f"trainyard zygote: {why}; this run's ranks start as new interpreters", file=sys.stderr, flush=True)
+            os.execv(sys.executable, [sys.executable, "-m", "trainyard.backends.local.zygote", "--framework", "none"])
+        _WARM.scripts = True
     _serve()
+
+
+def _options(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m trainyard.backends.local.zygote")
+    parser.add_argument("--framework", default="none", help="training.framework: what to import before forking")
+    parser.add_argument("--script", default=None, help="the .py entrypoint, read by --framework auto")
+    return parser.parse_args(argv)
+
+
+def _preload(modules: list[str]) -> str | None:
+    """Import ``modules`` (the script's framework); why this process may not fork any more, or None."""
+    import torch
+
+    driver = _cuda_driver_loaded()
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # a framework not installed: the script will say so itself, in its rank
+            return f"importing {name} failed ({type(exc).__name__}: {str(exc)[:200]})"
+        if threading.active_count() != 1:
+            names = ", ".join(t.name for t in threading.enumerate() if t is not threading.main_thread())
+            return f"importing {name} started {threading.active_count() - 1} thread(s) ({names[:200]})"
+        # torch's own flag, and the driver itself: torch.cuda.is_available() starts the driver without the flag.
+        if torch.cuda.is_initialized() or (not driver and _cuda_driver_loaded()):
+            return f"importing {name} initialised CUDA"
+    return None
+
+
+def _cuda_driver_loaded() -> bool:
+    """Whether the CUDA driver library is mapped into this process (a framework that asked for a device)."""
+    try:
+        return "libcuda.so" in Path("/proc/self/maps").read_text()
+    except OSError:
+        return False
 
 
 def _serve() -> None:

@@ -1,7 +1,7 @@
 """The launcher's side of the zygote (``backends.local.zygote``): start it, fork nodes from it, learn how they ended.
 
 Protocol, one JSON object per line: the launcher writes ``{"id", "argv", "env",
-"log"}``; the zygote answers ``{"id", "pid"}`` for each (or ``{"id", "error"}``) and
+"log"}`` (and optionally ``"cwd"`` and ``"unbuffered"``, python's ``-u``); the zygote answers ``{"id", "pid"}`` for each (or ``{"id", "error"}``) and
 ``{"exit": pid, "code": c}`` when a child ends (``c`` as ``Popen.returncode``:
 negative for a signal).
 
@@ -188,12 +188,20 @@ class Zygote:
         return True
 
     def spawn(
-        self, argv: list[str], env: Mapping[str, str], log: Path, cwd: Path | None = None, timeout_s: float = 60.0
+        self,
+        argv: list[str],
+        env: Mapping[str, str],
+        log: Path,
+        cwd: Path | None = None,
+        timeout_s: float = 60.0,
+        unbuffered: bool = False,
     ) -> Forked:
-        """Fork a node running ``python <argv>`` (``argv`` starts with ``-m trainyard.workload``) with ``env`` in
-        ``cwd`` (None: the zygote's), its output appended to ``log``. ``RuntimeError`` if the zygote cannot."""
+        """Fork a node running ``python [-u] <argv>`` (``argv`` as ``usable`` takes it) with ``env`` in ``cwd``
+        (None: the zygote's), its output appended to ``log``. ``RuntimeError`` if the zygote cannot."""
         ident = secrets.token_hex(16)  # its answer must name it: a line written by anyone else cannot
-        where = {"cwd": str(cwd)} if cwd is not None else {}
+        where: dict[str, Any] = {"cwd": str(cwd)} if cwd is not None else {}
+        if unbuffered:
+            where["unbuffered"] = True
         request = json.dumps({"id": ident, "argv": argv, "env": dict(env), "log": str(log), **where}) + "\n"
         with self._lock, self._changed:
             assert self.proc.stdin is not None
@@ -226,7 +234,17 @@ class Zygote:
                 self.proc.stdin.close()
 
 
-def usable(argv: list[str]) -> bool:
+def usable(argv: list[str], scripts: bool = False) -> bool:
     """Whether a node's ``argv`` (after the interpreter) runs what the zygote has imported: the reference
-    workload, or a torchrun agent (torch's code, whatever its workers run)."""
-    return argv[:2] in (["-m", MODULE], TORCHRUN)
+    workload, or a torchrun agent (torch's code, whatever its workers run); with ``scripts`` (a zygote that
+    imported the script's framework, ``zygote_argv``) any ``.py`` script or ``-m`` module too."""
+    if argv[:2] in (["-m", MODULE], TORCHRUN):
+        return True
+    return scripts and bool(argv) and (argv[0].endswith(".py") or (argv[0] == "-m" and len(argv) > 1))
+
+
+def zygote_argv(framework: str, script: Path | None) -> list[str]:
+    """The zygote's command line: what it imports before forking (``trainyard.preload``: ``framework``, read
+    from ``script`` for ``auto``); ``none`` forks no script's rank."""
+    where = ["--script", str(script)] if script is not None else []
+    return [sys.executable, "-m", "trainyard.backends.local.zygote", "--framework", framework, *where]
