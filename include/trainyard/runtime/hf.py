@@ -14,11 +14,12 @@ Trainer's ``checkpoint-N/`` folders under ``TRAINYARD_CHECKPOINT_DIR/hf``, where
 save into its lineage. ``resume_checkpoint`` is the adopted folder trainyard chose to resume from (None: fresh).
 
 The callback also keeps an in-memory snapshot of every due step (``TRAINYARD_SNAPSHOT_EVERY``) in the node's
-memory tier (``trainyard.runtime.snapshots``), in the Trainer's own ``checkpoint-N/`` layout: weights
-(``pytorch_model.bin``), ``optimizer.pt``, ``scheduler.pt``, ``trainer_state.json`` and the writer's
-``rng_state*.pth``. On a relaunch of the run ``resume_checkpoint`` names the newest whole one when it is newer
-than the adopted checkpoint, and ``Trainer.train(resume_from_checkpoint=)`` loads it as its own save (skipping
-the batches already seen). Replicated state only: under DeepSpeed or FSDP the Trainer's own saves stand alone.
+memory tier (``trainyard.runtime.snapshots``): what the Trainer's own ``checkpoint-N/`` holds (weights,
+optimizer, scheduler, ``TrainerState`` and the writer's RNG), its tensors copied straight into shared memory. On
+a relaunch of the run ``resume_checkpoint`` writes the newest whole one out as a ``checkpoint-N/`` folder
+(``pytorch_model.bin``, ``optimizer.pt``, ``scheduler.pt``, ``trainer_state.json``, ``rng_state*.pth``) and names
+it when it is newer than the adopted checkpoint; ``Trainer.train(resume_from_checkpoint=)`` loads it as its own
+save (skipping the batches already seen). Replicated state only: under DeepSpeed or FSDP the Trainer's own saves stand alone.
 
 Importing this module imports transformers; ``trainyard.runtime`` itself does not.
 """

@@ -15,9 +15,10 @@ is ``micro_batch()``), and the devices and nodes of the torchrun world it runs i
 
 The callback also keeps an in-memory snapshot of every due step (``TRAINYARD_SNAPSHOT_EVERY``) in the node's
 memory tier (``trainyard.runtime.snapshots``): Lightning's own checkpoint dict, as ``trainer.save_checkpoint``
-makes it (weights, optimizers, schedulers, loops, callbacks; the module's ``on_save_checkpoint`` hook runs), in
-one ``snapshot.ckpt``. On a relaunch of the run ``resume_checkpoint`` names the newest whole one when it is newer
-than the adopted checkpoint, for ``fit(ckpt_path=)``. Replicated state only (single device, DDP): under
+makes it (weights, optimizers, schedulers, loops, callbacks; the module's ``on_save_checkpoint`` hook runs), its
+tensors copied straight into shared memory. On a relaunch of the run ``resume_checkpoint`` writes the newest
+whole one out as one ``snapshot.ckpt`` and names it when it is newer than the adopted checkpoint, for
+``fit(ckpt_path=)``. Replicated state only (single device, DDP): under
 DeepSpeed, FSDP or model parallelism the ``ModelCheckpoint`` saves stand alone.
 
 Importing this module imports lightning; ``trainyard.runtime`` itself does not.
