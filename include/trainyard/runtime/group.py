@@ -300,7 +300,8 @@ class InPlaceGroup(ElasticGroup):
         for step in range(self.step + 1, self.ctx.max_steps + 1):
             self._word, self._noticed = None, 0
             yield step
-            self.snapshots.take(step, self.state)
+            # No snapshot here: in place, the survivors keep the state in their processes, and a snapshot's copy at
+            # every step would cost every step of the path that needs none (the relaunch path takes them, above).
             if self._word is None:  # the loop reduced nothing through the group: agree on the word alone
                 self.all_reduce(torch.zeros(()))
             if self._noticed and self.step < self.ctx.max_steps:  # notice: every rank leaves after this step

@@ -662,7 +662,8 @@ class RecoverySpec(_Model):
     """Steps between in-memory snapshots of the training state (0: none). Where the backend keeps a node's
     memory across a relaunch (the local backend: ``/dev/shm``), each node keeps the state of its newest steps,
     and a relaunch of the run resumes from the newest whole snapshot the nodes hold when it is newer than the
-    checkpoint (the ledger's ``resumed`` says which and why). Snapshots are never checkpoints: the gate,
+    checkpoint (the ledger's ``resumed`` says which and why). An attempt that regroups in place takes none (its
+    survivors keep the state in their processes). Snapshots are never checkpoints: the gate,
     publishing and the lineage use only the saved ones; they are dropped when the train stage ends. Taken by
     ``runtime.elastic_group`` (the reference workload, ``examples/byo_train.py``) and the Hugging Face and
     Lightning adapters; a script without trainyard calls takes none."""
