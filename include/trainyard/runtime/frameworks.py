@@ -140,16 +140,7 @@ def _snapshot(ctx: RunContext, checkpoint_step: int, kind: str, materialize: Mat
     started = time.monotonic()
     # The framework reads files of its own format: written now, once per relaunch, never at a training step.
     target = materialize(snapshots.read_tree(found.path), found.path / f"{kind}-rank-{rank()}")
-    why = f"the snapshot of step {found.step} is newer than " + (
-        f"the checkpoint of step {checkpoint_step}" if checkpoint_step > 0 else "any checkpoint"
-    )
-    if rank() == 0:
-        log.info("resuming from the in-memory snapshot of step %d (%s)", found.step, why)
-    ledger_event(
-        ctx, "resumed", step=found.step, path=str(found.path), source="snapshot", why=why,
-        copied_to_ranks=found.copied_to, seconds=round(time.monotonic() - started, 3),
-    )  # fmt: skip
-    return target, why
+    return target, snapshots.resumed(ctx, found, checkpoint_step, started)
 
 
 def join_group() -> None:

@@ -421,13 +421,19 @@ def restore(ctx: RunContext, state: Mapping[str, Any], checkpoint_step: int) -> 
     saved = read_tree(path)
     for name, value in state.items():
         value.load_state_dict(saved["state"][name])
-    why = f"the snapshot of step {step} is newer than " + (
+    return step, resumed(ctx, found, checkpoint_step, started)
+
+
+def resumed(ctx: RunContext, found: Fetched, checkpoint_step: int, started: float) -> str:
+    """Say that this process resumed from ``found`` (its log line and rank 0's ``resumed`` event, ``started``:
+    when its state began to load), for the runtime and the framework adapters alike; why, in words."""
+    why = f"the snapshot of step {found.step} is newer than " + (
         f"the checkpoint of step {checkpoint_step}" if checkpoint_step > 0 else "any checkpoint"
     )
     if rank() == 0:
-        log.info("resumed from the in-memory snapshot of step %d (%s)", step, why)
+        log.info("resumed from the in-memory snapshot of step %d (%s)", found.step, why)
     ledger_event(
-        ctx, "resumed", step=step, path=str(path), source="snapshot", why=why, copied_to_ranks=found.copied_to,
-        seconds=round(time.monotonic() - started, 3),
+        ctx, "resumed", step=found.step, path=str(found.path), source="snapshot", why=why,
+        copied_to_ranks=found.copied_to, seconds=round(time.monotonic() - started, 3),
     )  # fmt: skip
-    return step, why
+    return why
