@@ -125,3 +125,22 @@ def test_a_full_tier_turns_snapshots_off_and_training_goes_on(tmp_path: Path) ->
     shot.take(3, state(1))
     assert shot.failed is not None
     assert shot.take(4, state(1)) == 0.0  # off for the rest of the process
+
+
+def test_one_writer_recycling_its_maps_keeps_each_step_whole_and_its_own(tmp_path: Path) -> None:
+    """The writer keeps its tier's files mapped from one step to the next (``snapshots.Maps``): each recycled file
+    holds the new step's bytes, the one before stays intact beside it, and no more than ``KEEP + 1`` maps stay open."""
+    c = ctx(tmp_path)
+    shot = snapshots.Snapshotter(c)
+    taken = {}
+    for step in range(1, 8):
+        taken[step] = state(seed=step)
+        shot.take(step, taken[step])
+        assert shot.failed is None and len(shot.maps.open) <= snapshots.KEEP + 1
+        tier = tmp_path / "shm" / "node-0"
+        for held in snapshots.whole_steps(tier):
+            read = snapshots.read_tree(snapshots.folder(tier, held))
+            assert read["step"] == held
+            assert torch.equal(read["state"]["train"]["model"]["weight"], weights(taken[held]))
+    shot.maps.close()
+    assert not shot.maps.open

@@ -319,10 +319,45 @@ def _fill(tree: Any, tensors: list[torch.Tensor]) -> Any:
     return tree
 
 
-def write_tree(folder: Path, tree: Any) -> None:
+class Maps:
+    """The memory maps of the tier's files that this process writes, kept open from one snapshot to the next.
+
+    A snapshot recycles the oldest one's ``tensors.bin`` (same file, same size): mapping it again at every step
+    faults its every page in again, which cost more than the copy itself (38 MB of a 3.2 M-parameter model's
+    state with Adam: 28 ms mapped lazily, 13 ms with ``MAP_POPULATE``, 5 ms into a map kept open). A map is
+    found by the file's identity (device, inode, size) through a descriptor opened without following links, so
+    only the file being rewritten is written; at most ``KEEP + 1`` stay open (a dropped file's pages are freed
+    when its map closes)."""
+
+    def __init__(self) -> None:
+        self.open: dict[tuple[int, int, int], mmap.mmap] = {}
+
+    def get(self, fd: int, size: int) -> mmap.mmap:
+        info = os.fstat(fd)
+        key = (info.st_dev, info.st_ino, size)
+        mapped = self.open.pop(key, None)
+        if mapped is None or mapped.closed:
+            if info.st_size != size:
+                os.ftruncate(fd, size)
+                # Its pages now, or ENOSPC here: a page of a full tmpfs first touched through a map is a SIGBUS.
+                os.posix_fallocate(fd, 0, size)
+            mapped = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+        self.open[key] = mapped  # the newest last
+        while len(self.open) > KEEP + 1:
+            self.open.pop(next(iter(self.open))).close()
+        return mapped
+
+    def close(self) -> None:
+        for mapped in self.open.values():
+            mapped.close()
+        self.open.clear()
+
+
+def write_tree(folder: Path, tree: Any, maps: Maps | None = None) -> None:
     """Copy ``tree`` (nested dicts, lists and tuples of tensors and plain values: state dicts) into ``folder``:
     every tensor's bytes straight into one memory-mapped file of the tier (one copy, from the CPU or a GPU, no
-    serialisation of the bytes), the rest into a small layout."""
+    serialisation of the bytes), the rest into a small layout. ``maps``: the writer's maps kept open (``Maps``);
+    None maps the file for this write only."""
     tensors: list[torch.Tensor] = []
     skeleton = _hollow(tree, tensors, {})
     places, size = [], 0
@@ -331,15 +366,21 @@ def write_tree(folder: Path, tree: Any) -> None:
         size += -(-t.numel() * t.element_size() // _ALIGN) * _ALIGN
     fd = os.open(folder / TENSORS_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        os.ftruncate(fd, size)
         if size:
-            with mmap.mmap(fd, size) as mapped:
+            own = maps is None
+            mapped = (maps or Maps()).get(fd, size)
+            try:
                 flat = torch.frombuffer(mapped, dtype=torch.uint8)
                 for t, (offset, _, _) in zip(tensors, places, strict=True):
                     nbytes = t.numel() * t.element_size()
                     if nbytes:
                         flat[offset : offset + nbytes].view(t.dtype).view(t.shape).copy_(t.detach())
                 del flat  # the map cannot close while a tensor holds it
+            finally:
+                if own:
+                    mapped.close()
+        else:
+            os.ftruncate(fd, 0)
     finally:
         os.close(fd)
     with open(folder / LAYOUT_FILE, "wb") as out:
@@ -388,6 +429,7 @@ class Snapshotter:
         self.kind = kind
         self.tier = node_tier(ctx)
         self.failed: str | None = None
+        self.maps = Maps()
 
     def take(self, step: int, state: Mapping[str, Any]) -> float:
         return self.keep(step, lambda: {"step": step, "state": {k: v.state_dict() for k, v in state.items()}})
@@ -399,10 +441,11 @@ class Snapshotter:
         began = time.perf_counter()
         try:
             tree = state()
-            commit(self.tier, step, lambda staging: write_tree(staging, tree), self.ctx.run_id, self.kind,
+            commit(self.tier, step, lambda staging: write_tree(staging, tree, self.maps), self.ctx.run_id, self.kind,
                    recycle=True)  # fmt: skip
         except Exception as exc:  # a full tier must not stop training: the checkpoints still hold
             self.failed = f"{type(exc).__name__}: {exc}"
+            self.maps.close()
             log.warning("snapshots off for this process: the snapshot of step %d to %s failed: %s", step, self.tier,
                         self.failed)  # fmt: skip
         return time.perf_counter() - began
