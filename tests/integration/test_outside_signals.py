@@ -3,13 +3,14 @@ script gets, whatever it runs, since it need not act out trainyard's drills itse
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import psutil
 import pytest
 from waiting import wait_for
 
-from trainyard.backends.base import LaunchPlan, SignalsNodes
+from trainyard.backends.base import LaunchPlan, SignalsNodes, WakesOnExit
 from trainyard.backends.local.launcher import LocalLauncher
 from trainyard.protocol.env import TrainEnv
 
@@ -55,3 +56,21 @@ def test_kill_hang_and_slow_reach_only_the_node_named(tmp_path: Path) -> None:
     finally:
         launcher.cancel(handle)  # the slow node's cycle stops first: cancel ends it, stopped or not
     assert all(p.poll() is not None for p in handle.processes())
+
+
+def test_the_watch_wakes_when_a_node_ends_not_at_its_next_poll(tmp_path: Path) -> None:
+    """``LocalLauncher.wait_exit`` (the relaunch path's wait between polls): no process ended, it waits its time
+    out; a node killed meanwhile ends the wait with True, whichever process (a zygote's fork or not) it was."""
+    launcher, handle = launched(tmp_path)
+    assert isinstance(launcher, WakesOnExit)
+    try:
+        assert launcher.wait_exit(handle, 0.2) is False
+        launcher.signal_nodes(handle, ["node-1"], "kill")
+        woke = time.monotonic()
+        assert launcher.wait_exit(handle, 30.0) is True
+        assert time.monotonic() - woke < 30.0  # it woke on the exit, not at the end of its wait
+        assert seen(lambda: launcher.poll(handle).failed() != [], "node-1 failed")
+        assert launcher.wait_exit(handle, 0.2) is False  # the dead node no longer wakes it: node-0 runs on
+    finally:
+        launcher.cancel(handle)
+    assert not handle.pidfds

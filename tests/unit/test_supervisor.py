@@ -58,8 +58,8 @@ def test_torchrun_argv_is_an_argument_list_per_node(tmp_path: Path) -> None:
         log_dir=tmp_path,
     )
     host, other = torchrun_argv(plan, 29500, 0), torchrun_argv(plan, 29500, 1)
-    assert "--rdzv-conf=is_host=1" in host and "--rdzv-conf=is_host=0" in other
-    assert "--nnodes=2" in host and "--rdzv-endpoint=127.0.0.1:29500" in host and "--rdzv-id=r-a2" in host
+    assert "--node-rank=0" in host and "--node-rank=1" in other and "--rdzv-backend=static" in host
+    assert "--nnodes=2" in host and "--master-port=29500" in host and "--master-addr=127.0.0.1" in other
     assert host[-5:] == ["-m", "trainyard.workload", "--lr", "0.1", "--compile"]
     script = LaunchPlan(**{**plan.__dict__, "entrypoint": "/opt/train.py", "args": []})
     assert torchrun_argv(script, 1, 0)[-1] == "/opt/train.py"
@@ -88,7 +88,7 @@ class ScriptedLauncher:
     def poll(self, handle: int) -> AttemptStatus:
         return self.outcomes[handle]
 
-    def cancel(self, handle: int) -> None:
+    def cancel(self, handle: int, grace_s: float | None = None) -> None:
         self.cancelled.append(handle)
 
     def exclude(self, nodes: list[str]) -> list[str]:

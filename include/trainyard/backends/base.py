@@ -154,8 +154,9 @@ class Launcher(Protocol):
 
     def poll(self, handle: Any) -> AttemptStatus: ...
 
-    def cancel(self, handle: Any) -> None:
-        """End every process (or pod) of the attempt; safe to call twice."""
+    def cancel(self, handle: Any, grace_s: float | None = None) -> None:
+        """End every process (or pod) of the attempt; safe to call twice. ``grace_s``: how long they get to end
+        on their own before they are killed (None: the backend's own grace)."""
         ...
 
     def exclude(self, nodes: list[str]) -> list[str]:
@@ -190,6 +191,17 @@ class RegroupingLauncher(Launcher, Protocol):
 
     def add_nodes(self, handle: Any, nodes: list[str]) -> None:
         """Start these nodes in the running attempt (joiners: they wait on the coordination store)."""
+        ...
+
+
+@runtime_checkable
+class WakesOnExit(Protocol):
+    """A launcher that can wait for any of an attempt's processes to end (the local backend: its processes are
+    this host's): the watch between its polls, so a node's death is seen when it happens, not up to a poll
+    later (a poll every 0.5-1.5 s was most of a relaunch's detection)."""
+
+    def wait_exit(self, handle: Any, seconds: float) -> bool:
+        """Wait up to ``seconds`` for a running process of the attempt to end: whether one did."""
         ...
 
 

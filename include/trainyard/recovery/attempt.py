@@ -77,7 +77,7 @@ def watch_attempt(
     poll_s: float = 0.5,
     progress: ProgressLog | None = None,
     keep_alive: Callable[[], None] | None = None,
-    checkpoints: Callable[[], Checkpoints] | None = None,
+    checkpoints: Callable[[str], Checkpoints] | None = None,
     ready_spares: Callable[[AttemptStatus], list[str]] | None = None,
     pause: Callable[[float], None] = time.sleep,
     each_poll: Callable[[], None] | None = None,
@@ -89,7 +89,7 @@ def watch_attempt(
     reads, then ``look.look`` decides what it saw (the one rule every driver shares).
     ``progress`` paces the progress lines this loop logs (the train task's log is all a person watching sees).
     ``keep_alive`` is called at every poll (the run's lease on its lineage); ``checkpoints`` describes the
-    hot checkpoints for the policy when a failure is seen. ``ready_spares`` (an attempt that groups on the
+    hot checkpoints for the policy when a failure is seen (given what was seen). ``ready_spares`` (an attempt that groups on the
     store): the nodes outside the group that wait ready to join it, from the launcher's full status; any ends
     the watch. Only the plan's nodes, the current group, are watched for success and failure then.
     ``pause`` waits between polls (at most ``poll_s``; an attempt on the store wakes on a fault report).
@@ -114,7 +114,9 @@ def watch_attempt(
             at = time.time()
             if progress is not None:
                 progress.last_look(at)
-            scan = checkpoints() if checkpoints is not None and sight.what in (CRASH, HANG, PREEMPTED) else None
+            scan = (
+                checkpoints(sight.what) if checkpoints is not None and sight.what in (CRASH, HANG, PREEMPTED) else None
+            )
             return seen(view, plan, sight, status, scan, at=at)
         if progress is not None and (line := progress.poll(time.time())):
             log.info("%s", line)

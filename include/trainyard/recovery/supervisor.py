@@ -21,7 +21,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from trainyard.backends.base import AttemptStatus, Launcher, LaunchPlan, RegroupingLauncher, SignalsNodes
+from trainyard.backends.base import (
+    AttemptStatus,
+    Launcher,
+    LaunchPlan,
+    RegroupingLauncher,
+    SignalsNodes,
+    WakesOnExit,
+)
 from trainyard.errors import LineageBusy, TrainingFailed, TransientError
 from trainyard.events.fold import TrainRun
 from trainyard.events.ledger import Ledger
@@ -47,7 +54,7 @@ from trainyard.recovery.commands import (
 from trainyard.recovery.commands import Launch as LaunchCommand
 from trainyard.recovery.controller import grown_world, step
 from trainyard.recovery.drills import Actor
-from trainyard.recovery.look import AttemptView
+from trainyard.recovery.look import PREEMPTED, AttemptView
 from trainyard.recovery.observations import (
     AttemptFailed,
     AttemptSucceeded,
@@ -63,6 +70,10 @@ from trainyard.recovery.state import STAGE, Attempt, Course, TrainState
 from trainyard.recovery.watch import STARTUP_GRACE_S
 
 log = logging.getLogger(__name__)
+BROKEN_GRACE_S = 0.5
+"""How long the survivors of a crash or a hang get between SIGTERM and SIGKILL on the relaunch path: long enough
+for their last words (a survivor's failure record came 0.25 s after a peer's death here); the launcher's full
+grace (5 s locally) held the relaunch 1.5-1.9 s while they wound down a group that can do nothing more."""
 
 
 @dataclass(frozen=True)
@@ -313,9 +324,9 @@ class Supervisor(Driver):
             self.poll_s,
             progress=progress,
             keep_alive=self.keep_alive,
-            checkpoints=lambda: self.end_then_scan(attempt, handle),
+            checkpoints=lambda what: self.end_then_scan(attempt, handle, what),
             ready_spares=self._ready_spares(attempt, course) if on_store else None,
-            pause=self._pause(attempt, last.generation) if on_store else time.sleep,
+            pause=self._pause(attempt, last.generation) if on_store else self._exit_pause(handle),
             each_poll=each_poll if on_store or actor is not None else None,
             leaving=self._leaving(attempt, last.generation) if on_store else None,
         )
@@ -338,6 +349,18 @@ class Supervisor(Driver):
         assert self.hooks.coordinator_for is not None
         coordinator = self.hooks.coordinator_for(attempt)
         return lambda: coordinator.leaving(generation)
+
+    def _exit_pause(self, handle: Any) -> Callable[[float], None]:
+        """Wait between polls of an attempt that relaunches: woken by a process's end where the launcher can see
+        it (``WakesOnExit``: a node's death is seen at once, not up to a poll later), else a plain sleep."""
+        if not isinstance(self.launcher, WakesOnExit):
+            return time.sleep
+        launcher = self.launcher
+
+        def pause(seconds: float) -> None:
+            launcher.wait_exit(handle, seconds)
+
+        return pause
 
     def _pause(self, attempt: int, generation: int) -> Callable[[float], None]:
         """Wait between polls on generation ``generation``'s fault report: a survivor's report wakes the watch
@@ -363,13 +386,16 @@ class Supervisor(Driver):
 
         return ready
 
-    def end_then_scan(self, attempt: int, handle: Any) -> Checkpoints:
-        """A failure was seen: end the survivors first (they would wait out the dead collective's timeout,
-        spinning on the cores the scan needs), then describe the checkpoints for the policy.
+    def end_then_scan(self, attempt: int, handle: Any, what: str) -> Checkpoints:
+        """A failure was seen (``what``: ``look``'s word): end the survivors first (they would wait out the dead
+        collective's timeout, spinning on the cores the scan needs), then describe the checkpoints for the policy.
+        After a crash or a hang their group is broken: they can neither train nor save with it, and a hung one
+        never runs its SIGTERM handler, so they get ``BROKEN_GRACE_S``; a preempted node's peers may be finishing
+        the save its notice asked for, and get the launcher's full grace.
 
         Survivors that can regroup are kept: they wait on the coordination store, idle, for the decision."""
         if self.hooks.coordinator_for is None:
-            self.launcher.cancel(handle)
+            self.launcher.cancel(handle, grace_s=None if what == PREEMPTED else BROKEN_GRACE_S)
             self.ended.add(attempt)
         return self.hooks.checkpoints()
 

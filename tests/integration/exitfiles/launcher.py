@@ -99,12 +99,12 @@ class ExitFileLauncher:
             _reap(_read_int(handle.folder / f"{node}.pid"))
         return status
 
-    def cancel(self, handle: ExitFileHandle) -> None:
+    def cancel(self, handle: ExitFileHandle, grace_s: float | None = None) -> None:
         pids = [_read_int(handle.folder / f"{node}.pid") for node in handle.plan.nodes]
         tree = [p for pid in pids if pid is not None for p in process_tree(pid)]
         signal_all(tree, signal.SIGTERM)
         signal_all(tree, signal.SIGCONT)
-        _, alive = psutil.wait_procs(tree, timeout=5)
+        _, alive = psutil.wait_procs(tree, timeout=5 if grace_s is None else grace_s)
         signal_all(alive, signal.SIGKILL)
         psutil.wait_procs(alive, timeout=5)
         for pid in pids:

@@ -185,9 +185,10 @@ class KubernetesLauncher:
         write_text_atomic(path, f"{head}\n{text}" if text.endswith("\n") else f"{head}\n{text}\n")
         return path
 
-    def cancel(self, handle: KubernetesHandle) -> None:
+    def cancel(self, handle: KubernetesHandle, grace_s: float | None = None) -> None:
         """Delete the attempt's Job (with its pods), Service and PodGroup, or its in-place pods, store and keys
-        (``api.delete``); safe to call twice. The logs of pods still running go first (``_keep_logs``)."""
+        (``api.delete``); safe to call twice. The logs of pods still running go first (``_keep_logs``). The pods
+        get their own termination grace whatever ``grace_s`` says: the next attempt's pods need not wait for them."""
         self._keep_logs(handle)
         api.drive(self, api.delete(handle.namespace, handle.name, handle.podgroup, handle.in_place))
         if handle in self.active:
