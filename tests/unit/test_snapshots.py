@@ -144,3 +144,16 @@ def test_one_writer_recycling_its_maps_keeps_each_step_whole_and_its_own(tmp_pat
             assert torch.equal(read["state"]["train"]["model"]["weight"], weights(taken[held]))
     shot.maps.close()
     assert not shot.maps.open
+
+
+def test_a_snapshot_of_another_kind_is_never_loaded(tmp_path: Path) -> None:
+    """A run whose script changed its framework between attempts: the runtime never loads an adapter's snapshot
+    (nor an adapter the runtime's), and says why."""
+    c = ctx(tmp_path)
+    shot = snapshots.Snapshotter(c, kind="hf")
+    shot.keep(8, lambda: {"weights": torch.ones(2)})
+    assert shot.failed is None
+    assert snapshots.restore(c, state(1), checkpoint_step=5) == (
+        None,
+        "the snapshot of step 8 is 'hf''s, not 'runtime''s",
+    )

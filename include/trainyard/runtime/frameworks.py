@@ -130,13 +130,9 @@ def _snapshot(ctx: RunContext, checkpoint_step: int, kind: str, materialize: Mat
     """Collectively: the newest whole snapshot newer than ``checkpoint_step``, written out in the framework's own
     files for this rank (``materialize``: what it loads, under the snapshot's folder), or None where the
     checkpoint stands; and why, in words."""
-    found = snapshots.fetch(ctx, checkpoint_step)
+    found, why = snapshots.chosen(ctx, checkpoint_step, kind)
     if found is None:
-        return None, "no whole in-memory snapshot is newer"
-    if found.kind != kind:  # the run's script changed its framework between attempts: never load a stranger
-        log.warning("the in-memory snapshot %s is %r's, not %r's: resuming from the checkpoint", found.path,
-                    found.kind, kind)  # fmt: skip
-        return None, f"the snapshot of step {found.step} is not this framework's"
+        return None, why
     started = time.monotonic()
     # The framework reads files of its own format: written now, once per relaunch, never at a training step.
     target = materialize(snapshots.read_tree(found.path), found.path / f"{kind}-rank-{rank()}")

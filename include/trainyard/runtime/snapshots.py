@@ -471,14 +471,28 @@ class Snapshotter:
         return time.perf_counter() - began
 
 
-def restore(ctx: RunContext, state: Mapping[str, Any], checkpoint_step: int) -> tuple[int | None, str]:
-    """Collectively load the newest snapshot newer than ``checkpoint_step`` into ``state``: its step, or None
-    where the caller's checkpoint stands; and why, in words (the ``resumed`` event's ``why``)."""
+def chosen(ctx: RunContext, checkpoint_step: int, kind: str) -> tuple[Fetched | None, str]:
+    """Collectively (``fetch``): the newest whole snapshot newer than ``checkpoint_step`` if it is ``kind``'s, else
+    None; and why not, in words. A snapshot of another kind (the run's script changed its framework between
+    attempts) is never loaded."""
     if node_tier(ctx) is None:
         return None, "in-memory snapshots are off"
     found = fetch(ctx, checkpoint_step)
     if found is None:
         return None, "no whole in-memory snapshot is newer"
+    if found.kind != kind:
+        log.warning("the in-memory snapshot %s is %r's, not %r's: resuming from the checkpoint", found.path,
+                    found.kind, kind)  # fmt: skip
+        return None, f"the snapshot of step {found.step} is {found.kind!r}'s, not {kind!r}'s"
+    return found, ""
+
+
+def restore(ctx: RunContext, state: Mapping[str, Any], checkpoint_step: int) -> tuple[int | None, str]:
+    """Collectively load the newest snapshot newer than ``checkpoint_step`` into ``state``: its step, or None
+    where the caller's checkpoint stands; and why, in words (the ``resumed`` event's ``why``)."""
+    found, why = chosen(ctx, checkpoint_step, "runtime")
+    if found is None:
+        return None, why
     path, step = found.path, found.step
     started = time.monotonic()
     saved = read_tree(path)
