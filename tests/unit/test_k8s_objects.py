@@ -188,7 +188,7 @@ def test_each_pod_runs_torchrun_with_its_index_as_node_rank_and_pod_0_as_rendezv
         "--nnodes=4",
         "--nproc-per-node=2",
         "--node-rank=$(JOB_COMPLETION_INDEX)",
-        "--rdzv-backend=c10d",
+        "--rdzv-backend=static",
         f"--rdzv-endpoint={endpoint}",
         f"--rdzv-id={plan.run_id}-a2",
         "--max-restarts=0",

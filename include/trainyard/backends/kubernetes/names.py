@@ -72,7 +72,7 @@ def store_endpoint(name: str, namespace: str, cluster_domain: str = "cluster.loc
 
 
 def rendezvous_endpoint(name: str, namespace: str, cluster_domain: str = "cluster.local") -> str:
-    """``host:port`` of pod 0, which hosts the c10d store: its per-pod DNS name under the headless Service."""
+    """``host:port`` of pod 0, which hosts the rendezvous store: its per-pod DNS name under the headless Service."""
     return f"{name}-0.{name}.{namespace}.svc.{cluster_domain}:{RDZV_PORT}"
 
 

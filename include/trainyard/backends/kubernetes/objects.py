@@ -13,7 +13,7 @@ slot (``plan.nodes[i]``) and its host (``spec.nodeName``).
 
 Pod *i* of the Job is rank group *i* of the attempt: it runs one torchrun agent
 (``python -m torch.distributed.run``) with ``--node-rank=$(JOB_COMPLETION_INDEX)``
-and meets the others through c10d rendezvous on pod 0, reached by its stable
+and meets the others through static rendezvous on pod 0 (node rank 0), reached by its stable
 DNS name ``<job>-0.<service>.<namespace>.svc.<domain>`` (an Indexed Job gives
 pod *i* the hostname ``<job>-<i>``; the headless Service and the pods'
 ``subdomain`` give that hostname a DNS record).
@@ -81,7 +81,10 @@ def torchrun_args(plan: LaunchPlan, endpoint: str) -> list[str]:
         f"--nnodes={len(plan.nodes)}",
         f"--nproc-per-node={plan.procs_per_node}",
         "--node-rank=$(JOB_COMPLETION_INDEX)",
-        "--rdzv-backend=c10d",
+        # Static: the attempt's pods and their indexes are the Job's, fixed; pod 0's agent hosts the store at the
+        # endpoint (node rank 0) and the others connect. torchrun's dynamic (c10d) rendezvous polls its state every
+        # second while the pods join (as on the local backend, ``backends.local.launcher.torchrun_argv``).
+        "--rdzv-backend=static",
         f"--rdzv-endpoint={endpoint}",
         _literal(f"--rdzv-id={plan.run_id}-a{plan.attempt}"),
         "--max-restarts=0",  # restarts are the supervisor's decision, not torchrun's
