@@ -89,9 +89,9 @@ def watch_attempt(
     reads, then ``look.look`` decides what it saw (the one rule every driver shares).
     ``progress`` paces the progress lines this loop logs (the train task's log is all a person watching sees).
     ``keep_alive`` is called at every poll (the run's lease on its lineage); ``checkpoints`` describes the
-    hot checkpoints for the policy when a failure is seen (given what was seen). ``ready_spares`` (an attempt that groups on the
-    store): the nodes outside the group that wait ready to join it, from the launcher's full status; any ends
-    the watch. Only the plan's nodes, the current group, are watched for success and failure then.
+    hot checkpoints for the policy when a failure is seen (given what was seen). ``ready_spares`` (an attempt that
+    groups on the store): the nodes outside the group that wait ready to join it, from the launcher's full status;
+    any ends the watch. Only the plan's nodes, the current group, are watched for success and failure then.
     ``pause`` waits between polls (at most ``poll_s``; an attempt on the store wakes on a fault report).
     ``each_poll`` acts before each poll (nodes due to start once their generation formed). ``leaving`` (an
     attempt on the store): the group's nodes that reported they leave on notice; any is a ``preempted`` failure

@@ -353,7 +353,7 @@ class Maps:
             cached.clear()  # another layout in the same file: the state's shapes changed
             flat = torch.frombuffer(mapped, dtype=torch.uint8)
             cached[layout] = [
-                flat[offset : offset + math.prod(shape) * _itemsize(dtype)].view(getattr(torch, dtype)).view(shape)
+                flat[offset : offset + _nbytes(dtype, shape)].view(getattr(torch, dtype)).view(shape)
                 for offset, dtype, shape in places
             ]
         return cached[layout]
@@ -369,8 +369,9 @@ class Maps:
         mapped.close()
 
 
-def _itemsize(dtype: str) -> int:
-    return torch.empty((), dtype=getattr(torch, dtype)).element_size()
+def _nbytes(dtype: str, shape: tuple[int, ...]) -> int:
+    """Bytes of a tensor of ``dtype`` (a layout's name, ``float32``) and ``shape``."""
+    return math.prod(shape) * torch.empty((), dtype=getattr(torch, dtype)).element_size()
 
 
 def write_tree(folder: Path, tree: Any, maps: Maps | None = None) -> None:
@@ -421,7 +422,7 @@ def read_tree(folder: Path) -> Any:
     tensors = []
     for offset, dtype, shape in places:
         kind = getattr(torch, dtype)
-        nbytes = math.prod(shape) * torch.empty((), dtype=kind).element_size()
+        nbytes = _nbytes(dtype, shape)
         if flat is None or nbytes == 0:
             tensors.append(torch.empty(shape, dtype=kind))
         else:

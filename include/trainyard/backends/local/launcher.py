@@ -368,18 +368,13 @@ class LocalLauncher:
         return AttemptStatus(statuses)
 
     def cancel(self, handle: LocalHandle, grace_s: float | None = None) -> None:
-        """SIGTERM every node's process tree, then SIGKILL what is left after ``grace_s`` (default 5 s).
+        """SIGTERM every node's process tree, then SIGKILL what is left after ``grace_s`` (``end_tree``).
 
         torchrun starts its workers in sessions of their own, so killing the
         agent's process group is not enough: we collect the whole tree first.
         """
         handle.over.set()  # before the SIGCONT below: a slow drill's cycle must not stop them again
-        tree = [p for proc in handle.processes() for p in process_tree(proc.pid)]
-        signal_all(tree, signal.SIGTERM)
-        signal_all(tree, signal.SIGCONT)  # a stopped (hung) process handles its SIGTERM only once resumed
-        alive = ended(tree, 5.0 if grace_s is None else grace_s)
-        signal_all(alive, signal.SIGKILL)
-        ended(alive, 5.0)
+        end_tree([p for proc in handle.processes() for p in process_tree(proc.pid)], grace_s)
         for proc in handle.processes():
             if proc.poll() is None:
                 proc.wait(timeout=5)
@@ -416,6 +411,19 @@ def process_tree(pid: int) -> list[psutil.Process]:
         return [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
         return []
+
+
+CANCEL_GRACE_S = 5.0
+"""How long a cancelled attempt's processes get between SIGTERM and SIGKILL unless the caller says otherwise."""
+
+
+def end_tree(tree: list[psutil.Process], grace_s: float | None = None) -> None:
+    """SIGTERM ``tree``, then SIGKILL what is left after ``grace_s`` (None: ``CANCEL_GRACE_S``), and wait for it."""
+    signal_all(tree, signal.SIGTERM)
+    signal_all(tree, signal.SIGCONT)  # a stopped (hung) process handles its SIGTERM only once resumed
+    alive = ended(tree, CANCEL_GRACE_S if grace_s is None else grace_s)
+    signal_all(alive, signal.SIGKILL)
+    ended(alive, 5.0)
 
 
 def ended(procs: list[psutil.Process], timeout_s: float, every_s: float = 0.02) -> list[psutil.Process]:
