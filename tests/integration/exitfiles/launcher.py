@@ -6,6 +6,7 @@ found again from the plan, so another process attaches (``reattaches``), and the
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +16,7 @@ import psutil
 
 from trainyard.atomic import open_append, read_capped, write_text_atomic
 from trainyard.backends.base import AttemptStatus, LaunchPlan, NodeStatus
-from trainyard.backends.local.launcher import end_tree, free_port, node_env, process_tree, torchrun_argv
+from trainyard.backends.local.launcher import free_port, node_env, process_tree, signal_all, torchrun_argv
 
 # The shell leaves the agent's code under a temporary name and renames it: a reader sees all of it or nothing.
 WRAPPER = '"$@"; code=$?; echo $code > "$0.tmp"; mv "$0.tmp" "$0"'
@@ -100,7 +101,12 @@ class ExitFileLauncher:
 
     def cancel(self, handle: ExitFileHandle, grace_s: float | None = None) -> None:
         pids = [_read_int(handle.folder / f"{node}.pid") for node in handle.plan.nodes]
-        end_tree([p for pid in pids if pid is not None for p in process_tree(pid)], grace_s)
+        tree = [p for pid in pids if pid is not None for p in process_tree(pid)]
+        signal_all(tree, signal.SIGTERM)
+        signal_all(tree, signal.SIGCONT)
+        _, alive = psutil.wait_procs(tree, timeout=5 if grace_s is None else grace_s)
+        signal_all(alive, signal.SIGKILL)
+        psutil.wait_procs(alive, timeout=5)
         for pid in pids:
             _reap(pid)
         if handle in self.active:
